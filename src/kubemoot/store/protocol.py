@@ -1,0 +1,109 @@
+"""The key-value protocol every shared-state store implements.
+
+Two implementations pass one contract suite: :mod:`kubemoot.store.memory` (embedded,
+in-process, the default for one process) and :mod:`kubemoot.store.nats` (NATS
+JetStream KV, the distributed engine). Foreign errors are mapped to the ones below at
+the adapter's edge, so nothing above the store ever sees a NATS exception.
+
+Error tree::
+
+    StoreError
+    ├── KeyExists           create() on a key that holds a value
+    ├── RevisionMismatch    update() when the key moved past the expected revision
+    │                       (or is absent); re-read and decide again
+    ├── KeyNotFound         an operation that needs an existing key found none
+    └── StoreUnavailable    the store cannot be reached now; retrying later may help
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+class StoreError(Exception):
+    """Base of all shared-state errors."""
+
+
+class KeyExists(StoreError):
+    """``create`` found the key already present."""
+
+
+class RevisionMismatch(StoreError):
+    """``update`` lost a compare-and-set race: the key is not at the expected revision."""
+
+
+class KeyNotFound(StoreError):
+    """The key holds no value."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached; the operation may succeed later."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A value and the revision it was written at."""
+
+    key: str
+    value: bytes
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change seen by a watch: a new value, or a deletion (``value is None``)."""
+
+    bucket: str
+    key: str
+    value: bytes | None
+    revision: int
+
+
+@runtime_checkable
+class Bucket(Protocol):
+    """One KV bucket. Revisions only grow; compare-and-set is by revision."""
+
+    name: str
+
+    async def get(self, key: str) -> Entry | None:
+        """The current entry, or ``None`` when absent (or expired)."""
+        ...
+
+    async def create(self, key: str, value: bytes, *, ttl: float | None = None) -> int:
+        """Write only if the key is absent; returns the new revision; ``KeyExists``."""
+        ...
+
+    async def update(self, key: str, value: bytes, *, expected_revision: int) -> int:
+        """Write only if the key is at ``expected_revision``; ``RevisionMismatch``."""
+        ...
+
+    async def put(self, key: str, value: bytes) -> int:
+        """Write unconditionally (for single-writer keys); returns the revision."""
+        ...
+
+    async def delete(self, key: str, *, expected_revision: int | None = None) -> None:
+        """Remove the key (idempotent); with a revision, only if still at it."""
+        ...
+
+    async def keys(self) -> list[str]:
+        """All present keys."""
+        ...
+
+    def watch(self) -> AsyncIterator[Change]:
+        """Changes after now (not the current values), until the store closes."""
+        ...
+
+
+@runtime_checkable
+class KV(Protocol):
+    """A store: named buckets over one connection."""
+
+    async def bucket(self, name: str, *, max_age: float | None = None) -> Bucket:
+        """Open a bucket, creating it when missing (``max_age`` in seconds)."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and end watches."""
+        ...

@@ -1,0 +1,135 @@
+"""Typed, versioned JSON documents of the three shared-state buckets (DESIGN §6).
+
+Field names on the wire are camelCase like the CRDs; Python attributes are snake_case.
+Every document carries ``version`` so a reader can refuse a format it does not know.
+Times are seconds since the Unix epoch (floats), read from the injected clock.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+PROVIDER_STATE_BUCKET = "kubemoot_provider_state"
+PROVIDER_TICKETS_BUCKET = "kubemoot_provider_tickets"
+MODEL_DEMAND_BUCKET = "kubemoot_model_demand"
+
+DOCUMENT_VERSION = 1
+
+
+def wire_name(attribute: str) -> str:
+    """snake_case → the wire's camelCase, spelling mebibytes ``MiB`` as DESIGN §6 does."""
+    return re.sub(r"Mib(?=[A-Z]|$)", "MiB", to_camel(attribute))
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=wire_name, populate_by_name=True, extra="ignore", frozen=False
+    )
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(by_alias=True).encode("utf-8")
+
+
+class LoadedModel(_Doc):
+    """A model resident on a provider, as its engine reports it."""
+
+    name: str
+    size_mib: int = Field(ge=0)
+    context_length: int | None = None
+    digest: str | None = None
+    expires_at: float | None = None
+
+
+class ProviderState(_Doc):
+    """``kubemoot_provider_state/<provider>``: what a probe saw."""
+
+    version: int = DOCUMENT_VERSION
+    provider: str
+    endpoint: str
+    ready: bool
+    reason: str | None = None  # why not ready, for people
+    last_probed_at: float | None = None
+    total_vram_mib: int | None = None  # None: unknown, which never proves "too large"
+    used_vram_mib: int | None = None
+    reserve_mib: int = 1024
+    max_parallel: int = 1
+    context_length: int | None = None  # configured per-slot context; None: unknown
+    loaded_models: list[LoadedModel] = Field(default_factory=list)
+    # first observed KV-inclusive footprint per model, kept across unloads
+    loaded_model_footprints: dict[str, int] = Field(default_factory=dict)
+    # on-disk sizes from /api/tags, for the occupancy estimate of never-loaded models
+    disk_sizes_mib: dict[str, int] = Field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ProviderState:
+        return cls.model_validate_json(data)
+
+
+class TicketState(StrEnum):
+    """What a ticket's memory is doing."""
+
+    LOADING = "loading"  # the model is being loaded for this call
+    RUNNING = "running"  # the call runs on a resident copy
+    HELD = "held"  # a plan made at selection, not yet used by a call
+
+
+class Ticket(_Doc):
+    """One claim on a provider's VRAM budget."""
+
+    ticket_id: str
+    model: str
+    model_footprint_mib: int = Field(ge=0)  # new VRAM this ticket spends (0 on a warm copy)
+    holder_id: str
+    state: TicketState
+    started_at: float
+    expires_at: float
+    evicts: dict[str, int] = Field(default_factory=dict)  # planned victims: model → MiB
+
+
+class ProviderTickets(_Doc):
+    """``kubemoot_provider_tickets/<provider>``: every live ticket on one provider.
+
+    One document per provider so a single compare-and-set covers its whole budget.
+    """
+
+    version: int = DOCUMENT_VERSION
+    provider: str
+    tickets: list[Ticket] = Field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ProviderTickets:
+        return cls.model_validate_json(data)
+
+    def active(self, now: float) -> list[Ticket]:
+        """Tickets not yet expired; readers ignore the rest."""
+        return [t for t in self.tickets if t.expires_at > now]
+
+
+class DemandEntry(_Doc):
+    """``wait.<model>.<agent>``, ``intent.<model>.<agent>``, ``use.<model>``."""
+
+    version: int = DOCUMENT_VERSION
+    expires_at: float
+    count: float = 1.0  # for use.<model>: recent calls; otherwise 1
+    last_used_at: float | None = None
+
+    @classmethod
+    def from_json(cls, data: bytes) -> DemandEntry:
+        return cls.model_validate_json(data)
+
+
+class SelectionEntry(_Doc):
+    """``sel.<agent>``: the models an agent names and how often it is selected."""
+
+    version: int = DOCUMENT_VERSION
+    expires_at: float
+    models: list[str] = Field(default_factory=list)
+    frequency: float = 0.0
+
+    @classmethod
+    def from_json(cls, data: bytes) -> SelectionEntry:
+        return cls.model_validate_json(data)

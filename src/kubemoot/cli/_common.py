@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import typer
@@ -30,7 +30,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-class OutputFormat(str, Enum):
+class OutputFormat(StrEnum):
     """``-o``: table for people (the default on a terminal), json or yaml for scripts."""
 
     table = "table"

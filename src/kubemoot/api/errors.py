@@ -30,12 +30,13 @@ class InputError(Exception):
         super().__init__(self.describe())
 
     def describe(self) -> str:
-        """One line: ``FILE, document N, Kind/name, field a.b[0].c: message``."""
+        """One line: ``FILE, document N (0-based), Kind/name, field a.b[0].c: message``."""
         where: list[str] = []
         if self.file is not None:
             where.append(self.file)
         if self.document is not None:
-            where.append(f"document {self.document}")
+            # Documents are counted from 0, as kubectl and yq count them; say so.
+            where.append(f"document {self.document} (0-based)")
         if self.kind or self.name:
             where.append(f"{self.kind or '?'}/{self.name or '?'}")
         if self.field:

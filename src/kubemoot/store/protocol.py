@@ -62,6 +62,23 @@ class Change:
 
 
 @runtime_checkable
+class Watch(Protocol):
+    """A stream of :class:`Change`; ends when the store closes or ``aclose`` is called."""
+
+    def __aiter__(self) -> AsyncIterator[Change]: ...
+
+    async def __anext__(self) -> Change: ...
+
+    async def ready(self) -> None:
+        """Establish the watch now (idempotent); changes count from the first call."""
+        ...
+
+    async def aclose(self) -> None:
+        """Stop watching; a pending ``__anext__`` ends the iteration."""
+        ...
+
+
+@runtime_checkable
 class Bucket(Protocol):
     """One KV bucket. Revisions only grow; compare-and-set is by revision."""
 
@@ -91,8 +108,12 @@ class Bucket(Protocol):
         """All present keys."""
         ...
 
-    def watch(self) -> AsyncIterator[Change]:
-        """Changes after now (not the current values), until the store closes."""
+    def watch(self) -> Watch:
+        """Changes after now (not the current values), until the store closes.
+
+        Iterate it with ``async for``; ``await watch.ready()`` first to know at once
+        whether the watch could be established (it raises ``StoreUnavailable``).
+        """
         ...
 
 

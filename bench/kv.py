@@ -1,0 +1,245 @@
+"""Shared-state benchmark: KV round trips, ticket claims, and claims under contention.
+
+Run: ``.venv/bin/python bench/kv.py [--seconds 3] [--claimers 20] [--processes 20]``
+
+It starts its own ``nats-server -js`` and measures, in one run:
+
+1. the floor: a raw ``get`` + ``update`` round trip on NATS, and on the embedded store;
+2. claim + release, uncontended, on NATS: p50/p99 and the p99's ratio to the floor's;
+3. contention: ``--claimers`` claimers spread over ``--processes`` worker processes,
+   every process with its own NATS connection, all claiming on one provider for
+   ``--seconds``: successful claims per second, p99 claim latency, and overcommits.
+
+Overcommits are counted on the memory actually held: each worker adds a ticket's
+footprint to a counter shared by all processes right after the claim is granted and
+subtracts it right before the release, so a sum above the usable VRAM is memory spent
+twice. The provider's usable VRAM is smaller than all claimers' footprints together,
+so the budget really binds (some claims are rejected; those are reported too).
+
+The last line is one JSON object with the figures the issue asks for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import random
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from kubemoot.clock import SystemClock
+from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketManager
+from kubemoot.store.documents import (
+    PROVIDER_STATE_BUCKET,
+    PROVIDER_TICKETS_BUCKET,
+    ProviderState,
+)
+from kubemoot.store.memory import MemoryKV
+from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.store.protocol import KV
+from kubemoot.testing.nats_server import running_nats_server
+
+PROVIDER = "gpu-a"
+RESERVE_MIB = 1024
+USABLE_MIB = 40 * 1024  # 20 claimers × 1–4 GiB (2.5 GiB mean) ≈ 50 GiB wanted
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+async def timed(n: int, step: Callable[[], Awaitable[None]]) -> list[float]:
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        await step()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+async def floor(kv: KV, n: int) -> list[float]:
+    bucket = await kv.bucket("bench_floor", max_age=600)
+    await bucket.put("k", b"0")
+
+    async def step() -> None:
+        entry = await bucket.get("k")
+        assert entry is not None
+        await bucket.update("k", entry.value, expected_revision=entry.revision)
+
+    await timed(50, step)  # warm up
+    return await timed(n, step)
+
+
+async def manager(kv: KV) -> TicketManager:
+    tickets = await kv.bucket(PROVIDER_TICKETS_BUCKET, max_age=600)
+    states = await kv.bucket(PROVIDER_STATE_BUCKET, max_age=600)
+    return TicketManager(tickets, states, clock=SystemClock())
+
+
+async def publish_state(kv: KV) -> None:
+    states = await kv.bucket(PROVIDER_STATE_BUCKET, max_age=600)
+    state = ProviderState(
+        provider=PROVIDER,
+        endpoint="http://gpu-a:11434",
+        ready=True,
+        total_vram_mib=USABLE_MIB + RESERVE_MIB,
+        reserve_mib=RESERVE_MIB,
+    )
+    await states.put(PROVIDER, state.to_json())
+
+
+async def uncontended(kv: KV, n: int) -> list[float]:
+    tickets = await manager(kv)
+
+    async def step() -> None:
+        ticket = await tickets.claim(PROVIDER, "qwen3:8b", 1024, "bench")
+        await tickets.release(PROVIDER, ticket.ticket_id)
+
+    await timed(50, step)
+    return await timed(n, step)
+
+
+# -- contended: worker processes --------------------------------------------------------
+
+
+def worker(
+    url: str, claimers: int, seconds: float, start_at: float, seed: int,
+    held: Any, overcommits: Any, results: Any,
+) -> None:  # fmt: skip
+    asyncio.run(_worker(url, claimers, seconds, start_at, seed, held, overcommits, results))
+
+
+async def _worker(
+    url: str, claimers: int, seconds: float, start_at: float, seed: int,
+    held: Any, overcommits: Any, results: Any,
+) -> None:  # fmt: skip
+    kv = await NatsKV.connect(NatsSettings(servers=[url], name=f"bench-{seed}"))
+    tickets = await manager(kv)
+    rng = random.Random(seed)
+    latencies: list[float] = []
+    counts = {"rejected": 0, "conflicts": 0}
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    stop = time.perf_counter() + seconds
+
+    async def claimer(index: int) -> None:
+        while time.perf_counter() < stop:
+            footprint = rng.randint(1, 4) * 1024
+            started = time.perf_counter()
+            try:
+                ticket = await tickets.claim(PROVIDER, "m", footprint, f"w{seed}-{index}")
+            except ClaimRejected:
+                counts["rejected"] += 1
+                await asyncio.sleep(0.001)  # the memory is not there: try again shortly
+                continue
+            except ClaimConflict:
+                counts["conflicts"] += 1
+                continue
+            latencies.append(time.perf_counter() - started)
+            with held.get_lock():
+                held.value += footprint
+                if held.value > USABLE_MIB:
+                    with overcommits.get_lock():
+                        overcommits.value += 1
+            await asyncio.sleep(0)  # "use" the memory
+            with held.get_lock():
+                held.value -= footprint
+            await tickets.release(PROVIDER, ticket.ticket_id)
+
+    await asyncio.gather(*(claimer(i) for i in range(claimers)))
+    await kv.close()
+    results.put((latencies, counts))
+
+
+def contended(url: str, claimers: int, processes: int, seconds: float) -> dict[str, float]:
+    context = mp.get_context("spawn")
+    held = context.Value("q", 0)
+    overcommits = context.Value("q", 0)
+    results = context.Queue()
+    per_process = [claimers // processes + (1 if i < claimers % processes else 0)
+                   for i in range(processes)]
+    start_at = time.time() + 2.0 + 0.1 * processes  # all connected before the start
+    workers = [
+        context.Process(
+            target=worker,
+            args=(url, n, seconds, start_at, seed, held, overcommits, results),
+        )
+        for seed, n in enumerate(per_process)
+        if n > 0
+    ]
+    for process in workers:
+        process.start()
+    latencies: list[float] = []
+    rejected = conflicts = 0
+    for _ in workers:
+        sample, counts = results.get(timeout=120)
+        latencies.extend(sample)
+        rejected += counts["rejected"]
+        conflicts += counts["conflicts"]
+    for process in workers:
+        process.join(timeout=30)
+    return {
+        "claimsPerSecond": round(len(latencies) / seconds, 1),
+        "p50Ms": ms(percentile(latencies, 0.5)),
+        "p99Ms": ms(percentile(latencies, 0.99)),
+        "rejected": rejected,
+        "conflicts": conflicts,
+        "overcommits": int(overcommits.value),
+    }
+
+
+async def main(argv: list[str]) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--claimers", type=int, default=20)
+    parser.add_argument("--processes", type=int, default=20)
+    parser.add_argument("--samples", type=int, default=500)
+    args = parser.parse_args(argv)
+
+    async with running_nats_server() as server:
+        nats_kv = await NatsKV.connect(NatsSettings(servers=[server.url]))
+        await publish_state(nats_kv)
+        nats_floor = await floor(nats_kv, args.samples)
+        memory_floor = await floor(MemoryKV(), args.samples)
+        claims = await uncontended(nats_kv, args.samples)
+        await nats_kv.close()
+        print(f"floor NATS get+update   p50 {ms(statistics.median(nats_floor))} ms, "
+              f"p99 {ms(percentile(nats_floor, 0.99))} ms")
+        print(f"floor memory get+update p50 {ms(statistics.median(memory_floor))} ms, "
+              f"p99 {ms(percentile(memory_floor, 0.99))} ms")
+        ratio = percentile(claims, 0.99) / percentile(nats_floor, 0.99)
+        print(f"claim+release (NATS, uncontended) p50 {ms(statistics.median(claims))} ms, "
+              f"p99 {ms(percentile(claims, 0.99))} ms, p99/floor p99 {ratio:.2f}")
+        loop = asyncio.get_running_loop()
+        figures = await loop.run_in_executor(
+            None, contended, server.url, args.claimers, args.processes, args.seconds
+        )
+        print(f"contended: {args.claimers} claimers in {args.processes} processes "
+              f"(one NATS connection each) for {args.seconds} s: {figures}")
+    return {
+        "overcommits": figures["overcommits"],
+        "uncontendedP99Ratio": round(ratio, 2),
+        "contendedClaimsPerSecond": figures["claimsPerSecond"],
+        "contendedP99Ms": figures["p99Ms"],
+        "contendedProcesses": args.processes,
+        "contendedRejected": figures["rejected"],
+        "contendedConflicts": figures["conflicts"],
+        "natsFloorP99Ms": ms(percentile(nats_floor, 0.99)),
+        "memoryFloorP99Ms": ms(percentile(memory_floor, 0.99)),
+        "uncontendedP99Ms": ms(percentile(claims, 0.99)),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(main(sys.argv[1:]))))

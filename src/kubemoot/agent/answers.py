@@ -1,0 +1,93 @@
+"""The crew's answer when its agents could not get a GPU.
+
+When a discussion settles with no ``agree`` and no ``concern`` but some agent stood
+aside for capacity (or is still waiting for it), the coordinator does not call a model
+to synthesise nothing: it tells the user plainly that the cluster, not the crew, was
+the limit, and what would help. The wording is ours; the meaning follows the spec:
+
+* gpu-busy / still waiting — every GPU was busy with other work; try again shortly.
+* model-too-large — names the model; add a smaller Model or a larger GPU.
+* prompt-too-large — no provider's context holds the prompt; raise a provider's
+  OLLAMA_CONTEXT_LENGTH or send less.
+
+Each reason that occurred contributes its sentence, in that order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from kubemoot.agent.signals import Signal, SignalType, StandAsideReason
+
+__all__ = ["CapacityRecord", "capacity_answer"]
+
+GPU_BUSY_TEXT = (
+    "None of the crew's agents got a GPU in time, because all of the GPUs were busy "
+    "with other work. "
+    "That is a limit of the cluster's capacity right now, not of how the crew is built; "
+    "please ask again shortly."
+)
+MODEL_TOO_LARGE_TEXT = (
+    "The agents need the model {models}, and no GPU in this cluster is large enough to "
+    "hold it; add a smaller Model or a GPU with more memory."
+)
+PROMPT_TOO_LARGE_TEXT = (
+    "No provider offers a context window long enough for this prompt on a model the "
+    "agents may use; raise the per-request context of a provider (OLLAMA_CONTEXT_LENGTH) "
+    "or shorten what the crew sends."
+)
+
+
+@dataclass(slots=True)
+class CapacityRecord:
+    """What the coordinator noted about capacity during one discussion."""
+
+    gpu_busy: bool = False
+    too_large_models: list[str] = field(default_factory=list)
+    prompt_too_large: bool = False
+
+    @property
+    def any(self) -> bool:
+        return self.gpu_busy or bool(self.too_large_models) or self.prompt_too_large
+
+    def note(self, signal: Signal, *, still_waiting: bool = False) -> None:
+        """Record a ``waiting`` or capacity ``stand_aside`` signal."""
+        if signal.type is SignalType.WAITING and still_waiting:
+            self.gpu_busy = True
+        if signal.type is not SignalType.STAND_ASIDE:
+            return
+        reason = signal.metadata.reason
+        if reason == StandAsideReason.GPU_BUSY:
+            self.gpu_busy = True
+        elif reason == StandAsideReason.MODEL_TOO_LARGE:
+            model = signal.metadata.model or "(unnamed)"
+            if model not in self.too_large_models:
+                self.too_large_models.append(model)
+        elif reason == StandAsideReason.PROMPT_TOO_LARGE:
+            self.prompt_too_large = True
+
+    @classmethod
+    def from_signals(
+        cls, signals: Iterable[Signal], *, still_waiting: Iterable[str] = ()
+    ) -> CapacityRecord:
+        """Build the record from a thread's signals; ``still_waiting`` names agents
+        whose last signal was ``waiting`` when the discussion settled."""
+        record = cls()
+        waiting = set(still_waiting)
+        for signal in signals:
+            record.note(signal, still_waiting=signal.agent in waiting)
+        return record
+
+
+def capacity_answer(record: CapacityRecord) -> str | None:
+    """The coordinator's answer for a capacity-only outcome, or ``None`` when no
+    capacity reason occurred (then the ordinary no-contribution text applies)."""
+    parts: list[str] = []
+    if record.gpu_busy:
+        parts.append(GPU_BUSY_TEXT)
+    if record.too_large_models:
+        parts.append(MODEL_TOO_LARGE_TEXT.format(models=", ".join(record.too_large_models)))
+    if record.prompt_too_large:
+        parts.append(PROMPT_TOO_LARGE_TEXT)
+    return " ".join(parts) or None

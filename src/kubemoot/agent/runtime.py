@@ -1,0 +1,355 @@
+"""The agent runtime: one inference call, placed at the moment it is needed.
+
+:meth:`AgentRuntime.call` is the path every model call of an agent takes:
+
+1. estimate the prompt (characters ÷ the learned ratio, tool specs included);
+2. place it — a mulling call first takes the plan held for it since selection, then
+   places through the capacity waiter (which may wait for a GPU); calls that cannot
+   wait (triage, the coordinator's synthesis) place once, share a warm copy when the
+   only option is to queue at it, and otherwise fall back to a static endpoint only
+   when that endpoint's context holds the prompt;
+3. run the tool loop on the chat the pool holds for the placed provider and model,
+   with the context of *that* provider;
+4. report the provider's new state (the copy it just loaded is now resident) and
+   release the ticket in a ``finally``;
+5. record the call's attribution: the provider it really ran on, the model it really
+   ran, what was evicted for it and how long it waited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kubemoot.agent.pool import CallSettings, ChatPool
+from kubemoot.agent.signals import Signal, SignalMetadata, SignalSink, SignalType
+from kubemoot.agent.tokens import TokenEstimator
+from kubemoot.agent.toolloop import Tool, ToolLoopLimits, ToolLoopResult, run_tool_loop
+from kubemoot.clock import Clock
+from kubemoot.runtime.placement import Action, Candidate, Placement
+from kubemoot.runtime.planner import CallPlanner
+from kubemoot.runtime.refusals import Reason
+from kubemoot.runtime.selection import SelectionPlanner
+from kubemoot.runtime.waiting import CapacityWaiter
+from kubemoot.store.documents import TicketState
+from kubemoot.store.protocol import StoreError
+
+__all__ = [
+    "AgentRuntime",
+    "CallOutcome",
+    "CallRecord",
+    "SignalWaitSink",
+    "StaticTarget",
+]
+
+log = logging.getLogger(__name__)
+
+AfterCall = Callable[[str], Awaitable[None]]
+"""``after_call(provider)``: runs after a call and before its ticket is released."""
+
+
+@dataclass(frozen=True, slots=True)
+class StaticTarget:
+    """The endpoint the operator bound, for calls that cannot wait (spec: static)."""
+
+    provider: str
+    endpoint: str
+    model: str
+    context_length: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """Per-call attribution: where one model call really ran."""
+
+    thread_id: str
+    agent: str
+    phase: str
+    model: str | None
+    provider: str | None
+    endpoint: str | None
+    action: str
+    waited_seconds: float
+    evicted: tuple[str, ...]
+    started_at: float
+    seconds: float
+    ok: bool
+    prompt_tokens: int | None = None
+    reason: str | None = None
+    failure_type: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "threadId": self.thread_id,
+            "agent": self.agent,
+            "phase": self.phase,
+            "model": self.model,
+            "provider": self.provider,
+            "endpoint": self.endpoint,
+            "action": self.action,
+            "waitedSeconds": round(self.waited_seconds, 3),
+            "evicted": list(self.evicted),
+            "seconds": round(self.seconds, 3),
+            "ok": self.ok,
+            "promptTokens": self.prompt_tokens,
+            "reason": self.reason,
+            "failureType": self.failure_type,
+        }
+
+
+@dataclass(slots=True)
+class CallOutcome:
+    """What one call came to: a loop result, or the reason it never ran."""
+
+    placement: Placement | None = None
+    result: ToolLoopResult | None = None
+    refusal: str | None = None  # gpu-busy, model-too-large, prompt-too-large
+    record: CallRecord | None = None
+    model: str | None = None  # the model concerned (placed, or refused)
+
+    @property
+    def ran(self) -> bool:
+        return self.result is not None
+
+    def metadata(self) -> SignalMetadata:
+        """Attribution for the signal this call leads to."""
+        p = self.placement
+        failure = self.result.failure if self.result is not None else None
+        return SignalMetadata(
+            provider=p.provider if p is not None and self.ran else None,
+            model=self.model,
+            evicted=p.evicted if p is not None and self.ran else (),
+            reason=self.refusal,
+            failure_type=failure.failure_type.value if failure is not None else None,
+            failed_tool=failure.failed_tool if failure is not None else None,
+            last_error=failure.last_error if failure is not None else None,
+            waited_seconds=round(p.waited_seconds, 3) if p is not None else None,
+        )
+
+
+class SignalWaitSink:
+    """The capacity waiter's progress reports, published as ``waiting``/``evaluating``."""
+
+    def __init__(
+        self, sink: SignalSink, *, agent: str, thread_id: str, phase: str, clock: Clock
+    ) -> None:
+        self._sink = sink
+        self._agent = agent
+        self._thread = thread_id
+        self._phase = phase
+        self._clock = clock
+
+    async def waiting(self, *, model: str, reason: str) -> None:
+        self._emit(SignalType.WAITING, SignalMetadata(model=model, reason=reason))
+
+    async def evaluating(self, *, model: str, provider: str) -> None:
+        self._emit(SignalType.EVALUATING, SignalMetadata(model=model, provider=provider))
+
+    def _emit(self, kind: SignalType, metadata: SignalMetadata) -> None:
+        self._sink.emit(Signal(kind, self._agent, self._thread, self._clock.now(),
+                               phase=self._phase, metadata=metadata))
+
+
+@dataclass(slots=True)
+class _Books:
+    records: list[CallRecord] = field(default_factory=list)
+    listeners: list[Callable[[CallRecord], None]] = field(default_factory=list)
+
+
+class AgentRuntime:
+    """Model calls for every agent of one process, through the per-call runtime."""
+
+    def __init__(
+        self,
+        *,
+        planner: CallPlanner,
+        waiter: CapacityWaiter,
+        selection: SelectionPlanner,
+        pool: ChatPool,
+        clock: Clock,
+        after_call: AfterCall | None = None,
+        limits: ToolLoopLimits | None = None,
+    ) -> None:
+        self.planner = planner
+        self.waiter = waiter
+        self.selection = selection
+        self.pool = pool
+        self.clock = clock
+        self.limits = limits or ToolLoopLimits()
+        self._after_call = after_call
+        self._estimators: dict[str, TokenEstimator] = {}
+        self._books = _Books()
+        self._serial = 0
+
+    # -- books -----------------------------------------------------------------------
+
+    @property
+    def records(self) -> list[CallRecord]:
+        """Every call made so far, in the order they finished."""
+        return list(self._books.records)
+
+    def on_record(self, listener: Callable[[CallRecord], None]) -> None:
+        self._books.listeners.append(listener)
+
+    def estimator(self, model: str) -> TokenEstimator:
+        """The token estimator of one model (tokenizers differ between models)."""
+        return self._estimators.setdefault(model, TokenEstimator())
+
+    def _holder(self, agent: str, thread_id: str, phase: str) -> str:
+        self._serial += 1
+        return f"{agent}@{thread_id}#{phase}-{self._serial}"
+
+    # -- the call --------------------------------------------------------------------
+
+    async def call(
+        self,
+        *,
+        agent: str,
+        thread_id: str,
+        phase: str,
+        messages: Sequence[Mapping[str, Any]],
+        candidates: Sequence[Candidate],
+        tools: Sequence[Tool] = (),
+        wait: bool,
+        done: asyncio.Event | None = None,
+        sink: SignalSink | None = None,
+        static: StaticTarget | None = None,
+        held_plan: bool = False,
+        settings: CallSettings | None = None,
+    ) -> CallOutcome:
+        """Place one call, run it, release it; never raises for capacity or engine
+        trouble (the outcome says what happened)."""
+        specs = [t.spec() for t in tools]
+        prompt_tokens = self.estimator(candidates[0].model).estimate_prompt(messages, specs)
+        started = self.clock.now()
+        placement: Placement | None = None
+        if held_plan:
+            placement = await self.selection.take(agent, thread_id, prompt_tokens=prompt_tokens)
+        if placement is None and wait:
+            signals = (
+                SignalWaitSink(sink, agent=agent, thread_id=thread_id, phase=phase,
+                               clock=self.clock)
+                if sink is not None else None
+            )
+            placement = await self.waiter.place(
+                candidates, agent=agent, holder_id=self._holder(agent, thread_id, phase),
+                prompt_tokens=prompt_tokens, signals=signals, done=done,
+            )
+        elif placement is None:
+            placement = await self._place_now(
+                agent, thread_id, phase, candidates, prompt_tokens, static
+            )
+        if not placement.placed:
+            return self._refused(placement, candidates)
+        return await self._run(
+            agent, thread_id, phase, placement, messages, tools, settings, started,
+            prompt_tokens,
+        )
+
+    async def _place_now(
+        self,
+        agent: str,
+        thread_id: str,
+        phase: str,
+        candidates: Sequence[Candidate],
+        prompt_tokens: int,
+        static: StaticTarget | None,
+    ) -> Placement:
+        """A placement for a call that must not wait for capacity."""
+        holder = self._holder(agent, thread_id, phase)
+        placement = await self.planner.place(
+            candidates, holder_id=holder, prompt_tokens=prompt_tokens
+        )
+        if placement.placed or placement.action is Action.REFUSE:
+            return placement
+        if placement.action is Action.QUEUE:
+            # Sharing a warm copy spends no memory; hold a ticket so the copy counts
+            # as busy (never an eviction victim) while this call is in line there.
+            claimed = await self._claim_queue(placement, holder, prompt_tokens)
+            if claimed.placed:
+                return claimed
+        if static is not None and (
+            static.context_length is None or prompt_tokens <= static.context_length
+        ):
+            # The spec's fallback for calls that cannot wait; never to an endpoint
+            # whose context would cut the prompt.
+            return Placement(
+                Action.STATIC, provider=static.provider, endpoint=static.endpoint,
+                model=static.model, reason="no GPU free now; the call cannot wait",
+                context_length=static.context_length,
+            )
+        return replace(placement, action=Action.WAIT, reason=Reason.GPU_BUSY.value,
+                       ticket=None)
+
+    async def _claim_queue(
+        self, placement: Placement, holder: str, prompt_tokens: int
+    ) -> Placement:
+        option = placement.options[0] if placement.options else None
+        if option is None:
+            return placement
+        rnd = await self.planner.new_round(prompt_tokens)
+        claim = await self.planner.selector.claim(rnd, option, holder, state=TicketState.RUNNING)
+        if claim is None:
+            return placement  # the copy went away meanwhile
+        return replace(placement, ticket=claim.ticket, endpoint=claim.endpoint,
+                       context_length=claim.context_length)
+
+    @staticmethod
+    def _refused(placement: Placement, candidates: Sequence[Candidate]) -> CallOutcome:
+        reason = placement.reason or Reason.GPU_BUSY.value
+        model = candidates[0].model
+        if reason == Reason.PROMPT_TOO_LARGE.value:
+            model = placement.model or model
+        return CallOutcome(placement=placement, refusal=reason, model=model)
+
+    async def _run(
+        self,
+        agent: str,
+        thread_id: str,
+        phase: str,
+        placement: Placement,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Tool],
+        settings: CallSettings | None,
+        started: float,
+        prompt_tokens: int,
+    ) -> CallOutcome:
+        assert placement.provider is not None and placement.endpoint is not None
+        assert placement.model is not None
+        chat = self.pool.get(
+            provider=placement.provider, endpoint=placement.endpoint,
+            model=placement.model, settings=settings,
+        )
+        began = self.clock.now()
+        result: ToolLoopResult | None = None
+        try:
+            result = await run_tool_loop(
+                chat, messages, context_length=placement.context_length,
+                estimator=self.estimator(placement.model), tools=tools, limits=self.limits,
+            )
+        finally:
+            ok = result is not None and result.ok
+            if self._after_call is not None:
+                with contextlib.suppress(StoreError, OSError):
+                    await self._after_call(placement.provider)
+            await self.planner.finish(placement, seconds=self.clock.now() - began, ok=ok)
+        outcome = CallOutcome(placement=placement, result=result, model=placement.model)
+        failure = result.failure
+        record = CallRecord(
+            thread_id=thread_id, agent=agent, phase=phase, model=placement.model,
+            provider=placement.provider, endpoint=placement.endpoint,
+            action=placement.action.value, waited_seconds=placement.waited_seconds,
+            evicted=placement.evicted, started_at=started,
+            seconds=self.clock.now() - started, ok=result.ok,
+            prompt_tokens=result.last_prompt_tokens or prompt_tokens,
+            failure_type=failure.failure_type.value if failure is not None else None,
+        )
+        outcome.record = record
+        self._books.records.append(record)
+        for listener in self._books.listeners:
+            listener(record)
+        return outcome

@@ -1,0 +1,97 @@
+"""How many tokens a prompt will cost, before the engine says.
+
+The engine reports the prompt size it evaluated (``prompt_eval_count``) after a call;
+before that the runtime can only count characters. Prose runs near four characters a
+token and JSON or code nearer three, so the estimate starts at 3.5 and then follows an
+exponentially weighted average of what the engine reported. The average learns only
+from reports that were not cut at the context limit: a silently truncated prompt reports
+the cut size, which would teach a ratio far too generous.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "DEFAULT_CHARS_PER_TOKEN",
+    "DEFAULT_EMA_ALPHA",
+    "TokenEstimator",
+    "message_chars",
+    "prompt_chars",
+    "tool_spec_chars",
+]
+
+DEFAULT_CHARS_PER_TOKEN = 3.5
+DEFAULT_EMA_ALPHA = 0.3  # weight of the newest report; a few calls settle the ratio
+# Bounds on a learned ratio: a report outside them is noise (an empty prompt, a bug)
+_MIN_RATIO = 1.0
+_MAX_RATIO = 8.0
+
+
+def message_chars(message: Mapping[str, Any]) -> int:
+    """Characters a message puts in the prompt: its text and any tool-call arguments."""
+    total = len(str(message.get("content") or ""))
+    for call in message.get("tool_calls") or ():
+        function = call.get("function", call) if isinstance(call, Mapping) else {}
+        total += len(str(function.get("name", "")))
+        arguments = function.get("arguments", {})
+        total += len(arguments if isinstance(arguments, str) else json.dumps(arguments))
+    return total
+
+
+def tool_spec_chars(tools: Sequence[Mapping[str, Any]] | None) -> int:
+    """Characters the tool specifications add (the engine renders them into the prompt)."""
+    return sum(len(json.dumps(tool, sort_keys=True)) for tool in tools or ())
+
+
+def prompt_chars(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+) -> int:
+    """Characters of a whole prompt: messages, tool-call arguments, tool specs."""
+    return sum(message_chars(m) for m in messages) + tool_spec_chars(tools)
+
+
+class TokenEstimator:
+    """Characters → tokens, with a characters-per-token ratio learned from the engine."""
+
+    def __init__(
+        self,
+        *,
+        chars_per_token: float = DEFAULT_CHARS_PER_TOKEN,
+        alpha: float = DEFAULT_EMA_ALPHA,
+    ) -> None:
+        if chars_per_token <= 0:
+            raise ValueError("chars_per_token must be positive")
+        if not 0 < alpha <= 1:
+            raise ValueError("alpha must be in (0, 1]")
+        self._ratio = chars_per_token
+        self._alpha = alpha
+        self.observations = 0
+
+    @property
+    def chars_per_token(self) -> float:
+        return self._ratio
+
+    def estimate(self, chars: int) -> int:
+        """Tokens for ``chars`` characters, rounded up (never under-count)."""
+        return math.ceil(max(0, chars) / self._ratio)
+
+    def estimate_prompt(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> int:
+        return self.estimate(prompt_chars(messages, tools))
+
+    def observe(self, *, chars: int, tokens: int, truncated: bool = False) -> None:
+        """Learn from one engine report of ``tokens`` for a prompt of ``chars``."""
+        if truncated or tokens <= 0 or chars <= 0:
+            return
+        sample = chars / tokens
+        if not _MIN_RATIO <= sample <= _MAX_RATIO:
+            return
+        self._ratio = self._alpha * sample + (1 - self._alpha) * self._ratio
+        self.observations += 1

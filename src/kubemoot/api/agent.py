@@ -1,0 +1,109 @@
+"""``Agent``: capabilities and discussion role only; the scheduler writes where it runs."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from kubemoot.api.meta import Condition, Resource, Strict
+
+__all__ = [
+    "CREW_LABEL",
+    "Agent",
+    "AgentScheduling",
+    "AgentSpec",
+    "AgentStatus",
+    "Candidate",
+    "LastUnschedulable",
+    "PhaseBinding",
+]
+
+# The label that ties an Agent to the CrewSchedulingPolicy whose crewRef equals it.
+CREW_LABEL = "kubemoot.ai/crew"
+
+
+class AgentSpec(BaseModel):
+    """``Agent.spec``; fields beyond these belong to the agent runtime and are kept as they are."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    capabilities: list[str] = Field(default_factory=list)
+    discuss_role: str | None = Field(default=None, alias="discussRole")
+    prompt_refs: list[str] = Field(default_factory=list, alias="promptRefs")
+    enabled_tools: list[str] = Field(default_factory=list, alias="enabledTools")
+    deployment_ref: str | None = Field(
+        default=None, alias="deploymentRef", description="Deployment whose env the binding patches."
+    )
+
+
+class Candidate(Strict):
+    """One entry of a phase's ranked candidate list (model identifier and quality score)."""
+
+    model: str
+    score: float
+
+
+class PhaseBinding(BaseModel):
+    """The binding of one phase; the scheduler may record more detail than these fields."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    model: str | None = Field(default=None, description="Name of the bound Model.")
+    model_id: str | None = Field(default=None, alias="modelId", description="Its identifier.")
+    provider: str | None = None
+    endpoint: str | None = None
+    score: float | None = None
+    outcome: Literal["PLACE", "UNSCHEDULABLE", "DEFER"] | None = None
+    reason: str | None = None
+    candidates: list[Candidate] = Field(default_factory=list)
+
+
+class LastUnschedulable(Strict):
+    """The most recent FailedScheduling result for the Agent."""
+
+    phase: str
+    reason: str
+    observed_at: AwareDatetime | None = Field(default=None, alias="observedAt")
+    crew_scheduling_policy: str | None = Field(default=None, alias="crewSchedulingPolicy")
+
+
+class AgentScheduling(Strict):
+    """``status.scheduling``: the preferred binding and the per-phase detail."""
+
+    model: str | None = None
+    model_id: str | None = Field(default=None, alias="modelId")
+    provider: str | None = None
+    endpoint: str | None = None
+    phases: dict[str, PhaseBinding] = Field(default_factory=dict)
+    last_unschedulable: LastUnschedulable | None = Field(default=None, alias="lastUnschedulable")
+
+
+class AgentStatus(Strict):
+    """``Agent.status``."""
+
+    ready: bool | None = None
+    scheduling: AgentScheduling | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class Agent(Resource):
+    """A crew member: it declares what it can do, never which model or GPU it uses."""
+
+    KIND = "Agent"
+    PLURAL = "agents"
+    SHORT_NAMES = ("agt",)
+    NAMESPACED = True
+
+    kind: Literal["Agent"] = "Agent"
+    spec: AgentSpec = Field(default_factory=AgentSpec)
+    status: AgentStatus | None = None
+
+    @property
+    def crew(self) -> str | None:
+        """The ``kubemoot.ai/crew`` label, if set."""
+        return self.metadata.labels.get(CREW_LABEL)
+
+    def spec_extras(self) -> dict[str, Any]:
+        """Spec fields this package does not model (kept for the agent runtime)."""
+        return dict(self.spec.model_extra or {})

@@ -1,0 +1,433 @@
+"""Load custom resources from files and folders of multi-document YAML.
+
+Whatever the input, the only exception that leaves this module is :class:`InputError`,
+naming the file, the document (counted from 0), the kind/name and the field path. Documents
+of other API groups (a Deployment beside the Agents) are skipped, as ``kubectl`` users
+expect from a folder of mixed manifests.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from kubemoot.api.agent import Agent
+from kubemoot.api.archetype import MootArchetype
+from kubemoot.api.config import KubemootConfig
+from kubemoot.api.errors import InputError
+from kubemoot.api.kinds import RESOURCE_TYPES
+from kubemoot.api.meta import API_VERSION, GROUP, Resource
+from kubemoot.api.model import Model
+from kubemoot.api.policy import CrewSchedulingPolicy
+from kubemoot.api.provider import ModelProvider
+
+__all__ = [
+    "STDIN",
+    "Bundle",
+    "SourceDocument",
+    "format_loc",
+    "input_error_from_validation",
+    "iter_documents",
+    "load_bundle",
+    "load_single",
+    "parse_manifest",
+    "parse_resource",
+]
+
+STDIN = "-"
+_YAML_SUFFIXES = (".yaml", ".yml")
+T = TypeVar("T", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class SourceDocument:
+    """One YAML document: where it came from (``index`` counts from 0) and its data."""
+
+    file: str
+    index: int
+    data: Any
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def _expand(paths: Iterable[str | Path]) -> Iterator[str]:
+    for raw in paths:
+        text = str(raw)
+        if text == STDIN:
+            yield STDIN
+            continue
+        path = Path(text)
+        if path.is_dir():
+            found = sorted(
+                item
+                for item in path.rglob("*")
+                if item.suffix in _YAML_SUFFIXES and item.is_file()
+            )
+            yield from (str(item) for item in found)
+        elif path.exists():
+            yield text
+        else:
+            raise InputError("no such file or folder", file=text)
+
+
+def _read(file: str) -> str:
+    try:
+        if file == STDIN:
+            return sys.stdin.read()
+        return Path(file).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(
+            f"not UTF-8 text ({error.reason} at byte {error.start})", file=file
+        ) from None
+    except OSError as error:
+        raise InputError(f"cannot read: {error.strerror or error}", file=file) from None
+
+
+def _yaml_problem(error: Exception) -> str:
+    if isinstance(error, yaml.MarkedYAMLError):
+        mark = error.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = error.problem or error.context or "invalid YAML"
+        return f"YAML syntax error{where}: {problem}"
+    if isinstance(error, RecursionError):
+        return "YAML nests too deeply"
+    # PyYAML raises ValueError and friends for scalars it cannot build (2026-13-45).
+    return f"YAML error: {error}"
+
+
+def iter_documents(paths: Iterable[str | Path]) -> Iterator[SourceDocument]:
+    """Every non-empty YAML document of ``paths`` (files, folders recursively, ``-`` = stdin).
+
+    Folders contribute their ``*.yaml``/``*.yml`` files in sorted order. Empty documents
+    (a stray ``---``) are skipped but still counted, so indices match what an editor shows.
+    """
+    for file in _expand(paths):
+        text = _read(file)
+        # Each step of the generator composes the next document, so the number of
+        # documents finished so far is the index of the one that failed.
+        finished = 0
+        try:
+            for data in yaml.safe_load_all(text):
+                if data is not None:
+                    yield SourceDocument(file=file, index=finished, data=data)
+                finished += 1
+        except InputError:
+            raise
+        except Exception as error:  # PyYAML's errors are not all YAMLError; none may escape
+            raise InputError(_yaml_problem(error), file=file, document=finished) from None
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+def format_loc(loc: Iterable[int | str]) -> str:
+    """A pydantic error location as a field path: ``spec.rules[0].require``."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part.replace("_", "").replace("-", "").isalnum():
+            path += f".{part}" if path else part
+        else:
+            path += f"[{part}]"  # a map key such as a label key with '/' or '.'
+    return path
+
+
+def _describe_error(error: Mapping[str, Any]) -> str:
+    kind = error.get("type", "")
+    message = str(error.get("msg", "invalid value"))
+    if kind == "extra_forbidden":
+        return "unknown field (check the spelling)"
+    if kind == "missing":
+        return "required field is missing"
+    if kind in ("value_error", "assertion_error"):
+        message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        return message
+    shown = repr(error.get("input"))
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return f"{message} (got {shown})"
+
+
+def input_error_from_validation(
+    error: ValidationError,
+    *,
+    file: str | None = None,
+    document: int | None = None,
+    kind: str | None = None,
+    name: str | None = None,
+    prefix: str = "",
+) -> InputError:
+    """Turn a pydantic ``ValidationError`` into an :class:`InputError` naming the field.
+
+    The first problem is the message; the count of the others is appended, because one
+    fix at a time is what a person can act on.
+    """
+    problems = error.errors(include_url=False)
+    # A misspelt field also shows up as "required field missing" under its right name;
+    # the unknown spelling is the one that tells the user what to fix.
+    problems.sort(key=lambda problem: problem.get("type") != "extra_forbidden")
+    first = problems[0]
+    field_path = format_loc(first.get("loc", ()))
+    if prefix:
+        field_path = f"{prefix}.{field_path}" if field_path else prefix
+    message = _describe_error(first)
+    if len(problems) > 1:
+        others = len(problems) - 1
+        message += f" (and {others} more problem{'s' if others > 1 else ''})"
+    return InputError(
+        message, file=file, document=document, kind=kind, name=name, field=field_path or None
+    )
+
+
+def _name_of(data: Mapping[str, Any]) -> str | None:
+    metadata = data.get("metadata")
+    if isinstance(metadata, Mapping):
+        name = metadata.get("name")
+        if isinstance(name, str):
+            return name
+    return None
+
+
+def _is_ours(api_version: Any) -> bool:
+    return isinstance(api_version, str) and api_version.split("/", 1)[0] == GROUP
+
+
+def parse_manifest(
+    data: Any, *, file: str | None = None, document: int | None = None
+) -> Resource:
+    """Validate one ``kubemoot.ai`` object (a dict from YAML or from the API server)."""
+    if not isinstance(data, Mapping):
+        raise InputError(
+            f"a resource must be a mapping, got {type(data).__name__}",
+            file=file,
+            document=document,
+        )
+    kind, name = data.get("kind"), _name_of(data)
+    shown_kind = kind if isinstance(kind, str) else None
+    if not isinstance(kind, str) or not kind:
+        raise InputError("missing kind", file=file, document=document, name=name, field="kind")
+    cls = RESOURCE_TYPES.get(kind)
+    if cls is None:
+        known = ", ".join(RESOURCE_TYPES)
+        raise InputError(
+            f'unknown kind "{kind}" in {GROUP}; known kinds: {known}',
+            file=file,
+            document=document,
+            kind=kind,
+            name=name,
+            field="kind",
+        )
+    api_version = data.get("apiVersion")
+    if api_version != API_VERSION:
+        shown = f'"{api_version}"' if isinstance(api_version, str) else "missing"
+        raise InputError(
+            f"apiVersion is {shown}; this version of kubemoot reads {API_VERSION}",
+            file=file,
+            document=document,
+            kind=shown_kind,
+            name=name,
+            field="apiVersion",
+        )
+    try:
+        return cls.model_validate(data)
+    except ValidationError as error:
+        raise input_error_from_validation(
+            error, file=file, document=document, kind=shown_kind, name=name
+        ) from None
+    except RecursionError:
+        raise InputError("document nests too deeply", file=file, document=document) from None
+
+
+def parse_resource(doc: SourceDocument) -> Resource:
+    """Validate one document as a ``kubemoot.ai`` resource (see :func:`parse_manifest`)."""
+    return parse_manifest(doc.data, file=doc.file, document=doc.index)
+
+
+def _is_resource_document(doc: SourceDocument, skip_kinds: Collection[str]) -> bool:
+    data = doc.data
+    if not isinstance(data, Mapping):
+        raise InputError(
+            f"a document must be a mapping, got {type(data).__name__}",
+            file=doc.file,
+            document=doc.index,
+        )
+    api_version, kind = data.get("apiVersion"), data.get("kind")
+    if "kind" not in data:
+        raise InputError(
+            "missing kind", file=doc.file, document=doc.index, name=_name_of(data), field="kind"
+        )
+    if not isinstance(kind, str):
+        return _is_ours(api_version)  # a bad kind of ours is reported by parse_resource
+    if api_version is None and kind in RESOURCE_TYPES:
+        return True  # ours, only missing its apiVersion: parse_resource says so
+    if api_version is not None and not isinstance(api_version, str):
+        raise InputError(
+            "apiVersion must be a string", file=doc.file, document=doc.index, field="apiVersion"
+        )
+    return _is_ours(api_version) and kind not in skip_kinds
+
+
+# ---------------------------------------------------------------------------- bundles
+
+
+@dataclass
+class Bundle:
+    """The resources of a set of files, by kind, with where each came from."""
+
+    models: list[Model] = field(default_factory=list)
+    providers: list[ModelProvider] = field(default_factory=list)
+    agents: list[Agent] = field(default_factory=list)
+    policies: list[CrewSchedulingPolicy] = field(default_factory=list)
+    archetypes: list[MootArchetype] = field(default_factory=list)
+    configs: list[KubemootConfig] = field(default_factory=list)
+    origins: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def add(self, resource: Resource) -> None:
+        """File a resource under its kind."""
+        lists: dict[type[Resource], list[Any]] = {
+            Model: self.models,
+            ModelProvider: self.providers,
+            Agent: self.agents,
+            CrewSchedulingPolicy: self.policies,
+            MootArchetype: self.archetypes,
+            KubemootConfig: self.configs,
+        }
+        lists[type(resource)].append(resource)
+
+    def resources(self) -> Iterator[Resource]:
+        """Every resource, kind by kind."""
+        yield from self.models
+        yield from self.providers
+        yield from self.agents
+        yield from self.policies
+        yield from self.archetypes
+        yield from self.configs
+
+    def origin(self, resource: Resource) -> tuple[str, int] | None:
+        """(file, document index) a resource was read from, if it came from a file."""
+        return self.origins.get(resource.key)
+
+    def model(self, name: str) -> Model | None:
+        """The Model called ``name``."""
+        return next((item for item in self.models if item.name == name), None)
+
+    def provider(self, name: str) -> ModelProvider | None:
+        """The ModelProvider called ``name``."""
+        return next((item for item in self.providers if item.name == name), None)
+
+    def archetype(self, name: str) -> MootArchetype | None:
+        """The MootArchetype called ``name``."""
+        return next((item for item in self.archetypes if item.name == name), None)
+
+    def agent(self, name: str, namespace: str | None = None) -> Agent | None:
+        """The Agent called ``name`` (in ``namespace`` when given)."""
+        return next(
+            (
+                item
+                for item in self.agents
+                if item.name == name and namespace in (None, item.namespace)
+            ),
+            None,
+        )
+
+    def policy(self, name: str, namespace: str | None = None) -> CrewSchedulingPolicy | None:
+        """The CrewSchedulingPolicy called ``name`` (in ``namespace`` when given)."""
+        return next(
+            (
+                item
+                for item in self.policies
+                if item.name == name and namespace in (None, item.namespace)
+            ),
+            None,
+        )
+
+    def policies_in(self, namespace: str) -> list[CrewSchedulingPolicy]:
+        """The policies of one namespace."""
+        return [item for item in self.policies if item.namespace == namespace]
+
+    @property
+    def config(self) -> KubemootConfig:
+        """The bundle's KubemootConfig, or one with every default when it declares none."""
+        return self.configs[0] if self.configs else KubemootConfig.defaults()
+
+
+def load_bundle(
+    paths: Iterable[str | Path], *, skip_kinds: Collection[str] = ()
+) -> Bundle:
+    """Read and validate every ``kubemoot.ai`` resource under ``paths``.
+
+    ``skip_kinds`` names other documents of our group that may sit beside the resources
+    (``PlacementRequest``) and are not resources. Two objects of one kind with the same
+    name (and namespace) are an error, as is more than one KubemootConfig.
+    """
+    bundle = Bundle()
+    for doc in iter_documents(paths):
+        if not _is_resource_document(doc, skip_kinds):
+            continue
+        resource = parse_resource(doc)
+        earlier = bundle.origins.get(resource.key)
+        if earlier is not None:
+            raise InputError(
+                f"duplicate {resource.KIND} name; first defined in {earlier[0]}, "
+                f"document {earlier[1]}",
+                file=doc.file,
+                document=doc.index,
+                kind=resource.KIND,
+                name=resource.name,
+                field="metadata.name",
+            )
+        if isinstance(resource, KubemootConfig) and bundle.configs:
+            raise InputError(
+                f"only one KubemootConfig may be given; {bundle.configs[0].name} came first",
+                file=doc.file,
+                document=doc.index,
+                kind=resource.KIND,
+                name=resource.name,
+            )
+        bundle.origins[resource.key] = (doc.file, doc.index)
+        bundle.add(resource)
+    return bundle
+
+
+def load_single(path: str | Path, kind: str, model_cls: type[T]) -> T:
+    """Read the one document of ``kind`` in ``path`` and validate it as ``model_cls``.
+
+    For documents that are not custom resources (``PlacementRequest``, ``PlacementState``);
+    errors name file, document, kind/name and field like the resource loader's.
+    """
+    found: list[SourceDocument] = []
+    for doc in iter_documents([path]):
+        if not isinstance(doc.data, Mapping):
+            raise InputError(
+                f"a document must be a mapping, got {type(doc.data).__name__}",
+                file=doc.file,
+                document=doc.index,
+            )
+        if doc.data.get("kind") == kind:
+            found.append(doc)
+    if not found:
+        raise InputError(f"no {kind} document found", file=str(path), kind=kind)
+    if len(found) > 1:
+        raise InputError(
+            f"expected one {kind} document, found {len(found)}",
+            file=found[1].file,
+            document=found[1].index,
+            kind=kind,
+        )
+    doc = found[0]
+    try:
+        return model_cls.model_validate(doc.data)
+    except ValidationError as error:
+        raise input_error_from_validation(
+            error, file=doc.file, document=doc.index, kind=kind, name=_name_of(doc.data)
+        ) from None
+    except RecursionError:
+        raise InputError("document nests too deeply", file=doc.file, document=doc.index) from None

@@ -1,0 +1,63 @@
+"""``Model``: what a model is (labels), what it needs (``vramMib``) and where it lives."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from kubemoot.api.meta import Condition, Resource, Strict
+
+__all__ = ["License", "Model", "ModelSpec", "ModelStatus"]
+
+License = Literal["ALLOW", "REVIEW_REQUIRED", "BLOCKED"]
+Egress = Literal["none", "allowed"]
+
+
+class ModelSpec(Strict):
+    """``Model.spec``; capability-aware fields (digest, license, runtime, egress) are optional."""
+
+    model: str = Field(
+        min_length=1, description="The model identifier on the provider, e.g. qwen3:32b."
+    )
+    provider_ref: str = Field(
+        min_length=1, alias="providerRef", description="The ModelProvider this Model lives on."
+    )
+    vram_mib: int | None = Field(
+        default=None,
+        ge=0,
+        alias="vramMib",
+        description="Declared footprint in MiB, used until the model has been observed loaded.",
+    )
+    digest: str | None = Field(default=None, description="Artifact digest (the Ollama manifest).")
+    license: License | None = None
+    runtime: str | None = Field(default=None, description="Runtime requirement, e.g. ollama>=0.6.")
+    egress: Egress | None = None
+
+
+class ModelStatus(Strict):
+    """``Model.status``; a Model without status is taken as Ready."""
+
+    ready: bool | None = None
+    footprint_mib: int | None = Field(
+        default=None, ge=0, alias="footprintMiB", description="Observed footprint in MiB."
+    )
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class Model(Resource):
+    """A model on a provider, described by labels (family, params, capability/…)."""
+
+    KIND = "Model"
+    PLURAL = "models"
+    SHORT_NAMES = ("mdl",)
+    NAMESPACED = False
+
+    kind: Literal["Model"] = "Model"
+    spec: ModelSpec
+    status: ModelStatus | None = None
+
+    @property
+    def is_ready(self) -> bool:
+        """Ready unless the status says otherwise (hand-written bundles carry no status)."""
+        return self.status is None or self.status.ready is not False

@@ -1,0 +1,109 @@
+"""``ModelProvider``: an inference engine and the capacity it reports."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AwareDatetime, Field
+
+from kubemoot.api.meta import Condition, Resource, Strict
+
+__all__ = [
+    "DEFAULT_PROVIDER_WEIGHT",
+    "DEFAULT_RESERVE_MIB",
+    "LoadedModel",
+    "ModelProvider",
+    "ProviderCapacity",
+    "ProviderPolicy",
+    "ProviderScheduling",
+    "ProviderSpec",
+    "ProviderStatus",
+]
+
+# The spec's eviction overhead: CUDA context, fragmentation and runtime overhead.
+DEFAULT_RESERVE_MIB = 1024
+DEFAULT_PROVIDER_WEIGHT = 100
+
+
+class ProviderScheduling(Strict):
+    """``spec.scheduling``: the phase-aware weight (mulling adds it, triage subtracts it)."""
+
+    weight: int = DEFAULT_PROVIDER_WEIGHT
+
+
+class ProviderPolicy(Strict):
+    """``spec.policy``: the policy domain of the provider."""
+
+    egress: Literal["none", "allowed"] | None = None
+
+
+class ProviderSpec(Strict):
+    """``ModelProvider.spec``."""
+
+    type: str = "ollama"
+    endpoint: str = Field(min_length=1)
+    reserve_mib: int = Field(default=DEFAULT_RESERVE_MIB, ge=0, alias="reserveMiB")
+    scheduling: ProviderScheduling = Field(default_factory=ProviderScheduling)
+    context_length: int | None = Field(
+        default=None, ge=1, alias="contextLength", description="OLLAMA_CONTEXT_LENGTH as set."
+    )
+    num_parallel: int | None = Field(
+        default=None, ge=1, alias="numParallel", description="OLLAMA_NUM_PARALLEL as set."
+    )
+    policy: ProviderPolicy | None = None
+    quarantined_digests: list[str] = Field(default_factory=list, alias="quarantinedDigests")
+
+
+class LoadedModel(Strict):
+    """One entry of ``status.capacity.loadedModels`` (from Ollama ``/api/ps``)."""
+
+    name: str
+    size_mib: int | None = Field(default=None, ge=0, alias="sizeMiB")
+    context_length: int | None = Field(default=None, ge=1, alias="contextLength")
+    digest: str | None = None
+
+
+class ProviderCapacity(Strict):
+    """``status.capacity``: the source of truth for VRAM and parallelism; None = unknown."""
+
+    vram_total_mib: int | None = Field(default=None, ge=0, alias="vramTotalMiB")
+    vram_used_mib: int | None = Field(default=None, ge=0, alias="vramUsedMiB")
+    max_parallel: int | None = Field(default=None, ge=1, alias="maxParallel")
+    agent_count: int | None = Field(default=None, ge=0, alias="agentCount")
+    context_length: int | None = Field(default=None, ge=1, alias="contextLength")
+    loaded_models: list[LoadedModel] = Field(default_factory=list, alias="loadedModels")
+    loaded_model_footprints: dict[str, int] = Field(
+        default_factory=dict,
+        alias="loadedModelFootprints",
+        description="First observed footprint in MiB per model identifier.",
+    )
+    digests: list[str] = Field(
+        default_factory=list, description="Digests of the model artifacts the provider holds."
+    )
+
+
+class ProviderStatus(Strict):
+    """``ModelProvider.status``; ``ready`` None means not known yet."""
+
+    ready: bool | None = None
+    last_probed_at: AwareDatetime | None = Field(default=None, alias="lastProbedAt")
+    capacity: ProviderCapacity | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class ModelProvider(Resource):
+    """An inference engine endpoint (Ollama) and its capacity."""
+
+    KIND = "ModelProvider"
+    PLURAL = "modelproviders"
+    SHORT_NAMES = ("mp",)
+    NAMESPACED = False
+
+    kind: Literal["ModelProvider"] = "ModelProvider"
+    spec: ProviderSpec
+    status: ProviderStatus | None = None
+
+    @property
+    def capacity(self) -> ProviderCapacity | None:
+        """``status.capacity`` if any."""
+        return None if self.status is None else self.status.capacity

@@ -1,0 +1,71 @@
+"""``kubemoot emulate-ollama`` — run the Ollama-API emulator in the foreground.
+
+The emulator is not Ollama and runs no model: it answers Ollama's HTTP API over an
+emulated GPU (VRAM, load time, parallel slots, prompt truncation) with deterministic
+text, so the scheduler can be watched and tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from kubemoot.api.errors import InputError
+from kubemoot.cli._common import app, err_console
+
+
+@app.command("emulate-ollama")
+def emulate_command(
+    port: int = typer.Option(11434, "--port", min=0, max=65535, help="TCP port (0: any)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    vram_mib: int = typer.Option(24576, "--vram-mib", min=1, help="Emulated GPU memory."),
+    num_parallel: int = typer.Option(1, "--num-parallel", min=1,
+                                     help="Parallel slots per loaded model."),
+    context_length: int = typer.Option(4096, "--context-length", min=1,
+                                       help="Default per-slot context (tokens)."),
+    load_rate_mibps: float = typer.Option(1024.0, "--load-rate-mibps", min=0.001,
+                                          help="Model load speed in MiB/s."),
+    time_scale: float = typer.Option(1.0, "--time-scale", min=0.0,
+                                     help="Multiplies every emulated delay."),
+    models: list[str] = typer.Option(
+        [], "--model", metavar="NAME=MiB",
+        help="A model in the catalogue (repeatable); default: qwen3 8b/14b/32b.",
+    ),
+) -> None:
+    """Run an Ollama-API EMULATOR (not Ollama): emulated VRAM, slots, deterministic replies."""
+    import asyncio
+    import contextlib
+
+    from kubemoot.providers.emulator import (
+        DEFAULT_MODELS,
+        EMULATOR_VERSION,
+        EmulatorConfig,
+        OllamaEmulator,
+        catalogue,
+        parse_model_option,
+    )
+
+    parsed = []
+    for text in models:
+        try:
+            parsed.append(parse_model_option(text))
+        except ValueError as error:
+            raise InputError(str(error), field="--model") from None
+    config = EmulatorConfig(
+        models=catalogue(parsed) if parsed else DEFAULT_MODELS,
+        vram_mib=vram_mib, num_parallel=num_parallel, context_length=context_length,
+        load_rate_mibps=load_rate_mibps, time_scale=time_scale,
+    )
+    emulator = OllamaEmulator(config, host=host, port=port, log_level="warning")
+    try:
+        emulator.bind()  # fail early, with a clear message, if the port is taken
+    except OSError as error:
+        raise InputError(f"cannot listen on {host}:{port}: {error.strerror or error}",
+                         field="--port") from None
+    names = ", ".join(f"{m.name} ({m.size_mib} MiB)" for m in config.models)
+    err_console.print(
+        f"Ollama-API emulator {EMULATOR_VERSION} (not Ollama) on {emulator.url}: "
+        f"{vram_mib} MiB VRAM, {num_parallel} slot(s), context {context_length}, "
+        f"models: {names}. Ctrl-C stops it.", highlight=False,
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(emulator.serve())

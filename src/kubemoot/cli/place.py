@@ -1,0 +1,112 @@
+"""``kubemoot place -f STATE.yaml --model M`` — one per-call placement, explained.
+
+Runs the runtime's own CallPlanner on a ``PlacementState`` snapshot loaded into the
+embedded store: what the call would do (warm, loading, cold-load, queue, unload, wait,
+refuse), where, which models it would evict, and what every option costs in seconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from kubemoot.api.errors import InputError
+from kubemoot.cli._common import (
+    OUTPUT_OPTION_HELP,
+    OutputFormat,
+    app,
+    console,
+    emit_data,
+    resolve_format,
+)
+
+if TYPE_CHECKING:
+    from kubemoot.runtime.placement import Placement
+
+_ACTION_TEXT = {
+    "warm": "runs now on the warm copy of {model} on {provider}",
+    "loading": "joins the copy of {model} another call is loading on {provider}",
+    "cold-load": "loads {model} onto free memory on {provider}",
+    "unload": "unloads {evicted} from {provider}, then loads {model} there",
+    "queue": "queues for a slot on {provider}'s copy of {model}; it places again on the "
+    "next capacity change",
+    "wait": "waits for GPU capacity (reason: {reason})",
+    "refuse": "cannot run: {reason}; the agent stands aside at once",
+}
+
+
+@app.command("place")
+def place_command(
+    file: Path = typer.Option(
+        ..., "-f", "--file", help="PlacementState YAML file.", show_default=False
+    ),
+    model: str = typer.Option(..., "--model", help="The preferred model of the call."),
+    candidates: str | None = typer.Option(
+        None, "--candidates",
+        help='Candidate list as JSON, preferred first: [{"model": "qwen3:32b", "score": 70}].',
+    ),
+    prompt_tokens: int | None = typer.Option(
+        None, "--prompt-tokens", help="Prompt size in tokens (for the context filter)."
+    ),
+    output: OutputFormat | None = typer.Option(None, "-o", "--output", help=OUTPUT_OPTION_HELP),
+) -> None:
+    """Decide where one inference call would run against a fleet snapshot."""
+    import asyncio
+
+    from kubemoot.runtime.what_if import decide, load_state, parse_candidates
+
+    if prompt_tokens is not None and prompt_tokens < 0:
+        raise InputError("must not be negative", field="--prompt-tokens")
+    if not model:
+        raise InputError("must name a model", field="--model")
+    state = load_state(file)
+    placement = asyncio.run(
+        decide(state, parse_candidates(candidates, model), prompt_tokens=prompt_tokens)
+    )
+    fmt = resolve_format(output)
+    if fmt is OutputFormat.table:
+        _print_table(placement)
+    else:
+        data = placement.to_dict()
+        for internal in ("ticketId", "waitedSeconds"):
+            data.pop(internal, None)  # meaningless for a what-if on a throw-away store
+        emit_data(data, fmt)
+
+
+def _print_table(placement: Placement) -> None:
+    from rich.table import Table
+
+    action = placement.action.value
+    text = _ACTION_TEXT.get(action, action).format(
+        model=placement.model, provider=placement.provider, reason=placement.reason,
+        evicted=", ".join(placement.evicted) or "nothing",
+    )
+    console.print(f"[bold]{action}[/]: the call {text}.", highlight=False)
+    if placement.decision is not None:
+        console.print(f"why: {placement.decision.reason}", highlight=False)
+    table = Table(title="options (expected seconds before the call can start; lowest wins)")
+    for column in ("", "kind", "provider", "model", "seconds", "victims"):
+        table.add_column(column, justify="right" if column == "seconds" else "left")
+    chosen = (placement.provider, placement.model)
+    for option in placement.options:
+        mark = "→" if (option.provider, option.model) == chosen else ""
+        table.add_row(
+            mark, option.kind.value, option.provider, option.model, f"{option.seconds:.3f}",
+            ", ".join(option.victims),
+        )
+    if placement.options:
+        console.print(table)
+    else:
+        console.print("no option: no provider can take the call now.")
+    if placement.decision is not None:
+        failed = [
+            f"{cid}: " + "; ".join(g.reason for g in cand.failures)
+            for cid, cand in placement.decision.candidates.items()
+            if cand.failures
+        ]
+        if failed:
+            console.print("filtered out:", highlight=False)
+            for line in failed:
+                console.print(f"  {line}", highlight=False)

@@ -1,0 +1,89 @@
+"""``kubemoot simulate``: run a scenario with every policy and compare them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from kubemoot.api.errors import InputError
+from kubemoot.cli._common import (
+    OUTPUT_OPTION_HELP,
+    OutputFormat,
+    app,
+    console,
+    emit_data,
+    err_console,
+    resolve_format,
+)
+
+
+@app.command("simulate")
+def simulate_command(
+    file: Path = typer.Option(..., "-f", "--file", help="Scenario YAML (kind SimulationScenario)."),
+    policy: list[str] = typer.Option(
+        ["all"], "--policy", "-p",
+        help="Policy to run (repeatable): all, kubemoot, static, round-robin, least-busy, "
+             "random, herd-like.",
+    ),
+    seed: int | None = typer.Option(None, "--seed", help="Workload seed (default: the file's)."),
+    report: Path | None = typer.Option(
+        None, "--report", help="Write report.json and PNG plots into this directory."
+    ),
+    scale_down: float | None = typer.Option(
+        None, "--scale-down", help="Keep this share (0–1] of every provider and crew group."
+    ),
+    duration: float | None = typer.Option(
+        None, "--duration", help="Override the scenario's durationSeconds."
+    ),
+    output: OutputFormat | None = typer.Option(None, "-o", "--output", help=OUTPUT_OPTION_HELP),
+) -> None:
+    """Run the production runtime and the usual routers on one trace, in virtual time."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kubemoot.sim.report import comparison_table, write_plots, write_report
+    from kubemoot.sim.scenario import load_scenario
+    from kubemoot.sim.simulation import POLICY_NAMES, simulate
+
+    fmt = resolve_format(output)
+    names: list[str] = []
+    for entry in policy:
+        for name in entry.split(","):
+            name = name.strip()
+            if name == "all":
+                names.extend(POLICY_NAMES)
+            elif name not in POLICY_NAMES:
+                raise InputError(
+                    f"unknown policy {name!r}; choose from all, {', '.join(POLICY_NAMES)}",
+                    field="--policy",
+                )
+            else:
+                names.append(name)
+    names = list(dict.fromkeys(names))
+    scenario = load_scenario(file)
+    if scale_down is not None:
+        scenario = scenario.scaled(scale_down)
+    if duration is not None:
+        scenario = scenario.with_duration(duration)
+
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(),
+        TextColumn("{task.completed}/{task.total} policies"), TimeElapsedColumn(),
+        console=err_console, transient=True,
+    ) as progress:
+        task = progress.add_task(f"simulating {scenario.name}", total=len(names))
+
+        def advance(done: str) -> None:
+            progress.update(task, advance=1, description=f"simulating {scenario.name}: {done}")
+
+        result = simulate(scenario, policies=names, seed=seed, progress=advance)
+
+    if report is not None:
+        write_report(result, report)
+        write_plots(result, report)
+    if fmt is OutputFormat.table:
+        console.print(comparison_table(result))
+        if report is not None:
+            console.print(f"report written to {report}/report.json with PNG plots")
+    else:
+        emit_data(result.to_json(), fmt)

@@ -1,0 +1,141 @@
+"""Typed gate verdicts and the bounded outcomes of a decision.
+
+A gate is not a boolean. Four verdicts keep "violated" apart from "not known yet":
+
+* ``PASS`` — valid evidence shows the requirement is met;
+* ``FAIL`` — evidence shows the requirement is violated (the candidate is out);
+* ``UNKNOWN`` — the evidence the gate needs is absent;
+* ``STALE`` — evidence exists but is older than the freshness policy allows.
+
+UNKNOWN and STALE are never treated as PASS: they make a candidate *uncertain*,
+which is what lets a decision say DEFER ("not known yet") instead of
+UNSCHEDULABLE ("impossible").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["GateResult", "Outcome", "Standing", "Verdict"]
+
+# One shared, read-only empty mapping: most PASS results carry little evidence and
+# the operator-side scheduler creates results by the hundred thousand.
+_NO_EVIDENCE: Mapping[str, Any] = MappingProxyType({})
+
+# Results are immutable, so an evidence-free PASS can be shared. A bounded cache keeps
+# hot gates (a constant "fits" reason) from allocating one result per candidate.
+_PASS_CACHE: dict[tuple[str, str], GateResult] = {}
+_PASS_CACHE_LIMIT = 4096
+
+
+class Verdict(StrEnum):
+    """What one gate concluded about one candidate."""
+
+    PASS = "PASS"
+    FAIL = "FAIL"
+    UNKNOWN = "UNKNOWN"
+    STALE = "STALE"
+
+
+class Outcome(StrEnum):
+    """The bounded result of one decision."""
+
+    PLACE = "PLACE"
+    """At least one candidate passed every gate; the best-scoring one is chosen."""
+    UNSCHEDULABLE = "UNSCHEDULABLE"
+    """Every candidate failed a gate decisively (or there were no candidates)."""
+    DEFER = "DEFER"
+    """Nothing is feasible now, but some candidate waits on UNKNOWN/STALE evidence."""
+
+
+class Standing(StrEnum):
+    """Where a candidate ends up after all its gates."""
+
+    FEASIBLE = "feasible"
+    UNCERTAIN = "uncertain"
+    HARD_FAILED = "hardFailed"
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    """One gate's verdict on one candidate, with the evidence that explains it.
+
+    ``evidence`` holds the facts the verdict rests on (which field, which value,
+    what was required) as JSON-ready data; ``observed_at`` is when that evidence
+    was observed (RFC 3339), if known.
+    """
+
+    gate: str
+    result: Verdict
+    reason: str
+    evidence: Mapping[str, Any] = field(default_factory=lambda: _NO_EVIDENCE)
+    observed_at: str | None = None
+
+    @classmethod
+    def pass_(
+        cls, gate: str, reason: str, *, observed_at: str | None = None, **evidence: Any
+    ) -> GateResult:
+        """A PASS: the evidence shows the requirement is met."""
+        if evidence or observed_at is not None or cls is not GateResult:
+            return cls(gate, Verdict.PASS, reason, evidence or _NO_EVIDENCE, observed_at)
+        cached = _PASS_CACHE.get((gate, reason))
+        if cached is None:
+            cached = cls(gate, Verdict.PASS, reason, _NO_EVIDENCE, None)
+            if len(_PASS_CACHE) < _PASS_CACHE_LIMIT:
+                _PASS_CACHE[(gate, reason)] = cached
+        return cached
+
+    @classmethod
+    def fail(
+        cls, gate: str, reason: str, *, observed_at: str | None = None, **evidence: Any
+    ) -> GateResult:
+        """A FAIL: the evidence shows the requirement is violated."""
+        return cls(gate, Verdict.FAIL, reason, evidence or _NO_EVIDENCE, observed_at)
+
+    @classmethod
+    def unknown(
+        cls, gate: str, reason: str, *, observed_at: str | None = None, **evidence: Any
+    ) -> GateResult:
+        """An UNKNOWN: the evidence the gate needs is absent."""
+        return cls(gate, Verdict.UNKNOWN, reason, evidence or _NO_EVIDENCE, observed_at)
+
+    @classmethod
+    def stale(
+        cls, gate: str, reason: str, *, observed_at: str | None = None, **evidence: Any
+    ) -> GateResult:
+        """A STALE: evidence exists but is older than the freshness policy allows."""
+        return cls(gate, Verdict.STALE, reason, evidence or _NO_EVIDENCE, observed_at)
+
+    @property
+    def passed(self) -> bool:
+        """True only for PASS; UNKNOWN and STALE are not a pass."""
+        return self.result is Verdict.PASS
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, camelCase: ``{result, reason, evidence, observedAt?}``."""
+        data: dict[str, Any] = {
+            "result": self.result.value,
+            "reason": self.reason,
+            "evidence": jsonable(self.evidence),
+        }
+        if self.observed_at is not None:
+            data["observedAt"] = self.observed_at
+        return data
+
+
+def jsonable(value: Any) -> Any:
+    """Turn evidence into plain JSON/YAML data (enums to their values, tuples to lists)."""
+    if isinstance(value, StrEnum):
+        return value.value
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        items = [jsonable(v) for v in value]
+        return sorted(items, key=str) if isinstance(value, set | frozenset) else items
+    return str(value)

@@ -1,0 +1,385 @@
+"""The Ollama adapter: the official ``ollama`` client behind :class:`ProviderClient`.
+
+What Ollama reports (``/api/ps``: resident models with ``size_vram``, ``context_length``,
+``digest``, ``expires_at``; ``/api/tags``: on-disk sizes and digests) becomes a
+:class:`ProviderState`. What it does not report comes from the ModelProvider spec passed
+in: the per-slot context (``OLLAMA_CONTEXT_LENGTH``), the parallel slots
+(``OLLAMA_NUM_PARALLEL``), the reserve, and, without a DCGM exporter, the card's size.
+
+Every httpx or ollama exception is mapped to :mod:`kubemoot.providers.protocol` errors
+here, at the edge. A call is retried at most ``max_retries`` times (default once) and
+only when nobody answered or the answer timed out; a 4xx is never retried, so a slow
+engine surfaces as one failed call instead of a silent multi-minute chain.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import httpx
+import ollama
+
+from kubemoot.api.errors import InputError
+from kubemoot.clock import Clock, SystemClock
+from kubemoot.providers.dcgm import VramReading, fetch_dcgm_vram
+from kubemoot.providers.protocol import (
+    ChatResult,
+    LoadedModel,
+    ModelNotFound,
+    ProviderBadResponse,
+    ProviderError,
+    ProviderState,
+    ProviderTimeout,
+    ProviderUnavailable,
+)
+
+__all__ = ["MAX_RESPONSE_BYTES", "OllamaProvider", "parse_endpoint"]
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+# Ollama's answers are small JSON; a body this large is hostile or broken, and reading
+# it whole would let one bad endpoint exhaust the prober's memory.
+MAX_RESPONSE_BYTES = 16 * MIB
+# Sizes beyond a pebibyte are not a GPU's; such a report is garbage, not a footprint.
+_MAX_SANE_BYTES = 1 << 50
+
+
+def parse_endpoint(text: str) -> tuple[str, str]:
+    """``[name=]URL`` → ``(name, url)``; a URL without a scheme gets ``http://``.
+
+    The name defaults to ``host:port``. Raises :class:`InputError` for anything that is
+    not an http(s) URL with a host and a valid port.
+    """
+    name, sep, url = text.partition("=")
+    if not sep:
+        name, url = "", text
+    url = url.strip()
+    if "://" not in url:
+        url = f"http://{url}"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as error:
+        raise InputError(f"malformed endpoint {text!r}: {error}", field="endpoint") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(
+        c.isspace() for c in url
+    ):
+        raise InputError(
+            f"malformed endpoint {text!r}: expected [NAME=]http(s)://HOST[:PORT]",
+            field="endpoint",
+        )
+    if port is None:
+        port = 443 if parts.scheme == "https" else 11434
+    normalized = f"{parts.scheme}://{parts.netloc if parts.port else f'{parts.netloc}:{port}'}"
+    normalized += parts.path.rstrip("/")
+    return (name.strip() or f"{parts.hostname}:{port}", normalized)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _CappedStream(httpx.AsyncByteStream):
+    """A response body that refuses to grow past a limit while it is being read."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, limit: int) -> None:
+        self._inner = inner
+        self._limit = limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in self._inner:
+            seen += len(chunk)
+            if seen > self._limit:
+                raise _BodyTooLarge(f"response body exceeds {self._limit} bytes")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _CappedTransport(httpx.AsyncBaseTransport):
+    def __init__(self, limit: int) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+        self._limit = limit
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self._inner.handle_async_request(request)
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        return httpx.Response(
+            status_code=response.status_code,
+            headers=response.headers,
+            stream=_CappedStream(response.stream, self._limit),
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _clip(text: object, limit: int = 200) -> str:
+    """A foreign message made safe to print: one line, bounded length."""
+    flat = "".join(c if c.isprintable() else " " for c in str(text))
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _root_cause(error: BaseException) -> str:
+    """The most specific message in an exception chain ("Connection refused")."""
+    best = _clip(error)
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and (current.errno or current.strerror):
+            # positive errnos are POSIX ("Connection refused"); resolver codes are not
+            code = current.errno
+            return _clip(os.strerror(code) if code is not None and code > 0
+                         else current.strerror)
+        if str(current) and not isinstance(current, ConnectionError):
+            best = _clip(current)
+        current = current.__cause__ or current.__context__
+    return best
+
+
+def _mib(size: object, what: str) -> int:
+    if size is None:
+        return 0
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size < _MAX_SANE_BYTES:
+        raise ProviderBadResponse(f"{what} is not a plausible size in bytes: {_clip(size)}")
+    return math.ceil(size / MIB)
+
+
+class OllamaProvider:
+    """One Ollama server (or anything speaking its API, such as the emulator)."""
+
+    def __init__(
+        self,
+        name: str,
+        endpoint: str,
+        *,
+        context_length: int | None = None,
+        num_parallel: int = 1,
+        reserve_mib: int = 1024,
+        total_vram_mib: int | None = None,
+        timeout: float = 120.0,
+        max_retries: int = 1,
+        retry_delay: float = 0.5,
+        clock: Clock | None = None,
+        dcgm_url: str | None = None,
+        dcgm_gpu: str | None = None,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+    ) -> None:
+        self.name = name
+        self.endpoint = endpoint.rstrip("/")
+        self.context_length = context_length
+        self.num_parallel = num_parallel
+        self.reserve_mib = reserve_mib
+        self.total_vram_mib = total_vram_mib
+        self.timeout = timeout
+        self.max_retries = max(0, max_retries)
+        self.retry_delay = retry_delay
+        self.dcgm_url = dcgm_url
+        self.dcgm_gpu = dcgm_gpu
+        self.last_dcgm_error: ProviderError | None = None
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._client = ollama.AsyncClient(
+            host=self.endpoint, timeout=timeout,
+            transport=_CappedTransport(max_response_bytes),
+        )
+
+    async def __aenter__(self) -> OllamaProvider:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._client.close()  # type: ignore[no-untyped-call]
+
+    # -- error mapping and bounded retry -------------------------------------------
+
+    def _map(self, error: Exception, what: str) -> ProviderError:
+        where: dict[str, Any] = {"provider": self.name, "endpoint": self.endpoint}
+        if isinstance(error, ProviderError):
+            error.provider = error.provider or self.name
+            error.endpoint = error.endpoint or self.endpoint
+            return error
+        if isinstance(error, ollama.ResponseError):
+            status = error.status_code
+            detail = _clip(error.error)
+            if status == 404:
+                return ModelNotFound(f"{what}: {detail}", **where)
+            if status >= 500 or status < 0:
+                return ProviderBadResponse(f"{what}: HTTP {status}: {detail}",
+                                           status=status, **where)
+            return ProviderError(f"{what}: HTTP {status}: {detail}", **where)
+        if isinstance(error, httpx.TimeoutException):
+            return ProviderTimeout(f"{what}: no answer within {self.timeout:g} s", **where)
+        if isinstance(error, ConnectionError | httpx.ConnectError | httpx.ReadError
+                      | httpx.WriteError | httpx.CloseError):
+            # the ollama client replaces httpx's ConnectError with a generic message;
+            # the original (e.g. "Connection refused") survives as the context
+            return ProviderUnavailable(f"{what}: cannot connect: {_root_cause(error)}",
+                                       **where)
+        if isinstance(error, httpx.RemoteProtocolError):
+            return ProviderBadResponse(f"{what}: broken HTTP answer: {_clip(error)}", **where)
+        if isinstance(error, _BodyTooLarge):
+            return ProviderBadResponse(f"{what}: {error}", **where)
+        if isinstance(error, ValueError | TypeError | KeyError | AttributeError
+                      | RecursionError):
+            # JSON decode errors and pydantic validation errors are ValueErrors
+            return ProviderBadResponse(
+                f"{what}: malformed body: {type(error).__name__}: {_clip(error)}", **where
+            )
+        if isinstance(error, httpx.HTTPError):
+            return ProviderUnavailable(f"{what}: {_clip(error)}", **where)
+        if isinstance(error, ollama.RequestError):
+            return ProviderError(f"{what}: {_clip(error)}", **where)
+        return ProviderBadResponse(
+            f"{what}: unexpected {type(error).__name__}: {_clip(error)}", **where
+        )
+
+    async def _call(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
+        attempts = 1 + self.max_retries
+        for attempt in range(1, attempts + 1):
+            try:
+                return await op()
+            except Exception as error:
+                mapped = self._map(error, what)
+                retryable = isinstance(mapped, ProviderUnavailable | ProviderTimeout)
+                if not retryable or attempt == attempts:
+                    raise mapped from None
+                log.info("%s: retrying once after %s", self.name, mapped)
+                await self._clock.sleep(self.retry_delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- ProviderClient ------------------------------------------------------------
+
+    async def probe(self) -> ProviderState:
+        """Ask ``/api/ps`` and ``/api/tags`` (and DCGM) what the engine holds now."""
+        ps = await self._call("GET /api/ps", self._client.ps)
+        tags = await self._call("GET /api/tags", self._client.list)
+        try:
+            return await self._state(ps, tags)
+        except ProviderError as error:
+            raise self._map(error, "probe") from None
+
+    async def _state(self, ps: Any, tags: Any) -> ProviderState:
+        disk_sizes: dict[str, int] = {}
+        disk_digests: dict[str, str] = {}
+        for entry in tags.models:
+            name = entry.model or getattr(entry, "name", None)
+            if not name:
+                raise ProviderBadResponse("/api/tags lists a model without a name")
+            if entry.size is not None:
+                disk_sizes[name] = _mib(entry.size, f"/api/tags size of {name}")
+            if entry.digest:
+                disk_digests[name] = entry.digest
+        loaded: list[LoadedModel] = []
+        for entry in ps.models:
+            name = entry.name or entry.model
+            if not name:
+                raise ProviderBadResponse("/api/ps lists a model without a name")
+            vram = entry.size_vram if entry.size_vram is not None else entry.size
+            context = entry.context_length
+            if context is not None and context < 0:
+                raise ProviderBadResponse(f"/api/ps context_length of {name} is negative")
+            expires: datetime | None = entry.expires_at
+            loaded.append(LoadedModel(
+                name=name,
+                size_mib=_mib(vram, f"/api/ps size_vram of {name}"),
+                context_length=context or None,
+                digest=entry.digest or disk_digests.get(name),
+                expires_at=expires.timestamp() if expires is not None else None,
+            ))
+        reading = await self._read_dcgm()
+        resident = sum(m.size_mib for m in loaded)
+        return ProviderState(
+            provider=self.name,
+            endpoint=self.endpoint,
+            ready=True,
+            last_probed_at=self._clock.now(),
+            total_vram_mib=reading.total_mib if reading else self.total_vram_mib,
+            used_vram_mib=reading.used_mib if reading else resident,
+            reserve_mib=self.reserve_mib,
+            max_parallel=self.num_parallel,
+            context_length=self.context_length,
+            loaded_models=loaded,
+            loaded_model_footprints={m.name: m.size_mib for m in loaded},
+            disk_sizes_mib=disk_sizes,
+        )
+
+    async def _read_dcgm(self) -> VramReading | None:
+        """DCGM is optional evidence: when it fails the total falls back to the spec."""
+        if self.dcgm_url is None:
+            return None
+        try:
+            reading = await fetch_dcgm_vram(self.dcgm_url, gpu=self.dcgm_gpu,
+                                            timeout=min(self.timeout, 10.0))
+        except ProviderError as error:
+            self.last_dcgm_error = error
+            log.warning("%s: DCGM unavailable, using the configured VRAM total: %s",
+                        self.name, error)
+            return None
+        self.last_dcgm_error = None
+        return reading
+
+    async def preload(self, model: str, *, num_ctx: int | None = None,
+                      keep_alive: float | str | None = None) -> None:
+        """``/api/generate`` with no prompt loads the model and returns."""
+        ctx = num_ctx if num_ctx is not None else self.context_length
+        options = {"num_ctx": ctx} if ctx is not None else None
+        await self._call(
+            f"preload {model}",
+            lambda: self._client.generate(model=model, options=options,
+                                          keep_alive=keep_alive),
+        )
+
+    async def unload(self, model: str) -> None:
+        """``keep_alive: 0`` asks the engine to drop the model as soon as it is idle."""
+        await self._call(
+            f"unload {model}", lambda: self._client.generate(model=model, keep_alive=0)
+        )
+
+    async def chat(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        num_ctx: int | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> ChatResult:
+        """One non-streaming ``/api/chat``; ``num_ctx`` goes into ``options``."""
+        merged: dict[str, Any] = dict(options or {})
+        if num_ctx is not None:
+            merged["num_ctx"] = num_ctx
+        response = await self._call(
+            f"chat {model}",
+            lambda: self._client.chat(
+                model=model, messages=list(messages),
+                tools=list(tools) if tools else None,
+                options=merged or None, stream=False,
+            ),
+        )
+        try:
+            message = response.message
+            calls = [c.model_dump(exclude_none=True) for c in (message.tool_calls or [])]
+            return ChatResult(
+                model=response.model or model,
+                content=message.content or "",
+                tool_calls=calls,
+                prompt_eval_count=response.prompt_eval_count,
+                eval_count=response.eval_count,
+                done_reason=response.done_reason,
+            )
+        except Exception as error:
+            raise self._map(error, f"chat {model}") from None

@@ -1,0 +1,160 @@
+"""Waiting for GPU capacity on state changes instead of polling.
+
+:class:`CapacityWatch` watches the provider-state and ticket buckets. Every probe
+publish, claim and release advances a change counter; a waiter records the counter,
+places again against fresh state, and blocks in :meth:`CapacityWatch.changed_since`
+until the counter moves. A ticket that lapses (its holder died) changes no key, so the
+watch also advances the counter when the earliest known ticket expiry passes: waiters
+see memory returned by the TTL layer without a probe having to run.
+
+When the watch cannot be established, :meth:`CapacityWatch.start` raises
+:class:`WatchUnavailable` at once, and a waiter whose watch ended gets it too: a caller
+stands aside instead of waiting without a wake source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from kubemoot.clock import Clock
+from kubemoot.store.documents import ProviderTickets
+from kubemoot.store.protocol import Bucket, Change, StoreError, Watch
+
+__all__ = ["CapacityWatch", "WatchUnavailable"]
+
+log = logging.getLogger(__name__)
+
+
+class WatchUnavailable(Exception):
+    """There is no wake source: the watch could not be set up, or it ended."""
+
+
+class CapacityWatch:
+    """A change counter over the provider-state and ticket buckets."""
+
+    def __init__(self, states: Bucket, tickets: Bucket, *, clock: Clock) -> None:
+        self._buckets = (states, tickets)
+        self._tickets_bucket = tickets.name
+        self._clock = clock
+        self._counter = 0
+        self._changed = asyncio.Event()
+        self._watches: list[Watch] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._expiries: dict[str, list[float]] = {}  # ticket key → live tickets' expiries
+        self._started = False
+        self._ended: str | None = None
+
+    @property
+    def counter(self) -> int:
+        """How many changes have been seen so far."""
+        return self._counter
+
+    async def start(self) -> None:
+        """Establish both watches now; raises :class:`WatchUnavailable` when it cannot."""
+        if self._started:
+            return
+        try:
+            for bucket in self._buckets:
+                watch = bucket.watch()
+                self._watches.append(watch)
+                await watch.ready()
+            await self._seed_expiries()
+        except StoreError as error:
+            await self.close()
+            raise WatchUnavailable(f"cannot watch capacity: {error}") from error
+        self._started = True
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._follow(w)) for w in self._watches]
+
+    async def _seed_expiries(self) -> None:
+        tickets = self._buckets[1]
+        for key in await tickets.keys():
+            entry = await tickets.get(key)
+            if entry is not None:
+                self._note_tickets(key, entry.value)
+
+    def _note_tickets(self, key: str, value: bytes | None) -> None:
+        now = self._clock.now()
+        if value is None:
+            self._expiries.pop(key, None)
+            return
+        try:
+            document = ProviderTickets.from_json(value)
+        except ValueError:
+            return
+        live = [t.expires_at for t in document.tickets if t.expires_at > now]
+        if live:
+            self._expiries[key] = live
+        else:
+            self._expiries.pop(key, None)
+
+    async def _follow(self, watch: Watch) -> None:
+        try:
+            async for change in watch:
+                self._on_change(change)
+        except StoreError as error:
+            log.warning("capacity watch failed: %s", error)
+        finally:
+            if self._ended is None:
+                self._ended = "the capacity watch ended"
+            self._changed.set()
+
+    def _on_change(self, change: Change) -> None:
+        if change.bucket == self._tickets_bucket:
+            self._note_tickets(change.key, change.value)
+        self.notify()
+
+    def notify(self) -> None:
+        """Advance the counter locally (e.g. the discussion ended): wakes every waiter."""
+        self._counter += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _next_expiry(self) -> float | None:
+        return min((min(v) for v in self._expiries.values()), default=None)
+
+    async def changed_since(self, counter: int, timeout: float | None) -> int:
+        """Wait until the counter moves past ``counter``; returns the new counter.
+
+        Returns at once when it already moved. Raises ``TimeoutError`` after
+        ``timeout`` seconds of the clock, :class:`WatchUnavailable` when the watch ended.
+        """
+        deadline = None if timeout is None else self._clock.now() + timeout
+        while True:
+            if self._counter != counter:
+                return self._counter
+            if self._ended is not None:
+                raise WatchUnavailable(self._ended)
+            now = self._clock.now()
+            expiry = self._next_expiry()
+            if expiry is not None and expiry <= now:
+                # A ticket lapsed: its memory is back though no key changed.
+                live = {k: [t for t in v if t > now] for k, v in self._expiries.items()}
+                self._expiries = {k: v for k, v in live.items() if v}
+                self.notify()
+                continue
+            limits = [t - now for t in (deadline, expiry) if t is not None]
+            wait = max(0.0, min(limits)) if limits else None
+            changed = self._changed
+            try:
+                await self._clock.wait_for(changed.wait(), wait)
+            except TimeoutError:
+                if deadline is not None and self._clock.now() >= deadline:
+                    if self._counter != counter:
+                        return self._counter
+                    raise
+
+    async def close(self) -> None:
+        """Stop watching; waiters get :class:`WatchUnavailable`."""
+        self._ended = self._ended or "the capacity watch was closed"
+        for watch in self._watches:
+            with contextlib.suppress(Exception):
+                await watch.aclose()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        self._changed.set()

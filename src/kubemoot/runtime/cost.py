@@ -1,0 +1,227 @@
+"""The one cost, in expected seconds before a call can start (DESIGN §5).
+
+Everything here is pure: it reads a :class:`FleetSnapshot`, the settings, occupancy and
+demand, and does arithmetic. Warm reuse, cold load and eviction are priced in the same
+unit so that one comparison decides between them::
+
+    usable(P)      = totalVram(P) − reserve(P)
+    resident(P)    = Σ resident footprints + Σ footprints of copies still loading
+    free(P)        = usable(P) − resident(P)
+    load(M)        = occupancy(M) / loadRate
+    remaining(P,M) = max(0, load(M) − (now − loadStartedAt))
+    queue(P,M)     = 0 if inflight < slots
+                     else soonestRemaining + (inflight − slots) · latency / slots
+    demand(V)      = waiters + intents + 0.5 · (recentUse + prediction)
+
+    warm/loading copy : remaining + queue
+    cold load         : load(M) + 0.001 · freeAfter / GiB
+    unload plan       : load(M) + Σ (unload + load(v) · demand(v))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from kubemoot.runtime.occupancy import OccupancyBook
+from kubemoot.runtime.settings import MIB_PER_GIB, RuntimeSettings
+from kubemoot.runtime.snapshot import FleetSnapshot, ModelNeed, NeedView, ProviderSnapshot
+
+#: Seconds per GiB of room left over after a cold load: small enough never to outweigh
+#: a real delay, large enough to prefer the tightest fit and keep big holes whole.
+BEST_FIT_SECONDS_PER_GIB = 0.001
+
+
+class OptionKind(StrEnum):
+    """The ways a call can get a GPU; the order is the tie-break order."""
+
+    WARM = "warm"  # a resident copy with a free slot
+    LOADING = "loading"  # a copy another call is loading, with a free slot
+    QUEUE = "queue"  # a warm or loading copy whose slots are all busy
+    COLD_LOAD = "cold-load"  # load onto free room
+    UNLOAD = "unload"  # unload idle models, then load
+
+    @property
+    def rank(self) -> int:
+        """Ties go to reuse first, then a cold load, then eviction."""
+        return _RANK[self]
+
+
+_RANK = {
+    OptionKind.WARM: 0,
+    OptionKind.LOADING: 0,
+    OptionKind.QUEUE: 0,
+    OptionKind.COLD_LOAD: 1,
+    OptionKind.UNLOAD: 2,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One way to run a call of ``model`` on ``provider``, with its cost in seconds."""
+
+    kind: OptionKind
+    provider: str
+    model: str
+    seconds: float
+    victims: tuple[str, ...] = ()
+    footprint_mib: int = 0  # new VRAM the call's ticket would spend
+    evicts: dict[str, int] = field(default_factory=dict)  # victim → MiB
+
+    def sort_key(self, model_order: Sequence[str] = ()) -> tuple[float, int, str, int]:
+        """Cheapest first; ties: warm, then cold, then unload; then provider name."""
+        order = model_order.index(self.model) if self.model in model_order else len(model_order)
+        return (round(self.seconds, 9), self.kind.rank, self.provider, order)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "provider": self.provider,
+            "model": self.model,
+            "seconds": round(self.seconds, 6),
+            "victims": list(self.victims),
+        }
+
+
+class CostModel:
+    """The cost terms over one fleet snapshot."""
+
+    def __init__(
+        self,
+        fleet: FleetSnapshot,
+        *,
+        settings: RuntimeSettings,
+        occupancy: OccupancyBook,
+        need: NeedView,
+    ) -> None:
+        self.fleet = fleet
+        self.settings = settings
+        self._occupancy = occupancy
+        self._need = need
+
+    # -- per provider ----------------------------------------------------------------
+
+    @staticmethod
+    def usable(p: ProviderSnapshot) -> int | None:
+        """VRAM a provider can give models; ``None`` when its total is unknown."""
+        total = p.state.total_vram_mib
+        return None if total is None else total - p.state.reserve_mib
+
+    @staticmethod
+    def resident(p: ProviderSnapshot) -> int:
+        """Resident footprints plus the footprints of copies tickets are still loading."""
+        residents = p.residents
+        loading = sum(
+            t.model_footprint_mib for t in p.tickets if t.model not in residents
+        )
+        return sum(residents.values()) + loading
+
+    def free(self, p: ProviderSnapshot) -> int | None:
+        usable = self.usable(p)
+        return None if usable is None else usable - self.resident(p)
+
+    # -- per model -------------------------------------------------------------------
+
+    def occupancy(self, model: str) -> int | None:
+        return self._occupancy.occupancy(model, self.fleet)
+
+    def load(self, model: str) -> float | None:
+        """Seconds to load the model; ``None`` when its size is unknown."""
+        occupancy = self.occupancy(model)
+        return None if occupancy is None else occupancy / self.settings.load_rate_mibps
+
+    def need(self, model: str) -> ModelNeed:
+        return self._need.of(model)
+
+    def demand(self, model: str) -> float:
+        n = self._need.of(model)
+        return n.waiters + n.intents + 0.5 * (n.recent_use + n.prediction)
+
+    # -- per (provider, model) -------------------------------------------------------
+
+    def load_ends_at(self, p: ProviderSnapshot, model: str) -> float | None:
+        """When the provider's copy of the model finishes loading; ``None``: it is ready."""
+        if p.is_resident(model):
+            return None
+        loading = p.loading_tickets(model)
+        if not loading:
+            return None
+        load = self.load(model) or 0.0
+        return min(t.started_at for t in loading) + load
+
+    def remaining(self, p: ProviderSnapshot, model: str) -> float:
+        """Load time still to go for a copy being loaded (0 for a resident copy)."""
+        ends = self.load_ends_at(p, model)
+        return 0.0 if ends is None else max(0.0, ends - self.fleet.now)
+
+    def slots(self, p: ProviderSnapshot) -> int:
+        return max(1, p.state.max_parallel)
+
+    def has_free_slot(self, p: ProviderSnapshot, model: str) -> bool:
+        return len(p.in_flight(model)) < self.slots(p)
+
+    def queue(self, p: ProviderSnapshot, model: str) -> float:
+        """Wait for a slot on the provider's copy, counted from when the copy is ready.
+
+        An in-flight call ends one latency after it starts; it starts when it was
+        claimed or when the copy became ready, whichever is later.
+        """
+        in_flight = p.in_flight(model)
+        slots = self.slots(p)
+        if len(in_flight) < slots:
+            return 0.0
+        ends = self.load_ends_at(p, model)
+        ready = max(self.fleet.now, ends) if ends is not None else self.fleet.now
+        latency = p.latency_seconds
+
+        def call_ends(started_at: float) -> float:
+            # A call starts when it was claimed or when its copy finished loading.
+            return max(started_at, ends) + latency if ends is not None else started_at + latency
+
+        soonest = min(max(0.0, call_ends(t.started_at) - ready) for t in in_flight)
+        return soonest + (len(in_flight) - slots) * latency / slots
+
+    # -- options ---------------------------------------------------------------------
+
+    def copy_option(self, p: ProviderSnapshot, model: str) -> Option:
+        """Use the warm or loading copy of ``model`` on ``p``."""
+        queue = self.queue(p, model)
+        remaining = self.remaining(p, model)
+        if queue > 0 or not self.has_free_slot(p, model):
+            kind = OptionKind.QUEUE
+        elif p.is_resident(model):
+            kind = OptionKind.WARM
+        else:
+            kind = OptionKind.LOADING
+        return Option(kind, p.name, model, remaining + queue)
+
+    def cold_option(self, p: ProviderSnapshot, model: str, occupancy: int) -> Option:
+        """Load ``model`` onto free room on ``p`` (the caller checked it fits)."""
+        free = self.free(p) or 0
+        free_after_gib = (free - occupancy) / MIB_PER_GIB
+        seconds = occupancy / self.settings.load_rate_mibps
+        seconds += BEST_FIT_SECONDS_PER_GIB * free_after_gib
+        return Option(OptionKind.COLD_LOAD, p.name, model, seconds, footprint_mib=occupancy)
+
+    def unload_option(
+        self, p: ProviderSnapshot, model: str, occupancy: int, victims: Sequence[str]
+    ) -> Option:
+        """Unload ``victims`` from ``p``, then load ``model``."""
+        residents = p.residents
+        seconds = occupancy / self.settings.load_rate_mibps
+        for victim in victims:
+            # An unloaded model reloads from disk at the same rate as any load.
+            size = self.occupancy(victim) or residents[victim]
+            reload = size / self.settings.load_rate_mibps
+            seconds += self.settings.unload_seconds + reload * self.demand(victim)
+        return Option(
+            OptionKind.UNLOAD,
+            p.name,
+            model,
+            seconds,
+            victims=tuple(victims),
+            footprint_mib=occupancy,
+            evicts={v: residents[v] for v in victims},
+        )

@@ -1,0 +1,191 @@
+"""The demand view: how much each model is wanted soon, shared by every agent.
+
+Entries live in ``kubemoot_model_demand``, one key per model and agent, so writers
+never race for a key and need no compare-and-set:
+
+* ``wait.<model>.<agent>`` — the agent is waiting for GPU capacity for the model;
+* ``intent.<model>.<agent>`` — the agent was selected and plans to call the model;
+* ``use.<model>`` — recent calls: a count that decays with time constant
+  ``use_window_seconds`` (read-modify-write without CAS; a lost increment only makes
+  the estimate a little low, which is acceptable for a heuristic);
+* ``sel.<agent>`` — the agent's candidate models and how often it is selected; a
+  model's *prediction* is the sum of the frequencies of the agents that name it.
+
+Every value carries ``expiresAt`` and readers ignore expired ones, so a crashed agent's
+entries fade without cleanup. Demand only orders victims and weighs their reload cost;
+it never causes a load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kubemoot.clock import Clock
+from kubemoot.store.documents import DemandEntry, SelectionEntry
+from kubemoot.store.keys import decode_token, join_key
+from kubemoot.store.protocol import Bucket
+
+__all__ = ["DemandBoard", "DemandSnapshot", "ModelDemand"]
+
+WAIT = "wait"
+INTENT = "intent"
+USE = "use"
+SELECTION = "sel"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDemand:
+    """Near-future demand for one model."""
+
+    waiters: int = 0
+    intents: int = 0
+    recent_use: float = 0.0
+    prediction: float = 0.0
+    last_used_at: float | None = None
+
+    @property
+    def demand(self) -> float:
+        """``waiters + intents + 0.5 · (recent use + prediction)`` (DESIGN §5)."""
+        return self.waiters + self.intents + 0.5 * (self.recent_use + self.prediction)
+
+
+@dataclass(frozen=True, slots=True)
+class DemandSnapshot:
+    """Demand for every model named on the board at one instant."""
+
+    at: float
+    models: Mapping[str, ModelDemand] = field(default_factory=dict)
+
+    def of(self, model: str) -> ModelDemand:
+        return self.models.get(model, ModelDemand())
+
+    def demand(self, model: str) -> float:
+        return self.of(model).demand
+
+
+def _decayed(count: float, since: float | None, now: float, window: float) -> float:
+    if since is None or window <= 0:
+        return count
+    return count * math.exp(-max(0.0, now - since) / window)
+
+
+class DemandBoard:
+    """Reads and writes the demand bucket for one process."""
+
+    def __init__(
+        self,
+        bucket: Bucket,
+        *,
+        clock: Clock,
+        wait_ttl_seconds: float = 180.0,
+        intent_ttl_seconds: float = 180.0,
+        use_window_seconds: float = 300.0,
+        selection_ttl_seconds: float = 3600.0,
+    ) -> None:
+        self._bucket = bucket
+        self._clock = clock
+        self.wait_ttl_seconds = wait_ttl_seconds
+        self.intent_ttl_seconds = intent_ttl_seconds
+        self.use_window_seconds = use_window_seconds
+        self.selection_ttl_seconds = selection_ttl_seconds
+
+    # -- writers ---------------------------------------------------------------------
+
+    async def _mark(self, kind: str, model: str, agent: str, ttl: float) -> None:
+        entry = DemandEntry(expires_at=self._clock.now() + ttl)
+        await self._bucket.put(join_key(kind, model, agent), entry.to_json())
+
+    async def add_waiter(self, model: str, agent: str) -> None:
+        """The agent waits for capacity for ``model`` (re-add to keep it alive)."""
+        await self._mark(WAIT, model, agent, self.wait_ttl_seconds)
+
+    async def remove_waiter(self, model: str, agent: str) -> None:
+        await self._bucket.delete(join_key(WAIT, model, agent))
+
+    async def add_intent(self, model: str, agent: str) -> None:
+        """The agent, selected for a thread, plans to call ``model``."""
+        await self._mark(INTENT, model, agent, self.intent_ttl_seconds)
+
+    async def remove_intent(self, model: str, agent: str) -> None:
+        await self._bucket.delete(join_key(INTENT, model, agent))
+
+    async def record_use(self, model: str) -> None:
+        """Count one call of ``model`` into its decaying recent-use figure."""
+        key = join_key(USE, model)
+        now = self._clock.now()
+        current = await self._bucket.get(key)
+        count = 0.0
+        if current is not None:
+            previous = DemandEntry.from_json(current.value)
+            if previous.expires_at > now:
+                count = _decayed(
+                    previous.count, previous.last_used_at, now, self.use_window_seconds
+                )
+        # Kept until the count has decayed below about 1 % of a single call.
+        entry = DemandEntry(
+            expires_at=now + 5 * self.use_window_seconds, count=count + 1.0, last_used_at=now
+        )
+        await self._bucket.put(key, entry.to_json())
+
+    async def record_selection(
+        self, agent: str, models: Sequence[str], frequency: float
+    ) -> None:
+        """The agent's candidate models and how often it is selected (its forecast)."""
+        entry = SelectionEntry(
+            expires_at=self._clock.now() + self.selection_ttl_seconds,
+            models=list(dict.fromkeys(models)),
+            frequency=frequency,
+        )
+        await self._bucket.put(join_key(SELECTION, agent), entry.to_json())
+
+    # -- reader ----------------------------------------------------------------------
+
+    async def snapshot(self) -> DemandSnapshot:
+        """Every live entry folded into per-model demand."""
+        keys = await self._bucket.keys()
+        entries = await asyncio.gather(*(self._bucket.get(k) for k in keys))
+        now = self._clock.now()
+        waiters: dict[str, int] = {}
+        intents: dict[str, int] = {}
+        uses: dict[str, tuple[float, float | None]] = {}
+        prediction: dict[str, float] = {}
+        for key, entry in zip(keys, entries, strict=True):
+            if entry is None:
+                continue
+            kind, _, rest = key.partition(".")
+            try:
+                segments = [decode_token(s) for s in rest.split(".")] if rest else []
+                if kind == SELECTION and len(segments) == 1:
+                    selection = SelectionEntry.from_json(entry.value)
+                    if selection.expires_at > now:
+                        for model in set(selection.models):
+                            prediction[model] = prediction.get(model, 0.0) + selection.frequency
+                    continue
+                demand = DemandEntry.from_json(entry.value)
+            except ValueError:
+                continue  # a key or value this version does not understand
+            if demand.expires_at <= now:
+                continue
+            if kind in (WAIT, INTENT) and len(segments) == 2:
+                tally = waiters if kind == WAIT else intents
+                tally[segments[0]] = tally.get(segments[0], 0) + 1
+            elif kind == USE and len(segments) == 1:
+                count = _decayed(demand.count, demand.last_used_at, now, self.use_window_seconds)
+                uses[segments[0]] = (count, demand.last_used_at)
+        models = set(waiters) | set(intents) | set(uses) | set(prediction)
+        return DemandSnapshot(
+            at=now,
+            models={
+                m: ModelDemand(
+                    waiters=waiters.get(m, 0),
+                    intents=intents.get(m, 0),
+                    recent_use=uses.get(m, (0.0, None))[0],
+                    prediction=prediction.get(m, 0.0),
+                    last_used_at=uses.get(m, (0.0, None))[1],
+                )
+                for m in models
+            },
+        )

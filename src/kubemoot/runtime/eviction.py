@@ -1,0 +1,95 @@
+"""Choosing which idle models to unload to make room for a load.
+
+Only *idle* residents may go: no active ticket on the provider uses them and no other
+ticket already plans to unload them. A model with live work is never a victim, at any
+price. Among the idle ones the planner takes the fewest that make room; among equally
+few, the least needed (fewer waiting agents, then fewer intents, then lower recent use
+plus prediction, then least recently used); models with waiting agents are considered
+only when nothing else makes room.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from itertools import combinations
+
+from kubemoot.runtime.snapshot import ModelNeed, NeedView, ProviderSnapshot
+
+#: Above this many idle residents the planner stops enumerating subsets and takes the
+#: largest models greedily (still the fewest victims, but not the least-needed set).
+_ENUMERATION_LIMIT = 16
+
+
+def idle_residents(p: ProviderSnapshot, *, exclude: str | None = None) -> dict[str, int]:
+    """Resident models with no ticket on ``p`` and not planned for release already."""
+    busy = {t.model for t in p.tickets}
+    planned = p.planned_victims()
+    return {
+        model: mib
+        for model, mib in p.residents.items()
+        if model not in busy and model not in planned and model != exclude
+    }
+
+
+def need_key(model: str, need: ModelNeed) -> tuple[int, int, float, float, str]:
+    """Least needed sorts first; a model never used counts as least recently used."""
+    last = need.last_used_at if need.last_used_at is not None else float("-inf")
+    return (need.waiters, need.intents, need.recent_use + need.prediction, last, model)
+
+
+class EvictionPlanner:
+    """Picks victims on one provider."""
+
+    def __init__(self, need: NeedView) -> None:
+        self._need = need
+
+    def choose_victims(
+        self, candidates: Mapping[str, int], needed_mib: int
+    ) -> tuple[str, ...] | None:
+        """The victims to unload to free ``needed_mib``, or ``None`` when none can.
+
+        ``candidates`` are the idle residents (model → MiB). ``needed_mib ≤ 0`` needs none.
+        """
+        if needed_mib <= 0:
+            return ()
+        keys = {m: need_key(m, self._need.of(m)) for m in candidates}
+        unwaited = {m: mib for m, mib in candidates.items() if self._need.of(m).waiters == 0}
+        for pool in (unwaited, dict(candidates)):
+            chosen = self._fewest_least_needed(pool, needed_mib, keys)
+            if chosen is not None:
+                return chosen
+        return None
+
+    @staticmethod
+    def _fewest_least_needed(
+        pool: Mapping[str, int],
+        needed_mib: int,
+        keys: Mapping[str, tuple[int, int, float, float, str]],
+    ) -> tuple[str, ...] | None:
+        if sum(pool.values()) < needed_mib:
+            return None
+        # The k largest models free the most memory any k victims can, so the smallest k
+        # for which they suffice is the fewest victims possible.
+        by_size = sorted(pool, key=lambda m: (-pool[m], m))
+        count, freed = 0, 0
+        while freed < needed_mib:
+            freed += pool[by_size[count]]
+            count += 1
+        if len(pool) > _ENUMERATION_LIMIT:
+            return _least_needed_order(by_size[:count], keys)
+        best: tuple[str, ...] | None = None
+        best_rank: list[tuple[int, int, float, float, str]] | None = None
+        for subset in combinations(sorted(pool), count):
+            if sum(pool[m] for m in subset) < needed_mib:
+                continue
+            # Compare sets by their most-needed member first, then the next, and so on.
+            rank = sorted((keys[m] for m in subset), reverse=True)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = _least_needed_order(subset, keys), rank
+        return best
+
+
+def _least_needed_order(
+    models: Sequence[str], keys: Mapping[str, tuple[int, int, float, float, str]]
+) -> tuple[str, ...]:
+    return tuple(sorted(models, key=lambda m: keys[m]))

@@ -1,0 +1,120 @@
+"""The hard filters of a per-call placement, as typed gate results.
+
+Per (provider, model) pair:
+
+* a **warm** copy (resident, or being loaded by another call) is feasible when the
+  provider is ready, its circuit is closed, no ticket plans to unload that copy, and
+  the context holds the prompt;
+* a **cold** load is feasible when the provider is ready, its circuit is closed,
+  usable ≥ occupancy, occupancy + resident ≤ usable, and the context holds the prompt.
+
+The context gate says UNKNOWN when nobody published a context; an unknown context
+admits the call (the spec: it never refuses one). Every other gate must PASS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kubemoot.gates.results import GateResult, Verdict
+from kubemoot.runtime.snapshot import ProviderSnapshot
+
+READY = "ready"
+CIRCUIT = "circuit"
+CONTEXT = "context"
+WARM = "warm"
+VRAM = "vram"
+FIT = "fit"
+
+
+def feasible(results: Sequence[GateResult]) -> bool:
+    """All gates PASS, except that an UNKNOWN context admits."""
+    return all(
+        r.result is Verdict.PASS or (r.gate == CONTEXT and r.result is Verdict.UNKNOWN)
+        for r in results
+    )
+
+
+def ready_gate(p: ProviderSnapshot) -> GateResult:
+    if p.state.ready:
+        return GateResult.pass_(READY, "provider is ready")
+    return GateResult.fail(READY, p.state.reason or "provider is not ready", ready=False)
+
+
+def circuit_gate(p: ProviderSnapshot) -> GateResult:
+    if p.circuit_open:
+        return GateResult.fail(CIRCUIT, "circuit open after repeated call failures")
+    return GateResult.pass_(CIRCUIT, "circuit closed")
+
+
+def context_gate(p: ProviderSnapshot, model: str, prompt_tokens: int | None) -> GateResult:
+    """Does the provider's context for this model hold the prompt?"""
+    context = p.context_for(model)
+    if prompt_tokens is None:
+        return GateResult.pass_(CONTEXT, "no prompt size to check", contextLength=context)
+    if context is None:
+        return GateResult.unknown(
+            CONTEXT, "context not published; an unknown context admits the call",
+            promptTokens=prompt_tokens,
+        )
+    if prompt_tokens <= context:
+        return GateResult.pass_(
+            CONTEXT, "context holds the prompt", contextLength=context, promptTokens=prompt_tokens
+        )
+    return GateResult.fail(
+        CONTEXT,
+        f"prompt of {prompt_tokens} tokens exceeds the context of {context}",
+        contextLength=context,
+        promptTokens=prompt_tokens,
+    )
+
+
+def warm_gates(p: ProviderSnapshot, model: str, prompt_tokens: int | None) -> list[GateResult]:
+    """Gates of using the warm (resident or loading) copy of ``model`` on ``p``."""
+    if model in p.planned_victims():
+        # A copy another call is about to unload is not a copy to share.
+        warm = GateResult.fail(WARM, "copy is planned for unload by another ticket")
+    else:
+        warm = GateResult.pass_(WARM, "copy is resident or loading")
+    return [ready_gate(p), circuit_gate(p), warm, context_gate(p, model, prompt_tokens)]
+
+
+def cold_gates(
+    p: ProviderSnapshot,
+    model: str,
+    *,
+    occupancy: int | None,
+    usable: int | None,
+    resident: int,
+    prompt_tokens: int | None,
+) -> list[GateResult]:
+    """Gates of loading ``model`` onto free room on ``p``."""
+    results = [ready_gate(p), circuit_gate(p)]
+    if usable is None:
+        results.append(GateResult.unknown(VRAM, "provider has not published its VRAM total"))
+    elif occupancy is None:
+        results.append(GateResult.unknown(VRAM, f"occupancy of {model} is not known"))
+    elif occupancy > usable:
+        results.append(
+            GateResult.fail(
+                VRAM, "model is larger than the provider's usable VRAM",
+                occupancyMiB=occupancy, usableMiB=usable,
+            )
+        )
+    else:
+        results.append(
+            GateResult.pass_(VRAM, "usable VRAM can hold the model",
+                             occupancyMiB=occupancy, usableMiB=usable)
+        )
+        if occupancy + resident <= usable:
+            results.append(
+                GateResult.pass_(FIT, "model fits beside the residents",
+                                 occupancyMiB=occupancy, residentMiB=resident, usableMiB=usable)
+            )
+        else:
+            results.append(
+                GateResult.fail(FIT, "not enough free VRAM beside the residents",
+                                occupancyMiB=occupancy, residentMiB=resident, usableMiB=usable)
+            )
+    results.append(context_gate(p, model, prompt_tokens))
+    return results

@@ -1,0 +1,78 @@
+"""What a placement decided: the call's attribution and its explanation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from kubemoot.gates.record import DecisionRecord
+from kubemoot.runtime.cost import Option
+from kubemoot.store.documents import Ticket
+
+
+class Action(StrEnum):
+    """What the call does next."""
+
+    WARM = "warm"  # runs now on a resident copy
+    LOADING = "loading"  # runs on a copy another call is loading
+    COLD_LOAD = "cold-load"  # loads the model onto free room, then runs
+    UNLOAD = "unload"  # unloaded idle models, loads, then runs
+    QUEUE = "queue"  # the cheapest option is to wait for a slot on a warm copy
+    WAIT = "wait"  # no option now: wait for capacity (reason gpu-busy)
+    REFUSE = "refuse"  # waiting cannot help (model-too-large, prompt-too-large)
+    STATIC = "static"  # no shared state and no prober: the static endpoint
+
+
+CLAIMING_ACTIONS = frozenset({Action.WARM, Action.LOADING, Action.COLD_LOAD, Action.UNLOAD})
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A candidate model for the call with its quality score (preferred first in lists)."""
+
+    model: str
+    score: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The result of one placement: where the call runs, or why it does not.
+
+    ``provider``/``endpoint``/``model`` are the copy the call uses (for a queue decision:
+    the copy it would wait for); ``evicted`` lists the models unloaded to make room;
+    ``waited_seconds`` is filled by the capacity waiter.
+    """
+
+    action: Action
+    provider: str | None = None
+    endpoint: str | None = None
+    model: str | None = None
+    ticket: Ticket | None = None
+    evicted: tuple[str, ...] = ()
+    reason: str | None = None
+    options: tuple[Option, ...] = ()
+    decision: DecisionRecord | None = None
+    waited_seconds: float = 0.0
+    context_length: int | None = None
+
+    @property
+    def placed(self) -> bool:
+        """Whether the call may run now (it holds a ticket, or uses the static endpoint)."""
+        return self.ticket is not None or self.action is Action.STATIC
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready and camelCase, the shape ``kubemoot place -o json`` prints."""
+        return {
+            "action": self.action.value,
+            "provider": self.provider,
+            "model": self.model,
+            "evicted": list(self.evicted),
+            "reason": self.reason,
+            "options": [o.to_dict() for o in self.options],
+            "decision": self.decision.to_dict() if self.decision is not None else {},
+            "endpoint": self.endpoint,
+            "ticketId": self.ticket.ticket_id if self.ticket is not None else None,
+            "waitedSeconds": round(self.waited_seconds, 6),
+            "contextLength": self.context_length,
+        }

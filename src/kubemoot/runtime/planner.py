@@ -1,0 +1,264 @@
+"""CallPlanner.place: where one inference call runs, decided at the moment of the call.
+
+The order (DESIGN §5) keeps the spec's cheap cases first:
+
+1. the preferred model warm with a free slot;
+2. an in-tolerance candidate warm with a free slot, highest score first (no load,
+   no eviction, so it beats cold-loading the preferred model);
+3. an in-tolerance candidate another call is loading right now (converge on it);
+
+then **one comparison** in seconds over what is left: queueing at a warm copy of the
+preferred model or an in-tolerance candidate, cold-loading the preferred model onto
+free room, and unload plans for it. Ties: warm, then cold, then unload; then provider
+name. A queue decision claims nothing: the caller waits for the next capacity change
+and places again, so a better option that appears meanwhile wins. With no option at
+all the refusal is classified (busy, model too large, prompt too large).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from kubemoot.gates.results import Outcome
+from kubemoot.providers.protocol import ProviderClient
+from kubemoot.runtime.claims import EvictionFailed, claim_with_evictions
+from kubemoot.runtime.cost import CostModel, Option, OptionKind
+from kubemoot.runtime.occupancy import OccupancyBook
+from kubemoot.runtime.placement import Action, Candidate, Placement
+from kubemoot.runtime.record import build_record
+from kubemoot.runtime.refusals import Reason, classify
+from kubemoot.runtime.selector import Claim, ProviderSelector, Round
+from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.runtime.snapshot import NeedTable, NeedView
+from kubemoot.store.documents import TicketState
+from kubemoot.store.protocol import Bucket, StoreError
+
+log = logging.getLogger(__name__)
+
+_ACTION_OF = {
+    OptionKind.WARM: Action.WARM,
+    OptionKind.LOADING: Action.LOADING,
+    OptionKind.QUEUE: Action.LOADING,  # joining a loading copy whose slots are taken
+    OptionKind.COLD_LOAD: Action.COLD_LOAD,
+    OptionKind.UNLOAD: Action.UNLOAD,
+}
+
+
+class DemandSource(Protocol):
+    """Where demand comes from (the DemandBoard)."""
+
+    async def snapshot(self) -> NeedView: ...
+
+
+class CallPlanner:
+    """Places calls; one instance per process, shared by all its agents."""
+
+    def __init__(
+        self,
+        selector: ProviderSelector,
+        *,
+        states: Bucket,
+        settings: RuntimeSettings | None = None,
+        occupancy: OccupancyBook | None = None,
+        demand: DemandSource | None = None,
+        clients: Mapping[str, ProviderClient] | None = None,
+        max_rounds: int = 4,
+    ) -> None:
+        self.selector = selector
+        self.settings = settings or RuntimeSettings()
+        self.occupancy = occupancy or OccupancyBook(settings=self.settings)
+        self._states = states
+        self._demand = demand
+        self.clients: Mapping[str, ProviderClient] = clients or {}
+        self._max_rounds = max_rounds
+
+    def in_tolerance(self, candidates: Sequence[Candidate]) -> list[Candidate]:
+        """The preferred model, then the others within tolerance, highest score first."""
+        preferred, rest = candidates[0], candidates[1:]
+        floor = preferred.score - self.settings.candidate_tolerance
+        close = [c for c in rest if c.score >= floor and c.model != preferred.model]
+        return [preferred, *sorted(close, key=lambda c: -c.score)]
+
+    async def new_round(self, prompt_tokens: int | None) -> Round:
+        fleet = await self.selector.view.snapshot()
+        need: NeedView = NeedTable()
+        if self._demand is not None:
+            try:
+                need = await self._demand.snapshot()
+            except StoreError as error:  # demand only orders victims; go on without it
+                log.warning("demand board unreadable: %s", error)
+        cost = CostModel(fleet, settings=self.settings, occupancy=self.occupancy, need=need)
+        return Round(fleet=fleet, cost=cost, prompt_tokens=prompt_tokens)
+
+    async def place(
+        self,
+        candidates: Sequence[Candidate],
+        *,
+        holder_id: str,
+        prompt_tokens: int | None = None,
+        ticket_state: TicketState = TicketState.RUNNING,
+    ) -> Placement:
+        """Place one call of the first (preferred) candidate or a tolerated alternative."""
+        if not candidates:
+            raise ValueError("a call needs at least one candidate model")
+        acceptable = self.in_tolerance(candidates)
+        models = [c.model for c in acceptable]
+        for _ in range(self._max_rounds):
+            rnd = await self.new_round(prompt_tokens)
+            if not rnd.fleet.providers and self.selector.view.static_endpoint is not None:
+                return Placement(
+                    Action.STATIC, endpoint=self.selector.view.static_endpoint, model=models[0],
+                    reason="no provider state and no prober",
+                )
+            placement = await self._place_round(rnd, models, holder_id, ticket_state)
+            if placement is not None:
+                return placement
+        # Every round lost its claim to a concurrent change: treat it as busy.
+        rnd = await self.new_round(prompt_tokens)
+        return self._unplaced(rnd, models, self._options(rnd, models), Reason.GPU_BUSY)
+
+    async def _place_round(
+        self, rnd: Round, models: list[str], holder_id: str, state: TicketState
+    ) -> Placement | None:
+        preferred = models[0]
+        options = self._options(rnd, models)
+        claim = await self.selector.pick_and_claim_warm(rnd, preferred, holder_id, state=state)
+        for model in models[1:]:
+            if claim is not None:
+                break
+            claim = await self.selector.pick_and_claim_warm(rnd, model, holder_id, state=state)
+        for model in models:
+            if claim is not None:
+                break
+            claim = await self.selector.pick_and_claim_loading(rnd, model, holder_id, state=state)
+        if claim is not None:
+            return self._placed(rnd, claim, options, "a warm or loading copy had room")
+        if not options:
+            reason = classify(
+                rnd.fleet, rnd.cost, preferred=preferred, acceptable=models,
+                prompt_tokens=rnd.prompt_tokens,
+            )
+            return self._unplaced(rnd, models, options, reason)
+        best = options[0]
+        if best.kind is OptionKind.QUEUE:
+            return self._queued(rnd, best, options)
+        if best.kind is OptionKind.UNLOAD:
+            try:
+                claim = await claim_with_evictions(
+                    self.selector, rnd, best, holder_id, states=self._states,
+                    clients=self.clients,
+                    state=TicketState.HELD if state is TicketState.HELD else TicketState.LOADING,
+                )
+            except EvictionFailed as error:
+                log.warning("eviction on %s failed: %s", best.provider, error)
+                circuits = self.selector.view.circuits
+                if circuits is not None:
+                    circuits.record_failure(best.provider)
+                return None
+        else:
+            claim = await self.selector.claim(rnd, best, holder_id, state=state)
+        if claim is None:
+            return None  # the state moved under us: decide again on fresh state
+        return self._placed(rnd, claim, options, f"cheapest option: {best.kind.value}")
+
+    def _options(self, rnd: Round, models: list[str]) -> list[Option]:
+        """Every option of the one comparison, cheapest first."""
+        preferred = models[0]
+        options = [o for m in models for o in self.selector.copy_options(rnd, m, free_slot=False)]
+        options += self.selector.cold_options(rnd, preferred)
+        options += self.selector.plan_eviction(rnd, preferred)
+        return sorted(options, key=lambda o: o.sort_key(models))
+
+    def _placed(
+        self, rnd: Round, claim: Claim, options: list[Option], why: str
+    ) -> Placement:
+        option = claim.option
+        chosen = next(
+            (o for o in options if (o.provider, o.model, o.kind) ==
+             (option.provider, option.model, option.kind)),
+            option,
+        )
+        record = build_record(
+            subject=f"call:{option.model}", gates=rnd.gates, options=options, chosen=chosen,
+            outcome=Outcome.PLACE, reason=f"{why}; {option.provider} for {option.model} "
+            f"at {option.seconds:.3f} s",
+        )
+        return Placement(
+            _ACTION_OF[option.kind],
+            provider=option.provider,
+            endpoint=claim.endpoint,
+            model=option.model,
+            ticket=claim.ticket,
+            evicted=option.victims,
+            options=tuple(options),
+            decision=record,
+            context_length=claim.context_length,
+        )
+
+    def _queued(self, rnd: Round, best: Option, options: list[Option]) -> Placement:
+        p = rnd.fleet.provider(best.provider)
+        record = build_record(
+            subject=f"call:{best.model}", gates=rnd.gates, options=options, chosen=best,
+            outcome=Outcome.DEFER,
+            reason=f"queueing for a slot on {best.provider} ({best.seconds:.3f} s) is the "
+            "cheapest option; the call waits for the next capacity change and places again",
+        )
+        return Placement(
+            Action.QUEUE,
+            provider=best.provider,
+            endpoint=p.state.endpoint if p is not None else None,
+            model=best.model,
+            options=tuple(options),
+            decision=record,
+            context_length=p.context_for(best.model) if p is not None else None,
+        )
+
+    def _unplaced(
+        self, rnd: Round, models: list[str], options: list[Option], reason: Reason
+    ) -> Placement:
+        action = Action.REFUSE if reason.final else Action.WAIT
+        outcome = Outcome.UNSCHEDULABLE if reason.final else Outcome.DEFER
+        record = build_record(
+            subject=f"call:{models[0]}", gates=rnd.gates, options=options, chosen=None,
+            outcome=outcome, reason=_REASON_TEXT[reason].format(model=models[0]),
+        )
+        return Placement(
+            action, reason=reason.value, options=tuple(options), decision=record
+        )
+
+    # -- after the call --------------------------------------------------------------
+
+    async def finish(
+        self, placement: Placement, *, seconds: float | None = None, ok: bool = True
+    ) -> None:
+        """Release the call's ticket and learn from it (latency EMA, circuit breaker)."""
+        view = self.selector.view
+        if placement.provider is not None:
+            circuits = view.circuits
+            if circuits is not None:
+                if ok:
+                    circuits.record_success(placement.provider)
+                else:
+                    circuits.record_failure(placement.provider)
+            if ok and seconds is not None and placement.endpoint is not None:
+                view.latency.observe(placement.endpoint, seconds)
+        await self.release(placement)
+
+    async def release(self, placement: Placement) -> None:
+        """Give the call's ticket back (idempotent)."""
+        if placement.ticket is None or placement.provider is None:
+            return
+        try:
+            await self.selector.tickets.release(placement.provider, placement.ticket.ticket_id)
+        finally:
+            self.selector.view.invalidate(placement.provider)
+
+
+_REASON_TEXT = {
+    Reason.GPU_BUSY: "no provider has room for {model} now; the call waits for capacity",
+    Reason.MODEL_TOO_LARGE: "no provider's usable VRAM can hold {model}",
+    Reason.PROMPT_TOO_LARGE: "no provider gives an acceptable model a context that holds "
+    "the prompt",
+}

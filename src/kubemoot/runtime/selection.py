@@ -1,0 +1,187 @@
+"""Planning at selection: place the first mulling call as soon as an agent is selected.
+
+When the coordinator selects an agent for a thread, :meth:`SelectionPlanner.commit_to_thread`
+publishes the agent's intents, records the selection (the demand forecast), places the
+first mulling call with an assumed prompt size and holds the resulting ticket as a
+*held* plan. If the planned copy is not resident yet, a preload starts at once, so the
+load overlaps triage and prompt building. Plans made together see each other's tickets
+and intents, so agents with overlapping candidates converge on one copy.
+
+The first mulling call takes the plan (:meth:`take`) when its provider is still ready
+and its context holds the real prompt; otherwise the plan is released and the call
+places afresh. A plan is released when the agent stands aside or fails
+(:meth:`release`), when the thread closes (:meth:`close_thread`), or after the held-plan
+TTL (3 minutes) as a safety net (:meth:`expire`, run on every operation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from kubemoot.clock import Clock
+from kubemoot.providers.protocol import ProviderError
+from kubemoot.runtime import filters
+from kubemoot.runtime.placement import Action, Candidate, Placement
+from kubemoot.runtime.planner import CallPlanner
+from kubemoot.runtime.tickets import TicketGone
+from kubemoot.store.documents import TicketState
+from kubemoot.store.protocol import StoreError
+
+log = logging.getLogger(__name__)
+
+
+class SelectionBoard(Protocol):
+    """The part of the DemandBoard selection writes."""
+
+    async def add_intent(self, model: str, agent: str) -> None: ...
+
+    async def remove_intent(self, model: str, agent: str) -> None: ...
+
+    async def record_selection(
+        self, agent: str, models: Sequence[str], frequency: float
+    ) -> None: ...
+
+
+@dataclass(slots=True)
+class HeldPlan:
+    """A placement made at selection, waiting for the agent's first mulling call."""
+
+    agent: str
+    thread: str
+    placement: Placement
+    held_at: float
+    models: tuple[str, ...]
+    preload: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class SelectionPlanner:
+    """Holds plans per (agent, thread)."""
+
+    def __init__(
+        self,
+        planner: CallPlanner,
+        *,
+        clock: Clock,
+        board: SelectionBoard | None = None,
+    ) -> None:
+        self._planner = planner
+        self._clock = clock
+        self._board = board
+        self._plans: dict[tuple[str, str], HeldPlan] = {}
+        self._intents: dict[tuple[str, str], tuple[str, ...]] = {}
+
+    def held(self, agent: str, thread: str) -> HeldPlan | None:
+        return self._plans.get((agent, thread))
+
+    async def commit_to_thread(
+        self,
+        agent: str,
+        thread: str,
+        candidates: Sequence[Candidate],
+        *,
+        frequency: float = 1.0,
+        prompt_tokens: int | None = None,
+    ) -> Placement:
+        """Publish intents, record the selection and hold a plan for the first call."""
+        await self.expire()
+        await self.release(agent, thread)  # a re-selection replaces the old plan
+        models = tuple(dict.fromkeys(c.model for c in candidates))
+        if self._board is not None:
+            with contextlib.suppress(StoreError):
+                for model in models:
+                    await self._board.add_intent(model, agent)
+                await self._board.record_selection(agent, models, frequency)
+        self._intents[(agent, thread)] = models
+        assumed = prompt_tokens or self._planner.settings.assumed_prompt_tokens
+        placement = await self._planner.place(
+            candidates, holder_id=f"{agent}@{thread}", prompt_tokens=assumed,
+            ticket_state=TicketState.HELD,
+        )
+        if placement.ticket is None:
+            return placement  # nothing held: the first call places (and waits) itself
+        plan = HeldPlan(agent, thread, placement, self._clock.now(), models)
+        if placement.action in (Action.COLD_LOAD, Action.UNLOAD):
+            plan.preload = self._start_preload(placement)
+        self._plans[(agent, thread)] = plan
+        return placement
+
+    def _start_preload(self, placement: Placement) -> asyncio.Task[None] | None:
+        client = self._planner.clients.get(placement.provider or "")
+        if client is None or placement.model is None:
+            return None
+        model = placement.model
+
+        async def preload() -> None:
+            try:
+                await client.preload(model)
+            except ProviderError as error:  # the call will find out and re-plan
+                log.warning("preload of %s on %s failed: %s", model, client.name, error)
+
+        return asyncio.get_running_loop().create_task(preload())
+
+    async def take(
+        self, agent: str, thread: str, *, prompt_tokens: int | None = None
+    ) -> Placement | None:
+        """The held plan for the first mulling call, or ``None`` (place afresh)."""
+        await self.expire()
+        plan = self._plans.pop((agent, thread), None)
+        if plan is None:
+            return None
+        placement = plan.placement
+        assert placement.ticket is not None and placement.provider is not None
+        view = self._planner.selector.view
+        view.invalidate(placement.provider)
+        fleet = await view.snapshot()
+        p = fleet.provider(placement.provider)
+        still_good = p is not None and filters.feasible([
+            filters.ready_gate(p),
+            filters.circuit_gate(p),
+            filters.context_gate(p, placement.model or "", prompt_tokens),
+        ])
+        if not still_good or p is None:
+            await self._planner.release(placement)
+            return None
+        state = (TicketState.RUNNING if p.is_resident(placement.model or "")
+                 else TicketState.LOADING)
+        try:
+            ticket = await self._planner.selector.tickets.update_state(
+                placement.provider, placement.ticket.ticket_id, state
+            )
+        except TicketGone:
+            return None  # expired meanwhile: the call places afresh
+        return replace(placement, ticket=ticket)
+
+    async def release(self, agent: str, thread: str) -> None:
+        """The agent's evaluation ended without the plan (stood aside or failed)."""
+        plan = self._plans.pop((agent, thread), None)
+        if plan is not None:
+            await self._drop(plan)
+        models = self._intents.pop((agent, thread), ())
+        if self._board is not None:
+            with contextlib.suppress(StoreError):
+                for model in models:
+                    await self._board.remove_intent(model, agent)
+
+    async def close_thread(self, thread: str) -> None:
+        """The thread closed: every plan made for it goes."""
+        for agent, plan_thread in [k for k in {*self._plans, *self._intents} if k[1] == thread]:
+            await self.release(agent, plan_thread)
+
+    async def expire(self) -> int:
+        """Release plans held longer than the held-plan TTL; returns how many."""
+        ttl = self._planner.settings.held_plan_ttl_seconds
+        now = self._clock.now()
+        old = [k for k, plan in self._plans.items() if now - plan.held_at >= ttl]
+        for key in old:
+            await self._drop(self._plans.pop(key))
+        return len(old)
+
+    async def _drop(self, plan: HeldPlan) -> None:
+        if plan.preload is not None and not plan.preload.done():
+            plan.preload.cancel()
+        await self._planner.release(plan.placement)

@@ -1,0 +1,268 @@
+"""ProviderSelector: options for one model over one fleet snapshot, and claiming them.
+
+The selector lists what a call could do with a model — share a warm or loading copy,
+load it onto free room, or unload idle models to make room — each as an
+:class:`~kubemoot.runtime.cost.Option` priced by the cost model, after the hard
+filters. Claiming re-checks the option inside the ticket compare-and-set loop, so an
+option that went away between reading and claiming is refused, never overcommitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from kubemoot.gates.results import GateResult
+from kubemoot.runtime import filters
+from kubemoot.runtime.cost import CostModel, Option, OptionKind
+from kubemoot.runtime.eviction import EvictionPlanner, idle_residents
+from kubemoot.runtime.snapshot import FleetSnapshot, ModelNeed, ProviderSnapshot
+from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketManager
+from kubemoot.runtime.view import ProviderView
+from kubemoot.store.documents import ProviderState, Ticket, TicketState
+
+VICTIMS = "victims"
+
+ClaimCheck = Callable[[ProviderState | None, list[Ticket], float], bool]
+
+
+@dataclass(slots=True)
+class Round:
+    """One planning round: a snapshot, its cost model, the prompt, and gate evidence."""
+
+    fleet: FleetSnapshot
+    cost: CostModel
+    prompt_tokens: int | None = None
+    #: gate results per candidate id ``provider/model`` (filled as options are listed)
+    gates: dict[str, list[GateResult]] = field(default_factory=dict)
+
+    def record(self, provider: str, model: str, results: list[GateResult]) -> bool:
+        self.gates[f"{provider}/{model}"] = results
+        return filters.feasible(results)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A ticket held on a provider for an option."""
+
+    option: Option
+    ticket: Ticket
+    endpoint: str
+    context_length: int | None
+
+
+class ProviderSelector:
+    """Lists, prices and claims the options of one model."""
+
+    def __init__(self, view: ProviderView, tickets: TicketManager) -> None:
+        self.view = view
+        self.tickets = tickets
+
+    # -- options ---------------------------------------------------------------------
+
+    def copy_options(self, rnd: Round, model: str, *, free_slot: bool) -> list[Option]:
+        """Warm or loading copies of ``model`` that pass the warm filter."""
+        options: list[Option] = []
+        for p in rnd.fleet.providers:
+            if not _has_copy(p, model):
+                continue
+            if not rnd.record(p.name, model, filters.warm_gates(p, model, rnd.prompt_tokens)):
+                continue
+            if free_slot and not rnd.cost.has_free_slot(p, model):
+                continue
+            options.append(rnd.cost.copy_option(p, model))
+        return sorted(options, key=Option.sort_key)
+
+    def loading_options(self, rnd: Round, model: str) -> list[Option]:
+        """Copies of ``model`` another call is loading right now (any slot state)."""
+        return [
+            o for o in self.copy_options(rnd, model, free_slot=False)
+            if not _provider(rnd, o).is_resident(model)
+        ]
+
+    def cold_options(self, rnd: Round, model: str) -> list[Option]:
+        """Loads of ``model`` onto free room, on providers where it has no copy."""
+        occupancy = rnd.cost.occupancy(model)
+        options: list[Option] = []
+        for p in rnd.fleet.providers:
+            if _has_copy(p, model):
+                continue
+            gates = filters.cold_gates(
+                p, model, occupancy=occupancy, usable=rnd.cost.usable(p),
+                resident=rnd.cost.resident(p), prompt_tokens=rnd.prompt_tokens,
+            )
+            if rnd.record(p.name, model, gates) and occupancy is not None:
+                options.append(rnd.cost.cold_option(p, model, occupancy))
+        return sorted(options, key=Option.sort_key)
+
+    def plan_eviction(self, rnd: Round, model: str) -> list[Option]:
+        """Per provider that could hold ``model`` once idle residents leave, its plan."""
+        occupancy = rnd.cost.occupancy(model)
+        if occupancy is None:
+            return []
+        planner = EvictionPlanner(_NeedOf(rnd.cost))
+        options: list[Option] = []
+        for p in rnd.fleet.providers:
+            usable, free = rnd.cost.usable(p), rnd.cost.free(p)
+            if _has_copy(p, model) or usable is None or free is None:
+                continue
+            if free >= occupancy or occupancy > usable:
+                continue  # a cold load needs no victims; a too-small card no plan
+            gates = [
+                filters.ready_gate(p),
+                filters.circuit_gate(p),
+                filters.context_gate(p, model, rnd.prompt_tokens),
+            ]
+            victims = planner.choose_victims(
+                idle_residents(p, exclude=model), occupancy - free
+            )
+            if victims:
+                gates.append(GateResult.pass_(
+                    VICTIMS, "idle residents make room", victims=list(victims),
+                    neededMiB=occupancy - free,
+                ))
+            else:
+                gates.append(GateResult.fail(
+                    VICTIMS, "idle residents cannot make room (models with live work stay)",
+                    neededMiB=occupancy - free,
+                ))
+            rnd.gates[f"{p.name}/{model} (unload)"] = gates
+            if victims and filters.feasible(gates):
+                options.append(rnd.cost.unload_option(p, model, occupancy, victims))
+        return sorted(options, key=Option.sort_key)
+
+    def queue_option(self, rnd: Round, models: list[str]) -> Option | None:
+        """The cheapest copy to queue at among ``models`` (slots all busy)."""
+        queues = [
+            o for m in models for o in self.copy_options(rnd, m, free_slot=False)
+            if o.kind is OptionKind.QUEUE
+        ]
+        return min(queues, key=lambda o: o.sort_key(models), default=None)
+
+    # -- claims ----------------------------------------------------------------------
+
+    async def pick_and_claim_warm(
+        self, rnd: Round, model: str, holder_id: str, *, state: TicketState = TicketState.RUNNING
+    ) -> Claim | None:
+        """Share a warm (resident or loading) copy with a free slot, cheapest first."""
+        for option in self.copy_options(rnd, model, free_slot=True):
+            claim = await self.claim(rnd, option, holder_id, state=state)
+            if claim is not None:
+                return claim
+        return None
+
+    async def pick_and_claim_loading(
+        self, rnd: Round, model: str, holder_id: str, *, state: TicketState = TicketState.RUNNING
+    ) -> Claim | None:
+        """Join a copy another call is loading, instead of loading a second one."""
+        for option in sorted(self.loading_options(rnd, model), key=Option.sort_key):
+            claim = await self.claim(rnd, option, holder_id, state=state)
+            if claim is not None:
+                return claim
+        return None
+
+    async def pick_and_claim(
+        self, rnd: Round, model: str, holder_id: str, *, state: TicketState = TicketState.RUNNING
+    ) -> Claim | None:
+        """The full cost for one model over its copies and cold loads; claims the winner.
+
+        Returns ``None`` when the cheapest option is to queue (the call waits and
+        places again) or when there is no option.
+        """
+        options = self.copy_options(rnd, model, free_slot=False) + self.cold_options(rnd, model)
+        for option in sorted(options, key=Option.sort_key):
+            if option.kind is OptionKind.QUEUE:
+                return None
+            claim = await self.claim(rnd, option, holder_id, state=state)
+            if claim is not None:
+                return claim
+        return None
+
+    async def claim(
+        self, rnd: Round, option: Option, holder_id: str, *, state: TicketState
+    ) -> Claim | None:
+        """Claim a ticket for a warm, loading or cold option; ``None`` if it went away."""
+        p = _provider(rnd, option)
+        cold = option.kind is OptionKind.COLD_LOAD
+        if cold and state is TicketState.RUNNING:
+            state = TicketState.LOADING
+        check = (
+            _cold_check(option.model, rnd.prompt_tokens) if cold
+            else _copy_check(option, rnd.prompt_tokens, free_slot=option.kind is not
+                             OptionKind.QUEUE)
+        )
+        ticket = await self.claim_ticket(option, holder_id, state=state, check=check)
+        if ticket is None:
+            return None
+        return Claim(option, ticket, p.state.endpoint, p.context_for(option.model))
+
+    async def claim_ticket(
+        self,
+        option: Option,
+        holder_id: str,
+        *,
+        state: TicketState,
+        check: ClaimCheck,
+        evicts: Mapping[str, int] | None = None,
+    ) -> Ticket | None:
+        try:
+            ticket = await self.tickets.claim(
+                option.provider, option.model, option.footprint_mib, holder_id,
+                state=state, evicts=dict(evicts) if evicts else None, check=check,
+            )
+        except (ClaimRejected, ClaimConflict):
+            return None
+        finally:
+            self.view.invalidate(option.provider)
+        return ticket
+
+
+class _NeedOf:
+    """The cost model's demand view, shaped as the eviction planner's NeedView."""
+
+    def __init__(self, cost: CostModel) -> None:
+        self._cost = cost
+
+    def of(self, model: str) -> ModelNeed:
+        return self._cost.need(model)
+
+
+def _has_copy(p: ProviderSnapshot, model: str) -> bool:
+    return p.is_resident(model) or bool(p.loading_tickets(model))
+
+
+def _provider(rnd: Round, option: Option) -> ProviderSnapshot:
+    p = rnd.fleet.provider(option.provider)
+    if p is None:  # options are only ever made from the round's own providers
+        raise LookupError(option.provider)
+    return p
+
+
+def fresh_provider(state: ProviderState, tickets: list[Ticket], now: float) -> ProviderSnapshot:
+    """A provider snapshot built inside a claim from the documents being updated."""
+    return ProviderSnapshot(state=state, tickets=tuple(t for t in tickets if t.expires_at > now))
+
+
+def _copy_check(option: Option, prompt_tokens: int | None, *, free_slot: bool) -> ClaimCheck:
+    def check(state: ProviderState | None, tickets: list[Ticket], now: float) -> bool:
+        if state is None:
+            return False
+        p = fresh_provider(state, tickets, now)
+        if not _has_copy(p, option.model):
+            return False
+        if not filters.feasible(filters.warm_gates(p, option.model, prompt_tokens)):
+            return False
+        return not free_slot or len(p.in_flight(option.model)) < max(1, state.max_parallel)
+
+    return check
+
+
+def _cold_check(model: str, prompt_tokens: int | None) -> ClaimCheck:
+    def check(state: ProviderState | None, tickets: list[Ticket], now: float) -> bool:
+        if state is None:
+            return False
+        p = fresh_provider(state, tickets, now)
+        gates = [filters.ready_gate(p), filters.context_gate(p, model, prompt_tokens)]
+        return filters.feasible(gates)  # the memory itself is the budget's to judge
+
+    return check

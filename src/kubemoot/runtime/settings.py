@@ -1,0 +1,95 @@
+"""Every tunable of the per-call runtime, with its default, in one frozen object.
+
+The defaults are DESIGN §5's; :meth:`RuntimeSettings.from_env` reads the environment
+variables the spec names so a deployment can change them without code.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+
+from kubemoot.api.errors import InputError
+
+MIB_PER_GIB = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeSettings:
+    """Numbers the per-call runtime uses; all times in seconds, sizes in MiB."""
+
+    #: How fast a model loads (and an unloaded one reloads) — about 1 GiB/s on Ollama.
+    load_rate_mibps: float = 1024.0
+    #: What one unload costs.
+    unload_seconds: float = 1.0
+    #: Call latency assumed for an endpoint before any call there was observed.
+    default_latency_seconds: float = 30.0
+    #: Weight of the newest observation in the per-endpoint latency average.
+    latency_ema_alpha: float = 0.3
+    #: VRAM kept back per provider (CUDA context, fragmentation) when a provider
+    #: does not say its own.
+    reserve_mib: int = 1024
+    #: Candidates whose score is at least preferred − tolerance may be used warm.
+    candidate_tolerance: float = 10.0
+    #: A ticket not released by its holder is reclaimed after this long.
+    ticket_ttl_seconds: float = 180.0
+    #: How long a read of provider state and tickets is reused (absorbs fan-out bursts).
+    state_cache_seconds: float = 0.2
+    #: A plan held from selection that no call took is released after this long.
+    held_plan_ttl_seconds: float = 180.0
+    #: Safety net for a busy call waiting on capacity changes.
+    gpu_wait_limit_seconds: float = 90.0
+    #: KV-cache bytes per token of context, for the slab estimate of a never-loaded model.
+    kv_bytes_per_token: int = 131072
+    #: Context and parallel slots assumed by the slab estimate when a provider says none.
+    estimate_num_ctx: int = 4096
+    estimate_num_parallel: int = 1
+    #: Consecutive failures that open a provider's circuit, and how long it stays open.
+    circuit_failure_threshold: int = 3
+    circuit_cooldown_seconds: float = 30.0
+    #: Compare-and-set attempts of one claim before giving up.
+    claim_attempts: int = 8
+    #: Prompt size assumed when a call is planned before its prompt exists.
+    assumed_prompt_tokens: int = 2048
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RuntimeSettings:
+        """Defaults overridden by ``KUBEMOOT_*`` variables; a malformed one is an InputError."""
+        env = os.environ if env is None else env
+        changes: dict[str, float] = {}
+        tolerance = env.get("KUBEMOOT_MODEL_CANDIDATE_TOLERANCE")
+        if tolerance is not None:
+            changes["candidate_tolerance"] = _number(
+                "KUBEMOOT_MODEL_CANDIDATE_TOLERANCE", tolerance
+            )
+        limit = env.get("KUBEMOOT_DISCUSS_GPU_WAIT_LIMIT_SECONDS")
+        synthesis = env.get("KUBEMOOT_DISCUSS_SYNTHESIS_TIMEOUT_SECONDS")
+        if limit is not None:
+            changes["gpu_wait_limit_seconds"] = _number(
+                "KUBEMOOT_DISCUSS_GPU_WAIT_LIMIT_SECONDS", limit
+            )
+        elif synthesis is not None:
+            # The spec ties the wait's safety net to the synthesis deadline by default.
+            changes["gpu_wait_limit_seconds"] = _number(
+                "KUBEMOOT_DISCUSS_SYNTHESIS_TIMEOUT_SECONDS", synthesis
+            )
+        return replace(cls(), **changes)  # type: ignore[arg-type]
+
+    def with_values(self, values: Mapping[str, float]) -> RuntimeSettings:
+        """A copy with some fields changed (snake_case names)."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise InputError(f"unknown runtime setting {unknown[0]!r}", field=unknown[0])
+        return replace(self, **values)  # type: ignore[arg-type]
+
+
+def _number(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(f"{name} must be a number, got {text!r}", field=name) from None
+    if value < 0:
+        raise InputError(f"{name} must not be negative, got {text!r}", field=name)
+    return value

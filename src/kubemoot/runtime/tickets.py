@@ -1,0 +1,445 @@
+"""VRAM tickets: claim by compare-and-set, release in a ``finally``, reclaim by TTL.
+
+All tickets of one provider live in one document (``kubemoot_provider_tickets/<provider>``)
+so one compare-and-set covers the provider's whole budget. A claim reads the ticket
+document and the provider state, decides with :func:`~kubemoot.runtime.budget.budget_allows`,
+and writes with the revision it read; a lost race re-reads and decides again.
+
+Fairness and speed. A plain CAS loop lets some claimers lose again and again while
+every loser's write costs the server work. Here every operation of one
+:class:`TicketManager` on one provider (claims, releases, renewals, state changes) goes
+into a queue, and one task per provider turns *everything queued* into a single
+compare-and-set: each request is decided in arrival order against the budget left by the
+ones before it. A process therefore sends one write where it would have sent many, its
+claimers are served first come first served, and across processes a lost race backs off
+with jitter (through the injected clock) before deciding again. Every decision is still
+made against the document at the revision the write is conditional on, so the budget
+invariant is exactly as strong as with one claim per write.
+
+Two release layers, both always present: :meth:`TicketManager.release` removes the
+ticket at once (use it in a ``finally``, or use :meth:`TicketManager.claimed`), and every
+ticket carries ``expiresAt``: readers ignore expired tickets and writers prune them, so a
+holder that died returns its memory after the TTL without any reaper.
+
+Applying a batch is idempotent (a claim already present is granted, not added twice; a
+release of an absent ticket is done), so a write whose outcome is unknown — the
+connection dropped before the acknowledgement — is simply decided again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from kubemoot.clock import Clock
+from kubemoot.runtime.budget import budget_allows
+from kubemoot.store.documents import ProviderState, ProviderTickets, Ticket, TicketState
+from kubemoot.store.keys import encode_token
+from kubemoot.store.protocol import (
+    Bucket,
+    KeyExists,
+    KeyNotFound,
+    RevisionMismatch,
+    StoreError,
+    StoreUnavailable,
+)
+
+__all__ = [
+    "Check",
+    "ClaimConflict",
+    "ClaimRejected",
+    "TicketGone",
+    "TicketManager",
+]
+
+log = logging.getLogger(__name__)
+
+Check = Callable[[ProviderState | None, list[Ticket], float], bool]
+"""An extra condition a claim must meet against the same read (e.g. victims still idle)."""
+
+
+class ClaimConflict(StoreError):
+    """Every attempt lost a compare-and-set race; the caller may fall back or retry."""
+
+
+class ClaimRejected(Exception):
+    """The budget (or the claim's own check) says no: not a race, the memory is not there."""
+
+    def __init__(self, provider: str, model: str, footprint_mib: int, reason: str) -> None:
+        self.provider = provider
+        self.model = model
+        self.footprint_mib = footprint_mib
+        self.reason = reason
+        super().__init__(f"claim of {footprint_mib} MiB for {model} on {provider}: {reason}")
+
+
+class TicketGone(KeyNotFound):
+    """The ticket is no longer there (released, or expired and pruned)."""
+
+
+class _Kind(Enum):
+    CLAIM = "claim"
+    RELEASE = "release"
+    RENEW = "renew"
+    STATE = "state"
+
+
+@dataclass(eq=False)
+class _Op:
+    kind: _Kind
+    ticket_id: str
+    future: asyncio.Future[Ticket | None]
+    max_attempts: int
+    ticket: Ticket | None = None  # CLAIM: the ticket to add
+    check: Check | None = None
+    ttl_seconds: float | None = None  # RENEW
+    state: TicketState | None = None  # STATE
+    attempts: int = 0
+    abandoned: bool = False  # the caller was cancelled while waiting
+
+
+@dataclass(eq=False)
+class _Lane:
+    """The queue of one provider's pending operations, and the task serving it."""
+
+    pending: list[_Op] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+    # The document as this lane last wrote it: the next batch tries its CAS on it
+    # without reading first; a lost race drops it and the next attempt reads.
+    cached: tuple[ProviderTickets, int] | None = None
+
+
+class TicketManager:
+    """Claims, renews and releases VRAM tickets on providers' ticket documents."""
+
+    def __init__(
+        self,
+        tickets: Bucket,
+        states: Bucket,
+        *,
+        clock: Clock,
+        ttl_seconds: float = 180.0,
+        max_attempts: int = 8,
+        rng: random.Random | None = None,
+        backoff_base_seconds: float = 0.002,
+        backoff_cap_seconds: float = 0.25,
+    ) -> None:
+        self._tickets = tickets
+        self._states = states
+        self._clock = clock
+        self.ttl_seconds = ttl_seconds
+        self.max_attempts = max_attempts
+        self._rng = rng if rng is not None else random.Random()
+        self._backoff_base = backoff_base_seconds
+        self._backoff_cap = backoff_cap_seconds
+        self._lanes: dict[str, _Lane] = {}
+
+    # -- reading ---------------------------------------------------------------------
+
+    async def read(self, provider: str) -> tuple[ProviderTickets, int | None]:
+        """The ticket document (expired tickets included) and its revision (None: absent)."""
+        entry = await self._tickets.get(encode_token(provider))
+        if entry is None:
+            return ProviderTickets(provider=provider), None
+        return ProviderTickets.from_json(entry.value), entry.revision
+
+    async def active(self, provider: str) -> list[Ticket]:
+        """The provider's tickets that have not expired."""
+        document, _revision = await self.read(provider)
+        return document.active(self._clock.now())
+
+    async def _state(self, provider: str) -> ProviderState | None:
+        entry = await self._states.get(encode_token(provider))
+        return None if entry is None else ProviderState.from_json(entry.value)
+
+    # -- operations ------------------------------------------------------------------
+
+    def _new_ticket_id(self) -> str:
+        # From the injected generator, so a seeded simulation is reproducible.
+        return str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+
+    async def claim(
+        self,
+        provider: str,
+        model: str,
+        footprint_mib: int,
+        holder_id: str,
+        *,
+        state: TicketState = TicketState.RUNNING,
+        evicts: Mapping[str, int] | None = None,
+        check: Check | None = None,
+    ) -> Ticket:
+        """Claim ``footprint_mib`` of the provider's VRAM for ``model``.
+
+        Raises :class:`ClaimRejected` when the budget (or ``check``) says no,
+        :class:`ClaimConflict` when every attempt lost a race, and
+        :class:`~kubemoot.store.protocol.StoreUnavailable` when the store is unreachable.
+        """
+        now = self._clock.now()
+        ticket = Ticket(
+            ticket_id=self._new_ticket_id(),
+            model=model,
+            model_footprint_mib=max(0, footprint_mib),
+            holder_id=holder_id,
+            state=state,
+            started_at=now,
+            expires_at=now + self.ttl_seconds,
+            evicts=dict(evicts or {}),
+        )
+        op = self._op(_Kind.CLAIM, ticket.ticket_id, ticket=ticket, check=check)
+        granted = await self._submit(provider, op)
+        assert granted is not None
+        return granted
+
+    async def release(self, provider: str, ticket_id: str) -> None:
+        """Remove the ticket now; releasing an absent ticket is a no-op."""
+        # Releases may retry longer than claims: each one returns memory at once.
+        op = self._op(_Kind.RELEASE, ticket_id, max_attempts=self.max_attempts * 4)
+        await self._submit(provider, op)
+
+    async def renew(
+        self, provider: str, ticket_id: str, *, ttl_seconds: float | None = None
+    ) -> Ticket:
+        """Push the ticket's expiry to now + TTL (for long calls); :class:`TicketGone`."""
+        op = self._op(_Kind.RENEW, ticket_id, ttl_seconds=ttl_seconds or self.ttl_seconds)
+        renewed = await self._submit(provider, op)
+        assert renewed is not None
+        return renewed
+
+    async def update_state(self, provider: str, ticket_id: str, state: TicketState) -> Ticket:
+        """Change what the ticket's memory is doing (held → loading → running)."""
+        changed = await self._submit(provider, self._op(_Kind.STATE, ticket_id, state=state))
+        assert changed is not None
+        return changed
+
+    async def mark_running(self, provider: str, ticket_id: str) -> Ticket:
+        """The call now runs on the ticket's copy."""
+        return await self.update_state(provider, ticket_id, TicketState.RUNNING)
+
+    @contextlib.asynccontextmanager
+    async def claimed(
+        self,
+        provider: str,
+        model: str,
+        footprint_mib: int,
+        holder_id: str,
+        *,
+        state: TicketState = TicketState.RUNNING,
+        evicts: Mapping[str, int] | None = None,
+        check: Check | None = None,
+    ) -> AsyncIterator[Ticket]:
+        """Claim for the duration of a block; the ticket is released when it ends."""
+        ticket = await self.claim(
+            provider, model, footprint_mib, holder_id, state=state, evicts=evicts, check=check
+        )
+        try:
+            yield ticket
+        finally:
+            try:
+                # Shielded: a cancelled holder still gives its memory back at once.
+                await asyncio.shield(self.release(provider, ticket.ticket_id))
+            except StoreError as error:  # the TTL layer reclaims it; don't mask the body
+                log.warning("release of ticket %s failed (%s); TTL will reclaim it",
+                            ticket.ticket_id, error)
+
+    # -- the per-provider combiner ---------------------------------------------------
+
+    def _op(
+        self, kind: _Kind, ticket_id: str, *, max_attempts: int | None = None, **kw: object
+    ) -> _Op:
+        future: asyncio.Future[Ticket | None] = asyncio.get_running_loop().create_future()
+        attempts = max_attempts if max_attempts is not None else self.max_attempts
+        return _Op(kind, ticket_id, future, attempts, **kw)  # type: ignore[arg-type]
+
+    async def _submit(self, provider: str, op: _Op) -> Ticket | None:
+        lane = self._lanes.setdefault(provider, _Lane())
+        lane.pending.append(op)
+        if lane.task is None or lane.task.done():
+            lane.task = asyncio.get_running_loop().create_task(self._serve(provider, lane))
+        try:
+            return await asyncio.shield(op.future)
+        except asyncio.CancelledError:
+            # The caller gave up; a claim granted meanwhile must not leak until its TTL.
+            if op.kind is _Kind.CLAIM:
+                op.abandoned = True
+                op.future.add_done_callback(lambda done: self._release_orphan(provider, done))
+            raise
+
+    def _release_orphan(self, provider: str, done: asyncio.Future[Ticket | None]) -> None:
+        if done.cancelled() or done.exception() is not None or done.result() is None:
+            return
+        ticket = done.result()
+        assert ticket is not None
+        orphan = self._op(_Kind.RELEASE, ticket.ticket_id, max_attempts=self.max_attempts * 4)
+        orphan.future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        lane = self._lanes.setdefault(provider, _Lane())
+        lane.pending.append(orphan)
+        if lane.task is None or lane.task.done():
+            lane.task = asyncio.get_running_loop().create_task(self._serve(provider, lane))
+
+    async def _serve(self, provider: str, lane: _Lane) -> None:
+        key = encode_token(provider)
+        conflicts = 0
+        while lane.pending:
+            batch = list(lane.pending)
+            cached, lane.cached = lane.cached, None
+            try:
+                document, revision, state = await self._read_for(provider, batch, cached)
+                now = self._clock.now()
+                outcome, changed, results = self._apply(provider, document, state, now, batch)
+                if changed:
+                    written = ProviderTickets(provider=provider, tickets=outcome)
+                    if revision is None:
+                        new_revision = await self._tickets.create(key, written.to_json())
+                    else:
+                        new_revision = await self._tickets.update(
+                            key, written.to_json(), expected_revision=revision
+                        )
+                    lane.cached = (written, new_revision)
+                elif revision is not None:
+                    lane.cached = (document, revision)
+            except (RevisionMismatch, KeyExists, StoreUnavailable) as error:
+                if cached is not None and isinstance(error, RevisionMismatch | KeyExists):
+                    continue  # the cached copy was stale: read and decide again, no penalty
+                conflicts += 1
+                self._count_attempt(lane, batch, provider, error)
+                await self._clock.sleep(self._backoff(conflicts))
+                continue
+            except Exception as error:  # a bad document or a bug: fail this batch, not the lane
+                for op in batch:
+                    self._finish(lane, op, error=error)
+                continue
+            conflicts = 0
+            for op in batch:
+                self._finish(lane, op, result=results.get(id(op)))
+
+    async def _read_for(
+        self,
+        provider: str,
+        batch: list[_Op],
+        cached: tuple[ProviderTickets, int] | None,
+    ) -> tuple[ProviderTickets, int | None, ProviderState | None]:
+        """The ticket document (cached or read) and, when a claim needs it, the state."""
+        needs_state = any(op.kind is _Kind.CLAIM for op in batch)
+        if cached is not None:
+            state = await self._state(provider) if needs_state else None
+            return cached[0], cached[1], state
+        if not needs_state:  # releases and renewals do not consult the budget
+            document, revision = await self.read(provider)
+            return document, revision, None
+        (document, revision), state = await asyncio.gather(
+            self.read(provider), self._state(provider)
+        )
+        return document, revision, state
+
+    def _backoff(self, conflicts: int) -> float:
+        # Full jitter: losers spread out instead of colliding again in lockstep.
+        ceiling = min(self._backoff_cap, self._backoff_base * (2 ** min(conflicts, 10)))
+        return self._rng.uniform(0.0, ceiling)
+
+    def _count_attempt(
+        self, lane: _Lane, batch: list[_Op], provider: str, error: StoreError
+    ) -> None:
+        for op in batch:
+            op.attempts += 1
+            if op.attempts < op.max_attempts:
+                continue
+            if isinstance(error, StoreUnavailable):
+                self._finish(lane, op, error=error)
+            else:
+                self._finish(lane, op, error=ClaimConflict(
+                    f"{op.kind.value} of ticket {op.ticket_id} on {provider}: lost "
+                    f"{op.attempts} compare-and-set races in a row"
+                ))
+
+    def _finish(
+        self,
+        lane: _Lane,
+        op: _Op,
+        *,
+        result: Ticket | BaseException | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        with contextlib.suppress(ValueError):
+            lane.pending.remove(op)
+        if op.future.done():
+            return
+        failure = error if error is not None else result
+        if isinstance(failure, BaseException):
+            op.future.set_exception(failure)
+        else:
+            op.future.set_result(result if isinstance(result, Ticket) else None)
+
+    def _apply(
+        self,
+        provider: str,
+        document: ProviderTickets,
+        state: ProviderState | None,
+        now: float,
+        batch: list[_Op],
+    ) -> tuple[list[Ticket], bool, dict[int, Ticket | BaseException | None]]:
+        """Decide every queued operation in order: new ticket list, changed, results."""
+        results: dict[int, Ticket | BaseException | None] = {}
+        tickets = document.active(now)
+        changed = len(tickets) != len(document.tickets)  # writers prune expired tickets
+        for op in batch:
+            index = next((i for i, t in enumerate(tickets) if t.ticket_id == op.ticket_id), None)
+            if op.kind is _Kind.CLAIM:
+                assert op.ticket is not None
+                if index is not None:  # granted by a write whose acknowledgement was lost
+                    results[id(op)] = tickets[index]
+                    continue
+                if op.abandoned:
+                    continue  # nobody is waiting for it any more
+                reason = self._refusal(state, tickets, now, op)
+                if reason is not None:
+                    results[id(op)] = ClaimRejected(
+                        provider, op.ticket.model, op.ticket.model_footprint_mib, reason
+                    )
+                    continue
+                tickets.append(op.ticket)
+                results[id(op)] = op.ticket
+                changed = True
+            elif op.kind is _Kind.RELEASE:
+                if index is not None:
+                    del tickets[index]
+                    changed = True
+                results[id(op)] = None
+            elif index is None:
+                results[id(op)] = TicketGone(
+                    f"ticket {op.ticket_id} on {provider} is gone (released or expired)"
+                )
+            else:
+                current = tickets[index]
+                if op.kind is _Kind.RENEW:
+                    ttl = op.ttl_seconds if op.ttl_seconds is not None else self.ttl_seconds
+                    updated = current.model_copy(update={"expires_at": now + ttl})
+                else:
+                    updated = current.model_copy(update={"state": op.state})
+                tickets[index] = updated
+                results[id(op)] = updated
+                changed = True
+        return tickets, changed, results
+
+    @staticmethod
+    def _refusal(
+        state: ProviderState | None, tickets: list[Ticket], now: float, op: _Op
+    ) -> str | None:
+        assert op.ticket is not None
+        if not budget_allows(
+            state,
+            tickets,
+            now,
+            footprint_mib=op.ticket.model_footprint_mib,
+            evicts=op.ticket.evicts,
+        ):
+            return "does not fit the provider's VRAM budget"
+        if op.check is not None and not op.check(state, list(tickets), now):
+            return "the claim's check failed"
+        return None

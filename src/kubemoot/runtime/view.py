@@ -1,0 +1,170 @@
+"""The provider view: fresh shared state, read cheaply.
+
+Every call reads the provider-state and ticket documents of every provider. A short
+cache (``state_cache_seconds``, 200 ms by default) absorbs bursts when one agent fans
+out many calls at once; a provider's entry is dropped as soon as this process claims
+or releases there, so its own decisions always see its own tickets. Parsed documents
+are reused while their revision has not moved.
+
+With no provider state published at all, the view asks a :class:`Prober` to look at
+the providers directly; without a prober it reports the static endpoint, if any.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from kubemoot.clock import Clock
+from kubemoot.runtime.circuit import CircuitBreakers
+from kubemoot.runtime.latency import LatencyTracker
+from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.runtime.snapshot import FleetSnapshot, ProviderSnapshot
+from kubemoot.store.documents import ProviderState, ProviderTickets
+from kubemoot.store.keys import decode_token, encode_token
+from kubemoot.store.protocol import Bucket
+
+
+class Prober(Protocol):
+    """Looks at every known provider directly (used when no state is published)."""
+
+    async def probe_all(self) -> list[ProviderState]: ...
+
+
+@dataclass(slots=True)
+class _Parsed:
+    revision: int
+    state: ProviderState | None = None
+    tickets: ProviderTickets | None = None
+
+
+class ProviderView:
+    """Builds :class:`FleetSnapshot` values from the shared state."""
+
+    def __init__(
+        self,
+        states: Bucket,
+        tickets: Bucket,
+        *,
+        clock: Clock,
+        settings: RuntimeSettings | None = None,
+        latency: LatencyTracker | None = None,
+        circuits: CircuitBreakers | None = None,
+        prober: Prober | None = None,
+        static_endpoint: str | None = None,
+    ) -> None:
+        self._states = states
+        self._tickets = tickets
+        self._clock = clock
+        self._settings = settings or RuntimeSettings()
+        self._latency = latency or LatencyTracker(
+            alpha=self._settings.latency_ema_alpha,
+            default_seconds=self._settings.default_latency_seconds,
+        )
+        self._circuits = circuits
+        self._prober = prober
+        self.static_endpoint = static_endpoint
+        self._fleet: FleetSnapshot | None = None
+        self._read_at = float("-inf")
+        self._stale: set[str] = set()
+        self._parsed_states: dict[str, _Parsed] = {}
+        self._parsed_tickets: dict[str, _Parsed] = {}
+        self._docs: dict[str, tuple[ProviderState, ProviderTickets | None]] = {}
+
+    @property
+    def latency(self) -> LatencyTracker:
+        return self._latency
+
+    @property
+    def circuits(self) -> CircuitBreakers | None:
+        return self._circuits
+
+    def invalidate(self, provider: str | None = None) -> None:
+        """Forget cached state: of one provider (after an own claim or unload), or of all."""
+        if provider is None:
+            self._read_at = float("-inf")
+        else:
+            self._stale.add(provider)
+
+    async def snapshot(self) -> FleetSnapshot:
+        """The fleet now; cached documents are reused within the cache window."""
+        now = self._clock.now()
+        if now - self._read_at >= self._settings.state_cache_seconds:
+            await self._read_all()
+            self._read_at = now
+            self._stale.clear()
+        elif self._stale:
+            for provider in sorted(self._stale):
+                await self._read_provider(provider)
+            self._stale.clear()
+        if not self._docs and self._prober is not None:
+            probed = await self._prober.probe_all()
+            return FleetSnapshot.of(now, [self._provider(s, None, now) for s in probed])
+        return FleetSnapshot.of(
+            now, [self._provider(s, t, now) for s, t in self._docs.values()]
+        )
+
+    def _provider(
+        self, state: ProviderState, tickets: ProviderTickets | None, now: float
+    ) -> ProviderSnapshot:
+        circuit_open = self._circuits is not None and not self._circuits.allows(state.provider)
+        return ProviderSnapshot(
+            state=state,
+            tickets=tuple(tickets.active(now)) if tickets is not None else (),
+            latency_seconds=self._latency.latency(state.endpoint),
+            circuit_open=circuit_open,
+        )
+
+    async def _read_all(self) -> None:
+        docs: dict[str, tuple[ProviderState, ProviderTickets | None]] = {}
+        for key in sorted(await self._states.keys()):
+            state = await self._state(key)
+            if state is None:
+                continue
+            docs[state.provider] = (state, await self._tickets_doc(encode_token(state.provider)))
+        self._docs = docs
+
+    async def _read_provider(self, provider: str) -> None:
+        key = encode_token(provider)
+        state = await self._state(key)
+        if state is None:
+            self._docs.pop(provider, None)
+        else:
+            self._docs[provider] = (state, await self._tickets_doc(key))
+
+    async def _state(self, key: str) -> ProviderState | None:
+        entry = await self._states.get(key)
+        if entry is None:
+            return None
+        cached = self._parsed_states.get(key)
+        if cached is None or cached.revision != entry.revision:
+            try:
+                state = ProviderState.from_json(entry.value)
+            except ValueError:
+                return None  # a document we cannot read is no state at all
+            if state.provider != _decode(key):
+                return None
+            cached = _Parsed(entry.revision, state=state)
+            self._parsed_states[key] = cached
+        return cached.state
+
+    async def _tickets_doc(self, key: str) -> ProviderTickets | None:
+        entry = await self._tickets.get(key)
+        if entry is None:
+            return None
+        cached = self._parsed_tickets.get(key)
+        if cached is None or cached.revision != entry.revision:
+            try:
+                doc = ProviderTickets.from_json(entry.value)
+            except ValueError:
+                return None
+            cached = _Parsed(entry.revision, tickets=doc)
+            self._parsed_tickets[key] = cached
+        return cached.tickets
+
+
+def _decode(key: str) -> str | None:
+    try:
+        return decode_token(key)
+    except ValueError:
+        return None

@@ -1,0 +1,289 @@
+"""`kubemoot place`: one per-call decision against a snapshot of the fleet.
+
+A ``PlacementState`` document describes providers (with residents and tickets),
+declared model sizes, demand and settings at an instant ``now``. It is loaded into an
+embedded store and decided by the very :class:`CallPlanner` the runtime uses, on a
+:class:`ManualClock` standing at ``now`` — so "why did my call queue?" is answered by
+the production code, not by a re-implementation. Claims land only in the throw-away
+embedded store.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+
+from kubemoot.api.errors import InputError
+from kubemoot.clock import ManualClock
+from kubemoot.runtime.demand import DemandBoard
+from kubemoot.runtime.latency import LatencyTracker
+from kubemoot.runtime.occupancy import OccupancyBook
+from kubemoot.runtime.placement import Candidate, Placement
+from kubemoot.runtime.planner import CallPlanner
+from kubemoot.runtime.selector import ProviderSelector
+from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.runtime.tickets import TicketManager
+from kubemoot.runtime.view import ProviderView
+from kubemoot.store.documents import (
+    MODEL_DEMAND_BUCKET,
+    PROVIDER_STATE_BUCKET,
+    PROVIDER_TICKETS_BUCKET,
+    DemandEntry,
+    LoadedModel,
+    ProviderState,
+    ProviderTickets,
+    SelectionEntry,
+    Ticket,
+    TicketState,
+)
+from kubemoot.store.keys import encode_token, join_key
+from kubemoot.store.memory import MemoryKV
+from kubemoot.store.protocol import Bucket
+
+KIND = "PlacementState"
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class SnapshotSettings(_Part):
+    load_rate_mibps: float = Field(1024.0, gt=0, alias="loadRateMiBps")
+    unload_seconds: float = Field(1.0, ge=0, alias="unloadSeconds")
+    default_latency_seconds: float = Field(30.0, ge=0, alias="defaultLatencySeconds")
+    reserve_mib: int = Field(1024, ge=0, alias="reserveMiB")
+    candidate_tolerance: float = Field(10.0, ge=0, alias="candidateTolerance")
+
+
+class DeclaredModel(_Part):
+    name: str = Field(min_length=1)
+    vram_mib: int | None = Field(None, ge=0, alias="vramMiB")
+    disk_mib: int | None = Field(None, ge=0, alias="diskMiB")
+
+
+class Resident(_Part):
+    model: str = Field(min_length=1)
+    size_mib: int = Field(ge=0, alias="sizeMiB")
+    context_length: int | None = Field(None, gt=0, alias="contextLength")
+
+
+class SnapshotTicket(_Part):
+    model: str = Field(min_length=1)
+    state: TicketState = TicketState.RUNNING
+    started_at: AwareDatetime = Field(alias="startedAt")
+    footprint_mib: int = Field(0, ge=0, alias="footprintMiB")
+    evicts: dict[str, int] = Field(default_factory=dict)
+    holder: str = "snapshot"
+    expires_at: AwareDatetime | None = Field(None, alias="expiresAt")
+
+
+class SnapshotProvider(_Part):
+    name: str = Field(min_length=1)
+    endpoint: str | None = None
+    ready: bool = True
+    total_vram_mib: int | None = Field(None, ge=0, alias="totalVramMiB")
+    reserve_mib: int | None = Field(None, ge=0, alias="reserveMiB")
+    max_parallel: int = Field(1, ge=1, alias="maxParallel")
+    context_length: int | None = Field(None, gt=0, alias="contextLength")
+    latency_seconds: float | None = Field(None, ge=0, alias="latencySeconds")
+    residents: list[Resident] = Field(default_factory=list)
+    tickets: list[SnapshotTicket] = Field(default_factory=list)
+
+
+class SnapshotDemand(_Part):
+    waiters: int = Field(0, ge=0)
+    intents: int = Field(0, ge=0)
+    recent_use: float = Field(0.0, ge=0, alias="recentUse")
+    prediction: float = Field(0.0, ge=0)
+    last_used_at: AwareDatetime | None = Field(None, alias="lastUsedAt")
+
+
+class PlacementState(_Part):
+    """The ``kind: PlacementState`` document."""
+
+    api_version: str = Field("kubemoot.ai/v1alpha1", alias="apiVersion")
+    kind: str = KIND
+    metadata: dict[str, object] = Field(default_factory=dict)
+    now: AwareDatetime
+    settings: SnapshotSettings = Field(default_factory=SnapshotSettings)  # type: ignore[arg-type]
+    models: list[DeclaredModel] = Field(default_factory=list)
+    providers: list[SnapshotProvider] = Field(default_factory=list)
+    demand: dict[str, SnapshotDemand] = Field(default_factory=dict)
+
+    @field_validator("providers")
+    @classmethod
+    def _unique_names(cls, providers: list[SnapshotProvider]) -> list[SnapshotProvider]:
+        seen: set[str] = set()
+        for provider in providers:
+            if provider.name in seen:
+                raise ValueError(f"provider {provider.name!r} is listed twice")
+            seen.add(provider.name)
+        return providers
+
+    def runtime_settings(self) -> RuntimeSettings:
+        s = self.settings
+        return RuntimeSettings().with_values({
+            "load_rate_mibps": s.load_rate_mibps,
+            "unload_seconds": s.unload_seconds,
+            "default_latency_seconds": s.default_latency_seconds,
+            "reserve_mib": s.reserve_mib,
+            "candidate_tolerance": s.candidate_tolerance,
+        })
+
+
+def load_state(path: str | Path) -> PlacementState:
+    """Read and validate a snapshot file; every problem is an :class:`InputError`."""
+    from kubemoot.api.loader import load_single
+
+    return load_single(path, KIND, PlacementState)
+
+
+def parse_candidates(text: str | None, model: str) -> list[Candidate]:
+    """``--candidates`` JSON (preferred first); without it, just ``model``."""
+    import json
+
+    if text is None:
+        return [Candidate(model)]
+    try:
+        data = json.loads(text)
+    except ValueError as error:
+        raise InputError(f"not valid JSON: {error}", field="--candidates") from None
+    if not isinstance(data, list) or not data:
+        raise InputError("must be a non-empty JSON list", field="--candidates")
+    candidates: list[Candidate] = []
+    for index, item in enumerate(data):
+        where = f"--candidates[{index}]"
+        if not isinstance(item, dict) or not isinstance(item.get("model"), str):
+            raise InputError('each entry needs a "model" string', field=where)
+        score = item.get("score", 0)
+        if isinstance(score, bool) or not isinstance(score, int | float):
+            raise InputError('"score" must be a number', field=f"{where}.score")
+        candidates.append(Candidate(item["model"], float(score)))
+    if candidates[0].model != model:
+        # --model names the preferred model; keep the list's order otherwise.
+        candidates = [Candidate(model, candidates[0].score)] + [
+            c for c in candidates if c.model != model
+        ]
+    return candidates
+
+
+def _epoch(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+async def decide(
+    state: PlacementState,
+    candidates: Sequence[Candidate],
+    *,
+    prompt_tokens: int | None = None,
+) -> Placement:
+    """Load the snapshot into an embedded store and place one call there."""
+    now = _epoch(state.now)
+    settings = state.runtime_settings()
+    clock = ManualClock(now)
+    kv = MemoryKV(clock=clock)
+    try:
+        states = await kv.bucket(PROVIDER_STATE_BUCKET)
+        tickets = await kv.bucket(PROVIDER_TICKETS_BUCKET)
+        demand_bucket = await kv.bucket(MODEL_DEMAND_BUCKET)
+        latency = LatencyTracker(
+            alpha=settings.latency_ema_alpha, default_seconds=settings.default_latency_seconds
+        )
+        disk = {m.name: m.disk_mib for m in state.models if m.disk_mib is not None}
+        for index, provider in enumerate(state.providers):
+            doc, docs_tickets = _provider_docs(provider, settings, now, disk, index)
+            await states.put(encode_token(provider.name), doc.to_json())
+            await tickets.put(encode_token(provider.name), docs_tickets.to_json())
+            if provider.latency_seconds is not None:
+                latency.observe(doc.endpoint, provider.latency_seconds)
+        await _write_demand(demand_bucket, state, now)
+        occupancy = OccupancyBook(
+            settings=settings,
+            declared={m.name: m.vram_mib for m in state.models if m.vram_mib is not None},
+        )
+        view = ProviderView(states, tickets, clock=clock, settings=settings, latency=latency)
+        manager = TicketManager(
+            tickets, states, clock=clock, ttl_seconds=settings.ticket_ttl_seconds
+        )
+        planner = CallPlanner(
+            ProviderSelector(view, manager), states=states, settings=settings,
+            occupancy=occupancy, demand=DemandBoard(demand_bucket, clock=clock),
+        )
+        return await planner.place(
+            candidates, holder_id="kubemoot-place", prompt_tokens=prompt_tokens
+        )
+    finally:
+        await kv.close()
+
+
+def _provider_docs(
+    provider: SnapshotProvider,
+    settings: RuntimeSettings,
+    now: float,
+    disk: dict[str, int],
+    index: int,
+) -> tuple[ProviderState, ProviderTickets]:
+    for t_index, ticket in enumerate(provider.tickets):
+        if _epoch(ticket.started_at) > now:
+            raise InputError(
+                "a ticket cannot start after the snapshot's now",
+                kind=KIND, field=f"providers[{index}].tickets[{t_index}].startedAt",
+            )
+    state = ProviderState(
+        provider=provider.name,
+        endpoint=provider.endpoint or f"http://{provider.name}:11434",
+        ready=provider.ready,
+        last_probed_at=now,
+        total_vram_mib=provider.total_vram_mib,
+        reserve_mib=provider.reserve_mib if provider.reserve_mib is not None
+        else settings.reserve_mib,
+        max_parallel=provider.max_parallel,
+        context_length=provider.context_length,
+        loaded_models=[
+            LoadedModel(name=r.model, size_mib=r.size_mib, context_length=r.context_length)
+            for r in provider.residents
+        ],
+        loaded_model_footprints={r.model: r.size_mib for r in provider.residents},
+        disk_sizes_mib=dict(disk),
+    )
+    tickets = ProviderTickets(
+        provider=provider.name,
+        tickets=[
+            Ticket(
+                ticket_id=f"snapshot-{provider.name}-{i}",
+                model=t.model,
+                model_footprint_mib=t.footprint_mib,
+                holder_id=t.holder,
+                state=t.state,
+                started_at=_epoch(t.started_at),
+                expires_at=_epoch(t.expires_at) if t.expires_at is not None
+                else now + settings.ticket_ttl_seconds,
+                evicts=dict(t.evicts),
+            )
+            for i, t in enumerate(provider.tickets)
+        ],
+    )
+    return state, tickets
+
+
+async def _write_demand(bucket: Bucket, state: PlacementState, now: float) -> None:
+    board = DemandBoard(bucket, clock=ManualClock(now))
+    for model, need in sorted(state.demand.items()):
+        for i in range(need.waiters):
+            await board.add_waiter(model, f"snapshot/waiter-{i}")
+        for i in range(need.intents):
+            await board.add_intent(model, f"snapshot/intent-{i}")
+        if need.recent_use > 0 or need.last_used_at is not None:
+            last = _epoch(need.last_used_at) if need.last_used_at is not None else now
+            # Stored so that the board's decay brings it back to exactly recentUse now.
+            count = need.recent_use * math.exp((now - last) / board.use_window_seconds)
+            entry = DemandEntry(expires_at=now + 3600.0, count=count, last_used_at=last)
+            await bucket.put(join_key("use", model), entry.to_json())
+        if need.prediction > 0:
+            selection = SelectionEntry(expires_at=now + 3600.0, models=[model],
+                                       frequency=need.prediction)
+            await bucket.put(join_key("sel", f"snapshot/forecast-{model}"), selection.to_json())

@@ -1,0 +1,72 @@
+"""Bind: candidate lists and the Deployment env vars an Agent's binding templates.
+
+The candidate list of a phase holds every Ready Model its rule's require admits, one
+entry per model identifier, scored by quality only (prefer weights or the bias term),
+so it compares models, not placements: the bound model first, then by score, then by
+identifier. Provider readiness and VRAM are not filtered here; the runtime reads them
+live at each call, and the list (and so the Deployment) stays stable as they change.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+
+from kubemoot.scheduling.candidate import Placement
+
+__all__ = [
+    "ENV_CANDIDATES",
+    "ENV_MODEL",
+    "ENV_MODEL_ENDPOINT",
+    "ENV_TRIAGE_ENDPOINT",
+    "ENV_TRIAGE_MODEL_ID",
+    "CandidateList",
+    "candidate_list",
+    "candidates_json",
+    "env_score",
+    "with_bound_first",
+]
+
+ENV_MODEL = "KUBEMOOT_MODEL_MODEL"
+ENV_MODEL_ENDPOINT = "KUBEMOOT_MODEL_ENDPOINT"
+ENV_TRIAGE_MODEL_ID = "KUBEMOOT_TRIAGE_MODEL_MODEL_ID"
+ENV_TRIAGE_ENDPOINT = "KUBEMOOT_TRIAGE_MODEL_ENDPOINT"
+#: Candidate-list env var per phase.
+ENV_CANDIDATES = {
+    "mulling": "KUBEMOOT_MODEL_CANDIDATES_MULLING",
+    "triage": "KUBEMOOT_MODEL_CANDIDATES_TRIAGE",
+}
+
+CandidateList = tuple[tuple[str, float], ...]
+
+
+def env_score(score: float) -> int | float:
+    """70.0 prints as 70, as in the spec's example; fractions keep six decimals."""
+    return int(score) if float(score).is_integer() else round(score, 6)
+
+
+def candidate_list(admitted: Iterable[Placement], quality: Mapping[str, float]) -> CandidateList:
+    """One entry per identifier (its best quality score), by score then identifier."""
+    best: dict[str, float] = {}
+    for placement in admitted:
+        score = quality[placement.name]
+        model_id = placement.model_id
+        if model_id not in best or score > best[model_id]:
+            best[model_id] = score
+    return tuple(sorted(best.items(), key=lambda item: (-item[1], item[0])))
+
+
+def with_bound_first(candidates: CandidateList, bound: str | None) -> CandidateList:
+    """The same list with the bound identifier moved to the front."""
+    if bound is None or not candidates or candidates[0][0] == bound:
+        return candidates
+    first = [item for item in candidates if item[0] == bound]
+    return tuple(first + [item for item in candidates if item[0] != bound])
+
+
+def candidates_json(candidates: Sequence[tuple[str, float]]) -> str:
+    """Compact JSON like the spec's ``[{"model":"qwen3:32b","score":70}, …]``."""
+    return json.dumps(
+        [{"model": model, "score": env_score(score)} for model, score in candidates],
+        separators=(",", ":"),
+    )

@@ -1,0 +1,82 @@
+"""The scheduling plugins and the registry that names them.
+
+One module per gate or scorer, each a class with a ``name`` and one method (``check``
+or ``score``) plus a ``from_args`` factory. The registry below is the only place that
+lists them; the framework (:mod:`kubemoot.scheduling.framework`) decides their order,
+weights and which context each shares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kubemoot.gates import Gate, Scorer
+from kubemoot.scheduling.candidate import Placement
+from kubemoot.scheduling.plugins._args import PluginArgs, SpreadContext, topology_value
+from kubemoot.scheduling.plugins.capacity import CapacityScorer
+from kubemoot.scheduling.plugins.digest import DigestGate
+from kubemoot.scheduling.plugins.egress import EgressGate
+from kubemoot.scheduling.plugins.freshness import FreshnessGate
+from kubemoot.scheduling.plugins.image_locality import ImageLocalityScorer
+from kubemoot.scheduling.plugins.license import LicenseGate
+from kubemoot.scheduling.plugins.model_ready import ModelReadyGate
+from kubemoot.scheduling.plugins.parallelism import ParallelismGate, agent_limit
+from kubemoot.scheduling.plugins.provider_ready import ProviderReadyGate
+from kubemoot.scheduling.plugins.provider_weight import PHASE_SIGN, ProviderWeightScorer
+from kubemoot.scheduling.plugins.quality import QualityScorer, quality_score
+from kubemoot.scheduling.plugins.require import RequireGate
+from kubemoot.scheduling.plugins.topology_spread import TopologySpreadGate
+from kubemoot.scheduling.plugins.vram import VramGate
+
+__all__ = [
+    "GATES",
+    "PHASE_SIGN",
+    "SCORERS",
+    "CapacityScorer",
+    "DigestGate",
+    "EgressGate",
+    "FreshnessGate",
+    "GateFactory",
+    "ImageLocalityScorer",
+    "LicenseGate",
+    "ModelReadyGate",
+    "ParallelismGate",
+    "PluginArgs",
+    "ProviderReadyGate",
+    "ProviderWeightScorer",
+    "QualityScorer",
+    "RequireGate",
+    "ScorerFactory",
+    "SpreadContext",
+    "TopologySpreadGate",
+    "VramGate",
+    "agent_limit",
+    "quality_score",
+    "topology_value",
+]
+
+GateFactory = Callable[[PluginArgs], Gate[Placement]]
+ScorerFactory = Callable[[PluginArgs], Scorer[Placement]]
+
+#: Every gate by name, in the order the framework runs them (cheap and common first,
+#: so the FailedScheduling message counts the most telling reason).
+GATES: dict[str, GateFactory] = {
+    RequireGate.name: RequireGate.from_args,
+    ModelReadyGate.name: ModelReadyGate.from_args,
+    ProviderReadyGate.name: ProviderReadyGate.from_args,
+    FreshnessGate.name: FreshnessGate.from_args,
+    VramGate.name: VramGate.from_args,
+    ParallelismGate.name: ParallelismGate.from_args,
+    LicenseGate.name: LicenseGate.from_args,
+    EgressGate.name: EgressGate.from_args,
+    DigestGate.name: DigestGate.from_args,
+    TopologySpreadGate.name: TopologySpreadGate.from_args,
+}
+
+#: Every scorer by name. Weights are the framework's business, not the scorers'.
+SCORERS: dict[str, ScorerFactory] = {
+    QualityScorer.name: QualityScorer.from_args,
+    CapacityScorer.name: CapacityScorer.from_args,
+    ImageLocalityScorer.name: ImageLocalityScorer.from_args,
+    ProviderWeightScorer.name: ProviderWeightScorer.from_args,
+}

@@ -1,0 +1,58 @@
+"""Freshness: a probed provider status older than the policy's limit is STALE."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Self
+
+from kubemoot.gates import GateResult
+from kubemoot.scheduling.candidate import Placement, rfc3339
+from kubemoot.scheduling.plugins._args import PluginArgs
+
+__all__ = ["FreshnessGate"]
+
+
+class FreshnessGate:
+    """Judges ``status.lastProbedAt`` against ``now``; no timestamp = declared by hand, PASS."""
+
+    name = "Freshness"
+
+    def __init__(self, *, now: datetime, max_age_seconds: int) -> None:
+        self._now = now
+        self._max_age = max_age_seconds
+
+    @classmethod
+    def from_args(cls, args: PluginArgs) -> Self:
+        return cls(now=args.now, max_age_seconds=args.max_age_seconds)
+
+    def check(self, candidate: Placement, /) -> GateResult:
+        provider = candidate.provider
+        if provider is None:
+            return GateResult.unknown(self.name, "no provider, so no status to judge")
+        status = provider.status
+        if status is None or status.last_probed_at is None:
+            return GateResult.pass_(
+                self.name,
+                "status has no lastProbedAt: declared by hand, taken as is",
+                field="status.lastProbedAt",
+            )
+        probed = rfc3339(status.last_probed_at)
+        age = (self._now - status.last_probed_at).total_seconds()
+        if age > self._max_age:
+            return GateResult.stale(
+                self.name,
+                f"provider {provider.metadata.name} was last probed {age:.0f}s ago "
+                f"(max {self._max_age}s)",
+                observed_at=probed,
+                field="status.lastProbedAt",
+                ageSeconds=round(age, 3),
+                maxAgeSeconds=self._max_age,
+            )
+        return GateResult.pass_(
+            self.name,
+            f"probed {max(age, 0.0):.0f}s ago (max {self._max_age}s)",
+            observed_at=probed,
+            field="status.lastProbedAt",
+            ageSeconds=round(age, 3),
+            maxAgeSeconds=self._max_age,
+        )

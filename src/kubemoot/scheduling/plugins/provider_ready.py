@@ -1,0 +1,59 @@
+"""ProviderReady: the Model's providerRef resolves to a provider that reports ready."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Self
+
+from kubemoot.gates import GateResult
+from kubemoot.scheduling.candidate import Placement, stale_age
+from kubemoot.scheduling.plugins._args import PluginArgs
+
+__all__ = ["ProviderReadyGate"]
+
+
+class ProviderReadyGate:
+    """Missing provider → FAIL; readiness not reported → UNKNOWN; not ready → FAIL.
+
+    A "not ready" read from a stale status is STALE instead of FAIL: old evidence can
+    make a candidate uncertain, never decisively out.
+    """
+
+    name = "ProviderReady"
+
+    def __init__(self, *, now: datetime, max_age_seconds: int) -> None:
+        self._now = now
+        self._max_age = max_age_seconds
+
+    @classmethod
+    def from_args(cls, args: PluginArgs) -> Self:
+        return cls(now=args.now, max_age_seconds=args.max_age_seconds)
+
+    def check(self, candidate: Placement, /) -> GateResult:
+        ref = candidate.model.spec.provider_ref
+        provider = candidate.provider
+        if provider is None:
+            return GateResult.fail(
+                self.name,
+                f'providerRef "{ref}" does not resolve to a ModelProvider',
+                field="spec.providerRef",
+                value=ref,
+            )
+        status = provider.status
+        if status is None or status.ready is None:
+            return GateResult.unknown(
+                self.name, f"provider {ref} has not reported readiness", field="status.ready"
+            )
+        if status.ready:
+            return GateResult.pass_(self.name, f"provider {ref} is ready", field="status.ready")
+        age = stale_age(provider, self._now, self._max_age)
+        if age is not None:
+            return GateResult.stale(
+                self.name,
+                f"provider {ref} was not ready {age:.0f}s ago; the status is too old to trust",
+                field="status.ready",
+                ageSeconds=round(age, 3),
+            )
+        return GateResult.fail(
+            self.name, f"provider {ref} is not ready", field="status.ready", value=False
+        )

@@ -1,0 +1,216 @@
+"""What a scheduling pass produces: per-phase bindings, per-Agent status, events.
+
+The values are plain and frozen where they can be. A phase's full decision record is
+built on first use (:attr:`PhaseResult.decision`): a pass over thousands of agents
+keeps only what it needs to rebuild it, and the record is identical either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kubemoot.api import (
+    Agent,
+    AgentScheduling,
+    Condition,
+    CrewSchedulingPolicy,
+    LastUnschedulable,
+    PhaseBinding,
+)
+from kubemoot.api import Candidate as ApiCandidate
+from kubemoot.gates import DecisionRecord, Outcome
+from kubemoot.scheduling.bind import CandidateList, env_score
+from kubemoot.scheduling.candidate import Placement, rfc3339
+
+__all__ = ["AgentResult", "PhaseResult", "PolicyResult", "ScheduleResult", "SchedulingEvent"]
+
+
+@dataclass(slots=True)
+class PhaseResult:
+    """The outcome of one phase of one Agent."""
+
+    phase: str
+    outcome: Outcome
+    placement: Placement | None
+    score: float | None
+    candidates: CandidateList
+    reason: str
+    _decide: Callable[[], DecisionRecord] = field(repr=False)
+    _record: DecisionRecord | None = field(default=None, repr=False)
+
+    @property
+    def decision(self) -> DecisionRecord:
+        """The phase's decision record (gate results of every candidate, scores, reason)."""
+        if self._record is None:
+            self._record = self._decide()
+        return self._record
+
+    @property
+    def model(self) -> str | None:
+        """Bound Model resource name."""
+        return None if self.placement is None else self.placement.name
+
+    @property
+    def model_id(self) -> str | None:
+        """Bound model identifier (``spec.model``)."""
+        return None if self.placement is None else self.placement.model_id
+
+    @property
+    def provider(self) -> str | None:
+        """Bound provider name."""
+        return None if self.placement is None else self.placement.model.spec.provider_ref
+
+    @property
+    def endpoint(self) -> str | None:
+        """Bound provider endpoint."""
+        provider = None if self.placement is None else self.placement.provider
+        return None if provider is None else provider.spec.endpoint
+
+    def to_dict(self, *, decision: bool = True) -> dict[str, Any]:
+        """JSON-ready, camelCase, as ``kubemoot schedule -o json`` prints it."""
+        data: dict[str, Any] = {
+            "outcome": self.outcome.value,
+            "model": self.model,
+            "modelId": self.model_id,
+            "provider": self.provider,
+            "endpoint": self.endpoint,
+            "score": self.score,
+            "candidates": [{"model": m, "score": env_score(s)} for m, s in self.candidates],
+            "reason": self.reason,
+        }
+        if decision:
+            data["decision"] = self.decision.to_dict()
+        return data
+
+    def binding(self) -> PhaseBinding:
+        """The ``status.scheduling.phases[phase]`` entry."""
+        return PhaseBinding(
+            model=self.model,
+            model_id=self.model_id,
+            provider=self.provider,
+            endpoint=self.endpoint,
+            score=self.score,
+            outcome=self.outcome.value,
+            reason=self.reason,
+            candidates=[ApiCandidate(model=m, score=s) for m, s in self.candidates],
+        )
+
+
+@dataclass(slots=True)
+class AgentResult:
+    """Everything the scheduler decided for one Agent."""
+
+    agent: Agent
+    policy: CrewSchedulingPolicy | None
+    phases: dict[str, PhaseResult]
+    env: dict[str, str]
+    conditions: list[Condition]
+    last_unschedulable: LastUnschedulable | None
+    preferred: str = "mulling"
+
+    @property
+    def namespace(self) -> str:
+        return self.agent.namespace or "default"
+
+    @property
+    def name(self) -> str:
+        return self.agent.metadata.name
+
+    def scheduling(self) -> AgentScheduling:
+        """``Agent.status.scheduling``: the preferred (mulling) binding plus every phase."""
+        preferred = self.phases.get(self.preferred)
+        return AgentScheduling(
+            model=None if preferred is None else preferred.model,
+            model_id=None if preferred is None else preferred.model_id,
+            provider=None if preferred is None else preferred.provider,
+            endpoint=None if preferred is None else preferred.endpoint,
+            phases={phase: result.binding() for phase, result in self.phases.items()},
+            last_unschedulable=self.last_unschedulable,
+        )
+
+    def to_dict(self, *, decisions: bool = True) -> dict[str, Any]:
+        """JSON-ready, camelCase."""
+        scheduling = self.scheduling()
+        return {
+            "namespace": self.namespace,
+            "name": self.name,
+            "crewSchedulingPolicy": None if self.policy is None else self.policy.metadata.name,
+            "model": scheduling.model,
+            "provider": scheduling.provider,
+            "endpoint": scheduling.endpoint,
+            "phases": {p: r.to_dict(decision=decisions) for p, r in self.phases.items()},
+            "env": dict(self.env),
+            "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True)
+                           for c in self.conditions],
+            "lastUnschedulable": None
+            if self.last_unschedulable is None
+            else self.last_unschedulable.model_dump(mode="json", by_alias=True, exclude_none=True),
+        }
+
+
+@dataclass(slots=True)
+class SchedulingEvent:
+    """A Kubernetes Event to emit; repeats of one message are counted, as kube does."""
+
+    type: str
+    reason: str
+    regarding: str
+    message: str
+    count: int = 1
+    agents: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "reason": self.reason,
+            "regarding": self.regarding,
+            "message": self.message,
+            "count": self.count,
+            "agents": list(self.agents),
+        }
+
+
+@dataclass(slots=True)
+class PolicyResult:
+    """Conditions the pass sets on one CrewSchedulingPolicy."""
+
+    policy: CrewSchedulingPolicy
+    conditions: list[Condition]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "namespace": self.policy.namespace,
+            "name": self.policy.metadata.name,
+            "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True)
+                           for c in self.conditions],
+        }
+
+
+@dataclass(slots=True)
+class ScheduleResult:
+    """The result of one pass: every Agent, the events and the policies' conditions."""
+
+    now: datetime
+    scheduler_version: str
+    agents: list[AgentResult]
+    events: list[SchedulingEvent]
+    policies: list[PolicyResult]
+
+    def agent(self, namespace: str, name: str) -> AgentResult | None:
+        """One Agent's result."""
+        return next(
+            (a for a in self.agents if a.namespace == namespace and a.name == name), None
+        )
+
+    def to_dict(self, *, decisions: bool = True) -> dict[str, Any]:
+        """The JSON document of ``kubemoot schedule -o json``."""
+        return {
+            "schedulerVersion": self.scheduler_version,
+            "now": rfc3339(self.now),
+            "agents": [agent.to_dict(decisions=decisions) for agent in self.agents],
+            "events": [event.to_dict() for event in self.events],
+            "policies": [policy.to_dict() for policy in self.policies],
+        }

@@ -1,0 +1,416 @@
+"""One scheduling pass: filter → score → topology spread → bind, for every Agent and phase.
+
+Pure: the cluster comes in as a :class:`ClusterSnapshot`, the time as ``now``; results
+come out as values. The operator and ``kubemoot schedule`` both call
+:func:`schedule_bundle` (a whole pass) or :class:`SchedulingPass` (agent by agent).
+Agents are scheduled in (namespace, name) order so a pass is reproducible; each
+binding is *assumed* at once, so the parallelism gate of later agents sees it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from kubemoot.api import (
+    DEFAULT_MAX_AGE_SECONDS,
+    Agent,
+    Condition,
+    CrewSchedulingPolicy,
+    KubemootConfig,
+    LastUnschedulable,
+    MootArchetype,
+    SchedulingRule,
+    TopologySpread,
+)
+from kubemoot.api.loader import Bundle
+from kubemoot.gates import DecisionRecord, Outcome
+from kubemoot.scheduling.archetypes import scheduling_order, unknown_phases
+from kubemoot.scheduling.bias import effective_bias
+from kubemoot.scheduling.bind import (
+    ENV_CANDIDATES,
+    ENV_MODEL,
+    ENV_MODEL_ENDPOINT,
+    ENV_TRIAGE_ENDPOINT,
+    ENV_TRIAGE_MODEL_ID,
+    CandidateList,
+    candidate_list,
+    candidates_json,
+    with_bound_first,
+)
+from kubemoot.scheduling.framework import (
+    SCHEDULER_VERSION,
+    Framework,
+    Ranked,
+    Ranking,
+    RuleTable,
+)
+from kubemoot.scheduling.messages import (
+    defer_reason,
+    failed_scheduling_message,
+    unschedulable_reason,
+)
+from kubemoot.scheduling.plugins import SpreadContext, topology_value
+from kubemoot.scheduling.result import (
+    AgentResult,
+    PhaseResult,
+    PolicyResult,
+    ScheduleResult,
+    SchedulingEvent,
+)
+from kubemoot.scheduling.snapshot import ClusterSnapshot
+
+__all__ = ["PolicyPlan", "SchedulingPass", "schedule_agent", "schedule_bundle"]
+
+
+@dataclass(slots=True)
+class PolicyPlan:
+    """A policy (or no policy) made ready for scheduling: phases, tables, spread, bias."""
+
+    policy: CrewSchedulingPolicy | None
+    archetype: MootArchetype
+    problems: list[str]
+    order: list[str]
+    tables: dict[str, RuleTable]
+    spread: TopologySpread | None
+    quality_bias: dict[str, str]
+
+    @property
+    def bias_active(self) -> bool:
+        return bool(self.quality_bias)
+
+
+class SchedulingPass:
+    """Schedules Agents one by one against a snapshot, sharing agent-independent work."""
+
+    def __init__(self, snapshot: ClusterSnapshot, *, now: datetime) -> None:
+        self.snapshot = snapshot
+        self.now = now
+        self.framework = Framework(snapshot.placements, now=now, settings=snapshot.settings)
+        self.assumed: dict[str, int] = {}
+        self._plans: dict[str | None, PolicyPlan] = {}
+        self._lists: dict[int, CandidateList] = {}
+        self._events: dict[tuple[str, str], SchedulingEvent] = {}
+        self._unschedulable: dict[str, list[str]] = {}
+        self._agents: list[AgentResult] = []
+
+    # ------------------------------------------------------------------ policies
+
+    def plan(self, policy: CrewSchedulingPolicy | None) -> PolicyPlan:
+        """The policy's archetype, phase order and rule tables, built once per pass."""
+        key = None if policy is None else policy.key
+        found = self._plans.get(key)
+        if found is not None:
+            return found
+        archetype, problem = self.snapshot.archetype_for(policy)
+        problems = [] if problem is None else [problem]
+        spread = None if policy is None else policy.spec.topology_spread
+        max_age = DEFAULT_MAX_AGE_SECONDS
+        if policy is not None:
+            max_age = policy.spec.freshness.max_age_seconds
+            for phase in unknown_phases(policy, archetype):
+                problems.append(
+                    f'rule phase "{phase}" is not a phase of MootArchetype '
+                    f"{archetype.metadata.name} (known: {', '.join(archetype.phase_names)})"
+                )
+            if spread is not None:
+                for phase in spread.phase_keys:
+                    if phase not in archetype.phase_names:
+                        problems.append(
+                            f'topologySpread.phaseKeys names "{phase}", not a phase of '
+                            f"MootArchetype {archetype.metadata.name}"
+                        )
+        order = scheduling_order(archetype, [] if spread is None else spread.phase_keys)
+        tables: dict[str, RuleTable] = {}
+        for phase in order:
+            # A phase without a rule requires nothing: every Ready Model is a candidate.
+            rule = None if policy is None else policy.spec.rule_for(phase)
+            tables[phase] = self.framework.rule_table(
+                phase, rule if rule is not None else SchedulingRule(phase=phase),
+                max_age_seconds=max_age,
+            )
+        found = PolicyPlan(
+            policy=policy,
+            archetype=archetype,
+            problems=problems,
+            order=order,
+            tables=tables,
+            spread=spread,
+            quality_bias={} if policy is None else policy.spec.quality_bias,
+        )
+        self._plans[key] = found
+        return found
+
+    # ------------------------------------------------------------------ agents
+
+    def schedule(self, agent: Agent) -> AgentResult:
+        """Filter, score, spread and bind every phase of one Agent; assume its bindings."""
+        resolution = self.snapshot.resolve_policy(agent)
+        plan = self.plan(resolution.policy)
+        bias = (
+            effective_bias(plan.quality_bias, agent.spec.capabilities)
+            if plan.bias_active
+            else None
+        )
+        seen = dict(self.assumed)  # what this Agent's parallelism gate sees, kept for replay
+        spread = plan.spread
+        spread_phases = set() if spread is None else set(spread.phase_keys)
+        topology_key = None if spread is None else spread.topology_key
+        used: set[str] = set()
+        bound: set[str] = set()
+        subject_base = f"Agent/{agent.namespace}/{agent.metadata.name}"
+        phases: dict[str, PhaseResult] = {}
+        for phase in plan.order:
+            table = plan.tables[phase]
+            ranking = self.framework.ranking(
+                table, bias=bias, bias_active=plan.bias_active, topology_key=topology_key
+            )
+            avoid = frozenset(used) if phase in spread_phases and used else frozenset()
+            chosen, alternatives = self._choose(ranking, seen, avoid, spread)
+            context = (
+                None
+                if spread is None or not avoid
+                else SpreadContext(
+                    spread.topology_key, spread.when_unsatisfiable, avoid, alternatives
+                )
+            )
+            decide = self._decider(ranking, f"{subject_base} phase {phase}", seen, context)
+            result = self._phase_result(phase, ranking, chosen, decide, context)
+            phases[phase] = result
+            if chosen is not None:
+                bound.add(chosen.provider)
+                if phase in spread_phases and chosen.topology is not None:
+                    used.add(chosen.topology)
+        for provider in bound:
+            self.assumed[provider] = self.assumed.get(provider, 0) + 1
+        result = self._agent_result(agent, plan, phases, resolution.note)
+        self._agents.append(result)
+        return result
+
+    def _choose(
+        self,
+        ranking: Ranking,
+        seen: dict[str, int],
+        avoid: frozenset[str],
+        spread: TopologySpread | None,
+    ) -> tuple[Ranked | None, bool]:
+        """The best candidate the per-Agent gates admit, and whether spread had a choice."""
+        facts = ranking.table.tier.facts
+        fallback: Ranked | None = None
+        for entry in ranking.entries:
+            headroom = facts[entry.provider].headroom
+            if headroom is not None and seen.get(entry.provider, 0) > headroom:
+                continue  # the Parallelism gate FAILs once earlier bindings fill it
+            if avoid and entry.topology is not None and entry.topology in avoid:
+                if fallback is None:
+                    fallback = entry
+                continue
+            return entry, True
+        if fallback is not None and spread is not None:
+            if spread.when_unsatisfiable == "ScheduleAnyway":
+                return fallback, False
+        return None, False
+
+    def _decider(
+        self,
+        ranking: Ranking,
+        subject: str,
+        seen: dict[str, int],
+        context: SpreadContext | None,
+    ) -> Callable[[], DecisionRecord]:
+        framework = self.framework
+
+        def decide() -> DecisionRecord:
+            return framework.decide(ranking, subject=subject, assumed=seen, spread=context)
+
+        return decide
+
+    def _candidates(self, ranking: Ranking) -> CandidateList:
+        found = self._lists.get(id(ranking))
+        if found is None:
+            found = candidate_list(ranking.table.admitted, ranking.quality)
+            self._lists[id(ranking)] = found
+        return found
+
+    def _phase_result(
+        self,
+        phase: str,
+        ranking: Ranking,
+        chosen: Ranked | None,
+        decide: Callable[[], DecisionRecord],
+        context: SpreadContext | None,
+    ) -> PhaseResult:
+        candidates = self._candidates(ranking)
+        if chosen is not None:
+            placement = chosen.placement
+            reason = (
+                f"{placement.name} on {chosen.provider} scored {chosen.score:g}"
+            )
+            if context is not None and not context.alternatives:
+                reason += (
+                    f"; topology spread unsatisfiable ({context.topology_key} already used), "
+                    "ScheduleAnyway"
+                )
+            return PhaseResult(
+                phase,
+                Outcome.PLACE,
+                placement,
+                chosen.score,
+                with_bound_first(candidates, placement.model_id),
+                reason,
+                decide,
+            )
+        record = decide()  # rare path: the full record names what failed or is unknown
+        if record.outcome is Outcome.DEFER:
+            reason = defer_reason(record)
+        else:
+            reason = unschedulable_reason(record, phase, ranking.table.rule)
+        return PhaseResult(phase, record.outcome, None, None, candidates, reason, decide, record)
+
+    # ------------------------------------------------------------------ status
+
+    def _agent_result(
+        self,
+        agent: Agent,
+        plan: PolicyPlan,
+        phases: dict[str, PhaseResult],
+        note: str | None,
+    ) -> AgentResult:
+        env: dict[str, str] = {}
+        mulling, triage = phases.get("mulling"), phases.get("triage")
+        if mulling is not None and mulling.placement is not None:
+            env[ENV_MODEL] = mulling.placement.model_id
+            env[ENV_MODEL_ENDPOINT] = mulling.endpoint or ""
+        if triage is not None and triage.placement is not None:
+            env[ENV_TRIAGE_MODEL_ID] = triage.placement.model_id
+            env[ENV_TRIAGE_ENDPOINT] = triage.endpoint or ""
+        for phase, variable in ENV_CANDIDATES.items():
+            if phase in phases:
+                env[variable] = candidates_json(phases[phase].candidates)
+
+        policy = plan.policy
+        policy_name = None if policy is None else policy.metadata.name
+        last = None if agent.status is None or agent.status.scheduling is None else (
+            agent.status.scheduling.last_unschedulable
+        )
+        failed = [r for r in phases.values() if r.outcome is Outcome.UNSCHEDULABLE]
+        deferred = [r for r in phases.values() if r.outcome is Outcome.DEFER]
+        agent_id = f"{agent.namespace}/{agent.metadata.name}"
+        if failed:
+            first = failed[0]
+            last = LastUnschedulable(
+                phase=first.phase,
+                reason=first.reason,
+                observed_at=self.now,
+                crew_scheduling_policy=policy_name,
+            )
+            scheduled = self._condition("Scheduled", "False", "Unschedulable", first.reason)
+            for result in failed:
+                self._event(plan, result, agent_id)
+        elif deferred:
+            scheduled = self._condition(
+                "Scheduled", "False", "SchedulingDeferred", deferred[0].reason
+            )
+        else:
+            summary = "; ".join(
+                f"{r.phase}: {r.model} on {r.provider}" for r in phases.values()
+            )
+            scheduled = self._condition("Scheduled", "True", "Scheduled", summary)
+        conditions = [scheduled]
+        if note is not None:
+            conditions.append(self._condition("PolicyResolved", "False", "NoPolicy", note))
+        return AgentResult(agent, policy, phases, env, conditions, last)
+
+    def _condition(self, kind: str, status: str, reason: str, message: str) -> Condition:
+        return Condition.model_validate(
+            {
+                "type": kind,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": self.now,
+            }
+        )
+
+    def _event(self, plan: PolicyPlan, result: PhaseResult, agent_id: str) -> None:
+        policy = plan.policy
+        if policy is None:
+            regarding = f"Agent/{agent_id}"  # no policy to carry it: the Agent does
+        else:
+            regarding = f"CrewSchedulingPolicy/{policy.namespace}/{policy.metadata.name}"
+            self._unschedulable.setdefault(policy.key, []).append(
+                f"{agent_id} phase {result.phase}"
+            )
+        message = failed_scheduling_message(result.decision, result.phase)
+        key = (regarding, message)
+        event = self._events.get(key)
+        if event is None:
+            event = SchedulingEvent("Warning", "FailedScheduling", regarding, message)
+            self._events[key] = event
+        else:
+            event.count += 1
+        event.agents.append(agent_id)
+
+    def result(self) -> ScheduleResult:
+        """Everything the pass decided, with the conditions of every policy."""
+        policies: list[PolicyResult] = []
+        for policy in sorted(self.snapshot.policies, key=lambda p: p.key):
+            plan = self.plan(policy)
+            if plan.problems:
+                valid = self._condition(
+                    "PolicyValid", "False", "UnknownPhase", "; ".join(plan.problems)
+                )
+            else:
+                valid = self._condition(
+                    "PolicyValid", "True", "Valid",
+                    f"phases match MootArchetype {plan.archetype.metadata.name}",
+                )
+            failures = self._unschedulable.get(policy.key, [])
+            if failures:
+                shown = ", ".join(failures[:5]) + (
+                    f" and {len(failures) - 5} more" if len(failures) > 5 else ""
+                )
+                scheduled = self._condition(
+                    "Scheduled", "False", "Unschedulable", f"unschedulable: {shown}"
+                )
+            else:
+                scheduled = self._condition(
+                    "Scheduled", "True", "Scheduled", "every governed Agent phase is bound "
+                    "or waits on evidence"
+                )
+            policies.append(PolicyResult(policy, [valid, scheduled]))
+        return ScheduleResult(
+            now=self.now,
+            scheduler_version=SCHEDULER_VERSION,
+            agents=list(self._agents),
+            events=list(self._events.values()),
+            policies=policies,
+        )
+
+
+def schedule_bundle(
+    bundle: Bundle | ClusterSnapshot,
+    *,
+    now: datetime,
+    config: KubemootConfig | None = None,
+) -> ScheduleResult:
+    """Schedule every Agent of a bundle (or snapshot) at ``now``."""
+    snapshot = (
+        bundle
+        if isinstance(bundle, ClusterSnapshot)
+        else ClusterSnapshot.from_bundle(bundle, config=config)
+    )
+    scheduling = SchedulingPass(snapshot, now=now)
+    for agent in sorted(snapshot.agents, key=lambda a: (a.namespace or "", a.metadata.name)):
+        scheduling.schedule(agent)
+    return scheduling.result()
+
+
+def schedule_agent(agent: Agent, snapshot: ClusterSnapshot, now: datetime) -> AgentResult:
+    """Schedule one Agent alone (the operator's reconcile of a single Agent)."""
+    return SchedulingPass(snapshot, now=now).schedule(agent)
+
+
+# Re-exported for callers that check topology values themselves.
+_ = topology_value

@@ -1,0 +1,178 @@
+"""What a run measured, and how it is summarised.
+
+The :class:`Recorder` receives every call outcome and every engine event of one run
+(one policy on one trace) and turns them into a :class:`PolicyReport`: per-call wait
+(issue → start of inference) and end-to-end latency percentiles, discussion makespan,
+cold loads, evictions, GiB loaded, GPU busy share, stand-asides and refusals by reason,
+and failures. It also keeps the time series the plots draw.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubemoot.sim.gpu import GpuEvents
+
+__all__ = ["CallOutcome", "PolicyReport", "Recorder", "percentile"]
+
+FINISHED = "finished"
+STOOD_ASIDE = "stood-aside"
+REFUSED = "refused"
+FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    """How one call ended. ``started``/``finished`` are virtual seconds from the start."""
+
+    status: str  # finished | stood-aside | refused | failed
+    provider: str | None = None
+    model: str | None = None
+    started: float | None = None
+    reason: str | None = None
+    evicted: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class _CallRecord:
+    call_id: int
+    discussion_id: int
+    issued: float
+    ended: float
+    outcome: CallOutcome
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list (0 for an empty one)."""
+    if not sorted_values:
+        return 0.0
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def _r(value: float) -> float:
+    return round(value, 3)
+
+
+@dataclass(slots=True)
+class Recorder(GpuEvents):
+    """Collects one run's events (it is also the engines' event sink)."""
+
+    sample_providers: tuple[str, ...] = ()
+    calls: list[_CallRecord] = field(default_factory=list)
+    loads: list[tuple[float, str, str, int]] = field(default_factory=list)
+    unloads: list[tuple[float, str, str, str]] = field(default_factory=list)
+    vram_samples: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    discussion_end: dict[int, float] = field(default_factory=dict)
+
+    def load_started(self, gpu: str, model: str, mib: int, at: float) -> None:
+        self.loads.append((at, gpu, model, mib))
+
+    def unloaded(self, gpu: str, model: str, reason: str, at: float) -> None:
+        self.unloads.append((at, gpu, model, reason))
+
+    def call_started(self, gpu: str, model: str, at: float) -> None:
+        """Start times come back with the outcome; nothing to keep here."""
+
+    def call_ended(
+        self, *, call_id: int, discussion_id: int, issued: float, ended: float,
+        outcome: CallOutcome
+    ) -> None:
+        self.calls.append(_CallRecord(call_id, discussion_id, issued, ended, outcome))
+
+    def report(
+        self, *, policy: str, discussions: dict[int, float], busy_seconds: float,
+        gpu_count: int, end: float, vram_checks: int, wall_seconds: float,
+    ) -> PolicyReport:
+        finished = [c for c in self.calls if c.outcome.status == FINISHED]
+        waits = sorted(
+            (c.outcome.started or c.issued) - c.issued for c in finished
+        )
+        e2e = sorted(c.ended - c.issued for c in finished)
+        last: dict[int, float] = {}
+        for c in self.calls:
+            last[c.discussion_id] = max(last.get(c.discussion_id, 0.0), c.ended)
+        makespans = sorted(last[d] - discussions[d] for d in last)
+        stood = Counter(c.outcome.reason or "unknown" for c in self.calls
+                        if c.outcome.status == STOOD_ASIDE)
+        refused = Counter(c.outcome.reason or "unknown" for c in self.calls
+                          if c.outcome.status == REFUSED)
+        evictions = sum(1 for u in self.unloads if u[3] in ("evicted", "unloaded"))
+        return PolicyReport(
+            policy=policy,
+            calls=len(self.calls),
+            finished=len(finished),
+            wait=_summary(waits),
+            e2e=_summary(e2e),
+            makespan=_summary(makespans),
+            cold_loads=len(self.loads),
+            evictions=evictions,
+            expirations=sum(1 for u in self.unloads if u[3] == "expired"),
+            gib_loaded=_r(sum(load[3] for load in self.loads) / 1024),
+            gpu_busy_percent=_r(100 * busy_seconds / (gpu_count * end)) if end > 0 else 0.0,
+            stood_aside=dict(sorted(stood.items())),
+            refused=dict(sorted(refused.items())),
+            failures=sum(1 for c in self.calls if c.outcome.status == FAILED),
+            vram_checks=vram_checks,
+            wall_seconds=round(wall_seconds, 2),
+            waits=waits,
+        )
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
+    return {
+        "mean": _r(sum(values) / len(values)),
+        "p50": _r(percentile(values, 50)),
+        "p95": _r(percentile(values, 95)),
+        "p99": _r(percentile(values, 99)),
+        "max": _r(values[-1]),
+    }
+
+
+@dataclass(slots=True)
+class PolicyReport:
+    """One policy's figures on one trace."""
+
+    policy: str
+    calls: int
+    finished: int
+    wait: dict[str, float]
+    e2e: dict[str, float]
+    makespan: dict[str, float]
+    cold_loads: int
+    evictions: int
+    expirations: int
+    gib_loaded: float
+    gpu_busy_percent: float
+    stood_aside: dict[str, int]
+    refused: dict[str, int]
+    failures: int
+    vram_checks: int
+    wall_seconds: float
+    waits: list[float] = field(repr=False, default_factory=list)
+    ratio_to_lower_bound: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "calls": self.calls,
+            "finished": self.finished,
+            "waitSeconds": self.wait,
+            "e2eSeconds": self.e2e,
+            "makespanSeconds": self.makespan,
+            "coldLoads": self.cold_loads,
+            "evictions": self.evictions,
+            "expirations": self.expirations,
+            "gibLoaded": self.gib_loaded,
+            "gpuBusyPercent": self.gpu_busy_percent,
+            "stoodAside": self.stood_aside,
+            "refused": self.refused,
+            "failures": self.failures,
+            "vramChecks": self.vram_checks,
+            "meanWaitRatioToLowerBound": self.ratio_to_lower_bound,
+        }

@@ -1,0 +1,190 @@
+"""The ``kubemoot`` policy: the production per-call runtime, unchanged, in virtual time.
+
+Everything here is wiring; no placement logic lives in the simulator. The runtime's
+objects (:class:`~kubemoot.runtime.planner.CallPlanner`, ProviderSelector,
+TicketManager, DemandBoard, CapacityWatch, ProviderView) run on a
+:class:`~kubemoot.store.memory.MemoryKV` with a :class:`~kubemoot.clock.LoopClock`,
+which under the simulator's loop reads virtual time; the emulated GPUs are their
+provider clients. A publisher plays the operator's prober: whenever a card's resident
+set changes it writes the card's provider-state document (as ``/api/ps`` would show it).
+
+One runtime instance serves every simulated agent, like one gateway process: tickets
+still go through compare-and-set on the shared documents, and the 200 ms state cache
+works in virtual time.
+
+A call: place; when the answer is ``queue`` or ``wait`` (busy), hold a
+``wait.<model>.<agent>`` entry and block on the capacity watch until something changes,
+then place again, standing aside with ``gpu-busy`` when the scenario's wait limit
+passes; ``refuse`` stands aside at once with its reason. Once placed, a cold load or an
+unload plan waits for the model to be ready, marks its ticket running, and computes;
+the ticket is released in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from kubemoot.clock import LoopClock
+from kubemoot.providers.protocol import ProviderClient, ProviderError
+from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
+from kubemoot.runtime.demand import DemandBoard
+from kubemoot.runtime.occupancy import OccupancyBook
+from kubemoot.runtime.placement import Action, Candidate, Placement
+from kubemoot.runtime.planner import CallPlanner
+from kubemoot.runtime.selector import ProviderSelector
+from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.runtime.tickets import TicketManager
+from kubemoot.runtime.view import ProviderView
+from kubemoot.sim.gpu import EmulatedGpu
+from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE, CallOutcome
+from kubemoot.sim.policies import Policy, SimContext
+from kubemoot.sim.workload import CallSpec
+from kubemoot.store.documents import (
+    MODEL_DEMAND_BUCKET,
+    PROVIDER_STATE_BUCKET,
+    PROVIDER_TICKETS_BUCKET,
+)
+from kubemoot.store.keys import encode_token
+from kubemoot.store.memory import MemoryKV
+from kubemoot.store.protocol import Bucket
+
+__all__ = ["KubemootPolicy"]
+
+GPU_BUSY = "gpu-busy"
+
+
+class _StatePublisher:
+    """Writes a card's provider-state document after each change of its resident set."""
+
+    def __init__(self, gpu: EmulatedGpu, bucket: Bucket, clock: LoopClock) -> None:
+        self._gpu = gpu
+        self._bucket = bucket
+        self._clock = clock
+        self._scheduled = False
+        gpu.on_residency_change(self.changed)
+
+    def changed(self) -> None:
+        # Coalesce the changes of one instant into one write, made right after them.
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._write_soon)
+
+    def _write_soon(self) -> None:
+        asyncio.get_running_loop().create_task(self.publish())
+
+    async def publish(self) -> None:
+        self._scheduled = False
+        document = self._gpu.state_document(self._clock.now())
+        await self._bucket.put(encode_token(self._gpu.name), document.to_json())
+
+
+class KubemootPolicy(Policy):
+    """Per-call placement by :mod:`kubemoot.runtime` (see the module docstring)."""
+
+    name = "kubemoot"
+
+    def __init__(self, settings: RuntimeSettings | None = None) -> None:
+        self._settings = settings
+        self._kv: MemoryKV | None = None
+        self._watch: CapacityWatch | None = None
+        self._planner: CallPlanner | None = None
+        self._demand: DemandBoard | None = None
+        self._wait_limit = 90.0
+
+    async def start(self, ctx: SimContext) -> None:
+        clock = LoopClock(epoch=ctx.epoch)
+        clock.now()  # anchor the clock at loop time 0
+        wait_limit = ctx.extras.get("gpu_wait_limit_seconds", 90.0)
+        self._wait_limit = float(wait_limit) if isinstance(wait_limit, int | float) else 90.0
+        settings = self._settings or RuntimeSettings(gpu_wait_limit_seconds=self._wait_limit)
+        kv = MemoryKV(clock)
+        self._kv = kv
+        states = await kv.bucket(PROVIDER_STATE_BUCKET)
+        tickets = await kv.bucket(PROVIDER_TICKETS_BUCKET)
+        demand_bucket = await kv.bucket(MODEL_DEMAND_BUCKET, max_age=6 * 3600)
+        for gpu in ctx.gpus.values():
+            await _StatePublisher(gpu, states, clock).publish()
+        manager = TicketManager(
+            tickets, states, clock=clock, ttl_seconds=settings.ticket_ttl_seconds,
+            max_attempts=settings.claim_attempts, rng=ctx.rng,
+        )
+        view = ProviderView(states, tickets, clock=clock, settings=settings)
+        self._demand = DemandBoard(demand_bucket, clock=clock)
+        clients: dict[str, ProviderClient] = dict(ctx.gpus)
+        self._planner = CallPlanner(
+            ProviderSelector(view, manager), states=states, settings=settings,
+            occupancy=OccupancyBook(settings=settings, declared=ctx.sizes),
+            demand=self._demand, clients=clients,
+        )
+        self._watch = CapacityWatch(states, tickets, clock=clock)
+        await self._watch.start()
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            await self._watch.close()
+        if self._kv is not None:
+            await self._kv.close()
+
+    async def run_call(self, call: CallSpec, ctx: SimContext) -> CallOutcome:
+        assert self._planner is not None and self._watch is not None
+        assert self._demand is not None
+        placement = await self._place(call)
+        if isinstance(placement, CallOutcome):
+            return placement
+        assert placement.provider is not None and placement.model is not None
+        gpu = ctx.gpus[placement.provider]
+        ok = False
+        try:
+            if placement.action in (Action.COLD_LOAD, Action.UNLOAD, Action.LOADING):
+                await gpu.preload(placement.model)
+                if placement.ticket is not None:
+                    with contextlib.suppress(Exception):  # a lapsed ticket changes nothing
+                        await self._planner.selector.tickets.mark_running(
+                            placement.provider, placement.ticket.ticket_id
+                        )
+            started = await gpu.serve(placement.model, call.duration)
+            ok = True
+        except ProviderError as error:
+            return CallOutcome(FAILED, provider=gpu.name, model=placement.model, reason=str(error))
+        finally:
+            await self._planner.finish(placement, seconds=call.duration if ok else None, ok=ok)
+        await self._demand.record_use(placement.model)
+        return CallOutcome(FINISHED, provider=gpu.name, model=placement.model, started=started,
+                           evicted=placement.evicted)
+
+    async def _place(self, call: CallSpec) -> Placement | CallOutcome:
+        assert self._planner is not None and self._watch is not None
+        assert self._demand is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._wait_limit
+        candidates = [Candidate(c.model, c.score) for c in call.candidates]
+        holder = f"{call.agent}#{call.call_id}"
+        waiting = False
+        try:
+            while True:
+                counter = self._watch.counter  # before placing: no change is missed
+                placement = await self._planner.place(
+                    candidates, holder_id=holder, prompt_tokens=call.prompt_tokens
+                )
+                if placement.placed:
+                    return placement
+                if placement.action is Action.REFUSE:
+                    return CallOutcome(REFUSED, model=call.model, reason=placement.reason)
+                if not waiting:
+                    await self._demand.add_waiter(call.model, call.agent)
+                    waiting = True
+                left = deadline - loop.time()
+                if left <= 0:
+                    return CallOutcome(STOOD_ASIDE, model=call.model, reason=GPU_BUSY)
+                try:
+                    await self._watch.changed_since(counter, left)
+                except TimeoutError:
+                    return CallOutcome(STOOD_ASIDE, model=call.model, reason=GPU_BUSY)
+                except WatchUnavailable:
+                    return CallOutcome(STOOD_ASIDE, model=call.model, reason=GPU_BUSY)
+        finally:
+            if waiting:
+                await self._demand.remove_waiter(call.model, call.agent)
+
+

@@ -1,0 +1,147 @@
+"""Workload generation: crews issuing discussions, as a seeded, replayable trace.
+
+Each crew instance opens discussions as a Poisson process. A discussion selects some of
+the crew's agents; each selected agent runs the crew's phases in order, and each phase
+is ``steps`` steps in sequence. A step is one call, or with the phase's fan-out
+probability a burst of ``width`` calls issued together (parallel tool calls). Call
+durations are lognormal with the phase's mean and coefficient of variation.
+
+The trace fixes *what* is asked and how long each call computes; *when* a later step is
+issued depends on how fast the policy served the previous one (an agent waits for its
+answer), so only each turn's first step has a fixed issue time: the discussion's start.
+Every random draw comes from a generator seeded by (seed, crew instance), so the trace
+is identical across policies and runs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from kubemoot.sim.scenario import CrewSpec, LatencySpec, Scenario
+
+__all__ = ["Candidate", "CallSpec", "Discussion", "Step", "Trace", "Turn", "build_trace"]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    model: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class CallSpec:
+    """One inference call: what it asks for and how long it computes once started."""
+
+    call_id: int
+    discussion_id: int
+    agent: str
+    phase: str
+    candidates: tuple[Candidate, ...]  # preferred first
+    duration: float
+    prompt_tokens: int
+
+    @property
+    def model(self) -> str:
+        """The preferred model."""
+        return self.candidates[0].model
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    calls: tuple[CallSpec, ...]  # more than one: a fan-out burst issued together
+    think_seconds: float  # gap before this step is issued
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One agent's part in one discussion: its steps, in order."""
+
+    agent: str
+    steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Discussion:
+    discussion_id: int
+    crew: str
+    arrival: float  # seconds after the simulation starts
+    turns: tuple[Turn, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    discussions: tuple[Discussion, ...]  # by arrival
+    call_count: int
+
+    def calls(self) -> list[CallSpec]:
+        return [c for d in self.discussions for t in d.turns for s in t.steps for c in s.calls]
+
+
+def _lognormal(rng: random.Random, latency: LatencySpec) -> float:
+    if latency.cv == 0:
+        return latency.mean_seconds
+    sigma2 = math.log1p(latency.cv**2)
+    mu = math.log(latency.mean_seconds) - sigma2 / 2
+    return rng.lognormvariate(mu, math.sqrt(sigma2))
+
+
+def _crew_discussions(
+    crew: CrewSpec, instance: str, duration: float, rng: random.Random
+) -> list[tuple[float, list[str], list[list[tuple[str, list[float], list[int], float]]]]]:
+    """Arrivals and, per selected agent, per step: (phase, durations, prompt sizes, think)."""
+    rate = crew.discussions_per_hour / 3600.0
+    agents = [f"{instance}/agent-{k:02d}" for k in range(crew.agents)]
+    out: list[tuple[float, list[str], list[list[tuple[str, list[float], list[int], float]]]]] = []
+    t = rng.expovariate(rate)
+    while t < duration:
+        chosen = rng.sample(agents, crew.agents_per_discussion)
+        turns: list[list[tuple[str, list[float], list[int], float]]] = []
+        for _agent in chosen:
+            steps: list[tuple[str, list[float], list[int], float]] = []
+            for phase in crew.phases:
+                for _ in range(phase.steps):
+                    burst = phase.fan_out.width if rng.random() < phase.fan_out.probability else 1
+                    durations = [_lognormal(rng, phase.latency) for _ in range(burst)]
+                    steps.append(
+                        (phase.name, durations, [phase.prompt_tokens] * burst, phase.think_seconds)
+                    )
+            turns.append(steps)
+        out.append((t, chosen, turns))
+        t += rng.expovariate(rate)
+    return out
+
+
+def build_trace(scenario: Scenario, *, seed: int | None = None) -> Trace:
+    """The scenario's workload as a trace; the same (scenario, seed) gives the same trace."""
+    spec = scenario.spec
+    base_seed = spec.seed if seed is None else seed
+    raw: list[tuple[float, str, list[str], list[list[tuple[str, list[float], list[int], float]]],
+                    CrewSpec]] = []
+    for crew in spec.crews:
+        for i in range(crew.count):
+            instance = crew.name if crew.count == 1 else f"{crew.name}-{i:03d}"
+            rng = random.Random(f"{base_seed}:{instance}")
+            for arrival, chosen, turns in _crew_discussions(
+                crew, instance, spec.duration_seconds, rng
+            ):
+                raw.append((arrival, instance, chosen, turns, crew))
+    raw.sort(key=lambda r: (r[0], r[1]))
+    discussions: list[Discussion] = []
+    call_id = 0
+    for d_id, (arrival, instance, chosen, turns, crew) in enumerate(raw):
+        phases = {p.name: p for p in crew.phases}
+        built_turns: list[Turn] = []
+        for agent, steps in zip(chosen, turns, strict=True):
+            built_steps: list[Step] = []
+            for phase_name, durations, prompts, think in steps:
+                cands = tuple(Candidate(c.model, c.score) for c in phases[phase_name].candidates)
+                calls: list[CallSpec] = []
+                for duration, prompt in zip(durations, prompts, strict=True):
+                    calls.append(CallSpec(call_id, d_id, agent, phase_name, cands, duration, prompt))
+                    call_id += 1
+                built_steps.append(Step(tuple(calls), think))
+            built_turns.append(Turn(agent, tuple(built_steps)))
+        discussions.append(Discussion(d_id, instance, arrival, tuple(built_turns)))
+    return Trace(tuple(discussions), call_id)

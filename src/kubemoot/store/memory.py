@@ -1,0 +1,164 @@
+"""The embedded, in-process store: the default for one process.
+
+It keeps the semantics of the NATS store so that code tested here behaves the same
+against JetStream: one revision sequence per bucket (like a stream's sequence),
+compare-and-set by revision, per-key TTL set on create, a bucket ``max_age`` counted
+from each write, and watches that deliver only changes made after they start.
+
+Expiry is judged lazily against the injected clock, so a :class:`ManualClock` can age
+entries without sleeping. An expired entry reads as absent and produces no watch event
+(JetStream without limit markers does not announce expiry either).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kubemoot.clock import Clock, SystemClock
+from kubemoot.store._watch import QueueWatch
+from kubemoot.store.protocol import (
+    Change,
+    Entry,
+    KeyExists,
+    RevisionMismatch,
+    StoreUnavailable,
+)
+
+__all__ = ["MemoryBucket", "MemoryKV"]
+
+
+@dataclass(slots=True)
+class _Item:
+    value: bytes
+    revision: int
+    expires_at: float | None
+
+
+class MemoryBucket:
+    """One bucket of a :class:`MemoryKV`."""
+
+    def __init__(self, name: str, *, clock: Clock, max_age: float | None) -> None:
+        self.name = name
+        self._clock = clock
+        self._max_age = max_age
+        self._items: dict[str, _Item] = {}
+        self._sequence = 0
+        self._watchers: set[QueueWatch] = set()
+        self._closed = False
+
+    # -- internals -------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreUnavailable(f"bucket {self.name!r}: the store is closed")
+
+    def _live(self, key: str) -> _Item | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        if item.expires_at is not None and item.expires_at <= self._clock.now():
+            del self._items[key]
+            return None
+        return item
+
+    def _write(self, key: str, value: bytes | None, *, ttl: float | None = None) -> int:
+        self._sequence += 1
+        revision = self._sequence
+        if value is None:
+            self._items.pop(key, None)
+        else:
+            lifetime = ttl if ttl is not None else self._max_age
+            expires_at = None if lifetime is None else self._clock.now() + lifetime
+            self._items[key] = _Item(value=value, revision=revision, expires_at=expires_at)
+        change = Change(bucket=self.name, key=key, value=value, revision=revision)
+        for watch in list(self._watchers):
+            watch.push(change)
+        return revision
+
+    # -- Bucket protocol -------------------------------------------------------------
+
+    async def get(self, key: str) -> Entry | None:
+        self._check_open()
+        item = self._live(key)
+        if item is None:
+            return None
+        return Entry(key=key, value=item.value, revision=item.revision)
+
+    async def create(self, key: str, value: bytes, *, ttl: float | None = None) -> int:
+        self._check_open()
+        if self._live(key) is not None:
+            raise KeyExists(f"bucket {self.name!r}: key {key!r} already exists")
+        return self._write(key, value, ttl=ttl)
+
+    async def update(self, key: str, value: bytes, *, expected_revision: int) -> int:
+        self._check_open()
+        item = self._live(key)
+        current = 0 if item is None else item.revision
+        if current != expected_revision or item is None:
+            raise RevisionMismatch(
+                f"bucket {self.name!r}: key {key!r} is at revision {current}, "
+                f"not {expected_revision}"
+            )
+        return self._write(key, value)
+
+    async def put(self, key: str, value: bytes) -> int:
+        self._check_open()
+        return self._write(key, value)
+
+    async def delete(self, key: str, *, expected_revision: int | None = None) -> None:
+        self._check_open()
+        item = self._live(key)
+        if expected_revision is not None:
+            current = 0 if item is None else item.revision
+            if current != expected_revision:
+                raise RevisionMismatch(
+                    f"bucket {self.name!r}: key {key!r} is at revision {current}, "
+                    f"not {expected_revision}"
+                )
+        # Like a KV delete marker, a delete is a change even when nothing was there.
+        self._write(key, None)
+
+    async def keys(self) -> list[str]:
+        self._check_open()
+        return sorted(key for key in list(self._items) if self._live(key) is not None)
+
+    def watch(self) -> QueueWatch:
+        self._check_open()
+
+        async def stop(watch: QueueWatch) -> None:
+            self._watchers.discard(watch)
+
+        # Registered now, not on first iteration, so "after now" means after this call.
+        watch = QueueWatch(stop=stop)
+        self._watchers.add(watch)
+        return watch
+
+    def close(self) -> None:
+        self._closed = True
+        for watch in list(self._watchers):
+            watch.end()
+        self._watchers.clear()
+
+
+class MemoryKV:
+    """An in-process :class:`~kubemoot.store.protocol.KV` (asyncio, one event loop)."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._buckets: dict[str, MemoryBucket] = {}
+        self._closed = False
+
+    async def bucket(self, name: str, *, max_age: float | None = None) -> MemoryBucket:
+        """Open a bucket, creating it when missing; an existing one keeps its max age."""
+        if self._closed:
+            raise StoreUnavailable("the store is closed")
+        found = self._buckets.get(name)
+        if found is None:
+            found = MemoryBucket(name, clock=self._clock, max_age=max_age)
+            self._buckets[name] = found
+        return found
+
+    async def close(self) -> None:
+        self._closed = True
+        for bucket in self._buckets.values():
+            bucket.close()

@@ -1,0 +1,299 @@
+"""The distributed store: NATS JetStream KV.
+
+This is the only module that imports ``nats``. Every NATS exception is mapped here to
+the errors of :mod:`kubemoot.store.protocol`, so nothing above the store sees one.
+
+Facts about nats-py 2.16 / nats-server 2.15 that shape this adapter:
+
+* A failed compare-and-set and a create on an existing key raise the same
+  ``KeyWrongLastSequenceError``; the operation tells which of ours it is.
+* nats-py's ``watch`` replays current values before live ones. We subscribe with an
+  ordered consumer that delivers only *new* messages instead, and drop anything at or
+  below the stream's last sequence when the watch began (an ordered consumer that
+  resets after a reconnect may otherwise replay from the start).
+* Per-key TTL exists only on create (``msg_ttl``, whole seconds); we round up.
+* An expired key can read back as an entry whose value is ``None``: that is absent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import ssl
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.api
+import nats.js.errors
+
+from kubemoot.store._watch import QueueWatch
+from kubemoot.store.protocol import (
+    Change,
+    Entry,
+    KeyExists,
+    RevisionMismatch,
+    StoreError,
+    StoreUnavailable,
+)
+
+__all__ = ["NatsBucket", "NatsKV", "NatsSettings"]
+
+_KV_OPERATION = "KV-Operation"
+_MARKER_REASON = "Nats-Marker-Reason"
+
+
+@dataclass(frozen=True, slots=True)
+class NatsSettings:
+    """How to reach NATS. Every field has an environment variable (see :meth:`from_env`)."""
+
+    servers: list[str] = field(default_factory=lambda: ["nats://127.0.0.1:4222"])
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    credentials_file: str | None = None  # a .creds file (JWT + nkey seed)
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    name: str = "kubemoot"
+    connect_timeout: float = 2.0
+    # -1 keeps trying for ever; nats-py waits reconnect_wait (with jitter) between rounds
+    max_reconnect_attempts: int = 120
+    reconnect_wait: float = 0.5
+    request_timeout: float = 5.0  # JetStream API calls and publish acknowledgements
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> NatsSettings:
+        """Read ``KUBEMOOT_NATS_*``; ``KUBEMOOT_NATS_URL`` may list servers by commas."""
+        env = os.environ if environ is None else environ
+        urls = [u.strip() for u in env.get("KUBEMOOT_NATS_URL", "").split(",") if u.strip()]
+
+        def opt(name: str) -> str | None:
+            value = env.get(f"KUBEMOOT_NATS_{name}", "").strip()
+            return value or None
+
+        return cls(
+            servers=urls or ["nats://127.0.0.1:4222"],
+            user=opt("USER"),
+            password=opt("PASSWORD"),
+            token=opt("TOKEN"),
+            credentials_file=opt("CREDS"),
+            tls_ca=opt("TLS_CA"),
+            tls_cert=opt("TLS_CERT"),
+            tls_key=opt("TLS_KEY"),
+        )
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """A client TLS context when any TLS file is configured."""
+        if not (self.tls_ca or self.tls_cert or self.tls_key):
+            return None
+        context = ssl.create_default_context(cafile=self.tls_ca)
+        if self.tls_cert:
+            context.load_cert_chain(self.tls_cert, self.tls_key)
+        return context
+
+
+@contextlib.contextmanager
+def _edge(what: str) -> Iterator[None]:
+    """Map connection-level NATS failures to ours; callers map CAS errors first."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except (
+        nats.errors.TimeoutError,
+        nats.errors.NoRespondersError,
+        nats.errors.ConnectionClosedError,
+        nats.errors.ConnectionReconnectingError,
+        nats.errors.ConnectionDrainingError,
+        nats.errors.OutboundBufferLimitError,
+        nats.errors.StaleConnectionError,
+        nats.errors.NoServersError,
+        nats.js.errors.ServiceUnavailableError,
+        nats.js.errors.NoStreamResponseError,
+        TimeoutError,
+        OSError,
+    ) as error:
+        raise StoreUnavailable(f"{what}: {type(error).__name__}: {error}") from error
+    except nats.errors.Error as error:
+        raise StoreError(f"{what}: {type(error).__name__}: {error}") from error
+
+
+def _is_removal(headers: dict[str, str] | None) -> bool:
+    if not headers:
+        return False
+    return _KV_OPERATION in headers or _MARKER_REASON in headers
+
+
+class NatsBucket:
+    """One JetStream KV bucket."""
+
+    def __init__(self, name: str, kv: Any, js: Any, owner: NatsKV) -> None:
+        self.name = name
+        self._kv = kv
+        self._js = js
+        self._owner = owner
+        self._stream = f"KV_{name}"
+        self._prefix = f"$KV.{name}."
+
+    async def get(self, key: str) -> Entry | None:
+        with _edge(f"get {self.name}/{key}"):
+            try:
+                found = await self._kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                return None
+        if found.value is None:  # a limit marker left by expiry
+            return None
+        return Entry(key=key, value=bytes(found.value), revision=int(found.revision))
+
+    async def create(self, key: str, value: bytes, *, ttl: float | None = None) -> int:
+        msg_ttl = None if ttl is None else max(1, math.ceil(ttl))
+        with _edge(f"create {self.name}/{key}"):
+            try:
+                return int(await self._kv.create(key, value, msg_ttl=msg_ttl))
+            except nats.js.errors.KeyWrongLastSequenceError as error:
+                raise KeyExists(f"bucket {self.name!r}: key {key!r} already exists") from error
+
+    async def update(self, key: str, value: bytes, *, expected_revision: int) -> int:
+        with _edge(f"update {self.name}/{key}"):
+            try:
+                return int(await self._kv.update(key, value, last=expected_revision))
+            except nats.js.errors.KeyWrongLastSequenceError as error:
+                raise RevisionMismatch(
+                    f"bucket {self.name!r}: key {key!r} is not at revision {expected_revision}"
+                ) from error
+
+    async def put(self, key: str, value: bytes) -> int:
+        with _edge(f"put {self.name}/{key}"):
+            return int(await self._kv.put(key, value))
+
+    async def delete(self, key: str, *, expected_revision: int | None = None) -> None:
+        with _edge(f"delete {self.name}/{key}"):
+            try:
+                await self._kv.delete(key, last=expected_revision)
+            except nats.js.errors.KeyWrongLastSequenceError as error:
+                raise RevisionMismatch(
+                    f"bucket {self.name!r}: key {key!r} is not at revision {expected_revision}"
+                ) from error
+
+    async def keys(self) -> list[str]:
+        with _edge(f"keys {self.name}"):
+            try:
+                return sorted(await self._kv.keys())
+            except nats.js.errors.NoKeysError:
+                return []
+
+    def watch(self) -> QueueWatch:
+        subscription: Any = None
+
+        async def start(watch: QueueWatch) -> None:
+            nonlocal subscription
+            with _edge(f"watch {self.name}"):
+                info = await self._js.stream_info(self._stream)
+                seen = int(info.state.last_seq)
+
+                async def deliver(msg: Any) -> None:
+                    nonlocal seen
+                    revision = int(msg.metadata.sequence.stream)
+                    if revision <= seen:  # a replay after an ordered-consumer reset
+                        return
+                    seen = revision
+                    key = msg.subject[len(self._prefix) :]
+                    value = None if _is_removal(msg.headers) else bytes(msg.data)
+                    watch.push(Change(self.name, key, value, revision))
+
+                subscription = await self._js.subscribe(
+                    f"{self._prefix}>",
+                    stream=self._stream,
+                    cb=deliver,
+                    ordered_consumer=True,
+                    deliver_policy=nats.js.api.DeliverPolicy.NEW,
+                    # short heartbeats: a watch resumes soon after the server returns
+                    idle_heartbeat=1.0,
+                )
+
+        async def stop(watch: QueueWatch) -> None:
+            self._owner._watches.discard(watch)
+            if subscription is not None:
+                with contextlib.suppress(Exception):
+                    await subscription.unsubscribe()
+
+        watch = QueueWatch(start=start, stop=stop)
+        self._owner._watches.add(watch)
+        return watch
+
+
+class NatsKV:
+    """A :class:`~kubemoot.store.protocol.KV` over one NATS connection."""
+
+    def __init__(self, connection: Any, settings: NatsSettings) -> None:
+        self._nc = connection
+        self._js = connection.jetstream(timeout=settings.request_timeout)
+        self._settings = settings
+        self._buckets: dict[str, NatsBucket] = {}
+        self._watches: set[QueueWatch] = set()
+
+    @classmethod
+    async def connect(cls, settings: NatsSettings | None = None) -> NatsKV:
+        """Connect (raises :class:`StoreUnavailable` when no server answers)."""
+        settings = settings if settings is not None else NatsSettings.from_env()
+
+        async def quiet(_error: Exception) -> None:
+            # nats-py reports reconnect noise here; operations surface real failures.
+            return None
+
+        options: dict[str, Any] = {
+            "servers": settings.servers,
+            "name": settings.name,
+            "connect_timeout": settings.connect_timeout,
+            "max_reconnect_attempts": settings.max_reconnect_attempts,
+            "reconnect_time_wait": settings.reconnect_wait,
+            "allow_reconnect": True,
+            "error_cb": quiet,
+        }
+        if settings.user is not None:
+            options["user"] = settings.user
+            options["password"] = settings.password
+        if settings.token is not None:
+            options["token"] = settings.token
+        if settings.credentials_file is not None:
+            options["user_credentials"] = settings.credentials_file
+        tls = settings.tls_context()
+        if tls is not None:
+            options["tls"] = tls
+        where = ", ".join(settings.servers)
+        try:
+            connection = await nats.connect(**options)
+        except (nats.errors.Error, OSError, TimeoutError) as error:
+            raise StoreUnavailable(
+                f"cannot connect to NATS at {where}: {type(error).__name__}: {error}"
+            ) from error
+        return cls(connection, settings)
+
+    async def bucket(self, name: str, *, max_age: float | None = None) -> NatsBucket:
+        """Open a bucket, creating it (history 1, the given max age) when missing."""
+        found = self._buckets.get(name)
+        if found is not None:
+            return found
+        with _edge(f"open bucket {name}"):
+            try:
+                kv = await self._js.key_value(name)
+            except nats.js.errors.BucketNotFoundError:
+                try:
+                    kv = await self._js.create_key_value(
+                        bucket=name, history=1, ttl=max_age, direct=True
+                    )
+                except nats.js.errors.BadRequestError:
+                    kv = await self._js.key_value(name)  # another process created it first
+        bucket = NatsBucket(name, kv, self._js, self)
+        self._buckets[name] = bucket
+        return bucket
+
+    async def close(self) -> None:
+        for watch in list(self._watches):
+            await watch.aclose()
+        with contextlib.suppress(Exception):
+            await self._nc.close()

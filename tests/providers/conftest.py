@@ -1,0 +1,77 @@
+"""Fixtures: the Ollama-API emulator and tiny real HTTP servers, on loopback ports."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+import uvicorn
+from starlette.types import ASGIApp
+
+from kubemoot.providers.emulator import EmulatedModel, EmulatorConfig, OllamaEmulator
+
+SMALL = EmulatedModel("small:1b", 1000, kv_mib_per_1k_tokens=8.0)
+MEDIUM = EmulatedModel("medium:7b", 3000)
+LARGE = EmulatedModel("large:30b", 6000)
+
+
+def fast_config(**overrides: object) -> EmulatorConfig:
+    """An 8 GiB card whose waits are a hundredth of the emulated seconds."""
+    settings: dict[str, object] = {
+        "models": (SMALL, MEDIUM, LARGE), "vram_mib": 8192, "num_parallel": 1,
+        "context_length": 1024, "load_rate_mibps": 1000.0, "base_latency_s": 0.5,
+        "per_token_s": 0.0, "time_scale": 0.01,
+    }
+    settings.update(overrides)
+    return EmulatorConfig(**settings)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def make_emulator() -> Iterator[Callable[..., OllamaEmulator]]:
+    started: list[OllamaEmulator] = []
+
+    def make(**overrides: object) -> OllamaEmulator:
+        emulator = OllamaEmulator(fast_config(**overrides)).start()
+        started.append(emulator)
+        return emulator
+
+    yield make
+    for emulator in started:
+        emulator.stop()
+
+
+@pytest.fixture
+def emulator(make_emulator: Callable[..., OllamaEmulator]) -> OllamaEmulator:
+    return make_emulator()
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@contextmanager
+def serve_app(app: ASGIApp) -> Iterator[str]:
+    """Serve any ASGI app on a free loopback port for the duration of the block."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    ready = threading.Event()
+    while not server.started and thread.is_alive():
+        ready.wait(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

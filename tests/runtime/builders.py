@@ -1,0 +1,174 @@
+"""Tiny builders for runtime tests: providers, tickets and a planner on MemoryKV."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kubemoot.clock import ManualClock
+from kubemoot.runtime.capacity import CapacityWatch
+from kubemoot.runtime.circuit import CircuitBreakers
+from kubemoot.runtime.demand import DemandBoard
+from kubemoot.runtime.latency import LatencyTracker
+from kubemoot.runtime.occupancy import OccupancyBook
+from kubemoot.runtime.placement import Candidate, Placement
+from kubemoot.runtime.planner import CallPlanner
+from kubemoot.runtime.selector import ProviderSelector
+from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.runtime.tickets import TicketManager
+from kubemoot.runtime.view import ProviderView
+from kubemoot.store.documents import (
+    MODEL_DEMAND_BUCKET,
+    PROVIDER_STATE_BUCKET,
+    PROVIDER_TICKETS_BUCKET,
+    LoadedModel,
+    ProviderState,
+    ProviderTickets,
+    Ticket,
+    TicketState,
+)
+from kubemoot.store.keys import encode_token
+from kubemoot.store.memory import MemoryKV
+from kubemoot.store.protocol import KV, Bucket
+
+NOW = 1_800_000_000.0
+GIB = 1024
+
+
+def gpu(
+    name: str,
+    total_gib: float | None,
+    *,
+    residents: Mapping[str, float] | None = None,
+    ready: bool = True,
+    slots: int = 1,
+    context: int | None = None,
+    resident_context: Mapping[str, int] | None = None,
+) -> ProviderState:
+    """A provider state; sizes in GiB for readability."""
+    contexts = resident_context or {}
+    return ProviderState(
+        provider=name,
+        endpoint=f"http://{name}:11434",
+        ready=ready,
+        total_vram_mib=None if total_gib is None else int(total_gib * GIB),
+        max_parallel=slots,
+        context_length=context,
+        loaded_models=[
+            LoadedModel(name=m, size_mib=int(g * GIB), context_length=contexts.get(m))
+            for m, g in (residents or {}).items()
+        ],
+    )
+
+
+def ticket(
+    model: str,
+    *,
+    age: float = 0.0,
+    state: TicketState = TicketState.RUNNING,
+    footprint_gib: float = 0.0,
+    evicts: Mapping[str, float] | None = None,
+    ident: str | None = None,
+) -> Ticket:
+    """A ticket started ``age`` seconds before NOW."""
+    return Ticket(
+        ticket_id=ident or f"t-{model}-{age}-{state.value}-{footprint_gib}",
+        model=model,
+        model_footprint_mib=int(footprint_gib * GIB),
+        holder_id="someone-else",
+        state=state,
+        started_at=NOW - age,
+        expires_at=NOW + 180.0,
+        evicts={m: int(g * GIB) for m, g in (evicts or {}).items()},
+    )
+
+
+@dataclass
+class Harness:
+    """A planner on a real embedded store, at a manual clock standing at NOW."""
+
+    kv: KV
+    clock: ManualClock
+    states: Bucket
+    tickets_bucket: Bucket
+    demand_bucket: Bucket
+    board: DemandBoard
+    tickets: TicketManager
+    view: ProviderView
+    planner: CallPlanner
+    latency: LatencyTracker
+    circuits: CircuitBreakers
+    watches: list[CapacityWatch] = field(default_factory=list)
+
+    async def place(
+        self, *models: str | tuple[str, float], prompt: int | None = None, holder: str = "me"
+    ) -> Placement:
+        return await self.planner.place(candidates(*models), holder_id=holder,
+                                        prompt_tokens=prompt)
+
+    async def set_state(self, state: ProviderState) -> None:
+        await self.states.put(encode_token(state.provider), state.to_json())
+        self.view.invalidate()
+
+    async def set_tickets(self, provider: str, tickets: Sequence[Ticket]) -> None:
+        doc = ProviderTickets(provider=provider, tickets=list(tickets))
+        await self.tickets_bucket.put(encode_token(provider), doc.to_json())
+        self.view.invalidate()
+
+    async def active(self, provider: str) -> list[Ticket]:
+        return await self.tickets.active(provider)
+
+    async def watch(self) -> CapacityWatch:
+        watch = CapacityWatch(self.states, self.tickets_bucket, clock=self.clock)
+        await watch.start()
+        self.watches.append(watch)
+        return watch
+
+    async def close(self) -> None:
+        for watch in self.watches:
+            await watch.close()
+        await self.kv.close()
+
+
+def candidates(*models: str | tuple[str, float]) -> list[Candidate]:
+    return [Candidate(m) if isinstance(m, str) else Candidate(m[0], m[1]) for m in models]
+
+
+async def harness(
+    providers: Sequence[ProviderState],
+    *,
+    tickets: Mapping[str, Sequence[Ticket]] | None = None,
+    declared: Mapping[str, float] | None = None,
+    latency: Mapping[str, float] | None = None,
+    settings: RuntimeSettings | None = None,
+    kv: KV | None = None,
+    clock: ManualClock | None = None,
+) -> Harness:
+    """Write the providers and tickets into a store and build the runtime over it."""
+    clock = clock or ManualClock(NOW)
+    kv = kv or MemoryKV(clock=clock)
+    settings = settings or RuntimeSettings()
+    states = await kv.bucket(PROVIDER_STATE_BUCKET)
+    tickets_bucket = await kv.bucket(PROVIDER_TICKETS_BUCKET)
+    demand_bucket = await kv.bucket(MODEL_DEMAND_BUCKET)
+    for state in providers:
+        await states.put(encode_token(state.provider), state.to_json())
+    for provider, provider_tickets in (tickets or {}).items():
+        doc = ProviderTickets(provider=provider, tickets=list(provider_tickets))
+        await tickets_bucket.put(encode_token(provider), doc.to_json())
+    tracker = LatencyTracker(default_seconds=settings.default_latency_seconds)
+    for name, seconds in (latency or {}).items():
+        tracker.observe(f"http://{name}:11434", seconds)
+    circuits = CircuitBreakers(clock=clock, threshold=settings.circuit_failure_threshold,
+                               cooldown_seconds=settings.circuit_cooldown_seconds)
+    view = ProviderView(states, tickets_bucket, clock=clock, settings=settings,
+                        latency=tracker, circuits=circuits)
+    manager = TicketManager(tickets_bucket, states, clock=clock)
+    board = DemandBoard(demand_bucket, clock=clock)
+    occupancy = OccupancyBook(
+        settings=settings, declared={m: int(g * GIB) for m, g in (declared or {}).items()}
+    )
+    planner = CallPlanner(ProviderSelector(view, manager), states=states, settings=settings,
+                          occupancy=occupancy, demand=board)
+    return Harness(kv, clock, states, tickets_bucket, demand_bucket, board, manager, view,
+                   planner, tracker, circuits)

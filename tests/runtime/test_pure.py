@@ -1,0 +1,199 @@
+"""Pure pieces: queue arithmetic, victims, occupancy, refusals, settings, circuit, latency."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kubemoot.api.errors import InputError
+from kubemoot.clock import ManualClock
+from kubemoot.runtime.circuit import CircuitBreakers, CircuitState
+from kubemoot.runtime.cost import CostModel
+from kubemoot.runtime.eviction import EvictionPlanner
+from kubemoot.runtime.latency import LatencyTracker
+from kubemoot.runtime.occupancy import OccupancyBook
+from kubemoot.runtime.refusals import Reason, classify
+from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.runtime.snapshot import FleetSnapshot, Need, NeedTable, ProviderSnapshot
+from kubemoot.store.documents import ProviderState, TicketState
+from tests.runtime.builders import NOW, gpu, ticket
+
+
+def _cost(*providers: ProviderSnapshot, declared: dict[str, int] | None = None) -> CostModel:
+    fleet = FleetSnapshot.of(NOW, list(providers))
+    return CostModel(fleet, settings=RuntimeSettings(),
+                     occupancy=OccupancyBook(declared=declared), need=NeedTable())
+
+
+@pytest.mark.parametrize(
+    ("ages", "slots", "latency", "expected"),
+    [
+        ([], 1, 20, 0.0),  # free slot
+        ([5], 2, 20, 0.0),  # one of two slots busy
+        ([5], 1, 20, 15.0),  # the spec's 15 s
+        ([5, 0, 0, 0, 0], 1, 20, 95.0),  # the spec's 95 s
+        ([30], 1, 20, 0.0),  # an overdue call frees "now"
+        ([5, 10, 0], 2, 20, 10.0 + 1 * 20 / 2),  # soonest is 10 s, one call beyond 2 slots
+    ],
+)
+def test_queue_seconds(ages: list[float], slots: int, latency: float, expected: float) -> None:
+    p = ProviderSnapshot(
+        state=gpu("p", 24, residents={"m": 12}, slots=slots),
+        tickets=tuple(ticket("m", age=a, ident=f"t{i}") for i, a in enumerate(ages)),
+        latency_seconds=latency,
+    )
+    assert _cost(p).queue(p, "m") == pytest.approx(expected, abs=1e-9)
+
+
+def test_usable_resident_and_free_count_loading_tickets() -> None:
+    p = ProviderSnapshot(
+        state=gpu("p", 32, residents={"a": 10}),
+        tickets=(ticket("b", footprint_gib=6, state=TicketState.LOADING),),
+    )
+    cost = _cost(p)
+    assert cost.usable(p) == 31 * 1024
+    assert cost.resident(p) == 16 * 1024
+    assert cost.free(p) == 15 * 1024
+
+
+def test_unknown_total_has_no_usable() -> None:
+    p = ProviderSnapshot(state=gpu("p", None))
+    assert _cost(p).usable(p) is None
+
+
+@pytest.mark.parametrize(
+    ("needs", "expected"),
+    [
+        ({"x": Need(last_used_at=10.0), "y": Need(last_used_at=5.0)}, ("y",)),
+        ({"x": Need(recent_use=1.0), "y": Need(prediction=2.0)}, ("x",)),
+        ({"x": Need(intents=1), "y": Need(recent_use=9.0)}, ("y",)),
+        ({"x": Need(waiters=1), "y": Need(intents=3)}, ("y",)),
+        ({"x": Need(), "y": Need()}, ("x",)),  # full tie: by name
+    ],
+)
+def test_least_needed_first(needs: dict[str, Need], expected: tuple[str, ...]) -> None:
+    planner = EvictionPlanner(NeedTable(needs))
+    assert planner.choose_victims({"x": 8, "y": 8}, 8) == expected
+
+
+def test_no_victims_make_room() -> None:
+    assert EvictionPlanner(NeedTable()).choose_victims({"x": 4, "y": 4}, 9) is None
+    assert EvictionPlanner(NeedTable()).choose_victims({}, 0) == ()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.dictionaries(st.sampled_from("abcdefgh"), st.integers(1, 40), max_size=8),
+    needed=st.integers(1, 120),
+)
+def test_victims_are_always_the_fewest_that_make_room(
+    sizes: dict[str, int], needed: int
+) -> None:
+    chosen = EvictionPlanner(NeedTable()).choose_victims(sizes, needed)
+    ordered = sorted(sizes.values(), reverse=True)
+    if sum(ordered) < needed:
+        assert chosen is None
+        return
+    assert chosen is not None
+    assert sum(sizes[m] for m in chosen) >= needed
+    fewest = next(k for k in range(1, len(ordered) + 1) if sum(ordered[:k]) >= needed)
+    assert len(chosen) == fewest
+
+
+def test_occupancy_prefers_observed_then_declared_then_estimate() -> None:
+    settings_ = RuntimeSettings(kv_bytes_per_token=1024 * 1024)  # 1 MiB per token: easy sums
+    book = OccupancyBook(settings=settings_, declared={"d": 5000})
+    state = gpu("p", 24, residents={"seen": 7}, context=100, slots=2)
+    state.disk_sizes_mib = {"fresh": 3000, "d": 1}
+    fleet = FleetSnapshot.of(NOW, [ProviderSnapshot(state=state)])
+    assert book.occupancy("seen", fleet) == 7 * 1024
+    assert book.occupancy("d", fleet) == 5000
+    assert book.occupancy("fresh", fleet) == 3000 + 100 * 2
+    assert book.occupancy("nobody-knows", fleet) is None
+    # The first observation is kept when another provider later reports another size.
+    later = gpu("q", 24, residents={"seen": 9})
+    fleet2 = FleetSnapshot.of(NOW, [ProviderSnapshot(state=later)])
+    assert book.occupancy("seen", fleet2) == 7 * 1024
+
+
+def _fleet(*states: ProviderState) -> tuple[FleetSnapshot, CostModel]:
+    providers = [ProviderSnapshot(state=s) for s in states]
+    cost = _cost(*providers, declared={"m": 20 * 1024, "small": 4 * 1024})
+    return cost.fleet, cost
+
+
+@pytest.mark.parametrize(
+    ("states", "prompt", "reason"),
+    [
+        ((gpu("a", 16), gpu("b", 12)), None, Reason.MODEL_TOO_LARGE),
+        # an unknown total never proves a model too large
+        ((gpu("a", 16), gpu("b", None)), None, Reason.GPU_BUSY),
+        ((), None, Reason.GPU_BUSY),
+        ((gpu("a", 32, context=4096),), 8000, Reason.PROMPT_TOO_LARGE),
+        # an unknown context admits the prompt
+        ((gpu("a", 32, context=4096), gpu("b", 32)), 8000, Reason.GPU_BUSY),
+        ((gpu("a", 32, context=8192),), 8000, Reason.GPU_BUSY),
+        # a card too small for the model does not count for the prompt question
+        ((gpu("a", 32, context=4096), gpu("b", 8, context=65536)), 8000,
+         Reason.PROMPT_TOO_LARGE),
+    ],
+)
+def test_refusal_classes(
+    states: tuple[ProviderState, ...], prompt: int | None, reason: Reason
+) -> None:
+    fleet, cost = _fleet(*states)
+    assert classify(fleet, cost, preferred="m", acceptable=["m"], prompt_tokens=prompt) is reason
+
+
+def test_prompt_fits_an_acceptable_candidate_with_a_larger_context() -> None:
+    state = gpu("a", 32, context=4096, residents={"small": 4}, resident_context={"small": 32768})
+    fleet, cost = _fleet(state)
+    got = classify(fleet, cost, preferred="m", acceptable=["m", "small"], prompt_tokens=8000)
+    assert got is Reason.GPU_BUSY
+
+
+@pytest.mark.parametrize(
+    ("env", "tolerance", "limit"),
+    [
+        ({}, 10.0, 90.0),
+        ({"KUBEMOOT_MODEL_CANDIDATE_TOLERANCE": "0"}, 0.0, 90.0),
+        ({"KUBEMOOT_DISCUSS_SYNTHESIS_TIMEOUT_SECONDS": "40"}, 10.0, 40.0),
+        ({"KUBEMOOT_DISCUSS_SYNTHESIS_TIMEOUT_SECONDS": "40",
+          "KUBEMOOT_DISCUSS_GPU_WAIT_LIMIT_SECONDS": "15"}, 10.0, 15.0),
+    ],
+)
+def test_settings_from_env(env: dict[str, str], tolerance: float, limit: float) -> None:
+    s = RuntimeSettings.from_env(env)
+    assert (s.candidate_tolerance, s.gpu_wait_limit_seconds) == (tolerance, limit)
+    assert (s.load_rate_mibps, s.unload_seconds, s.default_latency_seconds) == (1024, 1, 30)
+    assert (s.reserve_mib, s.ticket_ttl_seconds, s.state_cache_seconds) == (1024, 180, 0.2)
+
+
+@pytest.mark.parametrize("bad", ["ten", "-1"])
+def test_bad_setting_is_input_error(bad: str) -> None:
+    with pytest.raises(InputError, match="KUBEMOOT_MODEL_CANDIDATE_TOLERANCE"):
+        RuntimeSettings.from_env({"KUBEMOOT_MODEL_CANDIDATE_TOLERANCE": bad})
+
+
+def test_circuit_opens_after_threshold_and_half_opens_after_cooldown() -> None:
+    clock = ManualClock(0.0)
+    breakers = CircuitBreakers(clock=clock, threshold=2, cooldown_seconds=30)
+    breakers.record_failure("p")
+    assert breakers.allows("p")
+    breakers.record_failure("p")
+    assert breakers.state("p") is CircuitState.OPEN and not breakers.allows("p")
+    clock.advance(30)
+    assert breakers.state("p") is CircuitState.HALF_OPEN and breakers.allows("p")
+    breakers.record_failure("p")  # the trial failed: open again
+    assert breakers.state("p") is CircuitState.OPEN
+    clock.advance(30)
+    breakers.record_success("p")
+    assert breakers.state("p") is CircuitState.CLOSED
+
+
+def test_latency_ema_starts_at_the_default() -> None:
+    tracker = LatencyTracker(alpha=0.5, default_seconds=30)
+    assert tracker.latency("e") == 30
+    assert tracker.observe("e", 10) == 10
+    assert tracker.observe("e", 20) == 15

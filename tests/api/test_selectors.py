@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import pytest
@@ -193,3 +194,11 @@ def test_selector_is_frozen_and_round_trips() -> None:
     with pytest.raises(ValidationError):
         selector.match_labels = {}  # type: ignore[misc]
     assert LabelSelector.model_validate(selector.model_dump(by_alias=True)) == selector
+
+
+def test_selector_survives_pickling_after_use() -> None:
+    selector = sel(matchLabels={"family": "qwen3"}, **only("params", "In", "32B"))
+    assert selector.matches(LABELS)
+    copied = pickle.loads(pickle.dumps(selector))
+    assert copied == selector
+    assert copied.matches(LABELS) and not copied.matches({"family": "qwen3"})

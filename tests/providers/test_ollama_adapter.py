@@ -212,7 +212,7 @@ async def test_a_timeout_is_retried_at_most_once(
         if succeeds:
             assert (await provider.probe()).ready
         else:
-            with pytest.raises(ProviderTimeout, match="no answer within 0.2 s"):
+            with pytest.raises(ProviderTimeout, match=r"no answer within 0\.2 s"):
                 await provider.probe()
 
 

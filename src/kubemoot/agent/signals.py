@@ -54,6 +54,7 @@ class FailureType(StrEnum):
     MAX_ITERATIONS = "MAX_ITERATIONS"  # the tool loop ran out of iterations
     PROVIDER_ERROR = "PROVIDER_ERROR"  # the engine failed the call (after its one retry)
     PROVIDER_TIMEOUT = "PROVIDER_TIMEOUT"  # the engine did not answer in time
+    AGENT_ERROR = "AGENT_ERROR"  # the agent's own machinery failed (store, a bug)
 
 
 @dataclass(frozen=True, slots=True)

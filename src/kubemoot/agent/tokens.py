@@ -18,6 +18,7 @@ from typing import Any
 __all__ = [
     "DEFAULT_CHARS_PER_TOKEN",
     "DEFAULT_EMA_ALPHA",
+    "MESSAGE_OVERHEAD_TOKENS",
     "TokenEstimator",
     "message_chars",
     "prompt_chars",
@@ -26,6 +27,9 @@ __all__ = [
 
 DEFAULT_CHARS_PER_TOKEN = 3.5
 DEFAULT_EMA_ALPHA = 0.3  # weight of the newest report; a few calls settle the ratio
+# Chat templates wrap every message in role markers; counting them keeps a prompt of
+# many short messages from being underestimated before the engine has reported.
+MESSAGE_OVERHEAD_TOKENS = 4
 # Bounds on a learned ratio: a report outside them is noise (an empty prompt, a bug)
 _MIN_RATIO = 1.0
 _MAX_RATIO = 8.0
@@ -79,15 +83,25 @@ class TokenEstimator:
         """Tokens for ``chars`` characters, rounded up (never under-count)."""
         return math.ceil(max(0, chars) / self._ratio)
 
+    def estimate_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """Tokens of some messages (text, tool-call arguments, template overhead)."""
+        chars = sum(message_chars(m) for m in messages)
+        return self.estimate(chars) + MESSAGE_OVERHEAD_TOKENS * len(messages)
+
     def estimate_prompt(
         self,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> int:
-        return self.estimate(prompt_chars(messages, tools))
+        """Tokens of a whole prompt: its messages and the tool specifications."""
+        return self.estimate_messages(messages) + self.estimate(tool_spec_chars(tools))
 
-    def observe(self, *, chars: int, tokens: int, truncated: bool = False) -> None:
-        """Learn from one engine report of ``tokens`` for a prompt of ``chars``."""
+    def observe(
+        self, *, chars: int, tokens: int, messages: int = 0, truncated: bool = False
+    ) -> None:
+        """Learn from one engine report of ``tokens`` for a prompt of ``chars`` in
+        ``messages`` messages (their template overhead is not text)."""
+        tokens -= MESSAGE_OVERHEAD_TOKENS * messages
         if truncated or tokens <= 0 or chars <= 0:
             return
         sample = chars / tokens

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kubemoot.agent.signals import FailureType
-from kubemoot.agent.tokens import TokenEstimator, message_chars, prompt_chars
+from kubemoot.agent.tokens import TokenEstimator, prompt_chars
 from kubemoot.providers.protocol import ChatResult, ProviderError, ProviderTimeout
 
 __all__ = [
@@ -126,8 +126,7 @@ class ContextGuard:
         """Tokens the next prompt will take, by report where there is one."""
         if self._reported is None:
             return self._estimator.estimate_prompt(messages, self._tools)
-        appended = sum(message_chars(m) for m in messages[self._sent :])
-        return self._reported + self._estimator.estimate(appended)
+        return self._reported + self._estimator.estimate_messages(messages[self._sent :])
 
     def admits(self, messages: Sequence[Mapping[str, Any]]) -> bool:
         return self.context_length is None or self.projected(messages) <= self.context_length
@@ -143,6 +142,7 @@ class ContextGuard:
         self._estimator.observe(
             chars=prompt_chars(messages, self._tools),
             tokens=result.prompt_eval_count,
+            messages=len(messages),
             truncated=truncated,
         )
         self._reported = result.prompt_eval_count

@@ -6,8 +6,8 @@ nothing; ``NotIn`` and ``DoesNotExist`` match a label that is absent. ``Gt`` and
 work as in node affinity: they compare integer label values, and a label that is absent
 or not an integer does not match.
 
-A selector is a value: it is frozen, and its match function is compiled once when it is
-built, because the scheduler evaluates selectors for every (rule, model) pair on every
+A selector is a value: it is frozen, and its match function is compiled once, on first
+use, because the scheduler evaluates selectors for every (rule, model) pair on every
 pass.
 """
 
@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kubemoot.api.labels import (
     label_value_problems,
@@ -160,9 +161,6 @@ class LabelSelector(BaseModel):
         default_factory=list, alias="matchExpressions"
     )
 
-    _checks: tuple[_Check, ...] = PrivateAttr(default=())
-    _pairs: tuple[tuple[str, str], ...] = PrivateAttr(default=())
-
     @field_validator("match_labels", mode="before")
     @classmethod
     def _valid_labels(cls, labels: Any) -> Any:
@@ -173,9 +171,24 @@ class LabelSelector(BaseModel):
     def _expressions_list(cls, expressions: Any) -> Any:
         return [] if expressions is None else expressions
 
-    def model_post_init(self, context: Any, /) -> None:
-        self._pairs = tuple(self.match_labels.items())
-        self._checks = tuple(expression.compile() for expression in self.match_expressions)
+    @cached_property
+    def matcher(self) -> _Check:
+        """The compiled match function (built once; the instance's ``__dict__`` holds it, so
+        calling it costs no pydantic attribute machinery)."""
+        pairs = tuple(self.match_labels.items())
+        checks = tuple(expression.compile() for expression in self.match_expressions)
+
+        def match(labels: Labels) -> bool:
+            get = labels.get
+            for key, value in pairs:
+                if get(key) != value:
+                    return False
+            for check in checks:  # noqa: SIM110 - a plain loop beats all() over a generator
+                if not check(labels):
+                    return False
+            return True
+
+        return match
 
     def __eq__(self, other: object) -> bool:
         # Compare the declared selector only; the compiled checks are closures that differ
@@ -190,17 +203,22 @@ class LabelSelector(BaseModel):
     def __hash__(self) -> int:
         return hash(self.describe())
 
+    def __getstate__(self) -> dict[Any, Any]:
+        # The compiled closure cannot be pickled; it is rebuilt on first use.
+        state = super().__getstate__()
+        fields = dict(state["__dict__"])
+        fields.pop("matcher", None)
+        state["__dict__"] = fields
+        return state
+
     @property
     def is_empty(self) -> bool:
         """An empty selector matches every set of labels."""
-        return not self._pairs and not self._checks
+        return not self.match_labels and not self.match_expressions
 
     def matches(self, labels: Labels) -> bool:
         """Whether every matchLabels pair and every expression hold for ``labels``."""
-        for key, value in self._pairs:
-            if labels.get(key) != value:
-                return False
-        return all(check(labels) for check in self._checks)
+        return self.matcher(labels)
 
     def describe(self) -> str:
         """Short human form for messages: ``{capability/tool-calling: true, params: 14B|32B}``."""

@@ -112,11 +112,8 @@ class CostModel:
     @staticmethod
     def resident(p: ProviderSnapshot) -> int:
         """Resident footprints plus the footprints of copies tickets are still loading."""
-        residents = p.residents
-        loading = sum(
-            t.model_footprint_mib for t in p.tickets if t.model not in residents
-        )
-        return sum(residents.values()) + loading
+        loading = sum(t.model_footprint_mib for t in p.tickets if not p.is_resident(t.model))
+        return p.resident_total + loading
 
     def free(self, p: ProviderSnapshot) -> int | None:
         usable = self.usable(p)

@@ -73,6 +73,26 @@ class CallPlanner:
         self._demand = demand
         self.clients: Mapping[str, ProviderClient] = clients or {}
         self._max_rounds = max_rounds
+        self._need: NeedView | None = None
+        self._need_read_at = float("-inf")
+
+    def invalidate(self) -> None:
+        """Forget cached shared state (after a capacity change another process made)."""
+        self.selector.view.invalidate()
+        self._need = None
+
+    async def _demand_view(self) -> NeedView:
+        # Demand changes slowly and only orders victims, so it shares the state cache window.
+        now = self.selector.view.clock.now()
+        if self._need is None or now - self._need_read_at >= self.settings.state_cache_seconds:
+            need: NeedView = NeedTable()
+            if self._demand is not None:
+                try:
+                    need = await self._demand.snapshot()
+                except StoreError as error:  # demand only orders victims; go on without it
+                    log.warning("demand board unreadable: %s", error)
+            self._need, self._need_read_at = need, now
+        return self._need
 
     def in_tolerance(self, candidates: Sequence[Candidate]) -> list[Candidate]:
         """The preferred model, then the others within tolerance, highest score first."""
@@ -83,12 +103,7 @@ class CallPlanner:
 
     async def new_round(self, prompt_tokens: int | None) -> Round:
         fleet = await self.selector.view.snapshot()
-        need: NeedView = NeedTable()
-        if self._demand is not None:
-            try:
-                need = await self._demand.snapshot()
-            except StoreError as error:  # demand only orders victims; go on without it
-                log.warning("demand board unreadable: %s", error)
+        need = await self._demand_view()
         cost = CostModel(fleet, settings=self.settings, occupancy=self.occupancy, need=need)
         return Round(fleet=fleet, cost=cost, prompt_tokens=prompt_tokens)
 
@@ -99,8 +114,13 @@ class CallPlanner:
         holder_id: str,
         prompt_tokens: int | None = None,
         ticket_state: TicketState = TicketState.RUNNING,
+        explain: bool = False,
     ) -> Placement:
-        """Place one call of the first (preferred) candidate or a tolerated alternative."""
+        """Place one call of the first (preferred) candidate or a tolerated alternative.
+
+        With ``explain`` every option is priced even when a warm copy wins at once
+        (for ``kubemoot place``); otherwise the cheap cases skip the full comparison.
+        """
         if not candidates:
             raise ValueError("a call needs at least one candidate model")
         acceptable = self.in_tolerance(candidates)
@@ -112,7 +132,7 @@ class CallPlanner:
                     Action.STATIC, endpoint=self.selector.view.static_endpoint, model=models[0],
                     reason="no provider state and no prober",
                 )
-            placement = await self._place_round(rnd, models, holder_id, ticket_state)
+            placement = await self._place_round(rnd, models, holder_id, ticket_state, explain)
             if placement is not None:
                 return placement
         # Every round lost its claim to a concurrent change: treat it as busy.
@@ -120,10 +140,10 @@ class CallPlanner:
         return self._unplaced(rnd, models, self._options(rnd, models), Reason.GPU_BUSY)
 
     async def _place_round(
-        self, rnd: Round, models: list[str], holder_id: str, state: TicketState
+        self, rnd: Round, models: list[str], holder_id: str, state: TicketState, explain: bool
     ) -> Placement | None:
         preferred = models[0]
-        options = self._options(rnd, models)
+        options = self._options(rnd, models) if explain else []
         claim = await self.selector.pick_and_claim_warm(rnd, preferred, holder_id, state=state)
         for model in models[1:]:
             if claim is not None:
@@ -134,7 +154,10 @@ class CallPlanner:
                 break
             claim = await self.selector.pick_and_claim_loading(rnd, model, holder_id, state=state)
         if claim is not None:
-            return self._placed(rnd, claim, options, "a warm or loading copy had room")
+            return self._placed(rnd, claim, options or [claim.option],
+                                "a warm or loading copy had room")
+        if not explain:
+            options = self._options(rnd, models)
         if not options:
             reason = classify(
                 rnd.fleet, rnd.cost, preferred=preferred, acceptable=models,

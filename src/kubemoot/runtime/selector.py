@@ -228,7 +228,7 @@ class _NeedOf:
 
 
 def _has_copy(p: ProviderSnapshot, model: str) -> bool:
-    return p.is_resident(model) or bool(p.loading_tickets(model))
+    return p.has_copy(model)
 
 
 def _provider(rnd: Round, option: Option) -> ProviderSnapshot:

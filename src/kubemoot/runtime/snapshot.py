@@ -21,7 +21,25 @@ class ProviderSnapshot:
     tickets: tuple[Ticket, ...] = ()  # active (unexpired) at the snapshot's time
     latency_seconds: float = 30.0
     circuit_open: bool = False
-    tickets_revision: int | None = None
+    # Derived once: a placement asks these questions for every provider and model.
+    _residents: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    _tickets_by_model: dict[str, list[Ticket]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+    _victims: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        residents: dict[str, int] = {}
+        for loaded in self.state.loaded_models:
+            residents[loaded.name] = residents.get(loaded.name, 0) + loaded.size_mib
+        by_model: dict[str, list[Ticket]] = {}
+        for t in self.tickets:
+            by_model.setdefault(t.model, []).append(t)
+        object.__setattr__(self, "_residents", residents)
+        object.__setattr__(self, "_tickets_by_model", by_model)
+        object.__setattr__(
+            self, "_victims", frozenset(v for t in self.tickets for v in t.evicts)
+        )
 
     @property
     def name(self) -> str:
@@ -30,36 +48,51 @@ class ProviderSnapshot:
     @property
     def residents(self) -> dict[str, int]:
         """Models the engine reports loaded, with their footprints in MiB."""
-        return {m.name: m.size_mib for m in self.state.loaded_models}
+        return dict(self._residents)
+
+    @property
+    def resident_total(self) -> int:
+        """Σ footprints of the resident models, in MiB."""
+        return sum(self._residents.values())
 
     def is_resident(self, model: str) -> bool:
-        return any(m.name == model for m in self.state.loaded_models)
+        return model in self._residents
 
-    def planned_victims(self) -> set[str]:
+    def planned_victims(self) -> frozenset[str]:
         """Models some active ticket here plans to unload."""
-        return {victim for t in self.tickets for victim in t.evicts}
+        return self._victims
 
     def tickets_for(self, model: str) -> list[Ticket]:
-        return [t for t in self.tickets if t.model == model]
+        return list(self._tickets_by_model.get(model, ()))
+
+    def has_tickets_for(self, model: str) -> bool:
+        return model in self._tickets_by_model
 
     def in_flight(self, model: str) -> list[Ticket]:
         """Calls running (or waiting for their load) on this provider's copy of ``model``.
 
         A held plan is not a call yet, so it takes no slot.
         """
-        return [t for t in self.tickets if t.model == model and t.state is not TicketState.HELD]
+        return [
+            t for t in self._tickets_by_model.get(model, ()) if t.state is not TicketState.HELD
+        ]
 
     def loading_tickets(self, model: str) -> list[Ticket]:
         """Tickets whose memory is a copy of ``model`` not yet reported resident."""
-        if self.is_resident(model):
+        if model in self._residents:
             return []
-        return [t for t in self.tickets if t.model == model and t.model_footprint_mib > 0]
+        return [t for t in self._tickets_by_model.get(model, ()) if t.model_footprint_mib > 0]
+
+    def has_copy(self, model: str) -> bool:
+        """Resident, or being loaded by a ticket."""
+        return model in self._residents or bool(self.loading_tickets(model))
 
     def context_for(self, model: str) -> int | None:
         """Context of (this provider, model): observed when loaded, else configured."""
-        for loaded in self.state.loaded_models:
-            if loaded.name == model and loaded.context_length is not None:
-                return loaded.context_length
+        if model in self._residents:
+            for loaded in self.state.loaded_models:
+                if loaded.name == model and loaded.context_length is not None:
+                    return loaded.context_length
         return self.state.context_length
 
 

@@ -12,6 +12,7 @@ the providers directly; without a prober it reports the static endpoint, if any.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -72,6 +73,10 @@ class ProviderView:
         self._docs: dict[str, tuple[ProviderState, ProviderTickets | None]] = {}
 
     @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @property
     def latency(self) -> LatencyTracker:
         return self._latency
 
@@ -116,21 +121,23 @@ class ProviderView:
         )
 
     async def _read_all(self) -> None:
-        docs: dict[str, tuple[ProviderState, ProviderTickets | None]] = {}
-        for key in sorted(await self._states.keys()):
-            state = await self._state(key)
-            if state is None:
-                continue
-            docs[state.provider] = (state, await self._tickets_doc(encode_token(state.provider)))
-        self._docs = docs
+        # Reads go out together: on a networked store one refresh costs about one round
+        # trip per bucket, not one per provider.
+        keys = sorted(await self._states.keys())
+        states = await asyncio.gather(*(self._state(k) for k in keys))
+        present = [s for s in states if s is not None]
+        tickets = await asyncio.gather(
+            *(self._tickets_doc(encode_token(s.provider)) for s in present)
+        )
+        self._docs = {s.provider: (s, t) for s, t in zip(present, tickets, strict=True)}
 
     async def _read_provider(self, provider: str) -> None:
         key = encode_token(provider)
-        state = await self._state(key)
+        state, tickets = await asyncio.gather(self._state(key), self._tickets_doc(key))
         if state is None:
             self._docs.pop(provider, None)
         else:
-            self._docs[provider] = (state, await self._tickets_doc(key))
+            self._docs[provider] = (state, tickets)
 
     async def _state(self, key: str) -> ProviderState | None:
         entry = await self._states.get(key)

@@ -109,7 +109,7 @@ class CapacityWaiter:
                 if remaining <= 0 or not await self._block(counter, remaining, done):
                     return _gave_up(placement, self._clock.now() - started)
                 # Whatever changed may be another process's claim or release.
-                self._planner.selector.view.invalidate()
+                self._planner.invalidate()
         finally:
             if waited and self._board is not None:
                 with contextlib.suppress(StoreError):

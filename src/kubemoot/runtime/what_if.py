@@ -214,7 +214,7 @@ async def decide(
             occupancy=occupancy, demand=DemandBoard(demand_bucket, clock=clock),
         )
         return await planner.place(
-            candidates, holder_id="kubemoot-place", prompt_tokens=prompt_tokens
+            candidates, holder_id="kubemoot-place", prompt_tokens=prompt_tokens, explain=True
         )
     finally:
         await kv.close()

@@ -85,6 +85,9 @@ def unknown_phases(policy: CrewSchedulingPolicy, archetype: MootArchetype) -> li
 def scheduling_order(archetype: MootArchetype, phase_keys: Iterable[str]) -> list[str]:
     """The archetype's phases with the spread's ``phaseKeys`` first, in their order."""
     phases = archetype.phase_names
-    ordered = [phase for phase in phase_keys if phase in phases]
+    ordered: list[str] = []
+    for phase in phase_keys:
+        if phase in phases and phase not in ordered:
+            ordered.append(phase)
     ordered.extend(phase for phase in phases if phase not in ordered)
     return ordered

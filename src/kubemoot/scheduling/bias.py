@@ -56,9 +56,9 @@ def effective_bias(quality_bias: Mapping[str, str], capabilities: Iterable[str])
 def latency_tier_score(bias: float, latency_class: str | None) -> float:
     """The quality-bias term for one Model; 0 when its latencyClass is absent or unknown."""
     if latency_class == "high":
-        return 100.0 * bias
+        return round(100.0 * bias, 9)
     if latency_class == "medium":
         return 50.0
     if latency_class == "low":
-        return 100.0 * (1.0 - bias)
+        return round(100.0 * (1.0 - bias), 9)
     return 0.0

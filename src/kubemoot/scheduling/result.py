@@ -143,8 +143,9 @@ class AgentResult:
             "endpoint": scheduling.endpoint,
             "phases": {p: r.to_dict(decision=decisions) for p, r in self.phases.items()},
             "env": dict(self.env),
-            "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True)
-                           for c in self.conditions],
+            "conditions": [
+                c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in self.conditions
+            ],
             "lastUnschedulable": None
             if self.last_unschedulable is None
             else self.last_unschedulable.model_dump(mode="json", by_alias=True, exclude_none=True),
@@ -184,8 +185,9 @@ class PolicyResult:
         return {
             "namespace": self.policy.namespace,
             "name": self.policy.metadata.name,
-            "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True)
-                           for c in self.conditions],
+            "conditions": [
+                c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in self.conditions
+            ],
         }
 
 
@@ -201,9 +203,7 @@ class ScheduleResult:
 
     def agent(self, namespace: str, name: str) -> AgentResult | None:
         """One Agent's result."""
-        return next(
-            (a for a in self.agents if a.namespace == namespace and a.name == name), None
-        )
+        return next((a for a in self.agents if a.namespace == namespace and a.name == name), None)
 
     def to_dict(self, *, decisions: bool = True) -> dict[str, Any]:
         """The JSON document of ``kubemoot schedule -o json``."""

@@ -51,7 +51,7 @@ from kubemoot.scheduling.messages import (
     failed_scheduling_message,
     unschedulable_reason,
 )
-from kubemoot.scheduling.plugins import SpreadContext, topology_value
+from kubemoot.scheduling.plugins import SpreadContext
 from kubemoot.scheduling.result import (
     AgentResult,
     PhaseResult,
@@ -70,7 +70,7 @@ class PolicyPlan:
 
     policy: CrewSchedulingPolicy | None
     archetype: MootArchetype
-    problems: list[str]
+    problems: list[tuple[str, str]]  # (condition reason, message)
     order: list[str]
     tables: dict[str, RuleTable]
     spread: TopologySpread | None
@@ -104,22 +104,28 @@ class SchedulingPass:
         if found is not None:
             return found
         archetype, problem = self.snapshot.archetype_for(policy)
-        problems = [] if problem is None else [problem]
+        problems = [] if problem is None else [("ArchetypeNotFound", problem)]
         spread = None if policy is None else policy.spec.topology_spread
         max_age = DEFAULT_MAX_AGE_SECONDS
         if policy is not None:
             max_age = policy.spec.freshness.max_age_seconds
             for phase in unknown_phases(policy, archetype):
                 problems.append(
-                    f'rule phase "{phase}" is not a phase of MootArchetype '
-                    f"{archetype.metadata.name} (known: {', '.join(archetype.phase_names)})"
+                    (
+                        "UnknownPhase",
+                        f'rule phase "{phase}" is not a phase of MootArchetype '
+                        f"{archetype.metadata.name} (known: {', '.join(archetype.phase_names)})",
+                    )
                 )
             if spread is not None:
                 for phase in spread.phase_keys:
                     if phase not in archetype.phase_names:
                         problems.append(
-                            f'topologySpread.phaseKeys names "{phase}", not a phase of '
-                            f"MootArchetype {archetype.metadata.name}"
+                            (
+                                "UnknownPhase",
+                                f'topologySpread.phaseKeys names "{phase}", not a phase of '
+                                f"MootArchetype {archetype.metadata.name}",
+                            )
                         )
         order = scheduling_order(archetype, [] if spread is None else spread.phase_keys)
         tables: dict[str, RuleTable] = {}
@@ -127,7 +133,8 @@ class SchedulingPass:
             # A phase without a rule requires nothing: every Ready Model is a candidate.
             rule = None if policy is None else policy.spec.rule_for(phase)
             tables[phase] = self.framework.rule_table(
-                phase, rule if rule is not None else SchedulingRule(phase=phase),
+                phase,
+                rule if rule is not None else SchedulingRule(phase=phase),
                 max_age_seconds=max_age,
             )
         found = PolicyPlan(
@@ -149,9 +156,7 @@ class SchedulingPass:
         resolution = self.snapshot.resolve_policy(agent)
         plan = self.plan(resolution.policy)
         bias = (
-            effective_bias(plan.quality_bias, agent.spec.capabilities)
-            if plan.bias_active
-            else None
+            effective_bias(plan.quality_bias, agent.spec.capabilities) if plan.bias_active else None
         )
         seen = dict(self.assumed)  # what this Agent's parallelism gate sees, kept for replay
         spread = plan.spread
@@ -184,9 +189,9 @@ class SchedulingPass:
                     used.add(chosen.topology)
         for provider in bound:
             self.assumed[provider] = self.assumed.get(provider, 0) + 1
-        result = self._agent_result(agent, plan, phases, resolution.note)
-        self._agents.append(result)
-        return result
+        outcome = self._agent_result(agent, plan, phases, resolution.note)
+        self._agents.append(outcome)
+        return outcome
 
     def _choose(
         self,
@@ -207,9 +212,12 @@ class SchedulingPass:
                     fallback = entry
                 continue
             return entry, True
-        if fallback is not None and spread is not None:
-            if spread.when_unsatisfiable == "ScheduleAnyway":
-                return fallback, False
+        if (
+            fallback is not None
+            and spread is not None
+            and spread.when_unsatisfiable == "ScheduleAnyway"
+        ):
+            return fallback, False
         return None, False
 
     def _decider(
@@ -244,9 +252,7 @@ class SchedulingPass:
         candidates = self._candidates(ranking)
         if chosen is not None:
             placement = chosen.placement
-            reason = (
-                f"{placement.name} on {chosen.provider} scored {chosen.score:g}"
-            )
+            reason = f"{placement.name} on {chosen.provider} scored {chosen.score:g}"
             if context is not None and not context.alternatives:
                 reason += (
                     f"; topology spread unsatisfiable ({context.topology_key} already used), "
@@ -291,8 +297,10 @@ class SchedulingPass:
 
         policy = plan.policy
         policy_name = None if policy is None else policy.metadata.name
-        last = None if agent.status is None or agent.status.scheduling is None else (
-            agent.status.scheduling.last_unschedulable
+        last = (
+            None
+            if agent.status is None or agent.status.scheduling is None
+            else (agent.status.scheduling.last_unschedulable)
         )
         failed = [r for r in phases.values() if r.outcome is Outcome.UNSCHEDULABLE]
         deferred = [r for r in phases.values() if r.outcome is Outcome.DEFER]
@@ -313,9 +321,7 @@ class SchedulingPass:
                 "Scheduled", "False", "SchedulingDeferred", deferred[0].reason
             )
         else:
-            summary = "; ".join(
-                f"{r.phase}: {r.model} on {r.provider}" for r in phases.values()
-            )
+            summary = "; ".join(f"{r.phase}: {r.model} on {r.provider}" for r in phases.values())
             scheduled = self._condition("Scheduled", "True", "Scheduled", summary)
         conditions = [scheduled]
         if note is not None:
@@ -359,11 +365,16 @@ class SchedulingPass:
             plan = self.plan(policy)
             if plan.problems:
                 valid = self._condition(
-                    "PolicyValid", "False", "UnknownPhase", "; ".join(plan.problems)
+                    "PolicyValid",
+                    "False",
+                    plan.problems[0][0],
+                    "; ".join(message for _, message in plan.problems),
                 )
             else:
                 valid = self._condition(
-                    "PolicyValid", "True", "Valid",
+                    "PolicyValid",
+                    "True",
+                    "Valid",
                     f"phases match MootArchetype {plan.archetype.metadata.name}",
                 )
             failures = self._unschedulable.get(policy.key, [])
@@ -376,8 +387,10 @@ class SchedulingPass:
                 )
             else:
                 scheduled = self._condition(
-                    "Scheduled", "True", "Scheduled", "every governed Agent phase is bound "
-                    "or waits on evidence"
+                    "Scheduled",
+                    "True",
+                    "Scheduled",
+                    "every governed Agent phase is bound or waits on evidence",
                 )
             policies.append(PolicyResult(policy, [valid, scheduled]))
         return ScheduleResult(
@@ -410,7 +423,3 @@ def schedule_bundle(
 def schedule_agent(agent: Agent, snapshot: ClusterSnapshot, now: datetime) -> AgentResult:
     """Schedule one Agent alone (the operator's reconcile of a single Agent)."""
     return SchedulingPass(snapshot, now=now).schedule(agent)
-
-
-# Re-exported for callers that check topology values themselves.
-_ = topology_value

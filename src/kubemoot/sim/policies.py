@@ -53,14 +53,14 @@ class Policy(ABC):
 
     name: ClassVar[str]
 
-    async def start(self, ctx: SimContext) -> None:
+    async def start(self, ctx: SimContext) -> None:  # noqa: B027 - optional hook
         """Prepare before the first call (bindings, runtime objects)."""
 
     @abstractmethod
     async def run_call(self, call: CallSpec, ctx: SimContext) -> CallOutcome:
         """Serve one call: choose, wait, compute."""
 
-    async def stop(self) -> None:
+    async def stop(self) -> None:  # noqa: B027 - optional hook
         """Release what :meth:`start` made."""
 
 

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 from kubemoot.sim.simulation import SimulationResult
@@ -28,29 +29,36 @@ def write_report(result: SimulationResult, directory: Path) -> Path:
 
 def comparison_table(result: SimulationResult) -> Table:
     table = Table(title=f"{result.scenario}: {result.trace_calls} calls, "
-                        f"{result.discussions} discussions, seed {result.seed}")
+                        f"{result.discussions} discussions, seed {result.seed}",
+                  box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
     # Short headers so the table fits an 80-column terminal; the caption explains them.
-    table.add_column("policy", no_wrap=True)
-    for column in ("wait", "p50", "p95", "p99", "e2e", "span", "loads", "evict", "GiB",
-                   "busy%", "aside", "fail", "÷LB"):
-        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("policy", no_wrap=True, min_width=11)
+    for column in ("wait", "p50", "p95", "p99", "span", "loads", "evict", "GiB",
+                   "busy%", "lost", "÷LB"):
+        table.add_column(column, justify="right", no_wrap=True, min_width=len(column))
     for run in result.runs:
         r = run.report
-        aside = sum(r.stood_aside.values()) + sum(r.refused.values())
+        lost = sum(r.stood_aside.values()) + sum(r.refused.values()) + r.failures
         table.add_row(
             r.policy, f"{r.wait['mean']:.1f}", f"{r.wait['p50']:.0f}", f"{r.wait['p95']:.0f}",
-            f"{r.wait['p99']:.0f}", f"{r.e2e['mean']:.0f}", f"{r.makespan['mean']:.0f}",
+            f"{r.wait['p99']:.0f}", f"{r.makespan['mean']:.0f}",
             str(r.cold_loads), str(r.evictions), f"{r.gib_loaded:.0f}",
-            f"{r.gpu_busy_percent:.0f}", str(aside), str(r.failures),
-            "-" if r.ratio_to_lower_bound is None else f"{r.ratio_to_lower_bound:.0f}",
+            f"{r.gpu_busy_percent:.0f}", str(lost),
+            _ratio(r.ratio_to_lower_bound),
         )
     table.caption = (
-        "wait: issue → start of inference (mean, percentiles); e2e: issue → done; "
-        "span: discussion makespan; loads: cold loads; evict: evictions; aside: stood "
-        "aside or refused; ÷LB: mean wait over the lower bound "
+        "wait: issue → start of inference (mean, percentiles); "
+        "span: mean discussion makespan; loads: cold loads; evict: evictions; lost: stood "
+        "aside, refused or failed; ÷LB: mean wait over the lower bound "
         f"({result.bound.mean_wait:.2f} s, see docs/simulator.md). Times in seconds."
     )
     return table
+
+
+def _ratio(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
 
 
 def write_plots(result: SimulationResult, directory: Path) -> list[Path]:

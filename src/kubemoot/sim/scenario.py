@@ -200,7 +200,9 @@ class Scenario(_Spec):
         providers = [
             p.model_copy(update={"count": max(1, round(p.count * factor))}) for p in spec.providers
         ]
-        crews = [c.model_copy(update={"count": max(1, round(c.count * factor))}) for c in spec.crews]
+        crews = [
+            c.model_copy(update={"count": max(1, round(c.count * factor))}) for c in spec.crews
+        ]
         return self.model_copy(
             update={"spec": spec.model_copy(update={"providers": providers, "crews": crews})}
         )

@@ -56,6 +56,9 @@ class PolicyRun:
     vram_samples: list[tuple[float, dict[str, int]]]
     capacity_mib: dict[str, int]
     end: float
+    statuses: dict[int, str] = field(default_factory=dict)  # call id → how it ended
+    peak_mib: dict[str, int] = field(default_factory=dict)  # card → most VRAM ever in use
+    usable_mib: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -187,8 +190,16 @@ async def _run(scenario: Scenario, trace: Trace, policy_name: str, seed: int) ->
         end=end, vram_checks=sum(g.vram_checks for g in gpus.values()),
         wall_seconds=time.perf_counter() - wall,
     )
-    return PolicyRun(report, recorder.loads, recorder.unloads, recorder.vram_samples,
-                     {g.name: g.usable_mib for g in plotted}, end)
+    statuses: dict[int, str] = {}
+    for record in recorder.calls:
+        if record.call_id in statuses:
+            raise AssertionError(f"call {record.call_id} ended twice")
+        statuses[record.call_id] = record.outcome.status
+    return PolicyRun(
+        report, recorder.loads, recorder.unloads, recorder.vram_samples,
+        {g.name: g.usable_mib for g in plotted}, end, statuses,
+        {g.name: g.peak_mib for g in gpus.values()}, {g.name: g.usable_mib for g in gpus.values()},
+    )
 
 
 def run_policy(scenario: Scenario, trace: Trace, policy_name: str, *, seed: int) -> PolicyRun:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from kubemoot.sim.scenario import CrewSpec, LatencySpec, Scenario
 
-__all__ = ["Candidate", "CallSpec", "Discussion", "Step", "Trace", "Turn", "build_trace"]
+__all__ = ["CallSpec", "Candidate", "Discussion", "Step", "Trace", "Turn", "build_trace"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +139,9 @@ def build_trace(scenario: Scenario, *, seed: int | None = None) -> Trace:
                 cands = tuple(Candidate(c.model, c.score) for c in phases[phase_name].candidates)
                 calls: list[CallSpec] = []
                 for duration, prompt in zip(durations, prompts, strict=True):
-                    calls.append(CallSpec(call_id, d_id, agent, phase_name, cands, duration, prompt))
+                    calls.append(
+                        CallSpec(call_id, d_id, agent, phase_name, cands, duration, prompt)
+                    )
                     call_id += 1
                 built_steps.append(Step(tuple(calls), think))
             built_turns.append(Turn(agent, tuple(built_steps)))

@@ -10,14 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from types import MappingProxyType
 
 from kubemoot.api import DEFAULT_MAX_AGE_SECONDS, SchedulerSettings, SchedulingRule
 from kubemoot.scheduling.candidate import Placement
 
 __all__ = ["PluginArgs", "SpreadContext", "topology_value"]
-
-_NOTHING: Mapping[str, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,5 +50,5 @@ class PluginArgs:
     settings: SchedulerSettings = field(default_factory=SchedulerSettings)
     bias: float | None = None
     bias_active: bool = False
-    assumed: Mapping[str, int] = _NOTHING
+    assumed: Mapping[str, int] = field(default_factory=dict)
     spread: SpreadContext | None = None

@@ -1,0 +1,171 @@
+"""Per-call placement latency: place + claim + release.
+
+* Embedded: 64 providers and 12 models on MemoryKV, p50/p99 of one call's
+  place → claim → release (goal: p99 ≤ 1 ms).
+* NATS, uncontended: the same loop against a real ``nats-server -js`` (8 providers),
+  with the raw ``get`` + ``update`` round trip measured in the same run as the floor
+  (goal: p99 ratio ≤ 3).
+
+Human-readable lines first; the last line is one JSON object:
+``{"embeddedP99Ms": …, "natsP99Ratio": …}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from kubemoot.clock import SystemClock  # noqa: E402
+from kubemoot.runtime.demand import DemandBoard  # noqa: E402
+from kubemoot.runtime.occupancy import OccupancyBook  # noqa: E402
+from kubemoot.runtime.placement import Candidate  # noqa: E402
+from kubemoot.runtime.planner import CallPlanner  # noqa: E402
+from kubemoot.runtime.selector import ProviderSelector  # noqa: E402
+from kubemoot.runtime.settings import RuntimeSettings  # noqa: E402
+from kubemoot.runtime.tickets import TicketManager  # noqa: E402
+from kubemoot.runtime.view import ProviderView  # noqa: E402
+from kubemoot.store.documents import (  # noqa: E402
+    MODEL_DEMAND_BUCKET,
+    PROVIDER_STATE_BUCKET,
+    PROVIDER_TICKETS_BUCKET,
+    LoadedModel,
+    ProviderState,
+)
+from kubemoot.store.keys import encode_token  # noqa: E402
+from kubemoot.store.memory import MemoryKV  # noqa: E402
+from kubemoot.store.protocol import KV  # noqa: E402
+
+MODELS = [f"model-{i:02d}:{size}b" for i, size in enumerate([3, 7, 8, 14, 14, 24, 32, 7, 3, 8,
+                                                             14, 32])]
+SIZES_MIB = {m: int(m.rsplit(":", 1)[1].rstrip("b")) * 700 for m in MODELS}
+
+
+def fleet(count: int, rng: random.Random) -> list[ProviderState]:
+    states = []
+    for i in range(count):
+        total = rng.choice([16, 24, 32, 48, 80]) * 1024
+        residents: list[LoadedModel] = []
+        used = 0
+        for model in rng.sample(MODELS, 3):
+            if used + SIZES_MIB[model] <= total - 2048:
+                residents.append(LoadedModel(name=model, size_mib=SIZES_MIB[model]))
+                used += SIZES_MIB[model]
+        states.append(ProviderState(
+            provider=f"gpu-{i:02d}", endpoint=f"http://gpu-{i:02d}:11434", ready=True,
+            total_vram_mib=total, max_parallel=4, context_length=8192, loaded_models=residents,
+        ))
+    return states
+
+
+async def build(kv: KV, providers: int, rng: random.Random) -> CallPlanner:
+    clock = SystemClock()
+    settings = RuntimeSettings()
+    states = await kv.bucket(PROVIDER_STATE_BUCKET)
+    tickets = await kv.bucket(PROVIDER_TICKETS_BUCKET)
+    demand = await kv.bucket(MODEL_DEMAND_BUCKET)
+    for state in fleet(providers, rng):
+        await states.put(encode_token(state.provider), state.to_json())
+    view = ProviderView(states, tickets, clock=clock, settings=settings)
+    manager = TicketManager(tickets, states, clock=clock)
+    return CallPlanner(
+        ProviderSelector(view, manager), states=states, settings=settings,
+        occupancy=OccupancyBook(settings=settings, declared=SIZES_MIB),
+        demand=DemandBoard(demand, clock=clock),
+    )
+
+
+async def loop(planner: CallPlanner, calls: int, rng: random.Random) -> tuple[list[float], int]:
+    samples: list[float] = []
+    placed = 0
+    for i in range(calls):
+        model = rng.choice(MODELS)
+        candidates = [Candidate(model, 70), Candidate(rng.choice(MODELS), 65)]
+        start = time.perf_counter()
+        placement = await planner.place(candidates, holder_id=f"bench-{i}", prompt_tokens=2000)
+        await planner.release(placement)
+        samples.append((time.perf_counter() - start) * 1000)
+        placed += placement.ticket is not None
+    return samples, placed
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def floor(kv: KV, rounds: int) -> list[float]:
+    bucket = await kv.bucket("kubemoot_bench_floor")
+    revision = await bucket.put("k", b"{}")
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        entry = await bucket.get("k")
+        assert entry is not None
+        revision = await bucket.update("k", b"{}", expected_revision=entry.revision)
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+async def embedded(calls: int) -> float:
+    rng = random.Random(7)
+    kv = MemoryKV()
+    planner = await build(kv, 64, rng)
+    await loop(planner, 200, rng)  # warm-up
+    samples, placed = await loop(planner, calls, rng)
+    await kv.close()
+    p50, p99 = pct(samples, 0.5), pct(samples, 0.99)
+    print(f"embedded, 64 providers, 12 models: {calls} calls ({placed} placed) "
+          f"p50 {p50:.3f} ms  p99 {p99:.3f} ms  mean {statistics.fmean(samples):.3f} ms")
+    return p99
+
+
+async def nats(calls: int) -> float | None:
+    try:
+        from kubemoot.store.nats import NatsKV, NatsSettings
+        from kubemoot.testing.nats_server import running_nats_server
+    except ImportError as error:
+        print(f"nats: skipped ({error})")
+        return None
+    rng = random.Random(11)
+    async with running_nats_server() as server:
+        kv = await NatsKV.connect(NatsSettings(servers=[server.url]))
+        try:
+            planner = await build(kv, 8, rng)
+            await loop(planner, 50, rng)
+            await floor(kv, 50)
+            samples, placed = await loop(planner, calls, rng)
+            floor_samples = await floor(kv, calls)
+        finally:
+            await kv.close()
+    p50, p99 = pct(samples, 0.5), pct(samples, 0.99)
+    f50, f99 = pct(floor_samples, 0.5), pct(floor_samples, 0.99)
+    ratio = p99 / f99
+    print(f"nats floor (get + update): p50 {f50:.3f} ms  p99 {f99:.3f} ms")
+    print(f"nats, 8 providers, uncontended: {calls} calls ({placed} placed) "
+          f"p50 {p50:.3f} ms  p99 {p99:.3f} ms  → p99 ratio {ratio:.2f}")
+    return ratio
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--nats-calls", type=int, default=500)
+    args = parser.parse_args()
+    embedded_p99 = await embedded(args.calls)
+    ratio = await nats(args.nats_calls)
+    print(json.dumps({
+        "embeddedP99Ms": round(embedded_p99, 4),
+        "natsP99Ratio": None if ratio is None else round(ratio, 3),
+    }))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,192 @@
+"""``kubemoot schedule -f PATH…`` — an operator-side dry run over a bundle of resources.
+
+Loads Models, ModelProviders, Agents, CrewSchedulingPolicies (and optionally
+MootArchetypes and a KubemootConfig), runs one scheduling pass at ``--now`` and prints
+every Agent's phases: a table for people, or the JSON/YAML document for scripts.
+``--explain NAMESPACE/AGENT`` prints one Agent's decision records. Exit 0 whatever the
+outcomes (UNSCHEDULABLE and DEFER are answers); 2 for bad input.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import typer
+
+from kubemoot.api.errors import InputError
+from kubemoot.cli._common import (
+    OUTPUT_OPTION_HELP,
+    OutputFormat,
+    app,
+    console,
+    emit_data,
+    resolve_format,
+)
+
+if TYPE_CHECKING:
+    from kubemoot.scheduling import AgentResult, PhaseResult, ScheduleResult
+
+_OUTCOME_STYLE = {"PLACE": "bold green", "DEFER": "bold yellow", "UNSCHEDULABLE": "bold red"}
+_VERDICT_STYLE = {"PASS": "green", "FAIL": "red", "UNKNOWN": "yellow", "STALE": "magenta"}
+
+
+@app.command("schedule")
+def schedule_command(
+    files: list[str] = typer.Option(
+        ...,
+        "-f",
+        "--filename",
+        help="YAML file or folder of resources; repeat for more ('-' reads stdin).",
+        show_default=False,
+    ),
+    now: str | None = typer.Option(
+        None, "--now", help="Schedule as of this RFC 3339 time (default: the current time)."
+    ),
+    output: OutputFormat | None = typer.Option(None, "-o", "--output", help=OUTPUT_OPTION_HELP),
+    explain: str | None = typer.Option(
+        None, "--explain", help="Print the decision records of one Agent: NAMESPACE/AGENT."
+    ),
+) -> None:
+    """Dry-run the operator's scheduler: filter, score, spread and bind every Agent."""
+    from kubemoot.api.loader import load_bundle
+    from kubemoot.scheduling import schedule_bundle
+
+    moment = _parse_now(now)
+    target = None if explain is None else _parse_target(explain)
+    bundle = load_bundle(files)
+    result = schedule_bundle(bundle, now=moment)
+    fmt = resolve_format(output)
+    if target is not None:
+        agent = result.agent(*target)
+        if agent is None:
+            raise InputError(f"no Agent {target[0]}/{target[1]} in the bundle", field="--explain")
+        if fmt is OutputFormat.table:
+            _print_explain(agent)
+        else:
+            emit_data(agent.to_dict(), fmt)
+        return
+    if fmt is OutputFormat.table:
+        _print_table(result)
+    else:
+        emit_data(result.to_dict(), fmt)
+
+
+def _parse_now(text: str | None) -> datetime:
+    from datetime import UTC
+
+    if text is None:
+        return datetime.now(UTC)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise InputError(f'"{text}" is not an RFC 3339 time', field="--now") from None
+    if moment.tzinfo is None:
+        raise InputError(
+            f'"{text}" has no time zone; write e.g. 2026-05-15T12:00:00Z', field="--now"
+        )
+    return moment
+
+
+def _parse_target(text: str) -> tuple[str, str]:
+    namespace, _, name = text.partition("/")
+    if not namespace or not name or "/" in name:
+        raise InputError(f'"{text}" is not NAMESPACE/AGENT', field="--explain")
+    return namespace, name
+
+
+def _score(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def _print_table(result: ScheduleResult) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"kubemoot schedule at {result.now.isoformat()}", title_justify="left")
+    for column in ("AGENT", "PHASE", "MODEL", "PROVIDER", "SCORE", "OUTCOME", "WHY"):
+        table.add_column(column, overflow="fold")
+    for agent in result.agents:
+        for phase in agent.phases.values():
+            style = _OUTCOME_STYLE.get(phase.outcome.value, "")
+            table.add_row(
+                f"{agent.namespace}/{agent.name}",
+                phase.phase,
+                phase.model or "-",
+                phase.provider or "-",
+                _score(phase.score),
+                f"[{style}]{phase.outcome.value}[/]",
+                phase.reason,
+            )
+    console.print(table)
+    if not result.agents:
+        console.print("no Agents in the bundle")
+    for event in result.events:
+        times = f" (x{event.count})" if event.count > 1 else ""
+        console.print(
+            f"[bold red]{event.type}[/] {event.reason} {event.regarding}: {event.message}{times}",
+            highlight=False,
+        )
+    for policy in result.policies:
+        for condition in policy.conditions:
+            if condition.status != "True":
+                console.print(
+                    f"[bold yellow]{policy.policy.key}[/] {condition.type}=False "
+                    f"({condition.reason}): {condition.message}",
+                    highlight=False,
+                )
+
+
+def _print_explain(agent: AgentResult) -> None:
+    policy = "none" if agent.policy is None else agent.policy.metadata.name
+    console.print(
+        f"[bold]Agent {agent.namespace}/{agent.name}[/] · policy {policy} · "
+        f"capabilities {', '.join(agent.agent.spec.capabilities) or '-'}",
+        highlight=False,
+    )
+    for condition in agent.conditions:
+        console.print(
+            f"  {condition.type}={condition.status} ({condition.reason}): {condition.message}",
+            highlight=False,
+        )
+    for phase in agent.phases.values():
+        _print_phase(phase)
+    for name, value in agent.env.items():
+        console.print(f"  env {name}={value}", highlight=False, soft_wrap=True)
+
+
+def _print_phase(phase: PhaseResult) -> None:
+    from rich.table import Table
+
+    record = phase.decision
+    style = _OUTCOME_STYLE.get(record.outcome.value, "")
+    console.print(
+        f"\n[bold]phase {phase.phase}[/]: [{style}]{record.outcome.value}[/] "
+        f"{phase.model or ''} {phase.reason}",
+        highlight=False,
+    )
+    console.print(f"  engine: {record.reason}", highlight=False)
+    table = Table(show_edge=False, pad_edge=False)
+    for column in ("MODEL", "STANDING", "SCORE", "TERMS", "GATES NOT PASSED"):
+        table.add_column(column, overflow="fold")
+    order = list(record.ranked) + [c for c in record.candidates if c not in record.scores]
+    for cid in order:
+        candidate = record.candidates[cid]
+        terms = record.score_breakdown.get(cid, {})
+        shown = ", ".join(
+            f"{name} {raw:g}×{record.weights.get(name, 1.0):g}" for name, raw in terms.items()
+        )
+        problems = "; ".join(
+            f"[{_VERDICT_STYLE[g.result.value]}]{g.gate} {g.result.value}[/]: {g.reason}"
+            for g in candidate.gates
+            if not g.passed
+        )
+        table.add_row(
+            ("→ " if cid == record.chosen else "") + cid,
+            candidate.standing.value,
+            _score(record.scores.get(cid)),
+            shown or "-",
+            problems or "all PASS",
+        )
+    console.print(table)
+    if record.recheck_triggers and record.outcome.value != "PLACE":
+        console.print("  recheck when: " + "; ".join(record.recheck_triggers[:5]), highlight=False)

@@ -1,0 +1,127 @@
+"""Claim first then release, and plans held from selection."""
+
+from __future__ import annotations
+
+from kubemoot.runtime.claims import claim_with_evictions
+from kubemoot.runtime.cost import OptionKind
+from kubemoot.runtime.placement import Action
+from kubemoot.runtime.selection import SelectionPlanner
+from kubemoot.store.documents import TicketState
+from kubemoot.store.keys import join_key
+from tests.runtime.builders import candidates, gpu, ticket
+
+
+async def test_a_victim_that_picks_up_a_call_meanwhile_voids_the_claim(make) -> None:
+    h = await make([gpu("a", 17, residents={"victim": 16})], declared={"new": 8})
+    rnd = await h.planner.new_round(None)
+    plan = h.planner.selector.plan_eviction(rnd, "new")[0]
+    assert plan.victims == ("victim",)
+    # Between planning and claiming, another call starts on the victim.
+    await h.set_tickets("a", [ticket("victim", ident="late-call")])
+
+    claim = await claim_with_evictions(
+        h.planner.selector, rnd, plan, "me", states=h.states, clients={}
+    )
+
+    assert claim is None
+    assert [t.ticket_id for t in await h.active("a")] == ["late-call"]
+    fleet = await h.view.snapshot()
+    provider = fleet.provider("a")
+    assert provider is not None and provider.is_resident("victim")  # nothing unloaded
+
+
+async def test_the_cheaper_unload_plan_wins_across_providers(make) -> None:
+    h = await make([gpu("a", 17, residents={"victim": 16}), gpu("b", 17, residents={"v2": 16})],
+                   declared={"new": 8})
+    await h.board.record_use("v2")  # "a" is the cheaper plan
+    first = await h.place("new")
+    assert first.evicted == ("victim",) and first.provider == "a"
+
+
+async def test_two_planners_cannot_spend_one_victim_twice(make) -> None:
+    h = await make([gpu("a", 17, residents={"victim": 16})], declared={"new": 8, "other": 8})
+    rnd = await h.planner.new_round(None)
+    plan_new = h.planner.selector.plan_eviction(rnd, "new")[0]
+    plan_other = h.planner.selector.plan_eviction(rnd, "other")[0]
+    # Claim both against the same (stale) round, without unloading in between.
+    first = await h.planner.selector.claim_ticket(
+        plan_new, "x", state=TicketState.LOADING, check=lambda *_: True, evicts=plan_new.evicts
+    )
+    second = await h.planner.selector.claim_ticket(
+        plan_other, "y", state=TicketState.LOADING, check=lambda *_: True,
+        evicts=plan_other.evicts,
+    )
+    assert first is not None
+    # 16 GiB of credit holds 8 + 8 GiB: both fit; a third 8 GiB would not.
+    assert second is not None
+    third = await h.planner.selector.claim_ticket(
+        plan_other, "z", state=TicketState.LOADING, check=lambda *_: True,
+        evicts=plan_other.evicts,
+    )
+    assert third is None
+
+
+async def test_held_plan_lifecycle(make) -> None:
+    h = await make([gpu("a", 24), gpu("b", 24, residents={"qwen3:8b": 6})],
+                   declared={"qwen3:14b": 12})
+    plans = SelectionPlanner(h.planner, clock=h.clock, board=h.board)
+
+    placed = await plans.commit_to_thread("crew/a", "t1", candidates(("qwen3:14b", 70), ("qwen3:8b", 30)))
+
+    # A held ticket reserves the load; intents and the selection are on the board.
+    assert placed.action is Action.COLD_LOAD and placed.ticket is not None
+    assert placed.ticket.state is TicketState.HELD
+    assert await h.demand_bucket.get(join_key("intent", "qwen3:14b", "crew/a")) is not None
+    assert await h.demand_bucket.get(join_key("sel", "crew/a")) is not None
+    demand = await h.board.snapshot()
+    assert demand.of("qwen3:14b").intents == 1 and demand.of("qwen3:14b").prediction == 1.0
+
+    # Another agent selected for the same thread converges on the held copy.
+    other = await plans.commit_to_thread("crew/b", "t1", candidates("qwen3:14b"))
+    assert (other.action, other.provider) == (Action.LOADING, placed.provider)
+
+    # The first mulling call takes the plan: same ticket, now loading.
+    taken = await plans.take("crew/a", "t1", prompt_tokens=1000)
+    assert taken is not None and taken.ticket is not None
+    assert taken.ticket.ticket_id == placed.ticket.ticket_id
+    assert taken.ticket.state is TicketState.LOADING
+    assert await plans.take("crew/a", "t1") is None  # taken once
+
+    # Thread close releases what is still held, and the intents.
+    await plans.close_thread("t1")
+    assert plans.held("crew/b", "t1") is None
+    left = {t.holder_id for t in await h.active(placed.provider or "")}
+    assert left == {"crew/a@t1"}  # the taken plan is the call's to release
+    assert await h.demand_bucket.get(join_key("intent", "qwen3:14b", "crew/b")) is None
+
+
+async def test_held_plan_released_on_stand_aside_and_after_three_minutes(make) -> None:
+    h = await make([gpu("a", 24)], declared={"m": 12})
+    plans = SelectionPlanner(h.planner, clock=h.clock, board=h.board)
+    await plans.commit_to_thread("crew/a", "t1", candidates("m"))
+    await plans.release("crew/a", "t1")  # stood aside
+    assert await h.active("a") == []
+
+    await plans.commit_to_thread("crew/a", "t2", candidates("m"))
+    h.clock.advance(179)
+    assert await plans.expire() == 0
+    h.clock.advance(1)
+    assert await plans.expire() == 1
+    assert await h.active("a") == []
+
+
+async def test_held_plan_on_a_provider_gone_unready_is_released(make) -> None:
+    h = await make([gpu("a", 24)], declared={"m": 12})
+    plans = SelectionPlanner(h.planner, clock=h.clock)
+    await plans.commit_to_thread("crew/a", "t1", candidates("m"))
+    await h.set_state(gpu("a", 24, ready=False))
+    assert await plans.take("crew/a", "t1") is None
+    assert await h.active("a") == []
+
+
+async def test_queue_decision_claims_nothing_and_lists_the_copy(make) -> None:
+    h = await make([gpu("a", 24, residents={"m": 12})], tickets={"a": [ticket("m", age=1)]})
+    placement = await h.place("m")
+    assert placement.action is Action.QUEUE and not placement.placed
+    assert [o.kind for o in placement.options] == [OptionKind.QUEUE]
+    assert len(await h.active("a")) == 1

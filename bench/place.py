@@ -23,25 +23,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from kubemoot.clock import SystemClock  # noqa: E402
-from kubemoot.runtime.demand import DemandBoard  # noqa: E402
-from kubemoot.runtime.occupancy import OccupancyBook  # noqa: E402
-from kubemoot.runtime.placement import Candidate  # noqa: E402
-from kubemoot.runtime.planner import CallPlanner  # noqa: E402
-from kubemoot.runtime.selector import ProviderSelector  # noqa: E402
-from kubemoot.runtime.settings import RuntimeSettings  # noqa: E402
-from kubemoot.runtime.tickets import TicketManager  # noqa: E402
-from kubemoot.runtime.view import ProviderView  # noqa: E402
-from kubemoot.store.documents import (  # noqa: E402
+from kubemoot.clock import SystemClock
+from kubemoot.runtime.demand import DemandBoard
+from kubemoot.runtime.occupancy import OccupancyBook
+from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.planner import CallPlanner
+from kubemoot.runtime.selector import ProviderSelector
+from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.runtime.tickets import TicketManager
+from kubemoot.runtime.view import ProviderView
+from kubemoot.store.documents import (
     MODEL_DEMAND_BUCKET,
     PROVIDER_STATE_BUCKET,
     PROVIDER_TICKETS_BUCKET,
     LoadedModel,
     ProviderState,
 )
-from kubemoot.store.keys import encode_token  # noqa: E402
-from kubemoot.store.memory import MemoryKV  # noqa: E402
-from kubemoot.store.protocol import KV  # noqa: E402
+from kubemoot.store.keys import encode_token
+from kubemoot.store.memory import MemoryKV
+from kubemoot.store.protocol import KV
 
 MODELS = [f"model-{i:02d}:{size}b" for i, size in enumerate([3, 7, 8, 14, 14, 24, 32, 7, 3, 8,
                                                              14, 32])]
@@ -103,13 +103,13 @@ def pct(samples: list[float], q: float) -> float:
 
 async def floor(kv: KV, rounds: int) -> list[float]:
     bucket = await kv.bucket("kubemoot_bench_floor")
-    revision = await bucket.put("k", b"{}")
+    await bucket.put("k", b"{}")
     samples = []
     for _ in range(rounds):
         start = time.perf_counter()
         entry = await bucket.get("k")
         assert entry is not None
-        revision = await bucket.update("k", b"{}", expected_revision=entry.revision)
+        await bucket.update("k", b"{}", expected_revision=entry.revision)
         samples.append((time.perf_counter() - start) * 1000)
     return samples
 
@@ -118,7 +118,7 @@ async def embedded(calls: int) -> float:
     rng = random.Random(7)
     kv = MemoryKV()
     planner = await build(kv, 64, rng)
-    await loop(planner, 200, rng)  # warm-up
+    await loop(planner, 1000, rng)  # warm-up: first-use costs (imports, caches) stay out
     samples, placed = await loop(planner, calls, rng)
     await kv.close()
     p50, p99 = pct(samples, 0.5), pct(samples, 0.99)

@@ -66,7 +66,9 @@ async def test_held_plan_lifecycle(make) -> None:
                    declared={"qwen3:14b": 12})
     plans = SelectionPlanner(h.planner, clock=h.clock, board=h.board)
 
-    placed = await plans.commit_to_thread("crew/a", "t1", candidates(("qwen3:14b", 70), ("qwen3:8b", 30)))
+    placed = await plans.commit_to_thread(
+        "crew/a", "t1", candidates(("qwen3:14b", 70), ("qwen3:8b", 30))
+    )
 
     # A held ticket reserves the load; intents and the selection are on the board.
     assert placed.action is Action.COLD_LOAD and placed.ticket is not None

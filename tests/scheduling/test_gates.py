@@ -30,7 +30,7 @@ P, F, U, S = Verdict.PASS, Verdict.FAIL, Verdict.UNKNOWN, Verdict.STALE
 TOOLS = {"capability/tool-calling": "true", "params": "32B"}
 
 
-def cand(m: object = None, p: ModelProvider | None | str = "default") -> Placement:
+def cand(m: object = None, p: ModelProvider | str | None = "default") -> Placement:
     chosen_model = m if m is not None else model("qwen3-32b", vram_mib=20480, labels=TOOLS)
     chosen_provider = (
         provider("ollama-a", vram_total_mib=32768) if p == "default" else p

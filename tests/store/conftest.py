@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
@@ -22,11 +23,13 @@ _names = itertools.count()
 def nats_url() -> Iterator[str]:
     """One real ``nats-server -js`` for the session (tests use distinct bucket names)."""
     server = NatsServer()
-    asyncio.run(server.start())
-    try:
-        yield server.url
-    finally:
-        asyncio.run(server.close())
+    # A thread of its own: the first user may already run inside an event loop.
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(asyncio.run, server.start()).result()
+        try:
+            yield server.url
+        finally:
+            thread.submit(asyncio.run, server.close()).result()
 
 
 @dataclass

@@ -145,6 +145,7 @@ class Coordinator:
         sink = CallbackSink(record.emit)
         if self._sink is not None:
             sink.add(self._sink.emit)
+        await self._advise(thread)
         selected = self.select(thread, members)
         selection = self.runtime.selection
         for member in selected:
@@ -174,6 +175,21 @@ class Coordinator:
         settlement, answer = await self._settle(thread, record.signals, still_waiting, sink)
         return DiscussionResult(thread, settlement, answer, record.signals,
                                 [m.id for m in selected])
+
+    async def _advise(self, thread: Thread) -> str | None:
+        """The coordinator's own triage of the question (advisory: it never waits, and
+        the discussion goes on without it)."""
+        if not self.profile.triage:
+            return None
+        messages = [
+            {"role": "system", "content": "Name the specialists this question needs."},
+            {"role": "user", "content": thread.question},
+        ]
+        outcome = await self.runtime.call(
+            agent=self.profile.id, thread_id=thread.id, phase=TRIAGE, messages=messages,
+            candidates=self.profile.triage[:1], wait=False, static=self.profile.triage_static,
+        )
+        return outcome.result.content if outcome.result is not None else None
 
     # -- one agent -----------------------------------------------------------------
 

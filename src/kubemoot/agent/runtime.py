@@ -23,7 +23,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from kubemoot.agent.pool import CallSettings, ChatPool
 from kubemoot.agent.signals import Signal, SignalMetadata, SignalSink, SignalType
@@ -44,12 +44,19 @@ __all__ = [
     "CallRecord",
     "SignalWaitSink",
     "StaticTarget",
+    "UseBoard",
 ]
 
 log = logging.getLogger(__name__)
 
 AfterCall = Callable[[str], Awaitable[None]]
 """``after_call(provider)``: runs after a call and before its ticket is released."""
+
+
+class UseBoard(Protocol):
+    """The part of the DemandBoard a finished call writes (recent use)."""
+
+    async def record_use(self, model: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +86,7 @@ class CallRecord:
     seconds: float
     ok: bool
     prompt_tokens: int | None = None
+    model_calls: int = 0  # requests the engine received for this call (tool turns)
     reason: str | None = None
     failure_type: str | None = None
 
@@ -96,6 +104,7 @@ class CallRecord:
             "seconds": round(self.seconds, 3),
             "ok": self.ok,
             "promptTokens": self.prompt_tokens,
+            "modelCalls": self.model_calls,
             "reason": self.reason,
             "failureType": self.failure_type,
         }
@@ -172,6 +181,7 @@ class AgentRuntime:
         pool: ChatPool,
         clock: Clock,
         after_call: AfterCall | None = None,
+        board: UseBoard | None = None,
         limits: ToolLoopLimits | None = None,
     ) -> None:
         self.planner = planner
@@ -181,6 +191,7 @@ class AgentRuntime:
         self.clock = clock
         self.limits = limits or ToolLoopLimits()
         self._after_call = after_call
+        self._board = board
         self._estimators: dict[str, TokenEstimator] = {}
         self._books = _Books()
         self._serial = 0
@@ -337,6 +348,9 @@ class AgentRuntime:
                 with contextlib.suppress(StoreError, OSError):
                     await self._after_call(placement.provider)
             await self.planner.finish(placement, seconds=self.clock.now() - began, ok=ok)
+            if self._board is not None and result is not None:
+                with contextlib.suppress(StoreError):
+                    await self._board.record_use(placement.model)
         outcome = CallOutcome(placement=placement, result=result, model=placement.model)
         failure = result.failure
         record = CallRecord(
@@ -346,6 +360,7 @@ class AgentRuntime:
             evicted=placement.evicted, started_at=started,
             seconds=self.clock.now() - started, ok=result.ok,
             prompt_tokens=result.last_prompt_tokens or prompt_tokens,
+            model_calls=result.model_calls,
             failure_type=failure.failure_type.value if failure is not None else None,
         )
         outcome.record = record

@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         app(args=argv, prog_name="kubemoot", standalone_mode=False)
     except InputError as error:
-        err_console.print(f"[bold red]error:[/] {error.describe()}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[bold red]error:[/] {error.describe()}", highlight=False, soft_wrap=True
+        )
         if debug:
             raise
         sys.exit(2)
@@ -61,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         err_console.print(
-            f"[bold red]error:[/] {type(error).__name__}: {error}", highlight=False, soft_wrap=True
+            f"[bold red]error:[/] {type(error).__name__}: {error}",
+            highlight=False,
+            soft_wrap=True,
         )
         sys.exit(1)
     sys.exit(0)

@@ -84,7 +84,7 @@ class CallPlanner:
     async def _demand_view(self) -> NeedView:
         # Demand changes slowly and only orders victims, so it shares the state cache window.
         now = self.selector.view.clock.now()
-        if self._need is None or now - self._need_read_at >= self.settings.state_cache_seconds:
+        if self._need is None or now - self._need_read_at >= self.settings.demand_cache_seconds:
             need: NeedView = NeedTable()
             if self._demand is not None:
                 try:
@@ -275,8 +275,10 @@ class CallPlanner:
             return
         try:
             await self.selector.tickets.release(placement.provider, placement.ticket.ticket_id)
-        finally:
+        except BaseException:
             self.selector.view.invalidate(placement.provider)
+            raise
+        self.selector.view.note_released(placement.provider, placement.ticket.ticket_id)
 
 
 _REASON_TEXT = {

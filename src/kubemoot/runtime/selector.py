@@ -211,9 +211,9 @@ class ProviderSelector:
                 state=state, evicts=dict(evicts) if evicts else None, check=check,
             )
         except (ClaimRejected, ClaimConflict):
+            self.view.invalidate(option.provider)  # the state moved: read it again
             return None
-        finally:
-            self.view.invalidate(option.provider)
+        self.view.note_claimed(option.provider, ticket)
         return ticket
 
 

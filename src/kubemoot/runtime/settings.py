@@ -36,6 +36,11 @@ class RuntimeSettings:
     ticket_ttl_seconds: float = 180.0
     #: How long a read of provider state and tickets is reused (absorbs fan-out bursts).
     state_cache_seconds: float = 0.2
+    #: How often the list of providers is re-read (a listing costs more than reads of
+    #: known keys on a networked store); new providers appear within this time.
+    discovery_seconds: float = 5.0
+    #: How long a read of the demand board is reused; demand only orders victims.
+    demand_cache_seconds: float = 1.0
     #: A plan held from selection that no call took is released after this long.
     held_plan_ttl_seconds: float = 180.0
     #: Safety net for a busy call waiting on capacity changes.

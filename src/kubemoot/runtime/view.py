@@ -2,8 +2,9 @@
 
 Every call reads the provider-state and ticket documents of every provider. A short
 cache (``state_cache_seconds``, 200 ms by default) absorbs bursts when one agent fans
-out many calls at once; a provider's entry is dropped as soon as this process claims
-or releases there, so its own decisions always see its own tickets. Parsed documents
+out many calls at once. This process's own claims and releases are applied to the
+cached documents at once (a refused claim or an eviction drops the provider's entry
+for a re-read), so its own decisions always see its own tickets. Parsed documents
 are reused while their revision has not moved.
 
 With no provider state published at all, the view asks a :class:`Prober` to look at
@@ -21,7 +22,7 @@ from kubemoot.runtime.circuit import CircuitBreakers
 from kubemoot.runtime.latency import LatencyTracker
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import FleetSnapshot, ProviderSnapshot
-from kubemoot.store.documents import ProviderState, ProviderTickets
+from kubemoot.store.documents import ProviderState, ProviderTickets, Ticket
 from kubemoot.store.keys import decode_token, encode_token
 from kubemoot.store.protocol import Bucket
 
@@ -68,9 +69,16 @@ class ProviderView:
         self._fleet: FleetSnapshot | None = None
         self._read_at = float("-inf")
         self._stale: set[str] = set()
+        self._keys: list[str] | None = None
+        self._listed_at = float("-inf")
         self._parsed_states: dict[str, _Parsed] = {}
         self._parsed_tickets: dict[str, _Parsed] = {}
         self._docs: dict[str, tuple[ProviderState, ProviderTickets | None]] = {}
+        self._built: dict[
+            str,
+            tuple[ProviderState, ProviderTickets | None, tuple[float, bool], float,
+                  ProviderSnapshot],
+        ] = {}
 
     @property
     def clock(self) -> Clock:
@@ -88,8 +96,32 @@ class ProviderView:
         """Forget cached state: of one provider (after an own claim or unload), or of all."""
         if provider is None:
             self._read_at = float("-inf")
+            self._keys = None
         else:
             self._stale.add(provider)
+
+    def note_claimed(self, provider: str, ticket: Ticket) -> None:
+        """This process's claim succeeded: show its ticket without a re-read."""
+        current = self._docs.get(provider)
+        if current is None or provider in self._stale:
+            self.invalidate(provider)
+            return
+        state, doc = current
+        kept = [] if doc is None else [t for t in doc.tickets if t.ticket_id != ticket.ticket_id]
+        self._docs[provider] = (
+            state, ProviderTickets(provider=provider, tickets=[*kept, ticket])
+        )
+
+    def note_released(self, provider: str, ticket_id: str) -> None:
+        """This process released a ticket: drop it without a re-read."""
+        current = self._docs.get(provider)
+        if current is None:
+            return
+        state, doc = current
+        if doc is None:
+            return
+        kept = [t for t in doc.tickets if t.ticket_id != ticket_id]
+        self._docs[provider] = (state, ProviderTickets(provider=provider, tickets=kept))
 
     async def snapshot(self) -> FleetSnapshot:
         """The fleet now; cached documents are reused within the cache window."""
@@ -113,17 +145,34 @@ class ProviderView:
         self, state: ProviderState, tickets: ProviderTickets | None, now: float
     ) -> ProviderSnapshot:
         circuit_open = self._circuits is not None and not self._circuits.allows(state.provider)
-        return ProviderSnapshot(
-            state=state,
-            tickets=tuple(tickets.active(now)) if tickets is not None else (),
-            latency_seconds=self._latency.latency(state.endpoint),
-            circuit_open=circuit_open,
+        latency = self._latency.latency(state.endpoint)
+        cached = self._built.get(state.provider)
+        if (
+            cached is not None
+            and cached[0] is state
+            and cached[1] is tickets
+            and cached[2] == (latency, circuit_open)
+            and now < cached[3]
+        ):
+            return cached[4]  # same documents, no ticket lapsed since: same snapshot
+        active = tuple(tickets.active(now)) if tickets is not None else ()
+        built = ProviderSnapshot(
+            state=state, tickets=active, latency_seconds=latency, circuit_open=circuit_open
         )
+        valid_until = min((t.expires_at for t in active), default=float("inf"))
+        self._built[state.provider] = (
+            state, tickets, (latency, circuit_open), valid_until, built
+        )
+        return built
 
     async def _read_all(self) -> None:
         # Reads go out together: on a networked store one refresh costs about one round
         # trip per bucket, not one per provider.
-        keys = sorted(await self._states.keys())
+        now = self._clock.now()
+        if self._keys is None or now - self._listed_at >= self._settings.discovery_seconds:
+            self._keys = sorted(await self._states.keys())
+            self._listed_at = now
+        keys = self._keys
         states = await asyncio.gather(*(self._state(k) for k in keys))
         present = [s for s in states if s is not None]
         tickets = await asyncio.gather(

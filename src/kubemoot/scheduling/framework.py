@@ -178,12 +178,15 @@ class Framework:
         if found is not None:
             return found
         gates = [GATES[name](self.args(max_age_seconds=max_age_seconds)) for name in PROVIDER_GATES]
+        # Parallelism with nothing assumed yet: an unknown limit or a provider already full
+        # by its own report is agent-independent; later bindings can only add FAILs.
+        base_parallelism = ParallelismGate.from_args(self.args(max_age_seconds=max_age_seconds))
         results: dict[str, tuple[GateResult, ...]] = {}
         standing: dict[str, int] = {}
         for placement in self.placements:
             checked = tuple(gate.check(placement) for gate in gates)
             results[placement.name] = checked
-            standing[placement.name] = standing_of(checked)
+            standing[placement.name] = standing_of((*checked, base_parallelism.check(placement)))
         facts: dict[str, ProviderFacts] = {}
         for placement in self.placements:
             provider = placement.provider

@@ -1,0 +1,396 @@
+"""``kubemoot demo`` — the whole system in one process, on emulated GPUs.
+
+It starts one Ollama-API **emulator** per ModelProvider of the bundle (by default
+``examples/homelab``: a 32 GiB and a 24 GiB card), runs the control plane over the
+bundle, probes the emulators into the shared store (the embedded store, or NATS with
+``--nats``), and runs several discussions at once through the per-call runtime. Every
+call is attributed to the provider it really ran on; the emulators' own books (requests
+received, loads, peak VRAM) are printed beside the runtime's, so the two can be checked
+against each other. The emulators run faster than real time (``--time-scale``), and the
+runtime's cost settings are scaled to match, so every cost stays in real seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import time
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from kubemoot.api.errors import InputError
+from kubemoot.cli._common import (
+    OUTPUT_OPTION_HELP,
+    OutputFormat,
+    app,
+    console,
+    emit_data,
+    err_console,
+    resolve_format,
+)
+
+if TYPE_CHECKING:
+    from kubemoot.agent.discussion import DiscussionResult
+    from kubemoot.agent.signals import Signal
+    from kubemoot.providers.emulator import OllamaEmulator
+    from kubemoot.providers.ollama import OllamaProvider
+
+DEFAULT_BUNDLE = Path(__file__).resolve().parents[3] / "examples" / "homelab"
+# Emulated seconds per call: a fixed part plus a part per generated token (8–31 tokens).
+CALL_BASE_SECONDS = 2.0
+CALL_PER_TOKEN_SECONDS = 0.3
+PROBE_INTERVAL_SECONDS = 0.25
+SAMPLE_INTERVAL_SECONDS = 0.01
+
+
+@app.command("demo")
+def demo_command(
+    nats: str | None = typer.Option(
+        None, "--nats", help="Run against this NATS server (nats://host:4222) instead of "
+        "the embedded store."
+    ),
+    discussions: int = typer.Option(6, "--discussions", min=1, max=40,
+                                    help="How many discussions to run at once."),
+    seed: int = typer.Option(7, "--seed", help="Chooses questions, members and start times."),
+    output: OutputFormat | None = typer.Option(None, "-o", "--output", help=OUTPUT_OPTION_HELP),
+    dashboard: bool = typer.Option(False, "--dashboard", help="Also serve the dashboard."),
+    bundle: Path | None = typer.Option(
+        None, "-f", "--bundle", help="Resources to run (default: examples/homelab)."
+    ),
+    time_scale: float = typer.Option(
+        0.05, "--time-scale", min=0.001, max=1.0,
+        help="Real seconds per emulated second (1 = as slow as real GPUs).",
+    ),
+) -> None:
+    """Run crews on emulated GPUs through the scheduler and show where each call ran."""
+    fmt = resolve_format(output)
+    path = bundle or DEFAULT_BUNDLE
+    if not path.exists():
+        raise InputError("no such bundle; pass -f with the resources to run",
+                         file=str(path), field="--bundle")
+    report = asyncio.run(_run(path, nats_url=nats, discussions=discussions, seed=seed,
+                              time_scale=time_scale, dashboard=dashboard,
+                              live=fmt is OutputFormat.table))
+    if fmt is OutputFormat.table:
+        _print_report(report)
+    else:
+        emit_data(report, fmt)
+
+
+# -- the run ---------------------------------------------------------------------------
+
+
+class _Books:
+    """Signals and emulator samples gathered while the demo runs."""
+
+    def __init__(self) -> None:
+        self.signals: list[Signal] = []
+        self.peak: dict[str, int] = {}
+        self.over: Counter[str] = Counter()
+        self._above: set[str] = set()
+
+    def sample(self, name: str, used: int, usable: int) -> None:
+        self.peak[name] = max(self.peak.get(name, 0), used)
+        if used > usable and name not in self._above:
+            self.over[name] += 1  # one overcommit per excursion above the budget
+            self._above.add(name)
+        elif used <= usable:
+            self._above.discard(name)
+
+
+async def _run(path: Path, *, nats_url: str | None, discussions: int, seed: int,
+               time_scale: float, dashboard: bool, live: bool) -> dict[str, Any]:
+    from datetime import UTC, datetime
+
+    from kubemoot.agent.crew import COORDINATOR_ROLE, profiles_from_schedule
+    from kubemoot.agent.demo import demo_tools, run_discussions
+    from kubemoot.agent.discussion import Coordinator
+    from kubemoot.agent.pool import CallSettings
+    from kubemoot.agent.signals import CallbackSink
+    from kubemoot.agent.wiring import build_stack
+    from kubemoot.api.loader import load_bundle
+    from kubemoot.clock import SystemClock
+    from kubemoot.providers.ollama import OllamaProvider
+    from kubemoot.providers.prober import Prober, publish_to_kv
+    from kubemoot.runtime.settings import RuntimeSettings
+    from kubemoot.scheduling import schedule_bundle
+    from kubemoot.store.documents import PROVIDER_STATE_BUCKET
+
+    started = time.monotonic()
+    resources = load_bundle([path])
+    if not resources.providers:
+        raise InputError("the bundle has no ModelProvider to emulate", file=str(path))
+    result = schedule_bundle(resources, now=datetime.now(UTC))
+    clock = SystemClock()
+    emulators = await _start_emulators(resources, time_scale)
+    kv = await _open_store(nats_url, clock)
+    books = _Books()
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        clients = {p.metadata.name: _counting_provider(p, emulators[p.metadata.name].url)
+                   for p in resources.providers}
+        prober = Prober(list(clients.values()), clock=clock,
+                        publish=publish_to_kv(await kv.bucket(PROVIDER_STATE_BUCKET)))
+        await prober.probe_all()
+
+        async def after_call(provider: str) -> None:
+            await prober.probe_one(clients[provider])
+
+        def factory(provider: str, endpoint: str, settings: CallSettings) -> OllamaProvider:
+            return OllamaProvider(provider, endpoint, timeout=settings.timeout, clock=clock)
+
+        settings = RuntimeSettings().with_values({
+            "load_rate_mibps": 1024.0 / time_scale,
+            "unload_seconds": 1.0 * time_scale,
+            "default_latency_seconds": 30.0 * time_scale,
+            "gpu_wait_limit_seconds": 90.0 * time_scale,
+        })
+        declared = {m.spec.model: m.spec.vram_mib for m in resources.models
+                    if m.spec.vram_mib is not None}
+        stack = await build_stack(kv, clients=clients, client_factory=factory, clock=clock,
+                                  settings=settings, declared=declared, after_call=after_call)
+        tasks.append(asyncio.create_task(prober.run(PROBE_INTERVAL_SECONDS)))
+        tasks.append(asyncio.create_task(_sample(emulators, resources, books)))
+        if dashboard:
+            _dashboard_hook(stack)
+        endpoints = {name: emulator.url for name, emulator in emulators.items()}
+        profiles = profiles_from_schedule(result, resources.providers, endpoints=endpoints,
+                                          tools=demo_tools())
+        coordinator_profile = next((p for p in profiles if p.role == COORDINATOR_ROLE), None)
+        members = [p for p in profiles if p.role != COORDINATOR_ROLE]
+        if coordinator_profile is None or not members:
+            raise InputError("the bundle needs a coordinator Agent and at least one member "
+                             "with a mulling binding", file=str(path))
+        sink = CallbackSink(books.signals.append)
+        coordinator = Coordinator(stack.agents, coordinator_profile, sink=sink,
+                                  deadline_seconds=settings.gpu_wait_limit_seconds)
+        try:
+            run = run_discussions(coordinator, members, count=discussions, seed=seed,
+                                  stagger_seconds=40.0 * time_scale)
+            threads = await (_with_live(run, books, stack.agents, discussions) if live else run)
+        finally:
+            await stack.close()
+        return _report(threads, stack.agents.records, books, emulators, clients, resources,
+                       store="nats" if nats_url else "memory", seed=seed,
+                       time_scale=time_scale, wall=time.monotonic() - started)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        await kv.close()
+        await asyncio.gather(*(asyncio.to_thread(e.stop) for e in emulators.values()))
+
+
+async def _start_emulators(resources: Any, time_scale: float) -> dict[str, OllamaEmulator]:
+    from kubemoot.providers.emulator import EmulatedModel, EmulatorConfig, OllamaEmulator
+
+    # The emulated footprint of each model is its declared vramMib, so the control
+    # plane, the runtime and the engines agree on every size.
+    catalogue = {m.spec.model: EmulatedModel(m.spec.model, m.spec.vram_mib or 4096,
+                                             family=m.metadata.labels.get("family", "x"))
+                 for m in resources.models}
+    emulators: dict[str, OllamaEmulator] = {}
+    for provider in resources.providers:
+        capacity = provider.capacity
+        vram = capacity.vram_total_mib if capacity and capacity.vram_total_mib else 24576
+        config = EmulatorConfig(
+            models=tuple(catalogue.values()), vram_mib=vram,
+            num_parallel=provider.spec.num_parallel or 1,
+            context_length=provider.spec.context_length or 4096,
+            base_latency_s=CALL_BASE_SECONDS, per_token_s=CALL_PER_TOKEN_SECONDS,
+            time_scale=time_scale,
+        )
+        emulators[provider.metadata.name] = OllamaEmulator(config)
+    await asyncio.gather(*(asyncio.to_thread(e.start) for e in emulators.values()))
+    return emulators
+
+
+async def _open_store(nats_url: str | None, clock: Any) -> Any:
+    if nats_url is None:
+        from kubemoot.store.memory import MemoryKV
+
+        return MemoryKV(clock=clock)
+    from kubemoot.store.nats import NatsKV, NatsSettings
+
+    servers = [u.strip() for u in nats_url.split(",") if u.strip()]
+    return await NatsKV.connect(NatsSettings(servers=servers))
+
+
+def _counting_provider(provider: Any, url: str) -> OllamaProvider:
+    """The planner's client for a provider; it remembers each model it unloaded."""
+    from kubemoot.providers.ollama import OllamaProvider
+
+    class Counting(OllamaProvider):
+        unloads: list[str]
+
+        async def unload(self, model: str) -> None:
+            self.unloads.append(model)
+            await super().unload(model)
+
+    capacity = provider.capacity
+    client = Counting(
+        provider.metadata.name, url, context_length=provider.spec.context_length,
+        num_parallel=provider.spec.num_parallel or 1, reserve_mib=provider.spec.reserve_mib,
+        total_vram_mib=capacity.vram_total_mib if capacity else None, timeout=30.0,
+    )
+    client.unloads = []
+    return client
+
+
+async def _sample(emulators: dict[str, OllamaEmulator], resources: Any, books: _Books) -> None:
+    """Watch each emulator's resident VRAM against the budget the scheduler keeps."""
+    usable = {p.metadata.name: (p.capacity.vram_total_mib if p.capacity else 0) or 0
+              for p in resources.providers}
+    reserve = {p.metadata.name: p.spec.reserve_mib for p in resources.providers}
+    while True:
+        for name, emulator in emulators.items():
+            try:
+                used = sum(c.footprint_mib for c in list(emulator.engine.copies.values()))
+            except RuntimeError:  # the engine's thread changed its books mid-read
+                continue
+            books.sample(name, used, usable[name] - reserve[name])
+        await asyncio.sleep(SAMPLE_INTERVAL_SECONDS)
+
+
+def _dashboard_hook(stack: Any) -> None:
+    """Serve the dashboard over the demo's runtime when the dashboard module offers it."""
+    module = importlib.import_module("kubemoot.dashboard")
+    attach = getattr(module, "attach_demo", None)
+    if attach is None:
+        err_console.print("the dashboard is not available yet; running without it")
+        return
+    attach(stack)
+
+
+async def _with_live(run: Any, books: _Books, agents: Any, total: int) -> Any:
+    from rich.live import Live
+
+    task = asyncio.ensure_future(run)
+    with Live(_progress(books, agents, total), console=err_console,
+              refresh_per_second=8, transient=True) as view:
+        while not task.done():
+            view.update(_progress(books, agents, total))
+            await asyncio.wait({task}, timeout=0.125)
+    return task.result()
+
+
+def _progress(books: _Books, agents: Any, total: int) -> Any:
+    from rich.table import Table
+
+    table = Table(title="kubemoot demo (emulated GPUs)", title_justify="left")
+    for column in ("calls", "waiting", "stand-asides", "latest"):
+        table.add_column(column)
+    waiting = sum(1 for s in books.signals if s.type.value == "waiting")
+    asides = sum(1 for s in books.signals if s.type.value == "stand_aside")
+    latest = agents.records[-1] if agents.records else None
+    where = (f"{latest.agent} {latest.phase} → {latest.model} on {latest.provider}"
+             if latest is not None else "placing…")
+    table.add_row(str(len(agents.records)), str(waiting), str(asides), where)
+    return table
+
+
+# -- the report ------------------------------------------------------------------------
+
+
+def _report(threads: list[DiscussionResult], records: list[Any], books: _Books,
+            emulators: dict[str, OllamaEmulator], clients: dict[str, Any], resources: Any,
+            *, store: str, seed: int, time_scale: float, wall: float) -> dict[str, Any]:
+    stand_asides = Counter(s.metadata.reason or "unknown" for t in threads
+                           for s in t.stand_asides())
+    failures = Counter(s.metadata.failure_type or "unknown" for t in threads
+                       for s in t.signals if s.type.value == "failure")
+    providers: dict[str, Any] = {}
+    engine_evictions = 0
+    for p in resources.providers:
+        name = p.metadata.name
+        engine = emulators[name].engine
+        engine_evictions += len(engine.evictions)
+        total = p.capacity.vram_total_mib if p.capacity else None
+        providers[name] = {
+            "endpoint": emulators[name].url,
+            "vramMiB": total,
+            "usableMiB": (total or 0) - p.spec.reserve_mib,
+            "peakVramMiB": books.peak.get(name, 0),
+            "requests": dict(Counter(r.model for r in engine.records)),
+            "truncatedRequests": sum(1 for r in engine.records if r.truncated),
+            "loads": dict(Counter(engine.loads)),
+            "unloads": list(clients[name].unloads),
+            "engineEvictions": list(engine.evictions),
+        }
+    calls = [r.to_dict() for r in records]
+    return {
+        "store": store,
+        "seed": seed,
+        "timeScale": time_scale,
+        "discussions": len(threads),
+        "answered": sum(1 for t in threads if t.answered),
+        "settlements": dict(Counter(t.settlement.value for t in threads)),
+        "calls": calls,
+        "loads": sum(sum(v["loads"].values()) for v in providers.values()),
+        "evictions": sum(len(v["unloads"]) for v in providers.values()),
+        "waits": sum(1 for s in books.signals if s.type.value == "waiting"),
+        "queuedCalls": sum(1 for r in records if r.action == "queue"),
+        "warmCalls": sum(1 for r in records if r.action in ("warm", "loading")),
+        "coldLoads": sum(1 for r in records if r.action == "cold-load"),
+        "standAsides": dict(stand_asides),
+        "failures": dict(failures),
+        # the engines had to overrule the scheduler's budget: a VRAM excursion above a
+        # card's usable memory, or a model the engine evicted on its own to make room
+        "overcommits": sum(books.over.values()) + engine_evictions,
+        "providers": providers,
+        "threads": [{k: v for k, v in t.to_dict().items() if k != "signals"}
+                    for t in threads],
+        "wallSeconds": round(wall, 2),
+    }
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    calls = Table(title="Per-call attribution", title_justify="left")
+    for column in ("thread", "agent", "phase", "model", "provider", "action", "waited s",
+                   "evicted"):
+        calls.add_column(column)
+    for call in report["calls"]:
+        calls.add_row(call["threadId"], call["agent"].split("/")[-1], call["phase"],
+                      call["model"], call["provider"], call["action"],
+                      f"{call['waitedSeconds']:.2f}", ", ".join(call["evicted"]) or "-")
+    console.print(calls)
+    summary = Table(title="Summary", title_justify="left", show_header=False)
+    summary.add_column("what")
+    summary.add_column("value")
+    rows = [
+        ("store", report["store"]),
+        ("discussions", str(report["discussions"])),
+        ("answered", str(report["answered"])),
+        ("calls", str(len(report["calls"]))),
+        ("warm / queued / cold-load calls",
+         f"{report['warmCalls']} / {report['queuedCalls']} / {report['coldLoads']}"),
+        ("engine loads", str(report["loads"])),
+        ("evictions (planned unloads)", str(report["evictions"])),
+        ("agents that waited for a GPU", str(report["waits"])),
+        ("stand-asides", _counts(report["standAsides"])),
+        ("failures", _counts(report["failures"])),
+        ("overcommits", str(report["overcommits"])),
+        ("wall time", f"{report['wallSeconds']} s"),
+    ]
+    for name, provider in report["providers"].items():
+        rows.append((f"{name} peak VRAM",
+                     f"{provider['peakVramMiB']} of {provider['usableMiB']} MiB usable"))
+    for row in rows:
+        summary.add_row(*row)
+    console.print(summary)
+    for thread in report["threads"]:
+        console.print(f"[bold]{thread['threadId']}[/] ({thread['settlement']}): "
+                      f"{thread['question']}\n  → {thread['answer']}", highlight=False)
+    console.print("[dim]GPUs are emulated (an Ollama-API emulator, not Ollama).[/]")
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"

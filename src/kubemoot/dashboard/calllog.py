@@ -1,0 +1,152 @@
+"""The call log: per-call attribution in shared state, for the dashboard.
+
+The agent runtime knows where each call *really* ran (provider, model, victims, wait),
+but that lives in the agent's process. To show it in a dashboard that may run
+elsewhere, each finished call is written to a fourth bucket, ``kubemoot_call_log``,
+one key per call: ``<agent>.<call-id>``. Every key is written once by one process, so
+writes need no compare-and-set, and the bucket's max age keeps it to recent history.
+The dashboard watches the bucket like the other three.
+
+The writer is wired in by whoever owns an ``AgentRuntime`` (``kubemoot demo`` does it);
+it takes plain attribution fields so this module does not depend on the agent package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import secrets
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kubemoot.store.documents import DOCUMENT_VERSION, wire_name
+from kubemoot.store.keys import encode_token
+from kubemoot.store.protocol import KV, Bucket, StoreError
+
+__all__ = [
+    "CALL_LOG_BUCKET",
+    "CALL_LOG_MAX_AGE_SECONDS",
+    "CallEntry",
+    "CallLogWriter",
+    "CallRecordLike",
+]
+
+log = logging.getLogger(__name__)
+
+CALL_LOG_BUCKET = "kubemoot_call_log"
+CALL_LOG_MAX_AGE_SECONDS = 3600.0  # an hour of history is plenty for a live page
+
+
+class CallEntry(BaseModel):
+    """``kubemoot_call_log/<agent>.<call-id>``: where one finished call ran."""
+
+    model_config = ConfigDict(alias_generator=wire_name, populate_by_name=True, extra="ignore")
+
+    version: int = DOCUMENT_VERSION
+    agent: str
+    thread_id: str
+    phase: str
+    model: str | None = None
+    provider: str | None = None
+    action: str
+    waited_seconds: float = 0.0
+    evicted: list[str] = Field(default_factory=list)
+    started_at: float
+    seconds: float = 0.0
+    ok: bool = True
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(by_alias=True).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, data: bytes) -> CallEntry:
+        return cls.model_validate_json(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, mode="json")
+
+
+class CallRecordLike(Protocol):
+    """The fields of ``kubemoot.agent.runtime.CallRecord`` the log keeps."""
+
+    @property
+    def agent(self) -> str: ...
+    @property
+    def thread_id(self) -> str: ...
+    @property
+    def phase(self) -> str: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def provider(self) -> str | None: ...
+    @property
+    def action(self) -> str: ...
+    @property
+    def waited_seconds(self) -> float: ...
+    @property
+    def evicted(self) -> tuple[str, ...]: ...
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def ok(self) -> bool: ...
+
+
+class CallLogWriter:
+    """Writes finished calls to the call-log bucket without blocking the caller.
+
+    :meth:`record` is synchronous (it fits ``AgentRuntime.on_record``): it queues the
+    entry and a background task writes it. Losing an entry only thins the page, so a
+    store error is logged, never raised into the agent's call.
+    """
+
+    def __init__(self, bucket: Bucket) -> None:
+        self._bucket = bucket
+        # Random per writer so two processes logging for the same agent never collide.
+        self._prefix = secrets.token_hex(4)
+        self._serial = itertools.count(1)
+        self._queue: asyncio.Queue[CallEntry] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, kv: KV) -> CallLogWriter:
+        bucket = await kv.bucket(CALL_LOG_BUCKET, max_age=CALL_LOG_MAX_AGE_SECONDS)
+        return cls(bucket)
+
+    def key_for(self, entry: CallEntry) -> str:
+        return f"{encode_token(entry.agent)}.{self._prefix}-{next(self._serial):06d}"
+
+    async def publish(self, entry: CallEntry) -> None:
+        """Write one entry now."""
+        await self._bucket.put(self.key_for(entry), entry.to_json())
+
+    def record(self, call: CallRecordLike) -> None:
+        """Queue one finished call (a listener for ``AgentRuntime.on_record``)."""
+        entry = CallEntry(
+            agent=call.agent, thread_id=call.thread_id, phase=call.phase, model=call.model,
+            provider=call.provider, action=call.action, waited_seconds=call.waited_seconds,
+            evicted=list(call.evicted), started_at=call.started_at, seconds=call.seconds,
+            ok=call.ok,
+        )
+        self._queue.put_nowait(entry)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while not self._queue.empty():
+            entry = self._queue.get_nowait()
+            try:
+                await self.publish(entry)
+            except StoreError as error:
+                log.warning("call log write for %s failed: %s", entry.agent, error)
+
+    async def flush(self) -> None:
+        """Wait until every queued entry is written (before the store closes)."""
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await self._task
+        await self._drain()

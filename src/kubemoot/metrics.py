@@ -1,0 +1,138 @@
+"""Prometheus metrics shared by every kubemoot process.
+
+The metric objects live here, in one registry, so the runtime, the prober, the operator
+and the dashboard count into the same names whichever process they run in. Any process
+exposes them with :func:`serve_metrics` (its own small HTTP listener) or by returning
+:func:`render` from a web route, as the dashboard's ``/metrics`` does.
+
+This module imports nothing else of ours, so every layer may import it. Incrementing a
+counter is process-local and never does I/O; under the simulator the counts simply
+describe the simulated run.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+__all__ = [
+    "CAS_CONFLICTS",
+    "CLAIMS",
+    "CONTENT_TYPE",
+    "DECISIONS",
+    "EVICTIONS",
+    "PLACEMENT_SECONDS",
+    "PROBE_ERRORS",
+    "RECONCILES",
+    "REFUSALS",
+    "REGISTRY",
+    "WAITS",
+    "WAIT_SECONDS",
+    "render",
+    "serve_metrics",
+]
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+"""Our own registry (not the library's global one), so tests and embedding programs
+see exactly kubemoot's series plus the usual process, platform and GC collectors."""
+
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# A placement reads shared state and may claim by compare-and-set: milliseconds when the
+# cache is warm, up to seconds when an eviction unloads models on the way.
+_PLACEMENT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                      10.0, 30.0)
+# Waiting for a GPU lasts as long as other calls run: seconds to minutes.
+_WAIT_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+PLACEMENT_SECONDS = Histogram(
+    "kubemoot_placement_seconds",
+    "Time CallPlanner.place took to decide one call (one attempt, not the wait).",
+    buckets=_PLACEMENT_BUCKETS,
+    registry=REGISTRY,
+)
+DECISIONS = Counter(
+    "kubemoot_placement_decisions",
+    "Per-call placement decisions by action (warm, loading, cold-load, unload, queue, "
+    "wait, refuse, static).",
+    ["action"],
+    registry=REGISTRY,
+)
+CLAIMS = Counter(
+    "kubemoot_ticket_claims",
+    "VRAM ticket claims by result: granted, rejected (the budget said no) or conflict "
+    "(every compare-and-set attempt lost a race).",
+    ["result"],
+    registry=REGISTRY,
+)
+CAS_CONFLICTS = Counter(
+    "kubemoot_ticket_cas_conflicts",
+    "Compare-and-set writes of a provider's ticket document that lost to a concurrent "
+    "writer and were decided again.",
+    registry=REGISTRY,
+)
+EVICTIONS = Counter(
+    "kubemoot_evictions",
+    "Idle models unloaded to make room for a call, by provider.",
+    ["provider"],
+    registry=REGISTRY,
+)
+WAITS = Counter(
+    "kubemoot_capacity_waits",
+    "Calls that had to wait for GPU capacity.",
+    registry=REGISTRY,
+)
+WAIT_SECONDS = Histogram(
+    "kubemoot_capacity_wait_seconds",
+    "How long a waiting call waited, until it was placed or gave up.",
+    ["outcome"],
+    buckets=_WAIT_BUCKETS,
+    registry=REGISTRY,
+)
+REFUSALS = Counter(
+    "kubemoot_refusals",
+    "Calls that could not be placed, by reason (gpu-busy, model-too-large, "
+    "prompt-too-large).",
+    ["reason"],
+    registry=REGISTRY,
+)
+PROBE_ERRORS = Counter(
+    "kubemoot_probe_errors",
+    "Provider probes that found the provider not ready, by provider.",
+    ["provider"],
+    registry=REGISTRY,
+)
+RECONCILES = Counter(
+    "kubemoot_reconciles",
+    "Operator reconciles by resource kind and result (ok, error).",
+    ["kind", "result"],
+    registry=REGISTRY,
+)
+
+
+def render() -> bytes:
+    """The registry in Prometheus text format (serve it with :data:`CONTENT_TYPE`)."""
+    return bytes(generate_latest(REGISTRY))
+
+
+def serve_metrics(port: int, *, host: str = "127.0.0.1") -> None:
+    """Expose :data:`REGISTRY` on ``http://host:port/metrics`` from a background thread.
+
+    For processes without a web server of their own (the operator, a runtime sidecar).
+    Binds to loopback unless told otherwise, like the dashboard.
+    """
+    from prometheus_client import start_http_server
+
+    start_http_server(port, addr=host, registry=REGISTRY)

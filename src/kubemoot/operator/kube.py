@@ -1,0 +1,185 @@
+"""A small Kubernetes API client for the objects kopf does not patch for us.
+
+kopf watches and calls the handlers; this client writes: the status subresource of our
+custom resources, the env of an Agent's Deployment, and core/v1 Events. It speaks JSON
+merge patch only (``application/merge-patch+json``), the one patch type every API server
+and every emulator understands for custom resources.
+
+Credentials come from a ``login`` callable returning a :class:`kopf.ConnectionInfo`, the
+same one the operator gives kopf, so both use one identity. On HTTP 401 the client logs
+in again once: service-account tokens are rotated by the kubelet.
+
+Errors: :class:`KubeError` (status, reason, message) for every failed call;
+:class:`KubeNotFound` and :class:`KubeConflict` for the two a caller acts on.
+"""
+
+from __future__ import annotations
+
+import ssl
+import tempfile
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import httpx
+import kopf
+
+from kubemoot.api import GROUP, VERSION
+
+__all__ = [
+    "KubeClient",
+    "KubeConflict",
+    "KubeError",
+    "KubeNotFound",
+    "custom_path",
+    "deployment_path",
+    "events_path",
+]
+
+Login = Callable[[], Awaitable[kopf.ConnectionInfo]]
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class KubeError(Exception):
+    """An API call failed; ``status`` is the HTTP status (0 when nobody answered)."""
+
+    def __init__(self, message: str, *, status: int = 0, reason: str | None = None) -> None:
+        self.status = status
+        self.reason = reason
+        super().__init__(message)
+
+
+class KubeNotFound(KubeError):
+    """HTTP 404: the object does not exist."""
+
+
+class KubeConflict(KubeError):
+    """HTTP 409: the object moved on (resourceVersion) or already exists."""
+
+
+def custom_path(
+    plural: str, name: str, *, namespace: str | None = None, subresource: str | None = None
+) -> str:
+    """The URL path of one of our custom resources (``kubemoot.ai/v1alpha1``)."""
+    scope = f"/namespaces/{namespace}" if namespace else ""
+    tail = f"/{subresource}" if subresource else ""
+    return f"/apis/{GROUP}/{VERSION}{scope}/{plural}/{name}{tail}"
+
+
+def deployment_path(namespace: str, name: str) -> str:
+    """The URL path of an apps/v1 Deployment."""
+    return f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}"
+
+
+def events_path(namespace: str) -> str:
+    """The URL path of core/v1 Events in a namespace."""
+    return f"/api/v1/namespaces/{namespace}/events"
+
+
+def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
+    if info.insecure:
+        return False
+    context = ssl.create_default_context()
+    if info.ca_path:
+        context.load_verify_locations(cafile=info.ca_path)
+    elif info.ca_data:
+        data = info.ca_data.decode() if isinstance(info.ca_data, bytes) else info.ca_data
+        context.load_verify_locations(cadata=data)
+    cert, key = info.certificate_path, info.private_key_path
+    if info.certificate_data and info.private_key_data:
+        # ssl only loads client certificates from files; kubeconfig may hold them inline.
+        cert, key = _to_file(info.certificate_data), _to_file(info.private_key_data)
+    if cert:
+        context.load_cert_chain(certfile=cert, keyfile=key)
+    return context
+
+
+def _to_file(data: str | bytes) -> str:
+    with tempfile.NamedTemporaryFile("wb", suffix=".pem", delete=False) as handle:
+        handle.write(data.encode() if isinstance(data, str) else data)
+        return handle.name
+
+
+def _headers(info: kopf.ConnectionInfo) -> dict[str, str]:
+    if info.token:
+        return {"Authorization": f"{info.scheme or 'Bearer'} {info.token}"}
+    return {}
+
+
+class KubeClient:
+    """get / merge-patch / create against the API server of a ConnectionInfo."""
+
+    def __init__(self, login: Login, *, timeout: float = 30.0) -> None:
+        self._login = login
+        self._timeout = timeout
+        self._client: httpx.AsyncClient | None = None
+
+    async def _connect(self) -> httpx.AsyncClient:
+        info = await self._login()
+        auth = (info.username, info.password) if info.username and info.password else None
+        return httpx.AsyncClient(
+            base_url=info.server.rstrip("/"),
+            headers=_headers(info),
+            auth=auth,
+            verify=_ssl_context(info),
+            timeout=self._timeout,
+            trust_env=info.trust_env,
+        )
+
+    async def _request(
+        self, method: str, path: str, *, body: Any = None, content_type: str | None = None
+    ) -> dict[str, Any]:
+        for attempt in (1, 2):
+            if self._client is None:
+                self._client = await self._connect()
+            headers = {"Content-Type": content_type} if content_type else {}
+            try:
+                response = await self._client.request(method, path, json=body, headers=headers)
+            except httpx.HTTPError as error:
+                raise KubeError(f"{method} {path}: {type(error).__name__}: {error}") from None
+            if response.status_code == 401 and attempt == 1:
+                await self._client.aclose()
+                self._client = None  # a rotated token: log in again, once
+                continue
+            return _decode(method, path, response)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        """The object at ``path``, or None when it does not exist."""
+        try:
+            return await self._request("GET", path)
+        except KubeNotFound:
+            return None
+
+    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply a JSON merge patch; returns the object as the server now has it."""
+        return await self._request("PATCH", path, body=dict(patch), content_type=MERGE_PATCH)
+
+    async def create(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """POST a new object into the collection at ``path``."""
+        return await self._request("POST", path, body=dict(obj))
+
+    async def close(self) -> None:
+        """Release the connection pool."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+def _decode(method: str, path: str, response: httpx.Response) -> dict[str, Any]:
+    try:
+        data = response.json() if response.content else {}
+    except ValueError:
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    if response.is_success:
+        return data
+    message = str(data.get("message") or response.reason_phrase or "request failed")
+    reason = data.get("reason") if isinstance(data.get("reason"), str) else None
+    text = f"{method} {path}: HTTP {response.status_code}: {message}"
+    status = response.status_code
+    if status == 404:
+        raise KubeNotFound(text, status=status, reason=reason)
+    if status == 409:
+        raise KubeConflict(text, status=status, reason=reason)
+    raise KubeError(text, status=status, reason=reason)

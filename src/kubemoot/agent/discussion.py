@@ -287,9 +287,12 @@ class Coordinator:
              "\n\nWrite the crew's answer."},
         ]
         candidates = self.profile.mulling or self.profile.triage
+        # The synthesis never waits: when no acceptable model can be had now, a lesser
+        # candidate that can run at once beats keeping the crew's answer back.
         outcome = await self.runtime.call(
             agent=self.profile.id, thread_id=thread.id, phase=SYNTHESIS, messages=messages,
             candidates=candidates, wait=False, static=self.profile.mulling_static,
+            fallbacks=candidates[1:],
         )
         if outcome.result is not None and outcome.result.ok:
             return Settlement.SYNTHESIS, outcome.result.content

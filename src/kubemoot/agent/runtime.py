@@ -229,6 +229,7 @@ class AgentRuntime:
         done: asyncio.Event | None = None,
         sink: SignalSink | None = None,
         static: StaticTarget | None = None,
+        fallbacks: Sequence[Candidate] = (),
         held_plan: bool = False,
         settings: CallSettings | None = None,
     ) -> CallOutcome:
@@ -252,7 +253,7 @@ class AgentRuntime:
             )
         elif placement is None:
             placement = await self._place_now(
-                agent, thread_id, phase, candidates, prompt_tokens, static
+                agent, thread_id, phase, candidates, prompt_tokens, static, fallbacks
             )
         if not placement.placed:
             return self._refused(placement, candidates)
@@ -269,32 +270,52 @@ class AgentRuntime:
         candidates: Sequence[Candidate],
         prompt_tokens: int,
         static: StaticTarget | None,
+        fallbacks: Sequence[Candidate],
     ) -> Placement:
-        """A placement for a call that must not wait for capacity."""
+        """A placement for a call that must not wait for capacity.
+
+        In order: the candidates as usual (sharing a warm copy when queueing there is
+        the cheapest option); then each fallback model on its own; then the static
+        endpoint, but only where it already holds the model and its context holds the
+        prompt. A static call bypasses the VRAM tickets, so sending one that makes the
+        engine load a model would let it overrule the budget (evict on its own).
+        """
         holder = self._holder(agent, thread_id, phase)
-        placement = await self.planner.place(
-            candidates, holder_id=holder, prompt_tokens=prompt_tokens
-        )
-        if placement.placed or placement.action is Action.REFUSE:
-            return placement
-        if placement.action is Action.QUEUE:
-            # Sharing a warm copy spends no memory; hold a ticket so the copy counts
-            # as busy (never an eviction victim) while this call is in line there.
-            claimed = await self._claim_queue(placement, holder, prompt_tokens)
-            if claimed.placed:
-                return claimed
-        if static is not None and (
-            static.context_length is None or prompt_tokens <= static.context_length
-        ):
-            # The spec's fallback for calls that cannot wait; never to an endpoint
-            # whose context would cut the prompt.
+        first: Placement | None = None
+        for group in (list(candidates), *([c] for c in fallbacks)):
+            placement = await self.planner.place(
+                group, holder_id=holder, prompt_tokens=prompt_tokens
+            )
+            first = first or placement
+            if placement.placed:
+                return placement
+            if placement.action is Action.QUEUE:
+                # Sharing a warm copy spends no memory; hold a ticket so the copy counts
+                # as busy (never an eviction victim) while this call is in line there.
+                claimed = await self._claim_queue(placement, holder, prompt_tokens)
+                if claimed.placed:
+                    return claimed
+        assert first is not None
+        if first.action is Action.REFUSE:
+            return first
+        if static is not None and await self._static_holds(static, prompt_tokens):
             return Placement(
                 Action.STATIC, provider=static.provider, endpoint=static.endpoint,
                 model=static.model, reason="no GPU free now; the call cannot wait",
                 context_length=static.context_length,
             )
-        return replace(placement, action=Action.WAIT, reason=Reason.GPU_BUSY.value,
-                       ticket=None)
+        return replace(first, action=Action.WAIT, reason=Reason.GPU_BUSY.value, ticket=None)
+
+    async def _static_holds(self, static: StaticTarget, prompt_tokens: int) -> bool:
+        """Whether the static endpoint can take the call without loading anything and
+        without cutting the prompt."""
+        if static.context_length is not None and prompt_tokens > static.context_length:
+            return False
+        fleet = await self.planner.selector.view.snapshot()
+        if not fleet.providers:
+            return True  # no shared state at all: the static endpoint is all there is
+        provider = fleet.provider(static.provider)
+        return provider is not None and provider.is_resident(static.model)
 
     async def _claim_queue(
         self, placement: Placement, holder: str, prompt_tokens: int

@@ -117,6 +117,10 @@ class Resource(Strict):
     api_version: Literal["kubemoot.ai/v1alpha1"] = Field(default=API_VERSION, alias="apiVersion")
     kind: str
     metadata: ObjectMeta
+    # Each kind narrows these to its own spec and status types; declared here so code that
+    # handles any resource (the operator's diffing) can reach them.
+    spec: Any = None
+    status: Any = None
 
     @property
     def name(self) -> str:

@@ -18,7 +18,8 @@ import importlib
 import time
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import typer
 
@@ -34,6 +35,7 @@ from kubemoot.cli._common import (
 )
 
 if TYPE_CHECKING:
+    from kubemoot.dashboard import DashboardServer
     from kubemoot.agent.discussion import DiscussionResult
     from kubemoot.agent.signals import Signal
     from kubemoot.providers.emulator import OllamaEmulator
@@ -53,16 +55,23 @@ def demo_command(
         None, "--nats", help="Run against this NATS server (nats://host:4222) instead of "
         "the embedded store."
     ),
-    discussions: int = typer.Option(6, "--discussions", min=1, max=40,
+    discussions: int = typer.Option(8, "--discussions", min=1, max=40,
                                     help="How many discussions to run at once."),
     seed: int = typer.Option(7, "--seed", help="Chooses questions, members and start times."),
     output: OutputFormat | None = typer.Option(None, "-o", "--output", help=OUTPUT_OPTION_HELP),
     dashboard: bool = typer.Option(False, "--dashboard", help="Also serve the dashboard."),
+    dashboard_port: int = typer.Option(
+        8765, "--dashboard-port", min=0, max=65535, help="Dashboard port (0: any free)."
+    ),
+    dashboard_linger: float | None = typer.Option(
+        None, "--dashboard-linger", min=0.0,
+        help="Seconds the dashboard stays up after the demo (default: until Ctrl-C).",
+    ),
     bundle: Path | None = typer.Option(
         None, "-f", "--bundle", help="Resources to run (default: examples/homelab)."
     ),
     time_scale: float = typer.Option(
-        0.05, "--time-scale", min=0.001, max=1.0,
+        0.08, "--time-scale", min=0.001, max=1.0,
         help="Real seconds per emulated second (1 = as slow as real GPUs).",
     ),
 ) -> None:
@@ -72,13 +81,21 @@ def demo_command(
     if not path.exists():
         raise InputError("no such bundle; pass -f with the resources to run",
                          file=str(path), field="--bundle")
+    shown: list[bool] = []
+
+    def present(report: dict[str, Any]) -> None:
+        shown.append(True)
+        if fmt is OutputFormat.table:
+            _print_report(report)
+        else:
+            emit_data(report, fmt)
+
+    page = _PageOptions(dashboard_port, dashboard_linger, present) if dashboard else None
     report = asyncio.run(_run(path, nats_url=nats, discussions=discussions, seed=seed,
-                              time_scale=time_scale, dashboard=dashboard,
+                              time_scale=time_scale, dashboard=page,
                               live=fmt is OutputFormat.table))
-    if fmt is OutputFormat.table:
-        _print_report(report)
-    else:
-        emit_data(report, fmt)
+    if not shown:
+        present(report)
 
 
 # -- the run ---------------------------------------------------------------------------
@@ -103,7 +120,8 @@ class _Books:
 
 
 async def _run(path: Path, *, nats_url: str | None, discussions: int, seed: int,
-               time_scale: float, dashboard: bool, live: bool) -> dict[str, Any]:
+               time_scale: float, dashboard: _PageOptions | None,
+               live: bool) -> dict[str, Any]:
     from datetime import UTC, datetime
 
     from kubemoot.agent.crew import COORDINATOR_ROLE, profiles_from_schedule
@@ -114,6 +132,7 @@ async def _run(path: Path, *, nats_url: str | None, discussions: int, seed: int,
     from kubemoot.agent.wiring import build_stack
     from kubemoot.api.loader import load_bundle
     from kubemoot.clock import SystemClock
+    from kubemoot.dashboard.calllog import CallLogWriter
     from kubemoot.providers.ollama import OllamaProvider
     from kubemoot.providers.prober import Prober, publish_to_kv
     from kubemoot.runtime.settings import RuntimeSettings
@@ -130,6 +149,7 @@ async def _run(path: Path, *, nats_url: str | None, discussions: int, seed: int,
     kv = await _open_store(nats_url, clock)
     books = _Books()
     tasks: list[asyncio.Task[None]] = []
+    page: DashboardServer | None = None
     try:
         clients = {p.metadata.name: _counting_provider(p, emulators[p.metadata.name].url)
                    for p in resources.providers}
@@ -155,8 +175,12 @@ async def _run(path: Path, *, nats_url: str | None, discussions: int, seed: int,
                                   settings=settings, declared=declared, after_call=after_call)
         tasks.append(asyncio.create_task(prober.run(PROBE_INTERVAL_SECONDS)))
         tasks.append(asyncio.create_task(_sample(emulators, resources, books)))
-        if dashboard:
-            _dashboard_hook(stack)
+        # Every finished call goes to the call log, so any dashboard on this store
+        # (in this process with --dashboard, or `kubemoot dashboard --nats`) shows it.
+        calllog = await CallLogWriter.open(kv)
+        stack.agents.on_record(calllog.record)
+        if dashboard is not None:
+            page = await _start_dashboard(kv, clock, dashboard.port)
         endpoints = {name: emulator.url for name, emulator in emulators.items()}
         profiles = profiles_from_schedule(result, resources.providers, endpoints=endpoints,
                                           tools=demo_tools())
@@ -174,15 +198,22 @@ async def _run(path: Path, *, nats_url: str | None, discussions: int, seed: int,
             threads = await (_with_live(run, books, stack.agents, discussions) if live else run)
         finally:
             await stack.close()
-        return _report(threads, stack.agents.records, books, emulators, clients, resources,
+        report = _report(threads, stack.agents.records, books, emulators, clients, resources,
                        store="nats" if nats_url else "memory", seed=seed,
                        time_scale=time_scale, wall=time.monotonic() - started)
+        await calllog.flush()
+        if page is not None and dashboard is not None:
+            dashboard.present(report)
+            await _linger(page, dashboard.linger)
+        return report
     finally:
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
+        if page is not None:
+            await page.stop()
         await kv.close()
         await asyncio.gather(*(asyncio.to_thread(e.stop) for e in emulators.values()))
 
@@ -258,14 +289,35 @@ async def _sample(emulators: dict[str, OllamaEmulator], resources: Any, books: _
         await asyncio.sleep(SAMPLE_INTERVAL_SECONDS)
 
 
-def _dashboard_hook(stack: Any) -> None:
-    """Serve the dashboard over the demo's runtime when the dashboard module offers it."""
-    module = importlib.import_module("kubemoot.dashboard")
-    attach = getattr(module, "attach_demo", None)
-    if attach is None:
-        err_console.print("the dashboard is not available yet; running without it")
-        return
-    attach(stack)
+class _PageOptions(NamedTuple):
+    """``--dashboard``: where to serve it, how long to keep it, how to show the report."""
+
+    port: int
+    linger: float | None
+    present: Callable[[dict[str, Any]], None]
+
+
+async def _start_dashboard(kv: Any, clock: Any, port: int) -> DashboardServer:
+    from kubemoot.dashboard import DashboardServer
+
+    page = DashboardServer(kv, port=port, clock=clock)
+    try:
+        await page.start()
+    except OSError as error:
+        raise InputError(f"cannot serve the dashboard on port {port}: "
+                         f"{error.strerror or error}", field="--dashboard-port") from None
+    err_console.print(f"dashboard: {page.url}", highlight=False, soft_wrap=True)
+    return page
+
+
+async def _linger(page: DashboardServer, seconds: float | None) -> None:
+    """Keep the page up after the demo so the final placement can be looked at."""
+    if seconds is None:
+        err_console.print(f"the demo is done; the dashboard stays up at {page.url} "
+                          "until Ctrl-C", highlight=False, soft_wrap=True)
+        await page.wait()
+    elif seconds > 0:
+        await asyncio.sleep(seconds)
 
 
 async def _with_live(run: Any, books: _Books, agents: Any, total: int) -> Any:

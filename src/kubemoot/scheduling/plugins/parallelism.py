@@ -82,7 +82,10 @@ class ParallelismGate:
         count = reported + assumed
         if count + 1 <= limit:
             return GateResult(self.name, Verdict.PASS, f"{count} + 1 ≤ {limit} agents", evidence)
-        reason = f"{count} + 1 > {limit} agents"
-        if assumed == 0 and stale_age(provider, self._now, self._max_age) is not None:
-            return GateResult(self.name, Verdict.STALE, reason + " by a stale status", evidence)
-        return GateResult(self.name, Verdict.FAIL, reason, evidence)
+        if stale_age(provider, self._now, self._max_age) is not None:
+            # No counts in the text: the reason of a DEFER names this result and must not
+            # change while the pass assumes bindings elsewhere.
+            return GateResult(
+                self.name, Verdict.STALE, "agent limit reached by a stale status", evidence
+            )
+        return GateResult(self.name, Verdict.FAIL, f"{count} + 1 > {limit} agents", evidence)

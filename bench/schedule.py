@@ -1,0 +1,154 @@
+"""Benchmark of the operator-side scheduler: one pass over a large generated cluster.
+
+5,000 Agents × 500 Models × 100 ModelProviders × 50 CrewSchedulingPolicies (one per
+namespace, two phase rules each). Prints the agents bound per second (both phases) and
+the ratio of the pass's time to a floor measured in the same run: evaluating every
+policy's require selectors once against every Model, the work no scheduler can skip.
+Each figure is the best of ``--repeat`` runs. The last line is one JSON object:
+``{"agentsPerSecond": …, "ratioToFloor": …}``.
+
+    python bench/schedule.py [--agents 5000] [--models 500] [--providers 100] [--policies 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kubemoot.api import Agent, CrewSchedulingPolicy, Model, ModelProvider
+from kubemoot.api.loader import Bundle
+from kubemoot.scheduling import schedule_bundle
+
+NOW = datetime(2026, 5, 15, 12, 0, tzinfo=UTC)
+FAMILIES = ("qwen3", "llama3", "mistral", "gemma3", "phi4")
+SIZES = (("4B", 3500, "low"), ("8B", 5632, "low"), ("14B", 9216, "medium"),
+         ("32B", 20480, "high"), ("70B", 43008, "high"))
+CAPABILITIES = ("tool-calling", "reasoning", "observability", "kubernetes", "coding")
+
+
+def generate(
+    rng: random.Random, *, agents: int, models: int, providers: int, policies: int
+) -> Bundle:
+    """A reproducible cluster of the requested size."""
+    bundle = Bundle()
+    for index in range(providers):
+        total = rng.choice((24576, 32768, 49152, 81920))
+        bundle.add(ModelProvider.model_validate({
+            "metadata": {"name": f"gpu-{index:03d}", "labels": {"zone": f"z{index % 5}"}},
+            "spec": {"endpoint": f"http://gpu-{index:03d}:11434",
+                     "scheduling": {"weight": rng.choice((25, 50, 100))}},
+            "status": {
+                "ready": rng.random() > 0.05,
+                "lastProbedAt": (NOW - timedelta(seconds=rng.choice((5, 30, 60, 90, 600))))
+                .isoformat(),
+                "capacity": {"vramTotalMiB": total, "vramUsedMiB": rng.randrange(0, total, 512),
+                             "maxParallel": rng.choice((16, 24, 32)),
+                             "agentCount": rng.randrange(0, 16)},
+            },
+        }))
+    for index in range(models):
+        family = rng.choice(FAMILIES)
+        params, vram, latency = rng.choice(SIZES)
+        labels = {"family": family, "params": params, "latencyClass": latency,
+                  "capability/tool-calling": "true" if rng.random() < 0.8 else "false"}
+        if params in ("32B", "70B"):
+            labels["capability/reasoning"] = "true"
+        bundle.add(Model.model_validate({
+            "metadata": {"name": f"{family}-{params.lower()}-{index:03d}", "labels": labels},
+            "spec": {"model": f"{family}:{params.lower()}-v{index % 7}",
+                     "providerRef": f"gpu-{index % providers:03d}", "vramMib": vram},
+        }))
+    for index in range(policies):
+        sizes = rng.sample([s[0] for s in SIZES], 3)
+        mulling: dict[str, Any] = {
+            "phase": "mulling",
+            "require": {"matchLabels": {"capability/tool-calling": "true"},
+                        "matchExpressions": [{"key": "params", "operator": "In",
+                                              "values": sizes}]},
+        }
+        triage: dict[str, Any] = {
+            "phase": "triage",
+            "require": {"matchLabels": {"capability/tool-calling": "true"},
+                        "matchExpressions": [{"key": "family", "operator": "NotIn",
+                                              "values": [rng.choice(FAMILIES)]}]},
+            "prefer": [{"weight": 100, "selector": {"matchLabels": {"latencyClass": "low"}}}],
+        }
+        spec: dict[str, Any] = {
+            "crewRef": f"crew-{index:02d}",
+            "rules": [mulling, triage],
+            "topologySpread": {"topologyKey": "provider", "phaseKeys": ["mulling", "triage"]},
+        }
+        if index % 2:
+            mulling["prefer"] = [{"weight": 80, "selector": {"matchLabels": {"family": "qwen3"}}}]
+        else:
+            spec["qualityBias"] = {"reasoning": "0.8", "tool-calling": "0.3", "default": "0.5"}
+        bundle.add(CrewSchedulingPolicy.model_validate({
+            "metadata": {"name": f"policy-{index:02d}", "namespace": f"crew-{index:02d}"},
+            "spec": spec,
+        }))
+    for index in range(agents):
+        crew = index % policies
+        bundle.add(Agent.model_validate({
+            "metadata": {"name": f"agent-{index:05d}", "namespace": f"crew-{crew:02d}",
+                         "labels": {"kubemoot.ai/crew": f"crew-{crew:02d}"}},
+            "spec": {"capabilities": rng.sample(CAPABILITIES, rng.randint(1, 3))},
+        }))
+    return bundle
+
+
+def floor_seconds(bundle: Bundle) -> float:
+    """Every policy's require selectors against every Model, once."""
+    start = time.perf_counter()
+    admitted = 0
+    for policy in bundle.policies:
+        for rule in policy.spec.rules:
+            for model in bundle.models:
+                admitted += rule.admits(model.metadata.labels)
+    elapsed = time.perf_counter() - start
+    assert admitted > 0
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, default=5000)
+    parser.add_argument("--models", type=int, default=500)
+    parser.add_argument("--providers", type=int, default=100)
+    parser.add_argument("--policies", type=int, default=50)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+
+    bundle = generate(random.Random(args.seed), agents=args.agents, models=args.models,
+                      providers=args.providers, policies=args.policies)
+    print(f"cluster: {len(bundle.agents)} agents, {len(bundle.models)} models, "
+          f"{len(bundle.providers)} providers, {len(bundle.policies)} policies")
+    floor = min(floor_seconds(bundle) for _ in range(args.repeat))
+    best = float("inf")
+    result = None
+    for _ in range(args.repeat):
+        start = time.perf_counter()
+        result = schedule_bundle(bundle, now=NOW)
+        best = min(best, time.perf_counter() - start)
+    assert result is not None
+    outcomes = Counter(p.outcome.value for a in result.agents for p in a.phases.values())
+    providers_used = len({a.phases["mulling"].provider for a in result.agents} - {None})
+    print(f"outcomes per phase: {dict(sorted(outcomes.items()))}; "
+          f"mulling spread over {providers_used} providers; {len(result.events)} events")
+    print(f"floor (require selectors × models): {floor * 1000:.1f} ms")
+    print(f"scheduling pass: {best * 1000:.1f} ms")
+    agents_per_second = len(result.agents) / best
+    ratio = best / floor
+    print(f"agents bound per second (both phases): {agents_per_second:,.0f}")
+    print(f"ratio to floor: {ratio:.2f}x")
+    print(json.dumps({"agentsPerSecond": round(agents_per_second, 1),
+                      "ratioToFloor": round(ratio, 3)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""The dashboard's web application: one page, its data, live updates and metrics.
+
+Routes (all ``GET``; the dashboard never writes to shared state):
+
+* ``/`` — the page (plain HTML, CSS and JavaScript shipped in this package);
+* ``/static/{file}`` — the page's script and style sheet;
+* ``/api/state`` — the current :meth:`FleetView.snapshot` as JSON;
+* ``/events`` — server-sent events: a ``state`` event with a fresh snapshot whenever a
+  watched bucket changes (coalesced), and at least every ``refresh_seconds`` so expiry
+  and staleness show without a change;
+* ``/metrics`` — Prometheus text: :mod:`kubemoot.metrics` plus gauges of the fleet;
+* ``/healthz`` — ``ok``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterable
+from importlib import resources
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Route
+
+from kubemoot import metrics
+from kubemoot.clock import Clock
+from kubemoot.dashboard.fleet import FleetView
+
+__all__ = ["DashboardSettings", "create_app"]
+
+_STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+
+
+class DashboardSettings:
+    """Tunables of the live stream."""
+
+    def __init__(self, *, coalesce_seconds: float = 0.2, refresh_seconds: float = 5.0) -> None:
+        # Many writes land together (a claim, a probe, a call log): draw once for them.
+        self.coalesce_seconds = coalesce_seconds
+        # Ages and expiries move without any write; redraw now and then anyway.
+        self.refresh_seconds = refresh_seconds
+
+
+class FleetCollector(Collector):
+    """Gauges of what the dashboard sees, computed at scrape time."""
+
+    def __init__(self, view: FleetView, clients: list[int]) -> None:
+        self._view = view
+        self._clients = clients
+
+    def collect(self) -> Iterable[Metric]:
+        snap = self._view.snapshot()
+        ready = GaugeMetricFamily(
+            "kubemoot_provider_ready", "1 when the provider's last probe found it ready.",
+            labels=["provider"],
+        )
+        vram = GaugeMetricFamily(
+            "kubemoot_provider_vram_mib", "A provider's VRAM by use, in MiB.",
+            labels=["provider", "use"],
+        )
+        age = GaugeMetricFamily(
+            "kubemoot_provider_probe_age_seconds", "Seconds since the provider's last probe.",
+            labels=["provider"],
+        )
+        for p in snap["providers"]:
+            name = p["provider"]
+            ready.add_metric([name], 1.0 if p["ready"] else 0.0)
+            for use, field in (("total", "totalVramMiB"), ("resident", "residentMiB"),
+                               ("loading", "loadingMiB"), ("reserve", "reserveMiB"),
+                               ("free", "freeMiB")):
+                if p[field] is not None:
+                    vram.add_metric([name, use], float(p[field]))
+            if p["ageSeconds"] is not None:
+                age.add_metric([name], float(p["ageSeconds"]))
+        tickets = GaugeMetricFamily(
+            "kubemoot_active_tickets", "Live VRAM tickets by provider and state.",
+            labels=["provider", "state"],
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for t in snap["tickets"]:
+            counts[(t["provider"], t["state"])] = counts.get((t["provider"], t["state"]), 0) + 1
+        for (provider, state), n in sorted(counts.items()):
+            tickets.add_metric([provider, state], float(n))
+        clients = GaugeMetricFamily(
+            "kubemoot_dashboard_clients", "Browsers connected to the live stream.",
+            value=float(self._clients[0]),
+        )
+        return [ready, vram, age, tickets, clients]
+
+
+def _asset(name: str) -> str:
+    return resources.files("kubemoot.dashboard").joinpath("assets", name).read_text("utf-8")
+
+
+def create_app(
+    view: FleetView, *, clock: Clock, settings: DashboardSettings | None = None,
+    stopping: asyncio.Event | None = None,
+) -> Starlette:
+    """The Starlette app over a started :class:`FleetView`.
+
+    ``stopping`` ends every live stream when set, so a server can shut down promptly.
+    """
+    tune = settings or DashboardSettings()
+    clients = [0]
+    fleet_registry = CollectorRegistry(auto_describe=False)
+    fleet_registry.register(FleetCollector(view, clients))
+    done = stopping or asyncio.Event()
+
+    async def page(request: Request) -> Response:
+        return HTMLResponse(_asset("index.html"))
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in _STATIC:
+            return PlainTextResponse("not found", status_code=404)
+        return Response(_asset(name), media_type=_STATIC[name],
+                        headers={"Cache-Control": "no-cache"})
+
+    async def state(request: Request) -> Response:
+        return JSONResponse(view.snapshot())
+
+    async def events(request: Request) -> Response:
+        return StreamingResponse(
+            _stream(view, clock=clock, settings=tune, clients=clients, done=done),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    async def metrics_route(request: Request) -> Response:
+        body = metrics.render() + bytes(generate_latest(fleet_registry))
+        return Response(body, media_type=metrics.CONTENT_TYPE)
+
+    async def health(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    return Starlette(routes=[
+        Route("/", page, methods=["GET"]),
+        Route("/static/{name}", static, methods=["GET"]),
+        Route("/api/state", state, methods=["GET"]),
+        Route("/events", events, methods=["GET"]),
+        Route("/metrics", metrics_route, methods=["GET"]),
+        Route("/healthz", health, methods=["GET"]),
+    ])
+
+
+def _event(snapshot: dict[str, Any]) -> str:
+    return f"event: state\ndata: {json.dumps(snapshot, separators=(',', ':'))}\n\n"
+
+
+async def _stream(
+    view: FleetView, *, clock: Clock, settings: DashboardSettings, clients: list[int],
+    done: asyncio.Event,
+) -> AsyncIterator[str]:
+    """One browser's event stream: a snapshot now, then one per burst of changes."""
+    changed = asyncio.Event()
+    view.on_change(changed.set)
+    clients[0] += 1
+    try:
+        yield "retry: 2000\n\n"  # reconnect quickly if the server restarts
+        yield _event(view.snapshot())
+        while not done.is_set():
+            changed.clear()
+            waiters = {asyncio.ensure_future(changed.wait()), asyncio.ensure_future(done.wait())}
+            try:
+                await clock.wait_for(
+                    asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED),
+                    settings.refresh_seconds,
+                )
+            except TimeoutError:
+                pass
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
+            if done.is_set():
+                break
+            if changed.is_set():
+                await clock.sleep(settings.coalesce_seconds)
+            yield _event(view.snapshot())
+    finally:
+        clients[0] -= 1
+        view.remove_listener(changed.set)

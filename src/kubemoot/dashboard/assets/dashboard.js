@@ -1,0 +1,147 @@
+// Kubemoot dashboard: draws the server's snapshots, pushed as server-sent events.
+// Every value from shared state is inserted as text (never as HTML): model, agent and
+// provider names come from other processes and must not be able to inject markup.
+"use strict";
+
+const GiB = 1024;
+let latest = null;          // the last snapshot
+let receivedAt = 0;         // when it arrived (browser clock), to age it between events
+window.kubemootUpdates = 0; // how many snapshots this page has drawn (tests read it)
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined) continue;
+    if (key === "class") node.className = value;
+    else if (key === "style") node.style.cssText = value;
+    else node.setAttribute(key, String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function gib(mib) { return mib === null || mib === undefined ? "?" : (mib / GiB).toFixed(1) + " GiB"; }
+
+function age(seconds) {
+  if (seconds === null || seconds === undefined) return "never";
+  if (seconds < 90) return Math.round(seconds) + " s ago";
+  if (seconds < 5400) return Math.round(seconds / 60) + " min ago";
+  return (seconds / 3600).toFixed(1) + " h ago";
+}
+
+function hue(text) {
+  let h = 0;
+  for (const c of text) h = (h * 31 + c.codePointAt(0)) % 360;
+  return h;
+}
+
+// Seconds to add to the server's ages: time passed since the snapshot arrived.
+function drift() { return latest ? (Date.now() - receivedAt) / 1000 : 0; }
+
+function providerCard(p, fresh) {
+  const ageNow = p.ageSeconds === null ? null : p.ageSeconds + drift();
+  const stale = ageNow !== null && ageNow > fresh;
+  const status = !p.ready ? "down" : stale ? "stale" : "ready";
+  const label = !p.ready ? "not ready" : stale ? "stale" : "ready";
+  const total = p.totalVramMiB;
+  const bar = el("div", { class: "bar", "data-testid": "vram-bar" });
+  if (total) {
+    const part = (cls, mib, text) => {
+      if (!mib) return;
+      bar.append(el("span", { class: cls, style: `width:${(100 * mib / total).toFixed(2)}%`,
+        title: `${text}: ${gib(mib)}` }, text));
+    };
+    for (const m of p.models) part("resident", m.sizeMiB, m.name);
+    for (const l of p.loading) part("loading", l.mib, "loading " + l.model);
+    part("reserve", Math.min(p.reserveMiB, total), "reserve");
+    part("free", p.freeMiB, gib(p.freeMiB) + " free");
+  } else {
+    bar.append(el("span", { class: "free", style: "width:100%" }, "VRAM total unknown"));
+  }
+  const models = el("ul", {},
+    p.models.map(m => el("li", { "data-model": m.name },
+      `${m.name} — ${gib(m.sizeMiB)}, ${m.inUse}/${p.maxParallel} slots in use`)),
+    p.loading.map(l => el("li", { class: "loading" }, `${l.model} — loading ${gib(l.mib)} (${l.state})`)));
+  return el("div", { class: "provider", "data-provider": p.provider, "data-status": status },
+    el("div", { class: "title" },
+      el("span", { class: "name" }, p.provider),
+      el("span", { class: "endpoint" }, p.endpoint),
+      el("span", { class: "badge " + status, title: p.reason || "" }, label)),
+    bar,
+    el("div", { class: "facts" },
+      `${gib(p.residentMiB)} resident · ${gib(p.loadingMiB)} loading · ${gib(p.freeMiB)} free of ${gib(total)}`
+      + ` · slots ${p.slotsInUse}/${p.slotsTotal} · probed ${age(ageNow)}`
+      + (p.reason ? ` · ${p.reason}` : "")),
+    models);
+}
+
+function callChip(c) {
+  const gpu = c.provider || "static";
+  return el("span", {
+      class: "call" + (c.ok ? "" : " failed"), "data-testid": "call",
+      "data-agent": c.agent, "data-provider": c.provider || "", "data-model": c.model || "",
+      "data-phase": c.phase, "data-evicted": (c.evicted || []).join(","),
+      style: `background:hsl(${hue(gpu)} 70% 94%)`,
+      title: `${c.phase} · ${c.action} · waited ${c.waitedSeconds.toFixed(1)} s · ran ${c.seconds.toFixed(1)} s`,
+    },
+    el("span", { class: "gpu" }, gpu),
+    el("span", { class: "model" }, c.model || "?"),
+    el("span", { class: "phase" }, c.phase),
+    c.evicted && c.evicted.length ? el("span", { class: "evicted" }, "evicted " + c.evicted.join(", ")) : null);
+}
+
+function fillTable(id, rows, empty, columns) {
+  const body = document.querySelector(`#${id} tbody`);
+  body.replaceChildren(...(rows.length ? rows : [el("tr", { class: "empty" },
+    el("td", { colspan: columns }, empty))]));
+}
+
+function draw() {
+  if (!latest) return;
+  const s = latest;
+  const providers = document.getElementById("providers");
+  providers.replaceChildren(...(s.providers.length
+    ? s.providers.map(p => providerCard(p, s.freshnessSeconds))
+    : [el("p", { class: "empty" }, "No provider has been probed yet.")]));
+  fillTable("agents", s.agents.map(a => el("tr", { "data-agent": a.agent },
+    el("td", {}, a.agent),
+    el("td", { "data-testid": "agent-calls" }, a.calls),
+    el("td", {}, el("div", { class: "calls" }, a.recent.map(callChip))),
+    el("td", {}, a.waitedSeconds.toFixed(1) + " s"),
+    el("td", {}, a.evictions))), "No call has finished yet.", 5);
+  const now = s.now + drift();
+  fillTable("tickets", s.tickets.map(t => el("tr", { "data-ticket": t.ticketId },
+    el("td", {}, t.provider), el("td", {}, t.model), el("td", {}, t.state),
+    el("td", {}, t.modelFootprintMiB), el("td", {}, t.holderId),
+    el("td", {}, Math.max(0, Math.round(now - t.startedAt)) + " s"))), "No live ticket.", 6);
+  fillTable("demand", s.demand.map(d => el("tr", {},
+    el("td", {}, d.kind),
+    el("td", {}, d.kind === "sel" ? d.models.join(", ") : d.model),
+    el("td", {}, d.agent || "—"),
+    el("td", {}, d.kind === "sel" ? d.frequency : d.count))), "No demand recorded.", 4);
+  document.getElementById("updated").textContent =
+    `updated ${new Date(s.now * 1000).toLocaleTimeString()} (state version ${s.version})`;
+}
+
+function connect() {
+  const status = document.getElementById("connection");
+  const source = new EventSource("/events");
+  source.addEventListener("state", event => {
+    latest = JSON.parse(event.data);
+    receivedAt = Date.now();
+    window.kubemootUpdates += 1;
+    status.dataset.state = "live";
+    status.textContent = "live";
+    draw();
+  });
+  source.onerror = () => {
+    status.dataset.state = "lost";
+    status.textContent = "reconnecting…";
+  };
+}
+
+connect();
+setInterval(draw, 1000); // ages move between events

@@ -1,0 +1,188 @@
+"""Writing a scheduling result: Agent status, Deployment env, FailedScheduling events.
+
+The scheduling library decides (:mod:`kubemoot.scheduling`); this module applies its
+:class:`~kubemoot.scheduling.result.AgentResult` to the cluster, writing only the
+difference from what the cluster already holds. Repeated identical results are free:
+no status patch, no Deployment patch, no event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from kubemoot.api import Agent
+from kubemoot.gates import Outcome
+from kubemoot.operator.deployment import deployment_name, env_patch
+from kubemoot.operator.events import EventRecorder, ObjectRef
+from kubemoot.operator.kube import (
+    KubeClient,
+    KubeConflict,
+    KubeError,
+    custom_path,
+    deployment_path,
+)
+from kubemoot.operator.status import condition, find_condition, merge_conditions, merge_patch
+from kubemoot.scheduling.messages import failed_scheduling_message
+from kubemoot.scheduling.result import AgentResult
+from kubemoot.scheduling.scheduler import PolicyPlan
+
+__all__ = ["AgentWriter", "policy_conditions"]
+
+_SHOWN = 5
+
+
+def _dump(items: Iterable[Any]) -> list[dict[str, Any]]:
+    return [item.model_dump(mode="json", by_alias=True, exclude_none=True) for item in items]
+
+
+def _status(agent: Agent) -> dict[str, Any]:
+    status = agent.to_manifest().get("status")
+    return dict(status) if isinstance(status, Mapping) else {}
+
+
+def _same(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
+    keys = ("status", "reason", "message")
+    if old is None or new is None:
+        return old is new
+    return all(old.get(key) == new.get(key) for key in keys)
+
+
+class AgentWriter:
+    """Applies AgentResults: status subresource, Deployment env, events."""
+
+    def __init__(self, kube: KubeClient, events: EventRecorder) -> None:
+        self.kube = kube
+        self.events = events
+
+    async def write(self, agent: Agent, result: AgentResult, *, now: datetime) -> None:
+        """Write what changed of ``result`` for ``agent``; raises :class:`KubeError`."""
+        old = _status(agent)
+        scheduling = result.scheduling().model_dump(mode="json", by_alias=True,
+                                                    exclude_none=True)
+        old_scheduling = old.get("scheduling") or {}
+        old_last = old_scheduling.get("lastUnschedulable")
+        new_last = scheduling.get("lastUnschedulable")
+        if isinstance(old_last, Mapping) and isinstance(new_last, Mapping) and all(
+            old_last.get(k) == new_last.get(k) for k in ("phase", "reason", "crewSchedulingPolicy")
+        ):
+            new_last["observedAt"] = old_last.get("observedAt")  # the same failure, not news
+        updates = _dump(result.conditions)
+        if find_condition(updates, "PolicyResolved") is None and find_condition(
+            old.get("conditions") or [], "PolicyResolved"
+        ):
+            updates.append(condition("PolicyResolved", True, "Resolved",
+                                     "the Agent is governed by one policy", now=now))
+        deployment = await self._apply_env(agent, result.env, now=now)
+        if deployment is not None:
+            updates.append(deployment)
+        conditions = merge_conditions(old.get("conditions") or [], updates)
+        scheduled = find_condition(conditions, "Scheduled")
+        wanted = {
+            **old,
+            "ready": scheduled is not None and scheduled.get("status") == "True",
+            "scheduling": scheduling,
+            "conditions": conditions,
+        }
+        diff = merge_patch(old, wanted)
+        if diff != {}:
+            path = custom_path(agent.PLURAL, agent.metadata.name, namespace=agent.namespace,
+                               subresource="status")
+            await self.kube.merge_patch(path, {"status": diff})
+        old_scheduled = find_condition(old.get("conditions") or [], "Scheduled")
+        if scheduled is not None and scheduled.get("reason") == "Unschedulable" and not _same(
+            old_scheduled, scheduled
+        ):
+            await self._failed_scheduling(agent, result)
+
+    async def _failed_scheduling(self, agent: Agent, result: AgentResult) -> None:
+        """FailedScheduling on the policy (as the spec says) and on the Agent itself."""
+        for phase in result.phases.values():
+            if phase.outcome is not Outcome.UNSCHEDULABLE:
+                continue
+            message = failed_scheduling_message(phase.decision, phase.phase)
+            agent_ref = ObjectRef.of(agent.to_manifest())
+            targets = [agent_ref]
+            if result.policy is not None:
+                targets.insert(0, ObjectRef.of(result.policy.to_manifest()))
+            for target in targets:
+                text = message if target is agent_ref else (
+                    f"Agent {agent.metadata.name}: {message}"
+                )
+                await self.events.emit(target, type="Warning", reason="FailedScheduling",
+                                       message=text)
+
+    async def _apply_env(
+        self, agent: Agent, env: Mapping[str, str], *, now: datetime
+    ) -> dict[str, Any] | None:
+        """Template the binding's env into the Deployment; the DeploymentPatched condition."""
+        if not env:
+            return None  # nothing bound yet: leave the Deployment as the crew wrote it
+        namespace = agent.namespace or "default"
+        name = deployment_name(agent)
+        path = deployment_path(namespace, name)
+        where = f"Deployment {namespace}/{name}"
+        for _ in range(2):  # one retry when the Deployment moved under us (409)
+            try:
+                deployment = await self.kube.get(path)
+            except KubeError as error:
+                return condition("DeploymentPatched", False, "PatchFailed", str(error), now=now)
+            if deployment is None:
+                return condition(
+                    "DeploymentPatched", False, "DeploymentNotFound",
+                    f"{where} does not exist; create it or set spec.deploymentRef", now=now,
+                )
+            try:
+                patch = env_patch(deployment, env)
+            except ValueError as error:
+                return condition("DeploymentPatched", False, "NoContainer", f"{where}: {error}",
+                                 now=now)
+            if patch is not None:
+                try:
+                    await self.kube.merge_patch(path, patch)
+                except KubeConflict:
+                    continue
+                except KubeError as error:
+                    return condition("DeploymentPatched", False, "PatchFailed", str(error),
+                                     now=now)
+            return condition("DeploymentPatched", True, "EnvApplied",
+                             f"{where} carries the binding's KUBEMOOT_* env", now=now)
+        return condition("DeploymentPatched", False, "PatchFailed",
+                         f"{where} kept changing; will retry on the next change", now=now)
+
+
+def policy_conditions(
+    plan: PolicyPlan, governed: Iterable[Agent], *, now: datetime
+) -> list[dict[str, Any]]:
+    """PolicyValid (phases against the MootArchetype) and Scheduled (governed Agents)."""
+    archetype = plan.archetype.metadata.name
+    if plan.problems:
+        valid = condition("PolicyValid", False, plan.problems[0][0],
+                          "; ".join(message for _, message in plan.problems), now=now)
+    else:
+        valid = condition("PolicyValid", True, "Valid",
+                          f"phases match MootArchetype {archetype}", now=now)
+    failing: list[str] = []
+    for agent in sorted(governed, key=lambda a: (a.namespace or "", a.metadata.name)):
+        status = agent.status
+        if status is None:
+            continue
+        scheduled = next((c for c in status.conditions if c.type == "Scheduled"), None)
+        if scheduled is None or scheduled.reason != "Unschedulable":
+            continue
+        last = None if status.scheduling is None else status.scheduling.last_unschedulable
+        phase = f" phase {last.phase}" if last is not None else ""
+        failing.append(f"{agent.namespace}/{agent.metadata.name}{phase}")
+    if failing:
+        shown = ", ".join(failing[:_SHOWN])
+        if len(failing) > _SHOWN:
+            shown += f" and {len(failing) - _SHOWN} more"
+        scheduled_condition = condition("Scheduled", False, "Unschedulable",
+                                        f"unschedulable: {shown}", now=now)
+    else:
+        scheduled_condition = condition(
+            "Scheduled", True, "Scheduled",
+            "every governed Agent phase is bound or waits on evidence", now=now,
+        )
+    return [valid, scheduled_condition]

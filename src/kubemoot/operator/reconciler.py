@@ -1,0 +1,381 @@
+"""The reconcilers: what the operator does when an object changes or a probe ends.
+
+Everything is driven by state (the spec's third design principle): an Agent is
+scheduled again only when something that can change its result changed — its own
+spec or labels, a Model, a provider's readiness or capacity, a policy, an archetype,
+the KubemootConfig. The :meth:`Reconciler.observe` entry point compares what a kind's
+scheduling depends on (its *fingerprint*) with the last version seen, and schedules
+exactly the Agents :mod:`kubemoot.operator.view` says the change affects. The only
+timer is the provider probe, and a probe that finds nothing new moves no Agent.
+
+Nothing here raises into kopf: a malformed object gets a ``Valid=False`` condition and
+an ``InvalidSpec`` event naming the field; an API error is logged and the next change
+(or probe) tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Collection, Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from kubemoot.api import (
+    RESOURCE_TYPES,
+    Agent,
+    CrewSchedulingPolicy,
+    InputError,
+    Model,
+    ModelProvider,
+    Resource,
+    parse_manifest,
+)
+from kubemoot.clock import Clock
+from kubemoot.operator.events import EventRecorder, ObjectRef
+from kubemoot.operator.kube import KubeClient, KubeError, custom_path
+from kubemoot.operator.probe import client_for, model_status, provider_status
+from kubemoot.operator.binding import AgentWriter, policy_conditions
+from kubemoot.operator.status import condition, find_condition, merge_conditions, merge_patch
+from kubemoot.operator.status import to_datetime as _dt
+from kubemoot.operator.view import (
+    ClusterView,
+    affected_by_archetype,
+    affected_by_models,
+    affected_by_policies,
+    affected_by_provider,
+    agent_key,
+)
+from kubemoot.providers.ollama import OllamaProvider
+from kubemoot.providers.prober import Prober, publish_to_kv
+from kubemoot.scheduling.scheduler import SchedulingPass
+from kubemoot.store.documents import ProviderState
+from kubemoot.store.keys import encode_token
+from kubemoot.store.protocol import Bucket, StoreError
+
+__all__ = ["Reconciler"]
+
+log = logging.getLogger(__name__)
+
+
+def _fingerprint(resource: Resource | None) -> Any:
+    """What scheduling reads of an object; status the operator writes itself is left out."""
+    if resource is None:
+        return None
+    data = resource.to_manifest()
+    meta = data.get("metadata", {})
+    base = {"labels": meta.get("labels"), "spec": data.get("spec")}
+    status = data.get("status") or {}
+    if isinstance(resource, Agent):
+        base["annotations"] = meta.get("annotations")  # an annotation forces a reconcile
+    elif isinstance(resource, Model):
+        base["status"] = {"ready": status.get("ready"), "footprint": status.get("footprintMiB")}
+    elif isinstance(resource, ModelProvider):
+        capacity = dict(status.get("capacity") or {})
+        capacity.pop("agentCount", None)  # the operator's own bookkeeping
+        base["status"] = {"ready": status.get("ready"), "capacity": capacity}
+        base["annotations"] = meta.get("annotations")
+    return base
+
+
+class Reconciler:
+    """State, probing and writing of one operator process."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        clock: Clock,
+        bucket: Bucket | None = None,
+        probe_interval: float = 30.0,
+        probe_timeout: float = 10.0,
+    ) -> None:
+        self.kube = kube
+        self.clock = clock
+        self.bucket = bucket
+        self.probe_interval = probe_interval
+        self.probe_timeout = probe_timeout
+        self.events = EventRecorder(kube, clock=clock)
+        self.prober = Prober(
+            [], clock=clock, publish=None if bucket is None else publish_to_kv(bucket)
+        )
+        self.clients: dict[str, OllamaProvider] = {}
+        self._client_specs: dict[str, Any] = {}
+        self.indexes: Mapping[str, Any] = {}
+        self.seen: dict[str, Resource] = {}
+        #: (agent, trigger) for every Agent scheduled, in order: the operator's audit trail.
+        self.reconciled: list[tuple[str, str]] = []
+        self._lock = asyncio.Lock()
+        self._writer = AgentWriter(kube, self.events)
+
+    # ------------------------------------------------------------------ the view
+
+    def bind(self, kwargs: Mapping[str, Any]) -> None:
+        """Keep the kopf indexes a handler was given (they are live views)."""
+        self.indexes = kwargs
+
+    def view(self) -> ClusterView:
+        return ClusterView.from_indexes(self.indexes)
+
+    def now(self) -> datetime:
+        return _dt(self.clock.now())
+
+    # ------------------------------------------------------------------ events
+
+    async def observe(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """One watch event of one of our kinds; never raises."""
+        try:
+            await self._observe(kind, event_type, body)
+        except Exception:  # a bug must not kill kopf's worker for this object
+            log.exception("reconciling %s %s failed", kind, ObjectRef.of(body).name)
+
+    async def _observe(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
+        ref = ObjectRef.of(body, kind=kind)
+        key = f"{kind}/{ref.namespace or ''}/{ref.name}"
+        new: Resource | None = None
+        if event_type != "DELETED":
+            try:
+                new = parse_manifest(dict(body))
+            except InputError as error:
+                await self._report_invalid(kind, body, error)
+            else:
+                await self._clear_invalid(kind, body, new)
+        old = self.seen.get(key)
+        if new is None:
+            self.seen.pop(key, None)
+        else:
+            self.seen[key] = new
+        if isinstance(new, ModelProvider) or (new is None and isinstance(old, ModelProvider)):
+            await self._provider_changed(ref.name, new)
+        if isinstance(new, Model) and (
+            old is None or old.spec != new.spec or old.status is None
+        ):
+            await self._refresh_model(new)
+        if _fingerprint(old) == _fingerprint(new):
+            # Only status moved (often our own write): a policy's Scheduled condition
+            # follows the statuses of the Agents it governs.
+            if isinstance(new, CrewSchedulingPolicy):
+                await self.reconcile_policies([new])
+            elif isinstance(new, Agent):
+                policy = self.view().snapshot().resolve_policy(new).policy
+                if policy is not None:
+                    await self.reconcile_policies([policy])
+            return
+        view = self.view()
+        snapshot = view.snapshot()
+        versions = [r for r in (old, new) if r is not None]
+        affected: set[str] = set()
+        if kind == "Agent":
+            affected = {key.split("/", 1)[1]} if new is not None else set()
+        elif kind == "Model":
+            affected = affected_by_models(snapshot, versions)  # type: ignore[arg-type]
+        elif kind == "ModelProvider":
+            affected = affected_by_provider(snapshot, ref.name, view.models.values())
+        elif kind == "CrewSchedulingPolicy":
+            affected = affected_by_policies(snapshot, versions)  # type: ignore[arg-type]
+        elif kind == "MootArchetype":
+            affected = affected_by_archetype(snapshot, ref.name)
+        elif kind == "KubemootConfig":
+            affected = set(view.agents)
+        await self.reconcile_agents(affected, trigger=f"{kind}/{ref.name}")
+        if isinstance(new, CrewSchedulingPolicy):
+            await self.reconcile_policies([new])
+
+    # ------------------------------------------------------------------ agents
+
+    async def reconcile_agents(self, keys: Collection[str], *, trigger: str) -> None:
+        """Schedule the Agents ``keys`` (``namespace/name``) in one pass and write results."""
+        if not keys:
+            return
+        async with self._lock:
+            view = self.view()
+            agents = sorted(
+                (view.agents[k] for k in keys if k in view.agents), key=agent_key
+            )
+            if not agents:
+                return
+            now = self.now()
+            scheduling = SchedulingPass(view.snapshot(exclude=keys), now=now)
+            policies: dict[str, CrewSchedulingPolicy] = {}
+            for agent in agents:
+                result = scheduling.schedule(agent)
+                self.reconciled.append((agent_key(agent), trigger))
+                try:
+                    await self._writer.write(agent, result, now=now)
+                except KubeError as error:
+                    log.warning("writing Agent %s failed: %s", agent_key(agent), error)
+                if result.policy is not None:
+                    policies[result.policy.key] = result.policy
+        await self.reconcile_policies(policies.values())
+
+    # ------------------------------------------------------------------ policies
+
+    async def reconcile_policies(self, policies: Iterable[CrewSchedulingPolicy]) -> None:
+        """PolicyValid (phases against the archetype) and Scheduled (governed Agents)."""
+        view = self.view()
+        snapshot = view.snapshot()
+        scheduling = SchedulingPass(snapshot, now=self.now())
+        for policy in policies:
+            current = view.policies.get(f"{policy.namespace}/{policy.metadata.name}", policy)
+            governed = [
+                a for a in view.agents.values()
+                if snapshot.resolve_policy(a).policy is not None
+                and snapshot.resolve_policy(a).policy.key == policy.key  # type: ignore[union-attr]
+            ]
+            wanted = policy_conditions(scheduling.plan(current), governed, now=self.now())
+            await self._write_conditions(current, wanted)
+
+    # ------------------------------------------------------------------ providers
+
+    async def _provider_changed(self, name: str, provider: ModelProvider | None) -> None:
+        """Keep one client per provider; probe at once when it appears or its spec moves."""
+        if provider is None:
+            client = self.clients.pop(name, None)
+            self._client_specs.pop(name, None)
+            if client is not None:
+                await client.close()
+            if self.bucket is not None:
+                try:
+                    await self.bucket.delete(encode_token(name))
+                except StoreError as error:
+                    log.warning("removing the state of %s from the KV failed: %s", name, error)
+            return
+        wanted = (provider.spec, provider.metadata.annotations)
+        if self._client_specs.get(name) == wanted:
+            return
+        old = self.clients.pop(name, None)
+        if old is not None:
+            await old.close()
+        self._client_specs[name] = wanted
+        try:
+            self.clients[name] = client_for(provider, clock=self.clock,
+                                            timeout=self.probe_timeout)
+        except InputError as error:
+            await self._report_invalid(provider.KIND, _body_of(provider), error)
+            return
+        await self.probe(name)
+
+    async def probe_all(self) -> None:
+        """Probe every known provider at once."""
+        await asyncio.gather(*(self.probe(name) for name in list(self.clients)))
+
+    async def run_probes(self, stop: asyncio.Event) -> None:
+        """The probe timer: every ``probe_interval`` seconds of the clock until ``stop``."""
+        while not stop.is_set():
+            await self.probe_all()
+            try:
+                await self.clock.wait_for(stop.wait(), self.probe_interval)
+            except TimeoutError:
+                pass
+
+    async def probe(self, name: str) -> ProviderState | None:
+        """Probe one provider: status, Ready condition, KV document, its Models' status."""
+        client = self.clients.get(name)
+        if client is None:
+            return None
+        state = await self.prober.probe_one(client)
+        view = self.view()
+        provider = view.providers.get(name)
+        if provider is None:
+            return state
+        counts = view.agent_counts()
+        wanted = provider_status(state, provider, agent_count=counts.get(name, 0), now=self.now())
+        old = _status_of(provider)
+        try:
+            if merge_patch(old, wanted) != {}:
+                await self.kube.merge_patch(
+                    custom_path(provider.PLURAL, name, subresource="status"),
+                    {"status": merge_patch(old, wanted)},
+                )
+        except KubeError as error:
+            log.warning("writing the status of ModelProvider %s failed: %s", name, error)
+        was_ready = provider.status is not None and provider.status.ready
+        if not state.ready and was_ready is not False:
+            await self.events.emit(ObjectRef.of(_body_of(provider)), type="Warning",
+                                   reason="ProbeFailed", message=state.reason or "probe failed")
+        for model in view.models.values():
+            if model.spec.provider_ref == name:
+                await self._refresh_model(model, state=state)
+        return state
+
+    async def _refresh_model(self, model: Model, *, state: ProviderState | None = None) -> None:
+        provider = model.spec.provider_ref
+        known = provider in self.view().providers
+        if state is None:
+            state = self.prober.last_states.get(provider)
+        wanted = model_status(model, state, provider_known=known, now=self.now())
+        if wanted is None:
+            return
+        old = _status_of(model)
+        diff = merge_patch(old, wanted)
+        if diff == {}:
+            return
+        try:
+            await self.kube.merge_patch(
+                custom_path(model.PLURAL, model.metadata.name, subresource="status"),
+                {"status": diff},
+            )
+        except KubeError as error:
+            log.warning("writing the status of Model %s failed: %s", model.metadata.name, error)
+
+    # ------------------------------------------------------------------ conditions
+
+    async def _write_conditions(self, resource: Resource, wanted: list[dict[str, Any]]) -> None:
+        old = _status_of(resource)
+        conditions = merge_conditions(old.get("conditions") or [], wanted)
+        diff = merge_patch(old, {**old, "conditions": conditions})
+        if diff == {}:
+            return
+        try:
+            await self.kube.merge_patch(_status_path(resource.KIND, _body_of(resource)),
+                                        {"status": diff})
+        except KubeError as error:
+            log.warning("writing the conditions of %s failed: %s", resource.key, error)
+
+    async def _report_invalid(
+        self, kind: str, body: Mapping[str, Any], error: InputError
+    ) -> None:
+        """Valid=False naming the field, and an InvalidSpec event when that is news."""
+        message = error.describe()
+        status = body.get("status")
+        old = status.get("conditions") if isinstance(status, Mapping) else None
+        old_list = old if isinstance(old, list) else []
+        previous = find_condition(old_list, "Valid")
+        wanted = condition("Valid", False, "InvalidSpec", message, now=self.now())
+        if previous is not None and previous.get("status") == "False" and (
+            previous.get("message") == message
+        ):
+            return
+        try:
+            await self.kube.merge_patch(
+                _status_path(kind, body),
+                {"status": {"conditions": merge_conditions(old_list, [wanted])}},
+            )
+        except KubeError as error_:
+            log.warning("marking %s %s invalid failed: %s", kind, ObjectRef.of(body).name, error_)
+        await self.events.emit(ObjectRef.of(body, kind=kind), type="Warning",
+                               reason="InvalidSpec", message=message)
+
+    async def _clear_invalid(self, kind: str, body: Mapping[str, Any], new: Resource) -> None:
+        old = _status_of(new).get("conditions") or []
+        previous = find_condition(old, "Valid")
+        if previous is None or previous.get("status") == "True":
+            return
+        valid = condition("Valid", True, "Valid", "the object is well-formed", now=self.now())
+        await self._write_conditions(new, [valid])
+
+
+def _body_of(resource: Resource) -> dict[str, Any]:
+    return resource.to_manifest()
+
+
+def _status_of(resource: Resource) -> dict[str, Any]:
+    status = resource.to_manifest().get("status")
+    return dict(status) if isinstance(status, Mapping) else {}
+
+
+def _status_path(kind: str, body: Mapping[str, Any]) -> str:
+    ref = ObjectRef.of(body, kind=kind)
+    plural = RESOURCE_TYPES[kind].PLURAL
+    return custom_path(plural, ref.name, namespace=ref.namespace, subresource="status")
+

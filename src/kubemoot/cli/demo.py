@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import time
 from collections import Counter
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import typer
@@ -35,9 +34,9 @@ from kubemoot.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from kubemoot.dashboard import DashboardServer
     from kubemoot.agent.discussion import DiscussionResult
     from kubemoot.agent.signals import Signal
+    from kubemoot.dashboard import DashboardServer
     from kubemoot.providers.emulator import OllamaEmulator
     from kubemoot.providers.ollama import OllamaProvider
 
@@ -403,6 +402,7 @@ def _report(threads: list[DiscussionResult], records: list[Any], books: _Books,
 
 
 def _print_report(report: dict[str, Any]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     calls = Table(title="Per-call attribution", title_justify="left")
@@ -440,7 +440,8 @@ def _print_report(report: dict[str, Any]) -> None:
     console.print(summary)
     for thread in report["threads"]:
         console.print(f"[bold]{thread['threadId']}[/] ({thread['settlement']}): "
-                      f"{thread['question']}\n  → {thread['answer']}", highlight=False)
+                      f"{escape(thread['question'])}\n  → {escape(thread['answer'])}",
+                      highlight=False)
     console.print("[dim]GPUs are emulated (an Ollama-API emulator, not Ollama).[/]")
 
 

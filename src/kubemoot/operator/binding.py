@@ -64,7 +64,7 @@ class AgentWriter:
         old_scheduling = old.get("scheduling") or {}
         old_last = old_scheduling.get("lastUnschedulable")
         new_last = scheduling.get("lastUnschedulable")
-        if isinstance(old_last, Mapping) and isinstance(new_last, Mapping) and all(
+        if isinstance(old_last, Mapping) and isinstance(new_last, dict) and all(
             old_last.get(k) == new_last.get(k) for k in ("phase", "reason", "crewSchedulingPolicy")
         ):
             new_last["observedAt"] = old_last.get("observedAt")  # the same failure, not news

@@ -56,9 +56,9 @@ def env_patch(deployment: Mapping[str, Any], env: Mapping[str, str]) -> dict[str
     changed = False
     seen: set[str] = set()
     for item in current:
-        name = item.get("name")
+        name = str(item.get("name"))
         if name in env:
-            seen.add(str(name))
+            seen.add(name)
             if item.get("value") != env[name] or "valueFrom" in item:
                 item.pop("valueFrom", None)
                 item["value"] = env[name]

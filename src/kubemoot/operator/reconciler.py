@@ -16,6 +16,7 @@ an ``InvalidSpec`` event naming the field; an API error is logged and the next c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
@@ -32,10 +33,10 @@ from kubemoot.api import (
     parse_manifest,
 )
 from kubemoot.clock import Clock
+from kubemoot.operator.binding import AgentWriter, policy_conditions
 from kubemoot.operator.events import EventRecorder, ObjectRef
 from kubemoot.operator.kube import KubeClient, KubeError, custom_path
 from kubemoot.operator.probe import client_for, model_status, provider_status
-from kubemoot.operator.binding import AgentWriter, policy_conditions
 from kubemoot.operator.status import condition, find_condition, merge_conditions, merge_patch
 from kubemoot.operator.status import to_datetime as _dt
 from kubemoot.operator.view import (
@@ -107,6 +108,13 @@ class Reconciler:
         self.reconciled: list[tuple[str, str]] = []
         self._lock = asyncio.Lock()
         self._writer = AgentWriter(kube, self.events)
+
+    async def close(self) -> None:
+        """Close the provider clients and the API client."""
+        for client in self.clients.values():
+            await client.close()
+        self.clients.clear()
+        await self.kube.close()
 
     # ------------------------------------------------------------------ the view
 
@@ -263,10 +271,8 @@ class Reconciler:
         """The probe timer: every ``probe_interval`` seconds of the clock until ``stop``."""
         while not stop.is_set():
             await self.probe_all()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await self.clock.wait_for(stop.wait(), self.probe_interval)
-            except TimeoutError:
-                pass
 
     async def probe(self, name: str) -> ProviderState | None:
         """Probe one provider: status, Ready condition, KV document, its Models' status."""

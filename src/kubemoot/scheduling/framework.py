@@ -103,6 +103,7 @@ class ProviderTier:
     results: dict[str, tuple[GateResult, ...]]
     standing: dict[str, int]
     facts: dict[str, ProviderFacts]
+    first_fail: dict[str, GateResult]  # first FAIL among the provider-tier gates, if any
 
 
 @dataclass(slots=True)
@@ -114,6 +115,7 @@ class RuleTable:
     tier: ProviderTier
     require: dict[str, GateResult]
     standing: dict[str, int]  # Require and provider tier together
+    first_fail: dict[str, GateResult]  # Require's FAIL, else the provider tier's first
     feasible: list[Placement]  # statically feasible, by name
     uncertain: list[Placement]  # statically uncertain, by name
     admitted: list[Placement]  # Ready Models the require admits (candidate lists)
@@ -164,6 +166,17 @@ class Framework:
             }
         )
         self._tiers: dict[int, ProviderTier] = {}
+        #: Agents each provider may still take in this pass (limit − reported − 1).
+        self.headroom: dict[str, int] = {}
+        for placement in self.placements:
+            provider = placement.provider
+            if provider is None:
+                continue
+            limit = agent_limit(provider, self.settings.concurrency_factor)
+            if limit is not None:
+                capacity = provider.capacity
+                reported = (None if capacity is None else capacity.agent_count) or 0
+                self.headroom[provider.metadata.name] = limit - reported - 1
         self._static_scores: dict[str, dict[str, tuple[float, float, float]]] = {}
 
     # ------------------------------------------------------------------ shared tiers
@@ -192,14 +205,16 @@ class Framework:
             provider = placement.provider
             if provider is None or provider.metadata.name in facts:
                 continue
-            limit = agent_limit(provider, self.settings.concurrency_factor)
-            capacity = provider.capacity
-            reported = (None if capacity is None else capacity.agent_count) or 0
             facts[provider.metadata.name] = ProviderFacts(
-                headroom=None if limit is None else limit - reported - 1,
+                headroom=self.headroom.get(provider.metadata.name),
                 stale=stale_age(provider, self.now, max_age_seconds) is not None,
             )
-        tier = ProviderTier(max_age_seconds, results, standing, facts)
+        first_fail = {
+            name: next(r for r in checked if r.result is _FAIL)
+            for name, checked in results.items()
+            if standing[name] == FAILED and any(r.result is _FAIL for r in checked)
+        }
+        tier = ProviderTier(max_age_seconds, results, standing, facts, first_fail)
         self._tiers[max_age_seconds] = tier
         return tier
 
@@ -214,6 +229,7 @@ class Framework:
         feasible: list[Placement] = []
         uncertain: list[Placement] = []
         admitted: list[Placement] = []
+        first_fail = dict(tier.first_fail)
         tier_standing = tier.standing
         for placement in self.placements:
             name = placement.name
@@ -221,6 +237,7 @@ class Framework:
             require[name] = result
             if result.result is _FAIL:
                 standing[name] = FAILED
+                first_fail[name] = result
                 continue
             if placement.model.is_ready:
                 admitted.append(placement)
@@ -230,7 +247,9 @@ class Framework:
                 feasible.append(placement)
             elif state == UNCERTAIN:
                 uncertain.append(placement)
-        return RuleTable(phase, rule, tier, require, standing, feasible, uncertain, admitted)
+        return RuleTable(
+            phase, rule, tier, require, standing, first_fail, feasible, uncertain, admitted
+        )
 
     def static_terms(self, placement: Placement, phase: str) -> tuple[float, float, float]:
         """Weighted capacity, locality and provider-weight terms: agent-independent."""

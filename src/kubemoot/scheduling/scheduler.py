@@ -25,7 +25,7 @@ from kubemoot.api import (
     TopologySpread,
 )
 from kubemoot.api.loader import Bundle
-from kubemoot.gates import DecisionRecord, Outcome
+from kubemoot.gates import DecisionRecord, GateResult, Outcome, Verdict
 from kubemoot.scheduling.archetypes import scheduling_order, unknown_phases
 from kubemoot.scheduling.bias import effective_bias
 from kubemoot.scheduling.bind import (
@@ -40,18 +40,21 @@ from kubemoot.scheduling.bind import (
     with_bound_first,
 )
 from kubemoot.scheduling.framework import (
+    PROVIDER_GATES,
     SCHEDULER_VERSION,
     Framework,
     Ranked,
     Ranking,
     RuleTable,
 )
-from kubemoot.scheduling.messages import (
-    defer_reason,
-    failed_scheduling_message,
-    unschedulable_reason,
+from kubemoot.scheduling.candidate import Placement
+from kubemoot.scheduling.messages import defer_text, failed_scheduling_message, unschedulable_text
+from kubemoot.scheduling.plugins import (
+    GATES,
+    ParallelismGate,
+    SpreadContext,
+    TopologySpreadGate,
 )
-from kubemoot.scheduling.plugins import SpreadContext
 from kubemoot.scheduling.result import (
     AgentResult,
     PhaseResult,
@@ -62,6 +65,9 @@ from kubemoot.scheduling.result import (
 from kubemoot.scheduling.snapshot import ClusterSnapshot
 
 __all__ = ["PolicyPlan", "SchedulingPass", "schedule_agent", "schedule_bundle"]
+
+_UNRESOLVED = (Verdict.UNKNOWN, Verdict.STALE)
+_ORDER = {name: index for index, name in enumerate(GATES)}
 
 
 @dataclass(slots=True)
@@ -94,6 +100,8 @@ class SchedulingPass:
         self._events: dict[tuple[str, str], SchedulingEvent] = {}
         self._unschedulable: dict[str, list[str]] = {}
         self._agents: list[AgentResult] = []
+        self._saturation = 0
+        self._unplaced_cache: dict[tuple[int, int, SpreadContext | None], tuple[Outcome, str]] = {}
 
     # ------------------------------------------------------------------ policies
 
@@ -187,8 +195,13 @@ class SchedulingPass:
                 bound.add(chosen.provider)
                 if phase in spread_phases and chosen.topology is not None:
                     used.add(chosen.topology)
+        headroom = self.framework.headroom
         for provider in bound:
-            self.assumed[provider] = self.assumed.get(provider, 0) + 1
+            count = self.assumed.get(provider, 0) + 1
+            self.assumed[provider] = count
+            limit = headroom.get(provider)
+            if limit is not None and count == limit + 1:
+                self._saturation += 1  # the provider just filled up: cached answers expire
         outcome = self._agent_result(agent, plan, phases, resolution.note)
         self._agents.append(outcome)
         return outcome
@@ -267,12 +280,62 @@ class SchedulingPass:
                 reason,
                 decide,
             )
-        record = decide()  # rare path: the full record names what failed or is unknown
-        if record.outcome is Outcome.DEFER:
-            reason = defer_reason(record)
-        else:
-            reason = unschedulable_reason(record, phase, ranking.table.rule)
-        return PhaseResult(phase, record.outcome, None, None, candidates, reason, decide, record)
+        outcome, reason = self._unplaced(ranking.table, context)
+        return PhaseResult(phase, outcome, None, None, candidates, reason, decide)
+
+    def _unplaced(self, table: RuleTable, context: SpreadContext | None) -> tuple[Outcome, str]:
+        """DEFER or UNSCHEDULABLE and its reason, from the shared tiers.
+
+        Agents with the same table and spread state see the same answer until a provider
+        fills up, so the answer is cached per saturation version. The fuzz tests check it
+        against the full decision record.
+        """
+        key = (id(table), self._saturation, context)
+        found = self._unplaced_cache.get(key)
+        if found is None:
+            found = self._explain_unplaced(table, context)
+            self._unplaced_cache[key] = found
+        return found
+
+    def _explain_unplaced(
+        self, table: RuleTable, context: SpreadContext | None
+    ) -> tuple[Outcome, str]:
+        tier = table.tier
+        facts = tier.facts
+        seen = self.assumed
+        parallelism = ParallelismGate.from_args(
+            self.framework.args(max_age_seconds=tier.max_age_seconds, assumed=dict(seen))
+        )
+        spread_gate = TopologySpreadGate(context)
+
+        def full(placement: Placement) -> bool:
+            fact = facts.get(placement.model.spec.provider_ref)
+            if fact is None or fact.headroom is None or fact.stale:
+                return False
+            return seen.get(placement.model.spec.provider_ref, 0) > fact.headroom
+
+        waits: list[tuple[str, list[GateResult]]] = []
+        for placement in table.uncertain:
+            if full(placement) or spread_gate.check(placement).result is Verdict.FAIL:
+                continue
+            results = list(tier.results[placement.name])
+            results.insert(PROVIDER_GATES.index("VRAM") + 1, parallelism.check(placement))
+            waits.append((placement.name, [r for r in results if r.result in _UNRESOLVED]))
+        if waits:
+            return Outcome.DEFER, defer_text(waits)
+        firsts: list[GateResult] = []
+        for placement in self.framework.placements:
+            first = table.first_fail.get(placement.name)
+            if (first is None or _ORDER[first.gate] > _ORDER["Parallelism"]) and full(placement):
+                first = parallelism.check(placement)
+            if first is None:
+                spread_result = spread_gate.check(placement)
+                if spread_result.result is Verdict.FAIL:
+                    first = spread_result
+            if first is not None:
+                firsts.append(first)
+        total = len(self.framework.placements)
+        return Outcome.UNSCHEDULABLE, unschedulable_text(table.phase, total, firsts, table.rule)
 
     # ------------------------------------------------------------------ status
 

@@ -1,0 +1,125 @@
+"""Running the operator: credentials, the shared store, kopf settings and the probe loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import kopf
+
+from kubemoot.api import InputError
+from kubemoot.clock import Clock, SystemClock
+from kubemoot.operator.handlers import build_registry
+from kubemoot.operator.kube import KubeClient
+from kubemoot.operator.reconciler import Reconciler
+from kubemoot.store.documents import PROVIDER_STATE_BUCKET
+from kubemoot.store.protocol import KV
+
+__all__ = [
+    "DEFAULT_PROBE_INTERVAL",
+    "DEFAULT_PROBE_TIMEOUT",
+    "OperatorOptions",
+    "cluster_login",
+    "kopf_settings",
+    "run_operator",
+    "serve",
+]
+
+DEFAULT_PROBE_INTERVAL = 30.0
+DEFAULT_PROBE_TIMEOUT = 10.0
+
+Login = Callable[[], Awaitable[kopf.ConnectionInfo]]
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorOptions:
+    """What ``kubemoot operator`` was asked to do.
+
+    No ``namespaces`` means every namespace. Model, ModelProvider, MootArchetype and
+    KubemootConfig are cluster-scoped and always watched cluster-wide.
+    """
+
+    namespaces: tuple[str, ...] = ()
+    store_url: str | None = None  # None: the embedded store (one process only)
+    probe_interval: float = DEFAULT_PROBE_INTERVAL
+    probe_timeout: float = DEFAULT_PROBE_TIMEOUT
+
+
+def kopf_settings() -> kopf.OperatorSettings:
+    """kopf settings of the Kubemoot operator."""
+    settings = kopf.OperatorSettings()
+    # The CRDs ship with the operator (deploy/base); rescanning the API for new
+    # resources and namespaces is not needed and would need cluster-wide list rights.
+    settings.scanning.disabled = True
+    # One replica (the Deployment uses Recreate): no KopfPeering CRD to install.
+    settings.peering.standalone = True
+    # kopf turns its own log lines into Events; keep only warnings and errors.
+    settings.posting.level = logging.WARNING
+    return settings
+
+
+async def cluster_login() -> kopf.ConnectionInfo:
+    """In-cluster service account, else ``$KUBECONFIG`` / ``~/.kube/config``."""
+    settings = kopf.OperatorSettings()
+    info = kopf.login_with_service_account(settings=settings)
+    if info is None:
+        info = kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise InputError(
+            "no Kubernetes credentials: run in a cluster with a service account, or set "
+            "KUBECONFIG"
+        )
+    return info
+
+
+async def serve(
+    reconciler: Reconciler,
+    *,
+    login: Login,
+    namespaces: Sequence[str] = (),
+    stop: asyncio.Event | None = None,
+    ready: asyncio.Event | None = None,
+) -> None:
+    """Run kopf with our handlers and the probe loop until ``stop`` is set."""
+    registry = build_registry(reconciler, login=login)
+    stop_probes = asyncio.Event()
+    probes = asyncio.create_task(reconciler.run_probes(stop_probes), name="kubemoot-probes")
+    try:
+        await kopf.operator(
+            registry=registry,
+            settings=kopf_settings(),
+            clusterwide=not namespaces,
+            namespaces=list(namespaces),
+            standalone=True,
+            stop_flag=stop,
+            ready_flag=ready,
+        )
+    finally:
+        stop_probes.set()
+        await probes
+        await reconciler.close()
+
+
+async def run_operator(
+    options: OperatorOptions, *, clock: Clock | None = None, login: Login = cluster_login
+) -> None:
+    """Open the shared store, then serve until interrupted."""
+    from kubemoot.store import open_store
+
+    clock = clock or SystemClock()
+    store: KV = await open_store(options.store_url, clock=clock)
+    try:
+        bucket = await store.bucket(PROVIDER_STATE_BUCKET)
+        kube = KubeClient(login)
+        reconciler = Reconciler(
+            kube,
+            clock=clock,
+            bucket=bucket,
+            probe_interval=options.probe_interval,
+            probe_timeout=options.probe_timeout,
+        )
+        await serve(reconciler, login=login, namespaces=options.namespaces)
+    finally:
+        await store.close()

@@ -15,10 +15,15 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kubemoot.api import InputError
+from kubemoot.api import InputError, SchedulingRule
 from kubemoot.api.loader import load_bundle
 from kubemoot.gates import Outcome
 from kubemoot.scheduling import schedule_bundle
+from kubemoot.scheduling.messages import (
+    defer_reason,
+    failed_scheduling_message,
+    unschedulable_reason,
+)
 from kubemoot.testing.builders import agent, model, policy, provider, rule, selector
 
 from .conftest import NOW, run
@@ -119,7 +124,13 @@ def test_fast_path_agrees_with_the_engine(cluster: dict[str, Any]) -> None:
             else:
                 assert phase.placement is None
             if phase.outcome is Outcome.DEFER:
-                assert "waiting on evidence" in phase.reason
+                assert phase.reason == defer_reason(record)
+            if phase.outcome is Outcome.UNSCHEDULABLE:
+                table_rule = scheduled.policy and scheduled.policy.spec.rule_for(phase.phase)
+                assert phase.reason == unschedulable_reason(
+                    record, phase.phase, table_rule or SchedulingRule(phase=phase.phase)
+                )
+                assert phase.failure_message == failed_scheduling_message(record, phase.phase)
     result.to_dict()  # renders without error
 
 

@@ -27,6 +27,8 @@ __all__ = [
     "serve",
 ]
 
+log = logging.getLogger(__name__)
+
 DEFAULT_PROBE_INTERVAL = 30.0
 DEFAULT_PROBE_TIMEOUT = 10.0
 
@@ -98,7 +100,11 @@ async def serve(
         )
     finally:
         stop_probes.set()
-        await probes
+        # kopf cancels the tasks of its loop when it stops, the probe loop among them;
+        # wait() neither raises that cancellation nor an error, which is logged instead.
+        await asyncio.wait([probes])
+        if not probes.cancelled() and probes.exception() is not None:
+            log.error("the probe loop failed", exc_info=probes.exception())
         await reconciler.close()
 
 

@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
+from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.providers.protocol import ProviderClient, ProviderError, ProviderState
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
@@ -108,6 +109,8 @@ class Prober:
             state = self._not_ready(client, f"probe failed: {type(error).__name__}: {error}")
         state.provider = client.name
         state.last_probed_at = started
+        if not state.ready:
+            metrics.PROBE_ERRORS.labels(provider=client.name).inc()
         state.loaded_model_footprints = await self._first_observed(client.name, state)
         self.last_states[client.name] = state
         if self._publish is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from kubemoot import metrics
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime import filters
 from kubemoot.runtime.cost import Option, OptionKind
@@ -90,6 +91,7 @@ async def claim_with_evictions(
         selector.view.invalidate(option.provider)
         raise EvictionFailed(str(error)) from error
     selector.view.invalidate(option.provider)
+    metrics.EVICTIONS.labels(provider=option.provider).inc(len(option.victims))
     log.info("unloaded %s from %s for %s", ", ".join(option.victims), option.provider,
              option.model)
     return Claim(option, ticket, provider.state.endpoint, provider.context_for(option.model))

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from kubemoot import metrics
 from kubemoot.gates.results import Outcome
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime.claims import EvictionFailed, claim_with_evictions
@@ -121,6 +122,26 @@ class CallPlanner:
         With ``explain`` every option is priced even when a warm copy wins at once
         (for ``kubemoot place``); otherwise the cheap cases skip the full comparison.
         """
+        clock = self.selector.view.clock
+        began = clock.now()
+        placement = await self._place(candidates, holder_id=holder_id,
+                                      prompt_tokens=prompt_tokens,
+                                      ticket_state=ticket_state, explain=explain)
+        metrics.PLACEMENT_SECONDS.observe(max(0.0, clock.now() - began))
+        metrics.DECISIONS.labels(action=placement.action.value).inc()
+        if placement.action is Action.REFUSE and placement.reason is not None:
+            metrics.REFUSALS.labels(reason=placement.reason).inc()
+        return placement
+
+    async def _place(
+        self,
+        candidates: Sequence[Candidate],
+        *,
+        holder_id: str,
+        prompt_tokens: int | None,
+        ticket_state: TicketState,
+        explain: bool,
+    ) -> Placement:
         if not candidates:
             raise ValueError("a call needs at least one candidate model")
         acceptable = self.in_tolerance(candidates)

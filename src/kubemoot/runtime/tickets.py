@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.runtime.budget import budget_allows
 from kubemoot.store.documents import ProviderState, ProviderTickets, Ticket, TicketState
@@ -193,8 +194,16 @@ class TicketManager:
             evicts=dict(evicts or {}),
         )
         op = self._op(_Kind.CLAIM, ticket.ticket_id, ticket=ticket, check=check)
-        granted = await self._submit(provider, op)
+        try:
+            granted = await self._submit(provider, op)
+        except ClaimRejected:
+            metrics.CLAIMS.labels(result="rejected").inc()
+            raise
+        except ClaimConflict:
+            metrics.CLAIMS.labels(result="conflict").inc()
+            raise
         assert granted is not None
+        metrics.CLAIMS.labels(result="granted").inc()
         return granted
 
     async def release(self, provider: str, ticket_id: str) -> None:
@@ -305,6 +314,8 @@ class TicketManager:
                 elif revision is not None:
                     lane.cached = (document, revision)
             except (RevisionMismatch, KeyExists, StoreUnavailable) as error:
+                if isinstance(error, RevisionMismatch | KeyExists):
+                    metrics.CAS_CONFLICTS.inc()
                 if cached is not None and isinstance(error, RevisionMismatch | KeyExists):
                     continue  # the cached copy was stale: read and decide again, no penalty
                 conflicts += 1

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
+from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
 from kubemoot.runtime.placement import Action, Candidate, Placement
@@ -80,6 +81,7 @@ class CapacityWaiter:
         model = candidates[0].model
         started = self._clock.now()
         waited = False
+        outcome = "gave-up"
         try:
             while True:
                 counter = self._watch.counter if self._watch is not None else 0
@@ -93,13 +95,16 @@ class CapacityWaiter:
                         await signals.evaluating(
                             model=placement.model or model, provider=placement.provider
                         )
+                    outcome = "placed"
                     return replace(placement, waited_seconds=elapsed)
                 if placement.action is Action.REFUSE:
+                    outcome = "refused"
                     return replace(placement, waited_seconds=elapsed)
                 if self._watch is None or (done is not None and done.is_set()):
                     return _gave_up(placement, elapsed)
                 if not waited:
                     waited = True
+                    metrics.WAITS.inc()
                     if self._board is not None:
                         with contextlib.suppress(StoreError):
                             await self._board.add_waiter(model, agent)
@@ -111,6 +116,12 @@ class CapacityWaiter:
                 # Whatever changed may be another process's claim or release.
                 self._planner.invalidate()
         finally:
+            if waited:
+                metrics.WAIT_SECONDS.labels(outcome=outcome).observe(
+                    self._clock.now() - started
+                )
+            if outcome == "gave-up":
+                metrics.REFUSALS.labels(reason=Reason.GPU_BUSY.value).inc()
             if waited and self._board is not None:
                 with contextlib.suppress(StoreError):
                     await self._board.remove_waiter(model, agent)

@@ -120,6 +120,7 @@ class RuleTable:
     uncertain: list[Placement]  # statically uncertain, by name
     admitted: list[Placement]  # Ready Models the require admits (candidate lists)
     rankings: dict[float | None, Ranking] = field(default_factory=dict)
+    rows: list[_Row] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +131,10 @@ class Ranked:
     score: float
     provider: str
     topology: str | None
+
+
+#: (name, tie-break, capacity, locality, provider weight, Ranked without score)
+_Row = tuple[str, tuple[bool, int, str], float, float, float, Ranked]
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,23 +291,40 @@ class Framework:
             )
             for p in table.admitted
         }
-        entries: list[tuple[float, tuple[bool, int, str], Ranked]] = []
-        for placement in table.feasible:
-            q = quality.get(placement.name)
-            if q is None:  # feasible but not admitted cannot happen: ModelReady gates both
-                continue
-            capacity, locality, weight = self.static_terms(placement, table.phase)
+        if table.rows is None:
+            table.rows = self._rows(table, topology_key)
+        weight_q = self.weights["Quality"]
+        entries = [
             # Summed in the engine's order so that totals tie exactly as in the record.
-            total = round(q * self.weights["Quality"] + capacity + locality + weight, 9)
-            provider = placement.model.spec.provider_ref
-            topology = None if topology_key is None else topology_value(placement, topology_key)
-            entries.append(
-                (-total, tie_break(placement), Ranked(placement, total, provider, topology))
-            )
+            (-round(quality[name] * weight_q + capacity + locality + weight, 9), tie, row)
+            for name, tie, capacity, locality, weight, row in table.rows
+        ]
         entries.sort(key=lambda item: (item[0], item[1]))
-        ranking = Ranking(table, key, key is not None, tuple(item[2] for item in entries), quality)
+        ranked = tuple(
+            Ranked(row.placement, -total, row.provider, row.topology) for total, _, row in entries
+        )
+        ranking = Ranking(table, key, key is not None, ranked, quality)
         table.rankings[key] = ranking
         return ranking
+
+    def _rows(self, table: RuleTable, topology_key: str | None) -> list[_Row]:
+        """Agent-independent score terms of the table's feasible candidates."""
+        rows: list[_Row] = []
+        for placement in table.feasible:
+            capacity, locality, weight = self.static_terms(placement, table.phase)
+            provider = placement.model.spec.provider_ref
+            topology = None if topology_key is None else topology_value(placement, topology_key)
+            rows.append(
+                (
+                    placement.name,
+                    tie_break(placement),
+                    capacity,
+                    locality,
+                    weight,
+                    Ranked(placement, 0.0, provider, topology),
+                )
+            )
+        return rows
 
     # ------------------------------------------------------------------ full decisions
 

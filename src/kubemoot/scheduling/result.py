@@ -40,6 +40,8 @@ class PhaseResult:
     reason: str
     _decide: Callable[[], DecisionRecord] = field(repr=False)
     _record: DecisionRecord | None = field(default=None, repr=False)
+    #: For UNSCHEDULABLE: the FailedScheduling message (``0/N models are available …``).
+    failure_message: str | None = None
 
     @property
     def decision(self) -> DecisionRecord:

@@ -39,6 +39,7 @@ from kubemoot.scheduling.bind import (
     candidates_json,
     with_bound_first,
 )
+from kubemoot.scheduling.candidate import Placement
 from kubemoot.scheduling.framework import (
     PROVIDER_GATES,
     SCHEDULER_VERSION,
@@ -47,8 +48,12 @@ from kubemoot.scheduling.framework import (
     Ranking,
     RuleTable,
 )
-from kubemoot.scheduling.candidate import Placement
-from kubemoot.scheduling.messages import defer_text, failed_scheduling_message, unschedulable_text
+from kubemoot.scheduling.messages import (
+    count_message,
+    defer_text,
+    failed_scheduling_message,
+    unschedulable_text,
+)
 from kubemoot.scheduling.plugins import (
     GATES,
     ParallelismGate,
@@ -67,6 +72,8 @@ from kubemoot.scheduling.snapshot import ClusterSnapshot
 __all__ = ["PolicyPlan", "SchedulingPass", "schedule_agent", "schedule_bundle"]
 
 _UNRESOLVED = (Verdict.UNKNOWN, Verdict.STALE)
+#: Outcome, reason and (for UNSCHEDULABLE) the FailedScheduling message of an unplaced phase.
+_Unplaced = tuple[Outcome, str, str | None]
 _ORDER = {name: index for index, name in enumerate(GATES)}
 
 
@@ -97,11 +104,14 @@ class SchedulingPass:
         self.assumed: dict[str, int] = {}
         self._plans: dict[str | None, PolicyPlan] = {}
         self._lists: dict[int, CandidateList] = {}
+        self._json: dict[int, str] = {}  # candidate list id → its JSON (lists are kept alive)
         self._events: dict[tuple[str, str], SchedulingEvent] = {}
         self._unschedulable: dict[str, list[str]] = {}
         self._agents: list[AgentResult] = []
         self._saturation = 0
-        self._unplaced_cache: dict[tuple[int, int, SpreadContext | None], tuple[Outcome, str]] = {}
+        self._cursor: dict[int, int] = {}
+        self._ordered: dict[tuple[int, str | None], tuple[CandidateList, str]] = {}
+        self._unplaced_cache: dict[tuple[int, int, SpreadContext | None], _Unplaced] = {}
 
     # ------------------------------------------------------------------ policies
 
@@ -215,8 +225,20 @@ class SchedulingPass:
     ) -> tuple[Ranked | None, bool]:
         """The best candidate the per-Agent gates admit, and whether spread had a choice."""
         facts = ranking.table.tier.facts
+        entries = ranking.entries
+        # Assumed bindings only grow during a pass, so a provider that is full stays full:
+        # the ranking's full head is skipped once for every later Agent.
+        start = self._cursor.get(id(ranking), 0)
+        while start < len(entries):
+            head = entries[start]
+            headroom = facts[head.provider].headroom
+            if headroom is None or seen.get(head.provider, 0) <= headroom:
+                break
+            start += 1
+        self._cursor[id(ranking)] = start
         fallback: Ranked | None = None
-        for entry in ranking.entries:
+        for index in range(start, len(entries)):
+            entry = entries[index]
             headroom = facts[entry.provider].headroom
             if headroom is not None and seen.get(entry.provider, 0) > headroom:
                 continue  # the Parallelism gate FAILs once earlier bindings fill it
@@ -247,12 +269,20 @@ class SchedulingPass:
 
         return decide
 
-    def _candidates(self, ranking: Ranking) -> CandidateList:
-        found = self._lists.get(id(ranking))
+    def _candidates(self, ranking: Ranking, bound: str | None) -> CandidateList:
+        """The phase's candidate list with ``bound`` first; lists and their JSON are shared."""
+        key = (id(ranking), bound)
+        found = self._ordered.get(key)
         if found is None:
-            found = candidate_list(ranking.table.admitted, ranking.quality)
-            self._lists[id(ranking)] = found
-        return found
+            base = self._lists.get(id(ranking))
+            if base is None:
+                base = candidate_list(ranking.table.admitted, ranking.quality)
+                self._lists[id(ranking)] = base
+            ordered = with_bound_first(base, bound)
+            found = (ordered, candidates_json(ordered))
+            self._ordered[key] = found
+            self._json[id(ordered)] = found[1]
+        return found[0]
 
     def _phase_result(
         self,
@@ -262,7 +292,6 @@ class SchedulingPass:
         decide: Callable[[], DecisionRecord],
         context: SpreadContext | None,
     ) -> PhaseResult:
-        candidates = self._candidates(ranking)
         if chosen is not None:
             placement = chosen.placement
             reason = f"{placement.name} on {chosen.provider} scored {chosen.score:g}"
@@ -276,14 +305,17 @@ class SchedulingPass:
                 Outcome.PLACE,
                 placement,
                 chosen.score,
-                with_bound_first(candidates, placement.model_id),
+                self._candidates(ranking, placement.model_id),
                 reason,
                 decide,
             )
-        outcome, reason = self._unplaced(ranking.table, context)
-        return PhaseResult(phase, outcome, None, None, candidates, reason, decide)
+        outcome, reason, message = self._unplaced(ranking.table, context)
+        candidates = self._candidates(ranking, None)
+        return PhaseResult(
+            phase, outcome, None, None, candidates, reason, decide, failure_message=message
+        )
 
-    def _unplaced(self, table: RuleTable, context: SpreadContext | None) -> tuple[Outcome, str]:
+    def _unplaced(self, table: RuleTable, context: SpreadContext | None) -> _Unplaced:
         """DEFER or UNSCHEDULABLE and its reason, from the shared tiers.
 
         Agents with the same table and spread state see the same answer until a provider
@@ -297,9 +329,7 @@ class SchedulingPass:
             self._unplaced_cache[key] = found
         return found
 
-    def _explain_unplaced(
-        self, table: RuleTable, context: SpreadContext | None
-    ) -> tuple[Outcome, str]:
+    def _explain_unplaced(self, table: RuleTable, context: SpreadContext | None) -> _Unplaced:
         tier = table.tier
         facts = tier.facts
         seen = self.assumed
@@ -322,7 +352,7 @@ class SchedulingPass:
             results.insert(PROVIDER_GATES.index("VRAM") + 1, parallelism.check(placement))
             waits.append((placement.name, [r for r in results if r.result in _UNRESOLVED]))
         if waits:
-            return Outcome.DEFER, defer_text(waits)
+            return Outcome.DEFER, defer_text(waits), None
         firsts: list[GateResult] = []
         for placement in self.framework.placements:
             first = table.first_fail.get(placement.name)
@@ -335,7 +365,11 @@ class SchedulingPass:
             if first is not None:
                 firsts.append(first)
         total = len(self.framework.placements)
-        return Outcome.UNSCHEDULABLE, unschedulable_text(table.phase, total, firsts, table.rule)
+        return (
+            Outcome.UNSCHEDULABLE,
+            unschedulable_text(table.phase, total, firsts, table.rule),
+            count_message(table.phase, total, firsts),
+        )
 
     # ------------------------------------------------------------------ status
 
@@ -356,7 +390,7 @@ class SchedulingPass:
             env[ENV_TRIAGE_ENDPOINT] = triage.endpoint or ""
         for phase, variable in ENV_CANDIDATES.items():
             if phase in phases:
-                env[variable] = candidates_json(phases[phase].candidates)
+                env[variable] = self._json[id(phases[phase].candidates)]
 
         policy = plan.policy
         policy_name = None if policy is None else policy.metadata.name
@@ -411,7 +445,7 @@ class SchedulingPass:
             self._unschedulable.setdefault(policy.key, []).append(
                 f"{agent_id} phase {result.phase}"
             )
-        message = failed_scheduling_message(result.decision, result.phase)
+        message = result.failure_message or failed_scheduling_message(result.decision, result.phase)
         key = (regarding, message)
         event = self._events.get(key)
         if event is None:

@@ -1,0 +1,157 @@
+"""Fixtures: a shared store with a few writers, a running dashboard, headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubemoot.clock import ManualClock, SystemClock
+from kubemoot.dashboard.calllog import CALL_LOG_BUCKET, CallEntry
+from kubemoot.dashboard.server import DashboardServer
+from kubemoot.store.documents import (
+    PROVIDER_STATE_BUCKET,
+    PROVIDER_TICKETS_BUCKET,
+    LoadedModel,
+    ProviderState,
+    ProviderTickets,
+    Ticket,
+    TicketState,
+)
+from kubemoot.store.keys import encode_token
+from kubemoot.store.memory import MemoryKV
+
+CHROMIUM = Path(os.environ.get("KUBEMOOT_CHROMIUM", "/usr/bin/chromium"))
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "dashboard"
+T0 = 1_700_000_000.0
+
+
+def state(
+    provider: str = "gpu-a",
+    *,
+    total: int | None = 32768,
+    loaded: dict[str, int] | None = None,
+    probed: float | None = T0,
+    ready: bool = True,
+    reason: str | None = None,
+    parallel: int = 2,
+) -> ProviderState:
+    return ProviderState(
+        provider=provider, endpoint=f"http://{provider}:11434", ready=ready, reason=reason,
+        last_probed_at=probed, total_vram_mib=total, max_parallel=parallel,
+        loaded_models=[LoadedModel(name=n, size_mib=m) for n, m in (loaded or {}).items()],
+    )
+
+
+def ticket(model: str, mib: int, st: TicketState, *, at: float = T0, ttl: float = 180.0,
+           tid: str | None = None) -> Ticket:
+    return Ticket(ticket_id=tid or f"{model}-{st.value}-{at}", model=model,
+                  model_footprint_mib=mib, holder_id="crew/agent", state=st,
+                  started_at=at, expires_at=at + ttl)
+
+
+def call(agent: str, n: int, *, provider: str = "gpu-a", model: str = "qwen3:14b",
+         evicted: tuple[str, ...] = (), phase: str = "mulling") -> CallEntry:
+    return CallEntry(agent=agent, thread_id=f"t-{n}", phase=phase, model=model,
+                     provider=provider, action="warm", waited_seconds=0.5 * n,
+                     evicted=list(evicted), started_at=T0 + n, seconds=1.0)
+
+
+class Writers:
+    """Writes shared state the way the prober, the ticket manager and the demo do."""
+
+    def __init__(self, kv: MemoryKV) -> None:
+        self.kv = kv
+        self._calls = 0
+
+    async def put_state(self, doc: ProviderState) -> None:
+        bucket = await self.kv.bucket(PROVIDER_STATE_BUCKET)
+        await bucket.put(encode_token(doc.provider), doc.to_json())
+
+    async def delete_state(self, provider: str) -> None:
+        bucket = await self.kv.bucket(PROVIDER_STATE_BUCKET)
+        await bucket.delete(encode_token(provider))
+
+    async def put_tickets(self, provider: str, *tickets: Ticket) -> None:
+        bucket = await self.kv.bucket(PROVIDER_TICKETS_BUCKET)
+        doc = ProviderTickets(provider=provider, tickets=list(tickets))
+        await bucket.put(encode_token(provider), doc.to_json())
+
+    async def put_call(self, entry: CallEntry) -> None:
+        bucket = await self.kv.bucket(CALL_LOG_BUCKET)
+        self._calls += 1
+        await bucket.put(f"{encode_token(entry.agent)}.test-{self._calls:06d}", entry.to_json())
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(T0)
+
+
+@pytest.fixture
+async def kv(clock: ManualClock) -> AsyncIterator[MemoryKV]:
+    store = MemoryKV(clock)
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+def writers(kv: MemoryKV) -> Writers:
+    return Writers(kv)
+
+
+@pytest.fixture
+async def live_kv() -> AsyncIterator[MemoryKV]:
+    """A store on the wall clock, for a server a browser or HTTP client talks to."""
+    store = MemoryKV(SystemClock())
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+async def server(live_kv: MemoryKV) -> AsyncIterator[DashboardServer]:
+    async with DashboardServer(live_kv, port=0, clock=SystemClock()) as running:
+        yield running
+
+
+# The flags the machine facts ask for; the fresh profile directory is passed as
+# Playwright's user_data_dir (it refuses a --user-data-dir flag), which amounts to the same.
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    """A browser context of Debian's Chromium, driven by Playwright, with a fresh profile.
+
+    Skips (never fails) when Chromium is not installed.
+    """
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install -y chromium)")
+    playwright_api = pytest.importorskip("playwright.async_api")
+    profile = tempfile.mkdtemp(prefix="kubemoot-dashboard-chromium-")
+    try:
+        async with playwright_api.async_playwright() as pw:
+            context = await pw.chromium.launch_persistent_context(
+                profile, executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS,
+                viewport={"width": 1280, "height": 900},
+            )
+            try:
+                yield context
+            finally:
+                await context.close()
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def artifacts() -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS

@@ -1,0 +1,302 @@
+"""The operator under test: kopf against kmock's Kubernetes emulator, real providers.
+
+Facts about kopf 1.45 + kmock 0.8 this harness relies on: kmock must declare every
+resource kopf discovers (``v1/namespaces`` and the CRDs) or kopf never watches; kopf's
+resource scanning is off; objects are created only after every watch is open (else an
+object is seen twice). Objects are written through kmock's HTTP API so that watch
+events flow, exactly as an API server would send them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import kmock
+import kopf
+import pytest
+
+from kubemoot.api import RESOURCE_TYPES, Resource, crd_manifests
+from kubemoot.clock import SystemClock
+from kubemoot.operator.kube import KubeClient, custom_path
+from kubemoot.operator.reconciler import Reconciler
+from kubemoot.operator.run import serve
+from kubemoot.providers.emulator import EmulatedModel, EmulatorConfig, OllamaEmulator
+from kubemoot.store.documents import PROVIDER_STATE_BUCKET, ProviderState
+from kubemoot.store.keys import encode_token
+from kubemoot.store.memory import MemoryKV
+from kubemoot.store.protocol import Bucket
+
+SMALL = EmulatedModel("phi3:mini", 2048)
+MEDIUM = EmulatedModel("qwen3:8b", 5120)
+LARGE = EmulatedModel("qwen3:14b", 9216)
+DEADLINE = 15.0  # seconds before an awaited state counts as never reached
+
+
+def fast_emulator(**overrides: Any) -> OllamaEmulator:
+    """An 16 GiB emulated card whose waits are a hundredth of the emulated seconds."""
+    settings: dict[str, Any] = {
+        "models": (SMALL, MEDIUM, LARGE), "vram_mib": 16384, "num_parallel": 1,
+        "context_length": 4096, "load_rate_mibps": 100000.0, "time_scale": 0.01,
+    }
+    settings.update(overrides)
+    return OllamaEmulator(EmulatorConfig(**settings)).start()
+
+
+@pytest.fixture
+def emulators() -> Iterator[Callable[..., OllamaEmulator]]:
+    started: list[OllamaEmulator] = []
+
+    def make(**overrides: Any) -> OllamaEmulator:
+        emulator = fast_emulator(**overrides)
+        started.append(emulator)
+        return emulator
+
+    yield make
+    for emulator in started:
+        emulator.stop()
+
+
+def declare_resources(server: Any) -> None:
+    """Discovery entries for what the operator watches and writes."""
+    server.resources["v1/namespaces"] = kmock.ResourceInfo(
+        kind="Namespace", namespaced=False, verbs={"list", "watch", "get"}
+    )
+    server.resources["v1/events"] = kmock.ResourceInfo(
+        kind="Event", namespaced=True, verbs={"create", "list"}
+    )
+    server.resources["apps/v1/deployments"] = kmock.ResourceInfo(
+        kind="Deployment", namespaced=True, verbs={"get", "list", "patch", "create"}
+    )
+    for crd in crd_manifests():
+        spec = crd["spec"]
+        names = spec["names"]
+        server.resources[f"{spec['group']}/{spec['versions'][0]['name']}/{names['plural']}"] = (
+            kmock.ResourceInfo(
+                kind=names["kind"],
+                singular=names["singular"],
+                namespaced=spec["scope"] == "Namespaced",
+                verbs={"list", "watch", "get", "patch", "create", "delete"},
+                subresources={"status"},
+            )
+        )
+
+
+@dataclass
+class Cluster:
+    """The emulated API server, a client on it, and the operator's reconciler."""
+
+    server: Any
+    http: httpx.AsyncClient
+    reconciler: Reconciler
+    bucket: Bucket
+    operator: OperatorThread
+
+    # -- writing like kubectl ------------------------------------------------------------
+
+    async def apply(self, resource: Resource | dict[str, Any]) -> None:
+        """Create one of our objects (a model or a manifest dict)."""
+        body = resource.to_manifest() if isinstance(resource, Resource) else resource
+        cls = RESOURCE_TYPES[body["kind"]]
+        namespace = body["metadata"].get("namespace") if cls.NAMESPACED else None
+        scope = f"/namespaces/{namespace}" if namespace else ""
+        response = await self.http.post(f"/apis/kubemoot.ai/v1alpha1{scope}/{cls.PLURAL}",
+                                        json=body)
+        assert response.status_code < 300, response.text
+
+    async def patch(self, kind: str, name: str, patch: dict[str, Any], *,
+                    namespace: str | None = None, subresource: str | None = None) -> None:
+        path = custom_path(RESOURCE_TYPES[kind].PLURAL, name, namespace=namespace,
+                           subresource=subresource)
+        response = await self.http.patch(
+            path, json=patch, headers={"Content-Type": "application/merge-patch+json"}
+        )
+        assert response.status_code < 300, response.text
+
+    async def create_deployment(self, namespace: str, name: str, *,
+                                env: list[dict[str, str]] | None = None) -> None:
+        body = {
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"template": {"spec": {"containers": [
+                {"name": "sidecar", "image": "busybox"},
+                {"name": "agent", "image": "agent:1", "env": env or [{"name": "KEEP",
+                                                                       "value": "me"}]},
+            ]}}},
+        }
+        response = await self.http.post(f"/apis/apps/v1/namespaces/{namespace}/deployments",
+                                        json=body)
+        assert response.status_code < 300, response.text
+
+    async def reconcile(self, *agents: str) -> None:
+        """Schedule Agents (``namespace/name``) again, in the operator's loop."""
+        await self.operator.call(
+            lambda: self.reconciler.reconcile_agents(set(agents), trigger="test")
+        )
+
+    async def kv_state(self, provider: str) -> ProviderState | None:
+        entry = await self.operator.call(lambda: self.bucket.get(encode_token(provider)))
+        return None if entry is None else ProviderState.from_json(entry.value)
+
+    # -- reading ------------------------------------------------------------------------
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+        cls = RESOURCE_TYPES[kind]
+        key = (f"kubemoot.ai/v1alpha1/{cls.PLURAL}", namespace, name)
+        return dict(self.server.objects[key].raw)
+
+    def versions(self, kind: str, name: str, namespace: str | None = None) -> int:
+        """How many versions the object has had (each write adds one)."""
+        cls = RESOURCE_TYPES[kind]
+        key = (f"kubemoot.ai/v1alpha1/{cls.PLURAL}", namespace, name)
+        return len(self.server.objects[key].history)
+
+    def deployment(self, namespace: str, name: str) -> dict[str, Any]:
+        return dict(self.server.objects["apps/v1/deployments", namespace, name].raw)
+
+    def events(self, *, reason: str | None = None) -> list[dict[str, Any]]:
+        found = []
+        for (resource, _, _), obj in list(self.server.objects.items()):
+            if resource == kmock.resource("v1/events") and not obj.deleted:
+                if reason is None or obj.raw.get("reason") == reason:
+                    found.append(dict(obj.raw))
+        return found
+
+    def status(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+        try:
+            return dict(self.get(kind, name, namespace).get("status") or {})
+        except (KeyError, ValueError):
+            return {}
+
+    def condition(self, kind: str, name: str, kind_of_condition: str,
+                  namespace: str | None = None) -> dict[str, Any]:
+        for item in self.status(kind, name, namespace).get("conditions") or []:
+            if item.get("type") == kind_of_condition:
+                return dict(item)
+        return {}
+
+
+async def eventually(check: Callable[[], Any], *, what: str = "condition") -> Any:
+    """Poll ``check`` until it returns something truthy (fail after :data:`DEADLINE`)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + DEADLINE
+    last_error: Exception | None = None
+    while loop.time() < end:
+        try:
+            value = check()
+        except (KeyError, ValueError, AssertionError, TypeError) as error:
+            last_error, value = error, None
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{what} never happened (last error: {last_error!r})")
+
+
+async def settle(cluster: Cluster) -> None:
+    """Wait until the operator has been quiet for a moment (no new API writes)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + DEADLINE
+    previous = -1
+    quiet = 0
+    while loop.time() < end:
+        count = len(list(cluster.server))
+        quiet = quiet + 1 if count == previous else 0
+        if quiet >= 15:
+            return
+        previous = count
+        await asyncio.sleep(0.02)
+
+
+async def _watches_open(server: Any) -> None:
+    wanted = {crd["spec"]["names"]["plural"] for crd in crd_manifests()}
+
+    def opened() -> bool:
+        seen = {
+            request.resource.plural
+            for request in list(server)
+            if request.action == kmock.action.WATCH and request.resource is not None
+        }
+        return wanted <= seen
+
+    await eventually(opened, what="kopf opening every watch")
+
+
+class OperatorThread:
+    """The operator in a thread and event loop of its own.
+
+    kopf cancels every task of its loop that it did not start when it stops; in the
+    test's loop that would include pytest's own fixture tasks, so the operator gets a
+    loop to itself (as ``kopf.testing.KopfRunner`` does) and talks to kmock over HTTP.
+    """
+
+    def __init__(self, server_url: str) -> None:
+        self.server_url = server_url
+        self.loop = asyncio.new_event_loop()
+        self.reconciler: Reconciler | None = None
+        self.bucket: Bucket | None = None
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kubemoot-operator", daemon=True)
+        self.error: BaseException | None = None
+
+    async def _login(self) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=self.server_url, insecure=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._main())
+        except BaseException as error:  # surfaced by stop()
+            self.error = error
+        finally:
+            self._started.set()
+            self.loop.close()
+
+    async def _main(self) -> None:
+        clock = SystemClock()
+        store = MemoryKV(clock)
+        self.bucket = await store.bucket(PROVIDER_STATE_BUCKET)
+        self.reconciler = Reconciler(KubeClient(self._login), clock=clock, bucket=self.bucket,
+                                     probe_interval=3600.0, probe_timeout=5.0)
+        self._stop = asyncio.Event()
+        self._started.set()
+        try:
+            await serve(self.reconciler, login=self._login, stop=self._stop)
+        finally:
+            await store.close()
+
+    def start(self) -> None:
+        self._thread.start()
+        self._started.wait()
+
+    async def call(self, make: Callable[[], Awaitable[Any]]) -> Any:
+        """Run a coroutine in the operator's loop and wait for its result."""
+        future = asyncio.run_coroutine_threadsafe(make(), self.loop)
+        return await asyncio.wrap_future(future)
+
+    async def stop(self) -> None:
+        if self._stop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._stop.set)
+        await asyncio.to_thread(self._thread.join, DEADLINE)
+        assert not self._thread.is_alive(), "the operator did not stop"
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.fixture
+async def cluster(kmock: Any) -> AsyncIterator[Cluster]:
+    declare_resources(kmock)
+    server_url = str(kmock.url).rstrip("/")
+    operator = OperatorThread(server_url)
+    operator.start()
+    try:
+        await _watches_open(kmock)
+        assert operator.reconciler is not None and operator.bucket is not None
+        async with httpx.AsyncClient(base_url=server_url) as http:
+            yield Cluster(kmock, http, operator.reconciler, operator.bucket, operator)
+    finally:
+        await operator.stop()

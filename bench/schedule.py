@@ -26,8 +26,13 @@ from kubemoot.scheduling import schedule_bundle
 
 NOW = datetime(2026, 5, 15, 12, 0, tzinfo=UTC)
 FAMILIES = ("qwen3", "llama3", "mistral", "gemma3", "phi4")
-SIZES = (("4B", 3500, "low"), ("8B", 5632, "low"), ("14B", 9216, "medium"),
-         ("32B", 20480, "high"), ("70B", 43008, "high"))
+SIZES = (
+    ("4B", 3500, "low"),
+    ("8B", 5632, "low"),
+    ("14B", 9216, "medium"),
+    ("32B", 20480, "high"),
+    ("70B", 43008, "high"),
+)
 CAPABILITIES = ("tool-calling", "reasoning", "observability", "kubernetes", "coding")
 
 
@@ -38,44 +43,72 @@ def generate(
     bundle = Bundle()
     for index in range(providers):
         total = rng.choice((24576, 32768, 49152, 81920))
-        bundle.add(ModelProvider.model_validate({
-            "metadata": {"name": f"gpu-{index:03d}", "labels": {"zone": f"z{index % 5}"}},
-            "spec": {"endpoint": f"http://gpu-{index:03d}:11434",
-                     "scheduling": {"weight": rng.choice((25, 50, 100))}},
-            "status": {
-                "ready": rng.random() > 0.05,
-                "lastProbedAt": (NOW - timedelta(seconds=rng.choice((5, 30, 60, 90, 600))))
-                .isoformat(),
-                "capacity": {"vramTotalMiB": total, "vramUsedMiB": rng.randrange(0, total, 512),
-                             "maxParallel": rng.choice((16, 24, 32)),
-                             "agentCount": rng.randrange(0, 16)},
-            },
-        }))
+        bundle.add(
+            ModelProvider.model_validate(
+                {
+                    "metadata": {"name": f"gpu-{index:03d}", "labels": {"zone": f"z{index % 5}"}},
+                    "spec": {
+                        "endpoint": f"http://gpu-{index:03d}:11434",
+                        "scheduling": {"weight": rng.choice((25, 50, 100))},
+                    },
+                    "status": {
+                        "ready": rng.random() > 0.05,
+                        "lastProbedAt": (
+                            NOW - timedelta(seconds=rng.choice((5, 30, 60, 90, 600)))
+                        ).isoformat(),
+                        "capacity": {
+                            "vramTotalMiB": total,
+                            "vramUsedMiB": rng.randrange(0, total, 512),
+                            "maxParallel": rng.choice((16, 24, 32)),
+                            "agentCount": rng.randrange(0, 16),
+                        },
+                    },
+                }
+            )
+        )
     for index in range(models):
         family = rng.choice(FAMILIES)
         params, vram, latency = rng.choice(SIZES)
-        labels = {"family": family, "params": params, "latencyClass": latency,
-                  "capability/tool-calling": "true" if rng.random() < 0.8 else "false"}
+        labels = {
+            "family": family,
+            "params": params,
+            "latencyClass": latency,
+            "capability/tool-calling": "true" if rng.random() < 0.8 else "false",
+        }
         if params in ("32B", "70B"):
             labels["capability/reasoning"] = "true"
-        bundle.add(Model.model_validate({
-            "metadata": {"name": f"{family}-{params.lower()}-{index:03d}", "labels": labels},
-            "spec": {"model": f"{family}:{params.lower()}-v{index % 7}",
-                     "providerRef": f"gpu-{index % providers:03d}", "vramMib": vram},
-        }))
+        bundle.add(
+            Model.model_validate(
+                {
+                    "metadata": {
+                        "name": f"{family}-{params.lower()}-{index:03d}",
+                        "labels": labels,
+                    },
+                    "spec": {
+                        "model": f"{family}:{params.lower()}-v{index % 7}",
+                        "providerRef": f"gpu-{index % providers:03d}",
+                        "vramMib": vram,
+                    },
+                }
+            )
+        )
     for index in range(policies):
         sizes = rng.sample([s[0] for s in SIZES], 3)
         mulling: dict[str, Any] = {
             "phase": "mulling",
-            "require": {"matchLabels": {"capability/tool-calling": "true"},
-                        "matchExpressions": [{"key": "params", "operator": "In",
-                                              "values": sizes}]},
+            "require": {
+                "matchLabels": {"capability/tool-calling": "true"},
+                "matchExpressions": [{"key": "params", "operator": "In", "values": sizes}],
+            },
         }
         triage: dict[str, Any] = {
             "phase": "triage",
-            "require": {"matchLabels": {"capability/tool-calling": "true"},
-                        "matchExpressions": [{"key": "family", "operator": "NotIn",
-                                              "values": [rng.choice(FAMILIES)]}]},
+            "require": {
+                "matchLabels": {"capability/tool-calling": "true"},
+                "matchExpressions": [
+                    {"key": "family", "operator": "NotIn", "values": [rng.choice(FAMILIES)]}
+                ],
+            },
             "prefer": [{"weight": 100, "selector": {"matchLabels": {"latencyClass": "low"}}}],
         }
         spec: dict[str, Any] = {
@@ -87,17 +120,28 @@ def generate(
             mulling["prefer"] = [{"weight": 80, "selector": {"matchLabels": {"family": "qwen3"}}}]
         else:
             spec["qualityBias"] = {"reasoning": "0.8", "tool-calling": "0.3", "default": "0.5"}
-        bundle.add(CrewSchedulingPolicy.model_validate({
-            "metadata": {"name": f"policy-{index:02d}", "namespace": f"crew-{index:02d}"},
-            "spec": spec,
-        }))
+        bundle.add(
+            CrewSchedulingPolicy.model_validate(
+                {
+                    "metadata": {"name": f"policy-{index:02d}", "namespace": f"crew-{index:02d}"},
+                    "spec": spec,
+                }
+            )
+        )
     for index in range(agents):
         crew = index % policies
-        bundle.add(Agent.model_validate({
-            "metadata": {"name": f"agent-{index:05d}", "namespace": f"crew-{crew:02d}",
-                         "labels": {"kubemoot.ai/crew": f"crew-{crew:02d}"}},
-            "spec": {"capabilities": rng.sample(CAPABILITIES, rng.randint(1, 3))},
-        }))
+        bundle.add(
+            Agent.model_validate(
+                {
+                    "metadata": {
+                        "name": f"agent-{index:05d}",
+                        "namespace": f"crew-{crew:02d}",
+                        "labels": {"kubemoot.ai/crew": f"crew-{crew:02d}"},
+                    },
+                    "spec": {"capabilities": rng.sample(CAPABILITIES, rng.randint(1, 3))},
+                }
+            )
+        )
     return bundle
 
 
@@ -124,10 +168,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
 
-    bundle = generate(random.Random(args.seed), agents=args.agents, models=args.models,
-                      providers=args.providers, policies=args.policies)
-    print(f"cluster: {len(bundle.agents)} agents, {len(bundle.models)} models, "
-          f"{len(bundle.providers)} providers, {len(bundle.policies)} policies")
+    bundle = generate(
+        random.Random(args.seed),
+        agents=args.agents,
+        models=args.models,
+        providers=args.providers,
+        policies=args.policies,
+    )
+    print(
+        f"cluster: {len(bundle.agents)} agents, {len(bundle.models)} models, "
+        f"{len(bundle.providers)} providers, {len(bundle.policies)} policies"
+    )
     floor = min(floor_seconds(bundle) for _ in range(args.repeat))
     best = float("inf")
     result = None
@@ -138,16 +189,21 @@ def main() -> None:
     assert result is not None
     outcomes = Counter(p.outcome.value for a in result.agents for p in a.phases.values())
     providers_used = len({a.phases["mulling"].provider for a in result.agents} - {None})
-    print(f"outcomes per phase: {dict(sorted(outcomes.items()))}; "
-          f"mulling spread over {providers_used} providers; {len(result.events)} events")
+    print(
+        f"outcomes per phase: {dict(sorted(outcomes.items()))}; "
+        f"mulling spread over {providers_used} providers; {len(result.events)} events"
+    )
     print(f"floor (require selectors × models): {floor * 1000:.1f} ms")
     print(f"scheduling pass: {best * 1000:.1f} ms")
     agents_per_second = len(result.agents) / best
     ratio = best / floor
     print(f"agents bound per second (both phases): {agents_per_second:,.0f}")
     print(f"ratio to floor: {ratio:.2f}x")
-    print(json.dumps({"agentsPerSecond": round(agents_per_second, 1),
-                      "ratioToFloor": round(ratio, 3)}))
+    print(
+        json.dumps(
+            {"agentsPerSecond": round(agents_per_second, 1), "ratioToFloor": round(ratio, 3)}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from kubemoot.dashboard.fleet import RECENT_CALLS_PER_AGENT, FleetView
 from kubemoot.store.documents import MODEL_DEMAND_BUCKET, DemandEntry, SelectionEntry, TicketState
 from kubemoot.store.keys import join_key
 from kubemoot.store.memory import MemoryKV
+from kubemoot.store.documents import Ticket
 from tests.dashboard.conftest import T0, Writers, call, state, ticket
 
 LOADING, RUNNING, HELD = TicketState.LOADING, TicketState.RUNNING, TicketState.HELD
@@ -43,7 +44,7 @@ async def settle() -> None:
 )
 async def test_dashboard_vram_split(
     kv: MemoryKV, clock: ManualClock, writers: Writers, loaded: dict[str, int],
-    tickets: list, resident: int, loading: int, free: int, in_use: int,  # type: ignore[type-arg]
+    tickets: list[Ticket], resident: int, loading: int, free: int, in_use: int,
 ) -> None:
     await writers.put_state(state(loaded=loaded))
     await writers.put_tickets("gpu-a", *tickets)

@@ -299,4 +299,6 @@ async def cluster(kmock: Any) -> AsyncIterator[Cluster]:
         async with httpx.AsyncClient(base_url=server_url) as http:
             yield Cluster(kmock, http, operator.reconciler, operator.bucket, operator)
     finally:
+        import time; t=time.monotonic()
         await operator.stop()
+        print("STOP", time.monotonic()-t)

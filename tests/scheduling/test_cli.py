@@ -17,7 +17,11 @@ NOW = "2026-05-15T12:00:00Z"
 def kubemoot(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(Path(sys.executable).with_name("kubemoot")), *args],
-        capture_output=True, text=True, input=stdin, cwd=ROOT, timeout=60,
+        capture_output=True,
+        text=True,
+        input=stdin,
+        cwd=ROOT,
+        timeout=60,
         env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
     )
 
@@ -31,8 +35,11 @@ def test_json_shape() -> None:
     assert coordinator["namespace"] == "crew-homelab-pilot"
     mulling = coordinator["phases"]["mulling"]
     assert {k: mulling[k] for k in ("outcome", "model", "modelId", "provider", "endpoint")} == {
-        "outcome": "PLACE", "model": "qwen3-32b", "modelId": "qwen3:32b",
-        "provider": "rtx5090", "endpoint": "http://127.0.0.1:11434",
+        "outcome": "PLACE",
+        "model": "qwen3-32b",
+        "modelId": "qwen3:32b",
+        "provider": "rtx5090",
+        "endpoint": "http://127.0.0.1:11434",
     }
     assert mulling["score"] == 270.0
     assert mulling["candidates"][0] == {"model": "qwen3:32b", "score": 70}
@@ -53,8 +60,9 @@ def test_yaml_and_table_outputs() -> None:
 
 
 def test_explain_prints_the_decision_records() -> None:
-    done = kubemoot("schedule", "-f", HOMELAB, "--now", NOW,
-                    "--explain", "crew-homelab-pilot/coordinator")
+    done = kubemoot(
+        "schedule", "-f", HOMELAB, "--now", NOW, "--explain", "crew-homelab-pilot/coordinator"
+    )
     assert done.returncode == 0, done.stderr
     assert "phase mulling" in done.stdout and "phase triage" in done.stdout
     assert "TopologySpread FAIL" in done.stdout  # why triage left the 5090
@@ -63,8 +71,7 @@ def test_explain_prints_the_decision_records() -> None:
 def test_unschedulable_bundle_exits_0_and_prints_the_event(tmp_path: Path) -> None:
     bundle = tmp_path / "b.yaml"
     bundle.write_text(
-        "apiVersion: kubemoot.ai/v1alpha1\nkind: Agent\n"
-        "metadata: {name: a, namespace: crew-a}\n"
+        "apiVersion: kubemoot.ai/v1alpha1\nkind: Agent\nmetadata: {name: a, namespace: crew-a}\n"
     )
     done = kubemoot("schedule", "-f", str(bundle), "--now", NOW)
     assert done.returncode == 0, done.stderr

@@ -53,8 +53,11 @@ def a_provider(draw: st.DrawFn, name: str) -> Any:
         last_probed_at=None if probed is None else NOW - timedelta(seconds=probed),
         loaded=draw(st.lists(st.sampled_from(["m:0", "m:1", "m:2"]), max_size=2, unique=True)),
         quarantined_digests=draw(st.lists(st.sampled_from(["sha256:a", "sha256:b"]), max_size=1)),
-        **({"policy": {"egress": draw(st.sampled_from(["none", "allowed"]))}}
-           if draw(st.booleans()) else {}),
+        **(
+            {"policy": {"egress": draw(st.sampled_from(["none", "allowed"]))}}
+            if draw(st.booleans())
+            else {}
+        ),
     )
 
 
@@ -76,20 +79,40 @@ def a_model(draw: st.DrawFn, index: int) -> Any:
 @st.composite
 def a_policy(draw: st.DrawFn, crew: str) -> Any:
     rules = []
-    for phase in draw(st.lists(st.sampled_from(["mulling", "triage", "bogus"]), max_size=3,
-                               unique=True)):
-        require = draw(st.none() | st.just(selector({"capability/tool-calling": "true"}))
-                       | st.just(selector({}, ("params", "In", ["14B", "32B"]))))
+    for phase in draw(
+        st.lists(st.sampled_from(["mulling", "triage", "bogus"]), max_size=3, unique=True)
+    ):
+        require = draw(
+            st.none()
+            | st.just(selector({"capability/tool-calling": "true"}))
+            | st.just(selector({}, ("params", "In", ["14B", "32B"])))
+        )
         prefer = draw(st.lists(st.tuples(st.integers(1, 100), LABELS.filter(bool)), max_size=2))
         rules.append(rule(phase, require=require, prefer=prefer))
-    spread = draw(st.none() | st.sampled_from([
-        {"whenUnsatisfiable": "ScheduleAnyway", "phaseKeys": ["mulling", "triage"]},
-        {"whenUnsatisfiable": "DoNotSchedule", "phaseKeys": ["mulling", "triage"]},
-    ]))
-    bias = draw(st.dictionaries(st.sampled_from(["reasoning", "tool-calling", "default"]),
-                                st.sampled_from(["0.7", "0.3", "1", "x", "2"]), max_size=3))
-    return policy(f"p-{crew}", crew_ref=crew, rules=rules, quality_bias=bias, spread=spread,
-                  max_age_seconds=draw(st.sampled_from([None, 60, 300])))
+    spread = draw(
+        st.none()
+        | st.sampled_from(
+            [
+                {"whenUnsatisfiable": "ScheduleAnyway", "phaseKeys": ["mulling", "triage"]},
+                {"whenUnsatisfiable": "DoNotSchedule", "phaseKeys": ["mulling", "triage"]},
+            ]
+        )
+    )
+    bias = draw(
+        st.dictionaries(
+            st.sampled_from(["reasoning", "tool-calling", "default"]),
+            st.sampled_from(["0.7", "0.3", "1", "x", "2"]),
+            max_size=3,
+        )
+    )
+    return policy(
+        f"p-{crew}",
+        crew_ref=crew,
+        rules=rules,
+        quality_bias=bias,
+        spread=spread,
+        max_age_seconds=draw(st.sampled_from([None, 60, 300])),
+    )
 
 
 @st.composite
@@ -99,9 +122,15 @@ def a_cluster(draw: st.DrawFn) -> dict[str, Any]:
     crews = draw(st.lists(st.sampled_from(["c1", "c2"]), max_size=2, unique=True))
     policies = [draw(a_policy(crew)) for crew in crews]
     agents = [
-        agent(f"a{i}", crew=draw(st.sampled_from([None, "c1", "c2"])),
-              capabilities=draw(st.lists(st.sampled_from(["reasoning", "tool-calling", "k8s"]),
-                                         max_size=2, unique=True)))
+        agent(
+            f"a{i}",
+            crew=draw(st.sampled_from([None, "c1", "c2"])),
+            capabilities=draw(
+                st.lists(
+                    st.sampled_from(["reasoning", "tool-calling", "k8s"]), max_size=2, unique=True
+                )
+            ),
+        )
         for i in range(draw(st.integers(0, 9)))
     ]
     return {"models": models, "providers": providers, "policies": policies, "agents": agents}
@@ -135,17 +164,31 @@ def test_fast_path_agrees_with_the_engine(cluster: dict[str, Any]) -> None:
 
 
 VALID = [
-    {"apiVersion": "kubemoot.ai/v1alpha1", "kind": "ModelProvider", "metadata": {"name": "gpu"},
-     "spec": {"endpoint": "http://gpu:11434"},
-     "status": {"ready": True, "capacity": {"vramTotalMiB": 32768, "maxParallel": 1}}},
-    {"apiVersion": "kubemoot.ai/v1alpha1", "kind": "Model", "metadata": {"name": "m-8b",
-     "labels": {"latencyClass": "low"}}, "spec": {"model": "m:8b", "providerRef": "gpu",
-     "vramMib": 5000}},
-    {"apiVersion": "kubemoot.ai/v1alpha1", "kind": "Agent",
-     "metadata": {"name": "a", "namespace": "crew-a"}, "spec": {"capabilities": ["reasoning"]}},
-    {"apiVersion": "kubemoot.ai/v1alpha1", "kind": "CrewSchedulingPolicy",
-     "metadata": {"name": "p", "namespace": "crew-a"},
-     "spec": {"qualityBias": {"reasoning": "0.7"}, "rules": [{"phase": "mulling"}]}},
+    {
+        "apiVersion": "kubemoot.ai/v1alpha1",
+        "kind": "ModelProvider",
+        "metadata": {"name": "gpu"},
+        "spec": {"endpoint": "http://gpu:11434"},
+        "status": {"ready": True, "capacity": {"vramTotalMiB": 32768, "maxParallel": 1}},
+    },
+    {
+        "apiVersion": "kubemoot.ai/v1alpha1",
+        "kind": "Model",
+        "metadata": {"name": "m-8b", "labels": {"latencyClass": "low"}},
+        "spec": {"model": "m:8b", "providerRef": "gpu", "vramMib": 5000},
+    },
+    {
+        "apiVersion": "kubemoot.ai/v1alpha1",
+        "kind": "Agent",
+        "metadata": {"name": "a", "namespace": "crew-a"},
+        "spec": {"capabilities": ["reasoning"]},
+    },
+    {
+        "apiVersion": "kubemoot.ai/v1alpha1",
+        "kind": "CrewSchedulingPolicy",
+        "metadata": {"name": "p", "namespace": "crew-a"},
+        "spec": {"qualityBias": {"reasoning": "0.7"}, "rules": [{"phase": "mulling"}]},
+    },
 ]
 JUNK = st.none() | st.integers(-5, 5) | st.text(max_size=6) | st.lists(st.integers(), max_size=2)
 
@@ -159,10 +202,14 @@ def _mutate(document: Any, path: list[int], value: Any) -> Any:
     return {**document, key: _mutate(document[key], path[1:], value)}
 
 
-@settings(max_examples=80, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(which=st.integers(0, len(VALID) - 1),
-       path=st.lists(st.integers(0, 9), min_size=1, max_size=4), value=JUNK)
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    which=st.integers(0, len(VALID) - 1),
+    path=st.lists(st.integers(0, 9), min_size=1, max_size=4),
+    value=JUNK,
+)
 def test_broken_bundles_raise_input_error_only(
     tmp_path: Path, which: int, path: list[int], value: Any
 ) -> None:

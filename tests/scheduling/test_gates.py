@@ -32,9 +32,7 @@ TOOLS = {"capability/tool-calling": "true", "params": "32B"}
 
 def cand(m: object = None, p: ModelProvider | str | None = "default") -> Placement:
     chosen_model = m if m is not None else model("qwen3-32b", vram_mib=20480, labels=TOOLS)
-    chosen_provider = (
-        provider("ollama-a", vram_total_mib=32768) if p == "default" else p
-    )
+    chosen_provider = provider("ollama-a", vram_total_mib=32768) if p == "default" else p
     assert not isinstance(chosen_provider, str)
     return Placement(chosen_model, chosen_provider)  # type: ignore[arg-type]
 
@@ -112,10 +110,18 @@ def test_freshness(
         ("custom reserve", 31745, provider("a", vram_total_mib=32768, reserve_mib=0), P),
         ("unknown total", 20480, provider("a", vram_total_mib=None), U),
         ("unknown footprint", None, provider("a", vram_total_mib=32768), U),
-        ("observed beats declared", 1000, provider("a", vram_total_mib=24576,
-                                                   loaded=[("qwen3:32b", 27648)]), F),
-        ("observed footprint known", None, provider("a", vram_total_mib=32768,
-                                                    loaded=[("qwen3:32b", 27648)]), P),
+        (
+            "observed beats declared",
+            1000,
+            provider("a", vram_total_mib=24576, loaded=[("qwen3:32b", 27648)]),
+            F,
+        ),
+        (
+            "observed footprint known",
+            None,
+            provider("a", vram_total_mib=32768, loaded=[("qwen3:32b", 27648)]),
+            P,
+        ),
         ("too big on a stale status", 40000, stale(vram_total_mib=32768), S),
         ("no provider", 20480, None, U),
     ],
@@ -158,8 +164,12 @@ def test_parallelism_falls_back_to_num_parallel() -> None:
 
 @pytest.mark.parametrize(
     ("name", "license_state", "want"),
-    [("undeclared", None, P), ("allow", "ALLOW", P), ("review", "REVIEW_REQUIRED", F),
-     ("blocked", "BLOCKED", F)],
+    [
+        ("undeclared", None, P),
+        ("allow", "ALLOW", P),
+        ("review", "REVIEW_REQUIRED", F),
+        ("blocked", "BLOCKED", F),
+    ],
 )
 def test_license(name: str, license_state: str | None, want: Verdict) -> None:
     the_model = model("qwen3-32b", license=license_state)
@@ -204,7 +214,10 @@ def test_egress(
     ],
 )
 def test_digest(
-    name: str, digest: str | None, the_provider: ModelProvider | None, want: Verdict,
+    name: str,
+    digest: str | None,
+    the_provider: ModelProvider | None,
+    want: Verdict,
     local: bool | None,
 ) -> None:
     result: GateResult = DigestGate().check(cand(model("qwen3-32b", digest=digest), the_provider))

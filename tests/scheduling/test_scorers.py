@@ -55,8 +55,13 @@ def test_image_locality(loaded: list[tuple[str, int]], want: float) -> None:
 
 @pytest.mark.parametrize(
     ("phase", "weight", "want"),
-    [("mulling", 100, 100.0), ("triage", 100, -100.0), ("triage", 25, -25.0),
-     ("mulling", None, 100.0), ("synthesis", 100, 0.0)],
+    [
+        ("mulling", 100, 100.0),
+        ("triage", 100, -100.0),
+        ("triage", 25, -25.0),
+        ("mulling", None, 100.0),
+        ("synthesis", 100, 0.0),
+    ],
 )
 def test_provider_weight(phase: str, weight: int | None, want: float) -> None:
     assert ProviderWeightScorer(phase).score(on(provider("a", weight=weight))) == want
@@ -65,9 +70,15 @@ def test_provider_weight(phase: str, weight: int | None, want: float) -> None:
 @pytest.mark.parametrize(
     ("bias", "tier", "want"),
     [
-        (0.7, "high", 70.0), (0.7, "medium", 50.0), (0.7, "low", 30.0),
-        (0.3, "high", 30.0), (0.3, "medium", 50.0), (0.3, "low", 70.0),
-        (0.5, "high", 50.0), (0.7, None, 0.0), (0.7, "ultra", 0.0),
+        (0.7, "high", 70.0),
+        (0.7, "medium", 50.0),
+        (0.7, "low", 30.0),
+        (0.3, "high", 30.0),
+        (0.3, "medium", 50.0),
+        (0.3, "low", 70.0),
+        (0.5, "high", 50.0),
+        (0.7, None, 0.0),
+        (0.7, "ultra", 0.0),
     ],
 )
 def test_latency_tier(bias: float, tier: str | None, want: float) -> None:
@@ -76,8 +87,17 @@ def test_latency_tier(bias: float, tier: str | None, want: float) -> None:
 
 @pytest.mark.parametrize(
     ("text", "want"),
-    [("0.7", 0.7), ("0", 0.0), ("1", 1.0), ("1.5", None), ("-0.1", None), ("high", None),
-     ("nan", None), ("", None), (" 0.4 ", 0.4)],
+    [
+        ("0.7", 0.7),
+        ("0", 0.0),
+        ("1", 1.0),
+        ("1.5", None),
+        ("-0.1", None),
+        ("high", None),
+        ("nan", None),
+        ("", None),
+        (" 0.4 ", 0.4),
+    ],
 )
 def test_parse_bias(text: str, want: float | None) -> None:
     assert parse_bias(text) == want
@@ -110,6 +130,6 @@ def test_quality_bias_applies_without_prefer_only_when_active() -> None:
     assert QualityScorer(rule("mulling"), bias=0.7, bias_active=True).score(
         Placement(m, None)
     ) == pytest.approx(70.0)
-    assert QualityScorer(rule("mulling"), bias=None, bias_active=True).score(
-        Placement(m, None)
-    ) == 0.0
+    assert (
+        QualityScorer(rule("mulling"), bias=None, bias_active=True).score(Placement(m, None)) == 0.0
+    )

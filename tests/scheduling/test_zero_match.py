@@ -11,15 +11,22 @@ REQUIRE = selector({"capability/tool-calling": "true"}, ("params", "In", ["14B",
 
 
 def three_cpu_models() -> list:  # type: ignore[type-arg]
-    return [model(f"phi3-{size}", provider="cpu", vram_mib=0, labels={"family": "phi3"})
-            for size in ("mini", "small", "medium")]
+    return [
+        model(f"phi3-{size}", provider="cpu", vram_mib=0, labels={"family": "phi3"})
+        for size in ("mini", "small", "medium")
+    ]
 
 
 def test_failed_scheduling_message_has_kube_scheduler_shape() -> None:
-    the_policy = policy("homelab-pilot-default", crew_ref="pilot",
-                        rules=[rule("mulling", require=REQUIRE)])
-    result = run(models=three_cpu_models(), providers=[provider("cpu", vram_total_mib=16384)],
-                 agents=[agent("kubectl-agent", crew="pilot")], policies=[the_policy])
+    the_policy = policy(
+        "homelab-pilot-default", crew_ref="pilot", rules=[rule("mulling", require=REQUIRE)]
+    )
+    result = run(
+        models=three_cpu_models(),
+        providers=[provider("cpu", vram_total_mib=16384)],
+        agents=[agent("kubectl-agent", crew="pilot")],
+        policies=[the_policy],
+    )
     mulling = result.agents[0].phases["mulling"]
     assert mulling.outcome is Outcome.UNSCHEDULABLE
     [event] = result.events
@@ -41,10 +48,16 @@ def test_failed_scheduling_message_has_kube_scheduler_shape() -> None:
     )
     agent_condition = result.agents[0].conditions[0]
     assert (agent_condition.type, agent_condition.status, agent_condition.reason) == (
-        "Scheduled", "False", "Unschedulable")
+        "Scheduled",
+        "False",
+        "Unschedulable",
+    )
     scheduled = result.policies[0].conditions[1]
     assert (scheduled.type, scheduled.status, scheduled.reason) == (
-        "Scheduled", "False", "Unschedulable")
+        "Scheduled",
+        "False",
+        "Unschedulable",
+    )
     assert "crew-a/kubectl-agent phase mulling" in (scheduled.message or "")
     # triage has no rule, so it still binds: one phase failing does not lose the other.
     assert result.agents[0].phases["triage"].outcome is Outcome.PLACE
@@ -61,9 +74,12 @@ def test_message_counts_each_reason_in_gate_order() -> None:
     the_policy = policy("p", rules=[rule("mulling", require={"x": "2"})])
     result = run(
         models=models,
-        providers=[provider("gpu", vram_total_mib=32768), provider("down", ready=False,
-                                                                     vram_total_mib=32768)],
-        agents=[agent("a")], policies=[the_policy],
+        providers=[
+            provider("gpu", vram_total_mib=32768),
+            provider("down", ready=False, vram_total_mib=32768),
+        ],
+        agents=[agent("a")],
+        policies=[the_policy],
     )
     assert result.events[0].message == (
         "0/5 models are available for phase mulling: 2 didn't match require selector, "
@@ -73,15 +89,20 @@ def test_message_counts_each_reason_in_gate_order() -> None:
 
 def test_repeated_failures_are_counted_on_one_event() -> None:
     the_policy = policy("p", rules=[rule("mulling", require=REQUIRE)])
-    result = run(models=three_cpu_models(), providers=[provider("cpu", vram_total_mib=16384)],
-                 agents=[agent("a"), agent("b")], policies=[the_policy])
+    result = run(
+        models=three_cpu_models(),
+        providers=[provider("cpu", vram_total_mib=16384)],
+        agents=[agent("a"), agent("b")],
+        policies=[the_policy],
+    )
     [event] = result.events
     assert event.count == 2 and event.agents == ["crew-a/a", "crew-a/b"]
 
 
 def test_defer_is_not_failed_scheduling() -> None:
-    result = run(models=three_cpu_models(), providers=[provider("cpu", ready=None)],
-                 agents=[agent("a")])
+    result = run(
+        models=three_cpu_models(), providers=[provider("cpu", ready=None)], agents=[agent("a")]
+    )
     mulling = result.agents[0].phases["mulling"]
     assert mulling.outcome is Outcome.DEFER
     assert "ProviderReady UNKNOWN" in mulling.reason

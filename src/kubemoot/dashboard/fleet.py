@@ -216,12 +216,12 @@ class FleetView:
         self, state: ProviderState, tickets: list[dict[str, Any]], now: float
     ) -> dict[str, Any]:
         resident = {m.name: m.size_mib for m in state.loaded_models}
-        # A loading ticket spends new VRAM for a copy that is not resident yet.
+        # A ticket with a footprint spends new VRAM for a copy the last probe did not see
+        # resident yet (held for a plan, loading, or running before the next probe).
         loading = [
             {"model": t["model"], "mib": t["modelFootprintMiB"], "state": t["state"]}
             for t in tickets
-            if t["state"] in (TicketState.LOADING.value, TicketState.HELD.value)
-            and t["modelFootprintMiB"] > 0 and t["model"] not in resident
+            if t["modelFootprintMiB"] > 0 and t["model"] not in resident
         ]
         resident_mib = sum(resident.values())
         loading_mib = sum(int(item["mib"]) for item in loading)

@@ -295,8 +295,8 @@ class Reconciler:
                 )
         except KubeError as error:
             log.warning("writing the status of ModelProvider %s failed: %s", name, error)
-        was_ready = provider.status is not None and provider.status.ready
-        if not state.ready and was_ready is not False:
+        was_ready = None if provider.status is None else provider.status.ready
+        if not state.ready and was_ready is not False:  # news: ready or unknown before
             await self.events.emit(ObjectRef.of(_body_of(provider)), type="Warning",
                                    reason="ProbeFailed", message=state.reason or "probe failed")
         for model in view.models.values():

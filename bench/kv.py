@@ -203,7 +203,7 @@ async def main(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--claimers", type=int, default=20)
-    parser.add_argument("--processes", type=int, default=20)
+    parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--samples", type=int, default=500)
     args = parser.parse_args(argv)
 

@@ -25,8 +25,9 @@ KUBEMOOT = Path(sys.executable).with_name("kubemoot")
 READ_CALLS = """() => [...document.querySelectorAll('#agents [data-testid="call"]')].map(c => ({
     agent: c.dataset.agent, provider: c.dataset.provider, model: c.dataset.model,
     phase: c.dataset.phase, evicted: c.dataset.evicted }))"""
-READ_TOTALS = """() => Object.fromEntries([...document.querySelectorAll('#agents tr[data-agent]')]
-    .map(r => [r.dataset.agent, Number(r.querySelector('[data-testid="agent-calls"]').textContent)]))"""
+READ_TOTALS = """() => Object.fromEntries(
+    [...document.querySelectorAll('#agents tr[data-agent]')].map(r => [r.dataset.agent,
+        Number(r.querySelector('[data-testid="agent-calls"]').textContent)]))"""
 
 
 async def test_dashboard_page_updates_without_reload(

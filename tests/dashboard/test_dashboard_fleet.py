@@ -8,10 +8,15 @@ import pytest
 
 from kubemoot.clock import ManualClock
 from kubemoot.dashboard.fleet import RECENT_CALLS_PER_AGENT, FleetView
-from kubemoot.store.documents import MODEL_DEMAND_BUCKET, DemandEntry, SelectionEntry, TicketState
+from kubemoot.store.documents import (
+    MODEL_DEMAND_BUCKET,
+    DemandEntry,
+    SelectionEntry,
+    Ticket,
+    TicketState,
+)
 from kubemoot.store.keys import join_key
 from kubemoot.store.memory import MemoryKV
-from kubemoot.store.documents import Ticket
 from tests.dashboard.conftest import T0, Writers, call, state, ticket
 
 LOADING, RUNNING, HELD = TicketState.LOADING, TicketState.RUNNING, TicketState.HELD

@@ -24,7 +24,7 @@ from kubemoot.api import RESOURCE_TYPES, Resource, crd_manifests
 from kubemoot.clock import SystemClock
 from kubemoot.operator.kube import KubeClient, custom_path
 from kubemoot.operator.reconciler import Reconciler
-from kubemoot.operator.run import serve
+from kubemoot.operator.run import kopf_settings, serve
 from kubemoot.providers.emulator import EmulatedModel, EmulatorConfig, OllamaEmulator
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET, ProviderState
 from kubemoot.store.keys import encode_token
@@ -161,9 +161,10 @@ class Cluster:
     def events(self, *, reason: str | None = None) -> list[dict[str, Any]]:
         found = []
         for (resource, _, _), obj in list(self.server.objects.items()):
-            if resource == kmock.resource("v1/events") and not obj.deleted:
-                if reason is None or obj.raw.get("reason") == reason:
-                    found.append(dict(obj.raw))
+            if resource != kmock.resource("v1/events") or obj.deleted:
+                continue
+            if reason is None or obj.raw.get("reason") == reason:
+                found.append(dict(obj.raw))
         return found
 
     def status(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
@@ -265,9 +266,13 @@ class OperatorThread:
         self._stop = asyncio.Event()
         self._started.set()
         try:
-            await serve(self.reconciler, login=self._login, stop=self._stop)
+            settings = kopf_settings()
+            # kopf waits for idle per-object workers when it stops; keep that short.
+            settings.queueing.idle_timeout = 0.2
+            await serve(self.reconciler, login=self._login, stop=self._stop, settings=settings)
         finally:
             await store.close()
+
 
     def start(self) -> None:
         self._thread.start()
@@ -299,6 +304,4 @@ async def cluster(kmock: Any) -> AsyncIterator[Cluster]:
         async with httpx.AsyncClient(base_url=server_url) as http:
             yield Cluster(kmock, http, operator.reconciler, operator.bucket, operator)
     finally:
-        import time; t=time.monotonic()
         await operator.stop()
-        print("STOP", time.monotonic()-t)

@@ -71,8 +71,12 @@ async def test_operator_probe_writes_provider_status_model_status_and_kv(
     assert cluster.status("Model", "qwen3-8b")["footprintMiB"] == (
         capacity["loadedModelFootprints"]["qwen3:8b"]
     )
-    missing = await eventually(lambda: cluster.condition("Model", "llama-70b", "Ready"))
-    assert (missing["status"], missing["reason"]) == ("False", "NotAvailable")
+    # Created before its provider it was ProviderNotFound; the probe corrects that.
+    missing = await eventually(
+        lambda: cluster.condition("Model", "llama-70b", "Ready").get("reason") == "NotAvailable"
+        and cluster.condition("Model", "llama-70b", "Ready"))
+    assert missing["status"] == "False"
+    assert cluster.status("Model", "llama-70b")["ready"] is False
 
 
 async def test_operator_probe_failure_marks_provider_not_ready_with_event(
@@ -165,18 +169,24 @@ async def test_operator_zero_match_sets_conditions_and_failed_scheduling_events(
     ))
     await cluster.apply(b.agent("dreamer", "crew-b", crew="picky"))
 
+    # Until the provider is probed the phase waits on evidence (DEFER); then it fails.
     scheduled = await eventually(
-        lambda: cluster.condition("Agent", "dreamer", "Scheduled", "crew-b"))
-    assert (scheduled["status"], scheduled["reason"]) == ("False", "Unschedulable")
+        lambda: cluster.condition("Agent", "dreamer", "Scheduled", "crew-b")
+        .get("reason") == "Unschedulable"
+        and cluster.condition("Agent", "dreamer", "Scheduled", "crew-b"))
+    assert scheduled["status"] == "False"
     last = cluster.status("Agent", "dreamer", "crew-b")["scheduling"]["lastUnschedulable"]
     assert last["phase"] == "mulling"
     assert last["crewSchedulingPolicy"] == "picky"
     assert "params" in last["reason"]
 
-    events = await eventually(lambda: cluster.events(reason="FailedScheduling"))
-    regarding = {(e["involvedObject"]["kind"], e["involvedObject"]["name"]) for e in events}
-    assert ("CrewSchedulingPolicy", "picky") in regarding
-    assert ("Agent", "dreamer") in regarding
+    def regarding() -> set[tuple[str, str]]:
+        return {(e["involvedObject"]["kind"], e["involvedObject"]["name"])
+                for e in cluster.events(reason="FailedScheduling")}
+
+    await eventually(lambda: regarding() == {("CrewSchedulingPolicy", "picky"),
+                                             ("Agent", "dreamer")}, what="both events")
+    events = cluster.events(reason="FailedScheduling")
     message = next(e["message"] for e in events if e["involvedObject"]["kind"] == "Agent")
     assert message.startswith("0/2 models are available for phase mulling")
     policy = await eventually(

@@ -190,7 +190,7 @@ async def test_unreachable_nats_is_store_unavailable() -> None:
     from kubemoot.testing.nats_server import free_port
 
     settings = NatsSettings(
-        servers=[f"nats://127.0.0.1:{free_port()}"], connect_timeout=0.5, max_reconnect_attempts=0
+        servers=[f"nats://127.0.0.1:{free_port()}"], connect_timeout=0.5, max_reconnect_attempts=1
     )
     with pytest.raises(StoreUnavailable, match="cannot connect"):
         await NatsKV.connect(settings)

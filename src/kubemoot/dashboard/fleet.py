@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_FRESHNESS_SECONDS = 120.0  # DESIGN §4: freshness.maxAgeSeconds
 RECENT_CALLS_PER_AGENT = 8
+SEEN_CALL_KEYS = 10_000  # enough to recognise a duplicate from the start-up race
 DEMAND_MAX_AGE_SECONDS = 6 * 3600.0  # DESIGN §6
 
 
@@ -78,7 +79,7 @@ class FleetView:
             lambda: deque(maxlen=RECENT_CALLS_PER_AGENT)
         )
         self._totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        self._seen_calls: set[str] = set()
+        self._seen_calls: dict[str, None] = {}  # insertion-ordered, bounded
         self._watches: list[Watch] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._listeners: list[Callable[[], None]] = []
@@ -138,27 +139,30 @@ class FleetView:
             log.warning("dashboard watch ended: %s", error)
 
     def _apply(self, change: Change) -> bool:
+        if change.bucket == CALL_LOG_BUCKET:
+            # Call-log keys are written once each: fold them into the summary instead of
+            # mirroring a log that only grows.
+            return change.value is not None and self._add_call(change.key, change.value)
         mirror = self._mirrors[change.bucket]
-        if not mirror.apply(change.key, change.value, change.revision):
-            return False
-        if change.bucket == CALL_LOG_BUCKET and change.value is not None:
-            self._add_call(change.key, change.value)
-        return True
+        return mirror.apply(change.key, change.value, change.revision)
 
-    def _add_call(self, key: str, value: bytes) -> None:
+    def _add_call(self, key: str, value: bytes) -> bool:
         if key in self._seen_calls:
-            return
+            return False  # the first read and the watch both delivered it
         try:
             entry = CallEntry.from_json(value)
         except ValidationError as error:
             log.warning("call log entry %s unreadable: %s", key, error)
-            return
-        self._seen_calls.add(key)
+            return False
+        self._seen_calls[key] = None
+        if len(self._seen_calls) > SEEN_CALL_KEYS:
+            del self._seen_calls[next(iter(self._seen_calls))]  # forget the oldest
         self._calls[entry.agent].append(entry)
         totals = self._totals[entry.agent]
         totals["calls"] += 1
         totals["evictions"] += len(entry.evicted)
         totals["waitedSeconds"] += entry.waited_seconds
+        return True
 
     def _changed(self) -> None:
         self.version += 1

@@ -63,7 +63,11 @@ def build_registry(reconciler: Reconciler, *, login: Login) -> kopf.OperatorRegi
     async def on_login(**_: Any) -> kopf.ConnectionInfo:
         return await login()
 
+    async def on_cleanup(**_: Any) -> None:
+        reconciler.stop_probes()  # before kopf cancels what is left of its loop
+
     kopf.on.login(registry=registry)(on_login)
+    kopf.on.cleanup(registry=registry)(on_cleanup)
     for cls in RESOURCE_TYPES.values():
         _register(registry, reconciler, cls)
     return registry

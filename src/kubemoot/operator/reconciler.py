@@ -22,6 +22,7 @@ from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from kubemoot import metrics
 from kubemoot.api import (
     RESOURCE_TYPES,
     Agent,
@@ -107,6 +108,7 @@ class Reconciler:
         #: (agent, trigger) for every Agent scheduled, in order: the operator's audit trail.
         self.reconciled: list[tuple[str, str]] = []
         self._lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
         self._writer = AgentWriter(kube, self.events)
 
     async def close(self) -> None:
@@ -135,7 +137,10 @@ class Reconciler:
         try:
             await self._observe(kind, event_type, body)
         except Exception:  # a bug must not kill kopf's worker for this object
+            metrics.RECONCILES.labels(kind=kind, result="error").inc()
             log.exception("reconciling %s %s failed", kind, ObjectRef.of(body).name)
+        else:
+            metrics.RECONCILES.labels(kind=kind, result="ok").inc()
 
     async def _observe(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
         ref = ObjectRef.of(body, kind=kind)
@@ -267,12 +272,16 @@ class Reconciler:
         """Probe every known provider at once."""
         await asyncio.gather(*(self.probe(name) for name in list(self.clients)))
 
-    async def run_probes(self, stop: asyncio.Event) -> None:
-        """The probe timer: every ``probe_interval`` seconds of the clock until ``stop``."""
-        while not stop.is_set():
+    async def run_probes(self) -> None:
+        """The probe timer: every ``probe_interval`` seconds of the clock until stopped."""
+        while not self._stopping.is_set():
             await self.probe_all()
             with contextlib.suppress(TimeoutError):
-                await self.clock.wait_for(stop.wait(), self.probe_interval)
+                await self.clock.wait_for(self._stopping.wait(), self.probe_interval)
+
+    def stop_probes(self) -> None:
+        """End :meth:`run_probes` (kopf's cleanup calls this as the operator stops)."""
+        self._stopping.set()
 
     async def probe(self, name: str) -> ProviderState | None:
         """Probe one provider: status, Ready condition, KV document, its Models' status."""

@@ -83,15 +83,15 @@ async def serve(
     namespaces: Sequence[str] = (),
     stop: asyncio.Event | None = None,
     ready: asyncio.Event | None = None,
+    settings: kopf.OperatorSettings | None = None,
 ) -> None:
     """Run kopf with our handlers and the probe loop until ``stop`` is set."""
     registry = build_registry(reconciler, login=login)
-    stop_probes = asyncio.Event()
-    probes = asyncio.create_task(reconciler.run_probes(stop_probes), name="kubemoot-probes")
+    probes = asyncio.create_task(reconciler.run_probes(), name="kubemoot-probes")
     try:
         await kopf.operator(
             registry=registry,
-            settings=kopf_settings(),
+            settings=settings or kopf_settings(),
             clusterwide=not namespaces,
             namespaces=list(namespaces),
             standalone=True,
@@ -99,7 +99,7 @@ async def serve(
             ready_flag=ready,
         )
     finally:
-        stop_probes.set()
+        reconciler.stop_probes()
         # kopf cancels the tasks of its loop when it stops, the probe loop among them;
         # wait() neither raises that cancellation nor an error, which is logged instead.
         await asyncio.wait([probes])
@@ -111,9 +111,13 @@ async def serve(
 async def run_operator(
     options: OperatorOptions, *, clock: Clock | None = None, login: Login = cluster_login
 ) -> None:
-    """Open the shared store, then serve until interrupted."""
+    """Check the credentials, open the shared store, then serve until interrupted."""
     from kubemoot.store import open_store
 
+    try:
+        await login()  # fail now with a message, not later inside kopf's retry loop
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise InputError(f"cannot read Kubernetes credentials: {error}") from None
     clock = clock or SystemClock()
     store: KV = await open_store(options.store_url, clock=clock)
     try:

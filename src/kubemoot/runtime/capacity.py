@@ -112,6 +112,10 @@ class CapacityWatch:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    def _drop_expiries(self, *, at: float) -> None:
+        live = {k: [t for t in v if t > at] for k, v in self._expiries.items()}
+        self._expiries = {k: v for k, v in live.items() if v}
+
     def _next_expiry(self) -> float | None:
         return min((min(v) for v in self._expiries.values()), default=None)
 
@@ -131,20 +135,26 @@ class CapacityWatch:
             expiry = self._next_expiry()
             if expiry is not None and expiry <= now:
                 # A ticket lapsed: its memory is back though no key changed.
-                live = {k: [t for t in v if t > now] for k, v in self._expiries.items()}
-                self._expiries = {k: v for k, v in live.items() if v}
+                self._drop_expiries(at=now)
                 self.notify()
                 continue
-            limits = [t - now for t in (deadline, expiry) if t is not None]
-            wait = max(0.0, min(limits)) if limits else None
-            changed = self._changed
+            until_deadline = None if deadline is None else max(0.0, deadline - now)
+            until_expiry = None if expiry is None else max(0.0, expiry - now)
+            expiry_first = until_expiry is not None and (
+                until_deadline is None or until_expiry < until_deadline
+            )
+            wait = until_expiry if expiry_first else until_deadline
             try:
-                await self._clock.wait_for(changed.wait(), wait)
+                await self._clock.wait_for(self._changed.wait(), wait)
             except TimeoutError:
-                if deadline is not None and self._clock.now() >= deadline:
-                    if self._counter != counter:
-                        return self._counter
+                if self._counter != counter:
+                    return self._counter
+                if not expiry_first:
                     raise
+                # The clock reached the earliest expiry (virtual clocks may not show it
+                # in now() yet): that ticket's memory is back.
+                self._drop_expiries(at=max(self._clock.now(), expiry or 0.0))
+                self.notify()
 
     async def close(self) -> None:
         """Stop watching; waiters get :class:`WatchUnavailable`."""

@@ -44,6 +44,10 @@ class CircuitBreakers:
             return CircuitState.HALF_OPEN
         return CircuitState.OPEN
 
+    def tracked(self) -> frozenset[str]:
+        """Providers with failures on record (every other one is closed)."""
+        return frozenset(self._circuits)
+
     def allows(self, provider: str) -> bool:
         """Whether a call may be placed there now (closed or on trial)."""
         return self.state(provider) is not CircuitState.OPEN

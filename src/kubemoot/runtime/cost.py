@@ -69,11 +69,17 @@ class Option:
     victims: tuple[str, ...] = ()
     footprint_mib: int = 0  # new VRAM the call's ticket would spend
     evicts: dict[str, int] = field(default_factory=dict)  # victim → MiB
+    busy: int = 0  # calls already in flight on the copy (copies only)
 
-    def sort_key(self, model_order: Sequence[str] = ()) -> tuple[float, int, str, int]:
-        """Cheapest first; ties: warm, then cold, then unload; then provider name."""
+    def sort_key(self, model_order: Sequence[str] = ()) -> tuple[float, int, int, str, int]:
+        """Cheapest first; ties: warm, then cold, then unload; then provider name.
+
+        Between equally cheap copies the one with fewer calls in flight comes before the
+        name: both start the call at once, and spreading keeps every warm copy in use
+        (an idle copy is unloaded after its keep-alive, and its slots with it).
+        """
         order = model_order.index(self.model) if self.model in model_order else len(model_order)
-        return (round(self.seconds, 9), self.kind.rank, self.provider, order)
+        return (round(self.seconds, 9), self.kind.rank, self.busy, self.provider, order)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -112,12 +118,10 @@ class CostModel:
     @staticmethod
     def resident(p: ProviderSnapshot) -> int:
         """Resident footprints plus the footprints of copies tickets are still loading."""
-        loading = sum(t.model_footprint_mib for t in p.tickets if not p.is_resident(t.model))
-        return p.resident_total + loading
+        return p.resident_total + p.loading_mib
 
     def free(self, p: ProviderSnapshot) -> int | None:
-        usable = self.usable(p)
-        return None if usable is None else usable - self.resident(p)
+        return p.free_mib
 
     # -- per model -------------------------------------------------------------------
 
@@ -156,43 +160,51 @@ class CostModel:
     def slots(self, p: ProviderSnapshot) -> int:
         return max(1, p.state.max_parallel)
 
-    def has_free_slot(self, p: ProviderSnapshot, model: str) -> bool:
-        return len(p.in_flight(model)) < self.slots(p)
+    def has_free_slot(self, p: ProviderSnapshot, model: str, *, ahead: int = 0) -> bool:
+        """A slot is free for this call once ``ahead`` earlier calls have taken theirs."""
+        return len(p.in_flight(model)) + ahead < self.slots(p)
 
-    def queue(self, p: ProviderSnapshot, model: str) -> float:
+    def queue(self, p: ProviderSnapshot, model: str, *, ahead: int = 0) -> float:
         """Wait for a slot on the provider's copy, counted from when the copy is ready.
 
+        ``ahead`` counts calls queued for this copy before this one that hold no ticket
+        yet (waiters): they are part of the copy's backlog, so they count as in flight.
         An in-flight call ends one latency after it starts; it starts when it was
         claimed or when the copy became ready, whichever is later.
         """
         in_flight = p.in_flight(model)
         slots = self.slots(p)
-        if len(in_flight) < slots:
+        backlog = len(in_flight) + ahead
+        if backlog < slots:
             return 0.0
+        latency = p.latency_seconds
         ends = self.load_ends_at(p, model)
         ready = max(self.fleet.now, ends) if ends is not None else self.fleet.now
-        latency = p.latency_seconds
 
         def call_ends(started_at: float) -> float:
             # A call starts when it was claimed or when its copy finished loading.
             return max(started_at, ends) + latency if ends is not None else started_at + latency
 
-        soonest = min(max(0.0, call_ends(t.started_at) - ready) for t in in_flight)
-        return soonest + (len(in_flight) - slots) * latency / slots
+        soonest = min((max(0.0, call_ends(t.started_at) - ready) for t in in_flight),
+                      default=latency)
+        if len(in_flight) < slots:
+            # Waiters ahead take the free slots as soon as the copy is ready.
+            soonest = min(soonest, latency)
+        return soonest + (backlog - slots) * latency / slots
 
     # -- options ---------------------------------------------------------------------
 
-    def copy_option(self, p: ProviderSnapshot, model: str) -> Option:
-        """Use the warm or loading copy of ``model`` on ``p``."""
-        queue = self.queue(p, model)
+    def copy_option(self, p: ProviderSnapshot, model: str, *, ahead: int = 0) -> Option:
+        """Use the warm or loading copy of ``model`` on ``p`` (behind ``ahead`` waiters)."""
+        queue = self.queue(p, model, ahead=ahead)
         remaining = self.remaining(p, model)
-        if queue > 0 or not self.has_free_slot(p, model):
+        if queue > 0 or not self.has_free_slot(p, model, ahead=ahead):
             kind = OptionKind.QUEUE
         elif p.is_resident(model):
             kind = OptionKind.WARM
         else:
             kind = OptionKind.LOADING
-        return Option(kind, p.name, model, remaining + queue)
+        return Option(kind, p.name, model, remaining + queue, busy=len(p.in_flight(model)))
 
     def cold_option(self, p: ProviderSnapshot, model: str, occupancy: int) -> Option:
         """Load ``model`` onto free room on ``p`` (the caller checked it fits)."""

@@ -16,6 +16,8 @@ class LatencyTracker:
         self._alpha = alpha
         self._default = default_seconds
         self._ema: dict[str, float] = {}
+        #: Moves on every observation, so a cache of latencies knows when to look again.
+        self.revision = 0
 
     def observe(self, endpoint: str, seconds: float) -> float:
         """Fold one finished call's duration in; returns the new average."""
@@ -23,6 +25,7 @@ class LatencyTracker:
         previous = self._ema.get(endpoint)
         value = seconds if previous is None else previous + self._alpha * (seconds - previous)
         self._ema[endpoint] = value
+        self.revision += 1
         return value
 
     def latency(self, endpoint: str) -> float:

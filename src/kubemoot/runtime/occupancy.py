@@ -34,7 +34,7 @@ class OccupancyBook:
         self._settings = settings or RuntimeSettings()
         self._declared = dict(declared or {})
         self._observed: dict[str, int] = {}
-        self._last_fleet: int | None = None  # id() of the fleet observed last
+        self._last_generation = 0  # the fleet index observed last
 
     def declare(self, model: str, vram_mib: int) -> None:
         """Record a Model's declared ``vramMib`` (used until the model is observed)."""
@@ -42,10 +42,13 @@ class OccupancyBook:
 
     def observe(self, fleet: FleetSnapshot) -> None:
         """Keep the first footprint any provider reports for each model."""
-        if id(fleet) == self._last_fleet:
+        index = fleet.index
+        if index.generation == self._last_generation:
             return  # one placement asks many times about one snapshot
-        self._last_fleet = id(fleet)
-        for provider in fleet.providers:
+        # An index derived from the one seen last only adds its changed providers.
+        fresh = index.changed if index.parent == self._last_generation else index.providers
+        self._last_generation = index.generation
+        for provider in fresh:
             state = provider.state
             for model, mib in state.loaded_model_footprints.items():
                 if mib > 0:

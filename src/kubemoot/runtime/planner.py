@@ -38,6 +38,9 @@ from kubemoot.store.protocol import Bucket, StoreError
 
 log = logging.getLogger(__name__)
 
+#: How many of the tightest cold fits a placement prices (more only for an explanation).
+_COLD_SHORTLIST = 3
+
 _ACTION_OF = {
     OptionKind.WARM: Action.WARM,
     OptionKind.LOADING: Action.LOADING,
@@ -78,9 +81,14 @@ class CallPlanner:
         self._need_read_at = float("-inf")
 
     def invalidate(self) -> None:
-        """Forget cached shared state (after a capacity change another process made)."""
-        self.selector.view.invalidate()
-        self._need = None
+        """Forget cached provider state (after a capacity change another process made).
+
+        Demand keeps its own cache window: it only orders victims and weighs reloads,
+        and re-reading the whole board on every capacity change would cost more than
+        the placement itself.
+        """
+        if not self.selector.view.following:
+            self.selector.view.invalidate()
 
     async def _demand_view(self) -> NeedView:
         # Demand changes slowly and only orders victims, so it shares the state cache window.
@@ -116,17 +124,21 @@ class CallPlanner:
         prompt_tokens: int | None = None,
         ticket_state: TicketState = TicketState.RUNNING,
         explain: bool = False,
+        ahead: int = 0,
     ) -> Placement:
         """Place one call of the first (preferred) candidate or a tolerated alternative.
 
-        With ``explain`` every option is priced even when a warm copy wins at once
-        (for ``kubemoot place``); otherwise the cheap cases skip the full comparison.
+        ``ahead`` is how many calls for the same preferred model are queued before this
+        one without a ticket yet (the capacity waiter's line): they take slots first, so
+        they count in every copy's queue. With ``explain`` every option is priced even
+        when a warm copy wins at once (for ``kubemoot place``); otherwise the cheap
+        cases skip the full comparison and options that cannot win are not listed.
         """
         clock = self.selector.view.clock
         began = clock.now()
         placement = await self._place(candidates, holder_id=holder_id,
-                                      prompt_tokens=prompt_tokens,
-                                      ticket_state=ticket_state, explain=explain)
+                                      prompt_tokens=prompt_tokens, ticket_state=ticket_state,
+                                      explain=explain, ahead=ahead)
         metrics.PLACEMENT_SECONDS.observe(max(0.0, clock.now() - began))
         metrics.DECISIONS.labels(action=placement.action.value).inc()
         if placement.action is Action.REFUSE and placement.reason is not None:
@@ -141,6 +153,7 @@ class CallPlanner:
         prompt_tokens: int | None,
         ticket_state: TicketState,
         explain: bool,
+        ahead: int,
     ) -> Placement:
         if not candidates:
             raise ValueError("a call needs at least one candidate model")
@@ -153,18 +166,21 @@ class CallPlanner:
                     Action.STATIC, endpoint=self.selector.view.static_endpoint, model=models[0],
                     reason="no provider state and no prober",
                 )
+            self.selector.spread(rnd, models, ahead)
             placement = await self._place_round(rnd, models, holder_id, ticket_state, explain)
             if placement is not None:
                 return placement
         # Every round lost its claim to a concurrent change: treat it as busy.
         rnd = await self.new_round(prompt_tokens)
-        return self._unplaced(rnd, models, self._options(rnd, models), Reason.GPU_BUSY)
+        self.selector.spread(rnd, models, ahead)
+        return self._unplaced(rnd, models, self._options(rnd, models, explain=True),
+                              Reason.GPU_BUSY)
 
     async def _place_round(
         self, rnd: Round, models: list[str], holder_id: str, state: TicketState, explain: bool
     ) -> Placement | None:
         preferred = models[0]
-        options = self._options(rnd, models) if explain else []
+        options = self._options(rnd, models, explain=True) if explain else []
         claim = await self.selector.pick_and_claim_warm(rnd, preferred, holder_id, state=state)
         for model in models[1:]:
             if claim is not None:
@@ -178,7 +194,7 @@ class CallPlanner:
             return self._placed(rnd, claim, options or [claim.option],
                                 "a warm or loading copy had room")
         if not explain:
-            options = self._options(rnd, models)
+            options = self._options(rnd, models, explain=False)
         if not options:
             reason = classify(
                 rnd.fleet, rnd.cost, preferred=preferred, acceptable=models,
@@ -207,12 +223,23 @@ class CallPlanner:
             return None  # the state moved under us: decide again on fresh state
         return self._placed(rnd, claim, options, f"cheapest option: {best.kind.value}")
 
-    def _options(self, rnd: Round, models: list[str]) -> list[Option]:
-        """Every option of the one comparison, cheapest first."""
+    def _options(self, rnd: Round, models: list[str], *, explain: bool) -> list[Option]:
+        """Every option of the one comparison, cheapest first.
+
+        Without ``explain`` only options that can win are priced: a few tightest cold
+        fits (all cold loads of a model cost the same load time), and unload plans only
+        when nothing cheaper than their floor — load(M) plus one unload — was found.
+        """
         preferred = models[0]
         options = [o for m in models for o in self.selector.copy_options(rnd, m, free_slot=False)]
-        options += self.selector.cold_options(rnd, preferred)
-        options += self.selector.plan_eviction(rnd, preferred)
+        options += self.selector.cold_options(
+            rnd, preferred, limit=None if explain else _COLD_SHORTLIST
+        )
+        load = rnd.cost.load(preferred)
+        floor = None if load is None else load + self.settings.unload_seconds
+        cheapest = min((o.seconds for o in options), default=None)
+        if explain or cheapest is None or floor is None or cheapest > floor:
+            options += self.selector.plan_eviction(rnd, preferred)
         return sorted(options, key=lambda o: o.sort_key(models))
 
     def _placed(
@@ -287,7 +314,7 @@ class CallPlanner:
                 else:
                     circuits.record_failure(placement.provider)
             if ok and seconds is not None and placement.endpoint is not None:
-                view.latency.observe(placement.endpoint, seconds)
+                view.observe_latency(placement.provider, placement.endpoint, seconds)
         await self.release(placement)
 
     async def release(self, placement: Placement) -> None:

@@ -9,7 +9,8 @@ option that went away between reading and claiming is refused, never overcommitt
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import heapq
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kubemoot.gates.results import GateResult
@@ -35,10 +36,15 @@ class Round:
     prompt_tokens: int | None = None
     #: gate results per candidate id ``provider/model`` (filled as options are listed)
     gates: dict[str, list[GateResult]] = field(default_factory=dict)
+    #: waiters queued before this call, per copy ``(provider, model)`` (see ``spread``)
+    ahead: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def record(self, provider: str, model: str, results: list[GateResult]) -> bool:
         self.gates[f"{provider}/{model}"] = results
         return filters.feasible(results)
+
+    def ahead_of(self, provider: str, model: str) -> int:
+        return self.ahead.get((provider, model), 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,17 +66,48 @@ class ProviderSelector:
 
     # -- options ---------------------------------------------------------------------
 
+    def _usable_copies(self, rnd: Round, model: str) -> list[ProviderSnapshot]:
+        """Providers whose warm or loading copy of ``model`` passes the warm filter."""
+        return [
+            p for p in rnd.fleet.index.copies_of(model)
+            if rnd.record(p.name, model, filters.warm_gates(p, model, rnd.prompt_tokens))
+        ]
+
+    def spread(self, rnd: Round, models: Sequence[str], ahead: int) -> None:
+        """Put ``ahead`` earlier waiters on the copies they would take, one at a time.
+
+        Calls queued before this one hold no ticket, yet they will take slots before it
+        does: each goes to the copy that would start it soonest, as it would itself
+        decide. What is left is this call's view of every copy's backlog (``rnd.ahead``).
+        """
+        rnd.ahead.clear()
+        if ahead <= 0:
+            return
+        heap: list[tuple[float, int, str, str]] = []
+        for order, model in enumerate(models):
+            for p in self._usable_copies(rnd, model):
+                option = rnd.cost.copy_option(p, model)
+                heap.append((option.seconds, order, p.name, model))
+        heapq.heapify(heap)
+        for _ in range(ahead):
+            if not heap:
+                return
+            _seconds, order, name, model = heapq.heappop(heap)
+            key = (name, model)
+            rnd.ahead[key] = rnd.ahead.get(key, 0) + 1
+            p = rnd.fleet.provider(name)
+            assert p is not None
+            option = rnd.cost.copy_option(p, model, ahead=rnd.ahead[key])
+            heapq.heappush(heap, (option.seconds, order, name, model))
+
     def copy_options(self, rnd: Round, model: str, *, free_slot: bool) -> list[Option]:
         """Warm or loading copies of ``model`` that pass the warm filter."""
         options: list[Option] = []
-        for p in rnd.fleet.providers:
-            if not _has_copy(p, model):
+        for p in self._usable_copies(rnd, model):
+            ahead = rnd.ahead_of(p.name, model)
+            if free_slot and not rnd.cost.has_free_slot(p, model, ahead=ahead):
                 continue
-            if not rnd.record(p.name, model, filters.warm_gates(p, model, rnd.prompt_tokens)):
-                continue
-            if free_slot and not rnd.cost.has_free_slot(p, model):
-                continue
-            options.append(rnd.cost.copy_option(p, model))
+            options.append(rnd.cost.copy_option(p, model, ahead=ahead))
         return sorted(options, key=Option.sort_key)
 
     def loading_options(self, rnd: Round, model: str) -> list[Option]:
@@ -80,12 +117,24 @@ class ProviderSelector:
             if not _provider(rnd, o).is_resident(model)
         ]
 
-    def cold_options(self, rnd: Round, model: str) -> list[Option]:
-        """Loads of ``model`` onto free room, on providers where it has no copy."""
+    def cold_options(self, rnd: Round, model: str, *, limit: int | None = None) -> list[Option]:
+        """Loads of ``model`` onto free room, on providers where it has no copy.
+
+        With ``limit`` only that many of the tightest fits are listed (they are the
+        cheapest: every cold load of a model costs the same load time plus the
+        best-fit term), found through the room index; without it every provider is
+        judged and its gates recorded (for an explanation).
+        """
         occupancy = rnd.cost.occupancy(model)
+        if limit is not None:
+            if occupancy is None:
+                return []
+            providers: Iterable[ProviderSnapshot] = rnd.fleet.index.with_room(occupancy)
+        else:
+            providers = rnd.fleet.providers
         options: list[Option] = []
-        for p in rnd.fleet.providers:
-            if _has_copy(p, model):
+        for p in providers:
+            if p.has_copy(model):
                 continue
             gates = filters.cold_gates(
                 p, model, occupancy=occupancy, usable=rnd.cost.usable(p),
@@ -93,6 +142,8 @@ class ProviderSelector:
             )
             if rnd.record(p.name, model, gates) and occupancy is not None:
                 options.append(rnd.cost.cold_option(p, model, occupancy))
+                if limit is not None and len(options) >= limit:
+                    break
         return sorted(options, key=Option.sort_key)
 
     def plan_eviction(self, rnd: Round, model: str) -> list[Option]:
@@ -103,16 +154,19 @@ class ProviderSelector:
         planner = EvictionPlanner(_NeedOf(rnd.cost))
         options: list[Option] = []
         for p in rnd.fleet.providers:
-            usable, free = rnd.cost.usable(p), rnd.cost.free(p)
-            if _has_copy(p, model) or usable is None or free is None:
-                continue
-            if free >= occupancy or occupancy > usable:
+            usable, free = p.usable_mib, p.free_mib
+            if usable is None or free is None or free >= occupancy or occupancy > usable:
                 continue  # a cold load needs no victims; a too-small card no plan
+            if p.has_copy(model):
+                continue
             gates = [
                 filters.ready_gate(p),
                 filters.circuit_gate(p),
                 filters.context_gate(p, model, rnd.prompt_tokens),
             ]
+            if not filters.feasible(gates):
+                rnd.gates[f"{p.name}/{model} (unload)"] = gates
+                continue
             victims = planner.choose_victims(
                 idle_residents(p, exclude=model), occupancy - free
             )
@@ -127,7 +181,7 @@ class ProviderSelector:
                     neededMiB=occupancy - free,
                 ))
             rnd.gates[f"{p.name}/{model} (unload)"] = gates
-            if victims and filters.feasible(gates):
+            if victims:
                 options.append(rnd.cost.unload_option(p, model, occupancy, victims))
         return sorted(options, key=Option.sort_key)
 
@@ -154,8 +208,15 @@ class ProviderSelector:
     async def pick_and_claim_loading(
         self, rnd: Round, model: str, holder_id: str, *, state: TicketState = TicketState.RUNNING
     ) -> Claim | None:
-        """Join a copy another call is loading, instead of loading a second one."""
-        for option in sorted(self.loading_options(rnd, model), key=Option.sort_key):
+        """Join a copy another call is loading, instead of loading a second one.
+
+        Only while the copy has a free slot: a loading copy whose slots are all taken
+        is a queue like any other and competes in the one comparison (its price is the
+        load still to go plus the queue), so a burst of calls does not pile onto one
+        small card while others could load the model sooner.
+        """
+        loading = [o for o in self.loading_options(rnd, model) if o.kind is not OptionKind.QUEUE]
+        for option in sorted(loading, key=Option.sort_key):
             claim = await self.claim(rnd, option, holder_id, state=state)
             if claim is not None:
                 return claim
@@ -189,7 +250,8 @@ class ProviderSelector:
         check = (
             _cold_check(option.model, rnd.prompt_tokens) if cold
             else _copy_check(option, rnd.prompt_tokens, free_slot=option.kind is not
-                             OptionKind.QUEUE)
+                             OptionKind.QUEUE, ahead=rnd.ahead_of(option.provider,
+                                                                  option.model))
         )
         ticket = await self.claim_ticket(option, holder_id, state=state, check=check)
         if ticket is None:
@@ -227,10 +289,6 @@ class _NeedOf:
         return self._cost.need(model)
 
 
-def _has_copy(p: ProviderSnapshot, model: str) -> bool:
-    return p.has_copy(model)
-
-
 def _provider(rnd: Round, option: Option) -> ProviderSnapshot:
     p = rnd.fleet.provider(option.provider)
     if p is None:  # options are only ever made from the round's own providers
@@ -243,16 +301,19 @@ def fresh_provider(state: ProviderState, tickets: list[Ticket], now: float) -> P
     return ProviderSnapshot(state=state, tickets=tuple(t for t in tickets if t.expires_at > now))
 
 
-def _copy_check(option: Option, prompt_tokens: int | None, *, free_slot: bool) -> ClaimCheck:
+def _copy_check(
+    option: Option, prompt_tokens: int | None, *, free_slot: bool, ahead: int = 0
+) -> ClaimCheck:
     def check(state: ProviderState | None, tickets: list[Ticket], now: float) -> bool:
         if state is None:
             return False
         p = fresh_provider(state, tickets, now)
-        if not _has_copy(p, option.model):
+        if not p.has_copy(option.model):
             return False
         if not filters.feasible(filters.warm_gates(p, option.model, prompt_tokens)):
             return False
-        return not free_slot or len(p.in_flight(option.model)) < max(1, state.max_parallel)
+        slots = max(1, state.max_parallel)
+        return not free_slot or len(p.in_flight(option.model)) + ahead < slots
 
     return check
 

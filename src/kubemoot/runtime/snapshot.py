@@ -6,7 +6,9 @@ tested, benchmarked and simulated without a store, a clock or a network.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -27,6 +29,9 @@ class ProviderSnapshot:
         default_factory=dict, repr=False, compare=False
     )
     _victims: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+    _copies: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+    _resident_total: int = field(default=0, repr=False, compare=False)
+    _loading_mib: int = field(default=0, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         residents: dict[str, int] = {}
@@ -35,11 +40,21 @@ class ProviderSnapshot:
         by_model: dict[str, list[Ticket]] = {}
         for t in self.tickets:
             by_model.setdefault(t.model, []).append(t)
+        loading = {
+            t.model for t in self.tickets
+            if t.model_footprint_mib > 0 and t.model not in residents
+        }
+        loading_mib = sum(
+            t.model_footprint_mib for t in self.tickets if t.model not in residents
+        )
         object.__setattr__(self, "_residents", residents)
         object.__setattr__(self, "_tickets_by_model", by_model)
         object.__setattr__(
             self, "_victims", frozenset(v for t in self.tickets for v in t.evicts)
         )
+        object.__setattr__(self, "_copies", frozenset(residents) | loading)
+        object.__setattr__(self, "_resident_total", sum(residents.values()))
+        object.__setattr__(self, "_loading_mib", loading_mib)
 
     @property
     def name(self) -> str:
@@ -53,7 +68,29 @@ class ProviderSnapshot:
     @property
     def resident_total(self) -> int:
         """Σ footprints of the resident models, in MiB."""
-        return sum(self._residents.values())
+        return self._resident_total
+
+    @property
+    def loading_mib(self) -> int:
+        """Σ footprints of tickets whose model is not resident yet (copies still loading)."""
+        return self._loading_mib
+
+    @property
+    def usable_mib(self) -> int | None:
+        """``totalVram − reserve``; ``None`` when the total is unknown."""
+        total = self.state.total_vram_mib
+        return None if total is None else total - self.state.reserve_mib
+
+    @property
+    def free_mib(self) -> int | None:
+        """``usable − resident − loading``; ``None`` when the total is unknown."""
+        usable = self.usable_mib
+        return None if usable is None else usable - self._resident_total - self._loading_mib
+
+    @property
+    def copies(self) -> frozenset[str]:
+        """Models resident here or being loaded here by a ticket."""
+        return self._copies
 
     def is_resident(self, model: str) -> bool:
         return model in self._residents
@@ -85,7 +122,7 @@ class ProviderSnapshot:
 
     def has_copy(self, model: str) -> bool:
         """Resident, or being loaded by a ticket."""
-        return model in self._residents or bool(self.loading_tickets(model))
+        return model in self._copies
 
     def context_for(self, model: str) -> int | None:
         """Context of (this provider, model): observed when loaded, else configured."""
@@ -96,21 +133,144 @@ class ProviderSnapshot:
         return self.state.context_length
 
 
-@dataclass(frozen=True, slots=True)
-class FleetSnapshot:
-    """Every provider at one instant ``now`` (seconds since the epoch)."""
+_GENERATIONS = itertools.count(1)
 
-    now: float
-    providers: tuple[ProviderSnapshot, ...] = ()
-    _by_name: Mapping[str, ProviderSnapshot] = field(default_factory=dict, repr=False)
+
+class FleetIndex:
+    """Every provider, indexed the ways a placement looks them up.
+
+    A placement must not walk the whole fleet for every candidate model: the copies of
+    a model come from ``copies_of`` and cold-load room from ``with_room`` (a list sorted
+    by free memory, so the tightest fit is found by bisection). An index is immutable;
+    :meth:`replaced` derives the next one from a few changed providers without
+    rebuilding the rest, so a fleet of a thousand cards stays cheap to keep current.
+    """
+
+    __slots__ = ("_by_name", "_copies", "_room", "_providers", "generation", "parent",
+                 "changed")
+
+    def __init__(
+        self,
+        by_name: dict[str, ProviderSnapshot],
+        copies: dict[str, tuple[str, ...]],
+        room: list[tuple[int, str]],
+        *,
+        parent: int | None = None,
+        changed: tuple[ProviderSnapshot, ...] = (),
+    ) -> None:
+        self._by_name = by_name
+        self._copies = copies
+        self._room = room
+        self._providers: tuple[ProviderSnapshot, ...] | None = None
+        #: A number of its own, the number of the index this one was derived from (not
+        #: the index itself: a chain of them would keep every past fleet alive), and the
+        #: providers new in this one.
+        self.generation = next(_GENERATIONS)
+        self.parent = parent
+        self.changed = changed
 
     @classmethod
-    def of(cls, now: float, providers: list[ProviderSnapshot]) -> FleetSnapshot:
-        ordered = tuple(sorted(providers, key=lambda p: p.name))
-        return cls(now=now, providers=ordered, _by_name={p.name: p for p in ordered})
+    def build(cls, providers: Iterable[ProviderSnapshot]) -> FleetIndex:
+        by_name = {p.name: p for p in providers}
+        copies: dict[str, list[str]] = {}
+        room: list[tuple[int, str]] = []
+        for name in sorted(by_name):
+            p = by_name[name]
+            for model in p.copies:
+                copies.setdefault(model, []).append(name)
+            free = p.free_mib
+            if free is not None:
+                room.append((free, name))
+        room.sort()
+        return cls(by_name, {m: tuple(n) for m, n in copies.items()}, room,
+                   changed=tuple(by_name.values()))
+
+    def replaced(
+        self, changed: Iterable[ProviderSnapshot], removed: Iterable[str] = ()
+    ) -> FleetIndex:
+        """A new index with ``changed`` providers put in and ``removed`` ones taken out."""
+        by_name = dict(self._by_name)
+        copies = dict(self._copies)
+        room = list(self._room)
+        new = list(changed)
+
+        def take_out(old: ProviderSnapshot) -> None:
+            for model in old.copies:
+                names = copies.get(model, ())
+                kept = tuple(n for n in names if n != old.name)
+                if kept:
+                    copies[model] = kept
+                else:
+                    copies.pop(model, None)
+            free = old.free_mib
+            if free is not None:
+                at = bisect_left(room, (free, old.name))
+                if at < len(room) and room[at] == (free, old.name):
+                    del room[at]
+
+        for name in removed:
+            old = by_name.pop(name, None)
+            if old is not None:
+                take_out(old)
+        for p in new:
+            old = by_name.get(p.name)
+            if old is not None:
+                take_out(old)
+            by_name[p.name] = p
+            for model in p.copies:
+                names = copies.get(model, ())
+                copies[model] = tuple(sorted((*names, p.name)))
+            free = p.free_mib
+            if free is not None:
+                insort(room, (free, p.name))
+        return FleetIndex(by_name, copies, room, parent=self.generation, changed=tuple(new))
+
+    @property
+    def providers(self) -> tuple[ProviderSnapshot, ...]:
+        """Every provider, by name."""
+        if self._providers is None:
+            self._providers = tuple(self._by_name[n] for n in sorted(self._by_name))
+        return self._providers
 
     def provider(self, name: str) -> ProviderSnapshot | None:
         return self._by_name.get(name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def copies_of(self, model: str) -> list[ProviderSnapshot]:
+        """Providers holding or loading a copy of ``model``, by name."""
+        return [self._by_name[n] for n in self._copies.get(model, ())]
+
+    def with_room(self, mib: int) -> Iterator[ProviderSnapshot]:
+        """Providers with at least ``mib`` free, tightest fit first (then by name)."""
+        for _free, name in self._room[bisect_left(self._room, (mib, "")):]:
+            yield self._by_name[name]
+
+
+class FleetSnapshot:
+    """Every provider at one instant ``now`` (seconds since the epoch).
+
+    Snapshots taken at different instants of an unchanged fleet share one
+    :class:`FleetIndex`.
+    """
+
+    __slots__ = ("now", "index")
+
+    def __init__(self, now: float, index: FleetIndex) -> None:
+        self.now = now
+        self.index = index
+
+    @classmethod
+    def of(cls, now: float, providers: Iterable[ProviderSnapshot]) -> FleetSnapshot:
+        return cls(now, FleetIndex.build(providers))
+
+    @property
+    def providers(self) -> tuple[ProviderSnapshot, ...]:
+        return self.index.providers
+
+    def provider(self, name: str) -> ProviderSnapshot | None:
+        return self.index.provider(name)
 
 
 class ModelNeed(Protocol):

@@ -128,8 +128,8 @@ class TicketManager:
         ttl_seconds: float = 180.0,
         max_attempts: int = 8,
         rng: random.Random | None = None,
-        backoff_base_seconds: float = 0.002,
-        backoff_cap_seconds: float = 0.25,
+        backoff_base_seconds: float = 0.001,
+        backoff_cap_seconds: float = 0.05,
     ) -> None:
         self._tickets = tickets
         self._states = states
@@ -326,9 +326,16 @@ class TicketManager:
                 for op in batch:
                     self._finish(lane, op, error=error)
                 continue
-            conflicts = 0
             for op in batch:
                 self._finish(lane, op, result=results.get(id(op)))
+            if conflicts and lane.pending:
+                # Under contention a winner holding the fresh revision would win again and
+                # again (the others must read first): step aside briefly and read anew.
+                lane.cached = None
+                await self._clock.sleep(
+                    self._rng.uniform(self._backoff_base * 2, self._backoff_base * 6)
+                )
+            conflicts = max(0, conflicts - 1)
 
     async def _read_for(
         self,
@@ -350,8 +357,9 @@ class TicketManager:
         return document, revision, state
 
     def _backoff(self, conflicts: int) -> float:
-        # Full jitter: losers spread out instead of colliding again in lockstep.
-        ceiling = min(self._backoff_cap, self._backoff_base * (2 ** min(conflicts, 10)))
+        # Jittered so losers do not collide again in lockstep, and *shorter* the more a
+        # lane has lost in a row: the longest waiter gets the next turn, not the newest.
+        ceiling = min(self._backoff_cap, self._backoff_base * 4 / max(1, conflicts))
         return self._rng.uniform(0.0, ceiling)
 
     def _count_attempt(

@@ -1,11 +1,21 @@
 """The provider view: fresh shared state, read cheaply.
 
-Every call reads the provider-state and ticket documents of every provider. A short
-cache (``state_cache_seconds``, 200 ms by default) absorbs bursts when one agent fans
-out many calls at once. This process's own claims and releases are applied to the
-cached documents at once (a refused claim or an eviction drops the provider's entry
-for a re-read), so its own decisions always see its own tickets. Parsed documents
-are reused while their revision has not moved.
+Every placement needs the provider-state and ticket documents of every provider. Two
+ways keep them current:
+
+* **Reading** (the default): a short cache (``state_cache_seconds``, 200 ms by default)
+  absorbs bursts when one agent fans out many calls at once; after it, every document
+  is read again.
+* **Following** (:meth:`ProviderView.follow`): the view watches both buckets and
+  parses only the documents that changed, so a fleet of a thousand cards costs per
+  change, not per placement. A change is seen as soon as the watch delivers it, which
+  is fresher than any cache window. When the watch cannot be set up or ends, the view
+  falls back to reading.
+
+This process's own claims and releases are applied to the documents at once (a refused
+claim or an eviction drops the provider's entry for a re-read), so its own decisions
+always see its own tickets. Only providers whose documents, latency or circuit changed
+are rebuilt; the rest of the :class:`FleetIndex` is shared with the previous snapshot.
 
 With no provider state published at all, the view asks a :class:`Prober` to look at
 the providers directly; without a prober it reports the static endpoint, if any.
@@ -14,6 +24,10 @@ the providers directly; without a prober it reports the static endpoint, if any.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import heapq
+import logging
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,10 +35,14 @@ from kubemoot.clock import Clock
 from kubemoot.runtime.circuit import CircuitBreakers
 from kubemoot.runtime.latency import LatencyTracker
 from kubemoot.runtime.settings import RuntimeSettings
-from kubemoot.runtime.snapshot import FleetSnapshot, ProviderSnapshot
+from kubemoot.runtime.snapshot import FleetIndex, FleetSnapshot, ProviderSnapshot
 from kubemoot.store.documents import ProviderState, ProviderTickets, Ticket
 from kubemoot.store.keys import decode_token, encode_token
-from kubemoot.store.protocol import Bucket
+from kubemoot.store.protocol import Bucket, Change, StoreError, Watch
+
+log = logging.getLogger(__name__)
+
+_LOG_LENGTH = 4096  # index changes remembered for changed_since
 
 
 class Prober(Protocol):
@@ -38,6 +56,18 @@ class _Parsed:
     revision: int
     state: ProviderState | None = None
     tickets: ProviderTickets | None = None
+
+
+@dataclass(slots=True)
+class _Built:
+    """The snapshot made of one provider's documents, and what it depends on."""
+
+    state: ProviderState
+    tickets: ProviderTickets | None
+    latency: float
+    circuit_open: bool
+    valid_until: float  # the first of its tickets to lapse
+    snapshot: ProviderSnapshot
 
 
 class ProviderView:
@@ -66,7 +96,6 @@ class ProviderView:
         self._circuits = circuits
         self._prober = prober
         self.static_endpoint = static_endpoint
-        self._fleet: FleetSnapshot | None = None
         self._read_at = float("-inf")
         self._stale: set[str] = set()
         self._keys: list[str] | None = None
@@ -74,11 +103,22 @@ class ProviderView:
         self._parsed_states: dict[str, _Parsed] = {}
         self._parsed_tickets: dict[str, _Parsed] = {}
         self._docs: dict[str, tuple[ProviderState, ProviderTickets | None]] = {}
-        self._built: dict[
-            str,
-            tuple[ProviderState, ProviderTickets | None, tuple[float, bool], float,
-                  ProviderSnapshot],
-        ] = {}
+        # What the current index was built from, and which providers must be rebuilt.
+        self._built: dict[str, _Built] = {}
+        self._index: FleetIndex | None = None
+        self._dirty: set[str] = set()
+        self._lapses: list[tuple[float, str]] = []  # (a ticket lapses, provider)
+        self._latency_revision = -1
+        self._open: set[str] = set()  # providers last built with an open circuit
+        # Following: the watches and the changes they delivered but nobody applied yet.
+        self._watches: list[Watch] = []
+        self._followers: list[asyncio.Task[None]] = []
+        self._pending: dict[tuple[str, str], Change] = {}
+        self._following = False
+        # Which providers each new index changed: (from generation, to generation, names;
+        # None names = everything was rebuilt). Bounded: a reader too far behind is told
+        # that everything may have changed.
+        self._log: deque[tuple[int, int, frozenset[str] | None]] = deque(maxlen=_LOG_LENGTH)
 
     @property
     def clock(self) -> Clock:
@@ -91,6 +131,111 @@ class ProviderView:
     @property
     def circuits(self) -> CircuitBreakers | None:
         return self._circuits
+
+    @property
+    def following(self) -> bool:
+        """Whether watches keep the documents current (no re-reads needed)."""
+        return self._following
+
+    @property
+    def generation(self) -> int:
+        """The number of the fleet index the last snapshot used (0 before any)."""
+        return self._index.generation if self._index is not None else 0
+
+    def changed_since(self, generation: int) -> frozenset[str] | None:
+        """Providers whose snapshot changed after ``generation``; None: unknown (all)."""
+        if self._index is None or generation == self._index.generation:
+            return frozenset()
+        names: set[str] = set()
+        for parent, new, changed in reversed(self._log):
+            if new <= generation:
+                break
+            if changed is None:
+                return None
+            names.update(changed)
+            if parent == generation:
+                return frozenset(names)
+        return None  # the log does not reach back that far
+
+    # -- following -------------------------------------------------------------------
+
+    async def follow(self) -> bool:
+        """Keep the documents current from watches; False when the store cannot watch."""
+        if self._following:
+            return True
+        try:
+            for bucket in (self._states, self._tickets):
+                watch = bucket.watch()
+                self._watches.append(watch)
+                await watch.ready()
+        except StoreError as error:
+            log.warning("provider view cannot watch (%s); it reads instead", error)
+            await self.close()
+            return False
+        loop = asyncio.get_running_loop()
+        self._followers = [loop.create_task(self._follow(w)) for w in self._watches]
+        self._following = True
+        self.invalidate()  # one full read after the watches began: nothing is missed
+        return True
+
+    async def _follow(self, watch: Watch) -> None:
+        try:
+            async for change in watch:
+                self._pending[(change.bucket, change.key)] = change
+        except StoreError as error:
+            log.warning("provider view watch failed: %s", error)
+        finally:
+            if self._following:
+                self._following = False
+                self.invalidate()  # back to reading, starting with everything
+
+    async def close(self) -> None:
+        """Stop following (the view keeps working by reading)."""
+        self._following = False
+        for watch in self._watches:
+            with contextlib.suppress(Exception):
+                await watch.aclose()
+        for task in self._followers:
+            task.cancel()
+        for task in self._followers:
+            with contextlib.suppress(BaseException):
+                await task
+        self._watches, self._followers = [], []
+
+    def _apply_pending(self) -> None:
+        pending, self._pending = self._pending, {}
+        for (bucket, key), change in pending.items():
+            name = _decode(key)
+            if name is None:
+                continue
+            if bucket == self._states.name:
+                state = self._parse_state(key, change.revision, change.value)
+                if state is _SKIP:
+                    continue
+                if state is None:
+                    if self._docs.pop(name, None) is not None:
+                        self._dirty.add(name)
+                    continue
+                assert isinstance(state, ProviderState)
+                current = self._docs.get(name)
+                self._docs[name] = (state, current[1] if current is not None else
+                                    self._known_tickets(key))
+            else:
+                doc = self._parse_tickets(key, change.revision, change.value)
+                if doc is _SKIP:
+                    continue
+                assert doc is None or isinstance(doc, ProviderTickets)
+                current = self._docs.get(name)
+                if current is None:
+                    continue  # tickets of a provider without state: kept for later
+                self._docs[name] = (current[0], doc)
+            self._dirty.add(name)
+
+    def _known_tickets(self, key: str) -> ProviderTickets | None:
+        parsed = self._parsed_tickets.get(key)
+        return parsed.tickets if parsed is not None else None
+
+    # -- own changes -----------------------------------------------------------------
 
     def invalidate(self, provider: str | None = None) -> None:
         """Forget cached state: of one provider (after an own claim or unload), or of all."""
@@ -111,6 +256,7 @@ class ProviderView:
         self._docs[provider] = (
             state, ProviderTickets(provider=provider, tickets=[*kept, ticket])
         )
+        self._dirty.add(provider)
 
     def note_released(self, provider: str, ticket_id: str) -> None:
         """This process released a ticket: drop it without a re-read."""
@@ -122,11 +268,28 @@ class ProviderView:
             return
         kept = [t for t in doc.tickets if t.ticket_id != ticket_id]
         self._docs[provider] = (state, ProviderTickets(provider=provider, tickets=kept))
+        self._dirty.add(provider)
+
+    def observe_latency(self, provider: str, endpoint: str, seconds: float) -> None:
+        """Fold a finished call into the endpoint's latency, and rebuild only its provider."""
+        in_step = self._latency.revision == self._latency_revision
+        self._latency.observe(endpoint, seconds)
+        if in_step:
+            self._latency_revision = self._latency.revision
+        self._dirty.add(provider)
+
+    # -- snapshots -------------------------------------------------------------------
 
     async def snapshot(self) -> FleetSnapshot:
-        """The fleet now; cached documents are reused within the cache window."""
+        """The fleet now; only what changed since the last snapshot is rebuilt."""
         now = self._clock.now()
-        if now - self._read_at >= self._settings.state_cache_seconds:
+        if self._following and self._read_at > float("-inf"):
+            self._apply_pending()
+            if self._stale:
+                for provider in sorted(self._stale):
+                    await self._read_provider(provider)
+                self._stale.clear()
+        elif now - self._read_at >= self._settings.state_cache_seconds:
             await self._read_all()
             self._read_at = now
             self._stale.clear()
@@ -136,34 +299,85 @@ class ProviderView:
             self._stale.clear()
         if not self._docs and self._prober is not None:
             probed = await self._prober.probe_all()
-            return FleetSnapshot.of(now, [self._provider(s, None, now) for s in probed])
-        return FleetSnapshot.of(
-            now, [self._provider(s, t, now) for s, t in self._docs.values()]
-        )
+            return FleetSnapshot.of(now, [
+                ProviderSnapshot(
+                    state=s, latency_seconds=self._latency.latency(s.endpoint),
+                    circuit_open=self._circuits is not None
+                    and not self._circuits.allows(s.provider),
+                )
+                for s in probed
+            ])
+        return FleetSnapshot(now, self._current_index(now))
 
-    def _provider(
+    def _current_index(self, now: float) -> FleetIndex:
+        dirty = self._dirty
+        self._dirty = set()
+        while self._lapses and self._lapses[0][0] <= now:
+            dirty.add(heapq.heappop(self._lapses)[1])
+        if self._latency.revision != self._latency_revision:
+            dirty.update(self._docs)  # someone else fed the tracker: look at every provider
+            self._latency_revision = self._latency.revision
+        if self._circuits is not None:
+            for name in self._circuits.tracked() | self._open:
+                if name in self._docs and (not self._circuits.allows(name)) != (
+                    name in self._open
+                ):
+                    dirty.add(name)
+        if self._index is not None and not dirty:
+            return self._index
+        changed: list[ProviderSnapshot] = []
+        removed: list[str] = []
+        for name in sorted(dirty):
+            docs = self._docs.get(name)
+            if docs is None:
+                if self._built.pop(name, None) is not None:
+                    removed.append(name)
+                self._open.discard(name)
+                continue
+            built = self._build(docs[0], docs[1], now)
+            if built is not None:
+                changed.append(built)
+        if self._index is None:
+            self._index = FleetIndex.build(b.snapshot for b in self._built.values())
+            self._log.append((0, self._index.generation, None))
+        elif changed or removed:
+            parent = self._index.generation
+            self._index = self._index.replaced(changed, removed)
+            self._log.append((parent, self._index.generation,
+                              frozenset([*(p.name for p in changed), *removed])))
+        return self._index
+
+    def _build(
         self, state: ProviderState, tickets: ProviderTickets | None, now: float
-    ) -> ProviderSnapshot:
-        circuit_open = self._circuits is not None and not self._circuits.allows(state.provider)
+    ) -> ProviderSnapshot | None:
+        """The provider's snapshot; ``None`` when the one in the index still holds."""
+        name = state.provider
+        circuit_open = self._circuits is not None and not self._circuits.allows(name)
         latency = self._latency.latency(state.endpoint)
-        cached = self._built.get(state.provider)
+        cached = self._built.get(name)
         if (
             cached is not None
-            and cached[0] is state
-            and cached[1] is tickets
-            and cached[2] == (latency, circuit_open)
-            and now < cached[3]
+            and cached.state is state
+            and cached.tickets is tickets
+            and (cached.latency, cached.circuit_open) == (latency, circuit_open)
+            and now < cached.valid_until
         ):
-            return cached[4]  # same documents, no ticket lapsed since: same snapshot
+            return None  # same documents, no ticket lapsed since: same snapshot
         active = tuple(tickets.active(now)) if tickets is not None else ()
-        built = ProviderSnapshot(
+        snapshot = ProviderSnapshot(
             state=state, tickets=active, latency_seconds=latency, circuit_open=circuit_open
         )
         valid_until = min((t.expires_at for t in active), default=float("inf"))
-        self._built[state.provider] = (
-            state, tickets, (latency, circuit_open), valid_until, built
-        )
-        return built
+        if valid_until != float("inf"):
+            heapq.heappush(self._lapses, (valid_until, name))
+        self._built[name] = _Built(state, tickets, latency, circuit_open, valid_until, snapshot)
+        if circuit_open:
+            self._open.add(name)
+        else:
+            self._open.discard(name)
+        return snapshot
+
+    # -- reading ---------------------------------------------------------------------
 
     async def _read_all(self) -> None:
         # Reads go out together: on a networked store one refresh costs about one round
@@ -178,7 +392,12 @@ class ProviderView:
         tickets = await asyncio.gather(
             *(self._tickets_doc(encode_token(s.provider)) for s in present)
         )
-        self._docs = {s.provider: (s, t) for s, t in zip(present, tickets, strict=True)}
+        docs = {s.provider: (s, t) for s, t in zip(present, tickets, strict=True)}
+        for name in set(self._docs) | set(docs):
+            old, new = self._docs.get(name), docs.get(name)
+            if old is None or new is None or old[0] is not new[0] or old[1] is not new[1]:
+                self._dirty.add(name)
+        self._docs = docs
 
     async def _read_provider(self, provider: str) -> None:
         key = encode_token(provider)
@@ -187,36 +406,67 @@ class ProviderView:
             self._docs.pop(provider, None)
         else:
             self._docs[provider] = (state, tickets)
+        self._dirty.add(provider)
 
     async def _state(self, key: str) -> ProviderState | None:
         entry = await self._states.get(key)
         if entry is None:
             return None
-        cached = self._parsed_states.get(key)
-        if cached is None or cached.revision != entry.revision:
-            try:
-                state = ProviderState.from_json(entry.value)
-            except ValueError:
-                return None  # a document we cannot read is no state at all
-            if state.provider != _decode(key):
-                return None
-            cached = _Parsed(entry.revision, state=state)
-            self._parsed_states[key] = cached
-        return cached.state
+        parsed = self._parse_state(key, entry.revision, entry.value)
+        if parsed is _SKIP:  # a newer version arrived through the watch already
+            cached = self._parsed_states.get(key)
+            return cached.state if cached is not None else None
+        return parsed if isinstance(parsed, ProviderState) else None
 
     async def _tickets_doc(self, key: str) -> ProviderTickets | None:
         entry = await self._tickets.get(key)
         if entry is None:
             return None
-        cached = self._parsed_tickets.get(key)
-        if cached is None or cached.revision != entry.revision:
+        parsed = self._parse_tickets(key, entry.revision, entry.value)
+        if parsed is _SKIP:
+            return self._known_tickets(key)
+        return parsed if isinstance(parsed, ProviderTickets) else None
+
+    # -- parsing, once per revision ---------------------------------------------------
+
+    def _parse_state(
+        self, key: str, revision: int, value: bytes | None
+    ) -> ProviderState | None | object:
+        cached = self._parsed_states.get(key)
+        if cached is not None and cached.revision == revision:
+            return cached.state
+        if cached is not None and cached.revision > revision:
+            return _SKIP  # an older version than the one we hold
+        state: ProviderState | None = None
+        if value is not None:
             try:
-                doc = ProviderTickets.from_json(entry.value)
+                state = ProviderState.from_json(value)
             except ValueError:
-                return None
-            cached = _Parsed(entry.revision, tickets=doc)
-            self._parsed_tickets[key] = cached
-        return cached.tickets
+                state = None  # a document we cannot read is no state at all
+            if state is not None and state.provider != _decode(key):
+                state = None
+        self._parsed_states[key] = _Parsed(revision, state=state)
+        return state
+
+    def _parse_tickets(
+        self, key: str, revision: int, value: bytes | None
+    ) -> ProviderTickets | None | object:
+        cached = self._parsed_tickets.get(key)
+        if cached is not None and cached.revision == revision:
+            return cached.tickets
+        if cached is not None and cached.revision > revision:
+            return _SKIP
+        doc: ProviderTickets | None = None
+        if value is not None:
+            try:
+                doc = ProviderTickets.from_json(value)
+            except ValueError:
+                doc = None
+        self._parsed_tickets[key] = _Parsed(revision, tickets=doc)
+        return doc
+
+
+_SKIP = object()  # a parse that found an older revision than the one already held
 
 
 def _decode(key: str) -> str | None:

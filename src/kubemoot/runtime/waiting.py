@@ -1,23 +1,45 @@
-"""Waiting for GPU capacity: state-driven, never a polling sleep.
+"""Waiting for GPU capacity: state-driven, never a polling sleep, first come first served.
 
-A busy call records the capacity watch's change counter, places again against fresh
-state, and blocks until the counter moves — every probe publish, claim and release
-moves it. While it waits it holds ``wait.<model>.<agent>`` on the demand board, so other
-agents' planners keep that model loaded. It says ``waiting`` (reason gpu-busy) once,
-before its first block, and ``evaluating`` when a retry finally claims a GPU.
+A busy call (the answer was *queue* or *wait*) joins a **line**: the calls of this
+process that ask for the same thing (same candidates, prompt size and ticket state),
+oldest first. While it waits it holds ``wait.<model>.<agent>`` on the demand board, so
+other agents' planners keep that model loaded. It says ``waiting`` (reason gpu-busy)
+once, before it blocks, and ``evaluating`` when a retry finally claims a GPU.
 
-It gives up with reason gpu-busy when the discussion ends (the ``done`` event) or at
-the wait limit, a safety net for a lost wake-up. Without a watch it gives up at once:
-waiting without a wake source would only ever end at the limit.
+One dispatcher per waiter object follows the capacity watch's change counter (every
+probe publish, claim and release moves it). After each change it lets every line try
+again, in order:
+
+* the **head** places first — only when it is placed does the next call become head
+  and try, so a freed slot goes to the oldest call that can use it, never to whichever
+  waiter happened to wake first;
+* then, while the head still queues, the **tail** (the call with the longest backlog
+  before it) places: for it alone a second copy may now be cheaper than the queue, and
+  when it is, it loads one (DESIGN §5's one comparison, with the calls ahead of it
+  counted in the queue). Calls in between would see the same options with a shorter
+  backlog, so they would queue as well and are not asked.
+
+Every placement is told how many calls for the same preferred model wait before it
+(``ahead``): they hold no ticket yet, but they take the slots first, so they are part
+of the queue a copy has — the backlog DESIGN's ``queue(P, M)`` counts. A fresh call
+counts every waiter already in line, so it cannot overtake them for a slot either.
+
+A call gives up with reason gpu-busy when the discussion ends (the ``done`` event) or
+at the wait limit, a safety net for a lost wake-up. Without a watch it gives up at
+once: waiting without a wake source would only ever end at the limit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import logging
+from bisect import bisect_left, insort
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import Any, Protocol
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from kubemoot import metrics
 from kubemoot.clock import Clock
@@ -25,8 +47,11 @@ from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.refusals import Reason
+from kubemoot.runtime.snapshot import FleetSnapshot
 from kubemoot.store.documents import TicketState
 from kubemoot.store.protocol import StoreError
+
+log = logging.getLogger(__name__)
 
 
 class WaitSignals(Protocol):
@@ -45,8 +70,28 @@ class WaiterBoard(Protocol):
     async def remove_waiter(self, model: str, agent: str) -> None: ...
 
 
+LineKey = tuple[tuple[Candidate, ...], int | None, TicketState]
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    """One call in a line."""
+
+    seq: int
+    key: LineKey
+    holder: str
+    deadline: float
+    last: Placement  # the latest answer that did not place it
+    future: asyncio.Future[Placement | None] = field(repr=False)
+    in_line: bool = True
+
+    @property
+    def model(self) -> str:
+        return self.key[0][0].model
+
+
 class CapacityWaiter:
-    """Places a call, waiting on capacity changes while the GPUs are busy."""
+    """Places calls, keeping busy ones in first-come lines until capacity appears."""
 
     def __init__(
         self,
@@ -64,6 +109,17 @@ class CapacityWaiter:
         self._limit = (
             planner.settings.gpu_wait_limit_seconds if limit_seconds is None else limit_seconds
         )
+        self._lines: dict[LineKey, deque[_Waiter]] = {}
+        self._waiting: dict[str, list[int]] = {}  # preferred model → seqs in line, sorted
+        self._seq = itertools.count()
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._seen: dict[LineKey, int] = {}  # fleet generation each line last looked at
+
+    # -- public ----------------------------------------------------------------------
+
+    def waiting_for(self, model: str) -> int:
+        """How many calls preferring ``model`` wait in this process's lines."""
+        return len(self._waiting.get(model, ()))
 
     async def place(
         self,
@@ -78,81 +134,216 @@ class CapacityWaiter:
     ) -> Placement:
         """A placement that holds a ticket, or the reason the agent stands aside."""
         holder = holder_id or agent
+        key: LineKey = (tuple(candidates), prompt_tokens, ticket_state)
         model = candidates[0].model
         started = self._clock.now()
-        waited = False
+        counter = self._watch.counter if self._watch is not None else 0
+        generation = self._planner.selector.view.generation
+        placement = await self._planner.place(
+            candidates, holder_id=holder, prompt_tokens=prompt_tokens,
+            ticket_state=ticket_state, ahead=self.waiting_for(model),
+        )
+        if placement.placed or placement.action is Action.REFUSE:
+            return replace(placement, waited_seconds=self._clock.now() - started)
+        if self._watch is None or (done is not None and done.is_set()):
+            metrics.REFUSALS.labels(reason=Reason.GPU_BUSY.value).inc()
+            return _gave_up(placement, self._clock.now() - started)
+        metrics.WAITS.inc()
+        waiter = self._join(key, holder, started + self._limit, placement)
+        self._seen[key] = min(self._seen.get(key, generation), generation)
         outcome = "gave-up"
         try:
-            while True:
-                counter = self._watch.counter if self._watch is not None else 0
-                placement = await self._planner.place(
-                    candidates, holder_id=holder, prompt_tokens=prompt_tokens,
-                    ticket_state=ticket_state,
-                )
-                elapsed = self._clock.now() - started
-                if placement.placed:
-                    if waited and signals is not None and placement.provider is not None:
-                        await signals.evaluating(
-                            model=placement.model or model, provider=placement.provider
-                        )
-                    outcome = "placed"
-                    return replace(placement, waited_seconds=elapsed)
-                if placement.action is Action.REFUSE:
-                    outcome = "refused"
-                    return replace(placement, waited_seconds=elapsed)
-                if self._watch is None or (done is not None and done.is_set()):
-                    return _gave_up(placement, elapsed)
-                if not waited:
-                    waited = True
-                    metrics.WAITS.inc()
-                    if self._board is not None:
-                        with contextlib.suppress(StoreError):
-                            await self._board.add_waiter(model, agent)
-                    if signals is not None:
-                        await signals.waiting(model=model, reason=Reason.GPU_BUSY.value)
-                remaining = self._limit - elapsed
-                if remaining <= 0 or not await self._block(counter, remaining, done):
-                    return _gave_up(placement, self._clock.now() - started)
-                # Whatever changed may be another process's claim or release.
-                self._planner.invalidate()
+            if self._board is not None:
+                with contextlib.suppress(StoreError):
+                    await self._board.add_waiter(model, agent)
+            if signals is not None:
+                await signals.waiting(model=model, reason=Reason.GPU_BUSY.value)
+            if self._watch.counter != counter:
+                self._watch.notify()  # a change came while this call joined: look again
+            result = await self._wait(waiter, done)
+            elapsed = self._clock.now() - started
+            if result is None:
+                return _gave_up(waiter.last, elapsed)
+            if result.placed:
+                outcome = "placed"
+                if signals is not None and result.provider is not None:
+                    await signals.evaluating(model=result.model or model,
+                                             provider=result.provider)
+            else:
+                outcome = "refused"
+            return replace(result, waited_seconds=elapsed)
         finally:
-            if waited:
-                metrics.WAIT_SECONDS.labels(outcome=outcome).observe(
-                    self._clock.now() - started
-                )
+            self._leave(waiter)
+            metrics.WAIT_SECONDS.labels(outcome=outcome).observe(self._clock.now() - started)
             if outcome == "gave-up":
                 metrics.REFUSALS.labels(reason=Reason.GPU_BUSY.value).inc()
-            if waited and self._board is not None:
+            if self._board is not None:
                 with contextlib.suppress(StoreError):
                     await self._board.remove_waiter(model, agent)
 
-    async def _block(self, counter: int, timeout: float, done: asyncio.Event | None) -> bool:
-        """Wait for a capacity change; False when the wait should end instead."""
-        assert self._watch is not None
-        change: asyncio.Task[int] = asyncio.ensure_future(
-            self._watch.changed_since(counter, timeout)
-        )
-        waiters: set[asyncio.Future[Any]] = {change}
+    # -- the lines -------------------------------------------------------------------
+
+    def _join(self, key: LineKey, holder: str, deadline: float, last: Placement) -> _Waiter:
+        future: asyncio.Future[Placement | None] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(next(self._seq), key, holder, deadline, last, future)
+        self._lines.setdefault(key, deque()).append(waiter)
+        insort(self._waiting.setdefault(waiter.model, []), waiter.seq)
+        if self._dispatcher is None or self._dispatcher.done():
+            self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch())
+        return waiter
+
+    def _leave(self, waiter: _Waiter) -> None:
+        if not waiter.in_line:
+            return
+        waiter.in_line = False
+        line = self._lines.get(waiter.key)
+        if line is not None:
+            with contextlib.suppress(ValueError):
+                line.remove(waiter)
+            if not line:
+                del self._lines[waiter.key]
+                self._seen.pop(waiter.key, None)
+        seqs = self._waiting.get(waiter.model)
+        if seqs is not None:
+            at = bisect_left(seqs, waiter.seq)
+            if at < len(seqs) and seqs[at] == waiter.seq:
+                del seqs[at]
+            if not seqs:
+                del self._waiting[waiter.model]
+
+    def _ahead(self, waiter: _Waiter) -> int:
+        return bisect_left(self._waiting.get(waiter.model, []), waiter.seq)
+
+    async def _wait(self, waiter: _Waiter, done: asyncio.Event | None) -> Placement | None:
+        """The dispatcher's answer, or ``None`` at the limit or when the discussion ends."""
+        stopper: asyncio.Future[bool] | None = None
         if done is not None:
-            waiters.add(asyncio.ensure_future(done.wait()))
+            stopper = asyncio.ensure_future(done.wait())
+            stopper.add_done_callback(lambda _f: _settle(waiter.future, None))
         try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            remaining = waiter.deadline - self._clock.now()
+            return await self._clock.wait_for(asyncio.shield(waiter.future), max(0.0, remaining))
+        except TimeoutError:
+            return None
         finally:
-            for future in waiters:
-                if not future.done():
-                    future.cancel()
-                    with contextlib.suppress(BaseException):
-                        await future
-        if done is not None and done.is_set():
+            if stopper is not None and not stopper.done():
+                stopper.cancel()
+                with contextlib.suppress(BaseException):
+                    await stopper
+            _settle(waiter.future, None)
+
+    # -- the dispatcher --------------------------------------------------------------
+
+    async def _dispatch(self) -> None:
+        """After each capacity change, let every line try again (module docstring)."""
+        assert self._watch is not None
+        seen = self._watch.counter
+        try:
+            while self._lines:
+                try:
+                    seen = await self._watch.changed_since(seen, None)
+                except WatchUnavailable:
+                    for line in list(self._lines.values()):
+                        for waiter in list(line):
+                            _settle(waiter.future, None)  # no wake source: give up
+                    return
+                # Changes of one instant come together (a release and the probe after
+                # it); look once they are all in.
+                await asyncio.sleep(0)
+                seen = self._watch.counter
+                self._planner.invalidate()
+                await self._round()
+        except Exception:  # a bug must not leave every waiter hanging until its limit
+            log.exception("capacity dispatcher failed")
+            for line in list(self._lines.values()):
+                for waiter in list(line):
+                    _settle(waiter.future, None)
+
+    async def _round(self) -> None:
+        now = self._clock.now()
+        view = self._planner.selector.view
+        fleet = await view.snapshot()  # takes in what changed
+        for key in sorted(self._lines, key=lambda k: self._lines[k][0].seq):
+            line = self._lines.get(key)
+            if not line:
+                continue
+            for waiter in [w for w in line if w.deadline <= now]:
+                _settle(waiter.future, None)  # its limit passed; it leaves by itself
+            changed = view.changed_since(self._seen.get(key, 0))
+            if changed is not None and not self._could_help(key, line, fleet, changed):
+                continue
+            self._seen[key] = view.generation
+            head_queues = False
+            while line and not head_queues:
+                head_queues = not await self._try(line[0])
+            while head_queues and len(line) > 1:
+                if not await self._try(line[-1]):
+                    break
+
+    def _could_help(
+        self, key: LineKey, line: deque[_Waiter], fleet: FleetSnapshot,
+        changed: frozenset[str],
+    ) -> bool:
+        """Whether a change on ``changed`` providers can give this line a better option.
+
+        A queued call gains from a slot or copy of a model it accepts, from room to load
+        its preferred model when the queue costs more than that load, and from a card
+        that could take it after unloads when the queue costs more than the cheapest
+        possible unload plan (load + one unload). Nothing else helps, so nothing else
+        wakes the line.
+        """
+        if not changed:
             return False
-        if change.cancelled():
-            return False
-        error = change.exception()
-        if isinstance(error, TimeoutError | WatchUnavailable):
-            return False
-        if error is not None:
-            raise error
-        return True
+        planner = self._planner
+        models = [c.model for c in planner.in_tolerance(key[0])]
+        options = line[-1].last.options  # the longest backlog decides what could help
+        best = options[0].seconds if options else float("inf")
+        occupancy = planner.occupancy.occupancy(models[0], fleet)
+        if occupancy is None:
+            return True  # nothing to judge the room by
+        load = occupancy / planner.settings.load_rate_mibps
+        unload_floor = load + planner.settings.unload_seconds
+        for name in changed:
+            p = fleet.provider(name)
+            if p is None:
+                continue
+            if any(p.has_copy(m) for m in models):
+                return True
+            usable, free = p.usable_mib, p.free_mib
+            if best > load and free is not None and free >= occupancy:
+                return True
+            if best > unload_floor and usable is not None and usable >= occupancy:
+                return True
+        return False
+
+    async def _try(self, waiter: _Waiter) -> bool:
+        """Place ``waiter`` again; True when it left the line (placed, refused or gone)."""
+        if waiter.future.done():
+            self._leave(waiter)
+            return True
+        model_candidates, prompt_tokens, ticket_state = waiter.key
+        placement = await self._planner.place(
+            model_candidates, holder_id=waiter.holder, prompt_tokens=prompt_tokens,
+            ticket_state=ticket_state, ahead=self._ahead(waiter),
+        )
+        if placement.placed or placement.action is Action.REFUSE:
+            self._leave(waiter)
+            if not _settle(waiter.future, placement) and placement.ticket is not None:
+                await self._planner.release(placement)  # it gave up meanwhile
+            return True
+        waiter.last = placement
+        if waiter.future.done():
+            self._leave(waiter)
+            return True
+        return False
+
+
+def _settle(future: asyncio.Future[Placement | None], value: Placement | None) -> bool:
+    """Resolve the future unless it already is; whether this call resolved it."""
+    if future.done():
+        return False
+    future.set_result(value)
+    return True
 
 
 def _gave_up(placement: Placement, elapsed: float) -> Placement:

@@ -23,9 +23,10 @@ those per-Agent gates, and the tests check that it agrees with the fast path.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -54,6 +55,7 @@ __all__ = [
     "PROVIDER_GATES",
     "SCHEDULER_VERSION",
     "SCORING_POLICY_VERSION",
+    "Columns",
     "Framework",
     "Ranked",
     "Ranking",
@@ -70,6 +72,8 @@ AGENT_GATES = (ParallelismGate.name, TopologySpreadGate.name)
 PROVIDER_GATES = tuple(name for name in GATES if name not in (RequireGate.name, *AGENT_GATES))
 
 _FAIL, _PASS = Verdict.FAIL, Verdict.PASS
+#: A quality score as a function of a Model's labels.
+_Quality = Callable[[Mapping[str, str]], float]
 FEASIBLE, UNCERTAIN, FAILED = 0, 1, 2
 
 
@@ -108,19 +112,37 @@ class ProviderTier:
 
 @dataclass(slots=True)
 class RuleTable:
-    """One (policy, phase): the Require result of every Model and the static standing."""
+    """One (policy, phase): which Models the require admits, and the static standing."""
 
     phase: str
     rule: SchedulingRule | None
     tier: ProviderTier
-    require: dict[str, GateResult]
-    standing: dict[str, int]  # Require and provider tier together
-    first_fail: dict[str, GateResult]  # Require's FAIL, else the provider tier's first
+    rejected: frozenset[str]  # Models the require selector turns away (Require FAILs)
     feasible: list[Placement]  # statically feasible, by name
     uncertain: list[Placement]  # statically uncertain, by name
     admitted: list[Placement]  # Ready Models the require admits (candidate lists)
+    admitted_names: tuple[str, ...]
     rankings: dict[float | None, Ranking] = field(default_factory=dict)
-    rows: list[_Row] | None = None
+    columns: Columns | None = None
+    _gate: RequireGate | None = None
+
+    @property
+    def require_gate(self) -> RequireGate:
+        """The rule's Require gate; its two results are built only when a record needs them."""
+        if self._gate is None:
+            self._gate = RequireGate(self.rule)
+        return self._gate
+
+    def require_result(self, name: str) -> GateResult:
+        """The Require result of one Model."""
+        gate = self.require_gate
+        return gate.failed if name in self.rejected else gate.passed
+
+    def first_failure(self, name: str) -> GateResult | None:
+        """Require's FAIL, else the provider tier's first FAIL, else None."""
+        if name in self.rejected:
+            return self.require_gate.failed
+        return self.tier.first_fail.get(name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +155,23 @@ class Ranked:
     topology: str | None
 
 
-#: (name, tie-break, capacity, locality, provider weight, Ranked without score)
-_Row = tuple[str, tuple[bool, int, str], float, float, float, Ranked]
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """Agent-independent facts of a table's feasible candidates, one column per fact.
+
+    Columns (not one object per row) keep a ranking to a few list operations: a pass
+    ranks every table once per effective bias, and most of that work is done in C.
+    """
+
+    placements: tuple[Placement, ...]  # feasible, by name
+    ties: tuple[tuple[bool, int, str], ...]
+    capacity: tuple[float, ...]  # weighted terms, summed in the engine's order
+    locality: tuple[float, ...]
+    weight: tuple[float, ...]
+    providers: tuple[str, ...]
+    topology: tuple[str | None, ...]
+    headroom: tuple[int | None, ...]  # agents the provider may still take; None = unknown
+    label_sets: tuple[int, ...]  # index of each Model's label set (see Framework)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +181,24 @@ class Ranking:
     table: RuleTable
     bias: float | None
     bias_active: bool
-    entries: tuple[Ranked, ...]
+    order: tuple[int, ...]  # column indices, best first
+    scores: tuple[float, ...]  # total score of ``order[i]``
     quality: Mapping[str, float]  # quality score of every admitted Model, by name
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def entry(self, position: int) -> Ranked:
+        """The candidate at ``position`` (0 is the best)."""
+        columns = self.table.columns
+        assert columns is not None  # a ranking is built from its table's columns
+        index = self.order[position]
+        return Ranked(
+            columns.placements[index],
+            self.scores[position],
+            columns.providers[index],
+            columns.topology[index],
+        )
 
 
 class Framework:
@@ -183,6 +236,18 @@ class Framework:
                 reported = (None if capacity is None else capacity.agent_count) or 0
                 self.headroom[provider.metadata.name] = limit - reported - 1
         self._static_scores: dict[str, dict[str, tuple[float, float, float]]] = {}
+        # Selectors and quality depend on a Model's labels only: index the distinct sets.
+        self._label_sets: list[Mapping[str, str]] = []
+        self._label_set_of: dict[str, int] = {}
+        known: dict[frozenset[tuple[str, str]], int] = {}
+        self._models: list[tuple[Placement, str, int, bool]] = []
+        for placement in self.placements:
+            labels = placement.model.metadata.labels
+            index = known.setdefault(frozenset(labels.items()), len(known))
+            if index == len(self._label_sets):
+                self._label_sets.append(labels)
+            self._label_set_of[placement.name] = index
+            self._models.append((placement, placement.name, index, placement.model.is_ready))
 
     # ------------------------------------------------------------------ shared tiers
 
@@ -226,34 +291,46 @@ class Framework:
     def rule_table(
         self, phase: str, rule: SchedulingRule | None, *, max_age_seconds: int
     ) -> RuleTable:
-        """Require results and static standing of every Model for one rule."""
+        """Which Models the rule's require admits, and the static standing of the rest.
+
+        The selector is called once per distinct label set: Models that carry the same
+        labels get the same answer, and a fleet's models share few label sets. The Require
+        gate's result objects are made only when a decision record is read.
+        """
         tier = self.tier(max_age_seconds)
-        require_gate = RequireGate(rule)
-        require: dict[str, GateResult] = {}
-        standing: dict[str, int] = {}
+        selector = None if rule is None else rule.require
+        if selector is None:
+            admits = [True] * len(self._label_sets)
+        else:
+            matcher = selector.matcher
+            admits = [matcher(labels) for labels in self._label_sets]
+        tier_standing = tier.standing
+        rejected: list[str] = []
+        admitted_names: list[str] = []
         feasible: list[Placement] = []
         uncertain: list[Placement] = []
         admitted: list[Placement] = []
-        first_fail = dict(tier.first_fail)
-        tier_standing = tier.standing
-        for placement in self.placements:
-            name = placement.name
-            result = require_gate.check(placement)
-            require[name] = result
-            if result.result is _FAIL:
-                standing[name] = FAILED
-                first_fail[name] = result
+        for placement, name, label_set, ready in self._models:
+            if not admits[label_set]:
+                rejected.append(name)
                 continue
-            if placement.model.is_ready:
+            if ready:
                 admitted.append(placement)
+                admitted_names.append(name)
             state = tier_standing[name]
-            standing[name] = state
             if state == FEASIBLE:
                 feasible.append(placement)
             elif state == UNCERTAIN:
                 uncertain.append(placement)
         return RuleTable(
-            phase, rule, tier, require, standing, first_fail, feasible, uncertain, admitted
+            phase,
+            rule,
+            tier,
+            frozenset(rejected),
+            feasible,
+            uncertain,
+            admitted,
+            tuple(admitted_names),
         )
 
     def static_terms(self, placement: Placement, phase: str) -> tuple[float, float, float]:
@@ -279,52 +356,62 @@ class Framework:
         topology_key: str | None,
     ) -> Ranking:
         """The table's feasible candidates ranked for one effective bias, computed once."""
+        rule = table.rule
         # With a prefer block (or no active bias) the bias changes nothing: share one ranking.
-        key = bias if bias_active and not (table.rule and table.rule.prefer) else None
+        key = bias if bias_active and not (rule and rule.prefer) else None
         found = table.rankings.get(key)
         if found is not None:
             return found
-        rule = table.rule
-        quality = {
-            p.name: quality_score(
-                p.model.metadata.labels, rule, bias=key, bias_active=key is not None
-            )
-            for p in table.admitted
-        }
-        if table.rows is None:
-            table.rows = self._rows(table, topology_key)
+        columns = table.columns
+        if columns is None:
+            columns = table.columns = self._columns(table, topology_key)
+        score = _quality_function(rule, key)
+        by_set = [score(labels) for labels in self._label_sets]
+        of = self._label_set_of
+        quality = {name: by_set[of[name]] for name in table.admitted_names}
         weight_q = self.weights["Quality"]
-        entries = [
-            # Summed in the engine's order so that totals tie exactly as in the record.
-            (-round(quality[name] * weight_q + capacity + locality + weight, 9), tie, row)
-            for name, tie, capacity, locality, weight, row in table.rows
+        # Summed in the engine's order so that totals tie exactly as in the record.
+        negated = [
+            -round(by_set[label_set] * weight_q + capacity + locality + weight, 9)
+            for label_set, capacity, locality, weight in zip(
+                columns.label_sets,
+                columns.capacity,
+                columns.locality,
+                columns.weight,
+                strict=True,
+            )
         ]
-        entries.sort(key=lambda item: (item[0], item[1]))
-        ranked = tuple(
-            Ranked(row.placement, -total, row.provider, row.topology) for total, _, row in entries
+        ranked = sorted(zip(negated, columns.ties, range(len(negated)), strict=True))
+        ranking = Ranking(
+            table,
+            key,
+            key is not None,
+            tuple(index for _, _, index in ranked),
+            tuple(-total for total, _, _ in ranked),
+            quality,
         )
-        ranking = Ranking(table, key, key is not None, ranked, quality)
         table.rankings[key] = ranking
         return ranking
 
-    def _rows(self, table: RuleTable, topology_key: str | None) -> list[_Row]:
-        """Agent-independent score terms of the table's feasible candidates."""
-        rows: list[_Row] = []
-        for placement in table.feasible:
-            capacity, locality, weight = self.static_terms(placement, table.phase)
-            provider = placement.model.spec.provider_ref
-            topology = None if topology_key is None else topology_value(placement, topology_key)
-            rows.append(
-                (
-                    placement.name,
-                    tie_break(placement),
-                    capacity,
-                    locality,
-                    weight,
-                    Ranked(placement, 0.0, provider, topology),
-                )
-            )
-        return rows
+    def _columns(self, table: RuleTable, topology_key: str | None) -> Columns:
+        """Agent-independent score terms and facts of the table's feasible candidates."""
+        placements = tuple(table.feasible)
+        terms = [self.static_terms(placement, table.phase) for placement in placements]
+        providers = tuple(placement.model.spec.provider_ref for placement in placements)
+        return Columns(
+            placements=placements,
+            ties=tuple(tie_break(placement) for placement in placements),
+            capacity=tuple(term[0] for term in terms),
+            locality=tuple(term[1] for term in terms),
+            weight=tuple(term[2] for term in terms),
+            providers=providers,
+            topology=tuple(
+                None if topology_key is None else topology_value(placement, topology_key)
+                for placement in placements
+            ),
+            headroom=tuple(self.headroom.get(provider) for provider in providers),
+            label_sets=tuple(self._label_set_of[placement.name] for placement in placements),
+        )
 
     # ------------------------------------------------------------------ full decisions
 
@@ -355,7 +442,9 @@ class Framework:
         gates: list[Gate[Placement]] = []
         for name in GATES:
             if name == RequireGate.name:
-                gates.append(_Replay(name, table.require))
+                gates.append(
+                    _Replay(name, {p.name: table.require_result(p.name) for p in self.placements})
+                )
             elif name in AGENT_GATES:
                 gates.append(GATES[name](args))
             else:
@@ -376,6 +465,19 @@ class Framework:
             scheduler_version=SCHEDULER_VERSION,
             scoring_policy_version=SCORING_POLICY_VERSION,
         )
+
+
+def _quality_function(rule: SchedulingRule | None, bias: float | None) -> _Quality:
+    """The quality score as a function of a Model's labels (see :func:`quality_score`)."""
+    if rule is not None and rule.prefer:
+        return partial(quality_score, rule=rule, bias=None, bias_active=False)
+    if bias is not None:
+        return partial(quality_score, rule=rule, bias=bias, bias_active=True)
+    return _no_quality
+
+
+def _no_quality(labels: Mapping[str, str]) -> float:
+    return 0.0
 
 
 class _Replay:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from kubemoot.api import (
     Agent,
@@ -25,7 +25,14 @@ from kubemoot.gates import DecisionRecord, Outcome
 from kubemoot.scheduling.bind import CandidateList, env_score
 from kubemoot.scheduling.candidate import Placement, rfc3339
 
-__all__ = ["AgentResult", "PhaseResult", "PolicyResult", "ScheduleResult", "SchedulingEvent"]
+__all__ = [
+    "AgentResult",
+    "PhaseResult",
+    "PolicyResult",
+    "ScheduleResult",
+    "SchedulingEvent",
+    "SharedBinding",
+]
 
 
 @dataclass(slots=True)
@@ -101,17 +108,106 @@ class PhaseResult:
         )
 
 
-@dataclass(slots=True)
-class AgentResult:
-    """Everything the scheduler decided for one Agent."""
+class SharedBinding(Protocol):
+    """Where an :class:`AgentResult` reads the parts it shares with similar Agents."""
 
-    agent: Agent
-    policy: CrewSchedulingPolicy | None
-    phases: dict[str, PhaseResult]
-    env: dict[str, str]
-    conditions: list[Condition]
-    last_unschedulable: LastUnschedulable | None
-    preferred: str = "mulling"
+    def phase_results(self, subject: str, position: int) -> dict[str, PhaseResult]: ...
+
+    def env(self) -> dict[str, str]: ...
+
+    def conditions(self) -> list[Condition]: ...
+
+    def last_unschedulable(self, agent: Agent) -> LastUnschedulable | None: ...
+
+
+class AgentResult:
+    """Everything the scheduler decided for one Agent.
+
+    A pass decides once for every Agent with the same policy and effective bias
+    (:mod:`kubemoot.scheduling.group`); an Agent's phase results, env and conditions are
+    built from that shared decision when first read, and are its own from then on.
+    Built directly (``AgentResult(agent, policy, phases, env, conditions, last)``), it
+    simply holds the values given.
+    """
+
+    __slots__ = (
+        "_conditions",
+        "_env",
+        "_last",
+        "_last_known",
+        "_phases",
+        "_position",
+        "_shared",
+        "agent",
+        "policy",
+        "preferred",
+    )
+
+    def __init__(
+        self,
+        agent: Agent,
+        policy: CrewSchedulingPolicy | None,
+        phases: dict[str, PhaseResult] | None = None,
+        env: dict[str, str] | None = None,
+        conditions: list[Condition] | None = None,
+        last_unschedulable: LastUnschedulable | None = None,
+        preferred: str = "mulling",
+        *,
+        shared: SharedBinding | None = None,
+        position: int = 0,
+    ) -> None:
+        self.agent = agent
+        self.policy = policy
+        self.preferred = preferred
+        self._shared = shared
+        self._position = position  # bindings the pass had assumed before this Agent
+        self._phases = phases if phases is not None or shared is not None else {}
+        self._env = env if env is not None or shared is not None else {}
+        self._conditions = conditions if conditions is not None or shared is not None else []
+        self._last = last_unschedulable
+        self._last_known = shared is None
+
+    def __repr__(self) -> str:
+        return f"AgentResult({self.namespace}/{self.name}, policy={self.policy_name})"
+
+    @property
+    def policy_name(self) -> str | None:
+        """The governing CrewSchedulingPolicy's name, if any."""
+        return None if self.policy is None else self.policy.metadata.name
+
+    @property
+    def phases(self) -> dict[str, PhaseResult]:
+        """Per-phase results, in scheduling order."""
+        if self._phases is None:
+            assert self._shared is not None
+            subject = f"Agent/{self.agent.namespace}/{self.agent.metadata.name}"
+            self._phases = self._shared.phase_results(subject, self._position)
+        return self._phases
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The Deployment env vars the binding templates."""
+        if self._env is None:
+            assert self._shared is not None
+            self._env = self._shared.env()
+        return self._env
+
+    @property
+    def conditions(self) -> list[Condition]:
+        """``Scheduled`` (and ``PolicyResolved`` when no single policy governs)."""
+        if self._conditions is None:
+            assert self._shared is not None
+            self._conditions = self._shared.conditions()
+        return self._conditions
+
+    @property
+    def last_unschedulable(self) -> LastUnschedulable | None:
+        """This pass's UNSCHEDULABLE phase, else what the Agent's status recorded."""
+        if not self._last_known:
+            assert self._shared is not None
+            self._last = self._shared.last_unschedulable(self.agent)
+            self._last_known = True
+        return self._last
 
     @property
     def namespace(self) -> str:
@@ -139,7 +235,7 @@ class AgentResult:
         return {
             "namespace": self.namespace,
             "name": self.name,
-            "crewSchedulingPolicy": None if self.policy is None else self.policy.metadata.name,
+            "crewSchedulingPolicy": self.policy_name,
             "model": scheduling.model,
             "provider": scheduling.provider,
             "endpoint": scheduling.endpoint,

@@ -9,7 +9,7 @@ binding is *assumed* at once, so the parallelism gate of later agents sees it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -19,7 +19,6 @@ from kubemoot.api import (
     Condition,
     CrewSchedulingPolicy,
     KubemootConfig,
-    LastUnschedulable,
     MootArchetype,
     SchedulingRule,
     TopologySpread,
@@ -29,11 +28,6 @@ from kubemoot.gates import DecisionRecord, GateResult, Outcome, Verdict
 from kubemoot.scheduling.archetypes import scheduling_order, unknown_phases
 from kubemoot.scheduling.bias import effective_bias
 from kubemoot.scheduling.bind import (
-    ENV_CANDIDATES,
-    ENV_MODEL,
-    ENV_MODEL_ENDPOINT,
-    ENV_TRIAGE_ENDPOINT,
-    ENV_TRIAGE_MODEL_ID,
     CandidateList,
     candidate_list,
     candidates_json,
@@ -48,12 +42,8 @@ from kubemoot.scheduling.framework import (
     Ranking,
     RuleTable,
 )
-from kubemoot.scheduling.messages import (
-    count_message,
-    defer_text,
-    failed_scheduling_message,
-    unschedulable_text,
-)
+from kubemoot.scheduling.group import BindingGroup, PhasePlan
+from kubemoot.scheduling.messages import count_message, defer_text, unschedulable_text
 from kubemoot.scheduling.plugins import (
     GATES,
     ParallelismGate,
@@ -62,12 +52,11 @@ from kubemoot.scheduling.plugins import (
 )
 from kubemoot.scheduling.result import (
     AgentResult,
-    PhaseResult,
     PolicyResult,
     ScheduleResult,
     SchedulingEvent,
 )
-from kubemoot.scheduling.snapshot import ClusterSnapshot
+from kubemoot.scheduling.snapshot import ClusterSnapshot, PolicyResolution
 
 __all__ = ["PolicyPlan", "SchedulingPass", "schedule_agent", "schedule_bundle"]
 
@@ -101,16 +90,22 @@ class SchedulingPass:
         self.snapshot = snapshot
         self.now = now
         self.framework = Framework(snapshot.placements, now=now, settings=snapshot.settings)
+        #: Agents bound to each provider so far in this pass (kube-scheduler's assumed pods).
         self.assumed: dict[str, int] = {}
+        self._log: list[str] = []  # every assumed binding in order; a prefix replays `assumed`
         self._plans: dict[str | None, PolicyPlan] = {}
+        self._resolved: dict[tuple[str, str | None], tuple[PolicyResolution, PolicyPlan]] = {}
+        self._biases: dict[tuple[int, tuple[str, ...]], float | None] = {}
+        self._groups: dict[tuple[str, str | None, float | None], BindingGroup] = {}
         self._lists: dict[int, CandidateList] = {}
+        self._ordered: dict[tuple[int, str | None], CandidateList] = {}
         self._json: dict[int, str] = {}  # candidate list id → its JSON (lists are kept alive)
         self._events: dict[tuple[str, str], SchedulingEvent] = {}
         self._unschedulable: dict[str, list[str]] = {}
         self._agents: list[AgentResult] = []
+        #: Bumped whenever a provider fills up: answers cached before then may have changed.
         self._saturation = 0
         self._cursor: dict[int, int] = {}
-        self._ordered: dict[tuple[int, str | None], tuple[CandidateList, str]] = {}
         self._unplaced_cache: dict[tuple[int, int, SpreadContext | None], _Unplaced] = {}
 
     # ------------------------------------------------------------------ policies
@@ -171,26 +166,79 @@ class SchedulingPass:
 
     def schedule(self, agent: Agent) -> AgentResult:
         """Filter, score, spread and bind every phase of one Agent; assume its bindings."""
-        resolution = self.snapshot.resolve_policy(agent)
-        plan = self.plan(resolution.policy)
-        bias = (
-            effective_bias(plan.quality_bias, agent.spec.capabilities) if plan.bias_active else None
-        )
-        seen = dict(self.assumed)  # what this Agent's parallelism gate sees, kept for replay
+        namespace, crew = agent.namespace or "default", agent.crew
+        resolved = self._resolved.get((namespace, crew))
+        if resolved is None:
+            resolution = self.snapshot.resolve_policy(agent)
+            resolved = (resolution, self.plan(resolution.policy))
+            self._resolved[(namespace, crew)] = resolved
+        resolution, plan = resolved
+        bias = self._bias(plan, agent) if plan.bias_active else None
+        key = (namespace, crew, bias)
+        group = self._groups.get(key)
+        if group is None or (group.version != self._saturation and not self._holds(group)):
+            group = self._bind(resolution, plan, bias)
+            self._groups[key] = group
+        position = len(self._log)
+        assumed, headroom = self.assumed, self.framework.headroom
+        for provider in group.bound:
+            count = assumed.get(provider, 0) + 1
+            assumed[provider] = count
+            self._log.append(provider)
+            limit = headroom.get(provider)
+            if limit is not None and count == limit + 1:
+                self._saturation += 1  # the provider just filled up: cached answers expire
+        if group.failed:
+            agent_id = f"{agent.namespace}/{agent.metadata.name}"
+            for failed in group.failed:
+                self._event(plan, failed, agent_id)
+        result = AgentResult(agent, resolution.policy, shared=group, position=position)
+        self._agents.append(result)
+        return result
+
+    def _bias(self, plan: PolicyPlan, agent: Agent) -> float | None:
+        """The Agent's effective bias under the plan; Agents repeat few capability sets."""
+        key = (id(plan), tuple(agent.spec.capabilities))
+        if key in self._biases:
+            return self._biases[key]
+        bias = self._biases[key] = effective_bias(plan.quality_bias, key[1])
+        return bias
+
+    def _holds(self, group: BindingGroup) -> bool:
+        """Whether a group decided before some provider filled up still decides the same.
+
+        Assumed bindings only grow: a candidate the walk skipped as full is still full,
+        so the walk ends where it did unless a provider the group binds is now full. An
+        unplaced phase is decided again, since its reason names which providers are full.
+        """
+        if group.unplaced:
+            return False
+        assumed, headroom = self.assumed, self.framework.headroom
+        for provider in group.bound:
+            limit = headroom.get(provider)
+            if limit is not None and assumed.get(provider, 0) > limit:
+                return False
+        group.version = self._saturation
+        return True
+
+    def _bind(
+        self, resolution: PolicyResolution, plan: PolicyPlan, bias: float | None
+    ) -> BindingGroup:
+        """Decide every phase for the Agents of one policy and bias, as of now."""
         spread = plan.spread
         spread_phases = set() if spread is None else set(spread.phase_keys)
         topology_key = None if spread is None else spread.topology_key
         used: set[str] = set()
-        bound: set[str] = set()
-        subject_base = f"Agent/{agent.namespace}/{agent.metadata.name}"
-        phases: dict[str, PhaseResult] = {}
+        phases: list[PhasePlan] = []
         for phase in plan.order:
-            table = plan.tables[phase]
             ranking = self.framework.ranking(
-                table, bias=bias, bias_active=plan.bias_active, topology_key=topology_key
+                plan.tables[phase],
+                bias=bias,
+                bias_active=plan.bias_active,
+                topology_key=topology_key,
             )
             avoid = frozenset(used) if phase in spread_phases and used else frozenset()
-            chosen, alternatives = self._choose(ranking, seen, avoid, spread)
+            chosen, alternatives = self._choose(ranking, avoid, spread)
             context = (
                 None
                 if spread is None or not avoid
@@ -198,79 +246,78 @@ class SchedulingPass:
                     spread.topology_key, spread.when_unsatisfiable, avoid, alternatives
                 )
             )
-            decide = self._decider(ranking, f"{subject_base} phase {phase}", seen, context)
-            result = self._phase_result(phase, ranking, chosen, decide, context)
-            phases[phase] = result
-            if chosen is not None:
-                bound.add(chosen.provider)
-                if phase in spread_phases and chosen.topology is not None:
-                    used.add(chosen.topology)
-        headroom = self.framework.headroom
-        for provider in bound:
-            count = self.assumed.get(provider, 0) + 1
-            self.assumed[provider] = count
-            limit = headroom.get(provider)
-            if limit is not None and count == limit + 1:
-                self._saturation += 1  # the provider just filled up: cached answers expire
-        outcome = self._agent_result(agent, plan, phases, resolution.note)
-        self._agents.append(outcome)
-        return outcome
+            if chosen is None:
+                outcome, reason, message = self._unplaced(ranking.table, context)
+                phases.append(PhasePlan(phase, ranking, outcome, None, reason, context, message))
+                continue
+            reason = f"{chosen.placement.name} on {chosen.provider} scored {chosen.score:g}"
+            if context is not None and not context.alternatives:
+                reason += (
+                    f"; topology spread unsatisfiable ({context.topology_key} already used), "
+                    "ScheduleAnyway"
+                )
+            phases.append(PhasePlan(phase, ranking, Outcome.PLACE, chosen, reason, context))
+            if phase in spread_phases and chosen.topology is not None:
+                used.add(chosen.topology)
+        return BindingGroup(
+            self, resolution.policy, resolution.note, tuple(phases), self._saturation
+        )
 
     def _choose(
-        self,
-        ranking: Ranking,
-        seen: dict[str, int],
-        avoid: frozenset[str],
-        spread: TopologySpread | None,
+        self, ranking: Ranking, avoid: frozenset[str], spread: TopologySpread | None
     ) -> tuple[Ranked | None, bool]:
         """The best candidate the per-Agent gates admit, and whether spread had a choice."""
-        facts = ranking.table.tier.facts
-        entries = ranking.entries
+        columns = ranking.table.columns
+        assert columns is not None
+        order, providers, headroom, topology = (
+            ranking.order,
+            columns.providers,
+            columns.headroom,
+            columns.topology,
+        )
+        seen = self.assumed
         # Assumed bindings only grow during a pass, so a provider that is full stays full:
         # the ranking's full head is skipped once for every later Agent.
         start = self._cursor.get(id(ranking), 0)
-        while start < len(entries):
-            head = entries[start]
-            headroom = facts[head.provider].headroom
-            if headroom is None or seen.get(head.provider, 0) <= headroom:
+        while start < len(order):
+            index = order[start]
+            limit = headroom[index]
+            if limit is None or seen.get(providers[index], 0) <= limit:
                 break
             start += 1
         self._cursor[id(ranking)] = start
-        fallback: Ranked | None = None
-        for index in range(start, len(entries)):
-            entry = entries[index]
-            headroom = facts[entry.provider].headroom
-            if headroom is not None and seen.get(entry.provider, 0) > headroom:
+        fallback: int | None = None
+        for position in range(start, len(order)):
+            index = order[position]
+            limit = headroom[index]
+            if limit is not None and seen.get(providers[index], 0) > limit:
                 continue  # the Parallelism gate FAILs once earlier bindings fill it
-            if avoid and entry.topology is not None and entry.topology in avoid:
+            value = topology[index]
+            if avoid and value is not None and value in avoid:
                 if fallback is None:
-                    fallback = entry
+                    fallback = position
                 continue
-            return entry, True
+            return ranking.entry(position), True
         if (
             fallback is not None
             and spread is not None
             and spread.when_unsatisfiable == "ScheduleAnyway"
         ):
-            return fallback, False
+            return ranking.entry(fallback), False
         return None, False
 
-    def _decider(
-        self,
-        ranking: Ranking,
-        subject: str,
-        seen: dict[str, int],
-        context: SpreadContext | None,
-    ) -> Callable[[], DecisionRecord]:
-        framework = self.framework
+    # ------------------------------------------------------------------ read on demand
 
-        def decide() -> DecisionRecord:
-            return framework.decide(ranking, subject=subject, assumed=seen, spread=context)
+    def decision(
+        self, ranking: Ranking, subject: str, position: int, spread: SpreadContext | None
+    ) -> DecisionRecord:
+        """The full decision record of a phase, replayed with the bindings assumed before
+        the Agent (the first ``position`` entries of the pass's binding log)."""
+        seen = dict(Counter(self._log[:position]))
+        return self.framework.decide(ranking, subject=subject, assumed=seen, spread=spread)
 
-        return decide
-
-    def _candidates(self, ranking: Ranking, bound: str | None) -> CandidateList:
-        """The phase's candidate list with ``bound`` first; lists and their JSON are shared."""
+    def candidates(self, ranking: Ranking, bound: str | None) -> CandidateList:
+        """The phase's candidate list with ``bound`` first; lists are shared."""
         key = (id(ranking), bound)
         found = self._ordered.get(key)
         if found is None:
@@ -278,42 +325,15 @@ class SchedulingPass:
             if base is None:
                 base = candidate_list(ranking.table.admitted, ranking.quality)
                 self._lists[id(ranking)] = base
-            ordered = with_bound_first(base, bound)
-            found = (ordered, candidates_json(ordered))
-            self._ordered[key] = found
-            self._json[id(ordered)] = found[1]
-        return found[0]
+            found = self._ordered[key] = with_bound_first(base, bound)
+        return found
 
-    def _phase_result(
-        self,
-        phase: str,
-        ranking: Ranking,
-        chosen: Ranked | None,
-        decide: Callable[[], DecisionRecord],
-        context: SpreadContext | None,
-    ) -> PhaseResult:
-        if chosen is not None:
-            placement = chosen.placement
-            reason = f"{placement.name} on {chosen.provider} scored {chosen.score:g}"
-            if context is not None and not context.alternatives:
-                reason += (
-                    f"; topology spread unsatisfiable ({context.topology_key} already used), "
-                    "ScheduleAnyway"
-                )
-            return PhaseResult(
-                phase,
-                Outcome.PLACE,
-                placement,
-                chosen.score,
-                self._candidates(ranking, placement.model_id),
-                reason,
-                decide,
-            )
-        outcome, reason, message = self._unplaced(ranking.table, context)
-        candidates = self._candidates(ranking, None)
-        return PhaseResult(
-            phase, outcome, None, None, candidates, reason, decide, failure_message=message
-        )
+    def candidates_json(self, candidates: CandidateList) -> str:
+        """A shared candidate list as its env var's JSON, rendered once."""
+        found = self._json.get(id(candidates))
+        if found is None:
+            found = self._json[id(candidates)] = candidates_json(candidates)
+        return found
 
     def _unplaced(self, table: RuleTable, context: SpreadContext | None) -> _Unplaced:
         """DEFER or UNSCHEDULABLE and its reason, from the shared tiers.
@@ -355,7 +375,7 @@ class SchedulingPass:
             return Outcome.DEFER, defer_text(waits), None
         firsts: list[GateResult] = []
         for placement in self.framework.placements:
-            first = table.first_fail.get(placement.name)
+            first = table.first_failure(placement.name)
             if (first is None or _ORDER[first.gate] > _ORDER["Parallelism"]) and full(placement):
                 first = parallelism.check(placement)
             if first is None:
@@ -373,59 +393,8 @@ class SchedulingPass:
 
     # ------------------------------------------------------------------ status
 
-    def _agent_result(
-        self,
-        agent: Agent,
-        plan: PolicyPlan,
-        phases: dict[str, PhaseResult],
-        note: str | None,
-    ) -> AgentResult:
-        env: dict[str, str] = {}
-        mulling, triage = phases.get("mulling"), phases.get("triage")
-        if mulling is not None and mulling.placement is not None:
-            env[ENV_MODEL] = mulling.placement.model_id
-            env[ENV_MODEL_ENDPOINT] = mulling.endpoint or ""
-        if triage is not None and triage.placement is not None:
-            env[ENV_TRIAGE_MODEL_ID] = triage.placement.model_id
-            env[ENV_TRIAGE_ENDPOINT] = triage.endpoint or ""
-        for phase, variable in ENV_CANDIDATES.items():
-            if phase in phases:
-                env[variable] = self._json[id(phases[phase].candidates)]
-
-        policy = plan.policy
-        policy_name = None if policy is None else policy.metadata.name
-        last = (
-            None
-            if agent.status is None or agent.status.scheduling is None
-            else (agent.status.scheduling.last_unschedulable)
-        )
-        failed = [r for r in phases.values() if r.outcome is Outcome.UNSCHEDULABLE]
-        deferred = [r for r in phases.values() if r.outcome is Outcome.DEFER]
-        agent_id = f"{agent.namespace}/{agent.metadata.name}"
-        if failed:
-            first = failed[0]
-            last = LastUnschedulable(
-                phase=first.phase,
-                reason=first.reason,
-                observed_at=self.now,
-                crew_scheduling_policy=policy_name,
-            )
-            scheduled = self._condition("Scheduled", "False", "Unschedulable", first.reason)
-            for result in failed:
-                self._event(plan, result, agent_id)
-        elif deferred:
-            scheduled = self._condition(
-                "Scheduled", "False", "SchedulingDeferred", deferred[0].reason
-            )
-        else:
-            summary = "; ".join(f"{r.phase}: {r.model} on {r.provider}" for r in phases.values())
-            scheduled = self._condition("Scheduled", "True", "Scheduled", summary)
-        conditions = [scheduled]
-        if note is not None:
-            conditions.append(self._condition("PolicyResolved", "False", "NoPolicy", note))
-        return AgentResult(agent, policy, phases, env, conditions, last)
-
-    def _condition(self, kind: str, status: str, reason: str, message: str) -> Condition:
+    def condition(self, kind: str, status: str, reason: str, message: str) -> Condition:
+        """A condition stamped with the pass's ``now``."""
         return Condition.model_validate(
             {
                 "type": kind,
@@ -436,7 +405,7 @@ class SchedulingPass:
             }
         )
 
-    def _event(self, plan: PolicyPlan, result: PhaseResult, agent_id: str) -> None:
+    def _event(self, plan: PolicyPlan, result: PhasePlan, agent_id: str) -> None:
         policy = plan.policy
         if policy is None:
             regarding = f"Agent/{agent_id}"  # no policy to carry it: the Agent does
@@ -445,7 +414,8 @@ class SchedulingPass:
             self._unschedulable.setdefault(policy.key, []).append(
                 f"{agent_id} phase {result.phase}"
             )
-        message = result.failure_message or failed_scheduling_message(result.decision, result.phase)
+        message = result.failure_message
+        assert message is not None  # every UNSCHEDULABLE phase carries its message
         key = (regarding, message)
         event = self._events.get(key)
         if event is None:
@@ -461,14 +431,14 @@ class SchedulingPass:
         for policy in sorted(self.snapshot.policies, key=lambda p: p.key):
             plan = self.plan(policy)
             if plan.problems:
-                valid = self._condition(
+                valid = self.condition(
                     "PolicyValid",
                     "False",
                     plan.problems[0][0],
                     "; ".join(message for _, message in plan.problems),
                 )
             else:
-                valid = self._condition(
+                valid = self.condition(
                     "PolicyValid",
                     "True",
                     "Valid",
@@ -479,11 +449,11 @@ class SchedulingPass:
                 shown = ", ".join(failures[:5]) + (
                     f" and {len(failures) - 5} more" if len(failures) > 5 else ""
                 )
-                scheduled = self._condition(
+                scheduled = self.condition(
                     "Scheduled", "False", "Unschedulable", f"unschedulable: {shown}"
                 )
             else:
-                scheduled = self._condition(
+                scheduled = self.condition(
                     "Scheduled",
                     "True",
                     "Scheduled",

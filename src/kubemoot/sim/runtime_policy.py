@@ -12,10 +12,12 @@ One runtime instance serves every simulated agent, like one gateway process: tic
 still go through compare-and-set on the shared documents, and the 200 ms state cache
 works in virtual time.
 
-A call: place; when the answer is ``queue`` or ``wait`` (busy), hold a
-``wait.<model>.<agent>`` entry and block on the capacity watch until something changes,
-then place again, standing aside with ``gpu-busy`` when the scenario's wait limit
-passes; ``refuse`` stands aside at once with its reason. Once placed, a cold load or an
+A call goes through the production :class:`~kubemoot.runtime.waiting.CapacityWaiter`:
+when the answer is ``queue`` or ``wait`` (busy) it joins the waiter's first-come line,
+holds a ``wait.<model>.<agent>`` entry and places again as capacity changes, standing
+aside with ``gpu-busy`` when the scenario's wait limit passes; ``refuse`` stands aside
+at once with its reason. The view follows the buckets through watches, as a long-lived
+gateway process would. Once placed, a cold load or an
 unload plan waits for the model to be ready, marks its ticket running, and computes;
 the ticket is released in a ``finally``.
 """
@@ -27,7 +29,7 @@ import contextlib
 
 from kubemoot.clock import LoopClock
 from kubemoot.providers.protocol import ProviderClient, ProviderError
-from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
+from kubemoot.runtime.capacity import CapacityWatch
 from kubemoot.runtime.demand import DemandBoard
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.placement import Action, Candidate, Placement
@@ -36,6 +38,7 @@ from kubemoot.runtime.selector import ProviderSelector
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
+from kubemoot.runtime.waiting import CapacityWaiter
 from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE, CallOutcome
 from kubemoot.sim.policies import Policy, SimContext
@@ -90,6 +93,8 @@ class KubemootPolicy(Policy):
         self._watch: CapacityWatch | None = None
         self._planner: CallPlanner | None = None
         self._demand: DemandBoard | None = None
+        self._view: ProviderView | None = None
+        self._waiter: CapacityWaiter | None = None
         self._wait_limit = 90.0
 
     async def start(self, ctx: SimContext) -> None:
@@ -119,8 +124,16 @@ class KubemootPolicy(Policy):
         )
         self._watch = CapacityWatch(states, tickets, clock=clock)
         await self._watch.start()
+        await view.follow()
+        self._view = view
+        self._waiter = CapacityWaiter(
+            self._planner, clock=clock, watch=self._watch, board=self._demand,
+            limit_seconds=self._wait_limit,
+        )
 
     async def stop(self) -> None:
+        if self._view is not None:
+            await self._view.close()
         if self._watch is not None:
             await self._watch.close()
         if self._kv is not None:
@@ -154,37 +167,14 @@ class KubemootPolicy(Policy):
                            evicted=placement.evicted)
 
     async def _place(self, call: CallSpec) -> Placement | CallOutcome:
-        assert self._planner is not None and self._watch is not None
-        assert self._demand is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._wait_limit
-        candidates = [Candidate(c.model, c.score) for c in call.candidates]
-        holder = f"{call.agent}#{call.call_id}"
-        waiting = False
-        try:
-            while True:
-                counter = self._watch.counter  # before placing: no change is missed
-                placement = await self._planner.place(
-                    candidates, holder_id=holder, prompt_tokens=call.prompt_tokens
-                )
-                if placement.placed:
-                    return placement
-                if placement.action is Action.REFUSE:
-                    return CallOutcome(REFUSED, model=call.model, reason=placement.reason)
-                if not waiting:
-                    await self._demand.add_waiter(call.model, call.agent)
-                    waiting = True
-                left = deadline - loop.time()
-                if left <= 0:
-                    return CallOutcome(STOOD_ASIDE, model=call.model, reason=GPU_BUSY)
-                try:
-                    await self._watch.changed_since(counter, left)
-                except TimeoutError:
-                    return CallOutcome(STOOD_ASIDE, model=call.model, reason=GPU_BUSY)
-                except WatchUnavailable:
-                    return CallOutcome(STOOD_ASIDE, model=call.model, reason=GPU_BUSY)
-        finally:
-            if waiting:
-                await self._demand.remove_waiter(call.model, call.agent)
-
-
+        assert self._waiter is not None
+        placement = await self._waiter.place(
+            [Candidate(c.model, c.score) for c in call.candidates],
+            agent=call.agent, holder_id=f"{call.agent}#{call.call_id}",
+            prompt_tokens=call.prompt_tokens,
+        )
+        if placement.placed:
+            return placement
+        if placement.action is Action.REFUSE:
+            return CallOutcome(REFUSED, model=call.model, reason=placement.reason)
+        return CallOutcome(STOOD_ASIDE, model=call.model, reason=placement.reason or GPU_BUSY)

@@ -44,6 +44,7 @@ __all__ = ["NatsBucket", "NatsKV", "NatsSettings"]
 
 _KV_OPERATION = "KV-Operation"
 _MARKER_REASON = "Nats-Marker-Reason"
+_WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream's "wrong last sequence" error codes
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,7 @@ class NatsSettings:
     tls_key: str | None = None
     name: str = "kubemoot"
     connect_timeout: float = 2.0
-    # -1 keeps trying for ever; nats-py waits reconnect_wait (with jitter) between rounds
+    # rounds over the server list, at connect and after a disconnect; -1 (or 0) never stops
     max_reconnect_attempts: int = 120
     reconnect_wait: float = 0.5
     request_timeout: float = 5.0  # JetStream API calls and publish acknowledgements
@@ -174,7 +175,10 @@ class NatsBucket:
         with _edge(f"delete {self.name}/{key}"):
             try:
                 await self._kv.delete(key, last=expected_revision)
-            except nats.js.errors.KeyWrongLastSequenceError as error:
+            except nats.js.errors.APIError as error:
+                # nats-py maps this code to KeyWrongLastSequenceError for updates only
+                if error.err_code not in _WRONG_LAST_SEQUENCE:
+                    raise
                 raise RevisionMismatch(
                     f"bucket {self.name!r}: key {key!r} is not at revision {expected_revision}"
                 ) from error

@@ -63,7 +63,7 @@ function providerCard(p, fresh) {
   }
   const models = el("ul", {},
     p.models.map(m => el("li", { "data-model": m.name },
-      `${m.name} — ${gib(m.sizeMiB)}, ${m.inUse}/${p.maxParallel} slots in use`)),
+      `${m.name} — ${gib(m.sizeMiB)}, ${m.inUse} call(s) on ${p.maxParallel} slot(s)`)),
     p.loading.map(l => el("li", { class: "loading" }, `${l.model} — loading ${gib(l.mib)} (${l.state})`)));
   return el("div", { class: "provider", "data-provider": p.provider, "data-status": status },
     el("div", { class: "title" },
@@ -73,7 +73,7 @@ function providerCard(p, fresh) {
     bar,
     el("div", { class: "facts" },
       `${gib(p.residentMiB)} resident · ${gib(p.loadingMiB)} loading · ${gib(p.freeMiB)} free of ${gib(total)}`
-      + ` · slots ${p.slotsInUse}/${p.slotsTotal} · probed ${age(ageNow)}`
+      + ` · ${p.slotsInUse} call(s) on ${p.slotsTotal} slot(s) · probed ${age(ageNow)}`
       + (p.reason ? ` · ${p.reason}` : "")),
     models);
 }

@@ -27,6 +27,16 @@ class RequireGate:
             self.name, f"labels do not match {selector}", selector=selector
         )
 
+    @property
+    def passed(self) -> GateResult:
+        """The result every admitted Model gets."""
+        return self._pass
+
+    @property
+    def failed(self) -> GateResult:
+        """The result every rejected Model gets."""
+        return self._fail
+
     @classmethod
     def from_args(cls, args: PluginArgs) -> Self:
         return cls(args.rule)

@@ -1,0 +1,79 @@
+"""``kubemoot operator`` — run the Kubernetes operator (kopf) against the current cluster.
+
+Credentials come from the in-cluster service account, else from ``KUBECONFIG``. The
+provider-state documents go to NATS JetStream (``--nats`` or ``KUBEMOOT_NATS_URL``, with
+credentials from ``KUBEMOOT_NATS_*``) or, for a cluster of one process, to the embedded
+store (``--embedded``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+from kubemoot.api.errors import InputError
+from kubemoot.cli._common import app, err_console
+
+
+@app.command("operator")
+def operator_command(
+    namespaces: list[str] = typer.Option(
+        [], "--namespace", "-n", metavar="NAMESPACE",
+        help="Watch Agents and policies in this namespace (repeatable).",
+    ),
+    all_namespaces: bool = typer.Option(
+        False, "--all-namespaces", "-A", help="Watch every namespace (the default)."
+    ),
+    nats: str | None = typer.Option(
+        None, "--nats", metavar="URL",
+        help="NATS server(s) for the shared state, nats://HOST:PORT[,…] "
+        "(default: $KUBEMOOT_NATS_URL).",
+    ),
+    embedded: bool = typer.Option(
+        False, "--embedded",
+        help="Keep the shared state in this process (agents elsewhere cannot read it).",
+    ),
+    probe_interval: float = typer.Option(
+        30.0, "--probe-interval", min=0.1, metavar="SECONDS",
+        help="Seconds between two probes of every ModelProvider.",
+    ),
+    probe_timeout: float = typer.Option(
+        10.0, "--probe-timeout", min=0.1, metavar="SECONDS",
+        help="Seconds one provider probe may take.",
+    ),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at debug level."),
+) -> None:
+    """Run the Kubemoot operator: probe providers, bind Agents, patch their Deployments."""
+    if namespaces and all_namespaces:
+        raise InputError("give --namespace or --all-namespaces, not both", field="--namespace")
+    url = nats or os.environ.get("KUBEMOOT_NATS_URL") or None
+    if url and embedded:
+        raise InputError("give --nats (or KUBEMOOT_NATS_URL) or --embedded, not both",
+                         field="--embedded")
+    if not url and not embedded:
+        raise InputError(
+            "no shared store: give --nats nats://HOST:PORT (or set KUBEMOOT_NATS_URL), "
+            "or --embedded for a single-process setup",
+            field="--nats",
+        )
+
+    import asyncio
+    import logging
+
+    from kubemoot.operator.run import OperatorOptions, run_operator
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    options = OperatorOptions(
+        namespaces=tuple(dict.fromkeys(namespaces)),
+        store_url=None if embedded else url,
+        probe_interval=probe_interval,
+        probe_timeout=probe_timeout,
+    )
+    where = ", ".join(options.namespaces) or "all namespaces"
+    err_console.print(f"kubemoot operator: watching {where}; shared state in "
+                      f"{'this process' if embedded else url}", highlight=False)
+    asyncio.run(run_operator(options))

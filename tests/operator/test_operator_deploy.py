@@ -1,0 +1,141 @@
+"""deploy/: the checked-in CRDs, the kustomize overlays and what they install."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from kubemoot.api import Bundle, crd_manifests, parse_manifest, validate_against_crd
+from kubemoot.cli import app
+from kubemoot.gates import Outcome
+from kubemoot.operator.probe import VRAM_TOTAL_ANNOTATION
+from kubemoot.scheduling.archetypes import CONSENT_3
+from kubemoot.scheduling.scheduler import schedule_bundle
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+OVERLAYS = ["dev", "prod"]
+NOW = datetime(2026, 5, 15, 12, 0, tzinfo=UTC)
+
+
+def render(overlay: str) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    done = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY / "overlays" / overlay)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def ours(docs: list[dict[str, Any]], kind: str | None = None) -> list[dict[str, Any]]:
+    return [
+        d for d in docs
+        if str(d.get("apiVersion", "")).startswith("kubemoot.ai/")
+        and (kind is None or d["kind"] == kind)
+    ]
+
+
+def test_operator_checked_in_crds_equal_kubemoot_crds_output() -> None:
+    result = CliRunner().invoke(app, ["crds"])
+    assert result.exit_code == 0, result.output
+    checked_in = (DEPLOY / "base" / "crds.yaml").read_text(encoding="utf-8")
+    assert checked_in == result.stdout, (
+        "deploy/base/crds.yaml is stale: run kubemoot crds > deploy/base/crds.yaml"
+    )
+    assert list(yaml.safe_load_all(checked_in)) == crd_manifests()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_operator_overlay_renders_and_every_custom_resource_validates(overlay: str) -> None:
+    docs = render(overlay)
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    assert sorted(c["metadata"]["name"] for c in crds) == sorted(
+        c["metadata"]["name"] for c in crd_manifests())
+    resources = ours(docs)
+    assert resources, "the overlay installs no custom resources"
+    for doc in resources:
+        assert validate_against_crd(doc) == [], doc["metadata"]["name"]
+        parse_manifest(doc)  # label syntax, selector operators: what the schema cannot say
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("Deployment", "kubemoot-operator") in kinds
+    assert ("StatefulSet", "nats") in kinds
+    assert ("MootArchetype", "consent-3") in kinds
+
+
+def test_operator_overlays_share_identical_agents_and_policy() -> None:
+    dev, prod = render("dev"), render("prod")
+    for kind in ("Agent", "CrewSchedulingPolicy"):
+        assert ours(dev, kind) == ours(prod, kind), kind
+        assert ours(dev, kind)
+    assert ours(dev, "Model") != ours(prod, "Model")
+
+
+def test_operator_dev_bundle_is_cpu_only_phi3_and_prod_is_multi_gpu_qwen3() -> None:
+    dev_models = ours(render("dev"), "Model")
+    assert {m["metadata"]["labels"]["family"] for m in dev_models} == {"phi3"}
+    assert all(m["spec"]["vramMib"] == 0 for m in dev_models)
+    prod = render("prod")
+    prod_models = ours(prod, "Model")
+    assert {m["metadata"]["labels"]["family"] for m in prod_models} == {"qwen3"}
+    assert len({m["spec"]["providerRef"] for m in prod_models}) >= 2
+    assert len(ours(prod, "ModelProvider")) >= 2
+
+
+def _probed(provider: dict[str, Any]) -> dict[str, Any]:
+    """The provider as a successful probe would leave it (ready, its declared total)."""
+    total = int(provider["metadata"]["annotations"][VRAM_TOTAL_ANNOTATION])
+    return {**provider, "status": {"ready": True, "capacity": {
+        "vramTotalMiB": total, "vramUsedMiB": 0,
+        "maxParallel": provider["spec"].get("numParallel", 1), "agentCount": 0,
+    }}}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_operator_crew_schedules_unchanged_on_every_overlay(overlay: str) -> None:
+    bundle = Bundle()
+    for doc in ours(render(overlay)):
+        if doc["kind"] == "ModelProvider":
+            doc = _probed(doc)
+        bundle.add(parse_manifest(doc))
+    result = schedule_bundle(bundle, now=NOW)
+    assert {a.name for a in result.agents} == {"coordinator", "kubectl-agent", "log-analyst"}
+    for agent in result.agents:
+        assert {p.outcome for p in agent.phases.values()} == {Outcome.PLACE}, agent.name
+        assert agent.env["KUBEMOOT_MODEL_MODEL"]
+    assert not result.events
+
+
+def test_operator_rbac_is_least_privilege() -> None:
+    docs = render("dev")
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    rules = role["rules"]
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+        assert "*" not in rule["apiGroups"]
+    granted = {
+        (group, resource, verb)
+        for rule in rules for group in rule["apiGroups"]
+        for resource in rule["resources"] for verb in rule["verbs"]
+    }
+    assert {verb for group, resource, verb in granted if group == "kubemoot.ai"
+            and "/" not in resource} == {"get", "list", "watch"}
+    assert {verb for _, resource, verb in granted if resource.endswith("/status")} == {"patch"}
+    assert {verb for _, resource, verb in granted if resource == "deployments"} == {
+        "get", "patch"}
+    assert {(r, v) for g, r, v in granted if g == ""} == {("events", "create")}
+    assert not any(r in ("secrets", "pods", "customresourcedefinitions") for _, r, _ in granted)
+
+
+def test_operator_base_archetype_is_the_builtin_consent_3() -> None:
+    docs = render("dev")
+    archetype = parse_manifest(ours(docs, "MootArchetype")[0])
+    assert archetype.spec == CONSENT_3.spec  # type: ignore[union-attr]

@@ -1,0 +1,79 @@
+"""The demand board on both stores."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kubemoot.runtime.demand import DemandBoard, ModelDemand
+from tests.store.conftest import StoreUnderTest
+
+
+async def board(store: StoreUnderTest, **ttl: float) -> DemandBoard:
+    return DemandBoard(await store.bucket("demand"), clock=store.clock, **ttl)
+
+
+async def test_an_empty_board_has_no_demand(store: StoreUnderTest) -> None:
+    snapshot = await (await board(store)).snapshot()
+    assert snapshot.of("qwen3:8b") == ModelDemand()
+    assert snapshot.demand("qwen3:8b") == 0.0
+
+
+async def test_waiters_intents_and_selections_add_up(store: StoreUnderTest) -> None:
+    demand = await board(store)
+    await demand.add_waiter("qwen3:32b", "crew-a/critic")
+    await demand.add_waiter("qwen3:32b", "crew-b/critic")
+    await demand.add_waiter("qwen3:32b", "crew-b/critic")  # one key per model and agent
+    await demand.add_intent("qwen3:32b", "crew-a/planner")
+    await demand.record_selection("crew-a/planner", ["qwen3:32b", "qwen3:8b"], 0.5)
+    await demand.record_selection("crew-b/tooler", ["qwen3:8b", "qwen3:8b"], 0.25)
+    snapshot = await demand.snapshot()
+    big = snapshot.of("qwen3:32b")
+    assert (big.waiters, big.intents, big.prediction) == (2, 1, 0.5)
+    assert snapshot.of("qwen3:8b").prediction == 0.75
+    assert snapshot.demand("qwen3:32b") == pytest.approx(2 + 1 + 0.5 * 0.5)
+    await demand.remove_waiter("qwen3:32b", "crew-a/critic")
+    await demand.remove_intent("qwen3:32b", "crew-a/planner")
+    await demand.remove_intent("qwen3:32b", "never-there")
+    again = (await demand.snapshot()).of("qwen3:32b")
+    assert (again.waiters, again.intents) == (1, 0)
+
+
+async def test_recent_use_counts_calls_and_decays(store: StoreUnderTest) -> None:
+    demand = await board(store, use_window_seconds=100.0)
+    await demand.record_use("qwen3:14b")
+    await demand.record_use("qwen3:14b")
+    use = (await demand.snapshot()).of("qwen3:14b")
+    assert use.recent_use == pytest.approx(2.0, rel=0.01)
+    assert use.last_used_at == pytest.approx(store.clock.now(), abs=5)
+    if store.kind == "memory":  # decay needs time to pass; virtual time makes it exact
+        await store.age(100.0)
+        later = (await demand.snapshot()).of("qwen3:14b")
+        assert later.recent_use == pytest.approx(2.0 / math.e, rel=1e-6)
+
+
+async def test_readers_ignore_expired_entries(store: StoreUnderTest) -> None:
+    demand = await board(store, wait_ttl_seconds=1.0, intent_ttl_seconds=1.0,
+                         selection_ttl_seconds=1.0)
+    await demand.add_waiter("m", "a")
+    await demand.add_intent("m", "a")
+    await demand.record_selection("a", ["m"], 1.0)
+    assert (await demand.snapshot()).demand("m") == pytest.approx(2.5)
+    await store.age(1.5)
+    assert (await demand.snapshot()).demand("m") == 0.0
+
+
+async def test_keys_follow_the_design(store: StoreUnderTest) -> None:
+    bucket = await store.bucket("demand")
+    demand = DemandBoard(bucket, clock=store.clock)
+    await demand.add_waiter("qwen3:32b", "crew-a/kubectl-agent")
+    await demand.add_intent("llama3.1:8b", "crew-a/x")
+    await demand.record_use("qwen3:32b")
+    await demand.record_selection("crew-a/x", ["qwen3:32b"], 1.0)
+    assert await bucket.keys() == [
+        "intent.llama3=2E1=3A8b.crew-a=2Fx",
+        "sel.crew-a=2Fx",
+        "use.qwen3=3A32b",
+        "wait.qwen3=3A32b.crew-a=2Fkubectl-agent",
+    ]

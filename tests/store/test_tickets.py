@@ -1,0 +1,373 @@
+"""VRAM tickets on both stores: claim, release, renew, both release layers, races."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kubemoot.runtime.budget import budget_allows
+from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketGone, TicketManager
+from kubemoot.store.documents import (
+    LoadedModel,
+    ProviderState,
+    ProviderTickets,
+    Ticket,
+    TicketState,
+)
+from kubemoot.store.keys import encode_token
+from kubemoot.store.memory import MemoryBucket
+from kubemoot.store.protocol import Bucket, Entry
+from tests.store.conftest import StoreUnderTest, make_store
+
+GIB = 1024
+PROVIDER = "gpu-a"
+
+
+def provider_state(usable_mib: int, resident: dict[str, int] | None = None) -> ProviderState:
+    return ProviderState(
+        provider=PROVIDER,
+        endpoint="http://gpu-a:11434",
+        ready=True,
+        total_vram_mib=usable_mib + 1024,
+        reserve_mib=1024,
+        loaded_models=[LoadedModel(name=m, size_mib=s) for m, s in (resident or {}).items()],
+    )
+
+
+async def setup(
+    store: StoreUnderTest,
+    usable_mib: int,
+    *,
+    resident: dict[str, int] | None = None,
+    ttl: float = 180.0,
+    max_attempts: int = 8,
+) -> tuple[TicketManager, Bucket, Bucket]:
+    tickets = await store.bucket("tickets")
+    states = await store.bucket("states")
+    await states.put(encode_token(PROVIDER), provider_state(usable_mib, resident).to_json())
+    manager = TicketManager(
+        tickets, states, clock=store.clock, ttl_seconds=ttl, max_attempts=max_attempts,
+        rng=random.Random(7),
+    )
+    return manager, tickets, states
+
+
+async def test_claim_release_and_read(store: StoreUnderTest) -> None:
+    manager, _, _ = await setup(store, 24 * GIB)
+    now = store.clock.now()
+    ticket = await manager.claim(PROVIDER, "qwen3:8b", 6 * GIB, "crew-a/agent", evicts={})
+    assert ticket.model_footprint_mib == 6 * GIB
+    assert ticket.state is TicketState.RUNNING
+    assert ticket.expires_at == pytest.approx(now + 180.0, abs=5)
+    document, revision = await manager.read(PROVIDER)
+    assert revision is not None and [t.ticket_id for t in document.tickets] == [ticket.ticket_id]
+    await manager.release(PROVIDER, ticket.ticket_id)
+    await manager.release(PROVIDER, ticket.ticket_id)  # idempotent
+    await manager.release(PROVIDER, "never-existed")
+    assert await manager.active(PROVIDER) == []
+
+
+async def test_claims_beyond_the_budget_are_rejected(store: StoreUnderTest) -> None:
+    manager, _, _ = await setup(store, 10 * GIB, resident={"big": 4 * GIB})
+    await manager.claim(PROVIDER, "a", 4 * GIB, "h1")
+    with pytest.raises(ClaimRejected, match="does not fit"):
+        await manager.claim(PROVIDER, "b", 3 * GIB, "h2")
+    await manager.claim(PROVIDER, "c", 2 * GIB, "h3")  # exactly fills it
+    warm = await manager.claim(PROVIDER, "big", 0, "h4")  # a resident copy spends nothing
+    assert warm.model_footprint_mib == 0
+
+
+async def test_a_failing_check_rejects_the_claim(store: StoreUnderTest) -> None:
+    manager, _, _ = await setup(store, 10 * GIB)
+    seen: list[int] = []
+
+    def no_more_than_one(state: ProviderState | None, tickets: list[Ticket], now: float) -> bool:
+        seen.append(len(tickets))
+        return len(tickets) < 1
+
+    await manager.claim(PROVIDER, "a", GIB, "h1", check=no_more_than_one)
+    with pytest.raises(ClaimRejected, match="check"):
+        await manager.claim(PROVIDER, "a", GIB, "h2", check=no_more_than_one)
+    assert seen[-1] == 1
+
+
+async def test_renew_mark_running_and_state_changes(store: StoreUnderTest) -> None:
+    manager, _, _ = await setup(store, 10 * GIB, ttl=60.0)
+    held = await manager.claim(PROVIDER, "a", GIB, "h", state=TicketState.HELD)
+    loading = await manager.update_state(PROVIDER, held.ticket_id, TicketState.LOADING)
+    assert loading.state is TicketState.LOADING
+    running = await manager.mark_running(PROVIDER, held.ticket_id)
+    assert running.state is TicketState.RUNNING
+    renewed = await manager.renew(PROVIDER, held.ticket_id, ttl_seconds=600.0)
+    assert renewed.expires_at > held.expires_at + 500
+    [stored] = await manager.active(PROVIDER)
+    assert stored == renewed
+    await manager.release(PROVIDER, held.ticket_id)
+    with pytest.raises(TicketGone):
+        await manager.renew(PROVIDER, held.ticket_id)
+    with pytest.raises(TicketGone):
+        await manager.mark_running(PROVIDER, held.ticket_id)
+
+
+async def test_two_planners_with_the_same_victim_cannot_both_spend_it(
+    store: StoreUnderTest,
+) -> None:
+    # A full card: the only way in is to evict "victim".
+    manager, tickets, states = await setup(store, 20 * GIB, resident={"victim": 20 * GIB})
+    other = TicketManager(tickets, states, clock=store.clock)  # another process's planner
+    plans = [
+        manager.claim(PROVIDER, "x", 20 * GIB, "planner-1", evicts={"victim": 20 * GIB},
+                      state=TicketState.LOADING),
+        other.claim(PROVIDER, "y", 20 * GIB, "planner-2", evicts={"victim": 20 * GIB},
+                    state=TicketState.LOADING),
+    ]
+    outcomes = await asyncio.gather(*plans, return_exceptions=True)
+    assert sum(isinstance(o, Ticket) for o in outcomes) == 1
+    assert sum(isinstance(o, ClaimRejected) for o in outcomes) == 1
+
+
+async def test_finally_layer_alone_returns_memory_at_once(store: StoreUnderTest) -> None:
+    # The TTL is far away: only the finally release can give the memory back.
+    manager, _, _ = await setup(store, 8 * GIB, ttl=3600.0)
+    started = asyncio.Event()
+
+    async def holder() -> None:
+        async with manager.claimed(PROVIDER, "a", 8 * GIB, "dies"):
+            started.set()
+            await asyncio.Event().wait()  # the call runs until cancelled
+
+    task = asyncio.create_task(holder())
+    await started.wait()
+    with pytest.raises(ClaimRejected):
+        await manager.claim(PROVIDER, "b", 8 * GIB, "next")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await manager.active(PROVIDER) == []
+    await manager.claim(PROVIDER, "b", 8 * GIB, "next")
+
+
+async def test_finally_layer_releases_when_the_call_fails(store: StoreUnderTest) -> None:
+    manager, _, _ = await setup(store, 8 * GIB, ttl=3600.0)
+    with pytest.raises(RuntimeError, match="call failed"):
+        async with manager.claimed(PROVIDER, "a", 8 * GIB, "h"):
+            raise RuntimeError("call failed")
+    assert await manager.active(PROVIDER) == []
+
+
+async def test_ttl_layer_alone_returns_memory_after_the_ttl_and_not_before(
+    store: StoreUnderTest,
+) -> None:
+    ttl = 2.0
+    manager, _, _ = await setup(store, 8 * GIB, ttl=ttl)
+    started = asyncio.Event()
+
+    async def holder_without_finally() -> None:
+        await manager.claim(PROVIDER, "a", 8 * GIB, "dies")  # never released
+        started.set()
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(holder_without_finally())
+    await started.wait()
+    task.cancel()
+    await store.age(ttl * 0.4)
+    with pytest.raises(ClaimRejected):
+        await manager.claim(PROVIDER, "b", 8 * GIB, "next")
+    await store.age(ttl * 0.6 + 0.3)
+    ticket = await manager.claim(PROVIDER, "b", 8 * GIB, "next")
+    # the writer pruned the lapsed ticket
+    document, _ = await manager.read(PROVIDER)
+    assert [t.ticket_id for t in document.tickets] == [ticket.ticket_id]
+
+
+async def test_a_cancelled_claim_leaves_no_ticket(store: StoreUnderTest) -> None:
+    manager, _, _ = await setup(store, 8 * GIB)
+    claims = [asyncio.create_task(manager.claim(PROVIDER, "a", GIB, f"h{i}")) for i in range(5)]
+    await asyncio.sleep(0)
+    for claim in claims:
+        claim.cancel()
+    await asyncio.gather(*claims, return_exceptions=True)
+    for _ in range(100):  # orphan releases run in the background
+        if not await manager.active(PROVIDER):
+            break
+        await asyncio.sleep(0.01)
+    assert await manager.active(PROVIDER) == []
+
+
+async def test_one_process_batches_its_claims_into_few_writes(store: StoreUnderTest) -> None:
+    manager, tickets, _ = await setup(store, 100 * GIB)
+    watch = tickets.watch()
+    await watch.ready()
+    granted = await asyncio.gather(*(manager.claim(PROVIDER, "m", GIB, f"h{i}")
+                                     for i in range(20)))
+    assert len({t.ticket_id for t in granted}) == 20
+    assert len(await manager.active(PROVIDER)) == 20
+    writes = 0
+    while True:
+        try:
+            await asyncio.wait_for(watch.__anext__(), 0.3)
+        except TimeoutError:
+            break
+        writes += 1
+    assert 1 <= writes < 20
+    await watch.aclose()
+
+
+class RivalBucket:
+    """A real bucket where a rival writes the key between every read and write."""
+
+    def __init__(self, inner: MemoryBucket) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    async def get(self, key: str) -> Entry | None:
+        entry = await self.inner.get(key)
+        if entry is not None:
+            await self.inner.put(key, entry.value)  # the rival's write
+        return entry
+
+    def __getattr__(self, attribute: str) -> object:
+        return getattr(self.inner, attribute)
+
+
+async def test_claim_conflict_after_bounded_attempts() -> None:
+    store = await make_store("memory", None)
+    tickets = await store.kv.bucket("tickets")
+    states = await store.kv.bucket("states")
+    await states.put(encode_token(PROVIDER), provider_state(8 * GIB).to_json())
+    await tickets.put(encode_token(PROVIDER), ProviderTickets(provider=PROVIDER).to_json())
+    rival = RivalBucket(tickets)  # type: ignore[arg-type]
+    manager = TicketManager(rival, states, clock=store.clock, max_attempts=3)  # type: ignore[arg-type]
+    with pytest.raises(ClaimConflict, match="3 compare-and-set races"):
+        await manager.claim(PROVIDER, "a", GIB, "h")
+
+
+# -- racing claimers: the invariant at every committed revision ----------------------
+
+
+async def race(store: StoreUnderTest, usable: int, footprints: list[int], managers: int,
+               rounds: int) -> int:
+    """Claimers race on one provider; returns overcommits seen (must be 0)."""
+    tickets = await store.bucket("tickets")
+    states = await store.bucket("states")
+    state = provider_state(usable)
+    await states.put(encode_token(PROVIDER), state.to_json())
+    watch = tickets.watch()
+    await watch.ready()
+    pool = [TicketManager(tickets, states, clock=store.clock, rng=random.Random(i),
+                          max_attempts=50) for i in range(managers)]
+    held = 0
+    overcommits = 0
+
+    async def claimer(index: int, footprint: int) -> None:
+        nonlocal held, overcommits
+        manager = pool[index % managers]
+        for _ in range(rounds):
+            try:
+                ticket = await manager.claim(PROVIDER, f"m{index}", footprint, f"h{index}")
+            except ClaimRejected:
+                await asyncio.sleep(0)
+                continue
+            held += footprint
+            if held > usable:
+                overcommits += 1
+            await asyncio.sleep(0)
+            held -= footprint
+            await manager.release(PROVIDER, ticket.ticket_id)
+
+    async def check_every_revision() -> None:
+        nonlocal overcommits
+        async for change in watch:
+            if change.value is None:
+                continue
+            document = ProviderTickets.from_json(change.value)
+            active = document.active(store.clock.now())
+            # the committed tickets must fit: remove each and it must have fitted beside the rest
+            spent = sum(t.model_footprint_mib for t in active)
+            if spent > usable or not all(
+                budget_allows(state, [o for o in active if o is not t], store.clock.now(),
+                              footprint_mib=t.model_footprint_mib)
+                for t in active
+            ):
+                overcommits += 1
+
+    checker = asyncio.create_task(check_every_revision())
+    await asyncio.gather(*(claimer(i, f) for i, f in enumerate(footprints)))
+    await asyncio.sleep(0.2 if store.kind == "nats" else 0)
+    await watch.aclose()
+    await checker
+    assert await TicketManager(tickets, states, clock=store.clock).active(PROVIDER) == []
+    return overcommits
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    usable=st.integers(min_value=1, max_value=40).map(lambda g: g * GIB),
+    footprints=st.lists(st.integers(min_value=0, max_value=16 * GIB), min_size=2, max_size=12),
+    managers=st.integers(min_value=1, max_value=4),
+)
+async def test_racing_claimers_never_overcommit_memory_store(
+    usable: int, footprints: list[int], managers: int
+) -> None:
+    store = await make_store("memory", None)
+    assert await race(store, usable, footprints, managers, rounds=5) == 0
+
+
+@settings(max_examples=4, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    usable=st.integers(min_value=4, max_value=24).map(lambda g: g * GIB),
+    footprints=st.lists(st.integers(min_value=1, max_value=8).map(lambda g: g * GIB),
+                        min_size=6, max_size=10),
+)
+async def test_racing_claimers_never_overcommit_nats(
+    nats_url: str, usable: int, footprints: list[int]
+) -> None:
+    # separate connections: every manager is a "process" of its own
+    stores = [await make_store("nats", nats_url) for _ in range(3)]
+    try:
+        tickets = await stores[0].bucket("tickets")
+        states = await stores[0].bucket("states")
+        await states.put(encode_token(PROVIDER), provider_state(usable).to_json())
+        pool = [
+            TicketManager(await s.kv.bucket(tickets.name), await s.kv.bucket(states.name),
+                          clock=s.clock, rng=random.Random(i), max_attempts=50)
+            for i, s in enumerate(stores)
+        ]
+        held = 0
+        overcommits = 0
+
+        async def claimer(index: int, footprint: int) -> None:
+            nonlocal held, overcommits
+            for _ in range(4):
+                try:
+                    ticket = await pool[index % 3].claim(PROVIDER, "m", footprint, f"h{index}")
+                except ClaimRejected:
+                    continue
+                held += footprint
+                overcommits += held > usable
+                await asyncio.sleep(0.001)
+                held -= footprint
+                await pool[index % 3].release(PROVIDER, ticket.ticket_id)
+
+        await asyncio.gather(*(claimer(i, f) for i, f in enumerate(footprints)))
+        assert overcommits == 0
+        assert await pool[0].active(PROVIDER) == []
+    finally:
+        for s in stores:
+            await s.kv.close()
+
+
+async def test_racing_claimers_on_nats_checked_at_every_revision(nats_url: str) -> None:
+    store = await make_store("nats", nats_url)
+    try:
+        assert await race(store, 12 * GIB, [4 * GIB, 5 * GIB, 3 * GIB, 6 * GIB, 2 * GIB,
+                                            7 * GIB], managers=3, rounds=6) == 0
+    finally:
+        await store.kv.close()
+

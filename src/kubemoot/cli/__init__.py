@@ -16,9 +16,6 @@ import os
 import pkgutil
 import sys
 
-import click
-import typer
-
 from kubemoot.api.errors import InputError
 from kubemoot.cli._common import app, err_console
 
@@ -35,10 +32,15 @@ _register_commands()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns (and exits with) the process status."""
+    """Run the CLI; exits with the process status.
+
+    Usage errors (unknown options, out-of-range values) are handled by typer's own
+    standalone mode, which prints them with the usage line and exits 2. Everything
+    else that escapes a command is turned into one line here.
+    """
     debug = os.environ.get("KUBEMOOT_DEBUG") == "1"
     try:
-        app(args=argv, prog_name="kubemoot", standalone_mode=False)
+        app(args=argv, prog_name="kubemoot", standalone_mode=True)
     except InputError as error:
         err_console.print(
             f"[bold red]error:[/] {error.describe()}", highlight=False, soft_wrap=True
@@ -46,19 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         sys.exit(2)
-    except click.exceptions.Exit as done:
-        sys.exit(done.exit_code)
-    except click.ClickException as error:
-        error.show()
-        sys.exit(2 if isinstance(error, click.UsageError | click.BadParameter) else 1)
-    except click.exceptions.Abort:
-        err_console.print("aborted")
-        sys.exit(1)
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
-    except typer.Exit as done:
-        sys.exit(done.exit_code)
     except Exception as error:  # the last line of defence: a message, not a traceback
         if debug:
             raise
@@ -68,4 +60,4 @@ def main(argv: list[str] | None = None) -> int:
             soft_wrap=True,
         )
         sys.exit(1)
-    sys.exit(0)
+    return 0

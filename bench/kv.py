@@ -41,7 +41,7 @@ from kubemoot.store.documents import (
 )
 from kubemoot.store.memory import MemoryKV
 from kubemoot.store.nats import NatsKV, NatsSettings
-from kubemoot.store.protocol import KV
+from kubemoot.store.protocol import KV, StoreError
 from kubemoot.testing.nats_server import running_nats_server
 
 PROVIDER = "gpu-a"
@@ -129,7 +129,7 @@ async def _worker(
     tickets = await manager(kv)
     rng = random.Random(seed)
     latencies: list[float] = []
-    counts = {"rejected": 0, "conflicts": 0}
+    counts = {"rejected": 0, "conflicts": 0, "unavailable": 0}
     await asyncio.sleep(max(0.0, start_at - time.time()))
     stop = time.perf_counter() + seconds
 
@@ -146,6 +146,9 @@ async def _worker(
             except ClaimConflict:
                 counts["conflicts"] += 1
                 continue
+            except StoreError:  # e.g. an acknowledgement timed out on an overloaded machine
+                counts["unavailable"] += 1
+                continue
             latencies.append(time.perf_counter() - started)
             with held.get_lock():
                 held.value += footprint
@@ -157,9 +160,11 @@ async def _worker(
                 held.value -= footprint
             await tickets.release(PROVIDER, ticket.ticket_id)
 
-    await asyncio.gather(*(claimer(i) for i in range(claimers)))
-    await kv.close()
-    results.put((latencies, counts))
+    try:
+        await asyncio.gather(*(claimer(i) for i in range(claimers)))
+    finally:
+        results.put((latencies, counts))
+        await kv.close()
 
 
 def contended(url: str, claimers: int, processes: int, seconds: float) -> dict[str, float]:
@@ -181,12 +186,13 @@ def contended(url: str, claimers: int, processes: int, seconds: float) -> dict[s
     for process in workers:
         process.start()
     latencies: list[float] = []
-    rejected = conflicts = 0
+    rejected = conflicts = unavailable = 0
     for _ in workers:
         sample, counts = results.get(timeout=120)
         latencies.extend(sample)
         rejected += counts["rejected"]
         conflicts += counts["conflicts"]
+        unavailable += counts["unavailable"]
     for process in workers:
         process.join(timeout=30)
     return {
@@ -195,6 +201,7 @@ def contended(url: str, claimers: int, processes: int, seconds: float) -> dict[s
         "p99Ms": ms(percentile(latencies, 0.99)),
         "rejected": rejected,
         "conflicts": conflicts,
+        "unavailable": unavailable,
         "overcommits": int(overcommits.value),
     }
 
@@ -204,7 +211,7 @@ async def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--claimers", type=int, default=20)
     parser.add_argument("--processes", type=int, default=4)
-    parser.add_argument("--samples", type=int, default=500)
+    parser.add_argument("--samples", type=int, default=2000)
     args = parser.parse_args(argv)
 
     async with running_nats_server() as server:

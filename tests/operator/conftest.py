@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,17 +47,27 @@ def fast_emulator(**overrides: Any) -> OllamaEmulator:
     return OllamaEmulator(EmulatorConfig(**settings)).start()
 
 
-@pytest.fixture
-def emulators() -> Iterator[Callable[..., OllamaEmulator]]:
-    started: list[OllamaEmulator] = []
+class Emulators:
+    """Starts Ollama-API emulators on demand and stops them all at the end."""
 
-    def make(**overrides: Any) -> OllamaEmulator:
+    def __init__(self) -> None:
+        self.started: list[OllamaEmulator] = []
+
+    def __call__(self, **overrides: Any) -> OllamaEmulator:
         emulator = fast_emulator(**overrides)
-        started.append(emulator)
+        self.started.append(emulator)
         return emulator
 
-    yield make
-    for emulator in started:
+    def at(self, url: str) -> OllamaEmulator:
+        """The emulator serving ``url``."""
+        return next(e for e in self.started if e.url == url)
+
+
+@pytest.fixture
+def emulators() -> Iterator[Emulators]:
+    made = Emulators()
+    yield made
+    for emulator in made.started:
         emulator.stop()
 
 
@@ -206,7 +216,7 @@ async def settle(cluster: Cluster) -> None:
     while loop.time() < end:
         count = len(list(cluster.server))
         quiet = quiet + 1 if count == previous else 0
-        if quiet >= 15:
+        if quiet >= 25:  # half a second without a request
             return
         previous = count
         await asyncio.sleep(0.02)
@@ -278,7 +288,7 @@ class OperatorThread:
         self._thread.start()
         self._started.wait()
 
-    async def call(self, make: Callable[[], Awaitable[Any]]) -> Any:
+    async def call(self, make: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
         """Run a coroutine in the operator's loop and wait for its result."""
         future = asyncio.run_coroutine_threadsafe(make(), self.loop)
         return await asyncio.wrap_future(future)

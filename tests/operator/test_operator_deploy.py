@@ -12,7 +12,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from kubemoot.api import Bundle, crd_manifests, parse_manifest, validate_against_crd
+from kubemoot.api import (
+    Bundle,
+    MootArchetype,
+    crd_manifests,
+    parse_manifest,
+    validate_against_crd,
+)
 from kubemoot.cli import app
 from kubemoot.gates import Outcome
 from kubemoot.operator.probe import VRAM_TOTAL_ANNOTATION
@@ -138,4 +144,5 @@ def test_operator_rbac_is_least_privilege() -> None:
 def test_operator_base_archetype_is_the_builtin_consent_3() -> None:
     docs = render("dev")
     archetype = parse_manifest(ours(docs, "MootArchetype")[0])
-    assert archetype.spec == CONSENT_3.spec  # type: ignore[union-attr]
+    assert isinstance(archetype, MootArchetype)
+    assert archetype.spec == CONSENT_3.spec

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 from kubemoot.providers.emulator import OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.testing import builders as b
 
-from .conftest import Cluster, eventually, settle
+from .conftest import Cluster, Emulators, eventually, settle
 
 NS = "crew-a"
 TOOLS = {"capability/tool-calling": "true"}
@@ -40,7 +39,7 @@ def env_of(cluster: Cluster, name: str) -> dict[str, str]:
 
 
 async def test_operator_probe_writes_provider_status_model_status_and_kv(
-    cluster: Cluster, emulators: Callable[..., OllamaEmulator]
+    cluster: Cluster, emulators: Emulators
 ) -> None:
     emulator = emulators()
     await preload(emulator, "qwen3:8b")
@@ -80,7 +79,7 @@ async def test_operator_probe_writes_provider_status_model_status_and_kv(
 
 
 async def test_operator_probe_failure_marks_provider_not_ready_with_event(
-    cluster: Cluster, emulators: Callable[..., OllamaEmulator]
+    cluster: Cluster, emulators: Emulators
 ) -> None:
     emulator = emulators()
     url = emulator.url
@@ -108,7 +107,7 @@ async def _crew(cluster: Cluster, emulator: OllamaEmulator) -> None:
 
 
 async def test_operator_binds_agent_status_and_deployment_env(
-    cluster: Cluster, emulators: Callable[..., OllamaEmulator]
+    cluster: Cluster, emulators: Emulators
 ) -> None:
     await _crew(cluster, emulators())
     await cluster.create_deployment(NS, "kubectl-agent-deploy")
@@ -149,7 +148,7 @@ async def test_operator_binds_agent_status_and_deployment_env(
 
 
 async def test_operator_missing_deployment_is_a_condition(
-    cluster: Cluster, emulators: Callable[..., OllamaEmulator]
+    cluster: Cluster, emulators: Emulators
 ) -> None:
     await _crew(cluster, emulators())
     await cluster.apply(b.agent("lonely", NS, crew="crew-a", capabilities=["tool-calling"]))
@@ -160,7 +159,7 @@ async def test_operator_missing_deployment_is_a_condition(
 
 
 async def test_operator_zero_match_sets_conditions_and_failed_scheduling_events(
-    cluster: Cluster, emulators: Callable[..., OllamaEmulator]
+    cluster: Cluster, emulators: Emulators
 ) -> None:
     await _crew(cluster, emulators())
     await cluster.apply(b.policy(
@@ -204,7 +203,7 @@ async def test_operator_zero_match_sets_conditions_and_failed_scheduling_events(
 
 
 async def test_operator_policy_with_unknown_phase_is_invalid(
-    cluster: Cluster, emulators: Callable[..., OllamaEmulator]
+    cluster: Cluster, emulators: Emulators
 ) -> None:
     await _crew(cluster, emulators())
     await cluster.apply(b.policy("typo", "crew-c", rules=[b.rule("muling", require=TOOLS)]))

@@ -297,3 +297,14 @@ def test_operator_agent_counts_leave_out_the_agents_being_scheduled() -> None:
     snapshot = view.snapshot(exclude={"crew-a/x"})
     capacity = snapshot.providers["gpu-a"].capacity
     assert capacity is not None and capacity.agent_count == 1  # ours, not the stored 9
+
+
+@pytest.mark.parametrize("encode", [True, False])
+def test_operator_kubeconfig_pem_data_is_decoded(encode: bool) -> None:
+    import base64
+
+    from kubemoot.operator.kube import _pem
+
+    pem = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
+    data = base64.b64encode(pem).decode() if encode else pem.decode()
+    assert _pem(data) == pem

@@ -58,6 +58,12 @@ def operator_command(
             field="--nats",
         )
 
+    if url and not all(
+        part.strip().startswith(("nats://", "tls://")) for part in url.split(",") if part.strip()
+    ):
+        raise InputError(f'"{url}" is not a NATS URL; use nats://HOST:PORT or tls://HOST:PORT',
+                         field="--nats")
+
     import asyncio
     import logging
 

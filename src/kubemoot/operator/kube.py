@@ -15,6 +15,7 @@ Errors: :class:`KubeError` (status, reason, message) for every failed call;
 
 from __future__ import annotations
 
+import base64
 import ssl
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping
@@ -75,6 +76,14 @@ def events_path(namespace: str) -> str:
     return f"/api/v1/namespaces/{namespace}/events"
 
 
+def _pem(data: str | bytes) -> bytes:
+    """kubeconfig ``*-data`` fields hold base64 of the PEM text (kopf passes them as is)."""
+    raw = data.encode() if isinstance(data, str) else data
+    if raw.lstrip().startswith(b"-----BEGIN"):
+        return raw  # already PEM
+    return base64.b64decode(raw)
+
+
 def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
     if info.insecure:
         return False
@@ -82,20 +91,20 @@ def _ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
     if info.ca_path:
         context.load_verify_locations(cafile=info.ca_path)
     elif info.ca_data:
-        data = info.ca_data.decode() if isinstance(info.ca_data, bytes) else info.ca_data
-        context.load_verify_locations(cadata=data)
+        context.load_verify_locations(cadata=_pem(info.ca_data).decode())
     cert, key = info.certificate_path, info.private_key_path
     if info.certificate_data and info.private_key_data:
         # ssl only loads client certificates from files; kubeconfig may hold them inline.
-        cert, key = _to_file(info.certificate_data), _to_file(info.private_key_data)
+        cert = _to_file(_pem(info.certificate_data))
+        key = _to_file(_pem(info.private_key_data))
     if cert:
         context.load_cert_chain(certfile=cert, keyfile=key)
     return context
 
 
-def _to_file(data: str | bytes) -> str:
+def _to_file(data: bytes) -> str:
     with tempfile.NamedTemporaryFile("wb", suffix=".pem", delete=False) as handle:
-        handle.write(data.encode() if isinstance(data, str) else data)
+        handle.write(data)
         return handle.name
 
 

@@ -51,6 +51,7 @@ from kubemoot.operator.view import (
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.scheduling.scheduler import SchedulingPass
+from kubemoot.scheduling.snapshot import ClusterSnapshot
 from kubemoot.store.documents import ProviderState
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import Bucket, StoreError
@@ -193,6 +194,11 @@ class Reconciler:
         await self.reconcile_agents(affected, trigger=f"{kind}/{ref.name}")
         if isinstance(new, CrewSchedulingPolicy):
             await self.reconcile_policies([new])
+        elif new is None and isinstance(old, Agent):
+            # A deleted Agent no longer counts in its policy's Scheduled condition.
+            policy = snapshot.resolve_policy(old).policy
+            if policy is not None:
+                await self.reconcile_policies([policy])
 
     # ------------------------------------------------------------------ agents
 
@@ -230,11 +236,7 @@ class Reconciler:
         scheduling = SchedulingPass(snapshot, now=self.now())
         for policy in policies:
             current = view.policies.get(f"{policy.namespace}/{policy.metadata.name}", policy)
-            governed = [
-                a for a in view.agents.values()
-                if snapshot.resolve_policy(a).policy is not None
-                and snapshot.resolve_policy(a).policy.key == policy.key  # type: ignore[union-attr]
-            ]
+            governed = [a for a in snapshot.agents if _governs(snapshot, policy, a)]
             wanted = policy_conditions(scheduling.plan(current), governed, now=self.now())
             await self._write_conditions(current, wanted)
 
@@ -378,6 +380,11 @@ class Reconciler:
             return
         valid = condition("Valid", True, "Valid", "the object is well-formed", now=self.now())
         await self._write_conditions(new, [valid])
+
+
+def _governs(snapshot: ClusterSnapshot, policy: CrewSchedulingPolicy, agent: Agent) -> bool:
+    governing = snapshot.resolve_policy(agent).policy
+    return governing is not None and governing.key == policy.key
 
 
 def _body_of(resource: Resource) -> dict[str, Any]:

@@ -116,7 +116,7 @@ async def run_operator(
 
     try:
         await login()  # fail now with a message, not later inside kopf's retry loop
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, kopf.LoginError) as error:
         raise InputError(f"cannot read Kubernetes credentials: {error}") from None
     clock = clock or SystemClock()
     store: KV = await open_store(options.store_url, clock=clock)

@@ -144,13 +144,10 @@ class CostModel:
 
     def load_ends_at(self, p: ProviderSnapshot, model: str) -> float | None:
         """When the provider's copy of the model finishes loading; ``None``: it is ready."""
-        if p.is_resident(model):
+        started = p.load_started(model)
+        if started is None:
             return None
-        loading = p.loading_tickets(model)
-        if not loading:
-            return None
-        load = self.load(model) or 0.0
-        return min(t.started_at for t in loading) + load
+        return started + (self.load(model) or 0.0)
 
     def remaining(self, p: ProviderSnapshot, model: str) -> float:
         """Load time still to go for a copy being loaded (0 for a resident copy)."""
@@ -162,7 +159,7 @@ class CostModel:
 
     def has_free_slot(self, p: ProviderSnapshot, model: str, *, ahead: int = 0) -> bool:
         """A slot is free for this call once ``ahead`` earlier calls have taken theirs."""
-        return len(p.in_flight(model)) + ahead < self.slots(p)
+        return len(p.calls_on(model)) + ahead < self.slots(p)
 
     def queue(self, p: ProviderSnapshot, model: str, *, ahead: int = 0) -> float:
         """Wait for a slot on the provider's copy, counted from when the copy is ready.
@@ -172,22 +169,23 @@ class CostModel:
         An in-flight call ends one latency after it starts; it starts when it was
         claimed or when the copy became ready, whichever is later.
         """
-        in_flight = p.in_flight(model)
+        in_flight = len(p.calls_on(model))
         slots = self.slots(p)
-        backlog = len(in_flight) + ahead
+        backlog = in_flight + ahead
         if backlog < slots:
             return 0.0
         latency = p.latency_seconds
         ends = self.load_ends_at(p, model)
         ready = max(self.fleet.now, ends) if ends is not None else self.fleet.now
-
-        def call_ends(started_at: float) -> float:
-            # A call starts when it was claimed or when its copy finished loading.
-            return max(started_at, ends) + latency if ends is not None else started_at + latency
-
-        soonest = min((max(0.0, call_ends(t.started_at) - ready) for t in in_flight),
-                      default=latency)
-        if len(in_flight) < slots:
+        first = p.first_call_started(model)
+        if first is None:
+            soonest = latency
+        else:
+            # A call starts when it was claimed or when its copy finished loading; the
+            # earliest claimed call therefore ends first.
+            start = max(first, ends) if ends is not None else first
+            soonest = max(0.0, start + latency - ready)
+        if in_flight < slots:
             # Waiters ahead take the free slots as soon as the copy is ready.
             soonest = min(soonest, latency)
         return soonest + (backlog - slots) * latency / slots
@@ -204,7 +202,7 @@ class CostModel:
             kind = OptionKind.WARM
         else:
             kind = OptionKind.LOADING
-        return Option(kind, p.name, model, remaining + queue, busy=len(p.in_flight(model)))
+        return Option(kind, p.name, model, remaining + queue, busy=len(p.calls_on(model)))
 
     def cold_option(self, p: ProviderSnapshot, model: str, occupancy: int) -> Option:
         """Load ``model`` onto free room on ``p`` (the caller checked it fits)."""

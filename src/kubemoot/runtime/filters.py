@@ -69,6 +69,16 @@ def context_gate(p: ProviderSnapshot, model: str, prompt_tokens: int | None) -> 
     )
 
 
+def warm_ok(p: ProviderSnapshot, model: str, prompt_tokens: int | None) -> bool:
+    """``feasible(warm_gates(...))`` without building the evidence (the hot path)."""
+    if not p.state.ready or p.circuit_open or model in p.planned_victims():
+        return False
+    if prompt_tokens is None:
+        return True
+    context = p.context_for(model)
+    return context is None or prompt_tokens <= context
+
+
 def warm_gates(p: ProviderSnapshot, model: str, prompt_tokens: int | None) -> list[GateResult]:
     """Gates of using the warm (resident or loading) copy of ``model`` on ``p``."""
     if model in p.planned_victims():

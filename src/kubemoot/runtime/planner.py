@@ -38,8 +38,9 @@ from kubemoot.store.protocol import Bucket, StoreError
 
 log = logging.getLogger(__name__)
 
-#: How many of the tightest cold fits a placement prices (more only for an explanation).
-_COLD_SHORTLIST = 3
+#: How many of the cheapest copies and tightest cold fits a placement lists when it is
+#: not explaining itself (the rest cannot win while these stand).
+_SHORTLIST = 3
 
 _ACTION_OF = {
     OptionKind.WARM: Action.WARM,
@@ -161,7 +162,7 @@ class CallPlanner:
         models = [c.model for c in acceptable]
         for _ in range(self._max_rounds):
             rnd = await self.new_round(prompt_tokens)
-            if not rnd.fleet.providers and self.selector.view.static_endpoint is not None:
+            if not len(rnd.fleet.index) and self.selector.view.static_endpoint is not None:
                 return Placement(
                     Action.STATIC, endpoint=self.selector.view.static_endpoint, model=models[0],
                     reason="no provider state and no prober",
@@ -231,10 +232,12 @@ class CallPlanner:
         when nothing cheaper than their floor — load(M) plus one unload — was found.
         """
         preferred = models[0]
-        options = [o for m in models for o in self.selector.copy_options(rnd, m, free_slot=False)]
-        options += self.selector.cold_options(
-            rnd, preferred, limit=None if explain else _COLD_SHORTLIST
-        )
+        limit = None if explain else _SHORTLIST
+        options = [
+            o for m in models
+            for o in self.selector.copy_options(rnd, m, free_slot=False, limit=limit)
+        ]
+        options += self.selector.cold_options(rnd, preferred, limit=limit)
         load = rnd.cost.load(preferred)
         floor = None if load is None else load + self.settings.unload_seconds
         cheapest = min((o.seconds for o in options), default=None)

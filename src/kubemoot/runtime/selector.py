@@ -24,6 +24,10 @@ from kubemoot.store.documents import ProviderState, Ticket, TicketState
 
 VICTIMS = "victims"
 
+#: How many of the cheapest options of one kind a placement lists (and tries to claim)
+#: when it is not explaining itself: the rest could only win if all of these went away.
+_SHORTLIST = 3
+
 ClaimCheck = Callable[[ProviderState | None, list[Ticket], float], bool]
 
 
@@ -38,6 +42,7 @@ class Round:
     gates: dict[str, list[GateResult]] = field(default_factory=dict)
     #: waiters queued before this call, per copy ``(provider, model)`` (see ``spread``)
     ahead: dict[tuple[str, str], int] = field(default_factory=dict)
+    _priced: dict[tuple[str, str, int], Option] = field(default_factory=dict, repr=False)
 
     def record(self, provider: str, model: str, results: list[GateResult]) -> bool:
         self.gates[f"{provider}/{model}"] = results
@@ -45,6 +50,16 @@ class Round:
 
     def ahead_of(self, provider: str, model: str) -> int:
         return self.ahead.get((provider, model), 0)
+
+    def copy_option(self, p: ProviderSnapshot, model: str, ahead: int | None = None) -> Option:
+        """The cost model's copy option, priced once per round (it is asked often)."""
+        if ahead is None:
+            ahead = self.ahead_of(p.name, model)
+        key = (p.name, model, ahead)
+        option = self._priced.get(key)
+        if option is None:
+            option = self._priced[key] = self.cost.copy_option(p, model, ahead=ahead)
+        return option
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +82,17 @@ class ProviderSelector:
     # -- options ---------------------------------------------------------------------
 
     def _usable_copies(self, rnd: Round, model: str) -> list[ProviderSnapshot]:
-        """Providers whose warm or loading copy of ``model`` passes the warm filter."""
-        return [
-            p for p in rnd.fleet.index.copies_of(model)
-            if rnd.record(p.name, model, filters.warm_gates(p, model, rnd.prompt_tokens))
-        ]
+        """Providers whose warm or loading copy of ``model`` passes the warm filter.
+
+        A copy passed over keeps its gate evidence, so the record says why.
+        """
+        usable: list[ProviderSnapshot] = []
+        for p in rnd.fleet.index.copies_of(model):
+            if filters.warm_ok(p, model, rnd.prompt_tokens):
+                usable.append(p)
+            else:
+                rnd.record(p.name, model, filters.warm_gates(p, model, rnd.prompt_tokens))
+        return usable
 
     def spread(self, rnd: Round, models: Sequence[str], ahead: int) -> None:
         """Put ``ahead`` earlier waiters on the copies they would take, one at a time.
@@ -79,15 +100,20 @@ class ProviderSelector:
         Calls queued before this one hold no ticket, yet they will take slots before it
         does: each goes to the copy that would start it soonest, as it would itself
         decide. What is left is this call's view of every copy's backlog (``rnd.ahead``).
+        Only the ``ahead`` cheapest copies of each model can ever be picked (a copy
+        outside them always has a cheaper one still unpicked), so only they are priced
+        further.
         """
         rnd.ahead.clear()
         if ahead <= 0:
             return
         heap: list[tuple[float, int, str, str]] = []
         for order, model in enumerate(models):
-            for p in self._usable_copies(rnd, model):
-                option = rnd.cost.copy_option(p, model)
-                heap.append((option.seconds, order, p.name, model))
+            priced = sorted(
+                (rnd.copy_option(p, model, 0).seconds, p.name)
+                for p in self._usable_copies(rnd, model)
+            )
+            heap.extend((seconds, order, name, model) for seconds, name in priced[:ahead])
         heapq.heapify(heap)
         for _ in range(ahead):
             if not heap:
@@ -97,25 +123,44 @@ class ProviderSelector:
             rnd.ahead[key] = rnd.ahead.get(key, 0) + 1
             p = rnd.fleet.provider(name)
             assert p is not None
-            option = rnd.cost.copy_option(p, model, ahead=rnd.ahead[key])
+            option = rnd.copy_option(p, model, rnd.ahead[key])
             heapq.heappush(heap, (option.seconds, order, name, model))
 
-    def copy_options(self, rnd: Round, model: str, *, free_slot: bool) -> list[Option]:
-        """Warm or loading copies of ``model`` that pass the warm filter."""
+    def copy_options(
+        self, rnd: Round, model: str, *, free_slot: bool, limit: int | None = None
+    ) -> list[Option]:
+        """Warm or loading copies of ``model`` that pass the warm filter, cheapest first.
+
+        With ``limit`` only that many are listed, and only their gate evidence is kept;
+        without it every copy's gates are recorded (for an explanation).
+        """
+        if limit is None:
+            for p in rnd.fleet.index.copies_of(model):
+                rnd.record(p.name, model, filters.warm_gates(p, model, rnd.prompt_tokens))
         options: list[Option] = []
         for p in self._usable_copies(rnd, model):
             ahead = rnd.ahead_of(p.name, model)
             if free_slot and not rnd.cost.has_free_slot(p, model, ahead=ahead):
                 continue
-            options.append(rnd.cost.copy_option(p, model, ahead=ahead))
-        return sorted(options, key=Option.sort_key)
+            options.append(rnd.copy_option(p, model, ahead))
+        options.sort(key=Option.sort_key)
+        if limit is not None:
+            del options[limit:]
+            for o in options:
+                p = _provider(rnd, o)
+                rnd.record(p.name, model, filters.warm_gates(p, model, rnd.prompt_tokens))
+        return options
 
     def loading_options(self, rnd: Round, model: str) -> list[Option]:
         """Copies of ``model`` another call is loading right now (any slot state)."""
-        return [
-            o for o in self.copy_options(rnd, model, free_slot=False)
-            if not _provider(rnd, o).is_resident(model)
+        options = [
+            rnd.copy_option(p, model)
+            for p in self._usable_copies(rnd, model) if not p.is_resident(model)
         ]
+        for o in options:
+            p = _provider(rnd, o)
+            rnd.record(p.name, model, filters.warm_gates(p, model, rnd.prompt_tokens))
+        return sorted(options, key=Option.sort_key)
 
     def cold_options(self, rnd: Round, model: str, *, limit: int | None = None) -> list[Option]:
         """Loads of ``model`` onto free room, on providers where it has no copy.
@@ -199,7 +244,7 @@ class ProviderSelector:
         self, rnd: Round, model: str, holder_id: str, *, state: TicketState = TicketState.RUNNING
     ) -> Claim | None:
         """Share a warm (resident or loading) copy with a free slot, cheapest first."""
-        for option in self.copy_options(rnd, model, free_slot=True):
+        for option in self.copy_options(rnd, model, free_slot=True, limit=_SHORTLIST):
             claim = await self.claim(rnd, option, holder_id, state=state)
             if claim is not None:
                 return claim

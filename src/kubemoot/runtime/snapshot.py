@@ -30,6 +30,11 @@ class ProviderSnapshot:
     )
     _victims: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
     _copies: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+    _in_flight: dict[str, tuple[Ticket, ...]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+    _first_call: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
+    _load_started: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
     _resident_total: int = field(default=0, repr=False, compare=False)
     _loading_mib: int = field(default=0, repr=False, compare=False)
 
@@ -49,6 +54,18 @@ class ProviderSnapshot:
         )
         object.__setattr__(self, "_residents", residents)
         object.__setattr__(self, "_tickets_by_model", by_model)
+        in_flight = {
+            m: calls for m, ts in by_model.items()
+            if (calls := tuple(t for t in ts if t.state is not TicketState.HELD))
+        }
+        object.__setattr__(self, "_in_flight", in_flight)
+        object.__setattr__(self, "_first_call", {
+            m: min(t.started_at for t in calls) for m, calls in in_flight.items()
+        })
+        object.__setattr__(self, "_load_started", {
+            m: min(t.started_at for t in ts if t.model_footprint_mib > 0)
+            for m, ts in by_model.items() if m in loading
+        })
         object.__setattr__(
             self, "_victims", frozenset(v for t in self.tickets for v in t.evicts)
         )
@@ -110,9 +127,19 @@ class ProviderSnapshot:
 
         A held plan is not a call yet, so it takes no slot.
         """
-        return [
-            t for t in self._tickets_by_model.get(model, ()) if t.state is not TicketState.HELD
-        ]
+        return list(self._in_flight.get(model, ()))
+
+    def first_call_started(self, model: str) -> float | None:
+        """When the earliest call in flight on the copy of ``model`` was claimed."""
+        return self._first_call.get(model)
+
+    def load_started(self, model: str) -> float | None:
+        """When a ticket began loading the copy of ``model``; None when none is loading."""
+        return self._load_started.get(model)
+
+    def calls_on(self, model: str) -> tuple[Ticket, ...]:
+        """:meth:`in_flight` without the copy (for the cost model's hot path)."""
+        return self._in_flight.get(model, ())
 
     def loading_tickets(self, model: str) -> list[Ticket]:
         """Tickets whose memory is a copy of ``model`` not yet reported resident."""

@@ -138,11 +138,14 @@ class CapacityWaiter:
         model = candidates[0].model
         started = self._clock.now()
         counter = self._watch.counter if self._watch is not None else 0
-        generation = self._planner.selector.view.generation
         placement = await self._planner.place(
             candidates, holder_id=holder, prompt_tokens=prompt_tokens,
             ticket_state=ticket_state, ahead=self.waiting_for(model),
         )
+        # The fleet this answer saw, unless something changed while it was made (then
+        # the line looks at everything once more).
+        quiet = self._watch is not None and self._watch.counter == counter
+        generation = self._planner.selector.view.generation if quiet else 0
         if placement.placed or placement.action is Action.REFUSE:
             return replace(placement, waited_seconds=self._clock.now() - started)
         if self._watch is None or (done is not None and done.is_set()):

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 __all__ = [
     "DEFAULT_BIAS_KEY",
     "LATENCY_CLASS_LABEL",
+    "BiasTable",
     "effective_bias",
     "latency_tier_score",
     "parse_bias",
@@ -41,16 +42,28 @@ def effective_bias(quality_bias: Mapping[str, str], capabilities: Iterable[str])
     The max is deliberately conservative: if any of an agent's needs says quality
     matters, the agent gets the quality push. Unparsable values count as unmapped.
     """
-    best: float | None = None
-    for capability in capabilities:
-        text = quality_bias.get(capability)
-        value = None if text is None else parse_bias(text)
-        if value is not None and (best is None or value > best):
-            best = value
-    if best is not None:
-        return best
-    fallback = quality_bias.get(DEFAULT_BIAS_KEY)
-    return None if fallback is None else parse_bias(fallback)
+    return BiasTable(quality_bias).effective(capabilities)
+
+
+class BiasTable:
+    """A policy's qualityBias parsed once, for the many Agents it governs."""
+
+    __slots__ = ("_by_capability", "_default")
+
+    def __init__(self, quality_bias: Mapping[str, str]) -> None:
+        parsed = {key: parse_bias(text) for key, text in quality_bias.items()}
+        self._by_capability = {key: value for key, value in parsed.items() if value is not None}
+        self._default = parsed.get(DEFAULT_BIAS_KEY)
+
+    def effective(self, capabilities: Iterable[str]) -> float | None:
+        """See :func:`effective_bias`."""
+        best: float | None = None
+        get = self._by_capability.get
+        for capability in capabilities:
+            value = get(capability)
+            if value is not None and (best is None or value > best):
+                best = value
+        return self._default if best is None else best
 
 
 def latency_tier_score(bias: float, latency_class: str | None) -> float:

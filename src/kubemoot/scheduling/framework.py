@@ -23,10 +23,8 @@ those per-Agent gates, and the tests check that it agrees with the fast path.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -37,29 +35,45 @@ from kubemoot.scheduling.candidate import Placement, stale_age
 from kubemoot.scheduling.plugins import (
     GATES,
     SCORERS,
-    CapacityScorer,
-    ImageLocalityScorer,
     ParallelismGate,
     PluginArgs,
-    ProviderWeightScorer,
     RequireGate,
     SpreadContext,
     TopologySpreadGate,
     agent_limit,
-    quality_score,
-    topology_value,
+)
+from kubemoot.scheduling.tables import (
+    FAILED,
+    FEASIBLE,
+    UNCERTAIN,
+    ModelIndex,
+    ProviderFacts,
+    ProviderTier,
+    QualityFunction,
+    Ranked,
+    Ranking,
+    RuleTable,
+    quality_function,
+    quality_signature,
+    standing_of,
+    tie_break,
 )
 
 __all__ = [
     "AGENT_GATES",
+    "FAILED",
+    "FEASIBLE",
     "PROVIDER_GATES",
     "SCHEDULER_VERSION",
     "SCORING_POLICY_VERSION",
-    "Columns",
+    "UNCERTAIN",
     "Framework",
+    "ProviderFacts",
+    "ProviderTier",
     "Ranked",
     "Ranking",
     "RuleTable",
+    "standing_of",
     "tie_break",
 ]
 
@@ -71,134 +85,11 @@ AGENT_GATES = (ParallelismGate.name, TopologySpreadGate.name)
 #: Gates that depend on the Model and its provider only.
 PROVIDER_GATES = tuple(name for name in GATES if name not in (RequireGate.name, *AGENT_GATES))
 
-_FAIL, _PASS = Verdict.FAIL, Verdict.PASS
-#: A quality score as a function of a Model's labels.
-_Quality = Callable[[Mapping[str, str]], float]
-FEASIBLE, UNCERTAIN, FAILED = 0, 1, 2
-
-
-def tie_break(placement: Placement) -> tuple[bool, int, str]:
-    """Equal scores: smaller declared vramMib first (undeclared last), then Model name."""
-    declared = placement.model.spec.vram_mib
-    return (declared is None, declared or 0, placement.name)
-
-
-def standing_of(results: Sequence[GateResult]) -> int:
-    """FEASIBLE, UNCERTAIN or FAILED by the engine's rule (any FAIL wins)."""
-    verdicts = {result.result for result in results}
-    if _FAIL in verdicts:
-        return FAILED
-    return FEASIBLE if verdicts == {_PASS} or not verdicts else UNCERTAIN
-
-
-@dataclass(frozen=True, slots=True)
-class ProviderFacts:
-    """What the per-Agent parallelism check needs about one provider, precomputed."""
-
-    headroom: int | None  # agents that may still be assumed onto it; None = limit unknown
-    stale: bool
-
-
-@dataclass(slots=True)
-class ProviderTier:
-    """Provider-tier gate results of every Model, for one freshness limit."""
-
-    max_age_seconds: int
-    results: dict[str, tuple[GateResult, ...]]
-    standing: dict[str, int]
-    facts: dict[str, ProviderFacts]
-    first_fail: dict[str, GateResult]  # first FAIL among the provider-tier gates, if any
-
-
-@dataclass(slots=True)
-class RuleTable:
-    """One (policy, phase): which Models the require admits, and the static standing."""
-
-    phase: str
-    rule: SchedulingRule | None
-    tier: ProviderTier
-    rejected: frozenset[str]  # Models the require selector turns away (Require FAILs)
-    feasible: list[Placement]  # statically feasible, by name
-    uncertain: list[Placement]  # statically uncertain, by name
-    admitted: list[Placement]  # Ready Models the require admits (candidate lists)
-    admitted_names: tuple[str, ...]
-    rankings: dict[float | None, Ranking] = field(default_factory=dict)
-    columns: Columns | None = None
-    _gate: RequireGate | None = None
-
-    @property
-    def require_gate(self) -> RequireGate:
-        """The rule's Require gate; its two results are built only when a record needs them."""
-        if self._gate is None:
-            self._gate = RequireGate(self.rule)
-        return self._gate
-
-    def require_result(self, name: str) -> GateResult:
-        """The Require result of one Model."""
-        gate = self.require_gate
-        return gate.failed if name in self.rejected else gate.passed
-
-    def first_failure(self, name: str) -> GateResult | None:
-        """Require's FAIL, else the provider tier's first FAIL, else None."""
-        if name in self.rejected:
-            return self.require_gate.failed
-        return self.tier.first_fail.get(name)
-
-
-@dataclass(frozen=True, slots=True)
-class Ranked:
-    """One statically feasible candidate with its total score."""
-
-    placement: Placement
-    score: float
-    provider: str
-    topology: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Columns:
-    """Agent-independent facts of a table's feasible candidates, one column per fact.
-
-    Columns (not one object per row) keep a ranking to a few list operations: a pass
-    ranks every table once per effective bias, and most of that work is done in C.
-    """
-
-    placements: tuple[Placement, ...]  # feasible, by name
-    ties: tuple[tuple[bool, int, str], ...]
-    capacity: tuple[float, ...]  # weighted terms, summed in the engine's order
-    locality: tuple[float, ...]
-    weight: tuple[float, ...]
-    providers: tuple[str, ...]
-    topology: tuple[str | None, ...]
-    headroom: tuple[int | None, ...]  # agents the provider may still take; None = unknown
-    label_sets: tuple[int, ...]  # index of each Model's label set (see Framework)
-
-
-@dataclass(frozen=True, slots=True)
-class Ranking:
-    """A rule table's feasible candidates for one effective bias, best first."""
-
-    table: RuleTable
-    bias: float | None
-    bias_active: bool
-    order: tuple[int, ...]  # column indices, best first
-    scores: tuple[float, ...]  # total score of ``order[i]``
-    quality: Mapping[str, float]  # quality score of every admitted Model, by name
-
-    def __len__(self) -> int:
-        return len(self.order)
-
-    def entry(self, position: int) -> Ranked:
-        """The candidate at ``position`` (0 is the best)."""
-        columns = self.table.columns
-        assert columns is not None  # a ranking is built from its table's columns
-        index = self.order[position]
-        return Ranked(
-            columns.placements[index],
-            self.scores[position],
-            columns.providers[index],
-            columns.topology[index],
-        )
+_FAIL = Verdict.FAIL
+#: A table's (feasible in tie-break order, uncertain, admitted) Model positions.
+_Selection = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+#: A ranking's (positions best first, their totals, quality per label set).
+_Ranked = tuple[tuple[int, ...], tuple[float, ...], list[float]]
 
 
 class Framework:
@@ -235,19 +126,9 @@ class Framework:
                 capacity = provider.capacity
                 reported = (None if capacity is None else capacity.agent_count) or 0
                 self.headroom[provider.metadata.name] = limit - reported - 1
-        self._static_scores: dict[str, dict[str, tuple[float, float, float]]] = {}
-        # Selectors and quality depend on a Model's labels only: index the distinct sets.
-        self._label_sets: list[Mapping[str, str]] = []
-        self._label_set_of: dict[str, int] = {}
-        known: dict[frozenset[tuple[str, str]], int] = {}
-        self._models: list[tuple[Placement, str, int, bool]] = []
-        for placement in self.placements:
-            labels = placement.model.metadata.labels
-            index = known.setdefault(frozenset(labels.items()), len(known))
-            if index == len(self._label_sets):
-                self._label_sets.append(labels)
-            self._label_set_of[placement.name] = index
-            self._models.append((placement, placement.name, index, placement.model.is_ready))
+        self.index = ModelIndex(self.placements, self.headroom)
+        self._selections: dict[tuple[int, tuple[bool, ...]], _Selection] = {}
+        self._ranked: dict[tuple[object, ...], _Ranked] = {}
 
     # ------------------------------------------------------------------ shared tiers
 
@@ -284,7 +165,24 @@ class Framework:
             for name, checked in results.items()
             if standing[name] == FAILED and any(r.result is _FAIL for r in checked)
         }
-        tier = ProviderTier(max_age_seconds, results, standing, facts, first_fail)
+        index = self.index
+        feasible_by_set: list[list[int]] = [[] for _ in index.label_sets]
+        uncertain_by_set: list[list[int]] = [[] for _ in index.label_sets]
+        for position, name in enumerate(index.names):
+            state = standing[name]
+            if state == FEASIBLE:
+                feasible_by_set[index.set_of[position]].append(position)
+            elif state == UNCERTAIN:
+                uncertain_by_set[index.set_of[position]].append(position)
+        tier = ProviderTier(
+            max_age_seconds,
+            results,
+            standing,
+            facts,
+            first_fail,
+            feasible_by_set,
+            uncertain_by_set,
+        )
         self._tiers[max_age_seconds] = tier
         return tier
 
@@ -293,59 +191,30 @@ class Framework:
     ) -> RuleTable:
         """Which Models the rule's require admits, and the static standing of the rest.
 
-        The selector is called once per distinct label set: Models that carry the same
-        labels get the same answer, and a fleet's models share few label sets. The Require
-        gate's result objects are made only when a decision record is read.
+        The selector runs once per distinct label set: Models with the same labels get
+        the same answer. The Require gate's result objects are made only when a decision
+        record is read.
         """
         tier = self.tier(max_age_seconds)
+        index = self.index
         selector = None if rule is None else rule.require
         if selector is None:
-            admits = [True] * len(self._label_sets)
+            admits = (True,) * len(index.label_sets)
         else:
             matcher = selector.matcher
-            admits = [matcher(labels) for labels in self._label_sets]
-        tier_standing = tier.standing
-        rejected: list[str] = []
-        admitted_names: list[str] = []
-        feasible: list[Placement] = []
-        uncertain: list[Placement] = []
-        admitted: list[Placement] = []
-        for placement, name, label_set, ready in self._models:
-            if not admits[label_set]:
-                rejected.append(name)
-                continue
-            if ready:
-                admitted.append(placement)
-                admitted_names.append(name)
-            state = tier_standing[name]
-            if state == FEASIBLE:
-                feasible.append(placement)
-            elif state == UNCERTAIN:
-                uncertain.append(placement)
-        return RuleTable(
-            phase,
-            rule,
-            tier,
-            frozenset(rejected),
-            feasible,
-            uncertain,
-            admitted,
-            tuple(admitted_names),
-        )
-
-    def static_terms(self, placement: Placement, phase: str) -> tuple[float, float, float]:
-        """Weighted capacity, locality and provider-weight terms: agent-independent."""
-        per_phase = self._static_scores.setdefault(phase, {})
-        found = per_phase.get(placement.name)
-        if found is None:
-            weights = self.weights
-            found = (
-                weights["Capacity"] * CapacityScorer(self.settings.strategy).score(placement),
-                weights["ImageLocality"] * ImageLocalityScorer().score(placement),
-                weights["ProviderWeight"] * ProviderWeightScorer(phase).score(placement),
+            admits = tuple([matcher(labels) for labels in index.label_sets])
+        selected = self._selections.get((max_age_seconds, admits))
+        if selected is None:
+            # Policies often repeat a selector (one template per crew): select once.
+            sets = [label_set for label_set, admitted in enumerate(admits) if admitted]
+            selected = (
+                index.by_tie_break(index.select(tier.feasible_by_set, sets)),
+                tuple(index.select(tier.uncertain_by_set, sets)),
+                tuple(index.select(index.ready_by_set, sets)),
             )
-            per_phase[placement.name] = found
-        return found
+            self._selections[(max_age_seconds, admits)] = selected
+        feasible, uncertain, admitted = selected
+        return RuleTable(phase, rule, tier, index, admits, feasible, uncertain, admitted)
 
     def ranking(
         self,
@@ -362,55 +231,55 @@ class Framework:
         found = table.rankings.get(key)
         if found is not None:
             return found
-        columns = table.columns
-        if columns is None:
-            columns = table.columns = self._columns(table, topology_key)
-        score = _quality_function(rule, key)
-        by_set = [score(labels) for labels in self._label_sets]
-        of = self._label_set_of
-        quality = {name: by_set[of[name]] for name in table.admitted_names}
-        weight_q = self.weights["Quality"]
-        # Summed in the engine's order so that totals tie exactly as in the record.
-        negated = [
-            -round(by_set[label_set] * weight_q + capacity + locality + weight, 9)
-            for label_set, capacity, locality, weight in zip(
-                columns.label_sets,
-                columns.capacity,
-                columns.locality,
-                columns.weight,
-                strict=True,
-            )
-        ]
-        ranked = sorted(zip(negated, columns.ties, range(len(negated)), strict=True))
+        # Tables of different policies often rank the same way (same phase, same admitted
+        # Models, same quality terms): the order is computed once for all of them.
+        signature = (
+            table.phase,
+            table.tier.max_age_seconds,
+            table.admits,
+            quality_signature(rule, key),
+        )
+        ranked = self._ranked.get(signature)
+        if ranked is None:
+            ranked = self._rank(table, quality_function(rule, key))
+            self._ranked[signature] = ranked
+        order, scores, by_set = ranked
         ranking = Ranking(
             table,
             key,
             key is not None,
-            tuple(index for _, _, index in ranked),
-            tuple(-total for total, _, _ in ranked),
-            quality,
+            order,
+            scores,
+            by_set,
+            self.index.topology(topology_key),
+            signature,
         )
         table.rankings[key] = ranking
         return ranking
 
-    def _columns(self, table: RuleTable, topology_key: str | None) -> Columns:
-        """Agent-independent score terms and facts of the table's feasible candidates."""
-        placements = tuple(table.feasible)
-        terms = [self.static_terms(placement, table.phase) for placement in placements]
-        providers = tuple(placement.model.spec.provider_ref for placement in placements)
-        return Columns(
-            placements=placements,
-            ties=tuple(tie_break(placement) for placement in placements),
-            capacity=tuple(term[0] for term in terms),
-            locality=tuple(term[1] for term in terms),
-            weight=tuple(term[2] for term in terms),
-            providers=providers,
-            topology=tuple(
-                None if topology_key is None else topology_value(placement, topology_key)
-                for placement in placements
-            ),
-            headroom=tuple(self.headroom.get(provider) for provider in providers),
-            label_sets=tuple(self._label_set_of[placement.name] for placement in placements),
+    def _rank(self, table: RuleTable, score: QualityFunction) -> _Ranked:
+        """Feasible positions best first, their totals, and the quality of each label set."""
+        index = self.index
+        by_set = [
+            score(labels) if admitted else 0.0
+            for labels, admitted in zip(index.label_sets, table.admits, strict=True)
+        ]
+        positions = table.feasible_positions
+        capacity, locality, weight = index.terms(
+            table.phase, positions, strategy=self.settings.strategy, weights=self.weights
+        )
+        weight_q, set_of = self.weights["Quality"], index.set_of
+        # Summed in the engine's order so that totals tie exactly as in the record.
+        negated = [
+            -round(by_set[set_of[i]] * weight_q + capacity[i] + locality[i] + weight[i], 9)
+            for i in positions
+        ]
+        # ``positions`` is in tie-break order, and the sort is stable: equal totals keep it.
+        ranks = sorted(range(len(positions)), key=negated.__getitem__)
+        return (
+            tuple([positions[rank] for rank in ranks]),
+            tuple([-negated[rank] for rank in ranks]),
+            by_set,
         )
 
     # ------------------------------------------------------------------ full decisions
@@ -465,19 +334,6 @@ class Framework:
             scheduler_version=SCHEDULER_VERSION,
             scoring_policy_version=SCORING_POLICY_VERSION,
         )
-
-
-def _quality_function(rule: SchedulingRule | None, bias: float | None) -> _Quality:
-    """The quality score as a function of a Model's labels (see :func:`quality_score`)."""
-    if rule is not None and rule.prefer:
-        return partial(quality_score, rule=rule, bias=None, bias_active=False)
-    if bias is not None:
-        return partial(quality_score, rule=rule, bias=bias, bias_active=True)
-    return _no_quality
-
-
-def _no_quality(labels: Mapping[str, str]) -> float:
-    return 0.0
 
 
 class _Replay:

@@ -33,9 +33,9 @@ from kubemoot.scheduling.bind import (
     ENV_TRIAGE_MODEL_ID,
     CandidateList,
 )
-from kubemoot.scheduling.framework import Ranked, Ranking
 from kubemoot.scheduling.plugins import SpreadContext
 from kubemoot.scheduling.result import PhaseResult
+from kubemoot.scheduling.tables import Ranked, Ranking
 
 __all__ = ["BindingGroup", "GroupContext", "PhasePlan"]
 

@@ -26,7 +26,7 @@ from kubemoot.api import (
 from kubemoot.api.loader import Bundle
 from kubemoot.gates import DecisionRecord, GateResult, Outcome, Verdict
 from kubemoot.scheduling.archetypes import scheduling_order, unknown_phases
-from kubemoot.scheduling.bias import effective_bias
+from kubemoot.scheduling.bias import BiasTable
 from kubemoot.scheduling.bind import (
     CandidateList,
     candidate_list,
@@ -34,14 +34,7 @@ from kubemoot.scheduling.bind import (
     with_bound_first,
 )
 from kubemoot.scheduling.candidate import Placement
-from kubemoot.scheduling.framework import (
-    PROVIDER_GATES,
-    SCHEDULER_VERSION,
-    Framework,
-    Ranked,
-    Ranking,
-    RuleTable,
-)
+from kubemoot.scheduling.framework import PROVIDER_GATES, SCHEDULER_VERSION, Framework
 from kubemoot.scheduling.group import BindingGroup, PhasePlan
 from kubemoot.scheduling.messages import count_message, defer_text, unschedulable_text
 from kubemoot.scheduling.plugins import (
@@ -57,6 +50,7 @@ from kubemoot.scheduling.result import (
     SchedulingEvent,
 )
 from kubemoot.scheduling.snapshot import ClusterSnapshot, PolicyResolution
+from kubemoot.scheduling.tables import Ranked, Ranking, RuleTable
 
 __all__ = ["PolicyPlan", "SchedulingPass", "schedule_agent", "schedule_bundle"]
 
@@ -77,6 +71,11 @@ class PolicyPlan:
     tables: dict[str, RuleTable]
     spread: TopologySpread | None
     quality_bias: dict[str, str]
+    bias: BiasTable | None = None  # the parsed qualityBias, when there is one
+
+    def __post_init__(self) -> None:
+        if self.quality_bias and self.bias is None:
+            self.bias = BiasTable(self.quality_bias)
 
     @property
     def bias_active(self) -> bool:
@@ -95,10 +94,9 @@ class SchedulingPass:
         self._log: list[str] = []  # every assumed binding in order; a prefix replays `assumed`
         self._plans: dict[str | None, PolicyPlan] = {}
         self._resolved: dict[tuple[str, str | None], tuple[PolicyResolution, PolicyPlan]] = {}
-        self._biases: dict[tuple[int, tuple[str, ...]], float | None] = {}
         self._groups: dict[tuple[str, str | None, float | None], BindingGroup] = {}
-        self._lists: dict[int, CandidateList] = {}
-        self._ordered: dict[tuple[int, str | None], CandidateList] = {}
+        self._lists: dict[tuple[object, ...], CandidateList] = {}
+        self._ordered: dict[tuple[tuple[object, ...], str | None], CandidateList] = {}
         self._json: dict[int, str] = {}  # candidate list id → its JSON (lists are kept alive)
         self._events: dict[tuple[str, str], SchedulingEvent] = {}
         self._unschedulable: dict[str, list[str]] = {}
@@ -173,7 +171,7 @@ class SchedulingPass:
             resolved = (resolution, self.plan(resolution.policy))
             self._resolved[(namespace, crew)] = resolved
         resolution, plan = resolved
-        bias = self._bias(plan, agent) if plan.bias_active else None
+        bias = None if plan.bias is None else plan.bias.effective(agent.spec.capabilities)
         key = (namespace, crew, bias)
         group = self._groups.get(key)
         if group is None or (group.version != self._saturation and not self._holds(group)):
@@ -195,14 +193,6 @@ class SchedulingPass:
         result = AgentResult(agent, resolution.policy, shared=group, position=position)
         self._agents.append(result)
         return result
-
-    def _bias(self, plan: PolicyPlan, agent: Agent) -> float | None:
-        """The Agent's effective bias under the plan; Agents repeat few capability sets."""
-        key = (id(plan), tuple(agent.spec.capabilities))
-        if key in self._biases:
-            return self._biases[key]
-        bias = self._biases[key] = effective_bias(plan.quality_bias, key[1])
-        return bias
 
     def _holds(self, group: BindingGroup) -> bool:
         """Whether a group decided before some provider filled up still decides the same.
@@ -267,37 +257,36 @@ class SchedulingPass:
         self, ranking: Ranking, avoid: frozenset[str], spread: TopologySpread | None
     ) -> tuple[Ranked | None, bool]:
         """The best candidate the per-Agent gates admit, and whether spread had a choice."""
-        columns = ranking.table.columns
-        assert columns is not None
+        index = ranking.table.index
         order, providers, headroom, topology = (
             ranking.order,
-            columns.providers,
-            columns.headroom,
-            columns.topology,
+            index.providers,
+            index.headroom,
+            ranking.topology,
         )
         seen = self.assumed
         # Assumed bindings only grow during a pass, so a provider that is full stays full:
         # the ranking's full head is skipped once for every later Agent.
         start = self._cursor.get(id(ranking), 0)
         while start < len(order):
-            index = order[start]
-            limit = headroom[index]
-            if limit is None or seen.get(providers[index], 0) <= limit:
+            position = order[start]
+            limit = headroom[position]
+            if limit is None or seen.get(providers[position], 0) <= limit:
                 break
             start += 1
         self._cursor[id(ranking)] = start
         fallback: int | None = None
-        for position in range(start, len(order)):
-            index = order[position]
-            limit = headroom[index]
-            if limit is not None and seen.get(providers[index], 0) > limit:
+        for rank in range(start, len(order)):
+            position = order[rank]
+            limit = headroom[position]
+            if limit is not None and seen.get(providers[position], 0) > limit:
                 continue  # the Parallelism gate FAILs once earlier bindings fill it
-            value = topology[index]
+            value = topology[position]
             if avoid and value is not None and value in avoid:
                 if fallback is None:
-                    fallback = position
+                    fallback = rank
                 continue
-            return ranking.entry(position), True
+            return ranking.entry(rank), True
         if (
             fallback is not None
             and spread is not None
@@ -318,13 +307,14 @@ class SchedulingPass:
 
     def candidates(self, ranking: Ranking, bound: str | None) -> CandidateList:
         """The phase's candidate list with ``bound`` first; lists are shared."""
-        key = (id(ranking), bound)
+        # Rankings with one signature admit the same Models with the same quality scores.
+        key = (ranking.signature, bound)
         found = self._ordered.get(key)
         if found is None:
-            base = self._lists.get(id(ranking))
+            base = self._lists.get(ranking.signature)
             if base is None:
                 base = candidate_list(ranking.table.admitted, ranking.quality)
-                self._lists[id(ranking)] = base
+                self._lists[ranking.signature] = base
             found = self._ordered[key] = with_bound_first(base, bound)
         return found
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Self
 
+from kubemoot.api import ModelProvider
 from kubemoot.gates import GateResult
 from kubemoot.scheduling.candidate import Placement, stale_age
 from kubemoot.scheduling.plugins._args import PluginArgs
@@ -24,12 +25,25 @@ class ProviderReadyGate:
     def __init__(self, *, now: datetime, max_age_seconds: int) -> None:
         self._now = now
         self._max_age = max_age_seconds
+        # The verdict depends on the provider alone; many Models share one provider.
+        # Keyed by identity; the entry keeps the provider alive so the id stays its own.
+        self._by_provider: dict[tuple[str, int], tuple[ModelProvider, GateResult]] = {}
 
     @classmethod
     def from_args(cls, args: PluginArgs) -> Self:
         return cls(now=args.now, max_age_seconds=args.max_age_seconds)
 
     def check(self, candidate: Placement, /) -> GateResult:
+        provider = candidate.provider
+        if provider is None:
+            return self._judge(candidate)
+        key = (candidate.model.spec.provider_ref, id(provider))
+        found = self._by_provider.get(key)
+        if found is None:
+            found = self._by_provider[key] = (provider, self._judge(candidate))
+        return found[1]
+
+    def _judge(self, candidate: Placement) -> GateResult:
         ref = candidate.model.spec.provider_ref
         provider = candidate.provider
         if provider is None:

@@ -1,0 +1,62 @@
+"""``kubemoot operator``: bad invocations end with exit status 2 and one line, no traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+KUBEMOOT = Path(sys.executable).with_name("kubemoot")
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(KUBEMOOT), "operator", *args], capture_output=True, text=True,
+                          timeout=60, env=env, check=False)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "no shared store"),
+        (("--nats", "nats://x:4222", "--embedded"), "not both"),
+        (("--embedded", "-n", "crew-a", "--all-namespaces"), "not both"),
+        (("--nats", "http://x:4222"), "not a NATS URL"),
+    ],
+)
+def test_operator_cli_rejects_bad_options(args: tuple[str, ...], message: str,
+                                          tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBEMOOT_NATS")}
+    env.update(HOME=str(tmp_path), KUBECONFIG=str(tmp_path / "config"))
+    (tmp_path / "config").write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+    )
+    done = run(*args, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert message in done.stderr
+
+
+def test_operator_cli_without_credentials_says_so(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    env["HOME"] = str(tmp_path)
+    done = run("--embedded", env=env)
+    if Path("/var/run/secrets/kubernetes.io/serviceaccount/token").exists():
+        pytest.skip("running inside a cluster: a service account is available")
+    assert done.returncode == 2
+    assert "no Kubernetes credentials" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_operator_cli_help_lists_the_options() -> None:
+    done = subprocess.run([str(KUBEMOOT), "operator", "--help"], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0
+    for option in ("--namespace", "--all-namespaces", "--nats", "--embedded",
+                   "--probe-interval"):
+        assert option in done.stdout

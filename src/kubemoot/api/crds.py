@@ -53,7 +53,7 @@ PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
     "CrewSchedulingPolicy": [
         _column("Crew", ".spec.crewRef"),
         _column("Archetype", ".spec.archetypeRef"),
-        _column("Valid", '.status.conditions[?(@.type=="Valid")].status'),
+        _column("Valid", '.status.conditions[?(@.type=="PolicyValid")].status'),
         _AGE,
     ],
     "MootArchetype": [

@@ -4,7 +4,9 @@
 namespace, two phase rules each). Prints the agents bound per second (both phases) and
 the ratio of the pass's time to a floor measured in the same run: evaluating every
 policy's require selectors once against every Model, the work no scheduler can skip.
-Each figure is the best of ``--repeat`` runs. The last line is one JSON object:
+Each figure is the best of ``--repeat`` runs (floor and pass alternate). The pass
+builds each Agent's result objects on first read; a separate line reports the time to
+read them all. The last line is one JSON object:
 ``{"agentsPerSecond": …, "ratioToFloor": …}``.
 
     python bench/schedule.py [--agents 5000] [--models 500] [--providers 100] [--policies 50]
@@ -22,7 +24,7 @@ from typing import Any
 
 from kubemoot.api import Agent, CrewSchedulingPolicy, Model, ModelProvider
 from kubemoot.api.loader import Bundle
-from kubemoot.scheduling import schedule_bundle
+from kubemoot.scheduling import ScheduleResult, schedule_bundle
 
 NOW = datetime(2026, 5, 15, 12, 0, tzinfo=UTC)
 FAMILIES = ("qwen3", "llama3", "mistral", "gemma3", "phi4")
@@ -158,13 +160,21 @@ def floor_seconds(bundle: Bundle) -> float:
     return elapsed
 
 
+def read_seconds(result: ScheduleResult) -> float:
+    """Reading what the operator writes for every Agent (results are built on first read)."""
+    start = time.perf_counter()
+    for agent in result.agents:
+        _ = agent.phases, agent.env, agent.conditions, agent.last_unschedulable
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=5000)
     parser.add_argument("--models", type=int, default=500)
     parser.add_argument("--providers", type=int, default=100)
     parser.add_argument("--policies", type=int, default=50)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
 
@@ -179,13 +189,15 @@ def main() -> None:
         f"cluster: {len(bundle.agents)} agents, {len(bundle.models)} models, "
         f"{len(bundle.providers)} providers, {len(bundle.policies)} policies"
     )
-    floor = min(floor_seconds(bundle) for _ in range(args.repeat))
-    best = float("inf")
+    # Floor and pass alternate, so that both see the same machine when it is shared.
+    floor = best = read = float("inf")
     result = None
     for _ in range(args.repeat):
+        floor = min(floor, floor_seconds(bundle))
         start = time.perf_counter()
         result = schedule_bundle(bundle, now=NOW)
         best = min(best, time.perf_counter() - start)
+        read = min(read, read_seconds(result))
     assert result is not None
     outcomes = Counter(p.outcome.value for a in result.agents for p in a.phases.values())
     providers_used = len({a.phases["mulling"].provider for a in result.agents} - {None})
@@ -195,6 +207,10 @@ def main() -> None:
     )
     print(f"floor (require selectors × models): {floor * 1000:.1f} ms")
     print(f"scheduling pass: {best * 1000:.1f} ms")
+    print(
+        f"reading every agent's phases, env and conditions afterwards: {read * 1000:.1f} ms "
+        "(built on first read from the decisions the pass shares)"
+    )
     agents_per_second = len(result.agents) / best
     ratio = best / floor
     print(f"agents bound per second (both phases): {agents_per_second:,.0f}")

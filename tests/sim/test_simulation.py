@@ -109,3 +109,18 @@ def test_the_scale_scenario_runs_in_reduced_form(scenarios: Path) -> None:
     for run in result.runs:
         assert run.report.calls > 0
         assert run.report.calls == len(run.statuses)
+
+
+def test_on_fleet_16_the_runtime_opens_copies_for_backlogs_instead_of_standing_aside(
+    scenarios: Path,
+) -> None:
+    # Queued calls count in the queue (DESIGN §5) and are served first come, so a
+    # busy model gets a second copy instead of a backlog that outlasts the wait limit.
+    scenario = load_scenario(scenarios / "fleet-16.yaml").with_duration(900)
+    result = simulate(scenario, policies=["kubemoot", "static", "round-robin"])
+    by = {r.report.policy: r.report for r in result.runs}
+    ours = by["kubemoot"]
+    assert ours.stood_aside == {} and ours.failures == 0
+    assert ours.finished == ours.calls
+    assert ours.wait["mean"] < by["static"].wait["mean"]
+    assert ours.cold_loads < by["round-robin"].cold_loads / 2

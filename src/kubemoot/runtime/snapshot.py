@@ -173,8 +173,15 @@ class FleetIndex:
     rebuilding the rest, so a fleet of a thousand cards stays cheap to keep current.
     """
 
-    __slots__ = ("_by_name", "_copies", "_room", "_providers", "generation", "parent",
-                 "changed")
+    __slots__ = (
+        "_by_name",
+        "_copies",
+        "_providers",
+        "_room",
+        "changed",
+        "generation",
+        "parent",
+    )
 
     def __init__(
         self,
@@ -282,7 +289,7 @@ class FleetSnapshot:
     :class:`FleetIndex`.
     """
 
-    __slots__ = ("now", "index")
+    __slots__ = ("index", "now")
 
     def __init__(self, now: float, index: FleetIndex) -> None:
         self.now = now

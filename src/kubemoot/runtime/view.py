@@ -210,21 +210,19 @@ class ProviderView:
                 continue
             if bucket == self._states.name:
                 state = self._parse_state(key, change.revision, change.value)
-                if state is _SKIP:
+                if isinstance(state, _Skip):
                     continue
                 if state is None:
                     if self._docs.pop(name, None) is not None:
                         self._dirty.add(name)
                     continue
-                assert isinstance(state, ProviderState)
                 current = self._docs.get(name)
                 self._docs[name] = (state, current[1] if current is not None else
                                     self._known_tickets(key))
             else:
                 doc = self._parse_tickets(key, change.revision, change.value)
-                if doc is _SKIP:
+                if isinstance(doc, _Skip):
                     continue
-                assert doc is None or isinstance(doc, ProviderTickets)
                 current = self._docs.get(name)
                 if current is None:
                     continue  # tickets of a provider without state: kept for later
@@ -413,25 +411,25 @@ class ProviderView:
         if entry is None:
             return None
         parsed = self._parse_state(key, entry.revision, entry.value)
-        if parsed is _SKIP:  # a newer version arrived through the watch already
+        if isinstance(parsed, _Skip):  # a newer version arrived through the watch already
             cached = self._parsed_states.get(key)
             return cached.state if cached is not None else None
-        return parsed if isinstance(parsed, ProviderState) else None
+        return parsed
 
     async def _tickets_doc(self, key: str) -> ProviderTickets | None:
         entry = await self._tickets.get(key)
         if entry is None:
             return None
         parsed = self._parse_tickets(key, entry.revision, entry.value)
-        if parsed is _SKIP:
+        if isinstance(parsed, _Skip):
             return self._known_tickets(key)
-        return parsed if isinstance(parsed, ProviderTickets) else None
+        return parsed
 
     # -- parsing, once per revision ---------------------------------------------------
 
     def _parse_state(
         self, key: str, revision: int, value: bytes | None
-    ) -> ProviderState | None | object:
+    ) -> ProviderState | _Skip | None:
         cached = self._parsed_states.get(key)
         if cached is not None and cached.revision == revision:
             return cached.state
@@ -450,7 +448,7 @@ class ProviderView:
 
     def _parse_tickets(
         self, key: str, revision: int, value: bytes | None
-    ) -> ProviderTickets | None | object:
+    ) -> ProviderTickets | _Skip | None:
         cached = self._parsed_tickets.get(key)
         if cached is not None and cached.revision == revision:
             return cached.tickets
@@ -466,7 +464,11 @@ class ProviderView:
         return doc
 
 
-_SKIP = object()  # a parse that found an older revision than the one already held
+class _Skip:
+    """A parse that found an older revision than the one already held."""
+
+
+_SKIP = _Skip()
 
 
 def _decode(key: str) -> str | None:

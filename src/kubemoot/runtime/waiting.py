@@ -39,7 +39,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Literal, Protocol
 
 from kubemoot import metrics
 from kubemoot.clock import Clock
@@ -219,7 +219,7 @@ class CapacityWaiter:
 
     async def _wait(self, waiter: _Waiter, done: asyncio.Event | None) -> Placement | None:
         """The dispatcher's answer, or ``None`` at the limit or when the discussion ends."""
-        stopper: asyncio.Future[bool] | None = None
+        stopper: asyncio.Task[Literal[True]] | None = None
         if done is not None:
             stopper = asyncio.ensure_future(done.wait())
             stopper.add_done_callback(lambda _f: _settle(waiter.future, None))

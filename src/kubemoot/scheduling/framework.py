@@ -11,14 +11,16 @@ shares it (kube-scheduler caches node info the same way):
 * *provider tier* — every gate whose verdict depends only on the Model and its provider
   (readiness, freshness, VRAM, license, egress, digest, parallelism with nothing
   assumed), once per pass and freshness limit;
-* *rule tier* — the Require gate, once per (policy, phase);
+* *rule tier* — the Require gate, once per (policy, phase) and distinct label set;
 * *ranking* — quality + capacity + locality + provider weight of each statically
-  feasible candidate, once per (policy, phase, effective bias).
+  feasible candidate, once per (policy, phase, effective bias), and computed only once
+  for tables that rank alike (:mod:`kubemoot.scheduling.tables` holds them as columns).
 
 Only the parallelism gate (agents bound earlier in the pass) and topology spread (the
 Agent's earlier phases) are per Agent; the scheduler applies them while walking the
-ranking. :meth:`Framework.decide` replays the whole decision through the engine with
-those per-Agent gates, and the tests check that it agrees with the fast path.
+ranking, once per group of alike Agents (:mod:`kubemoot.scheduling.group`).
+:meth:`Framework.decide` replays the whole decision through the engine with those
+per-Agent gates, and the tests check that it agrees with the fast path.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """What a scheduling pass produces: per-phase bindings, per-Agent status, events.
 
 The values are plain and frozen where they can be. A phase's full decision record is
-built on first use (:attr:`PhaseResult.decision`): a pass over thousands of agents
-keeps only what it needs to rebuild it, and the record is identical either way.
+built on first use (:attr:`PhaseResult.decision`), and so are an Agent's phase results,
+env and conditions (:class:`AgentResult`): a pass over thousands of agents keeps only
+what it needs to build them, and they are identical either way.
 """
 
 from __future__ import annotations

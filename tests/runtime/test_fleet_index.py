@@ -1,0 +1,78 @@
+"""The fleet index and the following view: derived state must equal a fresh build."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kubemoot.runtime.snapshot import FleetIndex, ProviderSnapshot
+from kubemoot.store.documents import TicketState
+from kubemoot.store.keys import encode_token
+from tests.runtime.builders import gpu, ticket
+
+MODELS = ("a", "b", "c")
+
+
+@st.composite
+def providers(draw: st.DrawFn) -> ProviderSnapshot:
+    name = draw(st.sampled_from(["p0", "p1", "p2", "p3", "p4"]))
+    total = draw(st.sampled_from([None, 16, 24, 48]))
+    residents = draw(st.dictionaries(st.sampled_from(MODELS), st.integers(1, 8), max_size=2))
+    loading = draw(st.lists(st.sampled_from(MODELS), max_size=2))
+    tickets = tuple(
+        ticket(m, footprint_gib=4, state=TicketState.LOADING, ident=f"{name}-{i}")
+        for i, m in enumerate(loading)
+    )
+    return ProviderSnapshot(state=gpu(name, total, residents=residents), tickets=tickets)
+
+
+def _view(index: FleetIndex) -> tuple[object, ...]:
+    return (
+        tuple(p.name for p in index.providers),
+        {m: [p.name for p in index.copies_of(m)] for m in MODELS},
+        {mib: [p.name for p in index.with_room(mib)] for mib in (0, 4096, 20480)},
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    first=st.lists(providers(), max_size=5),
+    steps=st.lists(st.tuples(st.lists(providers(), max_size=3),
+                             st.lists(st.sampled_from(["p0", "p1", "p9"]), max_size=2)),
+                   max_size=4),
+)
+def test_a_derived_index_equals_a_fresh_build(
+    first: list[ProviderSnapshot], steps: list[tuple[list[ProviderSnapshot], list[str]]]
+) -> None:
+    current = {p.name: p for p in first}
+    index = FleetIndex.build(current.values())
+    for changed, removed in steps:
+        for name in removed:
+            current.pop(name, None)
+        for p in changed:
+            current[p.name] = p
+        # A provider both changed and removed in one step stays removed only if it was
+        # not put back: apply removals first, then changes, as the view does.
+        index = index.replaced(list(changed), [n for n in removed if n not in
+                                                {p.name for p in changed}])
+        assert _view(index) == _view(FleetIndex.build(current.values()))
+
+
+async def test_a_following_view_sees_changes_without_being_told(make) -> None:
+    h = await make([gpu("a", 24), gpu("b", 24)])
+    assert await h.view.follow()
+    before = await h.view.snapshot()
+    generation = h.view.generation
+    await h.states.put(encode_token("b"), gpu("b", 24, residents={"m": 8}).to_json())
+    for _ in range(5):
+        await asyncio.sleep(0)  # the watch delivers the change
+    after = await h.view.snapshot()
+    assert before.provider("b") is not None and not before.provider("b").is_resident("m")
+    b = after.provider("b")
+    assert b is not None and b.is_resident("m")
+    assert h.view.changed_since(generation) == frozenset({"b"})
+    assert after.provider("a") is before.provider("a")  # unchanged providers are shared
+    await h.view.close()
+    assert not h.view.following

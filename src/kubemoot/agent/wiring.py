@@ -62,6 +62,7 @@ class RuntimeStack:
         """Stop the watch and close the pool's clients (the store stays the caller's)."""
         if self.watch is not None:
             await self.watch.close()
+        await self.view.close()
         with contextlib.suppress(Exception):
             await self.agents.pool.close()
 
@@ -97,6 +98,9 @@ async def build_stack(
     )
     view = ProviderView(states, tickets_bucket, clock=clock, settings=settings,
                         latency=latency, circuits=circuits)
+    # Follow the buckets' watches so each placement reads only what changed; a store
+    # that cannot watch still works, by reading.
+    await view.follow()
     tickets = TicketManager(tickets_bucket, states, clock=clock,
                             ttl_seconds=settings.ticket_ttl_seconds,
                             max_attempts=settings.claim_attempts)
@@ -106,10 +110,10 @@ async def build_stack(
         ProviderSelector(view, tickets), states=states, settings=settings,
         occupancy=occupancy, demand=board, clients=clients,
     )
-    watch: CapacityWatch | None = CapacityWatch(states, tickets_bucket, clock=clock)
-    assert watch is not None
+    capacity = CapacityWatch(states, tickets_bucket, clock=clock)
+    watch: CapacityWatch | None = capacity
     try:
-        await watch.start()
+        await capacity.start()
     except WatchUnavailable:
         watch = None
     waiter = CapacityWaiter(planner, clock=clock, watch=watch, board=board)

@@ -16,6 +16,8 @@ import os
 import pkgutil
 import sys
 
+from rich.markup import escape
+
 from kubemoot.api.errors import InputError
 from kubemoot.cli._common import app, err_console
 
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         app(args=argv, prog_name="kubemoot", standalone_mode=True)
     except InputError as error:
         err_console.print(
-            f"[bold red]error:[/] {error.describe()}", highlight=False, soft_wrap=True
+            f"[bold red]error:[/] {escape(error.describe())}", highlight=False, soft_wrap=True
         )
         if debug:
             raise
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         err_console.print(
-            f"[bold red]error:[/] {type(error).__name__}: {error}",
+            f"[bold red]error:[/] {escape(f'{type(error).__name__}: {error}')}",
             highlight=False,
             soft_wrap=True,
         )

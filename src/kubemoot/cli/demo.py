@@ -32,6 +32,20 @@ from kubemoot.cli._common import (
     err_console,
     resolve_format,
 )
+from kubemoot.cli._nats import (
+    NatsCA,
+    NatsCert,
+    NatsCreds,
+    NatsFlags,
+    NatsKey,
+    NatsPassword,
+    NatsReconnectAttempts,
+    NatsReconnectWait,
+    NatsToken,
+    NatsUrl,
+    NatsUser,
+    resolve_nats,
+)
 
 if TYPE_CHECKING:
     from kubemoot.agent.discussion import DiscussionResult
@@ -39,6 +53,7 @@ if TYPE_CHECKING:
     from kubemoot.dashboard import DashboardServer
     from kubemoot.providers.emulator import OllamaEmulator
     from kubemoot.providers.ollama import OllamaProvider
+    from kubemoot.store.nats import NatsSettings
 
 DEFAULT_BUNDLE = Path(__file__).resolve().parents[3] / "examples" / "homelab"
 # Emulated seconds per call: a fixed part plus a part per generated token (8–31 tokens).
@@ -50,10 +65,16 @@ SAMPLE_INTERVAL_SECONDS = 0.01
 
 @app.command("demo")
 def demo_command(
-    nats: str | None = typer.Option(
-        None, "--nats", help="Run against this NATS server (nats://host:4222) instead of "
-        "the embedded store."
-    ),
+    nats: NatsUrl = None,
+    nats_user: NatsUser = None,
+    nats_password: NatsPassword = None,
+    nats_token: NatsToken = None,
+    nats_creds: NatsCreds = None,
+    nats_tls_ca: NatsCA = None,
+    nats_tls_cert: NatsCert = None,
+    nats_tls_key: NatsKey = None,
+    nats_reconnect_attempts: NatsReconnectAttempts = None,
+    nats_reconnect_wait: NatsReconnectWait = None,
     discussions: int = typer.Option(8, "--discussions", min=1, max=40,
                                     help="How many discussions to run at once."),
     seed: int = typer.Option(7, "--seed", help="Chooses questions, members and start times."),
@@ -76,6 +97,14 @@ def demo_command(
 ) -> None:
     """Run crews on emulated GPUs through the scheduler and show where each call ran."""
     fmt = resolve_format(output)
+    # --nats picks NATS over the embedded store; the other flags only tune the connection.
+    nats_settings = resolve_nats(
+        NatsFlags(url=nats, user=nats_user, password=nats_password, token=nats_token,
+                  creds=nats_creds, tls_ca=nats_tls_ca, tls_cert=nats_tls_cert,
+                  tls_key=nats_tls_key, reconnect_attempts=nats_reconnect_attempts,
+                  reconnect_wait=nats_reconnect_wait),
+        use_nats=nats is not None,
+    )
     path = bundle or DEFAULT_BUNDLE
     if not path.exists():
         raise InputError("no such bundle; pass -f with the resources to run",
@@ -90,7 +119,7 @@ def demo_command(
             emit_data(report, fmt)
 
     page = _PageOptions(dashboard_port, dashboard_linger, present) if dashboard else None
-    report = asyncio.run(_run(path, nats_url=nats, discussions=discussions, seed=seed,
+    report = asyncio.run(_run(path, nats=nats_settings, discussions=discussions, seed=seed,
                               time_scale=time_scale, dashboard=page,
                               live=fmt is OutputFormat.table))
     if not shown:
@@ -118,7 +147,7 @@ class _Books:
             self._above.discard(name)
 
 
-async def _run(path: Path, *, nats_url: str | None, discussions: int, seed: int,
+async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed: int,
                time_scale: float, dashboard: _PageOptions | None,
                live: bool) -> dict[str, Any]:
     from datetime import UTC, datetime
@@ -136,6 +165,7 @@ async def _run(path: Path, *, nats_url: str | None, discussions: int, seed: int,
     from kubemoot.providers.prober import Prober, publish_to_kv
     from kubemoot.runtime.settings import RuntimeSettings
     from kubemoot.scheduling import schedule_bundle
+    from kubemoot.store import open_store
     from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 
     started = time.monotonic()
@@ -145,7 +175,7 @@ async def _run(path: Path, *, nats_url: str | None, discussions: int, seed: int,
     result = schedule_bundle(resources, now=datetime.now(UTC))
     clock = SystemClock()
     emulators = await _start_emulators(resources, time_scale)
-    kv = await _open_store(nats_url, clock)
+    kv = await open_store(clock=clock, nats=nats)
     books = _Books()
     tasks: list[asyncio.Task[None]] = []
     page: DashboardServer | None = None
@@ -198,7 +228,7 @@ async def _run(path: Path, *, nats_url: str | None, discussions: int, seed: int,
         finally:
             await stack.close()
         report = _report(threads, stack.agents.records, books, emulators, clients, resources,
-                       store="nats" if nats_url else "memory", seed=seed,
+                       store="nats" if nats else "memory", seed=seed,
                        time_scale=time_scale, wall=time.monotonic() - started)
         await calllog.flush()
         if page is not None and dashboard is not None:
@@ -239,17 +269,6 @@ async def _start_emulators(resources: Any, time_scale: float) -> dict[str, Ollam
         emulators[provider.metadata.name] = OllamaEmulator(config)
     await asyncio.gather(*(asyncio.to_thread(e.start) for e in emulators.values()))
     return emulators
-
-
-async def _open_store(nats_url: str | None, clock: Any) -> Any:
-    if nats_url is None:
-        from kubemoot.store.memory import MemoryKV
-
-        return MemoryKV(clock=clock)
-    from kubemoot.store.nats import NatsKV, NatsSettings
-
-    servers = [u.strip() for u in nats_url.split(",") if u.strip()]
-    return await NatsKV.connect(NatsSettings(servers=servers))
 
 
 def _counting_provider(provider: Any, url: str) -> OllamaProvider:

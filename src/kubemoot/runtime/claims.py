@@ -72,14 +72,15 @@ async def claim_with_evictions(
         raise ValueError(f"not an unload plan: {option.kind}")
     if state is TicketState.RUNNING:
         state = TicketState.LOADING
+    provider = rnd.fleet.provider(option.provider)
+    assert provider is not None  # the option was made from this round
     ticket = await selector.claim_ticket(
         option, holder_id, state=state,
         check=victims_idle_check(option, rnd.prompt_tokens), evicts=option.evicts,
+        provider_state=provider.state,
     )
     if ticket is None:
         return None
-    provider = rnd.fleet.provider(option.provider)
-    assert provider is not None  # the option was made from this round
     client = clients.get(option.provider)
     try:
         for victim in option.victims:

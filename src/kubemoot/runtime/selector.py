@@ -298,7 +298,9 @@ class ProviderSelector:
                              OptionKind.QUEUE, ahead=rnd.ahead_of(option.provider,
                                                                   option.model))
         )
-        ticket = await self.claim_ticket(option, holder_id, state=state, check=check)
+        ticket = await self.claim_ticket(
+            option, holder_id, state=state, check=check, provider_state=p.state
+        )
         if ticket is None:
             return None
         return Claim(option, ticket, p.state.endpoint, p.context_for(option.model))
@@ -311,11 +313,14 @@ class ProviderSelector:
         state: TicketState,
         check: ClaimCheck,
         evicts: Mapping[str, int] | None = None,
+        provider_state: ProviderState | None = None,
     ) -> Ticket | None:
+        # ``provider_state``: the round's copy, so the claim need not read it again.
         try:
             ticket = await self.tickets.claim(
                 option.provider, option.model, option.footprint_mib, holder_id,
                 state=state, evicts=dict(evicts) if evicts else None, check=check,
+                provider_state=provider_state,
             )
         except (ClaimRejected, ClaimConflict):
             self.view.invalidate(option.provider)  # the state moved: read it again

@@ -5,6 +5,15 @@ so one compare-and-set covers the provider's whole budget. A claim reads the tic
 document and the provider state, decides with :func:`~kubemoot.runtime.budget.budget_allows`,
 and writes with the revision it read; a lost race re-reads and decides again.
 
+Round trips. The compare-and-set guards only the ticket document, so the claim need not
+read it when this manager holds the copy it last wrote: the write itself tells whether
+that copy was current (a :class:`~kubemoot.store.protocol.RevisionMismatch` sends the
+claim back to read and decide again). A caller that already holds the provider state
+(the runtime's provider view, cached or followed by a watch) passes it as
+``provider_state`` and the claim skips reading it; should the claim be refused on that
+state, or lose a race, it is decided again on a freshly read state before any answer is
+given. An uncontended claim is then one write, and so is its release.
+
 Fairness and speed. A plain CAS loop lets some claimers lose again and again while
 every loser's write costs the server work. Here every operation of one
 :class:`TicketManager` on one provider (claims, releases, renewals, state changes) goes
@@ -101,6 +110,8 @@ class _Op:
     check: Check | None = None
     ttl_seconds: float | None = None  # RENEW
     state: TicketState | None = None  # STATE
+    known_state: ProviderState | None = None  # CLAIM: the state the caller holds
+    reread: bool = False  # CLAIM: decide on a freshly read state from now on
     attempts: int = 0
     abandoned: bool = False  # the caller was cancelled while waiting
 
@@ -175,8 +186,13 @@ class TicketManager:
         state: TicketState = TicketState.RUNNING,
         evicts: Mapping[str, int] | None = None,
         check: Check | None = None,
+        provider_state: ProviderState | None = None,
     ) -> Ticket:
         """Claim ``footprint_mib`` of the provider's VRAM for ``model``.
+
+        ``provider_state`` is the provider's state as the caller last saw it; with it the
+        claim is decided without reading the state first, and only a refusal or a lost
+        race costs a fresh read (the answer always rests on a read state then).
 
         Raises :class:`ClaimRejected` when the budget (or ``check``) says no,
         :class:`ClaimConflict` when every attempt lost a race, and
@@ -193,7 +209,10 @@ class TicketManager:
             expires_at=now + self.ttl_seconds,
             evicts=dict(evicts or {}),
         )
-        op = self._op(_Kind.CLAIM, ticket.ticket_id, ticket=ticket, check=check)
+        op = self._op(
+            _Kind.CLAIM, ticket.ticket_id, ticket=ticket, check=check,
+            known_state=provider_state,
+        )
         try:
             granted = await self._submit(provider, op)
         except ClaimRejected:
@@ -242,10 +261,12 @@ class TicketManager:
         state: TicketState = TicketState.RUNNING,
         evicts: Mapping[str, int] | None = None,
         check: Check | None = None,
+        provider_state: ProviderState | None = None,
     ) -> AsyncIterator[Ticket]:
         """Claim for the duration of a block; the ticket is released when it ends."""
         ticket = await self.claim(
-            provider, model, footprint_mib, holder_id, state=state, evicts=evicts, check=check
+            provider, model, footprint_mib, holder_id, state=state, evicts=evicts,
+            check=check, provider_state=provider_state,
         )
         try:
             yield ticket
@@ -298,10 +319,23 @@ class TicketManager:
         while lane.pending:
             batch = list(lane.pending)
             cached, lane.cached = lane.cached, None
+            known = _known_state(batch)
+            retry: set[int] = set()  # claims to decide again on a freshly read state
             try:
-                document, revision, state = await self._read_for(provider, batch, cached)
+                document, revision, state = await self._read_for(
+                    provider, batch, cached, known
+                )
                 now = self._clock.now()
                 outcome, changed, results = self._apply(provider, document, state, now, batch)
+                if known is not None:
+                    # A "no" on the caller's copy of the state may be that copy's age:
+                    # those claims stay queued and are decided again on a fresh read.
+                    for op in batch:
+                        if op.kind is _Kind.CLAIM and isinstance(
+                            results.get(id(op)), ClaimRejected
+                        ):
+                            op.reread = True
+                            retry.add(id(op))
                 if changed:
                     written = ProviderTickets(provider=provider, tickets=outcome)
                     if revision is None:
@@ -314,6 +348,8 @@ class TicketManager:
                 elif revision is not None:
                     lane.cached = (document, revision)
             except (RevisionMismatch, KeyExists, StoreUnavailable) as error:
+                for op in batch:  # the next attempt reads the state with the document
+                    op.reread = op.reread or op.kind is _Kind.CLAIM
                 if isinstance(error, RevisionMismatch | KeyExists):
                     metrics.CAS_CONFLICTS.inc()
                 if cached is not None and isinstance(error, RevisionMismatch | KeyExists):
@@ -327,7 +363,8 @@ class TicketManager:
                     self._finish(lane, op, error=error)
                 continue
             for op in batch:
-                self._finish(lane, op, result=results.get(id(op)))
+                if id(op) not in retry:
+                    self._finish(lane, op, result=results.get(id(op)))
             if conflicts and lane.pending:
                 # Under contention a winner holding the fresh revision would win again and
                 # again (the others must read first): step aside briefly and read anew.
@@ -342,8 +379,14 @@ class TicketManager:
         provider: str,
         batch: list[_Op],
         cached: tuple[ProviderTickets, int] | None,
+        known: ProviderState | None,
     ) -> tuple[ProviderTickets, int | None, ProviderState | None]:
         """The ticket document (cached or read) and, when a claim needs it, the state."""
+        if known is not None:  # the callers hold the state: at most the document is read
+            if cached is not None:
+                return cached[0], cached[1], known
+            document, revision = await self.read(provider)
+            return document, revision, known
         needs_state = any(op.kind is _Kind.CLAIM for op in batch)
         if cached is not None:
             state = await self._state(provider) if needs_state else None
@@ -462,3 +505,15 @@ class TicketManager:
         if op.check is not None and not op.check(state, list(tickets), now):
             return "the claim's check failed"
         return None
+
+
+def _known_state(batch: list[_Op]) -> ProviderState | None:
+    """The state the batch's claims may be decided on without reading it; None: read.
+
+    Only when every claim in the batch brought one and none must be decided afresh.
+    The newest submission's copy is used: it was taken last.
+    """
+    claims = [op for op in batch if op.kind is _Kind.CLAIM]
+    if not claims or any(op.known_state is None or op.reread for op in claims):
+        return None
+    return claims[-1].known_state

@@ -1,25 +1,46 @@
 """Shared state: the KV protocol, the embedded store and the NATS JetStream store.
 
 :func:`open_store` picks one from a URL, for CLIs and the demo. The NATS adapter is
-imported only when a ``nats://`` URL asks for it, so importing this package never
-pulls in ``nats``.
+imported only when a ``nats://`` URL or NATS settings ask for it, so importing this
+package never pulls in ``nats``.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kubemoot.clock import Clock
 from kubemoot.store.protocol import KV
 
+if TYPE_CHECKING:
+    from kubemoot.store.nats import NatsSettings
+
 __all__ = ["open_store"]
 
+_MEMORY_URLS = ("", "memory://", "memory")
 
-async def open_store(url: str | None = None, *, clock: Clock | None = None) -> KV:
-    """``None`` or ``memory://`` → the embedded store; ``nats://…`` (or ``tls://…``,
-    comma-separated for several servers) → NATS, with the other connection options
-    (credentials, TLS) from ``KUBEMOOT_NATS_*``. Raises ``ValueError`` on other schemes
-    and ``StoreUnavailable`` when NATS cannot be reached.
+
+async def open_store(
+    url: str | None = None, *, clock: Clock | None = None, nats: NatsSettings | None = None
+) -> KV:
+    """Open the embedded store or a NATS JetStream store.
+
+    * ``url`` ``None`` (and no ``nats``) or ``memory://`` → the embedded store;
+    * ``nats://…`` or ``tls://…`` (comma-separated for several servers) → NATS at those
+      servers, with the other connection options (credentials, TLS, reconnects) from
+      ``nats`` when given, else from ``KUBEMOOT_NATS_*``;
+    * ``url`` ``None`` with ``nats`` → NATS exactly as ``nats`` says, servers included.
+
+    Raises ``ValueError`` on other schemes or on ``memory://`` together with NATS
+    settings, and ``StoreUnavailable`` when NATS cannot be reached.
     """
-    if url is None or url.strip() in ("", "memory://", "memory"):
+    if url is None and nats is not None:
+        from kubemoot.store.nats import NatsKV
+
+        return await NatsKV.connect(nats)
+    if url is None or url.strip() in _MEMORY_URLS:
+        if nats is not None:
+            raise ValueError("NATS settings given for the embedded store (memory://)")
         from kubemoot.store.memory import MemoryKV
 
         return MemoryKV(clock)
@@ -30,5 +51,5 @@ async def open_store(url: str | None = None, *, clock: Clock | None = None) -> K
 
     from kubemoot.store.nats import NatsKV, NatsSettings
 
-    settings = dataclasses.replace(NatsSettings.from_env(), servers=servers)
-    return await NatsKV.connect(settings)
+    base = nats if nats is not None else NatsSettings.from_env()
+    return await NatsKV.connect(dataclasses.replace(base, servers=servers))

@@ -1,0 +1,310 @@
+"""NATS connection options, shared by every command that talks to NATS.
+
+A command declares the options with the ``Annotated`` aliases below (one parameter
+each), packs them into :class:`NatsFlags`, and turns them into
+:class:`~kubemoot.store.nats.NatsSettings` with :func:`resolve_nats`::
+
+    @app.command("watch")
+    def watch(nats: NatsUrl = None, nats_user: NatsUser = None, …) -> None:
+        flags = NatsFlags(url=nats, user=nats_user, …)
+        settings = resolve_nats(flags, use_nats=nats is not None)
+
+Precedence: a flag wins over its ``KUBEMOOT_NATS_*`` variable, which wins over the
+default. Authentication is one of three ways (user and password, token, credentials
+file); when flags pick one, variables naming another are ignored, so a flag is never
+overruled by something left in the environment. Every mistake the client could only
+report as a failed connection (a bad scheme, a missing file, half a user/password pair,
+two ways to authenticate) is an :class:`InputError` naming the flag or variable, before
+any connection is tried.
+
+``kubemoot.store.nats`` is imported only inside the functions, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import ssl
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+from urllib.parse import urlsplit
+
+import typer
+
+from kubemoot.api.errors import InputError
+
+if TYPE_CHECKING:
+    from kubemoot.store.nats import NatsSettings
+
+__all__ = [
+    "NatsCA",
+    "NatsCert",
+    "NatsCreds",
+    "NatsFlags",
+    "NatsKey",
+    "NatsPassword",
+    "NatsReconnectAttempts",
+    "NatsReconnectWait",
+    "NatsToken",
+    "NatsUrl",
+    "NatsUser",
+    "export_nats_env",
+    "merge_nats",
+    "resolve_nats",
+]
+
+PANEL = "NATS connection"
+URL_ENV = "KUBEMOOT_NATS_URL"
+NATS_SCHEMES = ("nats", "tls")
+
+NatsUrl = Annotated[str | None, typer.Option(
+    "--nats", metavar="URL[,URL…]", rich_help_panel=PANEL,
+    help="NATS JetStream server(s) for the shared state, nats://HOST:PORT or "
+    "tls://HOST:PORT, comma-separated [env: KUBEMOOT_NATS_URL].",
+)]
+NatsUser = Annotated[str | None, typer.Option(
+    "--nats-user", metavar="USER", rich_help_panel=PANEL,
+    help="User name; needs a password [env: KUBEMOOT_NATS_USER].",
+)]
+NatsPassword = Annotated[str | None, typer.Option(
+    "--nats-password", metavar="PASSWORD", rich_help_panel=PANEL,
+    help="Password of --nats-user; prefer the variable, a flag shows in `ps` "
+    "[env: KUBEMOOT_NATS_PASSWORD].",
+)]
+NatsToken = Annotated[str | None, typer.Option(
+    "--nats-token", metavar="TOKEN", rich_help_panel=PANEL,
+    help="Token authentication [env: KUBEMOOT_NATS_TOKEN].",
+)]
+NatsCreds = Annotated[str | None, typer.Option(
+    "--nats-creds", metavar="FILE", rich_help_panel=PANEL,
+    help="Credentials file with a user JWT and nkey seed [env: KUBEMOOT_NATS_CREDS].",
+)]
+NatsCA = Annotated[str | None, typer.Option(
+    "--nats-tls-ca", metavar="FILE", rich_help_panel=PANEL,
+    help="CA certificate(s) to trust for the server (PEM) [env: KUBEMOOT_NATS_TLS_CA].",
+)]
+NatsCert = Annotated[str | None, typer.Option(
+    "--nats-tls-cert", metavar="FILE", rich_help_panel=PANEL,
+    help="Client certificate for mutual TLS (PEM) [env: KUBEMOOT_NATS_TLS_CERT].",
+)]
+NatsKey = Annotated[str | None, typer.Option(
+    "--nats-tls-key", metavar="FILE", rich_help_panel=PANEL,
+    help="Private key of --nats-tls-cert (PEM) [env: KUBEMOOT_NATS_TLS_KEY].",
+)]
+NatsReconnectAttempts = Annotated[int | None, typer.Option(
+    "--nats-reconnect-attempts", metavar="N", min=-1, rich_help_panel=PANEL,
+    help="Rounds over the server list before giving up, at the first connection and "
+    "after a disconnect (default 120; -1 or 0: never give up).",
+)]
+NatsReconnectWait = Annotated[float | None, typer.Option(
+    "--nats-reconnect-wait", metavar="SECONDS", min=0.0, rich_help_panel=PANEL,
+    help="Seconds between two rounds (default 0.5; the client adds jitter).",
+)]
+
+
+@dataclass(frozen=True, slots=True)
+class NatsFlags:
+    """The NATS options exactly as given on the command line (``None``: not given)."""
+
+    url: str | None = None
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    creds: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    reconnect_attempts: int | None = None
+    reconnect_wait: float | None = None
+
+    def connection_flags(self) -> list[str]:
+        """The flags given besides ``--nats``, by name, in the order of ``--help``."""
+        return [flag for attr, flag in _CONNECTION_FLAGS if getattr(self, attr) is not None]
+
+
+# (NatsFlags attribute, flag) for everything but the URL
+_CONNECTION_FLAGS = (
+    ("user", "--nats-user"),
+    ("password", "--nats-password"),
+    ("token", "--nats-token"),
+    ("creds", "--nats-creds"),
+    ("tls_ca", "--nats-tls-ca"),
+    ("tls_cert", "--nats-tls-cert"),
+    ("tls_key", "--nats-tls-key"),
+    ("reconnect_attempts", "--nats-reconnect-attempts"),
+    ("reconnect_wait", "--nats-reconnect-wait"),
+)
+
+# (NatsSettings field, NatsFlags attribute, flag, variable) for the string options
+_OPTIONS = (
+    ("user", "user", "--nats-user", "KUBEMOOT_NATS_USER"),
+    ("password", "password", "--nats-password", "KUBEMOOT_NATS_PASSWORD"),
+    ("token", "token", "--nats-token", "KUBEMOOT_NATS_TOKEN"),
+    ("credentials_file", "creds", "--nats-creds", "KUBEMOOT_NATS_CREDS"),
+    ("tls_ca", "tls_ca", "--nats-tls-ca", "KUBEMOOT_NATS_TLS_CA"),
+    ("tls_cert", "tls_cert", "--nats-tls-cert", "KUBEMOOT_NATS_TLS_CERT"),
+    ("tls_key", "tls_key", "--nats-tls-key", "KUBEMOOT_NATS_TLS_KEY"),
+)
+_AUTH_WAYS = {"user": ("user", "password"), "token": ("token",), "creds": ("credentials_file",)}
+
+
+def resolve_nats(
+    flags: NatsFlags, *, use_nats: bool, environ: Mapping[str, str] | None = None
+) -> NatsSettings | None:
+    """The settings to connect with, or ``None`` when the command does not use NATS.
+
+    With ``use_nats`` false, a connection flag is an error rather than silently
+    ignored: the user believes it does something.
+    """
+    if not use_nats:
+        given = flags.connection_flags()
+        if given:
+            raise InputError(f"{given[0]} applies only to a NATS store; add --nats URL",
+                             field=given[0])
+        return None
+    return merge_nats(flags, environ=environ)
+
+
+def merge_nats(flags: NatsFlags, *, environ: Mapping[str, str] | None = None) -> NatsSettings:
+    """Flags over ``KUBEMOOT_NATS_*`` over defaults, validated (:class:`InputError`)."""
+    from kubemoot.store.nats import NatsSettings
+
+    env = dict(os.environ if environ is None else environ)
+    base = NatsSettings.from_env(env)
+    values: dict[str, str | None] = {}
+    source: dict[str, str] = {}  # settings field → the flag or variable it came from
+    from_flag: set[str] = set()
+    for name, attr, flag, variable in _OPTIONS:
+        given: str | None = getattr(flags, attr)
+        if given is not None:
+            if not given.strip():
+                raise InputError("must not be empty", field=flag)
+            values[name], source[name] = given.strip(), flag
+            from_flag.add(name)
+        else:
+            values[name] = getattr(base, name)
+            if values[name] is not None:
+                source[name] = variable
+    _pick_auth(values, source, from_flag)
+    _check_auth(values, source)
+    for name in ("credentials_file", "tls_ca", "tls_cert", "tls_key"):
+        _check_file(values[name], source.get(name, ""))
+    if values["credentials_file"] is not None:
+        _check_creds(values["credentials_file"], source["credentials_file"])
+    servers, url_source = base.servers, URL_ENV
+    if flags.url is not None:
+        servers = [u.strip() for u in flags.url.split(",") if u.strip()]
+        url_source = "--nats"
+        if not servers:
+            raise InputError("give at least one URL, nats://HOST:PORT", field="--nats")
+    for server in servers:
+        _check_url(server, url_source)
+    settings = dataclasses.replace(base, servers=servers, **values)
+    if flags.reconnect_attempts is not None:
+        settings = dataclasses.replace(settings, max_reconnect_attempts=flags.reconnect_attempts)
+    if flags.reconnect_wait is not None:
+        settings = dataclasses.replace(settings, reconnect_wait=flags.reconnect_wait)
+    _check_tls(settings, source)
+    return settings
+
+
+def export_nats_env(settings: NatsSettings, environ: MutableMapping[str, str]) -> None:
+    """Write ``settings`` as the ``KUBEMOOT_NATS_*`` variables (unset ones removed).
+
+    For code that opens the store from the environment alone (the operator takes only a
+    URL): ``NatsSettings.from_env(environ)`` then gives these settings back. The
+    reconnect settings have no variable and do not travel this way.
+    """
+    environ[URL_ENV] = ",".join(settings.servers)
+    for name, _attr, _flag, variable in _OPTIONS:
+        value = getattr(settings, name)
+        if value is None:
+            environ.pop(variable, None)
+        else:
+            environ[variable] = value
+
+
+# -- checks ----------------------------------------------------------------------------
+
+
+def _pick_auth(values: dict[str, str | None], source: dict[str, str], from_flag: set[str]) -> None:
+    """When flags choose a way to authenticate, drop the other ways the environment set."""
+    chosen = {way for way, names in _AUTH_WAYS.items() if from_flag.intersection(names)}
+    if not chosen:
+        return
+    for way, names in _AUTH_WAYS.items():
+        if way not in chosen:
+            for name in names:
+                values[name] = None
+                source.pop(name, None)
+
+
+def _check_auth(values: dict[str, str | None], source: dict[str, str]) -> None:
+    ways = [way for way, names in _AUTH_WAYS.items() if any(values[n] for n in names)]
+    if len(ways) > 1:
+        named = [next(source[n] for n in _AUTH_WAYS[way] if values[n]) for way in ways]
+        raise InputError(f"{' and '.join(named)} are two ways to authenticate; give one "
+                         "(user and password, a token, or a credentials file)",
+                         field=named[-1])
+    if values["user"] and not values["password"]:
+        raise InputError("a user needs a password (--nats-password or KUBEMOOT_NATS_PASSWORD)",
+                         field=source["user"])
+    if values["password"] and not values["user"]:
+        raise InputError("a password needs a user (--nats-user or KUBEMOOT_NATS_USER)",
+                         field=source["password"])
+
+
+def _check_file(value: str | None, where: str) -> None:
+    if value is None:
+        return
+    path = Path(value)
+    if not path.is_file():
+        raise InputError(f"no such file: {value}", field=where)
+    if not os.access(path, os.R_OK):
+        raise InputError(f"cannot read {value}", field=where)
+
+
+def _check_creds(value: str, where: str) -> None:
+    text = Path(value).read_text(errors="replace")
+    # nats-py would fail only at connect time, with an error far from the cause.
+    if "BEGIN NATS USER JWT" not in text or "BEGIN USER NKEY SEED" not in text:
+        raise InputError(f"{value} is not a NATS credentials file (a user JWT and an nkey "
+                         "seed, as `nsc generate creds` writes)", field=where)
+
+
+def _check_url(url: str, where: str) -> None:
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError on a port that is not a number in range
+    except ValueError as error:
+        raise InputError(f"{url!r} is not a valid URL: {error}", field=where) from None
+    if parts.scheme not in NATS_SCHEMES:
+        raise InputError(f"{url!r} is not a NATS URL (unknown store URL scheme "
+                         f"{parts.scheme or 'none'!r}); use nats://HOST:PORT or "
+                         "tls://HOST:PORT", field=where)
+    if not parts.hostname:
+        raise InputError(f"{url!r} names no host; use nats://HOST:PORT", field=where)
+    if parts.path not in ("", "/") or parts.query or parts.fragment or port == 0:
+        raise InputError(f"{url!r} is not a server address; use nats://HOST:PORT",
+                         field=where)
+
+
+def _check_tls(settings: NatsSettings, source: dict[str, str]) -> None:
+    """Load the TLS files now: a bad one is the user's mistake, not a network failure."""
+    if settings.tls_key and not settings.tls_cert:
+        raise InputError("a TLS key needs its certificate (--nats-tls-cert)",
+                         field=source["tls_key"])
+    if settings.tls_ca:
+        try:
+            ssl.create_default_context(cafile=settings.tls_ca)
+        except (ssl.SSLError, OSError, ValueError) as error:
+            raise InputError(f"cannot use {settings.tls_ca} as a CA: {error}",
+                             field=source["tls_ca"]) from None
+    if settings.tls_cert:
+        try:
+            settings.tls_context()
+        except (ssl.SSLError, OSError, ValueError) as error:
+            raise InputError(f"cannot load the client certificate and key: {error}",
+                             field=source["tls_cert"]) from None

@@ -5,7 +5,12 @@ Run: ``.venv/bin/python bench/kv.py [--seconds 3] [--claimers 20] [--processes 2
 It starts its own ``nats-server -js`` and measures, in one run:
 
 1. the floor: a raw ``get`` + ``update`` round trip on NATS, and on the embedded store;
-2. claim + release, uncontended, on NATS: p50/p99 and the p99's ratio to the floor's;
+2. claim + release, uncontended, on NATS: p50/p99 and the p99's ratio to the floor's.
+   The floor and the claims are sampled in turns (floor, claim, floor, claim, …) so
+   that whatever else the machine is doing meanwhile weighs on both alike. Claims are
+   measured the way the runtime makes them, with the provider state the caller holds
+   (``uncontendedP99Ratio``), and also reading the state on every claim
+   (``uncontendedReadStateP99Ratio``);
 3. contention: ``--claimers`` claimers spread over ``--processes`` worker processes,
    every process with its own NATS connection, all claiming on one provider for
    ``--seconds``: successful claims per second, p99 claim latency, and overcommits.
@@ -69,7 +74,8 @@ async def timed(n: int, step: Callable[[], Awaitable[None]]) -> list[float]:
     return samples
 
 
-async def floor(kv: KV, n: int) -> list[float]:
+async def floor_step(kv: KV) -> Callable[[], Awaitable[None]]:
+    """One raw ``get`` + ``update`` round trip: what any compare-and-set must cost."""
     bucket = await kv.bucket("bench_floor", max_age=600)
     await bucket.put("k", b"0")
 
@@ -78,8 +84,28 @@ async def floor(kv: KV, n: int) -> list[float]:
         assert entry is not None
         await bucket.update("k", entry.value, expected_revision=entry.revision)
 
+    return step
+
+
+async def floor(kv: KV, n: int) -> list[float]:
+    step = await floor_step(kv)
     await timed(50, step)  # warm up
     return await timed(n, step)
+
+
+async def in_turns(
+    n: int, steps: list[Callable[[], Awaitable[None]]]
+) -> list[list[float]]:
+    """Sample each step ``n`` times, taking the steps in turn (after a warm-up)."""
+    for step in steps:
+        await timed(50, step)
+    samples: list[list[float]] = [[] for _ in steps]
+    for _ in range(n):
+        for step, into in zip(steps, samples, strict=True):
+            start = time.perf_counter()
+            await step()
+            into.append(time.perf_counter() - start)
+    return samples
 
 
 async def manager(kv: KV) -> TicketManager:
@@ -88,27 +114,39 @@ async def manager(kv: KV) -> TicketManager:
     return TicketManager(tickets, states, clock=SystemClock())
 
 
-async def publish_state(kv: KV) -> None:
-    states = await kv.bucket(PROVIDER_STATE_BUCKET, max_age=600)
-    state = ProviderState(
+def bench_state() -> ProviderState:
+    return ProviderState(
         provider=PROVIDER,
         endpoint="http://gpu-a:11434",
         ready=True,
         total_vram_mib=USABLE_MIB + RESERVE_MIB,
         reserve_mib=RESERVE_MIB,
     )
-    await states.put(PROVIDER, state.to_json())
 
 
-async def uncontended(kv: KV, n: int) -> list[float]:
+async def publish_state(kv: KV) -> None:
+    states = await kv.bucket(PROVIDER_STATE_BUCKET, max_age=600)
+    await states.put(PROVIDER, bench_state().to_json())
+
+
+async def uncontended(kv: KV, n: int) -> tuple[list[float], list[float], list[float]]:
+    """Floor, claim + release with the caller's state, and reading the state: in turns."""
     tickets = await manager(kv)
+    known = bench_state()  # what the runtime's provider view would hand the claim
 
-    async def step() -> None:
+    async def with_state() -> None:
+        ticket = await tickets.claim(PROVIDER, "qwen3:8b", 1024, "bench",
+                                     provider_state=known)
+        await tickets.release(PROVIDER, ticket.ticket_id)
+
+    async def reading_state() -> None:
         ticket = await tickets.claim(PROVIDER, "qwen3:8b", 1024, "bench")
         await tickets.release(PROVIDER, ticket.ticket_id)
 
-    await timed(50, step)
-    return await timed(n, step)
+    floor_samples, claims, reading = await in_turns(
+        n, [await floor_step(kv), with_state, reading_state]
+    )
+    return floor_samples, claims, reading
 
 
 # -- contended: worker processes --------------------------------------------------------
@@ -129,7 +167,8 @@ async def _worker(
     tickets = await manager(kv)
     rng = random.Random(seed)
     latencies: list[float] = []
-    counts = {"rejected": 0, "conflicts": 0, "unavailable": 0}
+    counts = {"rejected": 0, "conflicts": 0, "unavailable": 0, "releaseFailures": 0}
+    known = bench_state()  # the state a runtime's provider view would hold
     await asyncio.sleep(max(0.0, start_at - time.time()))
     stop = time.perf_counter() + seconds
 
@@ -138,7 +177,8 @@ async def _worker(
             footprint = rng.randint(1, 4) * 1024
             started = time.perf_counter()
             try:
-                ticket = await tickets.claim(PROVIDER, "m", footprint, f"w{seed}-{index}")
+                ticket = await tickets.claim(PROVIDER, "m", footprint, f"w{seed}-{index}",
+                                             provider_state=known)
             except ClaimRejected:
                 counts["rejected"] += 1
                 await asyncio.sleep(0.001)  # the memory is not there: try again shortly
@@ -158,7 +198,10 @@ async def _worker(
             await asyncio.sleep(0)  # "use" the memory
             with held.get_lock():
                 held.value -= footprint
-            await tickets.release(PROVIDER, ticket.ticket_id)
+            try:
+                await tickets.release(PROVIDER, ticket.ticket_id)
+            except StoreError:  # lost every race: the TTL layer returns the memory
+                counts["releaseFailures"] += 1
 
     try:
         await asyncio.gather(*(claimer(i) for i in range(claimers)))
@@ -186,13 +229,14 @@ def contended(url: str, claimers: int, processes: int, seconds: float) -> dict[s
     for process in workers:
         process.start()
     latencies: list[float] = []
-    rejected = conflicts = unavailable = 0
+    rejected = conflicts = unavailable = release_failures = 0
     for _ in workers:
         sample, counts = results.get(timeout=120)
         latencies.extend(sample)
         rejected += counts["rejected"]
         conflicts += counts["conflicts"]
         unavailable += counts["unavailable"]
+        release_failures += counts["releaseFailures"]
     for process in workers:
         process.join(timeout=30)
     return {
@@ -202,6 +246,7 @@ def contended(url: str, claimers: int, processes: int, seconds: float) -> dict[s
         "rejected": rejected,
         "conflicts": conflicts,
         "unavailable": unavailable,
+        "releaseFailures": release_failures,
         "overcommits": int(overcommits.value),
     }
 
@@ -217,17 +262,21 @@ async def main(argv: list[str]) -> dict[str, Any]:
     async with running_nats_server() as server:
         nats_kv = await NatsKV.connect(NatsSettings(servers=[server.url]))
         await publish_state(nats_kv)
-        nats_floor = await floor(nats_kv, args.samples)
         memory_floor = await floor(MemoryKV(), args.samples)
-        claims = await uncontended(nats_kv, args.samples)
+        nats_floor, claims, reading = await uncontended(nats_kv, args.samples)
         await nats_kv.close()
         print(f"floor NATS get+update   p50 {ms(statistics.median(nats_floor))} ms, "
               f"p99 {ms(percentile(nats_floor, 0.99))} ms")
         print(f"floor memory get+update p50 {ms(statistics.median(memory_floor))} ms, "
               f"p99 {ms(percentile(memory_floor, 0.99))} ms")
         ratio = percentile(claims, 0.99) / percentile(nats_floor, 0.99)
-        print(f"claim+release (NATS, uncontended) p50 {ms(statistics.median(claims))} ms, "
+        reading_ratio = percentile(reading, 0.99) / percentile(nats_floor, 0.99)
+        print(f"claim+release (NATS, uncontended, caller's state) "
+              f"p50 {ms(statistics.median(claims))} ms, "
               f"p99 {ms(percentile(claims, 0.99))} ms, p99/floor p99 {ratio:.2f}")
+        print(f"claim+release (NATS, uncontended, state read per claim) "
+              f"p50 {ms(statistics.median(reading))} ms, "
+              f"p99 {ms(percentile(reading, 0.99))} ms, p99/floor p99 {reading_ratio:.2f}")
         loop = asyncio.get_running_loop()
         figures = await loop.run_in_executor(
             None, contended, server.url, args.claimers, args.processes, args.seconds
@@ -237,11 +286,13 @@ async def main(argv: list[str]) -> dict[str, Any]:
     return {
         "overcommits": figures["overcommits"],
         "uncontendedP99Ratio": round(ratio, 2),
+        "uncontendedReadStateP99Ratio": round(reading_ratio, 2),
         "contendedClaimsPerSecond": figures["claimsPerSecond"],
         "contendedP99Ms": figures["p99Ms"],
         "contendedProcesses": args.processes,
         "contendedRejected": figures["rejected"],
         "contendedConflicts": figures["conflicts"],
+        "contendedReleaseFailures": figures["releaseFailures"],
         "natsFloorP99Ms": ms(percentile(nats_floor, 0.99)),
         "memoryFloorP99Ms": ms(percentile(memory_floor, 0.99)),
         "uncontendedP99Ms": ms(percentile(claims, 0.99)),

@@ -36,7 +36,9 @@ import typer
 from kubemoot.api.errors import InputError
 
 if TYPE_CHECKING:
+    from kubemoot.clock import Clock
     from kubemoot.store.nats import NatsSettings
+    from kubemoot.store.protocol import KV
 
 __all__ = [
     "NatsCA",
@@ -49,9 +51,11 @@ __all__ = [
     "NatsReconnectWait",
     "NatsToken",
     "NatsUrl",
+    "NatsUrlOrEnv",
     "NatsUser",
     "export_nats_env",
     "merge_nats",
+    "open_shared_store",
     "resolve_nats",
 ]
 
@@ -59,39 +63,45 @@ PANEL = "NATS connection"
 URL_ENV = "KUBEMOOT_NATS_URL"
 NATS_SCHEMES = ("nats", "tls")
 
+_URL_HELP = ("NATS JetStream server(s) for the shared state, nats://HOST:PORT or "
+             "tls://HOST:PORT, comma-separated")
 NatsUrl = Annotated[str | None, typer.Option(
     "--nats", metavar="URL[,URL…]", rich_help_panel=PANEL,
-    help="NATS JetStream server(s) for the shared state, nats://HOST:PORT or "
-    "tls://HOST:PORT, comma-separated [env: KUBEMOOT_NATS_URL].",
+    help=f"{_URL_HELP}; without it the store is the embedded one.",
+)]
+# For commands that always need NATS unless told otherwise (the operator).
+NatsUrlOrEnv = Annotated[str | None, typer.Option(
+    "--nats", metavar="URL[,URL…]", rich_help_panel=PANEL,
+    help=f"{_URL_HELP} (env KUBEMOOT_NATS_URL).",
 )]
 NatsUser = Annotated[str | None, typer.Option(
     "--nats-user", metavar="USER", rich_help_panel=PANEL,
-    help="User name; needs a password [env: KUBEMOOT_NATS_USER].",
+    help="User name; needs a password (env KUBEMOOT_NATS_USER).",
 )]
 NatsPassword = Annotated[str | None, typer.Option(
     "--nats-password", metavar="PASSWORD", rich_help_panel=PANEL,
-    help="Password of --nats-user; prefer the variable, a flag shows in `ps` "
-    "[env: KUBEMOOT_NATS_PASSWORD].",
+    help="Password of --nats-user; better set KUBEMOOT_NATS_PASSWORD, since other "
+    "users can read a flag in the process list.",
 )]
 NatsToken = Annotated[str | None, typer.Option(
     "--nats-token", metavar="TOKEN", rich_help_panel=PANEL,
-    help="Token authentication [env: KUBEMOOT_NATS_TOKEN].",
+    help="Token authentication (env KUBEMOOT_NATS_TOKEN).",
 )]
 NatsCreds = Annotated[str | None, typer.Option(
     "--nats-creds", metavar="FILE", rich_help_panel=PANEL,
-    help="Credentials file with a user JWT and nkey seed [env: KUBEMOOT_NATS_CREDS].",
+    help="Credentials file with a user JWT and nkey seed (env KUBEMOOT_NATS_CREDS).",
 )]
 NatsCA = Annotated[str | None, typer.Option(
     "--nats-tls-ca", metavar="FILE", rich_help_panel=PANEL,
-    help="CA certificate(s) to trust for the server (PEM) [env: KUBEMOOT_NATS_TLS_CA].",
+    help="CA certificate(s) to trust for the server (PEM) (env KUBEMOOT_NATS_TLS_CA).",
 )]
 NatsCert = Annotated[str | None, typer.Option(
     "--nats-tls-cert", metavar="FILE", rich_help_panel=PANEL,
-    help="Client certificate for mutual TLS (PEM) [env: KUBEMOOT_NATS_TLS_CERT].",
+    help="Client certificate for mutual TLS (PEM) (env KUBEMOOT_NATS_TLS_CERT).",
 )]
 NatsKey = Annotated[str | None, typer.Option(
     "--nats-tls-key", metavar="FILE", rich_help_panel=PANEL,
-    help="Private key of --nats-tls-cert (PEM) [env: KUBEMOOT_NATS_TLS_KEY].",
+    help="Private key of --nats-tls-cert (PEM) (env KUBEMOOT_NATS_TLS_KEY).",
 )]
 NatsReconnectAttempts = Annotated[int | None, typer.Option(
     "--nats-reconnect-attempts", metavar="N", min=-1, rich_help_panel=PANEL,
@@ -161,8 +171,7 @@ def resolve_nats(
     if not use_nats:
         given = flags.connection_flags()
         if given:
-            raise InputError(f"{given[0]} applies only to a NATS store; add --nats URL",
-                             field=given[0])
+            raise InputError("applies only to a NATS store; add --nats URL", field=given[0])
         return None
     return merge_nats(flags, environ=environ)
 
@@ -201,13 +210,33 @@ def merge_nats(flags: NatsFlags, *, environ: Mapping[str, str] | None = None) ->
             raise InputError("give at least one URL, nats://HOST:PORT", field="--nats")
     for server in servers:
         _check_url(server, url_source)
-    settings = dataclasses.replace(base, servers=servers, **values)
+    settings = dataclasses.replace(
+        base, servers=servers, user=values["user"], password=values["password"],
+        token=values["token"], credentials_file=values["credentials_file"],
+        tls_ca=values["tls_ca"], tls_cert=values["tls_cert"], tls_key=values["tls_key"],
+    )
     if flags.reconnect_attempts is not None:
         settings = dataclasses.replace(settings, max_reconnect_attempts=flags.reconnect_attempts)
     if flags.reconnect_wait is not None:
         settings = dataclasses.replace(settings, reconnect_wait=flags.reconnect_wait)
     _check_tls(settings, source)
     return settings
+
+
+async def open_shared_store(settings: NatsSettings | None, *, clock: Clock | None = None) -> KV:
+    """The store a command asked for: NATS with ``settings``, else the embedded one.
+
+    A NATS client cannot tell a wrong password from a server that is down (both end
+    in "no servers available"), so a failed connection says what to check.
+    """
+    from kubemoot.store import open_store
+    from kubemoot.store.protocol import StoreUnavailable
+
+    try:
+        return await open_store(clock=clock, nats=settings)
+    except StoreUnavailable as error:
+        raise StoreUnavailable(f"{error} (check that the server is up with JetStream and "
+                               "that the credentials are right)") from None
 
 
 def export_nats_env(settings: NatsSettings, environ: MutableMapping[str, str]) -> None:

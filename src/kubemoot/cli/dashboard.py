@@ -12,13 +12,35 @@ import typer
 
 from kubemoot.api.errors import InputError
 from kubemoot.cli._common import app, err_console
+from kubemoot.cli._nats import (
+    NatsCA,
+    NatsCert,
+    NatsCreds,
+    NatsFlags,
+    NatsKey,
+    NatsPassword,
+    NatsReconnectAttempts,
+    NatsReconnectWait,
+    NatsToken,
+    NatsUrl,
+    NatsUser,
+    open_shared_store,
+    resolve_nats,
+)
 
 
 @app.command("dashboard")
 def dashboard_command(
-    nats: str | None = typer.Option(
-        None, "--nats", help="Watch this NATS server (nats://host:4222)."
-    ),
+    nats: NatsUrl = None,
+    nats_user: NatsUser = None,
+    nats_password: NatsPassword = None,
+    nats_token: NatsToken = None,
+    nats_creds: NatsCreds = None,
+    nats_tls_ca: NatsCA = None,
+    nats_tls_cert: NatsCert = None,
+    nats_tls_key: NatsKey = None,
+    nats_reconnect_attempts: NatsReconnectAttempts = None,
+    nats_reconnect_wait: NatsReconnectWait = None,
     embedded: bool = typer.Option(
         False, "--embedded",
         help="Watch an embedded store of this process (the default; it starts empty).",
@@ -37,17 +59,20 @@ def dashboard_command(
 
     if nats is not None and embedded:
         raise InputError("--nats and --embedded exclude each other", field="--nats")
+    settings = resolve_nats(
+        NatsFlags(url=nats, user=nats_user, password=nats_password, token=nats_token,
+                  creds=nats_creds, tls_ca=nats_tls_ca, tls_cert=nats_tls_cert,
+                  tls_key=nats_tls_key, reconnect_attempts=nats_reconnect_attempts,
+                  reconnect_wait=nats_reconnect_wait),
+        use_nats=nats is not None,
+    )
 
     async def run() -> None:
         from kubemoot.clock import SystemClock
         from kubemoot.dashboard.server import DashboardServer
-        from kubemoot.store import open_store
 
         clock = SystemClock()
-        try:
-            kv = await open_store(nats, clock=clock)
-        except ValueError as error:
-            raise InputError(str(error), field="--nats") from None
+        kv = await open_shared_store(settings, clock=clock)
         try:
             server = DashboardServer(kv, host=host, port=port, clock=clock,
                                      freshness_seconds=stale_after)
@@ -57,7 +82,8 @@ def dashboard_command(
                 raise InputError(f"cannot listen on {host}:{port}: {error.strerror or error}",
                                  field="--port") from None
             try:
-                source = nats or "the embedded store (empty until this process writes to it)"
+                source = (", ".join(settings.servers) if settings is not None
+                          else "the embedded store (empty until this process writes to it)")
                 err_console.print(f"dashboard: {server.url} watching {source}; Ctrl-C stops it",
                                   highlight=False, soft_wrap=True)
                 await server.wait()

@@ -44,6 +44,7 @@ from kubemoot.cli._nats import (
     NatsToken,
     NatsUrl,
     NatsUser,
+    open_shared_store,
     resolve_nats,
 )
 
@@ -165,7 +166,6 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
     from kubemoot.providers.prober import Prober, publish_to_kv
     from kubemoot.runtime.settings import RuntimeSettings
     from kubemoot.scheduling import schedule_bundle
-    from kubemoot.store import open_store
     from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 
     started = time.monotonic()
@@ -175,7 +175,7 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
     result = schedule_bundle(resources, now=datetime.now(UTC))
     clock = SystemClock()
     emulators = await _start_emulators(resources, time_scale)
-    kv = await open_store(clock=clock, nats=nats)
+    kv = await open_shared_store(nats, clock=clock)
     books = _Books()
     tasks: list[asyncio.Task[None]] = []
     page: DashboardServer | None = None

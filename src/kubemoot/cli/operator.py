@@ -2,8 +2,8 @@
 
 Credentials come from the in-cluster service account, else from ``KUBECONFIG``. The
 provider-state documents go to NATS JetStream (``--nats`` or ``KUBEMOOT_NATS_URL``, with
-credentials from ``KUBEMOOT_NATS_*``) or, for a cluster of one process, to the embedded
-store (``--embedded``).
+credentials and TLS from the ``--nats-*`` flags or ``KUBEMOOT_NATS_*``) or, for a cluster
+of one process, to the embedded store (``--embedded``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,19 @@ import typer
 
 from kubemoot.api.errors import InputError
 from kubemoot.cli._common import app, err_console
+from kubemoot.cli._nats import (
+    NatsCA,
+    NatsCert,
+    NatsCreds,
+    NatsFlags,
+    NatsKey,
+    NatsPassword,
+    NatsToken,
+    NatsUrlOrEnv,
+    NatsUser,
+    export_nats_env,
+    resolve_nats,
+)
 
 
 @app.command("operator")
@@ -25,11 +38,14 @@ def operator_command(
     all_namespaces: bool = typer.Option(
         False, "--all-namespaces", "-A", help="Watch every namespace (the default)."
     ),
-    nats: str | None = typer.Option(
-        None, "--nats", metavar="URL",
-        help="NATS server(s) for the shared state, nats://HOST:PORT[,…] "
-        "(default: $KUBEMOOT_NATS_URL).",
-    ),
+    nats: NatsUrlOrEnv = None,
+    nats_user: NatsUser = None,
+    nats_password: NatsPassword = None,
+    nats_token: NatsToken = None,
+    nats_creds: NatsCreds = None,
+    nats_tls_ca: NatsCA = None,
+    nats_tls_cert: NatsCert = None,
+    nats_tls_key: NatsKey = None,
     embedded: bool = typer.Option(
         False, "--embedded",
         help="Keep the shared state in this process (agents elsewhere cannot read it).",
@@ -57,12 +73,18 @@ def operator_command(
             "or --embedded for a single-process setup",
             field="--nats",
         )
-
-    if url and not all(
-        part.strip().startswith(("nats://", "tls://")) for part in url.split(",") if part.strip()
-    ):
-        raise InputError(f'"{url}" is not a NATS URL; use nats://HOST:PORT or tls://HOST:PORT',
-                         field="--nats")
+    settings = resolve_nats(
+        NatsFlags(url=nats, user=nats_user, password=nats_password, token=nats_token,
+                  creds=nats_creds, tls_ca=nats_tls_ca, tls_cert=nats_tls_cert,
+                  tls_key=nats_tls_key),
+        use_nats=not embedded,
+    )
+    if settings is not None:
+        # The operator opens its store from a URL and KUBEMOOT_NATS_*; handing it the
+        # merged settings through this process's environment keeps one source of truth.
+        # (No reconnect flags here: those have no variable to travel in.)
+        export_nats_env(settings, os.environ)
+        url = ",".join(settings.servers)
 
     import asyncio
     import logging

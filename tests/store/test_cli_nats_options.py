@@ -1,0 +1,312 @@
+"""The ``--nats*`` connection options: merged over ``KUBEMOOT_NATS_*``, validated, used.
+
+The merge and validation tables run in-process; one real ``nats-server`` with a user and
+password shows the flags reaching the server from a ``kubemoot`` subprocess.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kubemoot.api.errors import InputError
+from kubemoot.cli import main
+from kubemoot.cli._nats import NatsFlags, export_nats_env, merge_nats, resolve_nats
+from kubemoot.store import open_store
+from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.testing.nats_server import find_nats_server, free_port
+
+KUBEMOOT = Path(sys.executable).with_name("kubemoot")
+CREDS = """-----BEGIN NATS USER JWT-----
+eyJ0eXAiOiJKV1QifQ.e30.sig
+------END NATS USER JWT------
+-----BEGIN USER NKEY SEED-----
+SUAEXAMPLESEED
+------END USER NKEY SEED------
+"""
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, str]:
+    """A credentials file, a file that is no certificate, and a path to nothing."""
+    (tmp_path / "user.creds").write_text(CREDS)
+    (tmp_path / "junk.pem").write_text("not a certificate\n")
+    return {
+        "creds": str(tmp_path / "user.creds"),
+        "junk": str(tmp_path / "junk.pem"),
+        "missing": str(tmp_path / "missing.pem"),
+    }
+
+
+def fill(values: dict[str, Any], files: dict[str, str]) -> dict[str, Any]:
+    """Replace ``@name`` by the path of that test file."""
+    return {k: files[v[1:]] if isinstance(v, str) and v.startswith("@") else v
+            for k, v in values.items()}
+
+
+# -- merging ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "want"),
+    [
+        pytest.param({}, {}, {"servers": ["nats://127.0.0.1:4222"], "user": None},
+                     id="defaults"),
+        pytest.param({}, {"KUBEMOOT_NATS_URL": "nats://a:1, tls://b:2"},
+                     {"servers": ["nats://a:1", "tls://b:2"]}, id="env-urls"),
+        pytest.param({"url": "nats://c:3,nats://d:4"}, {"KUBEMOOT_NATS_URL": "nats://a:1"},
+                     {"servers": ["nats://c:3", "nats://d:4"]}, id="flag-urls-win"),
+        pytest.param({"user": "bob"},
+                     {"KUBEMOOT_NATS_USER": "amy", "KUBEMOOT_NATS_PASSWORD": "pw"},
+                     {"user": "bob", "password": "pw"}, id="flag-user-env-password"),
+        pytest.param({"token": "t0k"},
+                     {"KUBEMOOT_NATS_USER": "amy", "KUBEMOOT_NATS_PASSWORD": "pw"},
+                     {"token": "t0k", "user": None, "password": None},
+                     id="flag-token-drops-env-user"),
+        pytest.param({"user": "bob", "password": "pw"}, {"KUBEMOOT_NATS_TOKEN": "t0k"},
+                     {"user": "bob", "token": None}, id="flag-user-drops-env-token"),
+        pytest.param({"creds": "@creds"}, {"KUBEMOOT_NATS_TOKEN": "t0k"},
+                     {"credentials_file": "@creds", "token": None}, id="flag-creds"),
+        pytest.param({}, {"KUBEMOOT_NATS_CREDS": "@creds"}, {"credentials_file": "@creds"},
+                     id="env-creds"),
+        pytest.param({"reconnect_attempts": -1, "reconnect_wait": 2.0}, {},
+                     {"max_reconnect_attempts": -1, "reconnect_wait": 2.0}, id="reconnects"),
+    ],
+)
+def test_flags_merge_over_the_environment(flags: dict[str, Any], env: dict[str, str],
+                                          want: dict[str, Any],
+                                          files: dict[str, str]) -> None:
+    got = merge_nats(NatsFlags(**fill(flags, files)), environ=fill(env, files))
+    for name, value in fill(want, files).items():
+        assert getattr(got, name) == value, name
+
+
+# -- validation ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "field", "message"),
+    [
+        pytest.param({"url": "http://a:4222"}, {}, "--nats", "not a NATS URL", id="scheme"),
+        pytest.param({}, {"KUBEMOOT_NATS_URL": "redis://a:1"}, "KUBEMOOT_NATS_URL",
+                     "not a NATS URL", id="env-scheme"),
+        pytest.param({"url": "nats://a:1,nats://"}, {}, "--nats", "names no host",
+                     id="no-host"),
+        pytest.param({"url": "nats://a:99999"}, {}, "--nats", "not a valid URL", id="port"),
+        pytest.param({"url": " , "}, {}, "--nats", "at least one URL", id="empty-list"),
+        pytest.param({"user": "bob"}, {}, "--nats-user", "needs a password",
+                     id="user-no-password"),
+        pytest.param({"password": "pw"}, {}, "--nats-password", "needs a user",
+                     id="password-no-user"),
+        pytest.param({}, {"KUBEMOOT_NATS_USER": "amy"}, "KUBEMOOT_NATS_USER",
+                     "needs a password", id="env-user-no-password"),
+        pytest.param({"user": "bob", "password": "pw", "token": "t"}, {}, "--nats-token",
+                     "--nats-user and --nats-token are two ways", id="user-and-token"),
+        pytest.param({"token": "t", "creds": "@creds"}, {}, "--nats-creds", "two ways",
+                     id="token-and-creds"),
+        pytest.param({}, {"KUBEMOOT_NATS_TOKEN": "t", "KUBEMOOT_NATS_USER": "u",
+                          "KUBEMOOT_NATS_PASSWORD": "p"}, "KUBEMOOT_NATS_TOKEN",
+                     "two ways", id="env-user-and-token"),
+        pytest.param({"token": "  "}, {}, "--nats-token", "must not be empty", id="blank"),
+        pytest.param({"creds": "@missing"}, {}, "--nats-creds", "no such file",
+                     id="creds-missing"),
+        pytest.param({"creds": "@junk"}, {}, "--nats-creds", "not a NATS credentials file",
+                     id="creds-junk"),
+        pytest.param({"tls_ca": "@missing"}, {}, "--nats-tls-ca", "no such file",
+                     id="ca-missing"),
+        pytest.param({"tls_ca": "@junk"}, {}, "--nats-tls-ca", "cannot use", id="ca-junk"),
+        pytest.param({}, {"KUBEMOOT_NATS_TLS_CERT": "@junk"}, "KUBEMOOT_NATS_TLS_CERT",
+                     "cannot load the client certificate", id="env-cert-junk"),
+        pytest.param({"tls_key": "@junk"}, {}, "--nats-tls-key", "needs its certificate",
+                     id="key-no-cert"),
+    ],
+)
+def test_bad_options_name_the_flag_or_variable(flags: dict[str, Any], env: dict[str, str],
+                                               field: str, message: str,
+                                               files: dict[str, str]) -> None:
+    with pytest.raises(InputError) as caught:
+        merge_nats(NatsFlags(**fill(flags, files)), environ=fill(env, files))
+    assert caught.value.field == field
+    assert message in caught.value.message
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_a_real_client_certificate_loads(tmp_path: Path) -> None:
+    cert, key = tmp_path / "client.pem", tmp_path / "client.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=kubemoot-test", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    got = merge_nats(NatsFlags(tls_ca=str(cert), tls_cert=str(cert), tls_key=str(key)),
+                     environ={})
+    assert (got.tls_ca, got.tls_cert, got.tls_key) == (str(cert), str(cert), str(key))
+    assert got.tls_context() is not None
+
+
+def test_without_nats_the_connection_flags_are_refused() -> None:
+    assert resolve_nats(NatsFlags(), use_nats=False) is None
+    with pytest.raises(InputError) as caught:
+        resolve_nats(NatsFlags(token="t", tls_ca="x"), use_nats=False)
+    assert caught.value.field == "--nats-token"
+
+
+_text = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(servers=st.lists(st.from_regex(r"(nats|tls)://[a-z]{1,8}:[1-9][0-9]{0,3}",
+                                      fullmatch=True), min_size=1, max_size=3),
+       auth=st.one_of(st.none(), st.tuples(_text, _text), _text))
+def test_exported_variables_read_back_as_the_same_settings(
+        servers: list[str], auth: tuple[str, str] | str | None) -> None:
+    user, password = auth if isinstance(auth, tuple) else (None, None)
+    token = auth if isinstance(auth, str) else None
+    merged = merge_nats(NatsFlags(url=",".join(servers), user=user, password=password,
+                                  token=token), environ={"KUBEMOOT_NATS_TOKEN": "old"})
+    environ: dict[str, str] = {"KUBEMOOT_NATS_CREDS": "/stale.creds"}
+    export_nats_env(merged, environ)
+    assert NatsSettings.from_env(environ) == merged
+
+
+# -- through the CLI -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["demo", "--nats", "http://a:1"], "field --nats: 'http://a:1' is not a NATS URL"),
+        (["demo", "--nats-token", "t"], "field --nats-token: applies only to a NATS store"),
+        (["dashboard", "--nats", "nats://a:1", "--nats-user", "u"],
+         "field --nats-user: a user needs a password"),
+        (["dashboard", "--nats", "nats://a:1", "--nats-creds", "/no/such.creds"],
+         "field --nats-creds: no such file"),
+        (["operator", "--nats", "nats://a:1", "--nats-user", "u", "--nats-password", "p",
+          "--nats-token", "t"], "field --nats-token: --nats-user and --nats-token"),
+        (["operator", "--embedded", "--nats-tls-ca", "/ca.pem"],
+         "field --nats-tls-ca: applies only to a NATS store"),
+    ],
+)
+def test_commands_exit_2_with_one_line(args: list[str], message: str,
+                                       capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("URL", "USER", "PASSWORD", "TOKEN", "CREDS", "TLS_CA", "TLS_CERT", "TLS_KEY"):
+        monkeypatch.delenv(f"KUBEMOOT_NATS_{name}", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert message in err
+
+
+async def test_open_store_takes_settings_over_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBEMOOT_NATS_URL", "nats://127.0.0.1:1")
+    with pytest.raises(ValueError, match="memory"):
+        await open_store("memory://", nats=NatsSettings())
+    assert type(await open_store()).__name__ == "MemoryKV"
+
+
+# -- against a real server with a user and password ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def guarded_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A ``nats-server -js`` that admits only user ``kube`` with password ``moot``."""
+    port, store = free_port(), tmp_path_factory.mktemp("nats-auth")
+    log = (store / "server.log").open("wb")
+    server = subprocess.Popen(
+        [find_nats_server(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store),
+         "--user", "kube", "--pass", "moot"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_listening(port)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+        log.close()
+
+
+def _wait_listening(port: int) -> None:
+    import socket
+
+    for _ in range(500):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError("nats-server did not start")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBEMOOT_NATS")}
+    env.update(extra)
+    return env
+
+
+@pytest.mark.nats
+def test_right_credentials_reach_the_server(guarded_url: str) -> None:
+    # user from the flag, password from the environment (kept out of the process list)
+    command = [str(KUBEMOOT), "dashboard", "--nats", guarded_url, "--nats-user", "kube",
+               "--port", "0", "--nats-reconnect-attempts", "2"]
+    with subprocess.Popen(command, text=True, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE,
+                          env=_env(KUBEMOOT_NATS_PASSWORD="moot")) as proc:
+        try:
+            assert proc.stderr is not None
+            line = proc.stderr.readline()
+            assert line.startswith("dashboard: http://127.0.0.1:"), line
+            assert guarded_url in line
+            url = line.split()[1]
+            state = httpx.get(f"{url}/api/state", timeout=10).json()
+            assert state["providers"] == []
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+
+
+@pytest.mark.nats
+async def test_the_same_settings_open_the_store_in_process(guarded_url: str) -> None:
+    settings = merge_nats(NatsFlags(url=guarded_url, user="kube", password="moot"),
+                          environ={})
+    kv = await open_store(nats=settings)
+    try:
+        assert isinstance(kv, NatsKV)
+        bucket = await kv.bucket("cli_nats_options")
+        await bucket.put("k", b"v")
+        entry = await bucket.get("k")
+        assert entry is not None and entry.value == b"v"
+    finally:
+        await kv.close()
+
+
+@pytest.mark.nats
+@pytest.mark.parametrize(
+    "auth",
+    [
+        pytest.param(["--nats-user", "kube", "--nats-password", "wrong"], id="wrong-password"),
+        pytest.param(["--nats-token", "kube"], id="token-instead"),
+        pytest.param([], id="no-credentials"),
+    ],
+)
+def test_wrong_credentials_fail_with_one_line(guarded_url: str, auth: list[str]) -> None:
+    done = subprocess.run(
+        [str(KUBEMOOT), "dashboard", "--nats", guarded_url, *auth, "--port", "0",
+         "--nats-reconnect-attempts", "1", "--nats-reconnect-wait", "0.05"],
+        capture_output=True, text=True, timeout=60, env=_env(), check=False)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert f"cannot connect to NATS at {guarded_url}" in done.stderr
+    assert "credentials are right" in done.stderr

@@ -8,7 +8,8 @@ unit so that one comparison decides between them::
     resident(P)    = Σ resident footprints + Σ footprints of copies still loading
     free(P)        = usable(P) − resident(P)
     load(M)        = occupancy(M) / loadRate
-    remaining(P,M) = max(0, load(M) − (now − loadStartedAt))
+    remaining(P,M) = max(0, load(M) − (now − loadStartedAt))   ; load(M) of this load:
+                     its ticket's footprint / loadRate, else occupancy(M) / loadRate
     queue(P,M)     = 0 if inflight < slots
                      else soonestRemaining + (inflight − slots) · latency / slots
     demand(V)      = waiters + intents + 0.5 · (recentUse + prediction)
@@ -69,17 +70,17 @@ class Option:
     victims: tuple[str, ...] = ()
     footprint_mib: int = 0  # new VRAM the call's ticket would spend
     evicts: dict[str, int] = field(default_factory=dict)  # victim → MiB
-    busy: int = 0  # calls already in flight on the copy (copies only)
 
-    def sort_key(self, model_order: Sequence[str] = ()) -> tuple[float, int, int, str, int]:
-        """Cheapest first; ties: warm, then cold, then unload; then provider name.
+    def sort_key(self, model_order: Sequence[str] = ()) -> tuple[float, int, str, int, str]:
+        """Cheapest first; ties: warm, then cold, then unload; then provider name (DESIGN §5).
 
-        Between equally cheap copies the one with fewer calls in flight comes before the
-        name: both start the call at once, and spreading keeps every warm copy in use
-        (an idle copy is unloaded after its keep-alive, and its slots with it).
+        Only after the provider name does the candidates' order (preferred first) and
+        then the model name decide, so that the order is total and repeatable. Nothing
+        else (such as how many calls a copy already runs) may jump ahead of the name:
+        the design fixes the tie order, and users read decisions against it.
         """
         order = model_order.index(self.model) if self.model in model_order else len(model_order)
-        return (round(self.seconds, 9), self.kind.rank, self.busy, self.provider, order)
+        return (round(self.seconds, 9), self.kind.rank, self.provider, order, self.model)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -143,11 +144,22 @@ class CostModel:
     # -- per (provider, model) -------------------------------------------------------
 
     def load_ends_at(self, p: ProviderSnapshot, model: str) -> float | None:
-        """When the provider's copy of the model finishes loading; ``None``: it is ready."""
+        """When the provider's copy of the model finishes loading; ``None``: it is ready.
+
+        The load is as long as the footprint its ticket claimed: that is the size of
+        this very load, whatever occupancy(M) says now. A loader without a footprint
+        falls back to occupancy(M). When nothing sizes the model at all, the remaining
+        time is unknown and counted at its lower bound, 0 s: the copy is still the
+        model's only one (a model of unknown size cannot be cold-loaded), and a call
+        that joins it starts the moment the engine reports it loaded.
+        """
         started = p.load_started(model)
         if started is None:
             return None
-        return started + (self.load(model) or 0.0)
+        mib = p.load_mib(model)
+        if mib is None:
+            return started + (self.load(model) or 0.0)
+        return started + mib / self.settings.load_rate_mibps
 
     def remaining(self, p: ProviderSnapshot, model: str) -> float:
         """Load time still to go for a copy being loaded (0 for a resident copy)."""
@@ -202,7 +214,7 @@ class CostModel:
             kind = OptionKind.WARM
         else:
             kind = OptionKind.LOADING
-        return Option(kind, p.name, model, remaining + queue, busy=len(p.calls_on(model)))
+        return Option(kind, p.name, model, remaining + queue)
 
     def cold_option(self, p: ProviderSnapshot, model: str, occupancy: int) -> Option:
         """Load ``model`` onto free room on ``p`` (the caller checked it fits)."""

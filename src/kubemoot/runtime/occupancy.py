@@ -5,8 +5,12 @@ model covers weights and cache, and a call adds nothing on top. Sources, best fi
 
 1. the footprint a provider observed when the model was loaded (the first observation
    is kept — later sightings of the same model do not move it);
-2. the size the Model resource declares (``spec.vramMib``);
-3. the on-disk size plus an estimate of the cache slab
+2. the footprint a ticket claimed for a copy it is loading (the first one seen): the
+   claimer sized that load, possibly from an observation this process has not made,
+   so it beats a declaration; it is not the engine's own report, so any real
+   observation beats it;
+3. the size the Model resource declares (``spec.vramMib``);
+4. the on-disk size plus an estimate of the cache slab
    (num_ctx × num_parallel × bytes per token).
 
 ``None`` means no source knows the model; such a model can only be used warm.
@@ -34,6 +38,7 @@ class OccupancyBook:
         self._settings = settings or RuntimeSettings()
         self._declared = dict(declared or {})
         self._observed: dict[str, int] = {}
+        self._claimed: dict[str, int] = {}  # footprints of loading tickets
         self._last_generation = 0  # the fleet index observed last
 
     def declare(self, model: str, vram_mib: int) -> None:
@@ -56,6 +61,10 @@ class OccupancyBook:
             for loaded in state.loaded_models:
                 if loaded.size_mib > 0:
                     self._observed.setdefault(loaded.name, loaded.size_mib)
+            for model in provider.copies:
+                mib = provider.load_mib(model)
+                if mib is not None:
+                    self._claimed.setdefault(model, mib)
 
     def occupancy(self, model: str, fleet: FleetSnapshot) -> int | None:
         """occupancy(M) in MiB, or ``None`` when nothing at all is known about M."""
@@ -63,15 +72,20 @@ class OccupancyBook:
         observed = self._observed.get(model)
         if observed is not None:
             return observed
+        claimed = self._claimed.get(model)
+        if claimed is not None:
+            return claimed
         declared = self._declared.get(model)
         if declared is not None:
             return declared
         return self._estimate(model, fleet)
 
     def source(self, model: str) -> str:
-        """Which source gave the last answer for M: observed, declared, estimated, unknown."""
+        """Which source gave the last answer for M: observed, claimed, declared, estimated."""
         if model in self._observed:
             return "observed"
+        if model in self._claimed:
+            return "claimed"
         if model in self._declared:
             return "declared"
         return "estimated"

@@ -35,6 +35,7 @@ class ProviderSnapshot:
     )
     _first_call: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
     _load_started: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
+    _load_mib: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     _resident_total: int = field(default=0, repr=False, compare=False)
     _loading_mib: int = field(default=0, repr=False, compare=False)
 
@@ -45,9 +46,9 @@ class ProviderSnapshot:
         by_model: dict[str, list[Ticket]] = {}
         for t in self.tickets:
             by_model.setdefault(t.model, []).append(t)
-        loading = {
-            t.model for t in self.tickets
-            if t.model_footprint_mib > 0 and t.model not in residents
+        loaders = {
+            m: found for m, ts in by_model.items()
+            if m not in residents and (found := _loaders(ts))
         }
         loading_mib = sum(
             t.model_footprint_mib for t in self.tickets if t.model not in residents
@@ -63,13 +64,16 @@ class ProviderSnapshot:
             m: min(t.started_at for t in calls) for m, calls in in_flight.items()
         })
         object.__setattr__(self, "_load_started", {
-            m: min(t.started_at for t in ts if t.model_footprint_mib > 0)
-            for m, ts in by_model.items() if m in loading
+            m: ts[0].started_at for m, ts in loaders.items()
+        })
+        object.__setattr__(self, "_load_mib", {
+            m: ts[0].model_footprint_mib for m, ts in loaders.items()
+            if ts[0].model_footprint_mib > 0
         })
         object.__setattr__(
             self, "_victims", frozenset(v for t in self.tickets for v in t.evicts)
         )
-        object.__setattr__(self, "_copies", frozenset(residents) | loading)
+        object.__setattr__(self, "_copies", frozenset(residents) | frozenset(loaders))
         object.__setattr__(self, "_resident_total", sum(residents.values()))
         object.__setattr__(self, "_loading_mib", loading_mib)
 
@@ -137,6 +141,15 @@ class ProviderSnapshot:
         """When a ticket began loading the copy of ``model``; None when none is loading."""
         return self._load_started.get(model)
 
+    def load_mib(self, model: str) -> int | None:
+        """The footprint the ticket loading ``model`` here claimed; ``None`` when unknown.
+
+        That is the size of *this* load, so it is what the load's remaining time is
+        counted from. It is unknown for a copy whose loader claimed no footprint (a
+        loading ticket written by hand without one, for a model nothing else sizes).
+        """
+        return self._load_mib.get(model)
+
     def calls_on(self, model: str) -> tuple[Ticket, ...]:
         """:meth:`in_flight` without the copy (for the cost model's hot path)."""
         return self._in_flight.get(model, ())
@@ -145,7 +158,7 @@ class ProviderSnapshot:
         """Tickets whose memory is a copy of ``model`` not yet reported resident."""
         if model in self._residents:
             return []
-        return [t for t in self._tickets_by_model.get(model, ()) if t.model_footprint_mib > 0]
+        return _loaders(self._tickets_by_model.get(model, ()))
 
     def has_copy(self, model: str) -> bool:
         """Resident, or being loaded by a ticket."""
@@ -158,6 +171,25 @@ class ProviderSnapshot:
                 if loaded.name == model and loaded.context_length is not None:
                     return loaded.context_length
         return self.state.context_length
+
+
+def _loaders(tickets: Iterable[Ticket]) -> list[Ticket]:
+    """The tickets whose memory is a copy still loading, the first loader first.
+
+    A ticket that claimed a footprint for a model the engine does not report yet is
+    loading it. A ticket in state ``loading`` without a footprint is one too: its size
+    is unknown, but the copy exists, and ignoring it would send the next call to load a
+    second copy elsewhere. When both kinds exist, the footprint tickets come first: they
+    are the loads whose size, and so whose end, is known.
+    """
+    sized = sorted(
+        (t for t in tickets if t.model_footprint_mib > 0), key=lambda t: t.started_at
+    )
+    if sized:
+        return sized
+    return sorted(
+        (t for t in tickets if t.state is TicketState.LOADING), key=lambda t: t.started_at
+    )
 
 
 _GENERATIONS = itertools.count(1)

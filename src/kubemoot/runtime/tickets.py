@@ -140,7 +140,7 @@ class TicketManager:
         max_attempts: int = 8,
         rng: random.Random | None = None,
         backoff_base_seconds: float = 0.001,
-        backoff_cap_seconds: float = 0.05,
+        backoff_cap_seconds: float = 0.016,
     ) -> None:
         self._tickets = tickets
         self._states = states

@@ -14,8 +14,17 @@ import math
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Self
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from kubemoot.api.errors import InputError
 from kubemoot.clock import ManualClock
@@ -26,6 +35,7 @@ from kubemoot.runtime.placement import Candidate, Placement
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.selector import ProviderSelector
 from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.runtime.snapshot import FleetSnapshot, ProviderSnapshot
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
 from kubemoot.store.documents import (
@@ -75,7 +85,8 @@ class SnapshotTicket(_Part):
     model: str = Field(min_length=1)
     state: TicketState = TicketState.RUNNING
     started_at: AwareDatetime = Field(alias="startedAt")
-    footprint_mib: int = Field(0, ge=0, alias="footprintMiB")
+    # None: not given. A loading ticket without one is sized by occupancy(M) when loaded.
+    footprint_mib: int | None = Field(None, ge=0, alias="footprintMiB")
     evicts: dict[str, int] = Field(default_factory=dict)
     holder: str = "snapshot"
     expires_at: AwareDatetime | None = Field(None, alias="expiresAt")
@@ -114,15 +125,24 @@ class PlacementState(_Part):
     providers: list[SnapshotProvider] = Field(default_factory=list)
     demand: dict[str, SnapshotDemand] = Field(default_factory=dict)
 
-    @field_validator("providers")
-    @classmethod
-    def _unique_names(cls, providers: list[SnapshotProvider]) -> list[SnapshotProvider]:
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        """Checks across fields, reported at the exact field like any other problem."""
         seen: set[str] = set()
-        for provider in providers:
+        now = _epoch(self.now)
+        for index, provider in enumerate(self.providers):
             if provider.name in seen:
-                raise ValueError(f"provider {provider.name!r} is listed twice")
+                raise _invalid(
+                    f"provider {provider.name!r} is listed twice", "providers", index, "name"
+                )
             seen.add(provider.name)
-        return providers
+            for t_index, ticket in enumerate(provider.tickets):
+                if _epoch(ticket.started_at) > now:
+                    raise _invalid(
+                        "a ticket cannot start after the snapshot's now",
+                        "providers", index, "tickets", t_index, "startedAt",
+                    )
+        return self
 
     def runtime_settings(self) -> RuntimeSettings:
         s = self.settings
@@ -133,6 +153,14 @@ class PlacementState(_Part):
             "reserve_mib": s.reserve_mib,
             "candidate_tolerance": s.candidate_tolerance,
         })
+
+
+def _invalid(message: str, *loc: str | int) -> ValidationError:
+    """A validation error at ``loc``, so the loader names the file, document and field."""
+    return ValidationError.from_exception_data(
+        KIND,
+        [InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=None)],
+    )
 
 
 def load_state(path: str | Path) -> PlacementState:
@@ -194,17 +222,18 @@ async def decide(
             alpha=settings.latency_ema_alpha, default_seconds=settings.default_latency_seconds
         )
         disk = {m.name: m.disk_mib for m in state.models if m.disk_mib is not None}
-        for index, provider in enumerate(state.providers):
-            doc, docs_tickets = _provider_docs(provider, settings, now, disk, index)
+        docs = [_provider_docs(p, settings, now, disk) for p in state.providers]
+        occupancy = OccupancyBook(
+            settings=settings,
+            declared={m.name: m.vram_mib for m in state.models if m.vram_mib is not None},
+        )
+        docs = _size_loading_tickets(docs, occupancy, now)
+        for provider, (doc, docs_tickets) in zip(state.providers, docs, strict=True):
             await states.put(encode_token(provider.name), doc.to_json())
             await tickets.put(encode_token(provider.name), docs_tickets.to_json())
             if provider.latency_seconds is not None:
                 latency.observe(doc.endpoint, provider.latency_seconds)
         await _write_demand(demand_bucket, state, now)
-        occupancy = OccupancyBook(
-            settings=settings,
-            declared={m.name: m.vram_mib for m in state.models if m.vram_mib is not None},
-        )
         view = ProviderView(states, tickets, clock=clock, settings=settings, latency=latency)
         manager = TicketManager(
             tickets, states, clock=clock, ttl_seconds=settings.ticket_ttl_seconds
@@ -225,14 +254,7 @@ def _provider_docs(
     settings: RuntimeSettings,
     now: float,
     disk: dict[str, int],
-    index: int,
 ) -> tuple[ProviderState, ProviderTickets]:
-    for t_index, ticket in enumerate(provider.tickets):
-        if _epoch(ticket.started_at) > now:
-            raise InputError(
-                "a ticket cannot start after the snapshot's now",
-                kind=KIND, field=f"providers[{index}].tickets[{t_index}].startedAt",
-            )
     state = ProviderState(
         provider=provider.name,
         endpoint=provider.endpoint or f"http://{provider.name}:11434",
@@ -256,7 +278,7 @@ def _provider_docs(
             Ticket(
                 ticket_id=f"snapshot-{provider.name}-{i}",
                 model=t.model,
-                model_footprint_mib=t.footprint_mib,
+                model_footprint_mib=t.footprint_mib or 0,
                 holder_id=t.holder,
                 state=t.state,
                 started_at=_epoch(t.started_at),
@@ -268,6 +290,31 @@ def _provider_docs(
         ],
     )
     return state, tickets
+
+
+def _size_loading_tickets(
+    docs: list[tuple[ProviderState, ProviderTickets]], occupancy: OccupancyBook, now: float
+) -> list[tuple[ProviderState, ProviderTickets]]:
+    """Give a ``loading`` ticket written without ``footprintMiB`` the size occupancy(M) has.
+
+    A load always takes memory, so a loading ticket without a footprint stands for
+    occupancy(M): observed (a resident copy anywhere, else another loading ticket's
+    footprint), then declared, then estimated. When none of them knows M, the ticket
+    stays without a footprint; the runtime still counts it as a copy being loaded, with
+    an unknown remaining time (see :meth:`CostModel.load_ends_at`).
+    """
+    fleet = FleetSnapshot.of(now, [ProviderSnapshot(state, tuple(t.tickets)) for state, t in docs])
+    sized: list[tuple[ProviderState, ProviderTickets]] = []
+    for state, doc in docs:
+        tickets = []
+        for ticket in doc.tickets:
+            if ticket.state is TicketState.LOADING and ticket.model_footprint_mib == 0:
+                mib = occupancy.occupancy(ticket.model, fleet)
+                if mib:
+                    ticket = ticket.model_copy(update={"model_footprint_mib": mib})
+            tickets.append(ticket)
+        sized.append((state, doc.model_copy(update={"tickets": tickets})))
+    return sized
 
 
 async def _write_demand(bucket: Bucket, state: PlacementState, now: float) -> None:

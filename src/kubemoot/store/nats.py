@@ -245,8 +245,21 @@ class NatsKV:
         """Connect (raises :class:`StoreUnavailable` when no server answers)."""
         settings = settings if settings is not None else NatsSettings.from_env()
 
-        async def quiet(_error: Exception) -> None:
+        connected = False
+
+        async def quiet(error: Exception) -> None:
             # nats-py reports reconnect noise here; operations surface real failures.
+            # A refused login while first connecting is final, though: retrying it for
+            # every reconnect round would only delay the same answer by a minute.
+            # nats-py reports the server's -ERR as a plain Error during the handshake.
+            refused = isinstance(error, nats.errors.AuthorizationError) or (
+                isinstance(error, nats.errors.Error)
+                and "authorization violation" in str(error).lower()
+            )
+            if not connected and refused:
+                raise StoreUnavailable(
+                    f"NATS at {', '.join(settings.servers)} refused the credentials: {error}"
+                )
             return None
 
         options: dict[str, Any] = {
@@ -271,10 +284,13 @@ class NatsKV:
         where = ", ".join(settings.servers)
         try:
             connection = await nats.connect(**options)
+        except StoreUnavailable:
+            raise
         except (nats.errors.Error, OSError, TimeoutError) as error:
             raise StoreUnavailable(
                 f"cannot connect to NATS at {where}: {type(error).__name__}: {error}"
             ) from error
+        connected = True
         return cls(connection, settings)
 
     async def bucket(self, name: str, *, max_age: float | None = None) -> NatsBucket:

@@ -60,3 +60,18 @@ def test_operator_cli_help_lists_the_options() -> None:
     for option in ("--namespace", "--all-namespaces", "--nats", "--embedded",
                    "--probe-interval"):
         assert option in done.stdout
+
+
+def test_operator_cli_serves_metrics_before_it_needs_a_cluster(tmp_path: Path) -> None:
+    """``--metrics-port`` binds before the login; a taken port is bad input (exit 2)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        env.update(HOME=str(tmp_path), KUBECONFIG=str(tmp_path / "missing"))
+        done = run("--embedded", "--metrics-port", str(port), env=env)
+    assert done.returncode == 2, done.stderr
+    assert "--metrics-port" in done.stderr and "Traceback" not in done.stderr

@@ -58,6 +58,14 @@ def operator_command(
         10.0, "--probe-timeout", min=0.1, metavar="SECONDS",
         help="Seconds one provider probe may take.",
     ),
+    metrics_port: int = typer.Option(
+        0, "--metrics-port", min=0, max=65535, metavar="PORT",
+        help="Serve Prometheus metrics on this port at /metrics (0: off).",
+    ),
+    metrics_host: str = typer.Option(
+        "127.0.0.1", "--metrics-host", metavar="ADDRESS",
+        help="Address for --metrics-port (0.0.0.0 lets an in-cluster Prometheus scrape).",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at debug level."),
 ) -> None:
     """Run the Kubemoot operator: probe providers, bind Agents, patch their Deployments."""
@@ -104,4 +112,14 @@ def operator_command(
     where = ", ".join(options.namespaces) or "all namespaces"
     err_console.print(f"kubemoot operator: watching {where}; shared state in "
                       f"{'this process' if embedded else url}", highlight=False)
+    if metrics_port:
+        from kubemoot.metrics import serve_metrics
+
+        try:
+            serve_metrics(metrics_port, host=metrics_host)
+        except OSError as error:
+            raise InputError(f"cannot serve metrics on {metrics_host}:{metrics_port}: "
+                             f"{error.strerror or error}", field="--metrics-port") from None
+        err_console.print(f"metrics: http://{metrics_host}:{metrics_port}/metrics",
+                          highlight=False)
     asyncio.run(run_operator(options))

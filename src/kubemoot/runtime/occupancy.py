@@ -62,9 +62,9 @@ class OccupancyBook:
                 if loaded.size_mib > 0:
                     self._observed.setdefault(loaded.name, loaded.size_mib)
             for model in provider.copies:
-                mib = provider.load_mib(model)
-                if mib is not None:
-                    self._claimed.setdefault(model, mib)
+                claimed = provider.load_mib(model)
+                if claimed is not None:
+                    self._claimed.setdefault(model, claimed)
 
     def occupancy(self, model: str, fleet: FleetSnapshot) -> int | None:
         """occupancy(M) in MiB, or ``None`` when nothing at all is known about M."""

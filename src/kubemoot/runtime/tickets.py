@@ -140,7 +140,7 @@ class TicketManager:
         max_attempts: int = 8,
         rng: random.Random | None = None,
         backoff_base_seconds: float = 0.001,
-        backoff_cap_seconds: float = 0.016,
+        backoff_cap_seconds: float = 0.05,
     ) -> None:
         self._tickets = tickets
         self._states = states
@@ -402,7 +402,7 @@ class TicketManager:
     def _backoff(self, conflicts: int) -> float:
         # Jittered so losers do not collide again in lockstep, and *shorter* the more a
         # lane has lost in a row: the longest waiter gets the next turn, not the newest.
-        ceiling = min(self._backoff_cap, self._backoff_base * 2 ** min(conflicts, 12))
+        ceiling = min(self._backoff_cap, self._backoff_base * 4 / max(1, conflicts))
         return self._rng.uniform(0.0, ceiling)
 
     def _count_attempt(

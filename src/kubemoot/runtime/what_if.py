@@ -227,7 +227,7 @@ async def decide(
             settings=settings,
             declared={m.name: m.vram_mib for m in state.models if m.vram_mib is not None},
         )
-        docs = _size_loading_tickets(docs, occupancy, now)
+        docs = _size_loading_tickets(state, docs, occupancy, now)
         for provider, (doc, docs_tickets) in zip(state.providers, docs, strict=True):
             await states.put(encode_token(provider.name), doc.to_json())
             await tickets.put(encode_token(provider.name), docs_tickets.to_json())
@@ -293,27 +293,42 @@ def _provider_docs(
 
 
 def _size_loading_tickets(
-    docs: list[tuple[ProviderState, ProviderTickets]], occupancy: OccupancyBook, now: float
+    state: PlacementState,
+    docs: list[tuple[ProviderState, ProviderTickets]],
+    occupancy: OccupancyBook,
+    now: float,
 ) -> list[tuple[ProviderState, ProviderTickets]]:
     """Give a ``loading`` ticket written without ``footprintMiB`` the size occupancy(M) has.
 
-    A load always takes memory, so a loading ticket without a footprint stands for
-    occupancy(M): observed (a resident copy anywhere, else another loading ticket's
-    footprint), then declared, then estimated. When none of them knows M, the ticket
-    stays without a footprint; the runtime still counts it as a copy being loaded, with
-    an unknown remaining time (see :meth:`CostModel.load_ends_at`).
+    A load always takes memory, so the first such ticket of a model on a provider (with
+    no resident copy and no other ticket sized for it) stands for occupancy(M): observed
+    (a resident copy anywhere, else another loading ticket's footprint), then declared,
+    then estimated. Later ones join that load and spend nothing. An explicit
+    ``footprintMiB: 0`` is taken as written (a call joining another's load). When nothing
+    knows M, the ticket stays without a footprint; the runtime still counts it as a copy
+    being loaded, with an unknown remaining time (see :meth:`CostModel.load_ends_at`).
     """
-    fleet = FleetSnapshot.of(now, [ProviderSnapshot(state, tuple(t.tickets)) for state, t in docs])
+    fleet = FleetSnapshot.of(now, [ProviderSnapshot(s, tuple(t.tickets)) for s, t in docs])
     sized: list[tuple[ProviderState, ProviderTickets]] = []
-    for state, doc in docs:
-        tickets = []
-        for ticket in doc.tickets:
-            if ticket.state is TicketState.LOADING and ticket.model_footprint_mib == 0:
-                mib = occupancy.occupancy(ticket.model, fleet)
-                if mib:
-                    ticket = ticket.model_copy(update={"model_footprint_mib": mib})
-            tickets.append(ticket)
-        sized.append((state, doc.model_copy(update={"tickets": tickets})))
+    for provider, (doc, doc_tickets) in zip(state.providers, docs, strict=True):
+        snapshot = fleet.provider(provider.name)
+        assert snapshot is not None  # built from these very documents
+        tickets = list(doc_tickets.tickets)
+        unsized = [
+            i for i, t in enumerate(provider.tickets)
+            if t.state is TicketState.LOADING and t.footprint_mib is None
+            and not snapshot.is_resident(t.model) and snapshot.load_mib(t.model) is None
+        ]
+        done: set[str] = set()
+        for i in sorted(unsized, key=lambda i: (provider.tickets[i].started_at, i)):
+            model = tickets[i].model
+            if model in done:
+                continue  # a later call joining the same load
+            done.add(model)
+            mib = occupancy.occupancy(model, fleet)
+            if mib:
+                tickets[i] = tickets[i].model_copy(update={"model_footprint_mib": mib})
+        sized.append((doc, doc_tickets.model_copy(update={"tickets": tickets})))
     return sized
 
 

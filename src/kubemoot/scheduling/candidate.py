@@ -2,11 +2,12 @@
 
 Also the few facts about a provider that several plugins read (observed footprint,
 loaded identifiers, free VRAM, staleness), written once so every plugin reads them
-the same way.
+the same way, and the fleet-wide footprint sightings a snapshot computes once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -14,6 +15,8 @@ from kubemoot.api import Model, ModelProvider, ProviderCapacity
 
 __all__ = [
     "Placement",
+    "Sighting",
+    "fleet_footprints",
     "footprint",
     "free_vram",
     "loaded_identifiers",
@@ -23,11 +26,24 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
+class Sighting:
+    """A footprint in MiB observed for a model identifier, and where it was seen."""
+
+    mib: int
+    source: str  # e.g. "ModelProvider pa status.capacity.loadedModels"
+
+
+@dataclass(frozen=True, slots=True)
 class Placement:
-    """One candidate: a Model and the ModelProvider its providerRef names (None if missing)."""
+    """One candidate: a Model and the ModelProvider its providerRef names (None if missing).
+
+    ``seen_in_fleet`` is the footprint of the Model's identifier observed on any provider
+    (see :func:`fleet_footprints`); the snapshot fills it in once for every candidate.
+    """
 
     model: Model
     provider: ModelProvider | None
+    seen_in_fleet: Sighting | None = None
 
     @property
     def name(self) -> str:
@@ -51,12 +67,57 @@ def rfc3339(moment: datetime) -> str:
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
+def _own_sightings(capacity: ProviderCapacity) -> Iterable[tuple[str, int, str]]:
+    """(identifier, MiB, field) for every footprint one provider reports observing."""
+    for model_id, mib in capacity.loaded_model_footprints.items():
+        yield model_id, mib, "status.capacity.loadedModelFootprints"
+    for loaded in capacity.loaded_models:
+        if loaded.size_mib is not None:
+            yield loaded.name, loaded.size_mib, "status.capacity.loadedModels"
+
+
+def fleet_footprints(
+    providers: Iterable[ModelProvider], models: Iterable[Model] = ()
+) -> dict[str, Sighting]:
+    """Model identifier → its observed footprint on any provider; computed once per snapshot.
+
+    Sources are every provider's ``loadedModelFootprints`` and ``loadedModels`` and
+    every Model's ``status.footprintMiB`` (an observation made on its own provider).
+    When providers disagree, the **largest** sighting wins (ties: the first by provider,
+    then by Model name): the VRAM gate is a proof that a model fits, and it must not
+    rest on the smallest copy ever seen when the same identifier has been seen taking
+    more (a longer context or more parallel slots grow the cache). A snapshot holds no
+    order of observation, so "the first observed" would be an arbitrary pick.
+    """
+    seen: dict[str, Sighting] = {}
+
+    def note(model_id: str, mib: int, source: str) -> None:
+        best = seen.get(model_id)
+        if best is None or mib > best.mib:
+            seen[model_id] = Sighting(mib, source)
+
+    for provider in sorted(providers, key=lambda p: p.metadata.name):
+        if provider.capacity is not None:
+            for model_id, mib, field in _own_sightings(provider.capacity):
+                note(model_id, mib, f"ModelProvider {provider.metadata.name} {field}")
+    for model in sorted(models, key=lambda m: m.metadata.name):
+        if model.status is not None and model.status.footprint_mib is not None:
+            note(
+                model.spec.model,
+                model.status.footprint_mib,
+                f"Model {model.metadata.name} status.footprintMiB",
+            )
+    return seen
+
+
 def footprint(placement: Placement) -> tuple[int | None, str]:
     """The Model's VRAM footprint in MiB and where the number came from.
 
-    Observed beats declared (the spec's footprint source): the provider's observed
-    footprint for this identifier, then a loaded copy's size, then the Model's own
-    observed footprint, then the declared ``vramMib``.
+    Observed beats declared (the spec: the observed footprint of M from any provider
+    that has loaded it, falling back to declared). The candidate's own provider comes
+    first (its footprint for this identifier, then a loaded copy's size), then the
+    Model's own observed footprint, then the identifier's footprint seen anywhere in
+    the fleet, and only then the declared ``vramMib``.
     """
     capacity = placement.capacity
     model_id = placement.model_id
@@ -70,6 +131,9 @@ def footprint(placement: Placement) -> tuple[int | None, str]:
     status = placement.model.status
     if status is not None and status.footprint_mib is not None:
         return status.footprint_mib, "Model.status.footprintMiB"
+    elsewhere = placement.seen_in_fleet
+    if elsewhere is not None:
+        return elsewhere.mib, elsewhere.source
     declared = placement.model.spec.vram_mib
     return declared, "Model.spec.vramMib"
 

@@ -20,7 +20,7 @@ from kubemoot.api import (
 )
 from kubemoot.api.loader import Bundle
 from kubemoot.scheduling.archetypes import CONSENT_3, DEFAULT_ARCHETYPE, builtin_archetypes
-from kubemoot.scheduling.candidate import Placement
+from kubemoot.scheduling.candidate import Placement, fleet_footprints
 
 __all__ = ["ClusterSnapshot", "PolicyResolution"]
 
@@ -48,8 +48,16 @@ class ClusterSnapshot:
 
     def __post_init__(self) -> None:
         ordered = sorted(self.models, key=lambda model: model.metadata.name)
+        # Once per snapshot, not per candidate: a footprint seen on one provider sizes
+        # the same identifier on every other (DESIGN §4).
+        sightings = fleet_footprints(self.providers.values(), ordered)
         placements = tuple(
-            Placement(model, self.providers.get(model.spec.provider_ref)) for model in ordered
+            Placement(
+                model,
+                self.providers.get(model.spec.provider_ref),
+                sightings.get(model.spec.model),
+            )
+            for model in ordered
         )
         by_namespace: dict[str, list[CrewSchedulingPolicy]] = {}
         for policy in sorted(self.policies, key=lambda p: p.metadata.name):

@@ -61,9 +61,18 @@ class FreshnessGate:
                 ageSeconds=round(age, 3),
                 maxAgeSeconds=self._max_age,
             )
+        if age < 0:
+            # A probe "from the future" (clock skew, or --now set before it) is no older
+            # than the limit, so it passes; the text says so instead of "0s ago".
+            reason = (
+                f"probe time is {-age:.0f}s in the future relative to now; taken as "
+                f"fresh (max {self._max_age}s)"
+            )
+        else:
+            reason = f"probed {age:.0f}s ago (max {self._max_age}s)"
         return GateResult.pass_(
             self.name,
-            f"probed {max(age, 0.0):.0f}s ago (max {self._max_age}s)",
+            reason,
             observed_at=probed,
             field="status.lastProbedAt",
             ageSeconds=round(age, 3),

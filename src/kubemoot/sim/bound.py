@@ -259,20 +259,20 @@ def _turn_facts(turn: Turn, arrival: float, groups: _Groups) -> _TurnFacts | Non
     chain_end = end
     bursts = extra = 0.0
     for step, r, tail in zip(steps, issue, tails, strict=True):
-        models = groups.models(step.calls[0])  # a step's calls share their candidates
-        servers = groups.fleet.slots(models)
-        fine, coarse = groups.ids(models)
+        servers = groups.fleet.slots(frozenset().union(*(groups.models(c) for c in step.calls)))
         durations = [c.duration for c in step.calls]
         bursts += spt_total_wait(durations, servers)
         extra += spt_total_wait(sorted(durations)[:-1], servers)
         for call in step.calls:
             soonest = _soonest(call, ready)
+            fine, coarse = groups.ids(groups.models(call))
             work.append(_Work(max(r, soonest), call.duration, fine, coarse,
                               call.duration / 2 + tail))
             chain_end = max(chain_end, soonest + call.duration + tail)
-    first_wait = sum(max(0.0, _soonest(c, ready) - issue[0]) for c in steps[0].calls)
-    # The first step waits for a copy as a whole and then queues among itself.
-    bursts += len(steps[0].calls) * max(0.0, _soonest(steps[0].calls[0], ready) - issue[0])
+    waits = [max(0.0, _soonest(c, ready) - issue[0]) for c in steps[0].calls]
+    # The first step's calls all wait for a copy, then queue among themselves.
+    bursts += len(waits) * min(waits)
+    first_wait = sum(waits)
     chain = chain_end - end
     return _TurnFacts(
         start=issue[0], work=tuple(work), total=total, end=end,
@@ -288,6 +288,8 @@ def _delay_bound(turns: Sequence[_TurnFacts], speeds: Sequence[int]) -> float:
         per_group: dict[int, list[tuple[float, float, float]]] = {}
         fixed = 0.0
         for turn in turns:
+            if turn.total <= 0:
+                continue  # no work, no weight: leaving a turn out keeps the sum a bound
             fixed -= turn.end
             for w in turn.work:
                 # E ≥ Σ share·(mean busy moment + after), shares = each call's part of the work.

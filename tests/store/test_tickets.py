@@ -250,8 +250,11 @@ async def test_claim_conflict_after_bounded_attempts() -> None:
 
 
 async def race(store: StoreUnderTest, usable: int, footprints: list[int], managers: int,
-               rounds: int) -> int:
-    """Claimers race on one provider; returns overcommits seen (must be 0)."""
+               rounds: int, *, with_state: bool = False) -> int:
+    """Claimers race on one provider; returns overcommits seen (must be 0).
+
+    ``with_state``: claimers pass the provider state they hold, as the runtime does.
+    """
     tickets = await store.bucket("tickets")
     states = await store.bucket("states")
     state = provider_state(usable)
@@ -268,7 +271,8 @@ async def race(store: StoreUnderTest, usable: int, footprints: list[int], manage
         manager = pool[index % managers]
         for _ in range(rounds):
             try:
-                ticket = await manager.claim(PROVIDER, f"m{index}", footprint, f"h{index}")
+                ticket = await manager.claim(PROVIDER, f"m{index}", footprint, f"h{index}",
+                                             provider_state=state if with_state else None)
             except ClaimRejected:
                 await asyncio.sleep(0)
                 continue
@@ -310,12 +314,14 @@ async def race(store: StoreUnderTest, usable: int, footprints: list[int], manage
     usable=st.integers(min_value=1, max_value=40).map(lambda g: g * GIB),
     footprints=st.lists(st.integers(min_value=0, max_value=16 * GIB), min_size=2, max_size=12),
     managers=st.integers(min_value=1, max_value=4),
+    with_state=st.booleans(),
 )
 async def test_racing_claimers_never_overcommit_memory_store(
-    usable: int, footprints: list[int], managers: int
+    usable: int, footprints: list[int], managers: int, with_state: bool
 ) -> None:
     store = await make_store("memory", None)
-    assert await race(store, usable, footprints, managers, rounds=5) == 0
+    assert await race(store, usable, footprints, managers, rounds=5,
+                      with_state=with_state) == 0
 
 
 @settings(max_examples=4, deadline=None,
@@ -363,11 +369,15 @@ async def test_racing_claimers_never_overcommit_nats(
             await s.kv.close()
 
 
-async def test_racing_claimers_on_nats_checked_at_every_revision(nats_url: str) -> None:
+@pytest.mark.parametrize("with_state", [False, True], ids=["reading-state", "callers-state"])
+async def test_racing_claimers_on_nats_checked_at_every_revision(
+    nats_url: str, with_state: bool
+) -> None:
     store = await make_store("nats", nats_url)
     try:
         assert await race(store, 12 * GIB, [4 * GIB, 5 * GIB, 3 * GIB, 6 * GIB, 2 * GIB,
-                                            7 * GIB], managers=3, rounds=6) == 0
+                                            7 * GIB], managers=3, rounds=6,
+                          with_state=with_state) == 0
     finally:
         await store.kv.close()
 

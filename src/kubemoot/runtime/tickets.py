@@ -70,6 +70,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_RELEASE_PATIENCE = 16  # a release may lose this many times more races than a claim
+
 Check = Callable[[ProviderState | None, list[Ticket], float], bool]
 """An extra condition a claim must meet against the same read (e.g. victims still idle)."""
 
@@ -170,6 +172,12 @@ class TicketManager:
         entry = await self._states.get(encode_token(provider))
         return None if entry is None else ProviderState.from_json(entry.value)
 
+    @property
+    def _release_attempts(self) -> int:
+        # Releases retry far longer than claims: a release that gives up leaves its
+        # memory spent until the TTL, while a conflict only means others progressed.
+        return self.max_attempts * _RELEASE_PATIENCE
+
     # -- operations ------------------------------------------------------------------
 
     def _new_ticket_id(self) -> str:
@@ -227,8 +235,7 @@ class TicketManager:
 
     async def release(self, provider: str, ticket_id: str) -> None:
         """Remove the ticket now; releasing an absent ticket is a no-op."""
-        # Releases may retry longer than claims: each one returns memory at once.
-        op = self._op(_Kind.RELEASE, ticket_id, max_attempts=self.max_attempts * 4)
+        op = self._op(_Kind.RELEASE, ticket_id, max_attempts=self._release_attempts)
         await self._submit(provider, op)
 
     async def renew(
@@ -306,7 +313,7 @@ class TicketManager:
             return
         ticket = done.result()
         assert ticket is not None
-        orphan = self._op(_Kind.RELEASE, ticket.ticket_id, max_attempts=self.max_attempts * 4)
+        orphan = self._op(_Kind.RELEASE, ticket.ticket_id, max_attempts=self._release_attempts)
         orphan.future.add_done_callback(lambda f: f.cancelled() or f.exception())
         lane = self._lanes.setdefault(provider, _Lane())
         lane.pending.append(orphan)

@@ -1,0 +1,48 @@
+"""The benchmarks keep running: each, at a small size, ends with its JSON figures line.
+
+These are smoke tests, not performance tests: no timing is asserted (DESIGN's rule for
+unit tests); only that every figure an issue asks for is printed, and that the
+invariants a bench reports (overcommits) hold.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "keys"),
+    [
+        ("schedule.py",
+         ["--agents", "200", "--models", "50", "--providers", "10", "--policies", "5",
+          "--repeat", "1"],
+         {"agentsPerSecond", "ratioToFloor"}),
+        ("kv.py", ["--seconds", "0.5", "--claimers", "4", "--processes", "1", "--samples", "50"],
+         {"overcommits", "uncontendedP99Ratio", "contendedClaimsPerSecond", "contendedP99Ms"}),
+        ("place.py", ["--calls", "50", "--nats-calls", "20"],
+         {"embeddedP99Ms", "natsP99Ratio"}),
+        ("quality.py", [],
+         {"meanWaitRatioToBestBaseline", "coldLoadRatioToRoundRobin",
+          "meanWaitRatioToLowerBound", "simSecondsFor100kCalls"}),
+    ],
+)
+def test_bench_prints_its_figures_as_the_last_line(
+    script: str, args: list[str], keys: set[str]
+) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert keys <= figures.keys()
+    assert all(isinstance(figures[k], int | float) for k in keys)
+    if "overcommits" in figures:
+        assert figures["overcommits"] == 0

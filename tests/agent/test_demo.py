@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -101,3 +104,146 @@ def test_demo_with_a_missing_bundle_is_bad_input(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "nope" in result.stderr
+
+
+# -- the default bundle is package data ------------------------------------------------
+
+
+def test_the_default_bundle_is_package_data_that_loads() -> None:
+    from importlib.resources import files
+
+    import kubemoot
+    from kubemoot.api.loader import load_bundle
+    from kubemoot.cli.demo import default_bundle
+
+    shipped = files("kubemoot") / "examples" / "homelab"
+    assert sorted(f.name for f in shipped.iterdir() if f.name.endswith(".yaml")) == [
+        "crew.yaml", "models.yaml", "policy.yaml", "providers.yaml",
+    ]
+    with default_bundle() as path:
+        # inside the installed package, not wherever a repository checkout happens to be
+        assert path.resolve().is_relative_to(Path(kubemoot.__file__).resolve().parent)
+        bundle = load_bundle([path])
+    assert sorted(p.name for p in bundle.providers) == ["rtx4090", "rtx5090"]
+    assert "coordinator" in {a.name for a in bundle.agents}
+
+
+def test_the_demo_default_does_not_depend_on_the_current_directory(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [KUBEMOOT, "demo", "-o", "json", "--discussions", "2", "--time-scale", "0.02"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert set(json.loads(result.stdout)["providers"]) == {"rtx4090", "rtx5090"}
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------
+
+
+def _interrupt(process: subprocess.Popen[str]) -> tuple[int, str]:
+    process.send_signal(signal.SIGINT)
+    _out, err = process.communicate(timeout=60)
+    return process.returncode, err
+
+
+def _assert_clean_interrupt(code: int, err: str) -> None:
+    assert code == 130, err
+    assert "Traceback" not in err
+    assert "Task exception" not in err
+    assert "closed" not in err  # nothing ran on after the store was closed
+    assert err.strip().splitlines()[-1] == "interrupted"
+
+
+def test_ctrl_c_mid_run_shuts_down_quietly(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [KUBEMOOT, "demo", "--discussions", "8"], cwd=tmp_path, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    time.sleep(2.0)  # well into the run: emulators up, discussions placing calls
+    _assert_clean_interrupt(*_interrupt(process))
+
+
+def test_ctrl_c_while_discussions_run_with_the_dashboard(tmp_path: Path) -> None:
+    # The dashboard's announcement comes right before the discussions start, so the
+    # interrupt surely lands among calls in flight, whatever the machine's speed.
+    process = subprocess.Popen(
+        [KUBEMOOT, "demo", "--discussions", "8", "--dashboard", "--dashboard-port", "0"],
+        cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if line.startswith("dashboard: "):
+            break
+    else:
+        raise AssertionError(f"the demo never announced its dashboard: {''.join(seen)}")
+    time.sleep(1.0)
+    code, err = _interrupt(process)
+    _assert_clean_interrupt(code, "".join(seen) + err)
+
+
+# -- NATS that is not there ------------------------------------------------------------
+
+
+def test_an_unreachable_nats_is_announced_and_given_up_on(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [KUBEMOOT, "demo", "--nats", "nats://127.0.0.1:1"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("connecting to NATS at nats://127.0.0.1:1")
+    assert "cannot connect to NATS" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# -- the attribution table in 80 columns -----------------------------------------------
+
+
+def _call(thread: str, agent: str, model: str, provider: str, *, phase: str = "mulling",
+          action: str = "cold-load", evicted: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {"threadId": thread, "agent": agent, "phase": phase, "model": model,
+            "provider": provider, "action": action, "waitedSeconds": 12.5,
+            "evicted": list(evicted)}
+
+
+@pytest.mark.parametrize(
+    ("calls", "names"),
+    [
+        pytest.param(
+            [_call("thread-12", "crew-homelab-pilot/prometheus-agent", "qwen3:32b", "rtx5090",
+                   phase="synthesis", evicted=("qwen3:8b", "qwen3:14b")),
+             _call("thread-3", "crew-homelab-pilot/kubectl-agent", "qwen3:8b", "rtx4090",
+                   action="loading")],
+            ["qwen3:32b", "qwen3:8b", "rtx5090", "rtx4090", "synthesis", "cold-load",
+             "prometheus-agent", "kubectl-agent"],
+            id="homelab",
+        ),
+        pytest.param(
+            # only the agent and evicted columns may fold to make room
+            [_call("thread-40", "a-rather-long-namespace/capacity-planner-agent",
+                   "qwen2.5-coder:32b", "workstation-a6000", phase="synthesis",
+                   evicted=("llama3.1:70b",))],
+            ["qwen2.5-coder:32b", "workstation-a6000", "cold-load", "synthesis"],
+            id="longer-names",
+        ),
+    ],
+)
+def test_the_attribution_table_keeps_models_and_providers_whole_in_80_columns(
+    calls: list[dict[str, Any]], names: list[str]
+) -> None:
+    from rich.console import Console
+
+    from kubemoot.cli.demo import attribution_table
+
+    console = Console(width=80, file=io.StringIO(), color_system=None)
+    console.print(attribution_table(calls))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert all(len(line) <= 80 for line in text.splitlines())
+    assert "…" not in text
+    rows = text.splitlines()
+    for name in names:
+        assert any(name in row for row in rows), (name, text)
+    assert "crew-homelab-pilot" not in text and "a-rather-long-namespace" not in text
+    assert "thread-" not in text  # thread ids are shortened to their number

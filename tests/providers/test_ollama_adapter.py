@@ -193,7 +193,9 @@ async def test_a_5xx_is_not_retried(client: OllamaProvider, emulator: OllamaEmul
 
 async def test_a_4xx_is_not_retried(client: OllamaProvider, emulator: OllamaEmulator) -> None:
     emulator.fail_next(404, path="/api/ps")
-    with pytest.raises(ModelNotFound):
+    # Ollama always serves /api/ps: a 404 there means the URL is not an Ollama API
+    with pytest.raises(ProviderBadResponse,
+                       match="HTTP 404 from GET /api/ps: not an Ollama API endpoint"):
         await client.probe()
     emulator.fail_next(400, path="/api/ps")
     with pytest.raises(ProviderError, match="HTTP 400") as caught:

@@ -65,7 +65,10 @@ async def run_discussions(
     seed: int,
     stagger_seconds: float,
 ) -> list[DiscussionResult]:
-    """``count`` discussions, started at seeded offsets within ``stagger_seconds``."""
+    """``count`` discussions, started at seeded offsets within ``stagger_seconds``.
+
+    Cancelling this cancels every discussion and returns only once all have ended.
+    """
     rng = random.Random(seed)
     questions = list(DEMO_QUESTIONS)
     rng.shuffle(questions)
@@ -81,4 +84,13 @@ async def run_discussions(
         await clock.sleep(offset)
         return await coordinator.discuss(thread, chosen)
 
-    return list(await asyncio.gather(*(one(*plan) for plan in plans)))
+    tasks = [asyncio.ensure_future(one(*plan)) for plan in plans]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        # A plain gather stops waiting at the first cancelled or failed thread; the
+        # others must still end (and give their tickets back) before the caller goes on
+        # to close the runtime and the store under them.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

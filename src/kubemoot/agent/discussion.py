@@ -170,6 +170,9 @@ class Coordinator:
         finally:
             for task in tasks:
                 task.cancel()
+            # On cancellation the members are still unwinding (releasing tickets and
+            # plans); wait for them, so whoever cancelled us can then close the store.
+            await asyncio.gather(*tasks, return_exceptions=True)
             await selection.close_thread(thread.id)
         still_waiting = _still_waiting(record.signals)
         settlement, answer = await self._settle(thread, record.signals, still_waiting, sink)

@@ -57,6 +57,8 @@ def dashboard_command(
     """Serve the dashboard: providers, tickets, demand and where each call ran."""
     import asyncio
 
+    from kubemoot.cli.emulate import check_host, listen_error
+
     if nats is not None and embedded:
         raise InputError("--nats and --embedded exclude each other", field="--nats")
     settings = resolve_nats(
@@ -66,6 +68,7 @@ def dashboard_command(
                   reconnect_wait=nats_reconnect_wait),
         use_nats=nats is not None,
     )
+    check_host(host)  # before connecting to NATS: a typo here should not wait on a store
 
     async def run() -> None:
         from kubemoot.clock import SystemClock
@@ -79,8 +82,7 @@ def dashboard_command(
             try:
                 await server.start()
             except OSError as error:
-                raise InputError(f"cannot listen on {host}:{port}: {error.strerror or error}",
-                                 field="--port") from None
+                raise listen_error(host, port, error) from None
             try:
                 source = (", ".join(settings.servers) if settings is not None
                           else "the embedded store (empty until this process writes to it)")

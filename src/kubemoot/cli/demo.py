@@ -1,22 +1,30 @@
 """``kubemoot demo`` — the whole system in one process, on emulated GPUs.
 
-It starts one Ollama-API **emulator** per ModelProvider of the bundle (by default
-``examples/homelab``: a 32 GiB and a 24 GiB card), runs the control plane over the
+It starts one Ollama-API **emulator** per ModelProvider of the bundle (by default the
+homelab bundle shipped inside the package, also at ``examples/homelab`` in the
+repository: a 32 GiB and a 24 GiB card), runs the control plane over the
 bundle, probes the emulators into the shared store (the embedded store, or NATS with
 ``--nats``), and runs several discussions at once through the per-call runtime. Every
 call is attributed to the provider it really ran on; the emulators' own books (requests
 received, loads, peak VRAM) are printed beside the runtime's, so the two can be checked
 against each other. The emulators run faster than real time (``--time-scale``), and the
 runtime's cost settings are scaled to match, so every cost stays in real seconds.
+
+Shutdown, normal or on Ctrl-C, runs in one order: every task of the run is cancelled and
+awaited (discussions, prober, sampler, then whatever the runtime still has in flight),
+then the runtime stack and the clients close, then the emulators stop, and the store
+closes last, so nothing still running ever finds the store closed under it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -49,14 +57,27 @@ from kubemoot.cli._nats import (
 )
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from kubemoot.agent.discussion import DiscussionResult
     from kubemoot.agent.signals import Signal
+    from kubemoot.agent.wiring import RuntimeStack
     from kubemoot.dashboard import DashboardServer
+    from kubemoot.dashboard.calllog import CallLogWriter
     from kubemoot.providers.emulator import OllamaEmulator
     from kubemoot.providers.ollama import OllamaProvider
     from kubemoot.store.nats import NatsSettings
+    from kubemoot.store.protocol import KV
 
-DEFAULT_BUNDLE = Path(__file__).resolve().parents[3] / "examples" / "homelab"
+# The default bundle is package data, so the demo runs from any directory after any
+# kind of install; the repository's examples/homelab is a link to the same files.
+DEFAULT_BUNDLE_PARTS = ("examples", "homelab")
+# A demo should say quickly that NATS is not there: rounds over the server list before
+# giving up (the store's default, 120 rounds, suits a long-running operator instead).
+DEMO_NATS_RECONNECT_ATTEMPTS = 3
+# How long an interrupted run lets the runtime's own helpers (ticket releases, call-log
+# writes, preloads) finish before they are cancelled too.
+SHUTDOWN_GRACE_SECONDS = 2.0
 # Emulated seconds per call: a fixed part plus a part per generated token (8–31 tokens).
 CALL_BASE_SECONDS = 2.0
 CALL_PER_TOKEN_SECONDS = 0.3
@@ -89,7 +110,8 @@ def demo_command(
         help="Seconds the dashboard stays up after the demo (default: until Ctrl-C).",
     ),
     bundle: Path | None = typer.Option(
-        None, "-f", "--bundle", help="Resources to run (default: examples/homelab)."
+        None, "-f", "--bundle",
+        help="Resources to run (default: the homelab bundle shipped with kubemoot).",
     ),
     time_scale: float = typer.Option(
         0.08, "--time-scale", min=0.001, max=1.0,
@@ -106,10 +128,9 @@ def demo_command(
                   reconnect_wait=nats_reconnect_wait),
         use_nats=nats is not None,
     )
-    path = bundle or DEFAULT_BUNDLE
-    if not path.exists():
-        raise InputError("no such bundle; pass -f with the resources to run",
-                         file=str(path), field="--bundle")
+    if nats_settings is not None and nats_reconnect_attempts is None:
+        nats_settings = dataclasses.replace(
+            nats_settings, max_reconnect_attempts=DEMO_NATS_RECONNECT_ATTEMPTS)
     shown: list[bool] = []
 
     def present(report: dict[str, Any]) -> None:
@@ -120,11 +141,36 @@ def demo_command(
             emit_data(report, fmt)
 
     page = _PageOptions(dashboard_port, dashboard_linger, present) if dashboard else None
-    report = asyncio.run(_run(path, nats=nats_settings, discussions=discussions, seed=seed,
-                              time_scale=time_scale, dashboard=page,
-                              live=fmt is OutputFormat.table))
+    with contextlib.ExitStack() as files:
+        path = bundle if bundle is not None else files.enter_context(default_bundle())
+        if not path.exists():
+            raise InputError("no such bundle; pass -f with the resources to run",
+                             file=str(path), field="--bundle")
+        try:
+            report = asyncio.run(_run(path, nats=nats_settings, discussions=discussions,
+                                      seed=seed, time_scale=time_scale, dashboard=page,
+                                      live=fmt is OutputFormat.table))
+        except KeyboardInterrupt:
+            # Ctrl-C: the run has already shut down in order (see _Running.shutdown).
+            # typer would turn this into a silent 130; the user gets one line instead.
+            err_console.print("interrupted", highlight=False)
+            raise typer.Exit(130) from None
     if not shown:
         present(report)
+
+
+@contextlib.contextmanager
+def default_bundle() -> Iterator[Path]:
+    """The homelab bundle shipped inside the package, as a directory on disk.
+
+    ``as_file`` hands out the installed directory itself; only a package imported from
+    an archive would need a temporary copy, which lasts as long as the context.
+    """
+    from importlib.resources import as_file, files
+
+    resource = files("kubemoot").joinpath(*DEFAULT_BUNDLE_PARTS)
+    with as_file(resource) as path:
+        yield Path(path)
 
 
 # -- the run ---------------------------------------------------------------------------
@@ -174,14 +220,19 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
         raise InputError("the bundle has no ModelProvider to emulate", file=str(path))
     result = schedule_bundle(resources, now=datetime.now(UTC))
     clock = SystemClock()
-    emulators = await _start_emulators(resources, time_scale)
-    kv = await open_shared_store(nats, clock=clock)
     books = _Books()
-    tasks: list[asyncio.Task[None]] = []
-    page: DashboardServer | None = None
+    run = _Running()
     try:
-        clients = {p.metadata.name: _counting_provider(p, emulators[p.metadata.name].url)
-                   for p in resources.providers}
+        await _start_emulators(resources, time_scale, into=run.emulators)
+        emulators = run.emulators
+        if nats is not None:
+            # the only sign of life while a connection is tried (or given up on)
+            err_console.print(f"connecting to NATS at {', '.join(nats.servers)} …",
+                              highlight=False, soft_wrap=True)
+        kv = run.kv = await open_shared_store(nats, clock=clock)
+        clients = run.clients
+        for p in resources.providers:
+            clients[p.metadata.name] = _counting_provider(p, emulators[p.metadata.name].url)
         prober = Prober(list(clients.values()), clock=clock,
                         publish=publish_to_kv(await kv.bucket(PROVIDER_STATE_BUCKET)))
         await prober.probe_all()
@@ -200,16 +251,17 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
         })
         declared = {m.spec.model: m.spec.vram_mib for m in resources.models
                     if m.spec.vram_mib is not None}
-        stack = await build_stack(kv, clients=clients, client_factory=factory, clock=clock,
-                                  settings=settings, declared=declared, after_call=after_call)
-        tasks.append(asyncio.create_task(prober.run(PROBE_INTERVAL_SECONDS)))
-        tasks.append(asyncio.create_task(_sample(emulators, resources, books)))
+        stack = run.stack = await build_stack(
+            kv, clients=clients, client_factory=factory, clock=clock, settings=settings,
+            declared=declared, after_call=after_call)
+        run.tasks.append(asyncio.create_task(prober.run(PROBE_INTERVAL_SECONDS)))
+        run.tasks.append(asyncio.create_task(_sample(emulators, resources, books)))
         # Every finished call goes to the call log, so any dashboard on this store
         # (in this process with --dashboard, or `kubemoot dashboard --nats`) shows it.
-        calllog = await CallLogWriter.open(kv)
+        calllog = run.calllog = await CallLogWriter.open(kv)
         stack.agents.on_record(calllog.record)
         if dashboard is not None:
-            page = await _start_dashboard(kv, clock, dashboard.port)
+            run.page = await _start_dashboard(kv, clock, dashboard.port)
         endpoints = {name: emulator.url for name, emulator in emulators.items()}
         profiles = profiles_from_schedule(result, resources.providers, endpoints=endpoints,
                                           tools=demo_tools())
@@ -221,33 +273,95 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
         sink = CallbackSink(books.signals.append)
         coordinator = Coordinator(stack.agents, coordinator_profile, sink=sink,
                                   deadline_seconds=settings.gpu_wait_limit_seconds)
-        try:
-            run = run_discussions(coordinator, members, count=discussions, seed=seed,
-                                  stagger_seconds=40.0 * time_scale)
-            threads = await (_with_live(run, books, stack.agents, discussions) if live else run)
-        finally:
-            await stack.close()
+        discussing = asyncio.create_task(run_discussions(
+            coordinator, members, count=discussions, seed=seed,
+            stagger_seconds=40.0 * time_scale))
+        run.tasks.insert(0, discussing)
+        if live:
+            await _with_live(discussing, books, stack.agents, discussions)
+        threads = await discussing
         report = _report(threads, stack.agents.records, books, emulators, clients, resources,
-                       store="nats" if nats else "memory", seed=seed,
-                       time_scale=time_scale, wall=time.monotonic() - started)
+                         store="nats" if nats else "memory", seed=seed,
+                         time_scale=time_scale, wall=time.monotonic() - started)
         await calllog.flush()
-        if page is not None and dashboard is not None:
+        if run.page is not None and dashboard is not None:
             dashboard.present(report)
-            await _linger(page, dashboard.linger)
+            await _linger(run.page, dashboard.linger)
         return report
     finally:
-        for task in tasks:
+        await run.shutdown()
+
+
+class _Running:
+    """What a run has started so far, and how to stop it in the one safe order."""
+
+    def __init__(self) -> None:
+        self.emulators: dict[str, OllamaEmulator] = {}
+        self.clients: dict[str, OllamaProvider] = {}
+        self.kv: KV | None = None
+        self.stack: RuntimeStack | None = None
+        self.calllog: CallLogWriter | None = None
+        self.page: DashboardServer | None = None
+        self.tasks: list[asyncio.Task[Any]] = []
+
+    async def shutdown(self) -> None:
+        # 1. Our own tasks: cancelling the discussions cancels every call in flight,
+        #    and each call gives its ticket back while the store is still open.
+        for task in self.tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
-        if page is not None:
-            await page.stop()
-        await kv.close()
-        await asyncio.gather(*(asyncio.to_thread(e.stop) for e in emulators.values()))
+        await _settle(self.tasks)
+        if self.page is not None:
+            await self.page.stop()
+        # 2. The runtime stack: its watches and followers stop, its chat clients close.
+        if self.stack is not None:
+            with contextlib.suppress(Exception):
+                await self.stack.close()
+        # 3. What the runtime started on its own (ticket lanes, call-log writes,
+        #    preloads): a short grace to finish against the still-open store, then
+        #    cancelled as well. Then the planner's clients, so no connection stays open.
+        if self.calllog is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.calllog.flush(), SHUTDOWN_GRACE_SECONDS)
+        await _finish_stragglers(SHUTDOWN_GRACE_SECONDS)
+        for client in self.clients.values():
+            with contextlib.suppress(Exception):
+                await client.close()
+        # 4. The emulators. An interrupted run may leave a request half served; the
+        #    engine's complaint about it at shutdown is expected, not news.
+        if self.emulators:
+            logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)
+            await asyncio.gather(*(asyncio.to_thread(e.stop) for e in self.emulators.values()))
+        # 5. The store, last: nothing is left that could still write to it.
+        if self.kv is not None:
+            await self.kv.close()
 
 
-async def _start_emulators(resources: Any, time_scale: float) -> dict[str, OllamaEmulator]:
+async def _settle(tasks: list[asyncio.Task[Any]]) -> None:
+    """Wait for ``tasks`` to end; their errors are theirs (already reported or moot)."""
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _finish_stragglers(grace: float) -> None:
+    """Give every other task on this loop ``grace`` seconds, then cancel and await it.
+
+    The demo owns its event loop (``asyncio.run``), so whatever still runs here was
+    started on the demo's behalf by the runtime's parts.
+    """
+    current = asyncio.current_task()
+    others = {t for t in asyncio.all_tasks() if t is not current}
+    if not others:
+        return
+    _done, pending = await asyncio.wait(others, timeout=grace)
+    for task in pending:
+        task.cancel()
+    await _settle(list(others))
+
+
+async def _start_emulators(resources: Any, time_scale: float, *,
+                           into: dict[str, OllamaEmulator]) -> None:
+    """One emulator per ModelProvider, registered in ``into`` before it starts, so an
+    interrupted start still stops every one that came up."""
     from kubemoot.providers.emulator import EmulatedModel, EmulatorConfig, OllamaEmulator
 
     # The emulated footprint of each model is its declared vramMib, so the control
@@ -255,7 +369,6 @@ async def _start_emulators(resources: Any, time_scale: float) -> dict[str, Ollam
     catalogue = {m.spec.model: EmulatedModel(m.spec.model, m.spec.vram_mib or 4096,
                                              family=m.metadata.labels.get("family", "x"))
                  for m in resources.models}
-    emulators: dict[str, OllamaEmulator] = {}
     for provider in resources.providers:
         capacity = provider.capacity
         vram = capacity.vram_total_mib if capacity and capacity.vram_total_mib else 24576
@@ -266,9 +379,8 @@ async def _start_emulators(resources: Any, time_scale: float) -> dict[str, Ollam
             base_latency_s=CALL_BASE_SECONDS, per_token_s=CALL_PER_TOKEN_SECONDS,
             time_scale=time_scale,
         )
-        emulators[provider.metadata.name] = OllamaEmulator(config)
-    await asyncio.gather(*(asyncio.to_thread(e.start) for e in emulators.values()))
-    return emulators
+        into[provider.metadata.name] = OllamaEmulator(config)
+    await asyncio.gather(*(asyncio.to_thread(e.start) for e in into.values()))
 
 
 def _counting_provider(provider: Any, url: str) -> OllamaProvider:
@@ -338,16 +450,16 @@ async def _linger(page: DashboardServer, seconds: float | None) -> None:
         await asyncio.sleep(seconds)
 
 
-async def _with_live(run: Any, books: _Books, agents: Any, total: int) -> Any:
+async def _with_live(task: asyncio.Task[Any], books: _Books, agents: Any,
+                     total: int) -> None:
+    """Show progress on stderr until ``task`` ends (the caller owns and awaits it)."""
     from rich.live import Live
 
-    task = asyncio.ensure_future(run)
     with Live(_progress(books, agents, total), console=err_console,
               refresh_per_second=8, transient=True) as view:
         while not task.done():
             view.update(_progress(books, agents, total))
             await asyncio.wait({task}, timeout=0.125)
-    return task.result()
 
 
 def _progress(books: _Books, agents: Any, total: int) -> Any:
@@ -420,19 +532,58 @@ def _report(threads: list[DiscussionResult], records: list[Any], books: _Books,
     }
 
 
+def attribution_table(calls: list[dict[str, Any]]) -> Table:
+    """The per-call table, laid out to stay readable in 80 columns.
+
+    Model, provider, phase and action are what a reader checks, so they never wrap or
+    shrink; agents lose their namespace, threads their ``thread-`` prefix, and evicted
+    models go one per line. Only the agent column may fold, and only when a bundle's
+    names are longer than the homelab's.
+    """
+    from rich import box
+    from rich.table import Table
+
+    rows = [(_short_thread(c["threadId"]), str(c["agent"]).rsplit("/", 1)[-1], c["phase"],
+             c["model"] or "-", c["provider"] or "-", c["action"],
+             _seconds(c["waitedSeconds"]), "\n".join(c["evicted"]) or "-") for c in calls]
+    table = Table(title="Per-call attribution", title_justify="left", box=box.SIMPLE_HEAD,
+                  show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
+                  caption="#: thread   wait: seconds before the call could start",
+                  caption_justify="left")
+
+    def fixed(header: str, index: int, *, justify: Any = "left") -> None:
+        widest = max((len(row[index]) for row in rows), default=0)
+        table.add_column(header, no_wrap=True, min_width=max(widest, len(header)),
+                         justify=justify)
+
+    fixed("#", 0, justify="right")
+    table.add_column("agent", overflow="fold")
+    fixed("phase", 2)
+    fixed("model", 3)
+    fixed("provider", 4)
+    fixed("action", 5)
+    fixed("wait", 6, justify="right")
+    table.add_column("evicted", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _short_thread(thread_id: str) -> str:
+    return thread_id.removeprefix("thread-")
+
+
+def _seconds(value: float) -> str:
+    """Four characters up to 999 s: hundredths only where they are worth the room."""
+    return next((text for text in (f"{value:.2f}", f"{value:.1f}") if len(text) <= 4),
+                f"{value:.0f}")
+
+
 def _print_report(report: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    calls = Table(title="Per-call attribution", title_justify="left")
-    for column in ("thread", "agent", "phase", "model", "provider", "action", "waited s",
-                   "evicted"):
-        calls.add_column(column)
-    for call in report["calls"]:
-        calls.add_row(call["threadId"], call["agent"].split("/")[-1], call["phase"],
-                      call["model"], call["provider"], call["action"],
-                      f"{call['waitedSeconds']:.2f}", ", ".join(call["evicted"]) or "-")
-    console.print(calls)
+    console.print(attribution_table(report["calls"]))
     summary = Table(title="Summary", title_justify="left", show_header=False)
     summary.add_column("what")
     summary.add_column("value")

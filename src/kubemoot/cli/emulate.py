@@ -7,6 +7,9 @@ text, so the scheduler can be watched and tested without a GPU.
 
 from __future__ import annotations
 
+import errno
+import socket
+
 import typer
 
 from kubemoot.api.errors import InputError
@@ -44,12 +47,8 @@ def emulate_command(
         parse_model_option,
     )
 
-    parsed = []
-    for text in models:
-        try:
-            parsed.append(parse_model_option(text))
-        except ValueError as error:
-            raise InputError(str(error), field="--model") from None
+    check_host(host)
+    parsed = [parse_model_option(_checked_model_option(text)) for text in models]
     config = EmulatorConfig(
         models=catalogue(parsed) if parsed else DEFAULT_MODELS,
         vram_mib=vram_mib, num_parallel=num_parallel, context_length=context_length,
@@ -59,8 +58,7 @@ def emulate_command(
     try:
         emulator.bind()  # fail early, with a clear message, if the port is taken
     except OSError as error:
-        raise InputError(f"cannot listen on {host}:{port}: {error.strerror or error}",
-                         field="--port") from None
+        raise listen_error(host, port, error) from None
     names = ", ".join(f"{m.name} ({m.size_mib} MiB)" for m in config.models)
     err_console.print(
         f"Ollama-API emulator {EMULATOR_VERSION} (not Ollama) on {emulator.url}: "
@@ -69,3 +67,45 @@ def emulate_command(
     )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(emulator.serve())
+
+
+_MODEL_EXAMPLE = "e.g. qwen3:8b=6144"
+
+
+def _checked_model_option(text: str) -> str:
+    """``--model NAME=MiB`` checked here, so each mistake is told in the flag's words."""
+    name, sep, size = text.rpartition("=")
+    if not sep or not name.strip():
+        raise InputError(f"--model {text}: expected NAME=MiB, {_MODEL_EXAMPLE}")
+    digits = size.strip().removeprefix("-")
+    if not digits.isdecimal():  # isdecimal, not isdigit: int() refuses "²"
+        raise InputError(f"--model {text}: size must be whole MiB, {_MODEL_EXAMPLE}")
+    if int(size) <= 0:
+        raise InputError(f"--model {text}: size must be positive, {_MODEL_EXAMPLE}")
+    return text
+
+
+def check_host(host: str, *, flag: str = "--host") -> None:
+    """Refuse a listen address that does not resolve, naming ``flag`` (exit 2).
+
+    Resolving before binding tells "no such address" (the host's fault) apart from
+    "port taken" (the port's), which a bind error alone mixes up.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        socket.getaddrinfo(host, None, family, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+        raise InputError(f"{host!r} is not an address to listen on: {reason}",
+                         field=flag) from None
+
+
+# Bind errors that are the address's fault, not the port's.
+_HOST_ERRNOS = frozenset({errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT, errno.EINVAL})
+
+
+def listen_error(host: str, port: int, error: OSError) -> InputError:
+    """A failed bind as bad input, naming ``--host`` or ``--port`` by its cause."""
+    flag = "--host" if error.errno in _HOST_ERRNOS or isinstance(error, socket.gaierror) \
+        else "--port"
+    return InputError(f"cannot listen on {host}:{port}: {error.strerror or error}", field=flag)

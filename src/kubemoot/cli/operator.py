@@ -97,6 +97,7 @@ def operator_command(
     import asyncio
     import logging
 
+    from kubemoot.operator.kube import login_from_environment
     from kubemoot.operator.run import OperatorOptions, run_operator
 
     logging.basicConfig(
@@ -122,4 +123,5 @@ def operator_command(
                              f"{error.strerror or error}", field="--metrics-port") from None
         err_console.print(f"metrics: http://{metrics_host}:{metrics_port}/metrics",
                           highlight=False)
-    asyncio.run(run_operator(options))
+    # The credential check names a broken kubeconfig file in one line (exit 2).
+    asyncio.run(run_operator(options, login=login_from_environment))

@@ -23,7 +23,8 @@ from kubemoot.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from kubemoot.runtime.placement import Placement
+    from kubemoot.runtime.placement import Candidate, Placement
+    from kubemoot.runtime.what_if import PlacementState
 
 _ACTION_TEXT = {
     "warm": "runs now on the warm copy of {model} on {provider}",
@@ -62,9 +63,9 @@ def place_command(
     if not model:
         raise InputError("must name a model", field="--model")
     state = load_state(file)
-    placement = asyncio.run(
-        decide(state, parse_candidates(candidates, model), prompt_tokens=prompt_tokens)
-    )
+    wanted = parse_candidates(candidates, model)
+    _check_known(state, wanted, file=file, preferred=model)
+    placement = asyncio.run(decide(state, wanted, prompt_tokens=prompt_tokens))
     fmt = resolve_format(output)
     if fmt is OutputFormat.table:
         _print_table(placement)
@@ -73,6 +74,37 @@ def place_command(
         for internal in ("ticketId", "waitedSeconds"):
             data.pop(internal, None)  # meaningless for a what-if on a throw-away store
         emit_data(data, fmt)
+
+
+def _known_models(state: PlacementState) -> set[str]:
+    """Models the snapshot gives a size or a copy: declared, resident, or named by a ticket."""
+    known = {m.name for m in state.models}
+    for provider in state.providers:
+        known.update(r.model for r in provider.residents)
+        for ticket in provider.tickets:
+            known.add(ticket.model)
+            known.update(ticket.evicts)
+    return known
+
+
+def _check_known(
+    state: PlacementState, wanted: list[Candidate], *, file: Path, preferred: str
+) -> None:
+    """Refuse a model the snapshot knows nothing about.
+
+    Without a declaration, a resident copy or a ticket, occupancy(M) has no source, so
+    the planner could only answer "wait" for ever; a typo in ``--model`` would pass as a
+    busy fleet. Saying so is the honest answer.
+    """
+    known = _known_models(state)
+    for candidate in wanted:
+        if candidate.model in known:
+            continue
+        flag = "--model" if candidate.model == preferred else "--candidates"
+        raise InputError(
+            f"{candidate.model!r} is not declared in {file} and no provider holds it",
+            field=flag,
+        )
 
 
 def _print_table(placement: Placement) -> None:

@@ -55,6 +55,13 @@ def probe_command(
     from kubemoot.providers.ollama import OllamaProvider, parse_endpoint
     from kubemoot.providers.prober import Prober
 
+    for text in endpoints:
+        name, sep, _url = text.partition("=")
+        if sep and not name.strip():
+            raise InputError(f"{text!r} has an empty NAME before '='; give NAME=URL or just "
+                             "URL", field="endpoint")
+    if dcgm is not None:
+        _check_dcgm_url(dcgm)
     parsed = [parse_endpoint(text) for text in endpoints]
     names = [name for name, _ in parsed]
     if len(set(names)) != len(names):
@@ -84,6 +91,24 @@ def probe_command(
         _print_table(states)
     else:
         emit_data([s.model_dump(mode="json", by_alias=True) for s in states], fmt)
+
+
+def _check_dcgm_url(url: str) -> None:
+    """``--dcgm`` must be an http(s) URL with a host: a typo is bad input, not a warning."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsing the port raises for a malformed one
+    except ValueError as error:
+        raise InputError(f"{url!r} is not a URL: {error}", field="--dcgm") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(
+        c.isspace() for c in url
+    ):
+        raise InputError(
+            f"{url!r} is not a DCGM exporter URL; expected http(s)://HOST[:PORT]/metrics",
+            field="--dcgm",
+        )
 
 
 def _mib(value: int | None) -> str:

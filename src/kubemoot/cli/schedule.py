@@ -154,18 +154,33 @@ def _print_explain(agent: AgentResult) -> None:
         console.print(f"  env {name}={value}", highlight=False, soft_wrap=True)
 
 
+def _phase_summary(phase: PhaseResult) -> str:
+    """What the phase bound, said once: ``qwen3-32b (qwen3:32b) on rtx5090, score 270``.
+
+    The Model resource's name and the engine's model identifier often look alike; both
+    are shown because the Deployment's env carries the identifier, the status the name.
+    """
+    if phase.model is None:
+        return phase.failure_message or phase.reason
+    identifier = f" ({phase.model_id})" if phase.model_id and phase.model_id != phase.model \
+        else ""
+    where = f" on {phase.provider}" if phase.provider else ""
+    return f"{phase.model}{identifier}{where}, score {_score(phase.score)}"
+
+
 def _print_phase(phase: PhaseResult) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     record = phase.decision
     style = _OUTCOME_STYLE.get(record.outcome.value, "")
     console.print(
         f"\n[bold]phase {phase.phase}[/]: [{style}]{record.outcome.value}[/] "
-        f"{phase.model or ''} {phase.reason}",
+        f"{escape(_phase_summary(phase))}",
         highlight=False,
     )
-    console.print(f"  engine: {record.reason}", highlight=False)
-    table = Table(show_edge=False, pad_edge=False)
+    console.print(f"  engine: {escape(record.reason)}", highlight=False)
+    table = Table()
     for column in ("MODEL", "STANDING", "SCORE", "TERMS", "GATES NOT PASSED"):
         table.add_column(column, overflow="fold")
     order = list(record.ranked) + [c for c in record.candidates if c not in record.scores]
@@ -187,6 +202,7 @@ def _print_phase(phase: PhaseResult) -> None:
             shown or "-",
             problems or "all PASS",
         )
-    console.print(table)
+    if order:  # the engine line above already says when there is nothing to rank
+        console.print(table)
     if record.recheck_triggers and record.outcome.value != "PLACE":
         console.print("  recheck when: " + "; ".join(record.recheck_triggers[:5]), highlight=False)

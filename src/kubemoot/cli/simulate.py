@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 from pathlib import Path
 
 import typer
@@ -60,6 +63,13 @@ def simulate_command(
             else:
                 names.append(name)
     names = list(dict.fromkeys(names))
+    # Flags are checked before the run: a bad one must not cost a whole simulation.
+    if scale_down is not None and not 0 < scale_down <= 1:
+        raise InputError(f"must be in (0, 1], got {scale_down:g}", field="--scale-down")
+    if duration is not None and duration <= 0:
+        raise InputError(f"must be positive, got {duration:g}", field="--duration")
+    if report is not None:
+        check_report_dir(report)
     scenario = load_scenario(file)
     if scale_down is not None:
         scenario = scenario.scaled(scale_down)
@@ -87,3 +97,37 @@ def simulate_command(
             console.print(f"report written to {report}/report.json with PNG plots")
     else:
         emit_data(result.to_json(), fmt)
+
+
+def check_report_dir(directory: Path) -> None:
+    """Prove ``directory`` can hold the report, leaving the file system as it was.
+
+    Permission bits cannot answer this (root passes ``os.access`` everywhere, and
+    ``/proc`` refuses new entries whatever the bits say), so the check does what the
+    report will do: create the missing folders and a file, then removes what it made.
+    """
+    missing: list[Path] = []
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        problem = (f"{directory} exists and is not a directory" if probe == directory
+                   else f"{directory} cannot be created: {probe} is not a directory")
+        raise InputError(problem, field="--report")
+    created: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            folder.mkdir()
+            created.append(folder)
+        handle, name = tempfile.mkstemp(dir=directory, prefix=".kubemoot-report-check-")
+        os.close(handle)
+        os.unlink(name)
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise InputError(f"cannot write a report into {directory}: {reason}",
+                         field="--report") from None
+    finally:
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):  # someone put something there meanwhile
+                folder.rmdir()

@@ -9,6 +9,10 @@ Credentials come from a ``login`` callable returning a :class:`kopf.ConnectionIn
 same one the operator gives kopf, so both use one identity. On HTTP 401 the client logs
 in again once: service-account tokens are rotated by the kubelet.
 
+:func:`login_from_environment` is that callable for a real cluster: the in-cluster
+service account, else the kubeconfig files of ``$KUBECONFIG`` (or ``~/.kube/config``),
+each read and checked here first so that a broken file is named in one line.
+
 Errors: :class:`KubeError` (status, reason, message) for every failed call;
 :class:`KubeNotFound` and :class:`KubeConflict` for the two a caller acts on.
 """
@@ -16,15 +20,19 @@ Errors: :class:`KubeError` (status, reason, message) for every failed call;
 from __future__ import annotations
 
 import base64
+import os
 import ssl
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
 import kopf
+import yaml
 
 from kubemoot.api import GROUP, VERSION
+from kubemoot.api.errors import InputError
 
 __all__ = [
     "KubeClient",
@@ -34,6 +42,8 @@ __all__ = [
     "custom_path",
     "deployment_path",
     "events_path",
+    "kubeconfig_paths",
+    "login_from_environment",
 ]
 
 Login = Callable[[], Awaitable[kopf.ConnectionInfo]]
@@ -74,6 +84,103 @@ def deployment_path(namespace: str, name: str) -> str:
 def events_path(namespace: str) -> str:
     """The URL path of core/v1 Events in a namespace."""
     return f"/api/v1/namespaces/{namespace}/events"
+
+
+# -------------------------------------------------------------------- credentials
+
+
+def kubeconfig_paths(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The kubeconfig files to read: ``$KUBECONFIG`` (``:``-separated), else the default.
+
+    The same choice kopf's kubeconfig login makes, so the check and the login agree.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get("KUBECONFIG", "")
+    if not raw:
+        default = Path("~/.kube/config").expanduser()
+        return [str(default)] if default.exists() else []
+    return [os.path.expanduser(p.strip()) for p in raw.split(os.pathsep) if p.strip()]
+
+
+def _one_line(text: object, limit: int = 160) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _credential_error(where: str, problem: str) -> InputError:
+    return InputError(f"cannot read Kubernetes credentials from {where}: {problem}")
+
+
+def _check_kubeconfig(path: str) -> None:
+    """Read one kubeconfig and check the shape kopf's parser relies on.
+
+    kopf reads these files with bare indexing, so a typo surfaces as a YAML parser
+    dump or a ``KeyError``; checking first lets the message name the file and the entry.
+    """
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise _credential_error(path, "not UTF-8 text") from None
+    except OSError as error:
+        raise _credential_error(path, error.strerror or type(error).__name__) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = error.problem or error.context or "invalid YAML"
+        raise _credential_error(path, f"YAML syntax error{at}: {problem}") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as error:
+        raise _credential_error(path, f"YAML error: {_one_line(error)}") from None
+    if data is None:
+        return  # an empty file contributes nothing, as for kubectl
+    if not isinstance(data, dict):
+        raise _credential_error(path, f"a kubeconfig must be a mapping, got "
+                                      f"{type(data).__name__}")
+    for section in ("contexts", "clusters", "users"):
+        entries = data.get(section, [])
+        if not isinstance(entries, list):
+            raise _credential_error(path, f"{section} must be a list")
+        for index, entry in enumerate(entries):
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                raise _credential_error(path, f"{section}[{index}] needs a name")
+            body = entry.get(section[:-1])
+            if body is not None and not isinstance(body, dict):
+                raise _credential_error(path, f"{section}[{index}].{section[:-1]} must be "
+                                              "a mapping")
+
+
+async def login_from_environment() -> kopf.ConnectionInfo:
+    """In-cluster service account, else kubeconfig; every failure is an :class:`InputError`.
+
+    The message names the kubeconfig file and the problem in one line, so the operator
+    stops at start-up with exit status 2 instead of a parser traceback.
+    """
+    settings = kopf.OperatorSettings()
+    info = kopf.login_with_service_account(settings=settings)
+    if info is not None:
+        return info
+    paths = kubeconfig_paths()
+    if not paths:
+        raise InputError("no Kubernetes credentials: run in a cluster with a service "
+                         "account, or set KUBECONFIG")
+    for path in paths:
+        _check_kubeconfig(path)
+    where = ", ".join(paths)
+    try:
+        info = kopf.login_with_kubeconfig(settings=settings)
+    except KeyError as error:
+        # a context naming a cluster or user that no file defines, or a missing context
+        missing = _one_line(error.args[0]) if error.args else "?"
+        raise _credential_error(where, f"no entry named {missing!r} (check current-context, "
+                                       "contexts, clusters and users)") from None
+    except Exception as error:  # kopf's parser: any failure is the file's fault
+        problem = _one_line(error) or type(error).__name__
+        raise _credential_error(where, problem) from None
+    if info is None:
+        raise InputError("no Kubernetes credentials: run in a cluster with a service "
+                         "account, or set KUBECONFIG")
+    return info
 
 
 def _pem(data: str | bytes) -> bytes:

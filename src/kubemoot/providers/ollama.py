@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -131,6 +132,31 @@ def _clip(text: object, limit: int = 200) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+_NOT_OLLAMA = "not an Ollama API endpoint"
+_PROBE_CALLS = frozenset({"GET /api/ps", "GET /api/tags"})
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title", re.IGNORECASE | re.DOTALL)
+_TAG = re.compile(r"<[^>]*>")
+
+
+def _foreign_body(body: object) -> str | None:
+    """A short description of an error body that is not Ollama's; None when it may be.
+
+    Empty bodies and HTML pages are foreign: the page's title (else its text) is kept,
+    clipped to a short line, so a proxy's "502 Bad Gateway" still shows through.
+    """
+    # The head of a page is enough to recognise it and find its title.
+    text = (str(body) if body is not None else "")[:4096].strip()
+    if not text:
+        return f"empty body; {_NOT_OLLAMA}"
+    lowered = text[:512].lower()
+    if not (text.startswith("<") or "<html" in lowered or "<!doctype" in lowered):
+        return None
+    found = _TITLE.search(text)
+    words = " ".join(_TAG.sub(" ", found.group(1) if found else text).split())
+    summary = f"HTML page {_clip(words, 80)!r}" if words else "an HTML page"
+    return f"{summary}; {_NOT_OLLAMA}"
+
+
 def _root_cause(error: BaseException) -> str:
     """The most specific message in an exception chain ("Connection refused")."""
     best = _clip(error)
@@ -213,14 +239,7 @@ class OllamaProvider:
             error.endpoint = error.endpoint or self.endpoint
             return error
         if isinstance(error, ollama.ResponseError):
-            status = error.status_code
-            detail = _clip(error.error)
-            if status == 404:
-                return ModelNotFound(f"{what}: {detail}", **where)
-            if status >= 500 or status < 0:
-                return ProviderBadResponse(f"{what}: HTTP {status}: {detail}",
-                                           status=status, **where)
-            return ProviderError(f"{what}: HTTP {status}: {detail}", **where)
+            return self._map_status(error, what, where)
         if isinstance(error, httpx.TimeoutException):
             return ProviderTimeout(f"{what}: no answer within {self.timeout:g} s", **where)
         if isinstance(error, ConnectionError | httpx.ConnectError | httpx.ReadError
@@ -246,6 +265,30 @@ class OllamaProvider:
         return ProviderBadResponse(
             f"{what}: unexpected {type(error).__name__}: {_clip(error)}", **where
         )
+
+    def _map_status(
+        self, error: ollama.ResponseError, what: str, where: dict[str, Any]
+    ) -> ProviderError:
+        """An HTTP error status, said as ``HTTP 404 from GET /api/ps: …`` in one line.
+
+        Ollama answers errors as JSON ``{"error": …}``; the client unwraps that. A body
+        that is empty or an HTML page came from something else (a web server, a proxy's
+        error page), so it is summarised, never printed raw.
+        """
+        status = error.status_code
+        foreign = _foreign_body(error.error)
+        prefix = f"HTTP {status} from {what}"
+        if status == 404 and (foreign or what in _PROBE_CALLS):
+            # Ollama always serves /api/ps and /api/tags and names the model in its
+            # 404s; a bare 404 means the URL points at something that is not Ollama.
+            return ProviderBadResponse(f"{prefix}: {_NOT_OLLAMA}", status=status, **where)
+        said = _clip(" ".join(str(error.error).split()), 120)
+        if status == 404:
+            return ModelNotFound(f"{what}: {said}", **where)
+        detail = foreign or said
+        if status >= 500 or status < 0:
+            return ProviderBadResponse(f"{prefix}: {detail}", status=status, **where)
+        return ProviderError(f"{prefix}: {detail}", **where)
 
     async def _call(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
         attempts = 1 + self.max_retries
@@ -326,8 +369,9 @@ class OllamaProvider:
                                             timeout=min(self.timeout, 10.0))
         except ProviderError as error:
             self.last_dcgm_error = error
-            log.warning("%s: DCGM unavailable, using the configured VRAM total: %s",
-                        self.name, error)
+            fallback = ("the VRAM total stays unknown" if self.total_vram_mib is None
+                        else f"using the configured VRAM total ({self.total_vram_mib} MiB)")
+            log.warning("%s: DCGM unavailable, %s: %s", self.name, fallback, error)
             return None
         self.last_dcgm_error = None
         return reading

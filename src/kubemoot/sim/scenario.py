@@ -31,7 +31,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -193,9 +192,14 @@ class Scenario(_Spec):
         return self.metadata.name
 
     def scaled(self, factor: float) -> Scenario:
-        """A smaller copy: fewer providers and crews, same shape (for quick runs and CI)."""
+        """A smaller copy: fewer providers and crews, same shape (for quick runs and CI).
+
+        ``factor`` is the share kept, in (0, 1]; anything else is an :class:`InputError`
+        (the CLI checks its ``--scale-down`` flag before calling, so the user sees the flag).
+        """
         if not 0 < factor <= 1:
-            raise InputError("scale-down factor must be in (0, 1]", field="scaleDown")
+            raise InputError(f"the share kept must be in (0, 1], got {factor:g}",
+                             field="factor")
         spec = self.spec
         providers = [
             p.model_copy(update={"count": max(1, round(p.count * factor))}) for p in spec.providers
@@ -208,8 +212,10 @@ class Scenario(_Spec):
         )
 
     def with_duration(self, seconds: float) -> Scenario:
+        """A copy that runs for ``seconds`` of virtual time (must be positive)."""
         if seconds <= 0:
-            raise InputError("duration must be positive", field="durationSeconds")
+            raise InputError(f"the duration must be positive, got {seconds:g}",
+                             field="durationSeconds")
         return self.model_copy(
             update={"spec": self.spec.model_copy(update={"duration_seconds": seconds})}
         )
@@ -244,16 +250,15 @@ def parse_scenario(data: Any, *, file: str | None = None) -> Scenario:
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario file."""
-    file = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as error:
-        raise InputError(f"cannot read scenario: {error.strerror}", file=file) from None
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as error:
-        raise InputError(f"not valid YAML: {error}".splitlines()[0], file=file) from None
+    """Read and validate a scenario file (``-`` reads stdin).
+
+    Reading goes through the resource loader, so a missing file, bytes that are not
+    UTF-8 and broken YAML are reported the same way as for every other command.
+    """
+    from kubemoot.api.loader import iter_documents
+
+    docs = list(iter_documents([path]))
     if len(docs) != 1:
-        raise InputError(f"expected one scenario document, found {len(docs)}", file=file)
-    return parse_scenario(docs[0], file=file)
+        raise InputError(f"expected one scenario document, found {len(docs)}", file=str(path))
+    doc = docs[0]
+    return parse_scenario(doc.data, file=doc.file)

@@ -237,9 +237,9 @@ def test_the_attribution_table_keeps_models_and_providers_whole_in_80_columns(
 
     from kubemoot.cli.demo import attribution_table
 
-    console = Console(width=80, file=io.StringIO(), color_system=None)
-    console.print(attribution_table(calls))
-    text = console.file.getvalue()  # type: ignore[attr-defined]
+    buffer = io.StringIO()
+    Console(width=80, file=buffer, color_system=None).print(attribution_table(calls))
+    text = buffer.getvalue()
     assert all(len(line) <= 80 for line in text.splitlines())
     assert "…" not in text
     rows = text.splitlines()

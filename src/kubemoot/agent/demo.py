@@ -87,10 +87,16 @@ async def run_discussions(
     tasks = [asyncio.ensure_future(one(*plan)) for plan in plans]
     try:
         return list(await asyncio.gather(*tasks))
+    except asyncio.CancelledError:
+        raise  # the gather has already passed the cancellation on to every thread
+    except BaseException:
+        # A failed thread: stop the others. (Never cancel twice: a second cancellation
+        # would interrupt a thread that is giving its tickets back.)
+        for task in tasks:
+            task.cancel()
+        raise
     finally:
         # A plain gather stops waiting at the first cancelled or failed thread; the
         # others must still end (and give their tickets back) before the caller goes on
         # to close the runtime and the store under them.
-        for task in tasks:
-            task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

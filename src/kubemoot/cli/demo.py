@@ -163,8 +163,8 @@ def demo_command(
 def default_bundle() -> Iterator[Path]:
     """The homelab bundle shipped inside the package, as a directory on disk.
 
-    ``as_file`` hands out the installed directory itself; only a package imported from
-    an archive would need a temporary copy, which lasts as long as the context.
+    An installed package is a directory on disk, which ``as_file`` hands out as it is;
+    the context keeps the door open for a package that would need a temporary copy.
     """
     from importlib.resources import as_file, files
 
@@ -343,19 +343,38 @@ async def _settle(tasks: list[asyncio.Task[Any]]) -> None:
 
 
 async def _finish_stragglers(grace: float) -> None:
-    """Give every other task on this loop ``grace`` seconds, then cancel and await it.
+    """Give the runtime's leftover tasks ``grace`` seconds, then cancel and await them.
 
-    The demo owns its event loop (``asyncio.run``), so whatever still runs here was
-    started on the demo's behalf by the runtime's parts.
+    Only tasks running kubemoot code outside the store count: the store's own tasks
+    (a NATS client's reader and pinger) belong to it and end when it closes, last.
+    Finishing one task may start another (a claim granted to a caller that had gone
+    away starts the release of that orphan), so this looks again until none is left.
     """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
     current = asyncio.current_task()
-    others = {t for t in asyncio.all_tasks() if t is not current}
-    if not others:
-        return
-    _done, pending = await asyncio.wait(others, timeout=grace)
-    for task in pending:
-        task.cancel()
-    await _settle(list(others))
+    while True:
+        others = [t for t in asyncio.all_tasks() if t is not current and _runtime_task(t)]
+        if not others:
+            return
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            for task in others:
+                task.cancel()
+            await _settle(others)
+            return
+        await asyncio.wait(others, timeout=remaining)
+
+
+def _runtime_task(task: asyncio.Task[Any]) -> bool:
+    import kubemoot
+
+    code = getattr(task.get_coro(), "cr_code", None)
+    if code is None:
+        return False
+    package = Path(kubemoot.__file__).parent
+    where = Path(code.co_filename)
+    return where.is_relative_to(package) and not where.is_relative_to(package / "store")
 
 
 async def _start_emulators(resources: Any, time_scale: float, *,

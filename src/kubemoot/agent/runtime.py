@@ -365,10 +365,17 @@ class AgentRuntime:
             )
         finally:
             ok = result is not None and result.ok
-            if self._after_call is not None:
-                with contextlib.suppress(StoreError, OSError):
-                    await self._after_call(placement.provider)
-            await self.planner.finish(placement, seconds=self.clock.now() - began, ok=ok)
+            try:
+                if self._after_call is not None:
+                    with contextlib.suppress(StoreError, OSError):
+                        await self._after_call(placement.provider)
+            finally:
+                # The release must happen even when the call is cancelled during the
+                # probe above or during the release's own compare-and-set: the shield
+                # lets the release finish while the cancellation goes on upward.
+                await asyncio.shield(
+                    self.planner.finish(placement, seconds=self.clock.now() - began, ok=ok)
+                )
             if self._board is not None and result is not None:
                 with contextlib.suppress(StoreError):
                     await self._board.record_use(placement.model)

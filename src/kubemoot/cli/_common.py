@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import socket
 import sys
 from enum import StrEnum
 from typing import Any
@@ -10,6 +12,8 @@ from typing import Any
 import typer
 import yaml
 from rich.console import Console
+
+from kubemoot.api.errors import InputError
 
 app = typer.Typer(
     name="kubemoot",
@@ -53,3 +57,29 @@ def emit_data(data: Any, fmt: OutputFormat) -> None:
     else:
         sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     sys.stdout.flush()
+
+
+def check_host(host: str, *, flag: str = "--host") -> None:
+    """Refuse a listen address that does not resolve, naming ``flag`` (exit 2).
+
+    Resolving before binding tells "no such address" (the host's fault) apart from
+    "port taken" (the port's), which a bind error alone mixes up.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        socket.getaddrinfo(host, None, family, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+        raise InputError(f"{host!r} is not an address to listen on: {reason}",
+                         field=flag) from None
+
+
+# Bind errors that are the address's fault, not the port's.
+_HOST_ERRNOS = frozenset({errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT, errno.EINVAL})
+
+
+def listen_error(host: str, port: int, error: OSError) -> InputError:
+    """A failed bind as bad input, naming ``--host`` or ``--port`` by its cause."""
+    flag = "--host" if error.errno in _HOST_ERRNOS or isinstance(error, socket.gaierror) \
+        else "--port"
+    return InputError(f"cannot listen on {host}:{port}: {error.strerror or error}", field=flag)

@@ -57,7 +57,7 @@ def dashboard_command(
     """Serve the dashboard: providers, tickets, demand and where each call ran."""
     import asyncio
 
-    from kubemoot.cli.emulate import check_host, listen_error
+    from kubemoot.cli._common import check_host, listen_error
 
     if nats is not None and embedded:
         raise InputError("--nats and --embedded exclude each other", field="--nats")

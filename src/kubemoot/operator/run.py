@@ -63,17 +63,14 @@ def kopf_settings() -> kopf.OperatorSettings:
 
 
 async def cluster_login() -> kopf.ConnectionInfo:
-    """In-cluster service account, else ``$KUBECONFIG`` / ``~/.kube/config``."""
-    settings = kopf.OperatorSettings()
-    info = kopf.login_with_service_account(settings=settings)
-    if info is None:
-        info = kopf.login_with_kubeconfig(settings=settings)
-    if info is None:
-        raise InputError(
-            "no Kubernetes credentials: run in a cluster with a service account, or set "
-            "KUBECONFIG"
-        )
-    return info
+    """In-cluster service account, else ``$KUBECONFIG`` / ``~/.kube/config``.
+
+    Kept as the default ``login`` of :func:`run_operator`; the checks (and their one-line
+    messages naming the kubeconfig file) live in :func:`kube.login_from_environment`.
+    """
+    from kubemoot.operator.kube import login_from_environment
+
+    return await login_from_environment()
 
 
 async def serve(

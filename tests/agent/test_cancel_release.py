@@ -56,8 +56,12 @@ async def test_cancelling_during_the_after_call_probe_still_releases_the_ticket(
         assert await stack.tickets.active("gpu-a"), "the call holds a ticket while it runs"
         call.cancel()
         await asyncio.gather(call, return_exceptions=True)
-        await asyncio.sleep(0.05)  # the shielded release finishes on its own
-        assert await stack.tickets.active("gpu-a") == []
+
+        async def released() -> None:  # the shielded release finishes on its own
+            while await stack.tickets.active("gpu-a"):
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(released(), 10)
     finally:
         await stack.close()
         await client.close()

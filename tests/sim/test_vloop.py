@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -19,11 +18,10 @@ def test_an_hour_of_sleeps_costs_no_real_time_and_keeps_order() -> None:
     async def main() -> None:
         await asyncio.gather(sleeper("hour", 3600), sleeper("second", 1), sleeper("day", 86400))
 
-    started = time.process_time()
     run_virtual(main())
+    # A real wait would take a day (pytest-timeout would end it); the virtual loop
+    # reaches each wake-up at its exact virtual time, in order.
     assert order == [("second", 1.0), ("hour", 3600.0), ("day", 86400.0)]
-    # A real wait would take a day; the virtual one is bounded by CPU work.
-    assert time.process_time() - started < 60
 
 
 def test_loop_clock_reads_virtual_time_from_an_epoch() -> None:

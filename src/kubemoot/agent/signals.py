@@ -135,9 +135,6 @@ class ListSink:
     def emit(self, signal: Signal) -> None:
         self.signals.append(signal)
 
-    def of_type(self, kind: SignalType) -> list[Signal]:
-        return [s for s in self.signals if s.type is kind]
-
 
 class CallbackSink:
     """A sink that fans a signal out to several callables (record + live progress)."""

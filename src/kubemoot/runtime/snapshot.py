@@ -120,12 +120,6 @@ class ProviderSnapshot:
         """Models some active ticket here plans to unload."""
         return self._victims
 
-    def tickets_for(self, model: str) -> list[Ticket]:
-        return list(self._tickets_by_model.get(model, ()))
-
-    def has_tickets_for(self, model: str) -> bool:
-        return model in self._tickets_by_model
-
     def in_flight(self, model: str) -> list[Ticket]:
         """Calls running (or waiting for their load) on this provider's copy of ``model``.
 

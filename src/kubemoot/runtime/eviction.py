@@ -1,11 +1,11 @@
 """Choosing which idle models to unload to make room for a load.
 
-Only *idle* residents may go: no active ticket on the provider uses them and no other
-ticket already plans to unload them. A model with live work is never a victim, at any
-price. Among the idle ones the planner takes the fewest that make room; among equally
-few, the least needed (fewer waiting agents, then fewer intents, then lower recent use
-plus prediction, then least recently used); models with waiting agents are considered
-only when nothing else makes room.
+A victim must be idle: no live ticket on the provider is using it, and no other ticket
+has already claimed its memory as a victim. Live work is never unloaded, whatever the
+cost. The planner prefers the smallest set of victims that frees enough memory; when
+several sets are equally small it keeps the models that are wanted most, ranking by
+waiting agents, then intents, then recent use plus forecast, then how recently each was
+used. Models somebody is waiting for are only touched if no other set frees enough.
 """
 
 from __future__ import annotations

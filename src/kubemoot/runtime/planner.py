@@ -335,6 +335,6 @@ class CallPlanner:
 _REASON_TEXT = {
     Reason.GPU_BUSY: "no provider has room for {model} now; the call waits for capacity",
     Reason.MODEL_TOO_LARGE: "no provider's usable VRAM can hold {model}",
-    Reason.PROMPT_TOO_LARGE: "no provider gives an acceptable model a context that holds "
-    "the prompt",
+    Reason.PROMPT_TOO_LARGE: "the prompt is longer than the context of every provider "
+    "that could run an acceptable model",
 }

@@ -1,11 +1,13 @@
 """Planning at selection: place the first mulling call as soon as an agent is selected.
 
-When the coordinator selects an agent for a thread, :meth:`SelectionPlanner.commit_to_thread`
-publishes the agent's intents, records the selection (the demand forecast), places the
-first mulling call with an assumed prompt size and holds the resulting ticket as a
-*held* plan. If the planned copy is not resident yet, a preload starts at once, so the
-load overlaps triage and prompt building. Plans made together see each other's tickets
-and intents, so agents with overlapping candidates converge on one copy.
+:meth:`SelectionPlanner.commit_to_thread` runs the moment a coordinator picks an agent
+for a thread. It announces the models the agent will want (intents), feeds the demand
+forecast with the selection, and plans the agent's first mulling call right away with a
+guessed prompt size; the ticket that plan claims is kept as a *held* plan. A model that
+is not on the planned card yet starts loading immediately, while triage runs. Because
+every plan is a ticket and every intent is on the demand board, plans made at about the
+same time account for one another, and agents wanting the same model end up sharing a
+copy instead of loading several.
 
 The first mulling call takes the plan (:meth:`take`) when its provider is still ready
 and its context holds the real prompt; otherwise the plan is released and the call

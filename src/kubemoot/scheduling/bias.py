@@ -39,8 +39,8 @@ def parse_bias(text: str) -> float | None:
 def effective_bias(quality_bias: Mapping[str, str], capabilities: Iterable[str]) -> float | None:
     """Max over the Agent's mapped capabilities, else ``default``, else None.
 
-    The max is deliberately conservative: if any of an agent's needs says quality
-    matters, the agent gets the quality push. Unparsable values count as unmapped.
+    Taking the maximum errs toward quality: one capability that asks for it is enough.
+    Values that do not parse count as unmapped.
     """
     return BiasTable(quality_bias).effective(capabilities)
 

@@ -1,10 +1,11 @@
 """Bind: candidate lists and the Deployment env vars an Agent's binding templates.
 
-The candidate list of a phase holds every Ready Model its rule's require admits, one
-entry per model identifier, scored by quality only (prefer weights or the bias term),
-so it compares models, not placements: the bound model first, then by score, then by
-identifier. Provider readiness and VRAM are not filtered here; the runtime reads them
-live at each call, and the list (and so the Deployment) stays stable as they change.
+A phase's candidate list names each model identifier once, for every Ready Model that
+passes the rule's require selector. Its score is the quality term alone (prefer weights
+or the bias term), which ranks models rather than placements. Order: the bound model,
+then score, then identifier. Whether a provider is up or has room is deliberately left
+to the per-call runtime, which reads it fresh; keeping it out here means the list, and
+the Deployment env that carries it, does not churn when providers come and go.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -154,13 +156,29 @@ def _assert_clean_interrupt(code: int, err: str) -> None:
     assert err.strip().splitlines()[-1] == "interrupted"
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
 def test_ctrl_c_mid_run_shuts_down_quietly(tmp_path: Path) -> None:
+    # A forced terminal makes the live progress view draw on stderr; its first row
+    # naming a placed call ("→") proves the discussions are running, whatever the
+    # machine's speed, so the interrupt never lands while the CLI is still importing.
+    env = {k: v for k, v in os.environ.items() if k not in {"NO_COLOR", "TTY_COMPATIBLE"}}
+    env.update(FORCE_COLOR="1", TERM="xterm", COLUMNS="120")
     process = subprocess.Popen(
-        [KUBEMOOT, "demo", "--discussions", "8"], cwd=tmp_path, text=True,
+        [KUBEMOOT, "demo", "--discussions", "8"], cwd=tmp_path, text=True, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
-    time.sleep(2.0)  # well into the run: emulators up, discussions placing calls
-    _assert_clean_interrupt(*_interrupt(process))
+    assert process.stderr is not None
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if "→" in line:
+            break
+    else:
+        raise AssertionError(f"the demo never showed a placed call: {''.join(seen)}")
+    code, err = _interrupt(process)
+    _assert_clean_interrupt(code, _ANSI.sub("", "".join(seen) + err))
 
 
 def test_ctrl_c_while_discussions_run_with_the_dashboard(tmp_path: Path) -> None:

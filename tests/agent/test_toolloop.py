@@ -92,6 +92,37 @@ async def test_a_large_tool_result_stops_the_loop_before_the_engine_would_cut(
     assert len(emulator.records) == 1 and not emulator.records[0].truncated
 
 
+@pytest.mark.parametrize(
+    "tools",
+    [(), (Tool("kubectl_get", "list pods", _works),)],
+    ids=["answer-in-words", "tool-call"],
+)
+async def test_a_prompt_the_engine_cut_is_a_failure_not_an_answer(
+    make_emulator: Callable[..., OllamaEmulator], pool: ChatPool, tools: tuple[Tool, ...]
+) -> None:
+    # JSON-like text runs at 2 characters a token on this engine, so 3000 characters
+    # pass the guard's 3.5-per-token estimate (~860 tokens) yet are 1500 real tokens:
+    # the engine silently keeps the newest 1000 and answers from what is left.
+    emulator = make_emulator(context_length=1000, chars_per_token=2.0)
+    chat = pool.get(provider="gpu", endpoint=emulator.url, model="tiny:1b")
+    estimator = TokenEstimator()
+    text = ("run kubectl_get " + '{"a":1}' * 430)[:3000]
+    result = await run_tool_loop(
+        chat, _ask(text), context_length=1000, estimator=estimator, tools=tools
+    )
+    (record,) = emulator.records
+    assert record.truncated and record.prompt_tokens_evaluated == 1000  # it was sent and cut
+    assert result.failure is not None
+    assert result.failure.failure_type is FailureType.CONTEXT_EXCEEDED
+    assert "cut the prompt at 1000 tokens" in result.failure.last_error
+    assert result.content == ""  # the reply to the cut prompt is not the answer
+    assert result.model_calls == 1 and result.tool_calls == 0
+    assert [m["role"] for m in result.messages] == ["system", "user"]
+    # the cut report only tightens the ratio, so the next estimate is more cautious
+    assert estimator.chars_per_token < 3.5
+    assert estimator.observations == 0
+
+
 async def test_the_guard_counts_from_the_engine_report_after_the_first_call(
     make_emulator: Callable[..., OllamaEmulator], pool: ChatPool
 ) -> None:

@@ -5,7 +5,9 @@ before that the runtime can only count characters. Prose runs near four characte
 token and JSON or code nearer three, so the estimate starts at 3.5 and then follows an
 exponentially weighted average of what the engine reported. The average learns only
 from reports that were not cut at the context limit: a silently truncated prompt reports
-the cut size, which would teach a ratio far too generous.
+the cut size, which would teach a ratio far too generous. A cut report still bounds the
+ratio from above (the whole prompt had at least that many tokens), so a ratio above the
+bound drops to it: the next estimate is more conservative, never more generous.
 """
 
 from __future__ import annotations
@@ -102,9 +104,14 @@ class TokenEstimator:
         """Learn from one engine report of ``tokens`` for a prompt of ``chars`` in
         ``messages`` messages (their template overhead is not text)."""
         tokens -= MESSAGE_OVERHEAD_TOKENS * messages
-        if truncated or tokens <= 0 or chars <= 0:
+        if tokens <= 0 or chars <= 0:
             return
         sample = chars / tokens
+        if truncated:
+            # the true ratio is at most ``sample``; only ever tighten toward it
+            if _MIN_RATIO <= sample < self._ratio:
+                self._ratio = sample
+            return
         if not _MIN_RATIO <= sample <= _MAX_RATIO:
             return
         self._ratio = self._alpha * sample + (1 - self._alpha) * self._ratio

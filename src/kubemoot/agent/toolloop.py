@@ -9,6 +9,11 @@ including the tool specifications — and compares it with the context of the pr
 the call runs on. A prompt that would not fit is never sent; the loop ends with
 ``CONTEXT_EXCEEDED``. An unknown context admits, as everywhere in the runtime.
 
+The estimate can still be too generous (text with short tokens), so the engine's report
+is checked after every call too: a prompt that evaluated to the whole context was cut,
+and a reply to a cut prompt answers a question the model may never have seen. That reply
+is discarded and the loop ends with ``CONTEXT_EXCEEDED`` as well — no silent truncation.
+
 A tool that keeps failing (its server down, say) must not grind through every
 iteration: the loop stops after 2 failures of one tool or 4 in all, naming the tool and
 its last error, so the agent publishes a first-class ``failure`` signal.
@@ -131,11 +136,15 @@ class ContextGuard:
     def admits(self, messages: Sequence[Mapping[str, Any]]) -> bool:
         return self.context_length is None or self.projected(messages) <= self.context_length
 
-    def record(self, messages: Sequence[Mapping[str, Any]], result: ChatResult) -> None:
-        """Take the engine's report for the prompt just sent, and learn from it."""
+    def record(self, messages: Sequence[Mapping[str, Any]], result: ChatResult) -> bool:
+        """Take the engine's report for the prompt just sent, and learn from it.
+
+        Returns whether the engine cut the prompt: it evaluated as many tokens as the
+        context the call ran with (an engine never reports more than it kept).
+        """
         if result.prompt_eval_count is None:
             # no report: keep projecting from the estimate of the whole prompt
-            return
+            return False
         truncated = (
             self.context_length is not None and result.prompt_eval_count >= self.context_length
         )
@@ -147,6 +156,7 @@ class ContextGuard:
         )
         self._reported = result.prompt_eval_count
         self._sent = len(messages)
+        return truncated
 
 
 def _call_name_and_arguments(call: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -202,8 +212,17 @@ async def run_tool_loop(
             result.failure = LoopFailure(FailureType.PROVIDER_ERROR, str(error))
             return result
         result.model_calls += 1
-        guard.record(history, reply)
+        truncated = guard.record(history, reply)
         result.last_prompt_tokens = reply.prompt_eval_count
+        if truncated:
+            # the reply (words or tool calls) was made from a prompt missing its oldest
+            # part; using it would be exactly the silent truncation the guard exists for
+            result.failure = LoopFailure(
+                FailureType.CONTEXT_EXCEEDED,
+                f"the engine cut the prompt at {reply.prompt_eval_count} tokens (the "
+                f"context is {context_length}); its reply was discarded",
+            )
+            return result
         if not reply.tool_calls:
             result.content = reply.content
             return result

@@ -20,7 +20,8 @@ import kmock
 import kopf
 import pytest
 
-from kubemoot.api import RESOURCE_TYPES, Resource, crd_manifests
+from kubemoot.api import RESOURCE_TYPES, Resource, crd_manifests, parse_manifest
+from kubemoot.api.errors import InputError
 from kubemoot.clock import SystemClock
 from kubemoot.operator.kube import KubeClient, custom_path
 from kubemoot.operator.reconciler import Reconciler
@@ -34,7 +35,8 @@ from kubemoot.store.protocol import Bucket
 SMALL = EmulatedModel("phi3:mini", 2048)
 MEDIUM = EmulatedModel("qwen3:8b", 5120)
 LARGE = EmulatedModel("qwen3:14b", 9216)
-DEADLINE = 15.0  # seconds before an awaited state counts as never reached
+DEADLINE = 30.0  # seconds before an awaited state counts as never reached
+SETTLE_DEADLINE = 60.0  # seconds before a busy operator counts as never idle
 
 
 def fast_emulator(**overrides: Any) -> OllamaEmulator:
@@ -207,18 +209,65 @@ async def eventually(check: Callable[[], Any], *, what: str = "condition") -> An
     raise AssertionError(f"{what} never happened (last error: {last_error!r})")
 
 
+def _observed_everything(cluster: Cluster) -> bool:
+    """Whether the reconciler has observed every one of our objects as it is stored now.
+
+    ``Reconciler.seen`` holds the last version of each object that reached the reconciler;
+    an object whose stored form differs still has a watch event on its way. Objects that
+    do not parse never enter ``seen`` and are left out.
+    """
+    for (resource, namespace, name), obj in list(cluster.server.objects.items()):
+        if getattr(resource, "group", None) != "kubemoot.ai" or obj.deleted:
+            continue
+        try:
+            stored = parse_manifest(dict(obj.raw))
+        except InputError:
+            continue
+        seen = cluster.reconciler.seen.get(f"{stored.KIND}/{namespace or ''}/{name}")
+        if seen is None or seen.to_manifest() != stored.to_manifest():
+            return False
+    return True
+
+
+async def _through_the_lock(cluster: Cluster) -> None:
+    """Wait for every scheduling pass that holds or awaits the reconciler's lock to end.
+
+    ``reconcile_agents`` takes the lock even for a key that names no Agent, and asyncio's
+    lock is first come, first served; a few loop turns first let a task that has just
+    observed an event reach the lock before this call does.
+    """
+
+    async def barrier() -> None:
+        for _ in range(10):
+            await asyncio.sleep(0)
+        await cluster.reconciler.reconcile_agents({"kubemoot-test/no-such-agent"},
+                                                  trigger="test-barrier")
+
+    await cluster.operator.call(barrier)
+
+
 async def settle(cluster: Cluster) -> None:
-    """Wait until the operator has been quiet for a moment (no new API writes)."""
+    """Wait until the operator is idle, judged by what it did, not by a quiet spell.
+
+    Idle means: the reconciler has observed every object as stored, a pass through its
+    lock completes, and across that pass the API server got no request at all, twice in
+    a row. A slow machine makes this take longer; it cannot make it return early.
+    """
     loop = asyncio.get_running_loop()
-    end = loop.time() + DEADLINE
-    previous = -1
-    quiet = 0
-    while loop.time() < end:
-        count = len(list(cluster.server))
-        quiet = quiet + 1 if count == previous else 0
-        if quiet >= 25:  # half a second without a request
-            return
-        previous = count
+    end = loop.time() + SETTLE_DEADLINE
+    calm = 0
+    while calm < 2:
+        if loop.time() > end:
+            raise AssertionError("the operator never became idle")
+        before = len(list(cluster.server))
+        if not _observed_everything(cluster):
+            calm = 0
+            await asyncio.sleep(0.02)
+            continue
+        await _through_the_lock(cluster)
+        calm = calm + 1 if (
+            len(list(cluster.server)) == before and _observed_everything(cluster)
+        ) else 0
         await asyncio.sleep(0.02)
 
 

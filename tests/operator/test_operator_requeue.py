@@ -21,6 +21,19 @@ def triggered_by(cluster: Cluster, mark: int, trigger: str) -> set[str]:
     return {agent for agent, cause in cluster.reconciler.reconciled[mark:] if cause == trigger}
 
 
+async def rebound(cluster: Cluster, mark: int, trigger: str, expected: set[str]) -> None:
+    """Assert that ``trigger`` re-bound exactly ``expected`` (the reconciler's own record).
+
+    First wait until the trigger's passes have recorded every expected Agent (a slow
+    reconcile may still be on its way), then until the operator is idle, so that an Agent
+    re-bound by mistake would be in the record by the time it is compared.
+    """
+    await eventually(lambda: triggered_by(cluster, mark, trigger) >= expected,
+                     what=f"{trigger} re-binding {sorted(expected)}")
+    await settle(cluster)
+    assert triggered_by(cluster, mark, trigger) == expected
+
+
 async def two_crews(cluster: Cluster, emulators: Emulators) -> None:
     """Crew q (qwen3 models on gpu-a) and crew p (phi3 models on gpu-b), all bound."""
     await cluster.apply(provider_manifest("gpu-a", emulators()))
@@ -63,8 +76,7 @@ async def test_operator_model_added_rebinds_exactly_the_affected_agents(
         and bound_model(cluster, "crew-q/q2") == "qwen3-14b",
         what="crew q moved to the new Model",
     )
-    await settle(cluster)
-    assert triggered_by(cluster, mark, "Model/qwen3-14b") == {"crew-q/q1", "crew-q/q2"}
+    await rebound(cluster, mark, "Model/qwen3-14b", {"crew-q/q1", "crew-q/q2"})
     assert cluster.versions("Agent", "p1", P) == untouched
     assert bound_model(cluster, "crew-p/p1") == "phi3-mini"
 
@@ -87,8 +99,7 @@ async def test_operator_provider_capacity_change_rebinds_exactly_its_agents(
         != before,
         what="p1 scored again against the new capacity",
     )
-    await settle(cluster)
-    assert triggered_by(cluster, mark, "ModelProvider/gpu-b") == {"crew-p/p1"}
+    await rebound(cluster, mark, "ModelProvider/gpu-b", {"crew-p/p1"})
     assert {name: cluster.versions("Agent", name, Q) for name in ("q1", "q2")} == untouched
     loaded = cluster.status("ModelProvider", "gpu-b")["capacity"]["loadedModels"]
     assert [m["name"] for m in loaded] == ["phi3:mini"]
@@ -104,8 +115,7 @@ async def test_operator_policy_edit_rebinds_only_its_crew(
     ]}}, namespace=P)
     await eventually(lambda: bound_model(cluster, "crew-p/p1") == "qwen3-8b",
                      what="p1 follows its edited policy")
-    await settle(cluster)
-    assert triggered_by(cluster, mark, "CrewSchedulingPolicy/p-policy") == {"crew-p/p1"}
+    await rebound(cluster, mark, "CrewSchedulingPolicy/p-policy", {"crew-p/p1"})
 
 
 async def test_operator_malformed_objects_get_conditions_and_events_not_crashes(

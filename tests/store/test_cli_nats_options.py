@@ -222,13 +222,24 @@ async def test_open_store_takes_settings_over_the_environment(
 @pytest.fixture(scope="module")
 def guarded_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A ``nats-server -js`` that admits only user ``kube`` with password ``moot``."""
-    port, store = free_port(), tmp_path_factory.mktemp("nats-auth")
-    log = (store / "server.log").open("wb")
-    server = subprocess.Popen(
-        [find_nats_server(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store),
-         "--user", "kube", "--pass", "moot"], stdout=log, stderr=subprocess.STDOUT)
+    store = tmp_path_factory.mktemp("nats-auth")
+    for attempt in range(3):  # a free port may be taken before the server binds it
+        port = free_port()
+        log = (store / "server.log").open("wb")
+        server = subprocess.Popen(
+            [find_nats_server(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store),
+             "--user", "kube", "--pass", "moot"], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_listening(port, server, store / "server.log")
+        except RuntimeError:
+            server.kill()
+            server.wait(timeout=20)
+            log.close()
+            if attempt == 2:
+                raise
+            continue
+        break
     try:
-        _wait_listening(port)
         yield f"nats://127.0.0.1:{port}"
     finally:
         server.terminate()
@@ -236,15 +247,22 @@ def guarded_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         log.close()
 
 
-def _wait_listening(port: int) -> None:
+def _wait_listening(port: int, server: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait until *our* server listens: alive and logging the bind, not just any listener."""
     import socket
 
+    bound = f"Listening for client connections on 127.0.0.1:{port}"
     for _ in range(500):
+        if server.poll() is not None:
+            raise RuntimeError(f"nats-server exited: {log.read_text(errors='replace')[-300:]}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
         except OSError:
             time.sleep(0.02)
+            continue
+        if server.poll() is None and bound in log.read_text(errors="replace"):
+            return
+        time.sleep(0.02)
     raise RuntimeError("nats-server did not start")
 
 

@@ -265,6 +265,7 @@ async def race(store: StoreUnderTest, usable: int, footprints: list[int], manage
                           max_attempts=50) for i in range(managers)]
     held = 0
     overcommits = 0
+    last_seen = 0  # the newest revision the checker has looked at
 
     async def claimer(index: int, footprint: int) -> None:
         nonlocal held, overcommits
@@ -284,8 +285,9 @@ async def race(store: StoreUnderTest, usable: int, footprints: list[int], manage
             await manager.release(PROVIDER, ticket.ticket_id)
 
     async def check_every_revision() -> None:
-        nonlocal overcommits
+        nonlocal overcommits, last_seen
         async for change in watch:
+            last_seen = max(last_seen, change.revision)
             if change.value is None:
                 continue
             document = ProviderTickets.from_json(change.value)
@@ -301,7 +303,15 @@ async def race(store: StoreUnderTest, usable: int, footprints: list[int], manage
 
     checker = asyncio.create_task(check_every_revision())
     await asyncio.gather(*(claimer(i, f) for i, f in enumerate(footprints)))
-    await asyncio.sleep(0.2 if store.kind == "nats" else 0)
+    # Close the watch only once the checker has seen the document's final revision: a
+    # fixed pause could close it before late revisions arrive on a loaded machine.
+    final = await tickets.get(encode_token(PROVIDER))
+    if final is not None:
+        for _ in range(3000):  # up to 30 s
+            if last_seen >= final.revision or checker.done():
+                break
+            await asyncio.sleep(0.01)
+        assert checker.done() or last_seen >= final.revision, "watch missed final revision"
     await watch.aclose()
     await checker
     assert await TicketManager(tickets, states, clock=store.clock).active(PROVIDER) == []

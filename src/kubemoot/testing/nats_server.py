@@ -30,6 +30,10 @@ class NatsServerError(RuntimeError):
     """The server binary is missing or did not come up."""
 
 
+class _ExitedAtStart(Exception):
+    """The server process ended before it listened; carries the tail of its log."""
+
+
 def find_nats_server() -> str:
     """Path of the ``nats-server`` binary: beside ``sys.executable``, else on ``PATH``."""
     beside = Path(sys.executable).with_name("nats-server")
@@ -48,6 +52,12 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _read_from(path: Path, offset: int) -> bytes:
+    with path.open("rb") as log:
+        log.seek(offset)
+        return log.read()
+
+
 class NatsServer:
     """One ``nats-server -js`` process on loopback; start, stop and restart it."""
 
@@ -57,11 +67,16 @@ class NatsServer:
         port: int | None = None,
         store_dir: str | None = None,
         startup_timeout: float = 10.0,
+        start_attempts: int = 5,
     ) -> None:
+        # A port picked here may be taken by someone else before the server binds it; only
+        # then may start() move to another one (never for a caller's port or a restart).
+        self._may_move = port is None
         self.port = port if port is not None else free_port()
         self._own_dir = store_dir is None
         self.store_dir = store_dir if store_dir is not None else tempfile.mkdtemp(prefix="nats-")
         self.startup_timeout = startup_timeout
+        self.start_attempts = max(1, start_attempts)
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -73,9 +88,27 @@ class NatsServer:
         return self._process is not None and self._process.poll() is None
 
     async def start(self) -> None:
-        """Start the server (same port and store as before) and wait until it listens."""
+        """Start the server and wait until it listens.
+
+        The first start of a server whose port was picked for it retries on a fresh port
+        when the server exits at once (its port was taken meanwhile); later starts keep
+        the port, so clients can reconnect to the same URL.
+        """
         if self.running:
             return
+        attempts = self.start_attempts if self._may_move else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                await self._start_once()
+            except _ExitedAtStart as exited:
+                if attempt == attempts:
+                    raise NatsServerError(f"nats-server exited at start: {exited}") from None
+                self.port = free_port()
+                continue
+            self._may_move = False
+            return
+
+    async def _start_once(self) -> None:
         command = [
             find_nats_server(), "-js", "-a", "127.0.0.1", "-p", str(self.port),
             "-sd", self.store_dir,
@@ -83,20 +116,29 @@ class NatsServer:
         # The log goes to a file: a pipe nobody reads would fill up and stall the server.
         log_path = Path(self.store_dir) / "nats-server.log"
         with log_path.open("ab") as log:
-            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            log_start = log.tell()  # restarts append: look only at this run's lines
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        bound = f"Listening for client connections on 127.0.0.1:{self.port}".encode()
+        self._process = process
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.startup_timeout
         while loop.time() < deadline:
-            if self._process.poll() is not None:
-                tail = log_path.read_text(errors="replace").strip()[-500:]
-                raise NatsServerError(f"nats-server exited at start: {tail}")
+            if process.poll() is not None:
+                self._process = None
+                tail = _read_from(log_path, log_start).decode(errors="replace").strip()[-500:]
+                raise _ExitedAtStart(tail)
             try:
                 _reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
             except OSError:
                 await asyncio.sleep(0.02)
                 continue
             writer.close()
-            return
+            # Something listens on the port, but it is ours only if the server still runs
+            # and has said it bound the port: one that lost the port to another listener
+            # logs a bind error and exits instead.
+            if process.poll() is None and bound in _read_from(log_path, log_start):
+                return
+            await asyncio.sleep(0.02)
         await self.stop(kill=True)
         raise NatsServerError(f"nats-server did not listen on {self.url} in time")
 

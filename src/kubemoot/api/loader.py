@@ -38,6 +38,7 @@ __all__ = [
     "load_single",
     "parse_manifest",
     "parse_resource",
+    "validate_document",
 ]
 
 STDIN = "-"
@@ -236,11 +237,27 @@ def parse_manifest(
             name=name,
             field="apiVersion",
         )
+    return validate_document(
+        cls, data, file=file, document=document, kind=shown_kind, name=name
+    )
+
+
+def validate_document(
+    model_cls: type[T],
+    data: Any,
+    *,
+    file: str | None,
+    document: int | None,
+    kind: str | None,
+    name: str | None,
+) -> T:
+    """Validate one document's data as ``model_cls``; every failure is an InputError
+    naming the file, the document, kind/name and the field."""
     try:
-        return cls.model_validate(data)
+        return model_cls.model_validate(data)
     except ValidationError as error:
         raise input_error_from_validation(
-            error, file=file, document=document, kind=shown_kind, name=name
+            error, file=file, document=document, kind=kind, name=name
         ) from None
     except RecursionError:
         raise InputError("document nests too deeply", file=file, document=document) from None
@@ -423,11 +440,7 @@ def load_single(path: str | Path, kind: str, model_cls: type[T]) -> T:
             kind=kind,
         )
     doc = found[0]
-    try:
-        return model_cls.model_validate(doc.data)
-    except ValidationError as error:
-        raise input_error_from_validation(
-            error, file=doc.file, document=doc.index, kind=kind, name=_name_of(doc.data)
-        ) from None
-    except RecursionError:
-        raise InputError("document nests too deeply", file=doc.file, document=doc.index) from None
+    return validate_document(
+        model_cls, doc.data, file=doc.file, document=doc.index, kind=kind,
+        name=_name_of(doc.data),
+    )

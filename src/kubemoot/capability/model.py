@@ -11,10 +11,10 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kubemoot.api.errors import InputError
-from kubemoot.api.loader import input_error_from_validation
+from kubemoot.api.loader import validate_document
 
 __all__ = [
     "API_VERSION",
@@ -178,14 +178,9 @@ def parse_request(
             name=name,
             field="kind",
         )
-    try:
-        return PlacementRequest.model_validate(data)
-    except ValidationError as error:
-        raise input_error_from_validation(
-            error, file=file, document=document, kind=KIND, name=name
-        ) from None
-    except RecursionError:
-        raise InputError("document nests too deeply", file=file, document=document) from None
+    return validate_document(
+        PlacementRequest, data, file=file, document=document, kind=KIND, name=name
+    )
 
 
 def load_request(text: str, *, file: str | None = None) -> PlacementRequest:

@@ -7,35 +7,25 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 
 from kubemoot.agent.pool import CallSettings, ChatPool
-from kubemoot.providers.emulator import EmulatedModel, EmulatorConfig, OllamaEmulator
+from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.protocol import ProviderClient
+from kubemoot.testing.emulators import emulator_factory
 
 TINY = EmulatedModel("tiny:1b", 1000)
 
 
-def fast_config(**overrides: object) -> EmulatorConfig:
-    """A small emulated card whose waits are a thousandth of the emulated seconds."""
-    settings: dict[str, object] = {
-        "models": (TINY,), "vram_mib": 8192, "num_parallel": 2, "context_length": 1024,
-        "base_latency_s": 0.5, "per_token_s": 0.0, "time_scale": 0.001,
-    }
-    settings.update(overrides)
-    return EmulatorConfig(**settings)  # type: ignore[arg-type]
+#: A small emulated card whose waits are a thousandth of the emulated seconds.
+FAST_CARD: dict[str, object] = {
+    "models": (TINY,), "vram_mib": 8192, "num_parallel": 2, "context_length": 1024,
+    "base_latency_s": 0.5, "per_token_s": 0.0, "time_scale": 0.001,
+}
 
 
 @pytest.fixture
 def make_emulator() -> Iterator[Callable[..., OllamaEmulator]]:
-    started: list[OllamaEmulator] = []
-
-    def make(**overrides: object) -> OllamaEmulator:
-        emulator = OllamaEmulator(fast_config(**overrides)).start()
-        started.append(emulator)
-        return emulator
-
-    yield make
-    for emulator in started:
-        emulator.stop()
+    with emulator_factory(FAST_CARD) as make:
+        yield make
 
 
 def ollama_factory(provider: str, endpoint: str, settings: CallSettings) -> ProviderClient:

@@ -12,35 +12,30 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from kubemoot.providers.emulator import EmulatedModel, EmulatorConfig, OllamaEmulator
+from kubemoot.testing.emulators import emulator_factory
 
 SMALL = EmulatedModel("small:1b", 1000, kv_mib_per_1k_tokens=8.0)
 MEDIUM = EmulatedModel("medium:7b", 3000)
 LARGE = EmulatedModel("large:30b", 6000)
 
 
+#: An 8 GiB card whose waits are a hundredth of the emulated seconds.
+FAST_CARD: dict[str, object] = {
+    "models": (SMALL, MEDIUM, LARGE), "vram_mib": 8192, "num_parallel": 1,
+    "context_length": 1024, "load_rate_mibps": 1000.0, "base_latency_s": 0.5,
+    "per_token_s": 0.0, "time_scale": 0.01,
+}
+
+
 def fast_config(**overrides: object) -> EmulatorConfig:
     """An 8 GiB card whose waits are a hundredth of the emulated seconds."""
-    settings: dict[str, object] = {
-        "models": (SMALL, MEDIUM, LARGE), "vram_mib": 8192, "num_parallel": 1,
-        "context_length": 1024, "load_rate_mibps": 1000.0, "base_latency_s": 0.5,
-        "per_token_s": 0.0, "time_scale": 0.01,
-    }
-    settings.update(overrides)
-    return EmulatorConfig(**settings)  # type: ignore[arg-type]
+    return EmulatorConfig(**{**FAST_CARD, **overrides})  # type: ignore[arg-type]
 
 
 @pytest.fixture
 def make_emulator() -> Iterator[Callable[..., OllamaEmulator]]:
-    started: list[OllamaEmulator] = []
-
-    def make(**overrides: object) -> OllamaEmulator:
-        emulator = OllamaEmulator(fast_config(**overrides)).start()
-        started.append(emulator)
-        return emulator
-
-    yield make
-    for emulator in started:
-        emulator.stop()
+    with emulator_factory(FAST_CARD) as make:
+        yield make
 
 
 @pytest.fixture

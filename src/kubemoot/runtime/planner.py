@@ -234,7 +234,7 @@ class CallPlanner:
         preferred = models[0]
         limit = None if explain else _SHORTLIST
         options = [
-            o for m in models
+            rnd.cost.priced_queue(o) for m in models
             for o in self.selector.copy_options(rnd, m, free_slot=False, limit=limit)
         ]
         options += self.selector.cold_options(rnd, preferred, limit=limit)

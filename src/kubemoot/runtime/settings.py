@@ -32,6 +32,10 @@ class RuntimeSettings:
     reserve_mib: int = 1024
     #: Candidates whose score is at least preferred − tolerance may be used warm.
     candidate_tolerance: float = 10.0
+    #: How much a queue's price counts the other calls expected for the same model
+    #: while it waits (they wait too; a second copy would shorten their waits as well).
+    #: 0 prices a queue by this call's own wait alone, DESIGN §5's floor.
+    queue_demand_weight: float = 1.0
     #: A ticket not released by its holder is reclaimed after this long.
     ticket_ttl_seconds: float = 180.0
     #: How long a read of provider state and tickets is reused (absorbs fan-out bursts).

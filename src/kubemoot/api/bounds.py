@@ -32,6 +32,7 @@ __all__ = [
     "MAX_SCORE",
     "MAX_SECONDS",
     "MAX_SEED",
+    "MAX_WEIGHT",
     "ContextTokens",
     "Count",
     "Gib",
@@ -69,8 +70,12 @@ MAX_AGENTS: Final = 10_000
 MAX_ITEMS: Final = 10_000
 # Events per hour, and use counts of a model.
 MAX_RATE: Final = 1_000_000.0
-# Scores and weights; scorers work on 0–100, sums of weights stay well inside this.
-MAX_SCORE: Final = 1_000_000.0
+# Weights and bonuses a user sets (a provider's weight, the image-locality bonus);
+# scorers work on 0–100, so ten thousand already outweighs everything else.
+MAX_WEIGHT: Final = 10_000
+# Scores: quality plus every matching prefer weight plus the weights above; the largest
+# policy the limits admit scores about a million, far inside this.
+MAX_SCORE: Final = 1e9
 # A random seed, and counters the API server keeps: what a signed 64-bit integer holds.
 MAX_SEED: Final = 2**63 - 1
 
@@ -84,7 +89,7 @@ Rate = Annotated[float, Field(ge=0, le=MAX_RATE)]
 Score = Annotated[float, Field(ge=-MAX_SCORE, le=MAX_SCORE)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 Int64 = Annotated[int, Field(ge=0, le=MAX_SEED)]
-Weight = Annotated[int, Field(ge=-int(MAX_SCORE), le=int(MAX_SCORE))]
+Weight = Annotated[int, Field(ge=-MAX_WEIGHT, le=MAX_WEIGHT)]
 
 
 def describe_size(size: int) -> str:

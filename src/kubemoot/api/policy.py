@@ -37,7 +37,7 @@ class SchedulingRule(Strict):
 
     phase: str = Field(min_length=1)
     require: LabelSelector | None = None
-    prefer: list[PreferTerm] = Field(default_factory=list)
+    prefer: list[PreferTerm] = Field(default_factory=list, max_length=MAX_ITEMS)
 
     @field_validator("prefer", mode="before")
     @classmethod

@@ -39,12 +39,13 @@ def run_cli(args: Sequence[str], capsys: pytest.CaptureFixture[str]) -> Outcome:
 
 
 def with_value(document: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
-    """A deep copy of ``document`` with the dotted ``path`` set (``a.b[0].c``)."""
+    """A deep copy of ``document`` with the dotted ``path`` set (``a.b[0].c``); missing
+    mappings on the way are created."""
     out = copy.deepcopy(document)
     node: Any = out
     parts = _split(path)
     for part in parts[:-1]:
-        node = node[part]
+        node = node.setdefault(part, {}) if isinstance(part, str) else node[part]
     node[parts[-1]] = value
     return out
 

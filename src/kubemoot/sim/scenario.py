@@ -106,7 +106,7 @@ class ProviderSpec(_Spec):
     load_rate_mibps: Rate | None = Field(default=None, gt=0)
     unload_seconds: Seconds | None = None
     context_length: ContextTokens | None = None
-    count: Count = Field(default=1, ge=1)
+    count: int = Field(default=1, ge=1, le=MAX_PROVIDERS)
 
 
 class LatencySpec(_Spec):
@@ -148,7 +148,7 @@ class CrewSpec(_Spec):
 
     name: str = Field(min_length=1)
     agents: int = Field(ge=1, le=MAX_AGENTS)
-    count: Count = Field(default=1, ge=1)
+    count: int = Field(default=1, ge=1, le=MAX_TOTAL_AGENTS)
     discussions_per_hour: Rate = Field(gt=0)
     agents_per_discussion: int = Field(default=1, ge=1, le=MAX_AGENTS)
     phases: list[PhaseSpec] = Field(min_length=1, max_length=MAX_ITEMS)

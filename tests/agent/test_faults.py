@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from kubemoot import metrics
-from kubemoot.agent.pool import CallSettings
+from kubemoot.agent.discussion import AgentProfile, Coordinator, Thread
+from kubemoot.agent.pool import CallSettings, ClientFactory
 from kubemoot.agent.runtime import AfterCall
 from kubemoot.agent.signals import FailureType
 from kubemoot.agent.toolloop import Tool
@@ -65,18 +66,19 @@ def make_fleet(
 ) -> Callable[..., Any]:
 
     async def make(*, clock: Clock | None = None, num_parallel: int = 2,
-                   after_call: AfterCall | None = None, tool_rule: Any = None) -> Fleet:
+                   after_call: AfterCall | None = None, tool_rule: Any = None,
+                   chats: ClientFactory = factory, context: int = 1024) -> Fleet:
         emulator = make_emulator(models=(SMALL,), vram_mib=8192, num_parallel=num_parallel,
-                                 tool_rule=tool_rule)
+                                 tool_rule=tool_rule, context_length=context)
         clock = clock or SystemClock()
         kv = MemoryKV(clock=clock)
-        client = OllamaProvider("gpu-a", emulator.url, context_length=1024,
+        client = OllamaProvider("gpu-a", emulator.url, context_length=context,
                                 num_parallel=num_parallel, total_vram_mib=8192,
                                 reserve_mib=512)
         await client.preload(SMALL.name)  # warm: every placement below is a warm one
         await Prober([client], clock=clock,
                      publish=publish_to_kv(await kv.bucket(PROVIDER_STATE_BUCKET))).probe_all()
-        stack = await build_stack(kv, clients={"gpu-a": client}, client_factory=factory,
+        stack = await build_stack(kv, clients={"gpu-a": client}, client_factory=chats,
                                   clock=clock, settings=TOUCHY,
                                   declared={SMALL.name: 2000}, after_call=after_call)
         fleet = Fleet(stack, emulator, client, kv)
@@ -224,3 +226,54 @@ def test_a_trial_that_never_reports_back_lapses_after_a_cooldown() -> None:
     assert circuits.state("gpu-a") is CircuitState.HALF_OPEN and circuits.admit("gpu-a")
     circuits.record_failure("gpu-a")  # the trial failed: a full cool-down again
     assert circuits.state("gpu-a") is CircuitState.OPEN and not circuits.admit("gpu-a")
+
+
+class _StuckClose(OllamaProvider):
+    """A client whose connections cannot be closed cleanly (a half-dead socket)."""
+
+    async def close(self) -> None:
+        await super().close()
+        raise OSError("connection reset while closing")
+
+
+async def test_a_pool_that_cannot_close_is_logged_and_counted(
+    make_fleet: Callable[..., Any], caplog: pytest.LogCaptureFixture,
+) -> None:
+    fleet = await make_fleet(
+        chats=lambda provider, endpoint, settings: _StuckClose(provider, endpoint))
+    assert (await _call(fleet, "hello")).result.ok
+    before = _sample(metrics.ERRORS_SURVIVED, component="agent", operation="close-pool")
+    with caplog.at_level(logging.WARNING, logger="kubemoot.agent.wiring"):
+        await _close(fleet)
+    assert _sample(metrics.ERRORS_SURVIVED, component="agent",
+                   operation="close-pool") == before + 1
+    assert any("connection reset while closing" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_plan_that_cannot_be_released_is_logged_and_counted(
+    make_fleet: Callable[..., Any], caplog: pytest.LogCaptureFixture,
+) -> None:
+    box: list[Fleet] = []
+
+    async def store_goes_away(provider: str) -> None:
+        await box[0].kv.close()  # after the triage call: the held plan cannot be dropped
+
+    # room for the prompt a plan assumes before the question is known
+    fleet = await make_fleet(after_call=store_goes_away, context=4096)
+    box.append(fleet)
+    member = AgentProfile(id="crew/a", role="tooler", mulling=(Candidate(SMALL.name, 50.0),),
+                          triage=(Candidate(SMALL.name, 50.0),))
+    coordinator = Coordinator(fleet.stack.agents, AgentProfile(
+        id="crew/coordinator", role="coordinator", mulling=(Candidate(SMALL.name, 70.0),),
+    ), deadline_seconds=10)
+    fleet.emulator.fail_next(500, path="/api/chat")  # the triage fails: the plan stays held
+    before = _sample(metrics.ERRORS_SURVIVED, component="agent", operation="release-plan")
+    try:
+        with caplog.at_level(logging.WARNING, logger="kubemoot.agent.discussion"):
+            await coordinator.discuss(Thread("t1", "is the cluster healthy?"), [member])
+    finally:
+        await fleet.stack.close()
+        await fleet.client.close()
+    assert _sample(metrics.ERRORS_SURVIVED, component="agent",
+                   operation="release-plan") == before + 1
+    assert any("releasing the plan of crew/a" in r.getMessage() for r in caplog.records)

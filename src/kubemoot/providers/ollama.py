@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import httpx
 import ollama
 
+from kubemoot import metrics
 from kubemoot.api.errors import InputError
 from kubemoot.clock import Clock, SystemClock
 from kubemoot.providers.dcgm import VramReading, fetch_dcgm_vram
@@ -422,6 +423,7 @@ class OllamaProvider:
             fallback = ("the VRAM total stays unknown" if self.total_vram_mib is None
                         else f"using the configured VRAM total ({self.total_vram_mib} MiB)")
             log.warning("%s: DCGM unavailable, %s: %s", self.name, fallback, error)
+            metrics.ERRORS_SURVIVED.labels(component="provider", operation="dcgm").inc()
             return None
         self.last_dcgm_error = None
         return reading

@@ -277,3 +277,26 @@ async def test_a_plan_that_cannot_be_released_is_logged_and_counted(
     assert _sample(metrics.ERRORS_SURVIVED, component="agent",
                    operation="release-plan") == before + 1
     assert any("releasing the plan of crew/a" in r.getMessage() for r in caplog.records)
+
+
+async def test_half_open_admits_one_call_sharing_a_busy_copy(
+    make_fleet: Callable[..., Any],
+) -> None:
+    """Calls that cannot wait share a warm copy whose slot is taken (a queue claim);
+    on a half-open provider only one of them may be the trial."""
+    clock = ManualClock(1000.0)
+    fleet = await make_fleet(clock=clock, num_parallel=1)
+    try:
+        busy = await fleet.stack.planner.place([Candidate(SMALL.name, 50.0)],
+                                               holder_id="long-call")
+        assert busy.placed  # holds the copy's only slot from here on
+        fleet.circuits.record_failure("gpu-a")
+        clock.advance(TOUCHY.circuit_cooldown_seconds)
+        assert fleet.circuits.state("gpu-a") is CircuitState.HALF_OPEN
+
+        outcomes = await asyncio.gather(*(_call(fleet, f"hello {i}") for i in range(4)))
+        ran = [o for o in outcomes if o.ran]
+        assert len(ran) == 1, [o.refusal for o in outcomes]
+        assert {o.refusal for o in outcomes if not o.ran} == {"gpu-busy"}
+    finally:
+        await _close(fleet)

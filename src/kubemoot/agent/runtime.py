@@ -327,8 +327,11 @@ class AgentRuntime:
         claim = await self.planner.selector.claim(rnd, option, holder, state=TicketState.RUNNING)
         if claim is None:
             return placement  # the copy went away meanwhile
-        return replace(placement, ticket=claim.ticket, endpoint=claim.endpoint,
-                       context_length=claim.context_length)
+        claimed = replace(placement, ticket=claim.ticket, endpoint=claim.endpoint,
+                          context_length=claim.context_length)
+        if not await self.planner.admit(claimed):
+            return placement  # a half-open provider's one trial went to another call
+        return claimed
 
     async def _finish(
         self, placement: Placement, result: ToolLoopResult | None, began: float

@@ -169,7 +169,7 @@ class CallPlanner:
                 )
             self.selector.spread(rnd, models, ahead)
             placement = await self._place_round(rnd, models, holder_id, ticket_state, explain)
-            if placement is not None and not await self._admitted(placement):
+            if placement is not None and not await self.admit(placement):
                 continue  # a half-open provider's one trial went to another call
             if placement is not None:
                 return placement
@@ -304,9 +304,9 @@ class CallPlanner:
             action, reason=reason.value, options=tuple(options), decision=record
         )
 
-    async def _admitted(self, placement: Placement) -> bool:
+    async def admit(self, placement: Placement) -> bool:
         """Commit a claimed placement to its provider's circuit; a half-open circuit
-        admits one trial call, so a second claim there is given back."""
+        admits one trial call, so a second claim there is given back (False)."""
         circuits = self.selector.view.circuits
         if circuits is None or placement.ticket is None or placement.provider is None:
             return True

@@ -38,10 +38,10 @@ from tests.providers.conftest import serve_app
 KUBEMOOT = str(Path(sys.executable).with_name("kubemoot"))
 #: One byte every this many seconds: well inside any per-read timeout used below.
 DRIP_SECONDS = 0.05
-#: Padding bytes in a dripped answer: 400 × 0.05 s = 20 s for the whole body.
-DRIP_BYTES = 400
-#: Slack on top of a deadline for a loaded CI machine; far below the drip's 20 s.
-SLACK_SECONDS = 8.0
+#: Padding bytes in a dripped answer: 600 × 0.05 s = 30 s for the whole body.
+DRIP_BYTES = 600
+#: Slack on top of a deadline for a loaded CI machine; well below the drip's 30 s.
+SLACK_SECONDS = 15.0
 
 
 class _Servers:
@@ -49,6 +49,7 @@ class _Servers:
 
     def __init__(self) -> None:
         self.stop = threading.Event()
+        self.arrived = threading.Event()
         self.chats = 0
 
     async def _drip(self, request: Request) -> Response:
@@ -66,6 +67,7 @@ class _Servers:
 
     async def _silent_chat(self, request: Request) -> Response:
         self.chats += 1
+        self.arrived.set()
         while not self.stop.is_set():  # answers only when the test is over
             await asyncio.sleep(DRIP_SECONDS)
         return JSONResponse({"error": "too late"}, status_code=500)
@@ -79,7 +81,7 @@ class _Servers:
                 self.stop.set()  # pending answers end, so the server can shut down
 
     def dripping(self) -> AbstractContextManager[str]:
-        """A server whose /api/ps and /api/tags drip a valid answer for 20 s."""
+        """A server whose /api/ps and /api/tags drip a valid answer for 30 s."""
         return self._serving(Starlette(routes=[Route("/api/ps", self._drip),
                                                Route("/api/tags", self._drip)]))
 
@@ -125,7 +127,7 @@ async def test_a_deadline_is_a_timeout_and_names_the_provider(servers: _Servers)
 
 
 def test_probe_timeout_bounds_the_whole_probe(servers: _Servers) -> None:
-    """``probe --timeout 1`` against a dripping server: not ready, and no 20 s wait."""
+    """``probe --timeout 1`` against a dripping server: not ready, and no 30 s wait."""
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("KUBEMOOT_DEBUG", None)
     with servers.dripping() as url:
@@ -147,6 +149,8 @@ async def test_a_timed_out_chat_reaches_the_engine_once(servers: _Servers) -> No
         async with OllamaProvider("gpu", url, timeout=0.3, retry_delay=0) as client:
             with pytest.raises(ProviderTimeout):
                 await client.chat("m", [{"role": "user", "content": "hi"}])
+            # a starved server thread may count the request only now
+            assert await asyncio.to_thread(servers.arrived.wait, 30)
     assert servers.chats == 1
 
 

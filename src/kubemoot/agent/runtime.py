@@ -341,9 +341,11 @@ class AgentRuntime:
         A release that fails is logged and counted, never raised: the engine may have
         answered, and the ticket's TTL reclaims the memory anyway (DESIGN §5).
         """
+        # only a clean answer's duration is a latency sample: a loop that stopped early
+        # (or waited on failing tools) says little about how fast the engine is
+        seconds = self.clock.now() - began if result is not None and result.ok else None
         try:
-            await self.planner.finish(placement, seconds=self.clock.now() - began,
-                                      ok=_verdict(result))
+            await self.planner.finish(placement, seconds=seconds, ok=_verdict(result))
         except StoreError as error:
             ticket = placement.ticket.ticket_id if placement.ticket is not None else "-"
             _survived("release", f"releasing ticket {ticket} ({placement.model} on "

@@ -45,7 +45,10 @@ def probe_command(
     dcgm: str | None = typer.Option(
         None, "--dcgm", help="DCGM exporter metrics URL (for a single endpoint)."
     ),
-    timeout: float = typer.Option(10.0, "--timeout", min=0.01, help="Seconds per request."),
+    timeout: float = typer.Option(
+        10.0, "--timeout", min=0.01,
+        help="Seconds one endpoint's probe may take in all (a slow trickle counts too).",
+    ),
     output: OutputFormat | None = typer.Option(None, "-o", "--output", help=OUTPUT_OPTION_HELP),
 ) -> None:
     """Probe Ollama-API endpoints and print their provider state."""
@@ -75,7 +78,8 @@ def probe_command(
         clients = [
             OllamaProvider(name, url, context_length=context_length,
                            num_parallel=num_parallel, reserve_mib=reserve_mib,
-                           total_vram_mib=vram_mib, timeout=timeout, max_retries=0,
+                           total_vram_mib=vram_mib, timeout=timeout, deadline=timeout,
+                           max_retries=0,
                            clock=clock, dcgm_url=dcgm)
             for name, url in parsed
         ]

@@ -169,6 +169,8 @@ class CallPlanner:
                 )
             self.selector.spread(rnd, models, ahead)
             placement = await self._place_round(rnd, models, holder_id, ticket_state, explain)
+            if placement is not None and not await self.admit(placement):
+                continue  # a half-open provider's one trial went to another call
             if placement is not None:
                 return placement
         # Every round lost its claim to a concurrent change: treat it as busy.
@@ -302,17 +304,35 @@ class CallPlanner:
             action, reason=reason.value, options=tuple(options), decision=record
         )
 
+    async def admit(self, placement: Placement) -> bool:
+        """Commit a claimed placement to its provider's circuit; a half-open circuit
+        admits one trial call, so a second claim there is given back (False)."""
+        circuits = self.selector.view.circuits
+        if circuits is None or placement.ticket is None or placement.provider is None:
+            return True
+        if circuits.admit(placement.provider):
+            return True
+        await self.release(placement)
+        return False
+
     # -- after the call --------------------------------------------------------------
 
     async def finish(
-        self, placement: Placement, *, seconds: float | None = None, ok: bool = True
+        self, placement: Placement, *, seconds: float | None = None, ok: bool | None = True
     ) -> None:
-        """Release the call's ticket and learn from it (latency EMA, circuit breaker)."""
+        """Release the call's ticket and learn from it (latency EMA, circuit breaker).
+
+        ``ok`` is the call's verdict on the provider: ``False`` only for a provider
+        fault, ``None`` when the call says nothing about it (cancelled, or stopped
+        before the engine was asked).
+        """
         view = self.selector.view
         if placement.provider is not None:
             circuits = view.circuits
             if circuits is not None:
-                if ok:
+                if ok is None:
+                    circuits.record_no_verdict(placement.provider)
+                elif ok:
                     circuits.record_success(placement.provider)
                 else:
                     circuits.record_failure(placement.provider)

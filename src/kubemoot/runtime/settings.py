@@ -50,6 +50,10 @@ class RuntimeSettings:
     #: Context and parallel slots assumed by the slab estimate when a provider says none.
     estimate_num_ctx: int = 4096
     estimate_num_parallel: int = 1
+    #: How long one provider call (chat, preload, unload, probe) may take in all, every
+    #: read and retry included: a per-read timeout alone never ends a call to a server
+    #: that drips a byte now and then.
+    provider_call_deadline_seconds: float = 300.0
     #: Consecutive failures that open a provider's circuit, and how long it stays open.
     circuit_failure_threshold: int = 3
     circuit_cooldown_seconds: float = 30.0

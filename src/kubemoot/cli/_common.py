@@ -21,12 +21,26 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 
+def _print_version(value: bool) -> None:
+    """``kubemoot --version`` prints what ``kubemoot version`` prints, then stops."""
+    if value:
+        from kubemoot import __version__
+
+        typer.echo(__version__)
+        raise typer.Exit()
+
 
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version,
+        help="Print the version and exit.",
+    ),
+) -> None:
     """Kubemoot schedules LLM work onto GPUs the way kube-scheduler schedules Pods."""
 
 

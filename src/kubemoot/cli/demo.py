@@ -466,6 +466,9 @@ async def _linger(page: DashboardServer, seconds: float | None) -> None:
                           "until Ctrl-C", highlight=False, soft_wrap=True)
         await page.wait()
     elif seconds > 0:
+        err_console.print(f"the demo is done; the dashboard stays up at {page.url} for "
+                          f"{seconds:g} s (Ctrl-C stops it sooner)",
+                          highlight=False, soft_wrap=True)
         await asyncio.sleep(seconds)
 
 

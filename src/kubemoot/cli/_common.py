@@ -6,14 +6,19 @@ import errno
 import json
 import socket
 import sys
+from collections.abc import Iterable
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 import yaml
 from rich.console import Console
 
 from kubemoot.api.errors import InputError
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
+    from rich.table import Table
 
 app = typer.Typer(
     name="kubemoot",
@@ -62,6 +67,19 @@ OUTPUT_OPTION_HELP = "Output format: table, json or yaml."
 def resolve_format(value: OutputFormat | None) -> OutputFormat:
     """No ``-o`` means a table: output for people unless a script asks otherwise."""
     return OutputFormat.table if value is None else value
+
+
+def add_name_column(table: Table, header: str, cells: Iterable[str], *,
+                    justify: JustifyMethod = "left") -> None:
+    """Add a column of names (models, providers, agents) that is never cut or folded.
+
+    Rich shares a narrow terminal out by folding every column, which splits a name like
+    ``qwen3-14b-rtx4090`` over two lines; a name column instead takes the width of its
+    widest line, so only the prose columns (``overflow="fold"``) give way.
+    """
+    widest = max((len(line) for cell in cells for line in cell.splitlines()), default=0)
+    table.add_column(header, no_wrap=True, min_width=max(widest, len(header)),
+                     justify=justify)
 
 
 def emit_data(data: Any, fmt: OutputFormat) -> None:

@@ -35,6 +35,7 @@ from kubemoot.api.errors import InputError
 from kubemoot.cli._common import (
     OUTPUT_OPTION_HELP,
     OutputFormat,
+    add_name_column,
     app,
     console,
     emit_data,
@@ -58,6 +59,7 @@ from kubemoot.cli._nats import (
 )
 
 if TYPE_CHECKING:
+    from rich.console import JustifyMethod
     from rich.table import Table
 
     from kubemoot.agent.discussion import DiscussionResult
@@ -653,10 +655,8 @@ def attribution_table(calls: list[dict[str, Any]]) -> Table:
                   caption=action_legend(c["action"] for c in ordered),
                   caption_justify="left")
 
-    def fixed(header: str, index: int, *, justify: Any = "left") -> None:
-        widest = max((len(row[index]) for row in rows), default=0)
-        table.add_column(header, no_wrap=True, min_width=max(widest, len(header)),
-                         justify=justify)
+    def fixed(header: str, index: int, *, justify: JustifyMethod = "left") -> None:
+        add_name_column(table, header, (row[index] for row in rows), justify=justify)
 
     fixed("#", 0, justify="right")
     table.add_column("agent", overflow="fold")

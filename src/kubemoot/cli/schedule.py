@@ -18,6 +18,7 @@ from kubemoot.api.errors import InputError
 from kubemoot.cli._common import (
     OUTPUT_OPTION_HELP,
     OutputFormat,
+    add_name_column,
     app,
     console,
     emit_data,
@@ -100,26 +101,49 @@ def _score(value: float | None) -> str:
 
 
 def _print_table(result: ScheduleResult) -> None:
+    """One row per phase, laid out for an 80-column terminal.
+
+    Names are never cut (see :func:`add_name_column`): an Agent is named once, on its
+    first phase, without its namespace when the whole bundle shares one (the title names
+    it then). Why a phase came out as it did is said under the table, in prose that
+    wraps between words, and only where the row does not already say it all.
+    """
+    from rich import box
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"kubemoot schedule at {result.now.isoformat()}", title_justify="left")
-    for column in ("AGENT", "PHASE", "MODEL", "PROVIDER", "SCORE", "OUTCOME", "WHY"):
-        table.add_column(column, overflow="fold")
+    namespaces = {agent.namespace for agent in result.agents}
+    shared = next(iter(namespaces)) if len(namespaces) == 1 else None
+    title = f"kubemoot schedule at {result.now.isoformat()}"
+    if shared is not None:
+        title += f", namespace {shared}"
+    rows: list[tuple[str, ...]] = []
+    notes: list[str] = []
     for agent in result.agents:
-        for phase in agent.phases.values():
-            style = _OUTCOME_STYLE.get(phase.outcome.value, "")
-            table.add_row(
-                f"{agent.namespace}/{agent.name}",
-                phase.phase,
-                phase.model or "-",
-                phase.provider or "-",
-                _score(phase.score),
-                f"[{style}]{phase.outcome.value}[/]",
-                phase.reason,
-            )
+        name = agent.name if shared is not None else f"{agent.namespace}/\n{agent.name}"
+        for index, phase in enumerate(agent.phases.values()):
+            rows.append((name if index == 0 else "", phase.phase, phase.model or "-",
+                         phase.provider or "-", _score(phase.score), phase.outcome.value))
+            plain = _plain_reason(phase)
+            if phase.reason != plain:
+                why = phase.reason.removeprefix(f"{plain}; ")
+                notes.append(f"[bold]{escape(agent.name)} {escape(phase.phase)}[/]: "
+                             f"{escape(why)}")
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  padding=(0, 2, 0, 0))
+    for index, header in enumerate(("AGENT", "PHASE", "MODEL", "PROVIDER")):
+        add_name_column(table, header, (row[index] for row in rows))
+    add_name_column(table, "SCORE", (row[4] for row in rows), justify="right")
+    add_name_column(table, "OUTCOME", (row[5] for row in rows))
+    for row in rows:
+        style = _OUTCOME_STYLE.get(row[5], "")
+        table.add_row(*row[:5], f"[{style}]{row[5]}[/]")
+    console.print(title, highlight=False)
     console.print(table)
     if not result.agents:
         console.print("no Agents in the bundle")
+    for note in notes:
+        console.print(note, highlight=False)
     for event in result.events:
         times = f" (x{event.count})" if event.count > 1 else ""
         console.print(
@@ -134,6 +158,11 @@ def _print_table(result: ScheduleResult) -> None:
                     f"({condition.reason}): {condition.message}",
                     highlight=False,
                 )
+
+
+def _plain_reason(phase: PhaseResult) -> str:
+    """The reason a placed phase gives when the row's columns already say all of it."""
+    return f"{phase.model} on {phase.provider} scored {_score(phase.score)}"
 
 
 def _print_explain(agent: AgentResult) -> None:

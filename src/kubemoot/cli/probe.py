@@ -136,38 +136,42 @@ def probe_command(
 
 
 def per_provider(flag: str, values: Sequence[str], names: Sequence[str],
-                 parse: Callable[[str, str], T], default: T) -> dict[str, T]:
+                 parse: Callable[[str], T], default: T) -> dict[str, T]:
     """``VALUE`` (every endpoint) and ``NAME=VALUE`` (one) flags → a value per provider.
 
     A named value wins over a plain one whatever their order; naming an endpoint that
-    was not given, or giving one endpoint two values, is bad input naming the flag.
+    was not given, giving one endpoint two values, or a value ``parse`` refuses (it
+    raises ValueError saying why) is bad input naming the flag.
     """
     shared: T = default
     named: dict[str, T] = {}
     plain_seen = False
     for text in values:
         name, sep, value = text.partition("=")
-        if not sep:
-            if plain_seen:
-                raise InputError(f"{flag} {text}: a value for every endpoint was already "
-                                 "given; name the endpoint as NAME=VALUE", field=flag)
-            plain_seen = True
-            shared = parse(flag, text)
-            continue
-        if name not in names:
-            raise InputError(f"{flag} {text}: no endpoint is named {name!r} "
-                             f"(endpoints: {', '.join(names)})", field=flag)
-        if name in named:
-            raise InputError(f"{flag} {text}: {name} was given a value already", field=flag)
-        named[name] = parse(flag, value)
+        try:
+            if not sep:
+                if plain_seen:
+                    raise ValueError("a value for every endpoint was already given; name "
+                                     "the endpoint as NAME=VALUE")
+                plain_seen = True
+                shared = parse(text)
+                continue
+            if name not in names:
+                raise ValueError(f"no endpoint is named {name!r} "
+                                 f"(endpoints: {', '.join(names)})")
+            if name in named:
+                raise ValueError(f"{name} was given a value already")
+            named[name] = parse(value)
+        except ValueError as error:
+            raise InputError(f"{flag} {text}: {error}", field=flag) from None
     return {name: named.get(name, shared) for name in names}
 
 
-def _count(least: int) -> Callable[[str, str], int]:
-    def parse(flag: str, text: str) -> int:
+def _count(least: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
         value = text.strip()
         if not value.isdecimal() or int(value) < least:  # isdecimal: int() refuses "²"
-            raise InputError(f"{flag} {text}: expected a whole number ≥ {least}", field=flag)
+            raise ValueError(f"expected a whole number ≥ {least}")
         return int(value)
 
     return parse
@@ -296,8 +300,9 @@ def _print_table(states: list[ProviderState]) -> None:
         rows.append((s.provider, s.endpoint, "yes" if s.ready else "no",
                      f"{_mib(s.used_vram_mib)}/{_mib(s.total_vram_mib)}",
                      str(s.max_parallel), str(s.context_length or "?"), loaded))
-    table = Table(title="Provider state (VRAM: used/total MiB; ctx: context per slot)", title_justify="left",
-                  box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    table = Table(title="Provider state (VRAM: used/total MiB; ctx: context per slot)",
+                  title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                  pad_edge=False, padding=(0, 1, 0, 0))
     # A provider's name stays whole up to NAME_ROOM characters; a longer one (typically
     # the host:port name of an endpoint given without NAME=) folds like the endpoint.
     table.add_column("provider, endpoint", overflow="fold",

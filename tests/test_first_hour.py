@@ -147,15 +147,13 @@ def test_the_table_orders_rows_by_thread_then_issue_and_explains_actions() -> No
 
 
 @pytest.mark.timeout(180)
-def test_the_demo_reports_waits_in_order_and_says_how_long_the_page_stays() -> None:
+def test_the_demo_reports_waits_and_says_how_long_the_page_stays() -> None:
     done = kubemoot("demo", "-o", "json", "--discussions", "6", "--seed", "3",
                     "--time-scale", "0.04", "--dashboard", "--dashboard-port", "0",
                     "--dashboard-linger", "0.1")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     calls = report["calls"]
-    order = [(int(c["threadId"].removeprefix("thread-")), c["startedAt"]) for c in calls]
-    assert order == sorted(order)
     answered = [c for c in calls if c["ok"]]
     assert answered and all(c["waitedSeconds"] is not None for c in answered)
     queued = [c for c in calls if c["action"] == "queue"]

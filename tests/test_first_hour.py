@@ -275,6 +275,16 @@ def test_the_schedule_table_keeps_names_whole_in_80_columns(bundle: str) -> None
     assert_whole(names, table.stdout)
 
 
+def test_the_explain_tables_keep_names_whole_in_80_columns() -> None:
+    done = kubemoot("schedule", "-f", HOMELAB, "--now", "2026-05-15T12:00:00Z",
+                    "--explain", "crew-homelab-pilot/coordinator")
+    assert done.returncode == 0, done.stderr
+    models = {"qwen3-32b", "qwen3-14b", "qwen3-8b", "qwen3-14b-rtx4090", "qwen3-8b-rtx4090"}
+    assert_whole(models | {"ImageLocality", "ProviderWeight"}, done.stdout.split("  env ")[0])
+    assert "qwen3-14b: TopologySpread FAIL provider=rtx5090 already serves" in " ".join(
+        done.stdout.split())
+
+
 # -- #14.6: browser tests fail under CI when Chromium cannot start ---------------------
 
 

@@ -198,6 +198,7 @@ def _phase_summary(phase: PhaseResult) -> str:
 
 
 def _print_phase(phase: PhaseResult) -> None:
+    from rich import box
     from rich.markup import escape
     from rich.table import Table
 
@@ -209,29 +210,33 @@ def _print_phase(phase: PhaseResult) -> None:
         highlight=False,
     )
     console.print(f"  engine: {escape(record.reason)}", highlight=False)
-    table = Table()
-    for column in ("MODEL", "STANDING", "SCORE", "TERMS", "GATES NOT PASSED"):
-        table.add_column(column, overflow="fold")
     order = list(record.ranked) + [c for c in record.candidates if c not in record.scores]
+    rows = []
+    reasons: list[str] = []
     for cid in order:
         candidate = record.candidates[cid]
         terms = record.score_breakdown.get(cid, {})
-        shown = ", ".join(
+        shown = "\n".join(  # one term a line: "ImageLocality 0×0.2" never breaks inside
             f"{name} {raw:g}×{record.weights.get(name, 1.0):g}" for name, raw in terms.items()
         )
-        problems = "; ".join(
-            f"[{_VERDICT_STYLE[g.result.value]}]{g.gate} {g.result.value}[/]: {g.reason}"
-            for g in candidate.gates
-            if not g.passed
-        )
-        table.add_row(
-            ("→ " if cid == record.chosen else "") + cid,
-            candidate.standing.value,
-            _score(record.scores.get(cid)),
-            shown or "-",
-            problems or "all PASS",
-        )
+        failed = [g for g in candidate.gates if not g.passed]
+        # The table names each gate that did not pass; its reason, prose, goes below.
+        problems = "\n".join(f"{g.gate} {g.result.value}" for g in failed)
+        rows.append((("→ " if cid == record.chosen else "") + cid, candidate.standing.value,
+                     _score(record.scores.get(cid)), shown or "-", problems or "all PASS"))
+        reasons.extend(
+            f"  {escape(cid)}: [{_VERDICT_STYLE[g.result.value]}]{g.gate} {g.result.value}[/]"
+            f" {escape(g.reason)}" for g in failed)
+    # SIMPLE_HEAD draws a one-space rule between columns: the only gap in this wide table.
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
+    for index, header in enumerate(("MODEL", "STANDING", "SCORE", "TERMS", "NOT PASSED")):
+        add_name_column(table, header, (r[index] for r in rows),
+                        justify="right" if header == "SCORE" else "left")
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row))
     if order:  # the engine line above already says when there is nothing to rank
         console.print(table)
+    for line in reasons:
+        console.print(line, highlight=False)
     if record.recheck_triggers and record.outcome.value != "PLACE":
         console.print("  recheck when: " + "; ".join(record.recheck_triggers[:5]), highlight=False)

@@ -457,23 +457,26 @@ class _InferenceStarts:
     """
 
     def __init__(self, clock: Any, time_scale: float) -> None:
+        from kubemoot.providers.ollama import OllamaProvider
+
         self._clock = clock
         self._time_scale = time_scale
         self._pending: dict[asyncio.Task[Any], float] = {}
         self._started: dict[int, float] = {}  # id(CallRecord) -> start of inference
-
-    def client(self, provider: str, endpoint: str, *, timeout: float) -> OllamaProvider:
-        from kubemoot.providers.ollama import OllamaProvider
-
         starts = self
 
         class Timed(OllamaProvider):
+            """The chat pool's client: it tells ``starts`` when each reply arrived."""
+
             async def chat(self, model: str, messages: Any, **options: Any) -> Any:
                 reply = await super().chat(model, messages, **options)
                 starts._replied(reply.eval_count, reply.prompt_eval_count)
                 return reply
 
-        return Timed(provider, endpoint, timeout=timeout, clock=self._clock)
+        self._client_type = Timed
+
+    def client(self, provider: str, endpoint: str, *, timeout: float) -> OllamaProvider:
+        return self._client_type(provider, endpoint, timeout=timeout, clock=self._clock)
 
     def _replied(self, eval_count: int | None, prompt_tokens: int | None) -> None:
         task = asyncio.current_task()

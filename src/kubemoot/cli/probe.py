@@ -69,7 +69,7 @@ def probe_command(
     ),
     reserve_mib: list[str] = typer.Option(
         [], "--reserve-mib", metavar="[NAME=]MiB",
-        help="VRAM kept free (default 1024). " + PER_PROVIDER,
+        help="VRAM kept free (default: the runtime's reserve, 1024). " + PER_PROVIDER,
     ),
     dcgm: list[str] = typer.Option(
         [], "--dcgm", metavar="[NAME=]URL",
@@ -88,6 +88,7 @@ def probe_command(
     from kubemoot.clock import SystemClock
     from kubemoot.providers.ollama import OllamaProvider, parse_endpoint
     from kubemoot.providers.prober import Prober
+    from kubemoot.runtime.settings import RuntimeSettings
 
     texts = [*(endpoints or []), *providers]
     if not texts:
@@ -106,14 +107,15 @@ def probe_command(
     contexts = per_provider("--context-length", context_length, names, _count(1), None)
     slots = per_provider("--num-parallel", num_parallel, names, _count(1), 1)
     totals = per_provider("--vram-mib", vram_mib, names, _count(1), None)
-    reserves = per_provider("--reserve-mib", reserve_mib, names, _count(0), 1024)
+    reserves = per_provider("--reserve-mib", reserve_mib, names, _count(0),
+                            RuntimeSettings().reserve_mib)
     exporters = _dcgm_urls(dcgm, names)
 
     async def run() -> list[ProviderState]:
         clock = SystemClock()
         clients = [
             OllamaProvider(name, url, context_length=contexts[name],
-                           num_parallel=slots[name] or 1, reserve_mib=reserves[name] or 0,
+                           num_parallel=slots[name], reserve_mib=reserves[name],
                            total_vram_mib=totals[name], timeout=timeout, max_retries=0,
                            clock=clock, dcgm_url=exporters[name])
             for name, url in parsed

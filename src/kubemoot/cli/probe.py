@@ -47,7 +47,7 @@ PER_PROVIDER = "VALUE for every endpoint or NAME=VALUE for one; repeatable."
 @app.command("probe")
 def probe_command(
     endpoints: list[str] | None = typer.Argument(
-        None, metavar="[ENDPOINT]...", show_default=False,
+        None, metavar="ENDPOINT", show_default=False,
         help="Ollama-API endpoints, each URL or NAME=URL (e.g. gpu-a=http://host:11434).",
     ),
     providers: list[str] = typer.Option(

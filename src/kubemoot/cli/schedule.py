@@ -127,7 +127,8 @@ def _print_table(result: ScheduleResult) -> None:
             plain = _plain_reason(phase)
             if phase.reason != plain:
                 why = phase.reason.removeprefix(f"{plain}; ")
-                notes.append(f"[bold]{escape(agent.name)} {escape(phase.phase)}[/]: "
+                who = agent.name if shared is not None else f"{agent.namespace}/{agent.name}"
+                notes.append(f"[bold]{escape(who)} {escape(phase.phase)}[/]: "
                              f"{escape(why)}")
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                   padding=(0, 2, 0, 0))
@@ -161,7 +162,11 @@ def _print_table(result: ScheduleResult) -> None:
 
 
 def _plain_reason(phase: PhaseResult) -> str:
-    """The reason a placed phase gives when the row's columns already say all of it."""
+    """The reason a placed phase gives when the row's columns already say all of it.
+
+    It mirrors the scheduler's wording; should that change, the table only prints a
+    note it could have spared.
+    """
     return f"{phase.model} on {phase.provider} scored {_score(phase.score)}"
 
 

@@ -246,13 +246,17 @@ def test_per_provider_values_named_win_over_shared() -> None:
         per_provider("--vram-mib", ["bog=1"], ["big"], _count(1), None)
 
 
-@pytest.mark.parametrize("bundle", [HOMELAB, str(ROOT / "examples" / "bundles" / "prod")])
-def test_the_schedule_table_keeps_names_whole_in_80_columns(bundle: str) -> None:
-    table = kubemoot("schedule", "-f", bundle, "--now", "2026-05-15T12:00:00Z")
-    data = kubemoot("schedule", "-f", bundle, "--now", "2026-05-15T12:00:00Z", "-o", "json")
+@pytest.mark.parametrize("bundles", [
+    [HOMELAB], [str(ROOT / "examples" / "bundles" / "prod")],
+    [HOMELAB, str(ROOT / "examples" / "bundles" / "dev")],  # two namespaces
+])
+def test_the_schedule_table_keeps_names_whole_in_80_columns(bundles: list[str]) -> None:
+    files = [arg for bundle in bundles for arg in ("-f", bundle)]
+    table = kubemoot("schedule", *files, "--now", "2026-05-15T12:00:00Z")
+    data = kubemoot("schedule", *files, "--now", "2026-05-15T12:00:00Z", "-o", "json")
     assert table.returncode == 0 and data.returncode == 0, table.stderr + data.stderr
     agents = json.loads(data.stdout)["agents"]
-    names = {a["name"] for a in agents}
+    names = {a["name"] for a in agents} | {a["namespace"] for a in agents}
     for agent in agents:
         for phase in agent["phases"].values():
             names.update(n for n in (phase.get("model"), phase.get("provider")) if n)

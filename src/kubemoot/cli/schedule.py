@@ -104,9 +104,10 @@ def _print_table(result: ScheduleResult) -> None:
     """One row per phase, laid out for an 80-column terminal.
 
     Names are never cut (see :func:`add_name_column`): an Agent is named once, on its
-    first phase, without its namespace when the whole bundle shares one (the title names
-    it then). Why a phase came out as it did is said under the table, in prose that
-    wraps between words, and only where the row does not already say it all.
+    first phase, under a heading row for its namespace (or, when the whole bundle shares
+    one namespace, the title names it). Why a phase came out as it did is said under the
+    table, in prose that wraps between words, and only where the row does not already
+    say it all.
     """
     from rich import box
     from rich.markup import escape
@@ -119,8 +120,14 @@ def _print_table(result: ScheduleResult) -> None:
         title += f", namespace {shared}"
     rows: list[tuple[str, ...]] = []
     notes: list[str] = []
+    current: str | None = None
     for agent in result.agents:
-        name = agent.name if shared is not None else f"{agent.namespace}/\n{agent.name}"
+        name = agent.name
+        if shared is None:  # several namespaces: a heading row for each, agents under it
+            if agent.namespace != current:
+                current = agent.namespace
+                rows.append((f"{current}/", "", "", "", "", ""))
+            name = f"  {agent.name}"
         for index, phase in enumerate(agent.phases.values()):
             rows.append((name if index == 0 else "", phase.phase, phase.model or "-",
                          phase.provider or "-", _score(phase.score), phase.outcome.value))
@@ -137,8 +144,9 @@ def _print_table(result: ScheduleResult) -> None:
     add_name_column(table, "SCORE", (row[4] for row in rows), justify="right")
     add_name_column(table, "OUTCOME", (row[5] for row in rows))
     for row in rows:
-        style = _OUTCOME_STYLE.get(row[5], "")
-        table.add_row(*row[:5], f"[{style}]{row[5]}[/]")
+        style = _OUTCOME_STYLE.get(row[5])
+        table.add_row(*(escape(cell) for cell in row[:5]),
+                      f"[{style}]{row[5]}[/]" if style else escape(row[5]))
     console.print(title, highlight=False)
     console.print(table)
     if not result.agents:

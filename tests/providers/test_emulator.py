@@ -122,7 +122,8 @@ def test_parse_keep_alive(value: object, seconds: float) -> None:
     assert parse_keep_alive(value, 300.0) == seconds
 
 
-@pytest.mark.parametrize("value", ["soon", True, [1], "5x"])
+@pytest.mark.parametrize("value", ["soon", True, [1], "5x", "nan", "inf", "-inf",
+                                   float("nan"), 10**400, -(10**400), "9" * 400 + "s"])
 def test_parse_keep_alive_rejects(value: object) -> None:
     with pytest.raises(EmulatorError):
         parse_keep_alive(value, 300.0)

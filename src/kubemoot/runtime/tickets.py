@@ -326,6 +326,8 @@ class TicketManager:
         while lane.pending:
             batch = list(lane.pending)
             cached, lane.cached = lane.cached, None
+            if any(op.reread for op in batch):
+                cached = None  # a claim to decide afresh: read the document too
             known = _known_state(batch)
             retry: set[int] = set()  # claims to decide again on a freshly read state
             try:
@@ -334,9 +336,12 @@ class TicketManager:
                 )
                 now = self._clock.now()
                 outcome, changed, results = self._apply(provider, document, state, now, batch)
-                if known is not None:
-                    # A "no" on the caller's copy of the state may be that copy's age:
-                    # those claims stay queued and are decided again on a fresh read.
+                # A "no" stands only on fresh state: the state read now, and a document
+                # read now or proven current by this batch's compare-and-set. A "no" on
+                # the caller's copy of the state or on the copy this lane last wrote may
+                # be that copy's age (another process released meanwhile): those claims
+                # stay queued and are decided again on a fresh read.
+                if known is not None or (cached is not None and not changed):
                     for op in batch:
                         if op.kind is _Kind.CLAIM and isinstance(
                             results.get(id(op)), ClaimRejected
@@ -352,7 +357,7 @@ class TicketManager:
                             key, written.to_json(), expected_revision=revision
                         )
                     lane.cached = (written, new_revision)
-                elif revision is not None:
+                elif revision is not None and not retry:
                     lane.cached = (document, revision)
             except (RevisionMismatch, KeyExists, StoreUnavailable) as error:
                 for op in batch:  # the next attempt reads the state with the document

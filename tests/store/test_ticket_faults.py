@@ -8,8 +8,9 @@ import random
 import pytest
 
 from kubemoot import metrics
-from kubemoot.clock import ManualClock
-from kubemoot.runtime.tickets import ClaimRejected, TicketGone, TicketManager
+from kubemoot.clock import LoopClock
+from kubemoot.runtime.tickets import ClaimRejected, TicketManager
+from kubemoot.sim.vloop import run_virtual
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
 from tests.store.conftest import StoreUnderTest
@@ -64,3 +65,64 @@ async def test_a_refusal_on_fresh_state_stays_a_refusal(store: StoreUnderTest) -
     await mine.release(PROVIDER, small.ticket_id)
     with pytest.raises(ClaimRejected):
         await mine.claim(PROVIDER, "big", 10 * GIB, "this-process")
+
+
+# -- leases: on a virtual-time loop, so a TTL of minutes costs nothing real -------------
+
+
+async def _manager_on_virtual_time(ttl: float) -> tuple[LoopClock, TicketManager]:
+    clock = LoopClock(epoch=1_700_000_000.0)
+    kv = MemoryKV(clock)
+    tickets = await kv.bucket("tickets")
+    states = await kv.bucket("states")
+    await states.put(encode_token(PROVIDER), provider_state(16 * GIB).to_json())
+    return clock, TicketManager(tickets, states, clock=clock, ttl_seconds=ttl,
+                                rng=random.Random(3))
+
+
+def test_a_lease_keeps_a_ticket_alive_past_its_ttl_and_stops_on_exit() -> None:
+    async def main() -> tuple[bool, bool, int]:
+        _clock, manager = await _manager_on_virtual_time(30.0)
+        ticket = await manager.claim(PROVIDER, "m", 4 * GIB, "long-call")
+        renewed_before = metrics.LEASE_RENEWALS.labels(result="renewed")._value.get()
+        async with manager.lease(PROVIDER, ticket.ticket_id) as lease:
+            await asyncio.sleep(100.0)  # a call three times longer than the TTL
+            alive_during = [t.ticket_id for t in await manager.active(PROVIDER)] == [
+                ticket.ticket_id
+            ]
+        renewals = lease.renewals
+        assert metrics.LEASE_RENEWALS.labels(result="renewed")._value.get() > renewed_before
+        await asyncio.sleep(31.0)  # no renewal after the block: the TTL reclaims it
+        lapsed_after = await manager.active(PROVIDER) == []
+        return alive_during, lapsed_after, renewals
+
+    alive_during, lapsed_after, renewals = run_virtual(main())
+    assert alive_during
+    assert lapsed_after
+    assert renewals == 10  # every TTL/3 = 10 s for 100 s
+
+
+def test_a_lease_whose_ticket_is_gone_stops_and_says_so() -> None:
+    async def main() -> tuple[bool, int]:
+        _clock, manager = await _manager_on_virtual_time(30.0)
+        ticket = await manager.claim(PROVIDER, "m", 4 * GIB, "long-call")
+        async with manager.lease(PROVIDER, ticket.ticket_id) as lease:
+            await manager.release(PROVIDER, ticket.ticket_id)  # e.g. pruned elsewhere
+            await asyncio.sleep(60.0)
+        return lease.lost, lease.renewals
+
+    assert run_virtual(main()) == (True, 0)
+
+
+def test_a_state_change_gives_the_ticket_a_fresh_expiry() -> None:
+    async def main() -> tuple[float, float]:
+        clock, manager = await _manager_on_virtual_time(30.0)
+        held = await manager.claim(PROVIDER, "m", 4 * GIB, "plan")
+        await asyncio.sleep(20.0)
+        taken = await manager.mark_running(PROVIDER, held.ticket_id)
+        return taken.expires_at - held.expires_at, taken.expires_at - clock.now()
+
+    moved, left = run_virtual(main())
+    assert moved == pytest.approx(20.0)
+    assert left == pytest.approx(30.0)
+

@@ -17,6 +17,7 @@ all the refusal is classified (busy, model too large, prompt too large).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Protocol
@@ -26,6 +27,7 @@ from kubemoot.gates.results import Outcome
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime.claims import EvictionFailed, claim_with_evictions
 from kubemoot.runtime.cost import CostModel, Option, OptionKind
+from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.record import build_record
@@ -319,6 +321,19 @@ class CallPlanner:
             if ok and seconds is not None and placement.endpoint is not None:
                 view.observe_latency(placement.provider, placement.endpoint, seconds)
         await self.release(placement)
+
+    def lease(
+        self, placement: Placement
+    ) -> contextlib.AbstractAsyncContextManager[Lease | None]:
+        """``async with planner.lease(placement):`` keeps the call's ticket alive.
+
+        The ticket is renewed every TTL/3 on the injected clock until the block ends,
+        so a call longer than the TTL keeps its memory and its model never looks idle.
+        A placement without a ticket (static, refused) gets a lease that does nothing.
+        """
+        if placement.ticket is None or placement.provider is None:
+            return contextlib.nullcontext(None)
+        return self.selector.tickets.lease(placement.provider, placement.ticket.ticket_id)
 
     async def release(self, placement: Placement) -> None:
         """Give the call's ticket back (idempotent)."""

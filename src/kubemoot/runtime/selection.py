@@ -28,6 +28,7 @@ from typing import Protocol
 from kubemoot.clock import Clock
 from kubemoot.providers.protocol import ProviderError
 from kubemoot.runtime import filters
+from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.tickets import TicketGone
@@ -59,6 +60,8 @@ class HeldPlan:
     held_at: float
     models: tuple[str, ...]
     preload: asyncio.Task[None] | None = field(default=None, repr=False)
+    #: Renews the held ticket until the plan is taken or dropped.
+    lease: Lease | None = field(default=None, repr=False)
 
 
 class SelectionPlanner:
@@ -107,6 +110,13 @@ class SelectionPlanner:
         if placement.ticket is None:
             return placement  # nothing held: the first call places (and waits) itself
         plan = HeldPlan(agent, thread, placement, self._clock.now(), models)
+        assert placement.provider is not None
+        # Held for as long as the plan lives (up to the held-plan TTL), which may be
+        # longer than the ticket's own TTL.
+        plan.lease = self._planner.selector.tickets.lease(
+            placement.provider, placement.ticket.ticket_id
+        )
+        plan.lease.start()
         if placement.action in (Action.COLD_LOAD, Action.UNLOAD):
             plan.preload = self._start_preload(placement)
         self._plans[(agent, thread)] = plan
@@ -134,6 +144,8 @@ class SelectionPlanner:
         plan = self._plans.pop((agent, thread), None)
         if plan is None:
             return None
+        if plan.lease is not None:
+            await plan.lease.stop()  # the call's own lease takes over
         placement = plan.placement
         assert placement.ticket is not None and placement.provider is not None
         view = self._planner.selector.view
@@ -155,8 +167,8 @@ class SelectionPlanner:
                 placement.provider, placement.ticket.ticket_id, state
             )
         except TicketGone:
-            return None  # expired meanwhile: the call places afresh
-        return replace(placement, ticket=ticket)
+            return None  # gone meanwhile: the call places afresh
+        return replace(placement, ticket=ticket)  # the state change renewed its expiry
 
     async def release(self, agent: str, thread: str) -> None:
         """The agent's evaluation ended without the plan (stood aside or failed)."""
@@ -184,6 +196,8 @@ class SelectionPlanner:
         return len(old)
 
     async def _drop(self, plan: HeldPlan) -> None:
+        if plan.lease is not None:
+            await plan.lease.stop()
         if plan.preload is not None and not plan.preload.done():
             plan.preload.cancel()
         await self._planner.release(plan.placement)

@@ -49,6 +49,7 @@ from enum import Enum
 from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.runtime.budget import budget_allows
+from kubemoot.runtime.lease import Lease
 from kubemoot.store.documents import ProviderState, ProviderTickets, Ticket, TicketState
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import (
@@ -247,8 +248,20 @@ class TicketManager:
         assert renewed is not None
         return renewed
 
+    def lease(self, provider: str, ticket_id: str) -> Lease:
+        """A lease that renews the ticket every TTL/3 while its holder lives.
+
+        Use it as ``async with tickets.lease(provider, ticket_id): ...`` around the
+        work, or :meth:`Lease.start` and :meth:`Lease.stop` around a held plan.
+        """
+        return Lease(self, provider, ticket_id, clock=self._clock, ttl_seconds=self.ttl_seconds)
+
     async def update_state(self, provider: str, ticket_id: str, state: TicketState) -> Ticket:
-        """Change what the ticket's memory is doing (held → loading → running)."""
+        """Change what the ticket's memory is doing (held → loading → running).
+
+        The holder is alive, so the expiry moves to now + TTL as well: a held plan
+        taken by its call starts the call with a whole TTL.
+        """
         changed = await self._submit(provider, self._op(_Kind.STATE, ticket_id, state=state))
         assert changed is not None
         return changed
@@ -495,7 +508,9 @@ class TicketManager:
                     ttl = op.ttl_seconds if op.ttl_seconds is not None else self.ttl_seconds
                     updated = current.model_copy(update={"expires_at": now + ttl})
                 else:
-                    updated = current.model_copy(update={"state": op.state})
+                    updated = current.model_copy(
+                        update={"state": op.state, "expires_at": now + self.ttl_seconds}
+                    )
                 tickets[index] = updated
                 results[id(op)] = updated
                 changed = True

@@ -352,4 +352,6 @@ _REASON_TEXT = {
     Reason.MODEL_TOO_LARGE: "no provider's usable VRAM can hold {model}",
     Reason.PROMPT_TOO_LARGE: "the prompt is longer than the context of every provider "
     "that could run an acceptable model",
+    Reason.MODEL_UNKNOWN: "no provider lists {model} and no Model resource declares it "
+    "(is the name misspelt?)",
 }

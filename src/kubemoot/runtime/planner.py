@@ -25,6 +25,7 @@ from typing import Protocol
 from kubemoot import metrics
 from kubemoot.gates.results import Outcome
 from kubemoot.providers.protocol import ProviderClient
+from kubemoot.runtime import faults
 from kubemoot.runtime.claims import EvictionFailed, claim_with_evictions
 from kubemoot.runtime.cost import CostModel, Option, OptionKind
 from kubemoot.runtime.lease import Lease
@@ -102,7 +103,7 @@ class CallPlanner:
                 try:
                     need = await self._demand.snapshot()
                 except StoreError as error:  # demand only orders victims; go on without it
-                    log.warning("demand board unreadable: %s", error)
+                    faults.noted("demand", faults.STORE, "demand board unreadable", error)
             self._need, self._need_read_at = need, now
         return self._need
 

@@ -19,7 +19,6 @@ TTL (3 minutes) as a safety net (:meth:`expire`, run on every operation).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -28,12 +27,12 @@ from typing import Protocol
 from kubemoot.clock import Clock
 from kubemoot.providers.protocol import ProviderError
 from kubemoot.runtime import filters
+from kubemoot.runtime.faults import tolerated
 from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.tickets import TicketGone
 from kubemoot.store.documents import TicketState
-from kubemoot.store.protocol import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +96,7 @@ class SelectionPlanner:
         await self.release(agent, thread)  # a re-selection replaces the old plan
         models = tuple(dict.fromkeys(c.model for c in candidates))
         if self._board is not None:
-            with contextlib.suppress(StoreError):
+            with tolerated("intent", f"publishing the intents of {agent}"):
                 for model in models:
                     await self._board.add_intent(model, agent)
                 await self._board.record_selection(agent, models, frequency)
@@ -177,7 +176,7 @@ class SelectionPlanner:
             await self._drop(plan)
         models = self._intents.pop((agent, thread), ())
         if self._board is not None:
-            with contextlib.suppress(StoreError):
+            with tolerated("intent", f"withdrawing the intents of {agent}"):
                 for model in models:
                     await self._board.remove_intent(model, agent)
 

@@ -48,6 +48,7 @@ from enum import Enum
 
 from kubemoot import metrics
 from kubemoot.clock import Clock
+from kubemoot.runtime import faults
 from kubemoot.runtime.budget import budget_allows
 from kubemoot.runtime.lease import Lease
 from kubemoot.store.documents import ProviderState, ProviderTickets, Ticket, TicketState
@@ -295,8 +296,8 @@ class TicketManager:
                 # Shielded: a cancelled holder still gives its memory back at once.
                 await asyncio.shield(self.release(provider, ticket.ticket_id))
             except StoreError as error:  # the TTL layer reclaims it; don't mask the body
-                log.warning("release of ticket %s failed (%s); TTL will reclaim it",
-                            ticket.ticket_id, error)
+                faults.noted("release", faults.STORE, f"release of ticket {ticket.ticket_id} "
+                             "failed; the TTL will reclaim it", error)
 
     # -- the per-provider combiner ---------------------------------------------------
 
@@ -384,6 +385,10 @@ class TicketManager:
                 await self._clock.sleep(self._backoff(conflicts))
                 continue
             except Exception as error:  # a bad document or a bug: fail this batch, not the lane
+                faults.noted(
+                    "tickets", faults.UNREADABLE if isinstance(error, ValueError) else "bug",
+                    f"ticket operations on {provider} failed", error,
+                )
                 for op in batch:
                     self._finish(lane, op, error=error)
                 continue

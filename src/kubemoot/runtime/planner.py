@@ -5,7 +5,8 @@ The order (DESIGN §5) keeps the spec's cheap cases first:
 1. the preferred model warm with a free slot;
 2. an in-tolerance candidate warm with a free slot, highest score first (no load,
    no eviction, so it beats cold-loading the preferred model);
-3. an in-tolerance candidate another call is loading right now (converge on it);
+3. an in-tolerance candidate another call is loading right now (converge on it: join
+   it with a free slot, or queue at it when its slots are taken);
 
 then **one comparison** in seconds over what is left: queueing at a warm copy of the
 preferred model or an in-tolerance candidate, cold-loading the preferred model onto
@@ -197,6 +198,12 @@ class CallPlanner:
         if claim is not None:
             return self._placed(rnd, claim, options or [claim.option],
                                 "a warm or loading copy had room")
+        loading = self.selector.loading_queue(rnd, models)
+        if loading is not None:
+            # Step 3 without a free slot: wait for the copy that is already coming
+            # rather than load a second one (DESIGN §5).
+            return self._queued(rnd, loading, [loading, *(o for o in options if o != loading)],
+                                why="converging on the copy another call is loading")
         if not explain:
             options = self._options(rnd, models, explain=False)
         if not options:
@@ -274,13 +281,16 @@ class CallPlanner:
             context_length=claim.context_length,
         )
 
-    def _queued(self, rnd: Round, best: Option, options: list[Option]) -> Placement:
+    def _queued(
+        self, rnd: Round, best: Option, options: list[Option],
+        why: str = "the cheapest option",
+    ) -> Placement:
         p = rnd.fleet.provider(best.provider)
         record = build_record(
             subject=f"call:{best.model}", gates=rnd.gates, options=options, chosen=best,
             outcome=Outcome.DEFER,
-            reason=f"queueing for a slot on {best.provider} ({best.seconds:.3f} s) is the "
-            "cheapest option; the call waits for the next capacity change and places again",
+            reason=f"queueing for a slot on {best.provider} ({best.seconds:.3f} s) is {why}; "
+            "the call waits for the next capacity change and places again",
         )
         return Placement(
             Action.QUEUE,

@@ -18,13 +18,14 @@ from tests.store.test_tickets import GIB, PROVIDER, provider_state
 
 
 async def _two_managers(
-    store: StoreUnderTest, usable_mib: int
+    store: StoreUnderTest, usable_mib: int, *, line_seconds: float | None = None
 ) -> tuple[TicketManager, TicketManager]:
     tickets = await store.bucket("tickets")
     states = await store.bucket("states")
     await states.put(encode_token(PROVIDER), provider_state(usable_mib).to_json())
     return tuple(  # type: ignore[return-value]
-        TicketManager(tickets, states, clock=store.clock, rng=random.Random(seed))
+        TicketManager(tickets, states, clock=store.clock, rng=random.Random(seed),
+                      line_seconds=line_seconds)
         for seed in (1, 2)
     )
 
@@ -126,3 +127,41 @@ def test_a_state_change_gives_the_ticket_a_fresh_expiry() -> None:
     assert moved == pytest.approx(20.0)
     assert left == pytest.approx(30.0)
 
+
+
+# -- the line: memory freed goes to the claimers refused first --------------------------
+
+
+async def test_memory_freed_goes_to_the_claimer_in_line_before_a_newcomer(
+    store: StoreUnderTest,
+) -> None:
+    first, second = await _two_managers(store, 15 * GIB)
+    held = await first.claim(PROVIDER, "big", 10 * GIB, "holder")
+    with pytest.raises(ClaimRejected):
+        await second.claim(PROVIDER, "big", 10 * GIB, "waiting-one")  # joins the line
+    document, _ = await first.read(PROVIDER)
+    assert [e.holder_id for e in document.line] == ["waiting-one"]
+    await first.release(PROVIDER, held.ticket_id)
+    with pytest.raises(ClaimRejected, match="promised to claimers in line"):
+        await first.claim(PROVIDER, "big", 10 * GIB, "newcomer")
+    served = await second.claim(PROVIDER, "big", 10 * GIB, "waiting-one")
+    document, _ = await second.read(PROVIDER)
+    assert [t.ticket_id for t in document.tickets] == [served.ticket_id]
+    assert [e.holder_id for e in document.line] == ["newcomer"]  # served: out of line
+
+
+async def test_a_place_in_line_lapses_and_small_claims_fit_beside_it(
+    store: StoreUnderTest,
+) -> None:
+    first, second = await _two_managers(store, 15 * GIB, line_seconds=2.0)
+    held = await first.claim(PROVIDER, "big", 10 * GIB, "holder")
+    with pytest.raises(ClaimRejected):
+        await second.claim(PROVIDER, "big", 10 * GIB, "gone-away")
+    with pytest.raises(ClaimRejected):
+        await second.claim(PROVIDER, "huge", 40 * GIB, "never-fits")  # holds nobody up
+    await first.release(PROVIDER, held.ticket_id)
+    # 5 GiB stay beside the 10 GiB promised to the claimer in line.
+    await first.claim(PROVIDER, "small", 5 * GIB, "beside")
+    await store.age(first.line_seconds + 0.5)  # the claimer in line never came back
+    late = await first.claim(PROVIDER, "big", 10 * GIB, "late")
+    assert late.model_footprint_mib == 10 * GIB

@@ -58,6 +58,9 @@ class RuntimeSettings:
     circuit_cooldown_seconds: float = 30.0
     #: Compare-and-set attempts of one claim before giving up.
     claim_attempts: int = 8
+    #: A claimer refused for memory keeps its place in the provider's line this long
+    #: after its last try (claimers across processes are served first come first).
+    claim_line_seconds: float = 5.0
     #: Prompt size assumed when a call is planned before its prompt exists.
     assumed_prompt_tokens: int = 2048
 

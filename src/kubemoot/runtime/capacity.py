@@ -99,7 +99,7 @@ class CapacityWatch:
             async for change in watch:
                 self._on_change(change)
         except StoreError as error:
-            log.warning("capacity watch failed: %s", error)
+            faults.noted("capacity-watch", faults.STORE, "capacity watch failed", error)
         finally:
             if self._ended is None:
                 self._ended = "the capacity watch ended"

@@ -174,7 +174,8 @@ class ProviderView:
                 self._watches.append(watch)
                 await watch.ready()
         except StoreError as error:
-            log.warning("provider view cannot watch (%s); it reads instead", error)
+            faults.noted("view-watch", faults.STORE,
+                         "provider view cannot watch; it reads instead", error)
             await self.close()
             return False
         loop = asyncio.get_running_loop()
@@ -188,7 +189,8 @@ class ProviderView:
             async for change in watch:
                 self._pending[(change.bucket, change.key)] = change
         except StoreError as error:
-            log.warning("provider view watch failed: %s", error)
+            faults.noted("view-watch", faults.STORE,
+                         "provider view watch failed; it reads instead", error)
         finally:
             if self._following:
                 self._following = False

@@ -258,6 +258,7 @@ class CapacityWaiter:
                 await self._round()
         except Exception:  # a bug must not leave every waiter hanging until its limit
             log.exception("capacity dispatcher failed")
+            metrics.STATE_ERRORS.labels(site="capacity-dispatcher", kind="bug").inc()
             for line in list(self._lines.values()):
                 for waiter in list(line):
                     _settle(waiter.future, None)

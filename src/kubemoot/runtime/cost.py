@@ -77,16 +77,18 @@ class Option:
     victims: tuple[str, ...] = ()
     footprint_mib: int = 0  # new VRAM the call's ticket would spend
     evicts: dict[str, int] = field(default_factory=dict)  # victim → MiB
-    in_flight: int = 0  # calls already running or claimed on the copy (copy options)
+    in_flight: int = 0  # calls on the copy, with the waiters placed there before this one
 
     def sort_key(
         self, model_order: Sequence[str] = ()
     ) -> tuple[float, int, int, str, int, str]:
-        """Cheapest first; ties: warm, then cold, then unload; between copies of equal
-        cost the one with fewer calls in flight, then the provider name (DESIGN §5).
+        """Cheapest first; ties: warm, then cold, then unload; between copies, fewer calls
+        in flight; then provider name (DESIGN §5).
 
-        Only after the provider name does the candidates' order (preferred first) and
-        then the model name decide, so that the order is total and repeatable.
+        Fewer calls in flight spreads equally cheap work over the copies instead of
+        stacking it on the first name. Only after the provider name do the candidates'
+        order (preferred first) and the model name decide, so the order is total and
+        repeatable.
         """
         order = model_order.index(self.model) if self.model in model_order else len(model_order)
         return (round(self.seconds, 9), self.kind.rank, self.in_flight, self.provider, order,
@@ -224,7 +226,8 @@ class CostModel:
             kind = OptionKind.WARM
         else:
             kind = OptionKind.LOADING
-        return Option(kind, p.name, model, remaining + queue, in_flight=len(p.calls_on(model)))
+        return Option(kind, p.name, model, remaining + queue,
+                      in_flight=len(p.in_flight(model)) + ahead)
 
     def priced_queue(self, option: Option) -> Option:
         """A queue option priced with the other calls expected for its model.

@@ -77,3 +77,24 @@ async def test_calls_behind_a_queue_pay_for_a_second_copy() -> None:
     assert alone["action"] == "queue"
     crowded = await place(snapshot({"qwen3:14b": {"waiters": 4}}), "qwen3:14b")
     assert (crowded["action"], crowded["provider"]) == ("cold-load", "empty")
+
+
+def _loading_14b(demand: dict[str, Any]) -> Any:
+    # l-a is loading qwen3:14b for another call (its one slot is that call's); c-b is
+    # empty and could load a second copy.
+    return state([
+        {"name": "l-a", "totalVramMiB": 24576, "maxParallel": 1,
+         "tickets": [{"model": "qwen3:14b", "state": "loading", "startedAt": ago(1),
+                      "footprintMiB": 12288}]},
+        {"name": "c-b", "totalVramMiB": 24576, "maxParallel": 1},
+    ], models=[{"name": "qwen3:14b", "vramMiB": 12288}], demand=demand)
+
+
+async def test_a_lone_call_converges_on_the_copy_being_loaded() -> None:
+    out = await place(_loading_14b({}), "qwen3:14b")
+    assert (out["action"], out["provider"]) == ("queue", "l-a")
+
+
+async def test_company_behind_a_loading_copy_pays_for_a_second_one() -> None:
+    out = await place(_loading_14b({"qwen3:14b": {"waiters": 4}}), "qwen3:14b")
+    assert (out["action"], out["provider"]) == ("cold-load", "c-b")

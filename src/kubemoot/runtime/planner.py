@@ -61,6 +61,20 @@ class DemandSource(Protocol):
     async def snapshot(self) -> NeedView: ...
 
 
+def _second_copy_pays(cost: CostModel, loading: Option, options: Sequence[Option]) -> bool:
+    """Whether other calls' expected waits pay for another copy of the model loading.
+
+    Step 3 keeps a call from loading a *second model* while a candidate is on its way,
+    and a call alone always converges on the coming copy. When other calls want the
+    same model too (:meth:`CostModel.priced_queue` raises the queue's price) and the one
+    comparison then loads another copy of that very model, the comparison decides.
+    """
+    best = options[0] if options else None
+    return (best is not None and best.model == loading.model
+            and best.kind in (OptionKind.COLD_LOAD, OptionKind.UNLOAD)
+            and cost.priced_queue(loading).seconds > loading.seconds)
+
+
 class CallPlanner:
     """Places calls; one instance per process, shared by all its agents."""
 
@@ -201,13 +215,13 @@ class CallPlanner:
             return self._placed(rnd, claim, options or [claim.option],
                                 "a warm or loading copy had room")
         loading = self.selector.loading_queue(rnd, models)
-        if loading is not None:
-            # Step 3 without a free slot: wait for the copy that is already coming
-            # rather than load a second one (DESIGN §5).
-            return self._queued(rnd, loading, [loading, *(o for o in options if o != loading)],
-                                why="converging on the copy another call is loading")
         if not explain:
             options = self._options(rnd, models, explain=False)
+        if loading is not None and not _second_copy_pays(rnd.cost, loading, options):
+            # Step 3 without a free slot: wait for the copy that is already coming
+            # rather than load a second model (DESIGN §5).
+            return self._queued(rnd, loading, [loading, *(o for o in options if o != loading)],
+                                why="converging on the copy another call is loading")
         if not options:
             reason = classify(
                 rnd.fleet, rnd.cost, preferred=preferred, acceptable=models,

@@ -98,6 +98,7 @@ class Recorder(GpuEvents):
     def report(
         self, *, policy: str, discussions: dict[int, float], busy_seconds: float,
         gpu_count: int, end: float, vram_checks: int, wall_seconds: float,
+        cpu_seconds: float = 0.0,
     ) -> PolicyReport:
         finished = [c for c in self.calls if c.outcome.status == FINISHED]
         waits = sorted(
@@ -134,6 +135,7 @@ class Recorder(GpuEvents):
             failures=sum(1 for c in self.calls if c.outcome.status == FAILED),
             vram_checks=vram_checks,
             wall_seconds=round(wall_seconds, 2),
+            cpu_seconds=round(cpu_seconds, 2),
             waits=waits,
             wait_parts={k: _r(v / max(len(finished), 1)) for k, v in parts.items()},
         )
@@ -180,6 +182,7 @@ class PolicyReport:
     failures: int
     vram_checks: int
     wall_seconds: float
+    cpu_seconds: float = 0.0  # this process's CPU time for the run (wall time drifts)
     waits: list[float] = field(repr=False, default_factory=list)
     ratio_to_lower_bound: float | None = None
     # mean seconds per finished call spent in each phase (sim.phases); they add up to

@@ -7,7 +7,12 @@ neither lost nor applied twice. :meth:`FleetView.snapshot` turns the mirror into
 JSON the page draws; everything time-dependent (expiry, staleness, ages) is judged
 there against the injected clock, because expiry produces no watch event.
 
-Read-only by construction: this module never writes to a bucket.
+A watch alone cannot tell a quiet fleet from a lost store, so the view also asks the
+store a cheap question every ``check_seconds`` (the dashboard server turns this on).
+When it gets no answer in time, the snapshot says since when the store is lost (the
+page shows it, ``/healthz`` fails); when answers come back, the view reads every
+bucket again (a deletion made meanwhile would otherwise stay on the page), restarts
+any watch that ended, and says so.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ DEFAULT_FRESHNESS_SECONDS = 120.0  # DESIGN §4: freshness.maxAgeSeconds
 RECENT_CALLS_PER_AGENT = 8
 SEEN_CALL_KEYS = 10_000  # enough to recognise a duplicate from the start-up race
 DEMAND_MAX_AGE_SECONDS = 6 * 3600.0  # DESIGN §6
+# A key nobody writes: reading it is the cheapest question a store can answer.
+CHECK_KEY = "kubemoot-dashboard-check"
 
 
 @dataclass(slots=True)
@@ -68,9 +75,18 @@ class _Mirror:
 class FleetView:
     """A live, read-only mirror of shared state for one dashboard process."""
 
-    def __init__(self, kv: KV, *, clock: Clock, freshness_seconds: float | None = None) -> None:
+    def __init__(
+        self, kv: KV, *, clock: Clock, freshness_seconds: float | None = None,
+        check_seconds: float | None = None,
+    ) -> None:
         self._kv = kv
         self._clock = clock
+        # None: no checks (a view on a manual clock in a test would spin its clock).
+        self.check_seconds = check_seconds or 0.0
+        self._buckets: list[Bucket] = []
+        self._followers: dict[str, asyncio.Task[None]] = {}
+        self._lost_since: float | None = None
+        self._lost_reason = ""
         self.freshness_seconds = (
             DEFAULT_FRESHNESS_SECONDS if freshness_seconds is None else freshness_seconds
         )
@@ -95,15 +111,23 @@ class FleetView:
             await self._kv.bucket(MODEL_DEMAND_BUCKET, max_age=DEMAND_MAX_AGE_SECONDS),
             await self._kv.bucket(CALL_LOG_BUCKET, max_age=CALL_LOG_MAX_AGE_SECONDS),
         ]
+        self._buckets = buckets
         for bucket in buckets:
             self._mirrors[bucket.name] = _Mirror()
-            watch = bucket.watch()
-            await watch.ready()
-            self._watches.append(watch)
-            self._tasks.append(asyncio.get_running_loop().create_task(self._follow(watch)))
+            await self._start_watch(bucket)
         for bucket in buckets:
             await self._read_all(bucket)
         self._changed()
+        if self.check_seconds > 0:
+            self._tasks.append(asyncio.get_running_loop().create_task(self._check_store()))
+
+    async def _start_watch(self, bucket: Bucket) -> None:
+        watch = bucket.watch()
+        await watch.ready()
+        self._watches.append(watch)
+        task = asyncio.get_running_loop().create_task(self._follow(watch))
+        self._tasks.append(task)
+        self._followers[bucket.name] = task
 
     async def close(self) -> None:
         for watch in self._watches:
@@ -125,10 +149,58 @@ class FleetView:
             self._listeners.remove(listener)
 
     async def _read_all(self, bucket: Bucket) -> None:
-        for key in await bucket.keys():
+        keys = await bucket.keys()
+        mirror = self._mirrors[bucket.name]
+        for gone in set(mirror.values) - set(keys):  # deleted while nobody watched
+            del mirror.values[gone]
+        for key in keys:
             entry = await bucket.get(key)
             if entry is not None:
                 self._apply(Change(bucket.name, key, entry.value, entry.revision))
+
+    # -- is the store there? ---------------------------------------------------------
+
+    def store_status(self) -> dict[str, Any]:
+        """``reachable``, and while it is not, ``lostSince`` and ``reason``."""
+        if self._lost_since is None:
+            return {"reachable": True, "lostSince": None, "reason": None}
+        return {"reachable": False, "lostSince": self._lost_since, "reason": self._lost_reason}
+
+    async def _check_store(self) -> None:
+        probe = self._buckets[0]
+        while True:
+            try:
+                await self._clock.wait_for(probe.get(CHECK_KEY), self.check_seconds)
+            except (StoreError, TimeoutError) as error:
+                self._lost(str(error) or "no answer within "
+                           f"{self.check_seconds:g} s")
+            else:
+                if self._lost_since is not None:
+                    await self._recover()
+            await self._clock.sleep(self.check_seconds)
+
+    def _lost(self, reason: str) -> None:
+        if self._lost_since is None:
+            log.warning("shared state unreachable: %s", reason)
+            self._lost_since = self._clock.now()
+        self._lost_reason = reason
+        self._changed()
+
+    async def _recover(self) -> None:
+        """Catch up with what changed while the store was away, then say it is back."""
+        try:
+            for bucket in self._buckets:
+                if self._followers[bucket.name].done():
+                    await self._start_watch(bucket)
+                await self._read_all(bucket)
+        except StoreError as error:
+            self._lost(str(error))
+            return
+        log.warning("shared state reachable again (lost for %.0f s)",
+                    self._clock.now() - (self._lost_since or self._clock.now()))
+        self._lost_since = None
+        self._lost_reason = ""
+        self._changed()
 
     async def _follow(self, watch: Watch) -> None:
         try:
@@ -183,6 +255,7 @@ class FleetView:
             "now": now,
             "version": self.version,
             "freshnessSeconds": self.freshness_seconds,
+            "store": self.store_status(),
             "providers": self._providers(now, tickets),
             "tickets": [t for ts in tickets.values() for t in ts],
             "demand": self._demand(now),

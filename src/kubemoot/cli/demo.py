@@ -38,6 +38,7 @@ from kubemoot.cli._common import (
     console,
     emit_data,
     err_console,
+    install_log_lines,
     resolve_format,
 )
 from kubemoot.cli._nats import (
@@ -52,6 +53,7 @@ from kubemoot.cli._nats import (
     NatsToken,
     NatsUrl,
     NatsUser,
+    mask_servers,
     open_shared_store,
     resolve_nats,
 )
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
     from kubemoot.providers.emulator import OllamaEmulator
     from kubemoot.providers.ollama import OllamaProvider
     from kubemoot.runtime.settings import RuntimeSettings
+    from kubemoot.store.health import StoreHealth
     from kubemoot.store.nats import NatsSettings
     from kubemoot.store.protocol import KV
 
@@ -130,6 +133,7 @@ def demo_command(
     from kubemoot.runtime.settings import RuntimeSettings
 
     tunables = RuntimeSettings.from_env()
+    install_log_lines()
     shown: list[bool] = []
 
     def present(report: dict[str, Any]) -> None:
@@ -213,6 +217,7 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
     from kubemoot.providers.prober import Prober, publish_to_kv
     from kubemoot.scheduling import schedule_bundle
     from kubemoot.store.documents import PROVIDER_STATE_BUCKET
+    from kubemoot.store.health import StoreHealth
 
     started = time.monotonic()
     resources = load_bundle([path])
@@ -230,8 +235,12 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
         clients = run.clients
         for p in resources.providers:
             clients[p.metadata.name] = _counting_provider(p, emulators[p.metadata.name].url)
-        prober = Prober(list(clients.values()), clock=clock,
-                        publish=publish_to_kv(await kv.bucket(PROVIDER_STATE_BUCKET)))
+        states = await kv.bucket(PROVIDER_STATE_BUCKET)
+        prober = Prober(list(clients.values()), clock=clock, publish=publish_to_kv(states))
+        if nats is not None:
+            run.tasks.append(asyncio.create_task(_tell_store_health(
+                StoreHealth(states, clock=clock, every=tunables.store_check_seconds),
+                mask_servers(nats.servers))))
         await prober.probe_all()
 
         async def after_call(provider: str) -> None:
@@ -289,6 +298,24 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
         return report
     finally:
         await run.shutdown()
+
+
+async def _tell_store_health(health: StoreHealth, where: str) -> None:
+    """One line when the shared store stops answering and one when it is back.
+
+    The failures in between are not printed one by one (see ``StoreLossFilter``).
+    """
+    async def tell(health: StoreHealth) -> None:
+        if health.reachable:
+            err_console.print(f"NATS at {where} answers again", highlight=False,
+                              markup=False, soft_wrap=True)
+        else:
+            err_console.print(f"lost the shared state (NATS at {where}): {health.reason}; "
+                              "calls that need it fail until it answers again",
+                              highlight=False, markup=False, soft_wrap=True)
+
+    health.on_change(tell)
+    await health.run()
 
 
 class _Running:

@@ -8,9 +8,10 @@ JSON the page draws; everything time-dependent (expiry, staleness, ages) is judg
 there against the injected clock, because expiry produces no watch event.
 
 A watch alone cannot tell a quiet fleet from a lost store, so the view also asks the
-store a cheap question every ``check_seconds`` (the dashboard server turns this on).
-When it gets no answer in time, the snapshot says since when the store is lost (the
-page shows it, ``/healthz`` fails); when answers come back, the view reads every
+store a cheap question every ``check_seconds`` (:class:`~kubemoot.store.health.StoreHealth`;
+the dashboard server turns this on). When it gets no answer in time, the snapshot says
+since when the store is lost (the page shows it, ``/healthz`` fails); when answers come
+back, the view reads every
 bucket again (a deletion made meanwhile would otherwise stay on the page), restarts
 any watch that ended, and says so.
 """
@@ -39,6 +40,7 @@ from kubemoot.store.documents import (
     SelectionEntry,
     TicketState,
 )
+from kubemoot.store.health import StoreHealth
 from kubemoot.store.keys import decode_token
 from kubemoot.store.protocol import KV, Bucket, Change, StoreError, Watch
 
@@ -50,8 +52,6 @@ DEFAULT_FRESHNESS_SECONDS = 120.0  # DESIGN §4: freshness.maxAgeSeconds
 RECENT_CALLS_PER_AGENT = 8
 SEEN_CALL_KEYS = 10_000  # enough to recognise a duplicate from the start-up race
 DEMAND_MAX_AGE_SECONDS = 6 * 3600.0  # DESIGN §6
-# A key nobody writes: reading it is the cheapest question a store can answer.
-CHECK_KEY = "kubemoot-dashboard-check"
 
 
 @dataclass(slots=True)
@@ -85,8 +85,7 @@ class FleetView:
         self.check_seconds = check_seconds or 0.0
         self._buckets: list[Bucket] = []
         self._followers: dict[str, asyncio.Task[None]] = {}
-        self._lost_since: float | None = None
-        self._lost_reason = ""
+        self._health: StoreHealth | None = None
         self.freshness_seconds = (
             DEFAULT_FRESHNESS_SECONDS if freshness_seconds is None else freshness_seconds
         )
@@ -119,7 +118,9 @@ class FleetView:
             await self._read_all(bucket)
         self._changed()
         if self.check_seconds > 0:
-            self._tasks.append(asyncio.get_running_loop().create_task(self._check_store()))
+            self._health = StoreHealth(buckets[0], clock=self._clock, every=self.check_seconds)
+            self._health.on_change(self._store_changed)
+            self._tasks.append(asyncio.get_running_loop().create_task(self._health.run()))
 
     async def _start_watch(self, bucket: Bucket) -> None:
         watch = bucket.watch()
@@ -162,44 +163,22 @@ class FleetView:
 
     def store_status(self) -> dict[str, Any]:
         """``reachable``, and while it is not, ``lostSince`` and ``reason``."""
-        if self._lost_since is None:
+        health = self._health
+        if health is None or health.reachable:
             return {"reachable": True, "lostSince": None, "reason": None}
-        return {"reachable": False, "lostSince": self._lost_since, "reason": self._lost_reason}
+        return {"reachable": False, "lostSince": health.lost_since, "reason": health.reason}
 
-    async def _check_store(self) -> None:
-        probe = self._buckets[0]
-        while True:
-            try:
-                await self._clock.wait_for(probe.get(CHECK_KEY), self.check_seconds)
-            except (StoreError, TimeoutError) as error:
-                self._lost(str(error) or "no answer within "
-                           f"{self.check_seconds:g} s")
-            else:
-                if self._lost_since is not None:
-                    await self._recover()
-            await self._clock.sleep(self.check_seconds)
-
-    def _lost(self, reason: str) -> None:
-        if self._lost_since is None:
-            log.warning("shared state unreachable: %s", reason)
-            self._lost_since = self._clock.now()
-        self._lost_reason = reason
-        self._changed()
-
-    async def _recover(self) -> None:
-        """Catch up with what changed while the store was away, then say it is back."""
-        try:
+    async def _store_changed(self, health: StoreHealth) -> None:
+        if health.reachable:
+            # Catch up with what changed while the store was away (a StoreError here
+            # keeps it lost; the next check tries again).
             for bucket in self._buckets:
                 if self._followers[bucket.name].done():
                     await self._start_watch(bucket)
                 await self._read_all(bucket)
-        except StoreError as error:
-            self._lost(str(error))
-            return
-        log.warning("shared state reachable again (lost for %.0f s)",
-                    self._clock.now() - (self._lost_since or self._clock.now()))
-        self._lost_since = None
-        self._lost_reason = ""
+            log.warning("shared state answers again")
+        else:
+            log.warning("shared state unreachable: %s", health.reason)
         self._changed()
 
     async def _follow(self, watch: Watch) -> None:

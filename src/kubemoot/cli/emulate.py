@@ -60,23 +60,25 @@ def emulate_command(
     except OSError as error:
         raise listen_error(host, port, error) from None
     names = ", ".join(f"{m.name} ({m.size_mib} MiB)" for m in config.models)
-    err_console.print(
+    announcement = (
         f"Ollama-API emulator {EMULATOR_VERSION} (not Ollama) on {emulator.url}: "
         f"{vram_mib} MiB VRAM, {num_parallel} slot(s), context {context_length}, "
-        f"models: {names}. Ctrl-C or SIGTERM stops it.", highlight=False,
+        f"models: {names}. Ctrl-C or SIGTERM stops it."
     )
-    run_until_stopped(_serve(emulator))
+    run_until_stopped(_serve(emulator, announcement))
 
 
-async def _serve(emulator: OllamaEmulator) -> None:
+async def _serve(emulator: OllamaEmulator, announcement: str) -> None:
     """Serve until cancelled (a signal), then stop the server and wait for it.
 
     The server runs in its own thread, so uvicorn leaves the process's signals to
-    :func:`run_until_stopped` instead of taking them over.
+    :func:`run_until_stopped` instead of taking them over. The announcement comes once
+    it serves, when a signal is already answered by a clean stop.
     """
     import asyncio
 
     await asyncio.to_thread(emulator.start)
+    err_console.print(announcement, highlight=False)
     try:
         await asyncio.Event().wait()
     finally:

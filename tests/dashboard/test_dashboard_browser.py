@@ -148,3 +148,39 @@ async def test_dashboard_shows_where_demo_calls_ran(browser: Any, artifacts: Pat
     assert values["kubemoot_ticket_claims_total"] >= expected_total
     assert values["kubemoot_placement_seconds_count"] >= expected_total
     assert values["kubemoot_evictions_total"] == report["evictions"]
+
+
+@pytest.mark.nats
+async def test_the_page_says_when_the_store_is_lost_and_when_it_is_back(
+    browser: Any, artifacts: Path
+) -> None:
+    from kubemoot.dashboard.app import DashboardSettings
+    from kubemoot.store.nats import NatsKV, NatsSettings
+    from kubemoot.testing.nats_server import running_nats_server
+
+    async with running_nats_server() as server:
+        kv = await NatsKV.connect(NatsSettings(servers=[server.url]))
+        try:
+            settings = DashboardSettings(store_check_seconds=0.5)
+            async with DashboardServer(kv, port=0, clock=SystemClock(),
+                                       settings=settings) as dashboard:
+                page = await browser.new_page()
+                refused: list[str] = []  # the security policy must not block the page
+                page.on("console", lambda m: refused.append(m.text)
+                        if "Content Security Policy" in m.text else None)
+                await page.goto(dashboard.url)
+                await page.wait_for_function("window.kubemootUpdates >= 1")
+                assert await page.locator("#store-lost").is_hidden()
+
+                await server.stop()
+                await page.wait_for_selector("#store-lost", state="visible")
+                assert await page.locator("#connection").get_attribute("data-state") == "lost"
+                assert "has not answered since" in await page.locator("#store-lost").inner_text()
+                await page.screenshot(path=str(artifacts / "store-lost.png"), full_page=True)
+
+                await server.start()
+                await page.wait_for_selector("#store-lost", state="hidden")
+                assert await page.locator("#connection").get_attribute("data-state") == "live"
+                assert refused == []
+        finally:
+            await kv.close()

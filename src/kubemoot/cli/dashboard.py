@@ -65,7 +65,7 @@ def dashboard_command(
     ),
 ) -> None:
     """Serve the dashboard: providers, tickets, demand and where each call ran."""
-    from kubemoot.cli._common import check_host, listen_error
+    from kubemoot.cli._common import check_host, install_log_lines, listen_error
     from kubemoot.cli._shutdown import run_until_stopped
     from kubemoot.dashboard.app import DashboardSettings
     from kubemoot.runtime.settings import RuntimeSettings
@@ -81,6 +81,7 @@ def dashboard_command(
     )
     check_host(host)  # before connecting to NATS: a typo here should not wait on a store
     tunables = RuntimeSettings.from_env()
+    install_log_lines()  # "shared state unreachable", "answers again": one line each
     # The name it was told to listen on is a name it may be reached by.
     page = DashboardSettings.from_runtime(tunables, allowed_hosts=[*allow_hosts, host])
 

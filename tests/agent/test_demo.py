@@ -270,10 +270,10 @@ def test_sigterm_mid_run_releases_every_ticket_on_nats(tmp_path: Path) -> None:
 
     code, err, before, after = asyncio.run(run())
     assert any(before.values()), "the demo held no ticket when it was stopped"
+    assert after and not any(after.values()), after
     assert code == 128 + signal.SIGTERM, err
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1] == "terminated"
-    assert after and not any(after.values()), after
 
 
 @pytest.mark.nats

@@ -52,11 +52,18 @@ class OperatorOptions:
     store_url: str | None = None  # None: the embedded store (one process only)
     probe_interval: float = DEFAULT_PROBE_INTERVAL
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
+    # After SIGTERM or Ctrl-C, kopf's stop may take this long before the process is killed.
+    shutdown_grace_seconds: float = RuntimeSettings().shutdown_grace_seconds
 
 
-def kopf_settings() -> kopf.OperatorSettings:
+def kopf_settings(*, shutdown_grace_seconds: float | None = None) -> kopf.OperatorSettings:
     """kopf settings of the Kubemoot operator."""
     settings = kopf.OperatorSettings()
+    # kopf answers SIGTERM and SIGINT itself while it serves; its last-resort exit
+    # (10 minutes by default) gets the same bound as every other command's shutdown.
+    settings.process.ultimate_exiting_timeout = (
+        RuntimeSettings().shutdown_grace_seconds if shutdown_grace_seconds is None
+        else shutdown_grace_seconds)
     # The CRDs ship with the operator (deploy/base); rescanning the API for new
     # resources and namespaces is not needed and would need cluster-wide list rights.
     settings.scanning.disabled = True
@@ -138,6 +145,8 @@ async def run_operator(
             probe_interval=options.probe_interval,
             probe_timeout=options.probe_timeout,
         )
-        await serve(reconciler, login=login, namespaces=options.namespaces)
+        await serve(reconciler, login=login, namespaces=options.namespaces,
+                    settings=kopf_settings(
+                        shutdown_grace_seconds=options.shutdown_grace_seconds))
     finally:
         await store.close()

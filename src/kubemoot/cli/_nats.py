@@ -23,7 +23,6 @@ any connection is tried.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import os
 import ssl
@@ -278,9 +277,11 @@ async def open_shared_store(
     finally:
         if not attempt.done():
             attempt.cancel()
-            with contextlib.suppress(BaseException):
-                await attempt
-    if attempt.cancelled():
+            # Not an unbounded await: nats-py can drop a cancellation that lands as a
+            # connect attempt fails (Python 3.11's wait_for), and keeps trying.
+            await asyncio.wait({attempt}, timeout=CANCEL_WAIT_SECONDS)
+    if not attempt.done() or attempt.cancelled():
+        attempt.add_done_callback(_forget)
         raise StoreUnavailable(f"cannot connect to NATS at {where}: gave up after "
                                f"{connect_wait:g} s{_CHECK}")
     try:
@@ -293,6 +294,14 @@ async def open_shared_store(
 
 # How often a connection still being tried says so.
 PROGRESS_SECONDS = 5.0
+# How long an abandoned connection attempt gets to end before it is left behind.
+CANCEL_WAIT_SECONDS = 1.0
+
+
+def _forget(attempt: asyncio.Future[KV]) -> None:
+    """An abandoned attempt's outcome is moot; reading it keeps asyncio quiet."""
+    if not attempt.cancelled():
+        attempt.exception()
 _CHECK = " (check that the server is up with JetStream and that the credentials are right)"
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,3 +75,26 @@ def test_every_entry_point_reads_the_settings(command: list[str], tmp_path: Path
     assert done.returncode == 2, done.stderr
     assert "field KUBEMOOT_SHUTDOWN_GRACE_SECONDS: must be a number" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+async def test_a_stack_built_without_settings_takes_the_deployments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kubemoot.agent.wiring import build_stack
+    from kubemoot.clock import ManualClock
+    from kubemoot.store.memory import MemoryKV
+
+    monkeypatch.setenv(ENV_VARIABLES["ticket_ttl_seconds"], "42")
+    clock = ManualClock(0.0)
+    kv = MemoryKV(clock)
+    # no provider: the chat pool's factory is never called
+    stack = await build_stack(kv, clients={}, client_factory=_no_client, clock=clock)
+    try:
+        assert stack.settings.ticket_ttl_seconds == 42.0
+    finally:
+        await stack.close()
+        await kv.close()
+
+
+def _no_client(*args: object) -> Any:
+    raise AssertionError("no provider here")

@@ -133,11 +133,13 @@ class StoreLossFilter(logging.Filter):
 
 def install_log_lines(*, level: int = logging.WARNING) -> None:
     """Send log records to stderr as single lines (tracebacks with ``KUBEMOOT_DEBUG=1``)."""
+    root = logging.getLogger()
+    if any(isinstance(h.formatter, OneLineFormatter) for h in root.handlers):
+        return  # a second command in the same process (tests) must not double each line
     debug = os.environ.get("KUBEMOOT_DEBUG") == "1"
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(OneLineFormatter(debug=debug))
     if not debug:
         handler.addFilter(StoreLossFilter())
-    root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(level)

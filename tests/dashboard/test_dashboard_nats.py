@@ -105,6 +105,8 @@ async def test_a_lost_store_shows_on_the_page_and_fails_healthz_until_it_returns
                 health = await client.get("/healthz")
                 assert health.status_code == 503
                 assert "shared state unreachable" in health.text
+                scraped = (await client.get("/metrics")).text
+                assert "kubemoot_dashboard_store_up 0.0" in scraped
 
                 await nats_server.start()
                 # written while the dashboard may still be reconnecting: it must catch up

@@ -10,6 +10,13 @@ from pathlib import Path
 import pytest
 
 KUBEMOOT = Path(sys.executable).with_name("kubemoot")
+# Credentials that load, for a cluster that is not there.
+KUBECONFIG = (
+    "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+    "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+    "users: [{name: u, user: {token: t}}]\n"
+)
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -30,12 +37,7 @@ def test_operator_cli_rejects_bad_options(args: tuple[str, ...], message: str,
                                           tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBEMOOT_NATS")}
     env.update(HOME=str(tmp_path), KUBECONFIG=str(tmp_path / "config"))
-    (tmp_path / "config").write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
-        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1'}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-    )
+    (tmp_path / "config").write_text(KUBECONFIG)
     done = run(*args, env=env)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
@@ -87,12 +89,7 @@ def test_operator_start_up_line_masks_the_password_and_sigterm_stops_it(
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBEMOOT_NATS")}
     env.update(HOME=str(tmp_path), KUBECONFIG=str(tmp_path / "config"))
-    (tmp_path / "config").write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
-        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1'}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-    )
+    (tmp_path / "config").write_text(KUBECONFIG)
     url = f"nats://kube:hunter2@127.0.0.1:{free_port()}"  # nothing listens there
     with subprocess.Popen([str(KUBEMOOT), "operator", "--nats", url], text=True, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:

@@ -25,6 +25,7 @@ from kubemoot.cli._nats import NatsFlags, export_nats_env, merge_nats, resolve_n
 from kubemoot.store import open_store
 from kubemoot.store.nats import NatsKV, NatsSettings
 from kubemoot.testing.nats_server import find_nats_server, free_port
+from tests.operator.test_operator_cli import KUBECONFIG
 
 KUBEMOOT = Path(sys.executable).with_name("kubemoot")
 CREDS = """-----BEGIN NATS USER JWT-----
@@ -335,12 +336,6 @@ def test_wrong_credentials_fail_with_one_line(guarded_url: str, auth: list[str])
 
 # -- where a command connects, and for how long it tries (issue #17.1, #12.11) ----------
 
-KUBECONFIG = (
-    "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-    "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
-    "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1'}}]\n"
-    "users: [{name: u, user: {token: t}}]\n"
-)
 CONNECTING = {
     "dashboard": ["dashboard", "--port", "0"],
     "demo": ["demo", "-o", "json"],

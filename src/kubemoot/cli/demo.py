@@ -11,10 +11,10 @@ against each other. The emulators run faster than real time (``--time-scale``), 
 runtime's cost settings are scaled to match, so every cost stays in real seconds.
 
 Shutdown, normal or on SIGTERM or Ctrl-C (:mod:`kubemoot.cli._shutdown`), runs in one
-order: every task of the run is cancelled and
-awaited (discussions, prober, sampler, then whatever the runtime still has in flight),
-then the runtime stack and the clients close, then the emulators stop, and the store
-closes last, so nothing still running ever finds the store closed under it.
+order: every task of the run is cancelled and awaited (discussions, prober, sampler,
+then whatever the runtime still has in flight), then the runtime stack and the clients
+close, then the emulators stop, and the store closes last, so nothing still running
+ever finds the store closed under it.
 """
 
 from __future__ import annotations

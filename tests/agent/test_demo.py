@@ -208,12 +208,101 @@ def test_an_unreachable_nats_is_announced_and_given_up_on(tmp_path: Path) -> Non
     result = subprocess.run(
         [KUBEMOOT, "demo", "--nats", "nats://127.0.0.1:1"], cwd=tmp_path,
         capture_output=True, text=True, timeout=60,
+        env={**os.environ, "KUBEMOOT_CONNECT_WAIT_SECONDS": "2"},
     )
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
-    assert lines[0].startswith("connecting to NATS at nats://127.0.0.1:1")
-    assert "cannot connect to NATS" in result.stderr
+    assert lines[0] == "connecting to NATS at nats://127.0.0.1:1 (gives up after 2 s) …"
+    assert lines[-1].startswith("error: StoreUnavailable: cannot connect to NATS at "
+                                "nats://127.0.0.1:1")
     assert "Traceback" not in result.stderr
+
+
+def _live_demo(*args: str, env: dict[str, str] | None = None) -> tuple[
+        subprocess.Popen[str], list[str]]:
+    """A demo whose live view draws on stderr, read until a call has been placed ("→")."""
+    env = {k: v for k, v in (env or os.environ).items()
+           if k not in {"NO_COLOR", "TTY_COMPATIBLE"}}
+    env.update(FORCE_COLOR="1", TERM="xterm", COLUMNS="120")
+    process = subprocess.Popen([KUBEMOOT, "demo", *args], text=True, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stderr is not None
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if "→" in line:
+            return process, seen
+    raise AssertionError(f"the demo never showed a placed call: {''.join(seen)}")
+
+
+async def _active_tickets(url: str) -> dict[str, list[dict[str, Any]]]:
+    from kubemoot.store.documents import PROVIDER_TICKETS_BUCKET, ProviderTickets
+    from kubemoot.store.nats import NatsKV, NatsSettings
+
+    kv = await NatsKV.connect(NatsSettings(servers=[url]))
+    try:
+        bucket = await kv.bucket(PROVIDER_TICKETS_BUCKET)
+        found = {}
+        for key in await bucket.keys():
+            entry = await bucket.get(key)
+            assert entry is not None
+            doc = ProviderTickets.from_json(entry.value)
+            found[doc.provider] = [t.model_dump(by_alias=True) for t in doc.tickets]
+        return found
+    finally:
+        await kv.close()
+
+
+@pytest.mark.nats
+def test_sigterm_mid_run_releases_every_ticket_on_nats(tmp_path: Path) -> None:
+    """What Kubernetes sends: the run shuts down in order and leaves no ticket behind,
+    instead of leaving every ticket to its TTL."""
+    async def run() -> tuple[int, str, dict[str, list[dict[str, Any]]],
+                             dict[str, list[dict[str, Any]]]]:
+        async with running_nats_server() as server:
+            process, seen = await asyncio.to_thread(
+                _live_demo, "--discussions", "8", "--nats", server.url)
+            before = await _active_tickets(server.url)
+            process.send_signal(signal.SIGTERM)
+            _out, err = await asyncio.to_thread(process.communicate, timeout=60)
+            after = await _active_tickets(server.url)
+            return process.returncode, _ANSI.sub("", "".join(seen) + err), before, after
+
+    code, err, before, after = asyncio.run(run())
+    assert any(before.values()), "the demo held no ticket when it was stopped"
+    assert after and not any(after.values()), after
+    assert code == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "terminated"
+
+
+@pytest.mark.nats
+def test_a_lost_nats_is_one_line_and_the_demo_carries_on_when_it_returns() -> None:
+    async def run() -> tuple[int, str]:
+        async with running_nats_server() as server:
+            env = {**os.environ, "KUBEMOOT_STORE_CHECK_SECONDS": "0.5"}
+            process, seen = await asyncio.to_thread(
+                _live_demo, "--discussions", "4", "--nats", server.url, env=env)
+            await server.stop()
+            assert process.stderr is not None
+            while True:  # the one line that says the store is gone
+                line = await asyncio.to_thread(process.stderr.readline)
+                assert line, "the demo ended without saying it lost NATS"
+                seen.append(line)
+                if "lost the shared state" in line:
+                    break
+            await server.start()
+            _out, err = await asyncio.to_thread(process.communicate, timeout=120)
+            return process.returncode, _ANSI.sub("", "".join(seen) + err)
+
+    code, err = asyncio.run(run())
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert err.count("lost the shared state (NATS at") == 1, err
+    # (the live view may draw a line printed under it twice: no count here)
+    assert "answers again" in err, err
+    # no line per failed operation while it was away
+    assert "failed" not in err, err
 
 
 # -- the attribution table in 80 columns -----------------------------------------------

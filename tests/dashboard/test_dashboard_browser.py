@@ -30,13 +30,25 @@ READ_TOTALS = """() => Object.fromEntries(
         Number(r.querySelector('[data-testid="agent-calls"]').textContent)]))"""
 
 
+async def until(page: Any, expression: str) -> None:
+    """Wait until ``expression`` holds in the page.
+
+    Not ``page.wait_for_function``: it evaluates its predicate from a string inside the
+    page, which the dashboard's content security policy rightly forbids; an evaluation
+    driven from outside (``page.evaluate``) is not subject to it.
+    """
+    async with asyncio.timeout(60):
+        while not await page.evaluate(expression):
+            await asyncio.sleep(0.05)
+
+
 async def test_dashboard_page_updates_without_reload(
     browser: Any, server: DashboardServer, live_kv: MemoryKV, artifacts: Path
 ) -> None:
     writers = Writers(live_kv)
     page = await browser.new_page()
     await page.goto(server.url)
-    await page.wait_for_function("window.kubemootUpdates >= 1")
+    await until(page, "window.kubemootUpdates >= 1")
     assert await page.locator("#connection").get_attribute("data-state") == "live"
     assert "No provider has been probed yet." in await page.locator("#providers").inner_text()
     await page.evaluate("window.loadedOnce = 'still here'")  # a reload would drop it
@@ -100,16 +112,14 @@ async def test_dashboard_shows_where_demo_calls_ran(browser: Any, artifacts: Pat
         async with asyncio.timeout(90):
             url = await _dashboard_url(demo.stderr)
             await page.goto(url)
-            await page.wait_for_function("window.kubemootUpdates >= 1")
+            await until(page, "window.kubemootUpdates >= 1")
             first_total = sum((await page.evaluate(READ_TOTALS)).values())
             await page.evaluate("window.loadedOnce = 'still here'")
             report = await _read_json(demo.stdout)
             calls = report["calls"]
             expected_total = len(calls)
-            await page.wait_for_function(
-                f"""() => [...document.querySelectorAll('[data-testid="agent-calls"]')]
-                    .reduce((n, td) => n + Number(td.textContent), 0) === {expected_total}"""
-            )
+            await until(page, f"""[...document.querySelectorAll('[data-testid="agent-calls"]')]
+                .reduce((n, td) => n + Number(td.textContent), 0) === {expected_total}""")
             shown = await page.evaluate(READ_CALLS)
             totals = await page.evaluate(READ_TOTALS)
             async with httpx.AsyncClient(base_url=url) as client:
@@ -148,3 +158,39 @@ async def test_dashboard_shows_where_demo_calls_ran(browser: Any, artifacts: Pat
     assert values["kubemoot_ticket_claims_total"] >= expected_total
     assert values["kubemoot_placement_seconds_count"] >= expected_total
     assert values["kubemoot_evictions_total"] == report["evictions"]
+
+
+@pytest.mark.nats
+async def test_the_page_says_when_the_store_is_lost_and_when_it_is_back(
+    browser: Any, artifacts: Path
+) -> None:
+    from kubemoot.dashboard.app import DashboardSettings
+    from kubemoot.store.nats import NatsKV, NatsSettings
+    from kubemoot.testing.nats_server import running_nats_server
+
+    async with running_nats_server() as server:
+        kv = await NatsKV.connect(NatsSettings(servers=[server.url]))
+        try:
+            settings = DashboardSettings(store_check_seconds=0.5)
+            async with DashboardServer(kv, port=0, clock=SystemClock(),
+                                       settings=settings) as dashboard:
+                page = await browser.new_page()
+                refused: list[str] = []  # the security policy must not block the page
+                page.on("console", lambda m: refused.append(m.text)
+                        if "Content Security Policy" in m.text else None)
+                await page.goto(dashboard.url)
+                await until(page, "window.kubemootUpdates >= 1")
+                assert await page.locator("#store-lost").is_hidden()
+
+                await server.stop()
+                await page.wait_for_selector("#store-lost", state="visible")
+                assert await page.locator("#connection").get_attribute("data-state") == "lost"
+                assert "has not answered since" in await page.locator("#store-lost").inner_text()
+                await page.screenshot(path=str(artifacts / "store-lost.png"), full_page=True)
+
+                await server.start()
+                await page.wait_for_selector("#store-lost", state="hidden")
+                assert await page.locator("#connection").get_attribute("data-state") == "live"
+                assert refused == []
+        finally:
+            await kv.close()

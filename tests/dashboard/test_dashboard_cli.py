@@ -63,3 +63,18 @@ def test_dashboard_cli_serves_embedded_store() -> None:
                 time.sleep(0.05)
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_sigterm_stops_the_dashboard_cleanly() -> None:
+    """What Kubernetes sends: the page stops, the store closes, one line, exit 143."""
+    import signal
+
+    with subprocess.Popen([str(KUBEMOOT), "dashboard", "--port", "0"], text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert line.startswith("dashboard: http://127.0.0.1:"), line
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines() == ["terminated"]

@@ -25,6 +25,7 @@ from kubemoot.cli._nats import NatsFlags, export_nats_env, merge_nats, resolve_n
 from kubemoot.store import open_store
 from kubemoot.store.nats import NatsKV, NatsSettings
 from kubemoot.testing.nats_server import find_nats_server, free_port
+from tests.operator.test_operator_cli import KUBECONFIG
 
 KUBEMOOT = Path(sys.executable).with_name("kubemoot")
 CREDS = """-----BEGIN NATS USER JWT-----
@@ -284,6 +285,8 @@ def test_right_credentials_reach_the_server(guarded_url: str) -> None:
                           env=_env(KUBEMOOT_NATS_PASSWORD="moot")) as proc:
         try:
             assert proc.stderr is not None
+            assert proc.stderr.readline().startswith(f"connecting to NATS at {guarded_url}")
+            assert proc.stderr.readline().startswith(f"connected to NATS at {guarded_url}")
             line = proc.stderr.readline()
             assert line.startswith("dashboard: http://127.0.0.1:"), line
             assert guarded_url in line
@@ -324,7 +327,83 @@ def test_wrong_credentials_fail_with_one_line(guarded_url: str, auth: list[str])
         [str(KUBEMOOT), "dashboard", "--nats", guarded_url, *auth, "--port", "0"],
         capture_output=True, text=True, timeout=60, env=_env(), check=False)
     assert done.returncode == 1, done.stderr
-    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    # where it connects, then why it failed: two lines, no traceback
+    assert done.stderr.count("\n") == 2 and "Traceback" not in done.stderr
     # A refused login is final: reported at once, with the default reconnect settings.
     assert f"NATS at {guarded_url} refused the credentials" in done.stderr
     assert "credentials are right" in done.stderr
+
+
+# -- where a command connects, and for how long it tries (issue #17.1, #12.11) ----------
+
+CONNECTING = {
+    "dashboard": ["dashboard", "--port", "0"],
+    "demo": ["demo", "-o", "json"],
+    "operator": ["operator"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(CONNECTING))
+def test_a_command_says_where_it_connects_shows_progress_and_gives_up(
+    command: str, tmp_path: Path
+) -> None:
+    # Nothing listens there; the password in the URL must never be printed.
+    url = f"nats://bob:hunter2@127.0.0.1:{free_port()}"
+    (tmp_path / "config").write_text(KUBECONFIG)
+    env = _env(KUBEMOOT_CONNECT_WAIT_SECONDS="6", HOME=str(tmp_path),
+               KUBECONFIG=str(tmp_path / "config"))
+    done = subprocess.run([str(KUBEMOOT), *CONNECTING[command], "--nats", url],
+                          capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert done.returncode == 1, done.stderr
+    shown = url.replace("hunter2", "***")
+    lines = done.stderr.splitlines()
+    assert f"connecting to NATS at {shown} (gives up after 6 s) …" in lines, done.stderr
+    assert any(line.startswith(f"still connecting to NATS at {shown} … ") for line in lines)
+    assert f"cannot connect to NATS at {shown}: gave up after 6 s" in done.stderr
+    assert "hunter2" not in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["nats://bob:hunter2@127.0.0.1:4222/path", "http://bob:hunter2@127.0.0.1:4222",
+     "nats://bob:hunter2@127.0.0.1:99999"],
+)
+def test_a_bad_url_is_named_without_its_password(url: str) -> None:
+    with pytest.raises(InputError) as raised:
+        merge_nats(NatsFlags(url=url), environ={})
+    assert "hunter2" not in str(raised.value) and "bob:***@" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("nats://bob:hunter2@10.0.0.1:4222", "nats://bob:***@10.0.0.1:4222"),
+        ("nats://s3cr3t-token@10.0.0.1:4222", "nats://***@10.0.0.1:4222"),
+        ("tls://10.0.0.1:4222", "tls://10.0.0.1:4222"),
+    ],
+)
+def test_mask_url_hides_passwords_and_tokens(url: str, shown: str) -> None:
+    from kubemoot.cli._nats import mask_url
+
+    assert mask_url(url) == shown
+
+
+def test_every_command_documents_the_same_reconnect_default() -> None:
+    """One default and one help text: ``demo --help`` may not promise what it does not do."""
+    import typer.main
+
+    from kubemoot.cli import app
+    from kubemoot.runtime.settings import RuntimeSettings
+
+    group: Any = typer.main.get_command(app)
+    helps = {
+        name: option.help
+        for name, command in group.commands.items()
+        for option in command.params
+        if option.name == "nats_reconnect_attempts"
+    }
+    assert {"dashboard", "demo"} <= set(helps)
+    assert len(set(helps.values())) == 1, helps
+    [text] = set(helps.values())
+    assert f"default {NatsSettings().max_reconnect_attempts}," in text
+    assert f"after {RuntimeSettings().connect_wait_seconds:g} s" in text

@@ -91,8 +91,11 @@ async def build_stack(
     ``client_factory`` builds the chat pool's clients; ``declared`` maps model
     identifiers to their declared ``vramMib`` (used until a footprint is observed).
     Without a capacity watch (the store cannot watch) busy calls stand aside at once.
+    Without ``settings`` the stack takes the deployment's, ``RuntimeSettings.from_env()``
+    (DESIGN §10: every entry point reads the ``KUBEMOOT_*`` variables); tests and the
+    simulator pass their own.
     """
-    settings = settings or RuntimeSettings()
+    settings = settings if settings is not None else RuntimeSettings.from_env()
     states = await kv.bucket(PROVIDER_STATE_BUCKET)
     tickets_bucket = await kv.bucket(PROVIDER_TICKETS_BUCKET)
     demand_bucket = await kv.bucket(MODEL_DEMAND_BUCKET, max_age=DEMAND_MAX_AGE_SECONDS)

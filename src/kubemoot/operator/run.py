@@ -14,12 +14,14 @@ from kubemoot.clock import Clock, SystemClock
 from kubemoot.operator.handlers import build_registry
 from kubemoot.operator.kube import KubeClient
 from kubemoot.operator.reconciler import Reconciler
+from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 from kubemoot.store.protocol import KV
 
 __all__ = [
     "DEFAULT_PROBE_INTERVAL",
     "DEFAULT_PROBE_TIMEOUT",
+    "OpenStore",
     "OperatorOptions",
     "cluster_login",
     "kopf_settings",
@@ -29,10 +31,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PROBE_INTERVAL = 30.0
-DEFAULT_PROBE_TIMEOUT = 10.0
+# The defaults live in RuntimeSettings (KUBEMOOT_PROBE_INTERVAL_SECONDS, …).
+DEFAULT_PROBE_INTERVAL = RuntimeSettings().probe_interval_seconds
+DEFAULT_PROBE_TIMEOUT = RuntimeSettings().probe_timeout_seconds
 
 Login = Callable[[], Awaitable[kopf.ConnectionInfo]]
+#: Opens the shared store (the CLI's says where it connects and masks passwords).
+OpenStore = Callable[[Clock], Awaitable[KV]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +52,18 @@ class OperatorOptions:
     store_url: str | None = None  # None: the embedded store (one process only)
     probe_interval: float = DEFAULT_PROBE_INTERVAL
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
+    # After SIGTERM or Ctrl-C, kopf's stop may take this long before the process is killed.
+    shutdown_grace_seconds: float = RuntimeSettings().shutdown_grace_seconds
 
 
-def kopf_settings() -> kopf.OperatorSettings:
+def kopf_settings(*, shutdown_grace_seconds: float | None = None) -> kopf.OperatorSettings:
     """kopf settings of the Kubemoot operator."""
     settings = kopf.OperatorSettings()
+    # kopf answers SIGTERM and SIGINT itself while it serves; its last-resort exit
+    # (10 minutes by default) gets the same bound as every other command's shutdown.
+    settings.process.ultimate_exiting_timeout = (
+        RuntimeSettings().shutdown_grace_seconds if shutdown_grace_seconds is None
+        else shutdown_grace_seconds)
     # The CRDs ship with the operator (deploy/base); rescanning the API for new
     # resources and namespaces is not needed and would need cluster-wide list rights.
     settings.scanning.disabled = True
@@ -106,9 +118,14 @@ async def serve(
 
 
 async def run_operator(
-    options: OperatorOptions, *, clock: Clock | None = None, login: Login = cluster_login
+    options: OperatorOptions, *, clock: Clock | None = None, login: Login = cluster_login,
+    open_kv: OpenStore | None = None,
 ) -> None:
-    """Check the credentials, open the shared store, then serve until interrupted."""
+    """Check the credentials, open the shared store, then serve until interrupted.
+
+    The store comes from ``open_kv`` when given, else from ``options.store_url``.
+    SIGTERM and SIGINT stop kopf gracefully (kopf handles both); the store closes last.
+    """
     from kubemoot.store import open_store
 
     try:
@@ -116,7 +133,8 @@ async def run_operator(
     except (OSError, ValueError, KeyError, TypeError, kopf.LoginError) as error:
         raise InputError(f"cannot read Kubernetes credentials: {error}") from None
     clock = clock or SystemClock()
-    store: KV = await open_store(options.store_url, clock=clock)
+    store: KV = (await open_kv(clock) if open_kv is not None
+                 else await open_store(options.store_url, clock=clock))
     try:
         bucket = await store.bucket(PROVIDER_STATE_BUCKET)
         kube = KubeClient(login)
@@ -127,6 +145,8 @@ async def run_operator(
             probe_interval=options.probe_interval,
             probe_timeout=options.probe_timeout,
         )
-        await serve(reconciler, login=login, namespaces=options.namespaces)
+        await serve(reconciler, login=login, namespaces=options.namespaces,
+                    settings=kopf_settings(
+                        shutdown_grace_seconds=options.shutdown_grace_seconds))
     finally:
         await store.close()

@@ -6,7 +6,9 @@ touches another command's file. Command modules import heavy libraries (kopf,
 matplotlib, nats) inside the command function so ``kubemoot --help`` stays quick.
 
 Exit status: 0 success, 2 bad input (the message names file, document and field),
-1 anything else. No traceback reaches the user unless ``KUBEMOOT_DEBUG=1``.
+1 anything else, 128 + the signal's number after SIGTERM (143) or Ctrl-C (130), which
+every long-running command answers by shutting down cleanly. No traceback reaches
+the user unless ``KUBEMOOT_DEBUG=1``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rich.markup import escape
 
 from kubemoot.api.errors import InputError
 from kubemoot.cli._common import app, err_console
+from kubemoot.cli._shutdown import Stopped
 
 __all__ = ["app", "main"]
 
@@ -50,8 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         sys.exit(2)
+    except Stopped as stopped:  # SIGTERM or Ctrl-C, after a clean shutdown
+        err_console.print(stopped.describe(), highlight=False)
+        sys.exit(stopped.exit_code)
     except KeyboardInterrupt:
-        err_console.print("interrupted")
+        err_console.print("interrupted", highlight=False)
         sys.exit(130)
     except Exception as error:  # the last line of defence: a message, not a traceback
         if debug:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
+import os
 import socket
 import sys
 from enum import StrEnum
@@ -83,3 +85,59 @@ def listen_error(host: str, port: int, error: OSError) -> InputError:
     flag = "--host" if error.errno in _HOST_ERRNOS or isinstance(error, socket.gaierror) \
         else "--port"
     return InputError(f"cannot listen on {host}:{port}: {error.strerror or error}", field=flag)
+
+
+# -- log lines -------------------------------------------------------------------------
+
+
+class OneLineFormatter(logging.Formatter):
+    """``warning: message (Error: why)``: one line per record, a traceback only on demand.
+
+    Library code logs failures with their traceback (``log.exception``) so a developer
+    can find them; a user of the command gets the line and, with ``KUBEMOOT_DEBUG=1``,
+    the traceback too.
+    """
+
+    def __init__(self, *, debug: bool) -> None:
+        super().__init__()
+        self._debug = debug
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{record.levelname.lower()}: {record.getMessage()}"
+        if record.exc_info and record.exc_info[1] is not None:
+            if self._debug:
+                return f"{line}\n{self.formatException(record.exc_info)}"
+            error = record.exc_info[1]
+            line = f"{line} ({type(error).__name__}: {error})"
+        return line
+
+
+class StoreLossFilter(logging.Filter):
+    """Drops records about an unreachable store: a store check says it once instead.
+
+    Without it, every operation that fails while NATS is away (each probe, each ticket,
+    each agent's call) prints its own line or traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from kubemoot.store.protocol import StoreUnavailable
+
+        causes: list[object] = list(record.args) if isinstance(record.args, tuple) else []
+        if record.exc_info and record.exc_info[1] is not None:
+            error: BaseException | None = record.exc_info[1]
+            while error is not None:
+                causes.append(error)
+                error = error.__cause__ or error.__context__
+        return not any(isinstance(cause, StoreUnavailable) for cause in causes)
+
+
+def install_log_lines(*, level: int = logging.WARNING) -> None:
+    """Send log records to stderr as single lines (tracebacks with ``KUBEMOOT_DEBUG=1``)."""
+    debug = os.environ.get("KUBEMOOT_DEBUG") == "1"
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLineFormatter(debug=debug))
+    if not debug:
+        handler.addFilter(StoreLossFilter())
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(level)

@@ -22,18 +22,21 @@ any connection is tried.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import os
 import ssl
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
 from kubemoot.api.errors import InputError
+from kubemoot.runtime.settings import ENV_VARIABLES, RuntimeSettings
 
 if TYPE_CHECKING:
     from kubemoot.clock import Clock
@@ -54,12 +57,17 @@ __all__ = [
     "NatsUrlOrEnv",
     "NatsUser",
     "export_nats_env",
+    "mask_secrets",
+    "mask_servers",
+    "mask_url",
     "merge_nats",
     "open_shared_store",
     "resolve_nats",
 ]
 
 PANEL = "NATS connection"
+_CONNECT_WAIT = RuntimeSettings().connect_wait_seconds
+_CONNECT_WAIT_ENV = ENV_VARIABLES["connect_wait_seconds"]
 URL_ENV = "KUBEMOOT_NATS_URL"
 NATS_SCHEMES = ("nats", "tls")
 
@@ -105,8 +113,9 @@ NatsKey = Annotated[str | None, typer.Option(
 )]
 NatsReconnectAttempts = Annotated[int | None, typer.Option(
     "--nats-reconnect-attempts", metavar="N", min=-1, rich_help_panel=PANEL,
-    help="Rounds over the server list before giving up, at the first connection and "
-    "after a disconnect (default 120; -1 or 0: never give up).",
+    help=f"Rounds over the server list before giving up on a lost connection (default "
+    f"120, about a minute; -1 or 0: never give up). The first connection also ends after "
+    f"{_CONNECT_WAIT:g} s ({_CONNECT_WAIT_ENV}).",
 )]
 NatsReconnectWait = Annotated[float | None, typer.Option(
     "--nats-reconnect-wait", metavar="SECONDS", min=0.0, rich_help_panel=PANEL,
@@ -223,8 +232,20 @@ def merge_nats(flags: NatsFlags, *, environ: Mapping[str, str] | None = None) ->
     return settings
 
 
-async def open_shared_store(settings: NatsSettings | None, *, clock: Clock | None = None) -> KV:
+async def open_shared_store(
+    settings: NatsSettings | None,
+    *,
+    clock: Clock | None = None,
+    connect_wait: float | None = None,
+    say: Callable[[str], None] | None = None,
+) -> KV:
     """The store a command asked for: NATS with ``settings``, else the embedded one.
+
+    Every command connects through here, so they all behave alike: one line says where
+    (passwords masked), a line every few seconds shows the connection is still being
+    tried, and the attempt ends after ``connect_wait`` seconds (default
+    ``RuntimeSettings.connect_wait_seconds``) or the client's own reconnect rounds,
+    whichever comes first. Progress goes to ``say`` (default: stderr).
 
     A NATS client cannot tell a wrong password from a server that is down (both end
     in "no servers available"), so a failed connection says what to check.
@@ -232,11 +253,83 @@ async def open_shared_store(settings: NatsSettings | None, *, clock: Clock | Non
     from kubemoot.store import open_store
     from kubemoot.store.protocol import StoreUnavailable
 
+    if settings is None:
+        return await open_store(clock=clock)
+    if connect_wait is None:
+        from kubemoot.runtime.settings import RuntimeSettings
+
+        connect_wait = RuntimeSettings.from_env().connect_wait_seconds
+    tell = say if say is not None else _say
+    where = mask_servers(settings.servers)
+    tell(f"connecting to NATS at {where} (gives up after {connect_wait:g} s) …")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    attempt = asyncio.ensure_future(open_store(clock=clock, nats=settings))
     try:
-        return await open_store(clock=clock, nats=settings)
+        while not attempt.done():
+            waited = loop.time() - started
+            if waited >= connect_wait:
+                break
+            await asyncio.wait({attempt}, timeout=min(PROGRESS_SECONDS, connect_wait - waited))
+            waited = loop.time() - started
+            if not attempt.done() and waited < connect_wait:
+                tell(f"still connecting to NATS at {where} … {waited:.0f} s of "
+                     f"{connect_wait:g} s")
+    finally:
+        if not attempt.done():
+            attempt.cancel()
+            with contextlib.suppress(BaseException):
+                await attempt
+    if attempt.cancelled():
+        raise StoreUnavailable(f"cannot connect to NATS at {where}: gave up after "
+                               f"{connect_wait:g} s{_CHECK}")
+    try:
+        kv = attempt.result()
     except StoreUnavailable as error:
-        raise StoreUnavailable(f"{error} (check that the server is up with JetStream and "
-                               "that the credentials are right)") from None
+        raise StoreUnavailable(mask_secrets(str(error), settings) + _CHECK) from None
+    tell(f"connected to NATS at {where}")
+    return kv
+
+
+# How often a connection still being tried says so.
+PROGRESS_SECONDS = 5.0
+_CHECK = " (check that the server is up with JetStream and that the credentials are right)"
+
+
+def _say(line: str) -> None:
+    from kubemoot.cli._common import err_console
+
+    err_console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (or a token in the user's place) shown as ``***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if "@" not in parts.netloc:
+        return url
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, colon, _password = userinfo.partition(":")
+    # nats://TOKEN@host carries a token where a user name would be: hide it whole.
+    shown = f"{user}:***" if colon else "***"
+    return urlunsplit(parts._replace(netloc=f"{shown}@{host}"))
+
+
+def mask_servers(servers: Sequence[str]) -> str:
+    """The server list for a message, passwords masked."""
+    return ", ".join(mask_url(server) for server in servers)
+
+
+def mask_secrets(text: str, settings: NatsSettings) -> str:
+    """``text`` with every server URL masked and every password or token hidden."""
+    for server in settings.servers:
+        text = text.replace(server, mask_url(server))
+    for secret in (settings.password, settings.token):
+        if secret:
+            text = text.replace(secret, "***")
+    return text
 
 
 def export_nats_env(settings: NatsSettings, environ: MutableMapping[str, str]) -> None:
@@ -304,19 +397,20 @@ def _check_creds(value: str, where: str) -> None:
 
 
 def _check_url(url: str, where: str) -> None:
+    shown = mask_url(url)  # an error message is no place for a password
     try:
         parts = urlsplit(url)
         port = parts.port  # raises ValueError on a port that is not a number in range
     except ValueError as error:
-        raise InputError(f"{url!r} is not a valid URL: {error}", field=where) from None
+        raise InputError(f"{shown!r} is not a valid URL: {error}", field=where) from None
     if parts.scheme not in NATS_SCHEMES:
-        raise InputError(f"{url!r} is not a NATS URL (unknown store URL scheme "
+        raise InputError(f"{shown!r} is not a NATS URL (unknown store URL scheme "
                          f"{parts.scheme or 'none'!r}); use nats://HOST:PORT or "
                          "tls://HOST:PORT", field=where)
     if not parts.hostname:
-        raise InputError(f"{url!r} names no host; use nats://HOST:PORT", field=where)
+        raise InputError(f"{shown!r} names no host; use nats://HOST:PORT", field=where)
     if parts.path not in ("", "/") or parts.query or parts.fragment or port == 0:
-        raise InputError(f"{url!r} is not a server address; use nats://HOST:PORT",
+        raise InputError(f"{shown!r} is not a server address; use nats://HOST:PORT",
                          field=where)
 
 

@@ -4,6 +4,9 @@ With ``--nats`` it watches a NATS JetStream store that runtimes and probers else
 write to. ``--embedded`` (the default) watches an embedded store of this process, which
 starts empty: the embedded store cannot be shared between processes, so to watch the
 demo on it run ``kubemoot demo --dashboard``, which serves this same page in-process.
+
+SIGTERM and Ctrl-C stop it cleanly (:mod:`kubemoot.cli._shutdown`); its tunables come
+from ``KUBEMOOT_*`` (:class:`~kubemoot.runtime.settings.RuntimeSettings`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from kubemoot.cli._nats import (
     NatsToken,
     NatsUrl,
     NatsUser,
+    mask_servers,
     open_shared_store,
     resolve_nats,
 )
@@ -49,15 +53,22 @@ def dashboard_command(
         "127.0.0.1", "--host", help="Address to bind; loopback by default (no login)."
     ),
     port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port (0: any free)."),
+    allow_hosts: list[str] = typer.Option(
+        [], "--allow-host", metavar="NAME",
+        help="A host name the page may be reached by, besides localhost and IP addresses "
+        "(repeatable; e.g. the name of a Service or an ingress). Other Host headers get "
+        "403, so a foreign web page cannot rebind its DNS name to this dashboard.",
+    ),
     stale_after: float = typer.Option(
         120.0, "--stale-after", min=0.0,
         help="Seconds after its last probe a provider shows as stale.",
     ),
 ) -> None:
     """Serve the dashboard: providers, tickets, demand and where each call ran."""
-    import asyncio
-
     from kubemoot.cli._common import check_host, listen_error
+    from kubemoot.cli._shutdown import run_until_stopped
+    from kubemoot.dashboard.app import DashboardSettings
+    from kubemoot.runtime.settings import RuntimeSettings
 
     if nats is not None and embedded:
         raise InputError("--nats and --embedded exclude each other", field="--nats")
@@ -69,29 +80,33 @@ def dashboard_command(
         use_nats=nats is not None,
     )
     check_host(host)  # before connecting to NATS: a typo here should not wait on a store
+    tunables = RuntimeSettings.from_env()
+    # The name it was told to listen on is a name it may be reached by.
+    page = DashboardSettings.from_runtime(tunables, allowed_hosts=[*allow_hosts, host])
 
     async def run() -> None:
         from kubemoot.clock import SystemClock
         from kubemoot.dashboard.server import DashboardServer
 
         clock = SystemClock()
-        kv = await open_shared_store(settings, clock=clock)
+        kv = await open_shared_store(settings, clock=clock,
+                                     connect_wait=tunables.connect_wait_seconds)
         try:
             server = DashboardServer(kv, host=host, port=port, clock=clock,
-                                     freshness_seconds=stale_after)
+                                     freshness_seconds=stale_after, settings=page)
             try:
                 await server.start()
             except OSError as error:
                 raise listen_error(host, port, error) from None
             try:
-                source = (", ".join(settings.servers) if settings is not None
+                source = (mask_servers(settings.servers) if settings is not None
                           else "the embedded store (empty until this process writes to it)")
                 err_console.print(f"dashboard: {server.url} watching {source}; Ctrl-C stops it",
-                                  highlight=False, soft_wrap=True)
+                                  highlight=False, soft_wrap=True, markup=False)
                 await server.wait()
             finally:
                 await server.stop()
         finally:
             await kv.close()
 
-    asyncio.run(run())
+    run_until_stopped(run(), grace_seconds=tunables.shutdown_grace_seconds)

@@ -10,7 +10,8 @@ received, loads, peak VRAM) are printed beside the runtime's, so the two can be 
 against each other. The emulators run faster than real time (``--time-scale``), and the
 runtime's cost settings are scaled to match, so every cost stays in real seconds.
 
-Shutdown, normal or on Ctrl-C, runs in one order: every task of the run is cancelled and
+Shutdown, normal or on SIGTERM or Ctrl-C (:mod:`kubemoot.cli._shutdown`), runs in one
+order: every task of the run is cancelled and
 awaited (discussions, prober, sampler, then whatever the runtime still has in flight),
 then the runtime stack and the clients close, then the emulators stop, and the store
 closes last, so nothing still running ever finds the store closed under it.
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections import Counter
@@ -38,6 +38,7 @@ from kubemoot.cli._common import (
     console,
     emit_data,
     err_console,
+    install_log_lines,
     resolve_format,
 )
 from kubemoot.cli._nats import (
@@ -52,6 +53,7 @@ from kubemoot.cli._nats import (
     NatsToken,
     NatsUrl,
     NatsUser,
+    mask_servers,
     open_shared_store,
     resolve_nats,
 )
@@ -66,15 +68,14 @@ if TYPE_CHECKING:
     from kubemoot.dashboard.calllog import CallLogWriter
     from kubemoot.providers.emulator import OllamaEmulator
     from kubemoot.providers.ollama import OllamaProvider
+    from kubemoot.runtime.settings import RuntimeSettings
+    from kubemoot.store.health import StoreHealth
     from kubemoot.store.nats import NatsSettings
     from kubemoot.store.protocol import KV
 
 # The default bundle is package data, so the demo runs from any directory after any
 # kind of install; the repository's examples/homelab is a link to the same files.
 DEFAULT_BUNDLE_PARTS = ("examples", "homelab")
-# A demo should say quickly that NATS is not there: rounds over the server list before
-# giving up (the store's default, 120 rounds, suits a long-running operator instead).
-DEMO_NATS_RECONNECT_ATTEMPTS = 3
 # How long an interrupted run lets the runtime's own helpers (ticket releases, call-log
 # writes, preloads) finish before they are cancelled too.
 SHUTDOWN_GRACE_SECONDS = 2.0
@@ -128,9 +129,11 @@ def demo_command(
                   reconnect_wait=nats_reconnect_wait),
         use_nats=nats is not None,
     )
-    if nats_settings is not None and nats_reconnect_attempts is None:
-        nats_settings = dataclasses.replace(
-            nats_settings, max_reconnect_attempts=DEMO_NATS_RECONNECT_ATTEMPTS)
+    from kubemoot.cli._shutdown import run_until_stopped
+    from kubemoot.runtime.settings import RuntimeSettings
+
+    tunables = RuntimeSettings.from_env()
+    install_log_lines()
     shown: list[bool] = []
 
     def present(report: dict[str, Any]) -> None:
@@ -147,12 +150,14 @@ def demo_command(
             raise InputError("no such bundle; pass -f with the resources to run",
                              file=str(path), field="--bundle")
         try:
-            report = asyncio.run(_run(path, nats=nats_settings, discussions=discussions,
-                                      seed=seed, time_scale=time_scale, dashboard=page,
-                                      live=fmt is OutputFormat.table))
+            report = run_until_stopped(
+                _run(path, nats=nats_settings, discussions=discussions, seed=seed,
+                     time_scale=time_scale, dashboard=page, live=fmt is OutputFormat.table,
+                     tunables=tunables),
+                grace_seconds=tunables.shutdown_grace_seconds)
         except KeyboardInterrupt:
-            # Ctrl-C: the run has already shut down in order (see _Running.shutdown).
-            # typer would turn this into a silent 130; the user gets one line instead.
+            # Ctrl-C before the run could take over the signal; typer would turn this
+            # into a silent exit, the user gets one line instead.
             err_console.print("interrupted", highlight=False)
             raise typer.Exit(130) from None
     if not shown:
@@ -196,7 +201,7 @@ class _Books:
 
 async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed: int,
                time_scale: float, dashboard: _PageOptions | None,
-               live: bool) -> dict[str, Any]:
+               live: bool, tunables: RuntimeSettings) -> dict[str, Any]:
     from datetime import UTC, datetime
 
     from kubemoot.agent.crew import COORDINATOR_ROLE, profiles_from_schedule
@@ -210,9 +215,9 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
     from kubemoot.dashboard.calllog import CallLogWriter
     from kubemoot.providers.ollama import OllamaProvider
     from kubemoot.providers.prober import Prober, publish_to_kv
-    from kubemoot.runtime.settings import RuntimeSettings
     from kubemoot.scheduling import schedule_bundle
     from kubemoot.store.documents import PROVIDER_STATE_BUCKET
+    from kubemoot.store.health import StoreHealth
 
     started = time.monotonic()
     resources = load_bundle([path])
@@ -225,16 +230,17 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
     try:
         await _start_emulators(resources, time_scale, into=run.emulators)
         emulators = run.emulators
-        if nats is not None:
-            # the only sign of life while a connection is tried (or given up on)
-            err_console.print(f"connecting to NATS at {', '.join(nats.servers)} …",
-                              highlight=False, soft_wrap=True)
-        kv = run.kv = await open_shared_store(nats, clock=clock)
+        kv = run.kv = await open_shared_store(nats, clock=clock,
+                                              connect_wait=tunables.connect_wait_seconds)
         clients = run.clients
         for p in resources.providers:
             clients[p.metadata.name] = _counting_provider(p, emulators[p.metadata.name].url)
-        prober = Prober(list(clients.values()), clock=clock,
-                        publish=publish_to_kv(await kv.bucket(PROVIDER_STATE_BUCKET)))
+        states = await kv.bucket(PROVIDER_STATE_BUCKET)
+        prober = Prober(list(clients.values()), clock=clock, publish=publish_to_kv(states))
+        if nats is not None:
+            run.tasks.append(asyncio.create_task(_tell_store_health(
+                StoreHealth(states, clock=clock, every=tunables.store_check_seconds),
+                mask_servers(nats.servers))))
         await prober.probe_all()
 
         async def after_call(provider: str) -> None:
@@ -243,11 +249,13 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
         def factory(provider: str, endpoint: str, settings: CallSettings) -> OllamaProvider:
             return OllamaProvider(provider, endpoint, timeout=settings.timeout, clock=clock)
 
-        settings = RuntimeSettings().with_values({
-            "load_rate_mibps": 1024.0 / time_scale,
-            "unload_seconds": 1.0 * time_scale,
-            "default_latency_seconds": 30.0 * time_scale,
-            "gpu_wait_limit_seconds": 90.0 * time_scale,
+        # The emulators run time_scale real seconds per emulated second; the runtime's
+        # times (as set in KUBEMOOT_*, else the defaults) are scaled alike.
+        settings = tunables.with_values({
+            "load_rate_mibps": tunables.load_rate_mibps / time_scale,
+            "unload_seconds": tunables.unload_seconds * time_scale,
+            "default_latency_seconds": tunables.default_latency_seconds * time_scale,
+            "gpu_wait_limit_seconds": tunables.gpu_wait_limit_seconds * time_scale,
         })
         declared = {m.spec.model: m.spec.vram_mib for m in resources.models
                     if m.spec.vram_mib is not None}
@@ -261,7 +269,7 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
         calllog = run.calllog = await CallLogWriter.open(kv)
         stack.agents.on_record(calllog.record)
         if dashboard is not None:
-            run.page = await _start_dashboard(kv, clock, dashboard.port)
+            run.page = await _start_dashboard(kv, clock, dashboard.port, tunables)
         endpoints = {name: emulator.url for name, emulator in emulators.items()}
         profiles = profiles_from_schedule(result, resources.providers, endpoints=endpoints,
                                           tools=demo_tools())
@@ -290,6 +298,24 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
         return report
     finally:
         await run.shutdown()
+
+
+async def _tell_store_health(health: StoreHealth, where: str) -> None:
+    """One line when the shared store stops answering and one when it is back.
+
+    The failures in between are not printed one by one (see ``StoreLossFilter``).
+    """
+    async def tell(health: StoreHealth) -> None:
+        if health.reachable:
+            err_console.print(f"NATS at {where} answers again", highlight=False,
+                              markup=False, soft_wrap=True)
+        else:
+            err_console.print(f"lost the shared state (NATS at {where}): {health.reason}; "
+                              "calls that need it fail until it answers again",
+                              highlight=False, markup=False, soft_wrap=True)
+
+    health.on_change(tell)
+    await health.run()
 
 
 class _Running:
@@ -446,10 +472,13 @@ class _PageOptions(NamedTuple):
     present: Callable[[dict[str, Any]], None]
 
 
-async def _start_dashboard(kv: Any, clock: Any, port: int) -> DashboardServer:
+async def _start_dashboard(kv: Any, clock: Any, port: int,
+                           tunables: RuntimeSettings) -> DashboardServer:
     from kubemoot.dashboard import DashboardServer
+    from kubemoot.dashboard.app import DashboardSettings
 
-    page = DashboardServer(kv, port=port, clock=clock)
+    page = DashboardServer(kv, port=port, clock=clock,
+                           settings=DashboardSettings.from_runtime(tunables))
     try:
         await page.start()
     except OSError as error:
@@ -463,7 +492,7 @@ async def _linger(page: DashboardServer, seconds: float | None) -> None:
     """Keep the page up after the demo so the final placement can be looked at."""
     if seconds is None:
         err_console.print(f"the demo is done; the dashboard stays up at {page.url} "
-                          "until Ctrl-C", highlight=False, soft_wrap=True)
+                          "until Ctrl-C (or SIGTERM)", highlight=False, soft_wrap=True)
         await page.wait()
     elif seconds > 0:
         await asyncio.sleep(seconds)

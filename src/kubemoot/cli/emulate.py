@@ -7,10 +7,15 @@ text, so the scheduler can be watched and tested without a GPU.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from kubemoot.api.errors import InputError
 from kubemoot.cli._common import app, check_host, err_console, listen_error
+
+if TYPE_CHECKING:
+    from kubemoot.providers.emulator import OllamaEmulator
 
 
 @app.command("emulate-ollama")
@@ -32,9 +37,7 @@ def emulate_command(
     ),
 ) -> None:
     """Run an Ollama-API EMULATOR (not Ollama): emulated VRAM, slots, deterministic replies."""
-    import asyncio
-    import contextlib
-
+    from kubemoot.cli._shutdown import run_until_stopped
     from kubemoot.providers.emulator import (
         DEFAULT_MODELS,
         EMULATOR_VERSION,
@@ -60,10 +63,24 @@ def emulate_command(
     err_console.print(
         f"Ollama-API emulator {EMULATOR_VERSION} (not Ollama) on {emulator.url}: "
         f"{vram_mib} MiB VRAM, {num_parallel} slot(s), context {context_length}, "
-        f"models: {names}. Ctrl-C stops it.", highlight=False,
+        f"models: {names}. Ctrl-C or SIGTERM stops it.", highlight=False,
     )
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(emulator.serve())
+    run_until_stopped(_serve(emulator))
+
+
+async def _serve(emulator: OllamaEmulator) -> None:
+    """Serve until cancelled (a signal), then stop the server and wait for it.
+
+    The server runs in its own thread, so uvicorn leaves the process's signals to
+    :func:`run_until_stopped` instead of taking them over.
+    """
+    import asyncio
+
+    await asyncio.to_thread(emulator.start)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await asyncio.to_thread(emulator.stop)
 
 
 _MODEL_EXAMPLE = "e.g. qwen3:8b=6144"

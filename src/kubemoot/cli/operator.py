@@ -24,9 +24,13 @@ from kubemoot.cli._nats import (
     NatsToken,
     NatsUrlOrEnv,
     NatsUser,
-    export_nats_env,
+    mask_servers,
+    open_shared_store,
     resolve_nats,
 )
+from kubemoot.runtime.settings import ENV_VARIABLES, RuntimeSettings
+
+_DEFAULTS = RuntimeSettings()
 
 
 @app.command("operator")
@@ -50,13 +54,15 @@ def operator_command(
         False, "--embedded",
         help="Keep the shared state in this process (agents elsewhere cannot read it).",
     ),
-    probe_interval: float = typer.Option(
-        30.0, "--probe-interval", min=0.1, metavar="SECONDS",
-        help="Seconds between two probes of every ModelProvider.",
+    probe_interval: float | None = typer.Option(
+        None, "--probe-interval", min=0.1, metavar="SECONDS",
+        help=f"Seconds between two probes of every ModelProvider (default "
+        f"{_DEFAULTS.probe_interval_seconds:g}, {ENV_VARIABLES['probe_interval_seconds']}).",
     ),
-    probe_timeout: float = typer.Option(
-        10.0, "--probe-timeout", min=0.1, metavar="SECONDS",
-        help="Seconds one provider probe may take.",
+    probe_timeout: float | None = typer.Option(
+        None, "--probe-timeout", min=0.1, metavar="SECONDS",
+        help=f"Seconds one provider probe may take (default "
+        f"{_DEFAULTS.probe_timeout_seconds:g}, {ENV_VARIABLES['probe_timeout_seconds']}).",
     ),
     metrics_port: int = typer.Option(
         0, "--metrics-port", min=0, max=65535, metavar="PORT",
@@ -87,18 +93,15 @@ def operator_command(
                   tls_key=nats_tls_key),
         use_nats=not embedded,
     )
-    if settings is not None:
-        # The operator opens its store from a URL and KUBEMOOT_NATS_*; handing it the
-        # merged settings through this process's environment keeps one source of truth.
-        # (No reconnect flags here: those have no variable to travel in.)
-        export_nats_env(settings, os.environ)
-        url = ",".join(settings.servers)
+    tunables = RuntimeSettings.from_env()
 
-    import asyncio
     import logging
 
+    from kubemoot.cli._shutdown import run_until_stopped
+    from kubemoot.clock import Clock
     from kubemoot.operator.kube import login_from_environment
     from kubemoot.operator.run import OperatorOptions, run_operator
+    from kubemoot.store.protocol import KV
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -106,13 +109,19 @@ def operator_command(
     )
     options = OperatorOptions(
         namespaces=tuple(dict.fromkeys(namespaces)),
-        store_url=None if embedded else url,
-        probe_interval=probe_interval,
-        probe_timeout=probe_timeout,
+        store_url=None if settings is None else ",".join(settings.servers),
+        probe_interval=probe_interval or tunables.probe_interval_seconds,
+        probe_timeout=probe_timeout or tunables.probe_timeout_seconds,
     )
+
+    async def open_kv(clock: Clock) -> KV:
+        return await open_shared_store(settings, clock=clock,
+                                       connect_wait=tunables.connect_wait_seconds)
+
     where = ", ".join(options.namespaces) or "all namespaces"
-    err_console.print(f"kubemoot operator: watching {where}; shared state in "
-                      f"{'this process' if embedded else url}", highlight=False)
+    shown = "this process" if settings is None else mask_servers(settings.servers)
+    err_console.print(f"kubemoot operator: watching {where}; shared state in {shown}",
+                      highlight=False, markup=False, soft_wrap=True)
     if metrics_port:
         from kubemoot.metrics import serve_metrics
 
@@ -124,4 +133,5 @@ def operator_command(
         err_console.print(f"metrics: http://{metrics_host}:{metrics_port}/metrics",
                           highlight=False)
     # The credential check names a broken kubeconfig file in one line (exit 2).
-    asyncio.run(run_operator(options, login=login_from_environment))
+    run_until_stopped(run_operator(options, login=login_from_environment, open_kv=open_kv),
+                      grace_seconds=tunables.shutdown_grace_seconds)

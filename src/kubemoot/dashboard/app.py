@@ -9,14 +9,22 @@ Routes (all ``GET``; the dashboard never writes to shared state):
   watched bucket changes (coalesced), and at least every ``refresh_seconds`` so expiry
   and staleness show without a change;
 * ``/metrics`` — Prometheus text: :mod:`kubemoot.metrics` plus gauges of the fleet;
-* ``/healthz`` — ``ok``.
+* ``/healthz`` — ``ok``, or 503 while the shared store does not answer.
+
+Every response carries a content security policy and refuses framing and MIME
+sniffing. A request whose ``Host`` header is neither loopback, an IP address nor a name
+the operator allowed is refused (403): a web page on another site could otherwise
+rebind its own DNS name to this address and read the dashboard through the user's
+browser. Event streams are capped (503 beyond :attr:`DashboardSettings.max_clients`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -33,24 +41,108 @@ from starlette.responses import (
     StreamingResponse,
 )
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.dashboard.fleet import FleetView
+from kubemoot.runtime.settings import RuntimeSettings
 
-__all__ = ["DashboardSettings", "create_app"]
+__all__ = ["CONTENT_SECURITY_POLICY", "DashboardSettings", "GuardMiddleware", "create_app"]
 
 _STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 
 
-class DashboardSettings:
-    """Tunables of the live stream."""
+_DEFAULTS = RuntimeSettings()
 
-    def __init__(self, *, coalesce_seconds: float = 0.2, refresh_seconds: float = 5.0) -> None:
-        # Many writes land together (a claim, a probe, a call log): draw once for them.
-        self.coalesce_seconds = coalesce_seconds
-        # Ages and expiries move without any write; redraw now and then anyway.
-        self.refresh_seconds = refresh_seconds
+# The page loads only its own script and style sheet and talks only to its own origin.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS = (
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+)
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
+
+
+@dataclass(frozen=True, slots=True)
+class DashboardSettings:
+    """Tunables of the page; the numbers' defaults are :class:`RuntimeSettings`'."""
+
+    #: Many writes land together (a claim, a probe, a call log): draw once for them.
+    coalesce_seconds: float = _DEFAULTS.dashboard_coalesce_seconds
+    #: Ages and expiries move without any write; redraw now and then anyway.
+    refresh_seconds: float = _DEFAULTS.dashboard_refresh_seconds
+    #: Event streams served at once.
+    max_clients: int = _DEFAULTS.dashboard_max_clients
+    #: How often the store is asked whether it still answers (0: never).
+    store_check_seconds: float = _DEFAULTS.store_check_seconds
+    #: Host names accepted in the ``Host`` header besides loopback and IP addresses.
+    allowed_hosts: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def from_runtime(
+        cls, settings: RuntimeSettings, *, allowed_hosts: Sequence[str] = ()
+    ) -> DashboardSettings:
+        return cls(coalesce_seconds=settings.dashboard_coalesce_seconds,
+                   refresh_seconds=settings.dashboard_refresh_seconds,
+                   max_clients=settings.dashboard_max_clients,
+                   store_check_seconds=settings.store_check_seconds,
+                   allowed_hosts=tuple(h.strip().lower() for h in allowed_hosts if h.strip()))
+
+    def host_allowed(self, header: str) -> bool:
+        """Whether a request's ``Host`` header names this dashboard safely."""
+        name = _host_name(header)
+        if not name:
+            return False
+        if name in LOOPBACK_NAMES or name in self.allowed_hosts:
+            return True
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return True  # an address, not a name: nothing a foreign page could rebind
+
+
+def _host_name(header: str) -> str:
+    """The host of a ``Host`` header, lower-case, without port or IPv6 brackets."""
+    host = header.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else ""
+    name, _, _port = host.partition(":")
+    return name.rstrip(".")
+
+
+class GuardMiddleware:
+    """Refuses foreign ``Host`` headers and adds the security headers to every reply."""
+
+    def __init__(self, app: ASGIApp, settings: DashboardSettings) -> None:
+        self._app = app
+        self._settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        host = next((value.decode("latin-1") for key, value in scope["headers"]
+                     if key == b"host"), "")
+
+        async def send_guarded(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        if not self._settings.host_allowed(host):
+            refused = PlainTextResponse(
+                "this dashboard answers only to loopback, IP addresses and the host names "
+                "given with --allow-host", status_code=403)
+            await refused(scope, receive, send_guarded)
+            return
+        await self._app(scope, receive, send_guarded)
 
 
 class FleetCollector(Collector):
@@ -77,11 +169,11 @@ class FleetCollector(Collector):
         for p in snap["providers"]:
             name = p["provider"]
             ready.add_metric([name], 1.0 if p["ready"] else 0.0)
-            for use, field in (("total", "totalVramMiB"), ("resident", "residentMiB"),
-                               ("loading", "loadingMiB"), ("reserve", "reserveMiB"),
-                               ("free", "freeMiB")):
-                if p[field] is not None:
-                    vram.add_metric([name, use], float(p[field]))
+            for use, key in (("total", "totalVramMiB"), ("resident", "residentMiB"),
+                             ("loading", "loadingMiB"), ("reserve", "reserveMiB"),
+                             ("free", "freeMiB")):
+                if p[key] is not None:
+                    vram.add_metric([name, use], float(p[key]))
             if p["ageSeconds"] is not None:
                 age.add_metric([name], float(p["ageSeconds"]))
         tickets = GaugeMetricFamily(
@@ -97,7 +189,11 @@ class FleetCollector(Collector):
             "kubemoot_dashboard_clients", "Browsers connected to the live stream.",
             value=float(self._clients[0]),
         )
-        return [ready, vram, age, tickets, clients]
+        store_up = GaugeMetricFamily(
+            "kubemoot_dashboard_store_up", "1 while the shared store answers the dashboard.",
+            value=1.0 if snap["store"]["reachable"] else 0.0,
+        )
+        return [ready, vram, age, tickets, clients, store_up]
 
 
 def _asset(name: str) -> str:
@@ -107,8 +203,8 @@ def _asset(name: str) -> str:
 def create_app(
     view: FleetView, *, clock: Clock, settings: DashboardSettings | None = None,
     stopping: asyncio.Event | None = None,
-) -> Starlette:
-    """The Starlette app over a started :class:`FleetView`.
+) -> ASGIApp:
+    """The app over a started :class:`FleetView`, behind :class:`GuardMiddleware`.
 
     ``stopping`` ends every live stream when set, so a server can shut down promptly.
     """
@@ -132,8 +228,15 @@ def create_app(
         return JSONResponse(view.snapshot())
 
     async def events(request: Request) -> Response:
-        return StreamingResponse(
-            _stream(view, clock=clock, settings=tune, clients=clients, done=done),
+        if clients[0] >= tune.max_clients:
+            return PlainTextResponse(
+                f"too many live pages ({tune.max_clients}); close one or raise "
+                "KUBEMOOT_DASHBOARD_MAX_CLIENTS", status_code=503,
+                headers={"Retry-After": str(round(tune.refresh_seconds))})
+        # Counted here, not when the stream starts, so a burst cannot overshoot the cap.
+        clients[0] += 1
+        return _CountedStream(
+            _stream(view, clock=clock, settings=tune, done=done), clients,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -143,9 +246,13 @@ def create_app(
         return Response(body, media_type=metrics.CONTENT_TYPE)
 
     async def health(request: Request) -> Response:
+        store = view.store_status()
+        if not store["reachable"]:
+            return PlainTextResponse(f"shared state unreachable: {store['reason']}",
+                                     status_code=503)
         return PlainTextResponse("ok")
 
-    return Starlette(routes=[
+    app = Starlette(routes=[
         Route("/", page, methods=["GET"]),
         Route("/static/{name}", static, methods=["GET"]),
         Route("/api/state", state, methods=["GET"]),
@@ -153,6 +260,25 @@ def create_app(
         Route("/metrics", metrics_route, methods=["GET"]),
         Route("/healthz", health, methods=["GET"]),
     ])
+    return GuardMiddleware(app, tune)
+
+
+class _CountedStream(StreamingResponse):
+    """An event stream that leaves the client count when it ends, however it ends.
+
+    A generator's own ``finally`` would not do: a client that goes away before the
+    first chunk leaves the generator unstarted, and its ``finally`` never runs.
+    """
+
+    def __init__(self, content: AsyncIterator[str], clients: list[int], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._clients = clients
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._clients[0] -= 1
 
 
 def _event(snapshot: dict[str, Any]) -> str:
@@ -160,13 +286,11 @@ def _event(snapshot: dict[str, Any]) -> str:
 
 
 async def _stream(
-    view: FleetView, *, clock: Clock, settings: DashboardSettings, clients: list[int],
-    done: asyncio.Event,
+    view: FleetView, *, clock: Clock, settings: DashboardSettings, done: asyncio.Event,
 ) -> AsyncIterator[str]:
     """One browser's event stream: a snapshot now, then one per burst of changes."""
     changed = asyncio.Event()
     view.on_change(changed.set)
-    clients[0] += 1
     try:
         yield "retry: 2000\n\n"  # reconnect quickly if the server restarts
         yield _event(view.snapshot())
@@ -189,5 +313,4 @@ async def _stream(
                 await clock.sleep(settings.coalesce_seconds)
             yield _event(view.snapshot())
     finally:
-        clients[0] -= 1
         view.remove_listener(changed.set)

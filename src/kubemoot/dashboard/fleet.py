@@ -7,7 +7,13 @@ neither lost nor applied twice. :meth:`FleetView.snapshot` turns the mirror into
 JSON the page draws; everything time-dependent (expiry, staleness, ages) is judged
 there against the injected clock, because expiry produces no watch event.
 
-Read-only by construction: this module never writes to a bucket.
+A watch alone cannot tell a quiet fleet from a lost store, so the view also asks the
+store a cheap question every ``check_seconds`` (:class:`~kubemoot.store.health.StoreHealth`;
+the dashboard server turns this on). When it gets no answer in time, the snapshot says
+since when the store is lost (the page shows it, ``/healthz`` fails); when answers come
+back, the view reads every
+bucket again (a deletion made meanwhile would otherwise stay on the page), restarts
+any watch that ended, and says so.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from kubemoot.store.documents import (
     SelectionEntry,
     TicketState,
 )
+from kubemoot.store.health import StoreHealth
 from kubemoot.store.keys import decode_token
 from kubemoot.store.protocol import KV, Bucket, Change, StoreError, Watch
 
@@ -68,9 +75,17 @@ class _Mirror:
 class FleetView:
     """A live, read-only mirror of shared state for one dashboard process."""
 
-    def __init__(self, kv: KV, *, clock: Clock, freshness_seconds: float | None = None) -> None:
+    def __init__(
+        self, kv: KV, *, clock: Clock, freshness_seconds: float | None = None,
+        check_seconds: float | None = None,
+    ) -> None:
         self._kv = kv
         self._clock = clock
+        # None: no checks (a view on a manual clock in a test would spin its clock).
+        self.check_seconds = check_seconds or 0.0
+        self._buckets: list[Bucket] = []
+        self._followers: dict[str, asyncio.Task[None]] = {}
+        self._health: StoreHealth | None = None
         self.freshness_seconds = (
             DEFAULT_FRESHNESS_SECONDS if freshness_seconds is None else freshness_seconds
         )
@@ -95,15 +110,25 @@ class FleetView:
             await self._kv.bucket(MODEL_DEMAND_BUCKET, max_age=DEMAND_MAX_AGE_SECONDS),
             await self._kv.bucket(CALL_LOG_BUCKET, max_age=CALL_LOG_MAX_AGE_SECONDS),
         ]
+        self._buckets = buckets
         for bucket in buckets:
             self._mirrors[bucket.name] = _Mirror()
-            watch = bucket.watch()
-            await watch.ready()
-            self._watches.append(watch)
-            self._tasks.append(asyncio.get_running_loop().create_task(self._follow(watch)))
+            await self._start_watch(bucket)
         for bucket in buckets:
             await self._read_all(bucket)
         self._changed()
+        if self.check_seconds > 0:
+            self._health = StoreHealth(buckets[0], clock=self._clock, every=self.check_seconds)
+            self._health.on_change(self._store_changed)
+            self._tasks.append(asyncio.get_running_loop().create_task(self._health.run()))
+
+    async def _start_watch(self, bucket: Bucket) -> None:
+        watch = bucket.watch()
+        await watch.ready()
+        self._watches.append(watch)
+        task = asyncio.get_running_loop().create_task(self._follow(watch))
+        self._tasks.append(task)
+        self._followers[bucket.name] = task
 
     async def close(self) -> None:
         for watch in self._watches:
@@ -125,10 +150,36 @@ class FleetView:
             self._listeners.remove(listener)
 
     async def _read_all(self, bucket: Bucket) -> None:
-        for key in await bucket.keys():
+        keys = await bucket.keys()
+        mirror = self._mirrors[bucket.name]
+        for gone in set(mirror.values) - set(keys):  # deleted while nobody watched
+            del mirror.values[gone]
+        for key in keys:
             entry = await bucket.get(key)
             if entry is not None:
                 self._apply(Change(bucket.name, key, entry.value, entry.revision))
+
+    # -- is the store there? ---------------------------------------------------------
+
+    def store_status(self) -> dict[str, Any]:
+        """``reachable``, and while it is not, ``lostSince`` and ``reason``."""
+        health = self._health
+        if health is None or health.reachable:
+            return {"reachable": True, "lostSince": None, "reason": None}
+        return {"reachable": False, "lostSince": health.lost_since, "reason": health.reason}
+
+    async def _store_changed(self, health: StoreHealth) -> None:
+        if health.reachable:
+            # Catch up with what changed while the store was away (a StoreError here
+            # keeps it lost; the next check tries again).
+            for bucket in self._buckets:
+                if self._followers[bucket.name].done():
+                    await self._start_watch(bucket)
+                await self._read_all(bucket)
+            log.warning("shared state answers again")
+        else:
+            log.warning("shared state unreachable: %s", health.reason)
+        self._changed()
 
     async def _follow(self, watch: Watch) -> None:
         try:
@@ -183,6 +234,7 @@ class FleetView:
             "now": now,
             "version": self.version,
             "freshnessSeconds": self.freshness_seconds,
+            "store": self.store_status(),
             "providers": self._providers(now, tickets),
             "tickets": [t for ts in tickets.values() for t in ts],
             "demand": self._demand(now),

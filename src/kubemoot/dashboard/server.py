@@ -53,10 +53,11 @@ class DashboardServer:
         settings: DashboardSettings | None = None,
     ) -> None:
         self._clock = clock or SystemClock()
-        self.view = FleetView(kv, clock=self._clock, freshness_seconds=freshness_seconds)
+        self._settings = settings or DashboardSettings()
+        self.view = FleetView(kv, clock=self._clock, freshness_seconds=freshness_seconds,
+                              check_seconds=self._settings.store_check_seconds)
         self._host = host
         self._port = port
-        self._settings = settings
         self._stopping = asyncio.Event()
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None

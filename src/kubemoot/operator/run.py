@@ -14,12 +14,14 @@ from kubemoot.clock import Clock, SystemClock
 from kubemoot.operator.handlers import build_registry
 from kubemoot.operator.kube import KubeClient
 from kubemoot.operator.reconciler import Reconciler
+from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 from kubemoot.store.protocol import KV
 
 __all__ = [
     "DEFAULT_PROBE_INTERVAL",
     "DEFAULT_PROBE_TIMEOUT",
+    "OpenStore",
     "OperatorOptions",
     "cluster_login",
     "kopf_settings",
@@ -29,10 +31,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PROBE_INTERVAL = 30.0
-DEFAULT_PROBE_TIMEOUT = 10.0
+# The defaults live in RuntimeSettings (KUBEMOOT_PROBE_INTERVAL_SECONDS, …).
+DEFAULT_PROBE_INTERVAL = RuntimeSettings().probe_interval_seconds
+DEFAULT_PROBE_TIMEOUT = RuntimeSettings().probe_timeout_seconds
 
 Login = Callable[[], Awaitable[kopf.ConnectionInfo]]
+#: Opens the shared store (the CLI's says where it connects and masks passwords).
+OpenStore = Callable[[Clock], Awaitable[KV]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +111,14 @@ async def serve(
 
 
 async def run_operator(
-    options: OperatorOptions, *, clock: Clock | None = None, login: Login = cluster_login
+    options: OperatorOptions, *, clock: Clock | None = None, login: Login = cluster_login,
+    open_kv: OpenStore | None = None,
 ) -> None:
-    """Check the credentials, open the shared store, then serve until interrupted."""
+    """Check the credentials, open the shared store, then serve until interrupted.
+
+    The store comes from ``open_kv`` when given, else from ``options.store_url``.
+    SIGTERM and SIGINT stop kopf gracefully (kopf handles both); the store closes last.
+    """
     from kubemoot.store import open_store
 
     try:
@@ -116,7 +126,8 @@ async def run_operator(
     except (OSError, ValueError, KeyError, TypeError, kopf.LoginError) as error:
         raise InputError(f"cannot read Kubernetes credentials: {error}") from None
     clock = clock or SystemClock()
-    store: KV = await open_store(options.store_url, clock=clock)
+    store: KV = (await open_kv(clock) if open_kv is not None
+                 else await open_store(options.store_url, clock=clock))
     try:
         bucket = await store.bucket(PROVIDER_STATE_BUCKET)
         kube = KubeClient(login)

@@ -1,7 +1,10 @@
-"""Every tunable of the per-call runtime, with its default, in one frozen object.
+"""Every tunable of a Kubemoot process, with its default, in one frozen object.
 
-The defaults are DESIGN §5's; :meth:`RuntimeSettings.from_env` reads the environment
-variables the spec names so a deployment can change them without code.
+The per-call runtime's defaults are DESIGN §5's. The process-level ones (how long a
+first connection may take, how long a shutdown may take, the dashboard's limits) live
+here too, so a deployment changes any of them the same way: every entry point calls
+:meth:`RuntimeSettings.from_env`, which reads the ``KUBEMOOT_*`` variable named in
+:data:`ENV_VARIABLES` for each field.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ MIB_PER_GIB = 1024
 
 @dataclass(frozen=True, slots=True)
 class RuntimeSettings:
-    """Numbers the per-call runtime uses; all times in seconds, sizes in MiB."""
+    """Numbers a Kubemoot process uses; all times in seconds, sizes in MiB."""
 
     #: How fast a model loads (and an unloaded one reloads) — about 1 GiB/s on Ollama.
     load_rate_mibps: float = 1024.0
@@ -58,27 +61,43 @@ class RuntimeSettings:
     #: Prompt size assumed when a call is planned before its prompt exists.
     assumed_prompt_tokens: int = 2048
 
+    # -- the process around the runtime ------------------------------------------------
+
+    #: A command gives up on its first connection to the shared store after this long
+    #: (it says where it connects and shows progress meanwhile).
+    connect_wait_seconds: float = 30.0
+    #: How often a long-running command checks that the shared store still answers, and
+    #: how long one check may take before the store counts as lost.
+    store_check_seconds: float = 2.0
+    #: After SIGTERM or Ctrl-C, the time a command has to release its tickets and
+    #: withdraw its intents before it exits anyway (Kubernetes waits 30 s by default).
+    shutdown_grace_seconds: float = 10.0
+    #: Seconds between two probes of every ModelProvider, and how long one may take.
+    probe_interval_seconds: float = 30.0
+    probe_timeout_seconds: float = 10.0
+    #: Browsers the dashboard streams to at once; one more gets 503.
+    dashboard_max_clients: int = 32
+    #: The dashboard draws once per burst of writes this long, and at least this often.
+    dashboard_coalesce_seconds: float = 0.2
+    dashboard_refresh_seconds: float = 5.0
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RuntimeSettings:
-        """Defaults overridden by ``KUBEMOOT_*`` variables; a malformed one is an InputError."""
+        """Defaults overridden by ``KUBEMOOT_*`` variables; a malformed one is an InputError.
+
+        An empty variable counts as unset. The wait limit falls back to the synthesis
+        deadline when only that is set: the spec ties the two together by default.
+        """
         env = os.environ if env is None else env
-        changes: dict[str, float] = {}
-        tolerance = env.get("KUBEMOOT_MODEL_CANDIDATE_TOLERANCE")
-        if tolerance is not None:
-            changes["candidate_tolerance"] = _number(
-                "KUBEMOOT_MODEL_CANDIDATE_TOLERANCE", tolerance
-            )
-        limit = env.get("KUBEMOOT_DISCUSS_GPU_WAIT_LIMIT_SECONDS")
-        synthesis = env.get("KUBEMOOT_DISCUSS_SYNTHESIS_TIMEOUT_SECONDS")
-        if limit is not None:
-            changes["gpu_wait_limit_seconds"] = _number(
-                "KUBEMOOT_DISCUSS_GPU_WAIT_LIMIT_SECONDS", limit
-            )
-        elif synthesis is not None:
-            # The spec ties the wait's safety net to the synthesis deadline by default.
-            changes["gpu_wait_limit_seconds"] = _number(
-                "KUBEMOOT_DISCUSS_SYNTHESIS_TIMEOUT_SECONDS", synthesis
-            )
+        changes: dict[str, float | int] = {}
+        for item in fields(cls):
+            variable = ENV_VARIABLES[item.name]
+            text = env.get(variable, "").strip()
+            if not text and item.name == "gpu_wait_limit_seconds":
+                variable = SYNTHESIS_TIMEOUT_ENV
+                text = env.get(variable, "").strip()
+            if text:
+                changes[item.name] = _parse(variable, text, whole=item.type == "int")
         return replace(cls(), **changes)  # type: ignore[arg-type]
 
     def with_values(self, values: Mapping[str, float]) -> RuntimeSettings:
@@ -90,11 +109,26 @@ class RuntimeSettings:
         return replace(self, **values)  # type: ignore[arg-type]
 
 
-def _number(name: str, text: str) -> float:
+def _parse(name: str, text: str, *, whole: bool) -> float | int:
     try:
-        value = float(text)
+        value: float | int = int(text) if whole else float(text)
     except ValueError:
-        raise InputError(f"{name} must be a number, got {text!r}", field=name) from None
-    if value < 0:
-        raise InputError(f"{name} must not be negative, got {text!r}", field=name)
+        kind = "a whole number" if whole else "a number"
+        raise InputError(f"must be {kind}, got {text!r}", field=name) from None
+    if value < 0 or value != value:  # NaN compares unequal to itself
+        raise InputError(f"must not be negative, got {text!r}", field=name)
     return value
+
+
+#: The variable of each setting. Two keep the names the spec gives them; the rest are
+#: ``KUBEMOOT_`` and the field's name in capitals.
+_SPEC_NAMES = {
+    "candidate_tolerance": "KUBEMOOT_MODEL_CANDIDATE_TOLERANCE",
+    "gpu_wait_limit_seconds": "KUBEMOOT_DISCUSS_GPU_WAIT_LIMIT_SECONDS",
+}
+ENV_VARIABLES: dict[str, str] = {
+    item.name: _SPEC_NAMES.get(item.name, f"KUBEMOOT_{item.name.upper()}")
+    for item in fields(RuntimeSettings)
+}
+#: Read for the wait limit when its own variable is not set.
+SYNTHESIS_TIMEOUT_ENV = "KUBEMOOT_DISCUSS_SYNTHESIS_TIMEOUT_SECONDS"

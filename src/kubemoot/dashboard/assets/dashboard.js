@@ -126,6 +126,24 @@ function draw() {
     `updated ${new Date(s.now * 1000).toLocaleTimeString()} (state version ${s.version})`;
 }
 
+// The page is live, but the shared store behind it may not be: then every number on it
+// is frozen at the moment the store went away, and the page must say so.
+function showStore(status, store) {
+  const banner = document.getElementById("store-lost");
+  if (store && !store.reachable) {
+    const since = new Date(store.lostSince * 1000).toLocaleTimeString();
+    status.dataset.state = "lost";
+    status.textContent = "shared state lost";
+    banner.textContent = `The shared state has not answered since ${since} (${store.reason}). ` +
+      "What you see is the last picture; it updates again when the store is back.";
+    banner.hidden = false;
+  } else {
+    status.dataset.state = "live";
+    status.textContent = "live";
+    banner.hidden = true;
+  }
+}
+
 function connect() {
   const status = document.getElementById("connection");
   const source = new EventSource("/events");
@@ -133,8 +151,7 @@ function connect() {
     latest = JSON.parse(event.data);
     receivedAt = Date.now();
     window.kubemootUpdates += 1;
-    status.dataset.state = "live";
-    status.textContent = "live";
+    showStore(status, latest.store);
     draw();
   });
   source.onerror = () => {

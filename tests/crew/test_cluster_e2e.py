@@ -29,8 +29,7 @@ from kubemoot.operator.kube import KubeClient
 from kubemoot.operator.reconciler import Reconciler
 from kubemoot.operator.run import kopf_settings, serve
 from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
-from kubemoot.store.documents import PROVIDER_STATE_BUCKET, PROVIDER_TICKETS_BUCKET
-from kubemoot.store.documents import ProviderTickets
+from kubemoot.store.documents import PROVIDER_STATE_BUCKET, PROVIDER_TICKETS_BUCKET, ProviderTickets
 from kubemoot.store.nats import NatsKV, NatsSettings
 from kubemoot.testing.emulators import emulator_factory
 from kubemoot.testing.nats_server import NatsServer, running_nats_server

@@ -65,6 +65,7 @@ ENV_MODEL_ENDPOINT = "KUBEMOOT_MODEL_ENDPOINT"
 ENV_TRIAGE_MODEL_ID = "KUBEMOOT_TRIAGE_MODEL_MODEL_ID"
 ENV_TRIAGE_ENDPOINT = "KUBEMOOT_TRIAGE_MODEL_ENDPOINT"
 ENV_CANDIDATES_MULLING = "KUBEMOOT_MODEL_CANDIDATES_MULLING"
+ENV_CANDIDATES_TRIAGE = "KUBEMOOT_MODEL_CANDIDATES_TRIAGE"
 
 MAX_CANDIDATES = 256  # far more than a Model bundle holds; bounds a malformed variable
 
@@ -135,6 +136,11 @@ def profile_from_env(
         score = next((c.score for c in listed if c.model == bound), 0.0)
         listed = (Candidate(bound, score), *(c for c in listed if c.model != bound))
     triage_model = env.get(ENV_TRIAGE_MODEL_ID, "").strip()
+    if not triage_model:
+        # Not bound (yet): the published list's first entry is the one to try; the bound
+        # model, once there is one, leads that list anyway.
+        listed_triage = _candidates(env, ENV_CANDIDATES_TRIAGE)
+        triage_model = listed_triage[0].model if listed_triage else ""
     states = providers or {}
     return AgentProfile(
         id=identity.id,

@@ -11,6 +11,7 @@ could not (no GPU, no member, a failed synthesis: the message says which).
 from __future__ import annotations
 
 import json
+import os
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -82,6 +83,9 @@ def ask_command(
     if len(text) > MAX_QUESTION_CHARS:
         raise InputError(f"has {len(text)} characters; at most {MAX_QUESTION_CHARS}",
                          field="QUESTION")
+    if not (nats or os.environ.get("KUBEMOOT_NATS_URL", "").strip()):
+        raise InputError("a crew is asked over NATS: give --nats nats://HOST:PORT (or set "
+                         "KUBEMOOT_NATS_URL)", field="--nats")
     settings = resolve_nats(
         NatsFlags(url=nats, user=nats_user, password=nats_password, token=nats_token,
                   creds=nats_creds, tls_ca=nats_tls_ca, tls_cert=nats_tls_cert,
@@ -89,9 +93,6 @@ def ask_command(
         use_nats=True,
     )
     assert settings is not None
-    if not settings.servers:
-        raise InputError("give --nats nats://HOST:PORT (or set KUBEMOOT_NATS_URL)",
-                         field="--nats")
     tunables = RuntimeSettings.from_env()
     wait = timeout if timeout is not None else (
         tunables.gpu_wait_limit_seconds + tunables.crew_silence_seconds

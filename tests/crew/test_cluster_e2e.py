@@ -14,7 +14,9 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,12 @@ from kubemoot.operator.kube import KubeClient
 from kubemoot.operator.reconciler import Reconciler
 from kubemoot.operator.run import kopf_settings, serve
 from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
-from kubemoot.store.documents import PROVIDER_STATE_BUCKET, PROVIDER_TICKETS_BUCKET, ProviderTickets
+from kubemoot.store.documents import (
+    PROVIDER_STATE_BUCKET,
+    PROVIDER_TICKETS_BUCKET,
+    ProviderTickets,
+    Ticket,
+)
 from kubemoot.store.nats import NatsKV, NatsSettings
 from kubemoot.testing.emulators import emulator_factory
 from kubemoot.testing.nats_server import NatsServer, running_nats_server
@@ -61,7 +68,7 @@ FAST_ENV = {
     "KUBEMOOT_LOAD_RATE_MIBPS": "100000", "KUBEMOOT_UNLOAD_SECONDS": "0.01",
     "KUBEMOOT_DEFAULT_LATENCY_SECONDS": "5", "KUBEMOOT_DISCUSS_GPU_WAIT_LIMIT_SECONDS": "20",
     "KUBEMOOT_CREW_ROLL_CALL_SECONDS": "0.5", "KUBEMOOT_CREW_HEARTBEAT_SECONDS": "0.5",
-    "KUBEMOOT_CREW_SILENCE_SECONDS": "5",
+    "KUBEMOOT_CREW_SILENCE_SECONDS": "3", "KUBEMOOT_TICKET_TTL_SECONDS": "60",
 }
 QUESTION = "Pods in the payments namespace restart every few minutes; what is wrong?"
 
@@ -190,47 +197,82 @@ async def nats_url() -> AsyncIterator[str]:
         yield server.url
 
 
-async def test_a_crew_of_agent_processes_answers_through_the_cluster_path(
-    kmock: Any, nats_url: str,
-) -> None:
+class ClusterPath:
+    """The operator on kmock, two emulated GPUs, and the crew's agent processes."""
+
+    def __init__(self, cluster: Cluster, gpus: dict[str, OllamaEmulator], nats_url: str):
+        self.cluster = cluster
+        self.gpus = gpus
+        self.nats_url = nats_url
+        self.base = {k: v for k, v in os.environ.items() if not k.startswith("KUBEMOOT_")}
+        self.agents: dict[str, AgentProcess] = {}
+        self.codes: dict[str, int] = {}
+
+    async def bound(self) -> None:
+        """Wait until every Agent is bound and its Deployment carries the binding."""
+        for name in AGENTS:
+            await eventually(
+                lambda name=name: "KUBEMOOT_TRIAGE_MODEL_MODEL_ID" in container_env(
+                    self.cluster, name) and "KUBEMOOT_MODEL_MODEL" in container_env(
+                    self.cluster, name), what=f"{name}'s Deployment patched")
+
+    async def start(self, name: str) -> AgentProcess:
+        """`kubemoot agent` with the env of the Deployment the operator patched."""
+        env = container_env(self.cluster, name)
+        assert env[ENV_AGENT_NAME] == name
+        assert json.loads(env["KUBEMOOT_MODEL_CANDIDATES_MULLING"])
+        env["KUBEMOOT_NATS_URL"] = self.nats_url  # the Service, as seen from outside
+        agent = await AgentProcess.start({**self.base, **env, **FAST_ENV})
+        self.agents[name] = agent
+        await agent.ready()
+        return agent
+
+    async def ask(self) -> dict[str, Any]:
+        asked = await asyncio.create_subprocess_exec(
+            str(KUBEMOOT), "ask", "--crew", f"{NS}/{CREW}", "--nats", self.nats_url,
+            "-o", "json", QUESTION, env={**self.base, **FAST_ENV},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(asked.communicate(), 90.0)
+        assert asked.returncode == 0, err.decode() + out.decode()
+        answer: dict[str, Any] = json.loads(out)
+        return answer
+
+    async def stop_all(self) -> None:
+        for name, agent in self.agents.items():
+            self.codes[name] = await agent.stop()
+
+
+@asynccontextmanager
+async def cluster_path(kmock: Any, nats_url: str) -> AsyncIterator[ClusterPath]:
     declare_resources(kmock)
     url = str(kmock.url).rstrip("/")
     operator = NatsOperator(url, nats_url)
     operator.start()
-    agents: list[AgentProcess] = []
     with emulator_factory(CARD) as make:
         gpus = {"gpu-a": make(), "gpu-b": make()}
+        path: ClusterPath | None = None
         try:
             await _watches_open(kmock)
             assert operator.reconciler is not None and operator.bucket is not None
             async with httpx.AsyncClient(base_url=url) as http:
                 cluster = Cluster(kmock, http, operator.reconciler, operator.bucket, operator)
                 await apply_crew(cluster, gpus)
-                for name in AGENTS:  # bound, and the binding written into its Deployment
-                    await eventually(
-                        lambda name=name: "KUBEMOOT_TRIAGE_MODEL_MODEL_ID" in container_env(
-                            cluster, name) and "KUBEMOOT_MODEL_MODEL" in container_env(
-                            cluster, name), what=f"{name}'s Deployment patched")
-                base = {k: v for k, v in os.environ.items() if not k.startswith("KUBEMOOT_")}
-                for name in AGENTS:
-                    env = container_env(cluster, name)
-                    assert env[ENV_AGENT_NAME] == name
-                    assert json.loads(env["KUBEMOOT_MODEL_CANDIDATES_MULLING"])
-                    env["KUBEMOOT_NATS_URL"] = nats_url  # the Service, from outside
-                    agents.append(await AgentProcess.start({**base, **env, **FAST_ENV}))
-                await asyncio.gather(*(agent.ready() for agent in agents))
-
-                asked = await asyncio.create_subprocess_exec(
-                    str(KUBEMOOT), "ask", "--crew", f"{NS}/{CREW}", "--nats", nats_url,
-                    "-o", "json", QUESTION, env={**base, **FAST_ENV},
-                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-                out, err = await asyncio.wait_for(asked.communicate(), 90.0)
-                assert asked.returncode == 0, err.decode() + out.decode()
-                answer = json.loads(out)
+                path = ClusterPath(cluster, gpus, nats_url)
+                await path.bound()
+                yield path
         finally:
-            codes = [await agent.stop() for agent in agents]
+            if path is not None:
+                await path.stop_all()
             await operator.stop()
-        evictions = {name: gpu.engine.evictions for name, gpu in gpus.items()}
+
+
+async def test_a_crew_of_agent_processes_answers_through_the_cluster_path(
+    kmock: Any, nats_url: str,
+) -> None:
+    async with cluster_path(kmock, nats_url) as path:
+        await asyncio.gather(*(path.start(name) for name in AGENTS))
+        answer = await path.ask()
+    evictions = {name: gpu.engine.evictions for name, gpu in path.gpus.items()}
 
     assert answer["answered"] is True and answer["settlement"] == "synthesis"
     assert answer["crew"] == f"{NS}/{CREW}"
@@ -246,20 +288,80 @@ async def test_a_crew_of_agent_processes_answers_through_the_cluster_path(
         assert isinstance(call["evicted"], list)
     assert evictions == {"gpu-a": [], "gpu-b": []}  # every eviction was the scheduler's
     # SIGTERM: each agent shut down cleanly (128 + SIGTERM) ...
-    assert codes == [128 + signal.SIGTERM] * len(AGENTS), [a.lines for a in agents]
+    assert set(path.codes.values()) == {128 + signal.SIGTERM}, path.codes
     # ... and left no ticket behind in the shared state.
-    assert await _tickets_left(nats_url) == []
+    assert await _tickets(nats_url) == []
 
 
-async def _tickets_left(nats_url: str) -> list[str]:
+async def test_an_agent_process_killed_mid_discussion_costs_its_tickets_ttl_only(
+    kmock: Any, nats_url: str,
+) -> None:
+    async with cluster_path(kmock, nats_url) as path:
+        await asyncio.gather(*(path.start(name) for name in AGENTS))
+        # Every chat takes a second from now on: the discussion is in full swing
+        # while the victim's calls are in flight.
+        for gpu in path.gpus.values():
+            gpu.stall_next(1.0, path="/api/chat", count=50)
+        asking = asyncio.ensure_future(path.ask())
+        victim = "kubectl-agent"
+
+        def holds_a_ticket() -> list[Any]:
+            return [t for t in held if f"/{victim}@" in t.holder_id]
+
+        held: list[Any] = []
+
+        async def victim_holds() -> bool:
+            held[:] = await _tickets(nats_url)
+            return bool(holds_a_ticket())
+
+        await _until(victim_holds, what="the victim holding a ticket")
+        killed_at = time.time()
+        path.agents[victim].process.kill()  # SIGKILL: no goodbye, tickets left behind
+        first = await asking
+        left = [t for t in await _tickets(nats_url) if f"/{victim}@" in t.holder_id]
+
+        # The same Deployment's pod comes back: the crew answers with it again.
+        await path.agents.pop(victim).stop()
+        await path.start(victim)
+        for gpu in path.gpus.values():
+            gpu.clear_faults()
+        second = await path.ask()
+
+    # The discussion did not hang on the dead process: its silence was a failure ...
+    (dead,) = [s for s in first["signals"] if s["agent"] == f"{NS}/{victim}"
+               and s["type"] == "failure"]
+    assert "no word from the agent's process" in dead["metadata"]["lastError"]
+    # ... and the other member's position still made the crew's answer.
+    assert first["answered"] is True, first
+    # What the dead process held is reclaimed by the TTL, never later.
+    ttl = float(FAST_ENV["KUBEMOOT_TICKET_TTL_SECONDS"])
+    assert left, "the killed process left its tickets"
+    assert all(t.expires_at <= killed_at + ttl for t in left), left
+    assert second["answered"] is True, second
+    assert sorted(second["selected"]) == [f"{NS}/kubectl-agent", f"{NS}/log-analyst"]
+    assert {s["agent"] for s in second["signals"] if s["type"] in ("agree", "concern")} == {
+        f"{NS}/kubectl-agent", f"{NS}/log-analyst"}
+
+
+async def _until(check: Callable[[], Awaitable[bool]], *, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 30.0
+    while not await check():
+        if loop.time() > end:
+            raise AssertionError(f"{what} never happened")
+        await asyncio.sleep(0.01)
+
+
+async def _tickets(nats_url: str) -> list[Ticket]:
+    """Every ticket in the shared state, expired or not."""
     kv = await NatsKV.connect(NatsSettings(servers=[nats_url]))
     try:
         bucket = await kv.bucket(PROVIDER_TICKETS_BUCKET)
-        left: list[str] = []
+        found: list[Ticket] = []
         for key in await bucket.keys():
             entry = await bucket.get(key)
             if entry is not None:
-                left += [t.ticket_id for t in ProviderTickets.from_json(entry.value).tickets]
-        return left
+                found += ProviderTickets.from_json(entry.value).tickets
+        return found
     finally:
         await kv.close()

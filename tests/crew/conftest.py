@@ -96,7 +96,8 @@ class Crew:
     settings: RuntimeSettings = FAST
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
-    async def start(self, name: str, env: Mapping[str, str], *, role: str = "member") -> None:
+    async def start(self, name: str, env: Mapping[str, str], *, role: str = "member",
+                    replica: int = 0) -> None:
         up = asyncio.Event()
 
         def ready(_: AgentProfile) -> None:
@@ -107,7 +108,7 @@ class Crew:
             self.kv, self.bus, identity, env=env, settings=self.settings,
             make_client=make_client, chat_factory=chat_client, clock=SystemClock(),
             ready=ready))
-        self.tasks[name] = task
+        self.tasks[name if not replica else f"{name}#{replica}"] = task
         done, _ = await asyncio.wait([task, asyncio.ensure_future(up.wait())],
                                      return_when=asyncio.FIRST_COMPLETED)
         if task in done:

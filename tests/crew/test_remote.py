@@ -136,3 +136,27 @@ async def _held(kv: MemoryKV) -> bool:
         if entry is not None and ProviderTickets.from_json(entry.value).tickets:
             return True
     return False
+
+
+async def test_replicas_of_one_member_take_each_thread_once(
+    make_emulator: Callable[..., OllamaEmulator],
+) -> None:
+    gpus = {"gpu-a": make_emulator(), "gpu-b": make_emulator()}
+    kv, bus = MemoryKV(SystemClock()), MemoryBus()
+    await publish_providers(kv, gpus)
+    async with running_crew(kv, bus) as crew:
+        await crew.start("coordinator", binding(("qwen3:8b",)), role="coordinator")
+        await crew.start("kubectl-agent", binding(("qwen3:8b",)))
+        await crew.start("kubectl-agent", binding(("qwen3:8b",)), replica=1)
+        reply = await crew.ask(QUESTION)
+    await bus.close()
+    await kv.close()
+
+    assert reply["answered"] is True, reply
+    assert reply["selected"] == ["crew-a/kubectl-agent"]
+    mulling = [c for c in reply["calls"] if c["phase"] == "mulling"]
+    assert [c["agent"] for c in mulling] == ["crew-a/kubectl-agent"]
+    positions = [s for s in reply["signals"] if s["type"] in ("agree", "concern")]
+    assert len(positions) == 1
+    # the engines saw one mulling call and the synthesis, not a second replica's work
+    assert sum(len(g.records) for g in gpus.values()) == 2

@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 
 SUBJECT_ROOT = "kubemoot.crew"
 COORDINATOR_QUEUE = "coordinators"  # several coordinator replicas: one answers
+MEMBER_QUEUE = "replicas"  # several replicas of one member: one takes a thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,8 +238,9 @@ class CrewMember:
     async def start(self) -> None:
         self._subs.append(await self.bus.subscribe(self.crew.subject("rollcall"),
                                                    self._roll_call))
+        # Replicas of one Agent's Deployment: each selection goes to one of them.
         self._subs.append(await self.bus.subscribe(self.crew.select_subject(self.profile.id),
-                                                   self._selected))
+                                                   self._selected, queue=MEMBER_QUEUE))
 
     async def stop(self) -> None:
         """Leave: no new threads; threads in progress end (their tickets and plans are

@@ -29,11 +29,13 @@ __all__ = [
     "CONTENT_TYPE",
     "DECISIONS",
     "EVICTIONS",
+    "LEASE_RENEWALS",
     "PLACEMENT_SECONDS",
     "PROBE_ERRORS",
     "RECONCILES",
     "REFUSALS",
     "REGISTRY",
+    "STATE_ERRORS",
     "WAITS",
     "WAIT_SECONDS",
     "render",
@@ -112,6 +114,22 @@ PROBE_ERRORS = Counter(
     "kubemoot_probe_errors",
     "Provider probes that found the provider not ready, by provider.",
     ["provider"],
+    registry=REGISTRY,
+)
+LEASE_RENEWALS = Counter(
+    "kubemoot_lease_renewals",
+    "Renewals of tickets whose call or held plan is still alive, by result: renewed, "
+    "failed (the store did not answer; tried again at the next turn) or lost (the "
+    "ticket was gone).",
+    ["result"],
+    registry=REGISTRY,
+)
+STATE_ERRORS = Counter(
+    "kubemoot_state_errors",
+    "Shared-state documents that could not be read or written where the runtime went "
+    "on without them, by site (e.g. provider-state, tickets, demand, intent) and kind "
+    "(unreadable, store).",
+    ["site", "kind"],
     registry=REGISTRY,
 )
 RECONCILES = Counter(

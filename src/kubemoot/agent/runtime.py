@@ -359,10 +359,11 @@ class AgentRuntime:
         began = self.clock.now()
         result: ToolLoopResult | None = None
         try:
-            result = await run_tool_loop(
-                chat, messages, context_length=placement.context_length,
-                estimator=self.estimator(placement.model), tools=tools, limits=self.limits,
-            )
+            async with self.planner.lease(placement):  # renewed while the call runs
+                result = await run_tool_loop(
+                    chat, messages, context_length=placement.context_length,
+                    estimator=self.estimator(placement.model), tools=tools, limits=self.limits,
+                )
         finally:
             ok = result is not None and result.ok
             try:

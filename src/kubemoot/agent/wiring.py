@@ -103,7 +103,8 @@ async def build_stack(
     await view.follow()
     tickets = TicketManager(tickets_bucket, states, clock=clock,
                             ttl_seconds=settings.ticket_ttl_seconds,
-                            max_attempts=settings.claim_attempts)
+                            max_attempts=settings.claim_attempts,
+                            line_seconds=settings.claim_line_seconds)
     board = DemandBoard(demand_bucket, clock=clock)
     occupancy = OccupancyBook(settings=settings, declared=declared)
     planner = CallPlanner(

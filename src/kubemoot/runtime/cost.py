@@ -70,17 +70,22 @@ class Option:
     victims: tuple[str, ...] = ()
     footprint_mib: int = 0  # new VRAM the call's ticket would spend
     evicts: dict[str, int] = field(default_factory=dict)  # victim → MiB
+    in_flight: int = 0  # calls on the copy, with the waiters placed there before this one
 
-    def sort_key(self, model_order: Sequence[str] = ()) -> tuple[float, int, str, int, str]:
-        """Cheapest first; ties: warm, then cold, then unload; then provider name (DESIGN §5).
+    def sort_key(
+        self, model_order: Sequence[str] = ()
+    ) -> tuple[float, int, int, str, int, str]:
+        """Cheapest first; ties: warm, then cold, then unload; between copies, fewer calls
+        in flight; then provider name (DESIGN §5).
 
-        Only after the provider name does the candidates' order (preferred first) and
-        then the model name decide, so that the order is total and repeatable. Nothing
-        else (such as how many calls a copy already runs) may jump ahead of the name:
-        the design fixes the tie order, and users read decisions against it.
+        Fewer calls in flight spreads equally cheap work over the copies instead of
+        stacking it on the first name. Only after the provider name do the candidates'
+        order (preferred first) and the model name decide, so the order is total and
+        repeatable.
         """
         order = model_order.index(self.model) if self.model in model_order else len(model_order)
-        return (round(self.seconds, 9), self.kind.rank, self.provider, order, self.model)
+        return (round(self.seconds, 9), self.kind.rank, self.in_flight, self.provider, order,
+                self.model)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -214,7 +219,8 @@ class CostModel:
             kind = OptionKind.WARM
         else:
             kind = OptionKind.LOADING
-        return Option(kind, p.name, model, remaining + queue)
+        return Option(kind, p.name, model, remaining + queue,
+                      in_flight=len(p.in_flight(model)) + ahead)
 
     def cold_option(self, p: ProviderSnapshot, model: str, occupancy: int) -> Option:
         """Load ``model`` onto free room on ``p`` (the caller checked it fits)."""

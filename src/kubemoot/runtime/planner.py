@@ -5,7 +5,8 @@ The order (DESIGN §5) keeps the spec's cheap cases first:
 1. the preferred model warm with a free slot;
 2. an in-tolerance candidate warm with a free slot, highest score first (no load,
    no eviction, so it beats cold-loading the preferred model);
-3. an in-tolerance candidate another call is loading right now (converge on it);
+3. an in-tolerance candidate another call is loading right now (converge on it: join
+   it with a free slot, or queue at it when its slots are taken);
 
 then **one comparison** in seconds over what is left: queueing at a warm copy of the
 preferred model or an in-tolerance candidate, cold-loading the preferred model onto
@@ -17,6 +18,7 @@ all the refusal is classified (busy, model too large, prompt too large).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Protocol
@@ -24,8 +26,10 @@ from typing import Protocol
 from kubemoot import metrics
 from kubemoot.gates.results import Outcome
 from kubemoot.providers.protocol import ProviderClient
+from kubemoot.runtime import faults
 from kubemoot.runtime.claims import EvictionFailed, claim_with_evictions
 from kubemoot.runtime.cost import CostModel, Option, OptionKind
+from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.record import build_record
@@ -100,7 +104,7 @@ class CallPlanner:
                 try:
                     need = await self._demand.snapshot()
                 except StoreError as error:  # demand only orders victims; go on without it
-                    log.warning("demand board unreadable: %s", error)
+                    faults.noted("demand", faults.STORE, "demand board unreadable", error)
             self._need, self._need_read_at = need, now
         return self._need
 
@@ -194,6 +198,12 @@ class CallPlanner:
         if claim is not None:
             return self._placed(rnd, claim, options or [claim.option],
                                 "a warm or loading copy had room")
+        loading = self.selector.loading_queue(rnd, models)
+        if loading is not None:
+            # Step 3 without a free slot: wait for the copy that is already coming
+            # rather than load a second one (DESIGN §5).
+            return self._queued(rnd, loading, [loading, *(o for o in options if o != loading)],
+                                why="converging on the copy another call is loading")
         if not explain:
             options = self._options(rnd, models, explain=False)
         if not options:
@@ -271,13 +281,16 @@ class CallPlanner:
             context_length=claim.context_length,
         )
 
-    def _queued(self, rnd: Round, best: Option, options: list[Option]) -> Placement:
+    def _queued(
+        self, rnd: Round, best: Option, options: list[Option],
+        why: str = "the cheapest option",
+    ) -> Placement:
         p = rnd.fleet.provider(best.provider)
         record = build_record(
             subject=f"call:{best.model}", gates=rnd.gates, options=options, chosen=best,
             outcome=Outcome.DEFER,
-            reason=f"queueing for a slot on {best.provider} ({best.seconds:.3f} s) is the "
-            "cheapest option; the call waits for the next capacity change and places again",
+            reason=f"queueing for a slot on {best.provider} ({best.seconds:.3f} s) is {why}; "
+            "the call waits for the next capacity change and places again",
         )
         return Placement(
             Action.QUEUE,
@@ -320,6 +333,19 @@ class CallPlanner:
                 view.observe_latency(placement.provider, placement.endpoint, seconds)
         await self.release(placement)
 
+    def lease(
+        self, placement: Placement
+    ) -> contextlib.AbstractAsyncContextManager[Lease | None]:
+        """``async with planner.lease(placement):`` keeps the call's ticket alive.
+
+        The ticket is renewed every TTL/3 on the injected clock until the block ends,
+        so a call longer than the TTL keeps its memory and its model never looks idle.
+        A placement without a ticket (static, refused) gets a lease that does nothing.
+        """
+        if placement.ticket is None or placement.provider is None:
+            return contextlib.nullcontext(None)
+        return self.selector.tickets.lease(placement.provider, placement.ticket.ticket_id)
+
     async def release(self, placement: Placement) -> None:
         """Give the call's ticket back (idempotent)."""
         if placement.ticket is None or placement.provider is None:
@@ -337,4 +363,6 @@ _REASON_TEXT = {
     Reason.MODEL_TOO_LARGE: "no provider's usable VRAM can hold {model}",
     Reason.PROMPT_TOO_LARGE: "the prompt is longer than the context of every provider "
     "that could run an acceptable model",
+    Reason.MODEL_UNKNOWN: "no provider lists {model} and no Model resource declares it "
+    "(is the name misspelt?)",
 }

@@ -46,6 +46,9 @@ class RuntimeSettings:
     demand_cache_seconds: float = 1.0
     #: A plan held from selection that no call took is released after this long.
     held_plan_ttl_seconds: float = 180.0
+    #: An agent's selection frequency (the demand forecast) counts the threads seen in
+    #: this window: the share of them the agent was selected for.
+    selection_window_seconds: float = 3600.0
     #: Safety net for a busy call waiting on capacity changes.
     gpu_wait_limit_seconds: float = 90.0
     #: KV-cache bytes per token of context, for the slab estimate of a never-loaded model.
@@ -58,6 +61,9 @@ class RuntimeSettings:
     circuit_cooldown_seconds: float = 30.0
     #: Compare-and-set attempts of one claim before giving up.
     claim_attempts: int = 8
+    #: A claimer refused for memory keeps its place in the provider's line this long
+    #: after its last try (claimers across processes are served first come first).
+    claim_line_seconds: float = 5.0
     #: Prompt size assumed when a call is planned before its prompt exists.
     assumed_prompt_tokens: int = 2048
 

@@ -277,7 +277,8 @@ async def decide(
         await _write_demand(demand_bucket, state, now)
         view = ProviderView(states, tickets, clock=clock, settings=settings, latency=latency)
         manager = TicketManager(
-            tickets, states, clock=clock, ttl_seconds=settings.ticket_ttl_seconds
+            tickets, states, clock=clock, ttl_seconds=settings.ticket_ttl_seconds,
+            line_seconds=settings.claim_line_seconds,
         )
         planner = CallPlanner(
             ProviderSelector(view, manager), states=states, settings=settings,

@@ -113,6 +113,7 @@ class KubemootPolicy(Policy):
         manager = TicketManager(
             tickets, states, clock=clock, ttl_seconds=settings.ticket_ttl_seconds,
             max_attempts=settings.claim_attempts, rng=ctx.rng,
+            line_seconds=settings.claim_line_seconds,
         )
         view = ProviderView(states, tickets, clock=clock, settings=settings)
         self._demand = DemandBoard(demand_bucket, clock=clock)

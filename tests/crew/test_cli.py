@@ -57,3 +57,29 @@ async def test_asking_a_crew_without_a_coordinator_says_so() -> None:
     assert done.returncode == 2, done.stderr
     assert "no coordinator of crew ns/nobody" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_table_shows_the_answer_and_where_every_call_ran(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rich.console import Console
+
+    from kubemoot.cli.ask import _print
+
+    monkeypatch.setattr("kubemoot.cli.ask.console", Console(width=200))  # one line a row
+
+    _print({
+        "crew": "ns/pilot", "answer": "Roll back the deploy.", "settlement": "synthesis",
+        "members": ["ns/a"], "selected": ["ns/a"],
+        "signals": [{"type": "failure", "agent": "ns/b",
+                     "metadata": {"failureType": "AGENT_ERROR", "lastError": "gone"}}],
+        "calls": [{"agent": "ns/a", "phase": "mulling", "provider": "gpu-b",
+                   "model": "qwen3:8b", "action": "unload", "evicted": ["phi3:mini"],
+                   "waitedSeconds": 1.5, "seconds": 2.25, "ok": True}],
+    })
+    out, err = capsys.readouterr()
+    assert out.startswith("Roll back the deploy.")
+    row = next(line for line in out.splitlines() if "ns/a" in line and "mulling" in line)
+    for cell in ("gpu-b", "qwen3:8b", "unload", "phi3:mini", "1.50", "2.25", "yes"):
+        assert cell in row
+    assert "ns/b: failure (AGENT_ERROR: gone)" in err

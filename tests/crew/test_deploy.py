@@ -58,4 +58,4 @@ def test_dev_differs_from_prod_only_in_the_bundle_and_sizing() -> None:
     differing = {key for key in dev if dev[key] != prod[key]}
     assert differing <= SIZING, differing
     crew = [key for key in dev if key[1] == NS]
-    assert {k[0] for k in crew} == {"Agent", "CrewSchedulingPolicy", "Deployment"}
+    assert {"Agent", "CrewSchedulingPolicy", "Deployment"} <= {k[0] for k in crew}

@@ -160,3 +160,29 @@ async def test_replicas_of_one_member_take_each_thread_once(
     assert len(positions) == 1
     # the engines saw one mulling call and the synthesis, not a second replica's work
     assert sum(len(g.records) for g in gpus.values()) == 2
+
+
+async def test_a_coordinator_that_stops_mid_discussion_tells_the_asker(
+    make_emulator: Callable[..., OllamaEmulator],
+) -> None:
+    gpus = {"gpu-a": make_emulator()}
+    kv, bus = MemoryKV(SystemClock()), MemoryBus()
+    await publish_providers(kv, gpus)
+    gpus["gpu-a"].stall_next(30.0, path="/api/chat", count=10)  # the member's call hangs
+    async with running_crew(kv, bus) as crew:
+        await crew.start("coordinator", binding(("qwen3:8b",)), role="coordinator")
+        await crew.start("kubectl-agent", binding(("qwen3:8b",)))
+        selected = asyncio.Event()
+
+        async def on_select(message: Message) -> None:  # listens beside the member
+            selected.set()
+
+        await bus.subscribe(CREW.select_subject("crew-a/kubectl-agent"), on_select)
+        asking = asyncio.ensure_future(crew.ask(QUESTION))
+        await selected.wait()
+        await crew.stop("coordinator")
+        reply = await asking
+    await bus.close()
+    await kv.close()
+
+    assert "the coordinator stopped" in reply["error"]

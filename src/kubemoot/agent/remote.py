@@ -478,6 +478,15 @@ class CrewCoordinator:
         else:
             try:
                 reply = (await self.discuss(question.strip())).to_dict()
+            except asyncio.CancelledError:
+                # the coordinator's process is stopping: the asker hears it now rather
+                # than at its own timeout
+                if message.reply:
+                    with contextlib.suppress(BusError):
+                        await self.bus.publish(message.reply, _dump(
+                            {"error": "the coordinator stopped before the crew answered; "
+                                      "ask again"}))
+                raise
             except Exception as error:  # the asker gets a line, not silence
                 log.exception("discussion failed")
                 reply = {"error": f"the discussion failed: {type(error).__name__}: {error}"}

@@ -97,7 +97,7 @@ class Crew:
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     async def start(self, name: str, env: Mapping[str, str], *, role: str = "member",
-                    replica: int = 0) -> None:
+                    replica: int = 0, settings: RuntimeSettings | None = None) -> None:
         up = asyncio.Event()
 
         def ready(_: AgentProfile) -> None:
@@ -105,7 +105,7 @@ class Crew:
 
         identity = AgentIdentity(name, CREW.namespace, CREW, role)
         task = asyncio.create_task(serve_agent(
-            self.kv, self.bus, identity, env=env, settings=self.settings,
+            self.kv, self.bus, identity, env=env, settings=settings or self.settings,
             make_client=make_client, chat_factory=chat_client, clock=SystemClock(),
             ready=ready))
         self.tasks[name if not replica else f"{name}#{replica}"] = task

@@ -7,13 +7,28 @@ import asyncio
 import json
 from collections.abc import Callable
 
+from kubemoot.agent.process import ProviderDirectory
+from kubemoot.agent.wiring import build_stack
 from kubemoot.clock import SystemClock
 from kubemoot.providers.emulator import OllamaEmulator
+from kubemoot.runtime.placement import Candidate
 from kubemoot.store.bus import MemoryBus, Message
-from kubemoot.store.documents import PROVIDER_TICKETS_BUCKET, ProviderTickets
+from kubemoot.store.documents import (
+    PROVIDER_STATE_BUCKET,
+    PROVIDER_TICKETS_BUCKET,
+    ProviderTickets,
+)
 from kubemoot.store.memory import MemoryKV
 
-from .conftest import CREW, binding, publish_providers, running_crew
+from .conftest import (
+    CREW,
+    FAST,
+    binding,
+    chat_client,
+    make_client,
+    publish_providers,
+    running_crew,
+)
 
 QUESTION = "why does the ingress return 502 since the last deploy?"
 
@@ -186,3 +201,39 @@ async def test_a_coordinator_that_stops_mid_discussion_tells_the_asker(
     await kv.close()
 
     assert "the coordinator stopped" in reply["error"]
+
+
+async def test_the_deadline_reaches_a_member_waiting_for_a_gpu_in_its_own_process(
+    make_emulator: Callable[..., OllamaEmulator],
+) -> None:
+    gpus = {"gpu-a": make_emulator()}  # one card: one 8B model at a time
+    kv, bus = MemoryKV(SystemClock()), MemoryBus()
+    await publish_providers(kv, gpus)
+    # Someone else's call holds qwen3:8b on the only card and does not finish.
+    other = await build_stack(kv, clients=ProviderDirectory(
+        await kv.bucket(PROVIDER_STATE_BUCKET), make_client), client_factory=chat_client,
+        clock=SystemClock(), settings=FAST)
+    assert isinstance(other.planner.clients, ProviderDirectory)
+    await other.planner.clients.refresh()
+    busy = await other.planner.place([Candidate("qwen3:8b")], holder_id="someone-else",
+                                     prompt_tokens=100)
+    assert busy.placed
+    # The coordinator's deadline is 1 s; the member would wait 20 s on its own.
+    short = FAST.with_values({"gpu_wait_limit_seconds": 1.0})
+    async with running_crew(kv, bus) as crew:
+        await crew.start("coordinator", binding(("qwen3:8b",)), role="coordinator",
+                         settings=short)
+        await crew.start("log-analyst", binding(("llama3.1:8b",)))
+        reply = await crew.ask(QUESTION)
+    await other.planner.finish(busy)
+    await other.close()
+    await bus.close()
+    await kv.close()
+
+    kinds = [(s["type"], s["metadata"].get("reason")) for s in reply["signals"]
+             if s["agent"] == "crew-a/log-analyst"]
+    # it waited for the busy card, then stood aside when the coordinator's deadline
+    # reached its process (not at its own 20 s limit, not as a silent failure)
+    assert kinds == [("waiting", "gpu-busy"), ("stand_aside", "gpu-busy")]
+    assert reply["settlement"] == "capacity" and reply["answered"] is False
+    assert "could not get a GPU" in reply["answer"]

@@ -252,11 +252,6 @@ class CrewMember:
             task.cancel()
         await asyncio.gather(*self._work.values(), return_exceptions=True)
 
-    @property
-    def threads(self) -> list[str]:
-        """The threads this member is working on now."""
-        return list(self._work)
-
     async def _roll_call(self, message: Message) -> None:
         if message.reply:
             await self.bus.publish(message.reply, _dump(_profile_to_wire(self.profile)))
@@ -269,22 +264,25 @@ class CrewMember:
             log.warning("ignoring a malformed selection on %s: %s", message.subject, error)
             return
         if thread.id not in self._work:
-            task = asyncio.ensure_future(self._take_part(thread))
+            # Listen for the deadline before saying yes: the coordinator may announce
+            # it any time after the acknowledgement.
+            done = asyncio.Event()
+
+            async def deadline(_: Message) -> None:
+                done.set()
+
+            done_sub = await self.bus.subscribe(self.crew.done_subject(thread.id), deadline)
+            task = asyncio.ensure_future(self._take_part(thread, done, done_sub))
             self._work[thread.id] = task
             task.add_done_callback(lambda _: self._work.pop(thread.id, None))
         if message.reply:
             await self.bus.publish(message.reply, _dump({"accepted": thread.id}))
 
-    async def _take_part(self, thread: Thread) -> None:
+    async def _take_part(self, thread: Thread, done: asyncio.Event,
+                         done_sub: Subscription) -> None:
         agent = self.profile.id
         outbox = _Outbox(self.bus, self.crew.thread_subject(thread.id, agent))
         self._outboxes[thread.id] = outbox
-        done = asyncio.Event()
-
-        async def deadline(_: Message) -> None:
-            done.set()
-
-        done_sub = await self.bus.subscribe(self.crew.done_subject(thread.id), deadline)
         beat = asyncio.ensure_future(self._heartbeat(outbox))
         selection = self.runtime.selection
         try:
@@ -299,12 +297,14 @@ class CrewMember:
             raise
         finally:
             beat.cancel()
-            with contextlib.suppress(Exception):
-                await asyncio.shield(selection.close_thread(thread.id))
-            outbox.send("final")
-            await outbox.close()
-            self._outboxes.pop(thread.id, None)
-            await done_sub.unsubscribe()
+            outbox.send("final")  # queued first: a second cancellation cannot lose it
+            try:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(selection.close_thread(thread.id))
+            finally:
+                await outbox.close()
+                self._outboxes.pop(thread.id, None)
+                await done_sub.unsubscribe()
 
     async def _heartbeat(self, outbox: _Outbox) -> None:
         while True:

@@ -21,6 +21,8 @@ __all__ = ["NatsBus"]
 
 log = logging.getLogger(__name__)
 
+NO_RESPONDERS_STATUS = "503"
+
 
 class _NatsSubscription:
     def __init__(self, inner: Any) -> None:
@@ -74,6 +76,10 @@ class NatsBus:
         replies: list[bytes] = []
 
         async def take(msg: Any) -> None:
+            # With nobody listening the server answers the inbox itself ("503 no
+            # responders", headers only): that is not a reply.
+            if (msg.headers or {}).get("Status") == NO_RESPONDERS_STATUS:
+                return
             replies.append(bytes(msg.data))
 
         try:

@@ -237,3 +237,21 @@ async def test_the_deadline_reaches_a_member_waiting_for_a_gpu_in_its_own_proces
     assert kinds == [("waiting", "gpu-busy"), ("stand_aside", "gpu-busy")]
     assert reply["settlement"] == "capacity" and reply["answered"] is False
     assert "could not get a GPU" in reply["answer"]
+
+
+async def test_a_crew_whose_members_are_all_down_says_so(
+    make_emulator: Callable[..., OllamaEmulator],
+) -> None:
+    gpus = {"gpu-a": make_emulator()}
+    kv, bus = MemoryKV(SystemClock()), MemoryBus()
+    await publish_providers(kv, gpus)
+    async with running_crew(kv, bus) as crew:
+        await crew.start("coordinator", binding(("qwen3:8b",)), role="coordinator")
+        reply = await crew.ask(QUESTION)
+    await bus.close()
+    await kv.close()
+
+    assert reply["answered"] is False and reply["settlement"] == "no-contribution"
+    assert "No member of crew crew-a/pilot answered the roll call" in reply["answer"]
+    assert reply["members"] == [] and reply["calls"] == []
+    assert gpus["gpu-a"].records == []  # nothing to discuss, nothing was run

@@ -36,7 +36,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubemoot.agent.crew import COORDINATOR_ROLE
-from kubemoot.agent.discussion import AgentProfile, Coordinator, DiscussionResult, Thread
+from kubemoot.agent.discussion import (
+    AgentProfile,
+    Coordinator,
+    DiscussionResult,
+    Settlement,
+    Thread,
+)
 from kubemoot.agent.runtime import AgentRuntime, CallRecord
 from kubemoot.agent.signals import (
     FailureType,
@@ -511,6 +517,11 @@ class CrewCoordinator:
     async def discuss(self, question: str) -> CrewAnswer:
         thread = Thread(f"{self.crew.name}-{uuid.uuid4().hex[:12]}", question)
         members = await self.roll_call()
+        if not members:
+            text = (f"No member of crew {self.crew} answered the roll call; check that "
+                    "their `kubemoot agent` processes run and reach NATS.")
+            return CrewAnswer(self.crew, DiscussionResult(thread, Settlement.NO_CONTRIBUTION,
+                                                          text), [], [])
         remote = RemoteMembers(self.bus, self.crew, self.settings, self.runtime)
         engine = Coordinator(self.runtime, self.profile,
                              deadline_seconds=self.settings.gpu_wait_limit_seconds,

@@ -28,6 +28,7 @@ __all__ = [
     "CLAIMS",
     "CONTENT_TYPE",
     "DECISIONS",
+    "ERRORS_SURVIVED",
     "EVICTIONS",
     "LEASE_RENEWALS",
     "PLACEMENT_SECONDS",
@@ -114,6 +115,13 @@ PROBE_ERRORS = Counter(
     "kubemoot_probe_errors",
     "Provider probes that found the provider not ready, by provider.",
     ["provider"],
+    registry=REGISTRY,
+)
+ERRORS_SURVIVED = Counter(
+    "kubemoot_errors_survived",
+    "Store or provider errors that were logged and worked around instead of raised, by "
+    "component (agent, prober, store) and operation (release, publish, read-state, ...).",
+    ["component", "operation"],
     registry=REGISTRY,
 )
 LEASE_RENEWALS = Counter(

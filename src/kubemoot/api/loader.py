@@ -26,6 +26,7 @@ from kubemoot.api.errors import InputError
 from kubemoot.api.kinds import RESOURCE_TYPES
 from kubemoot.api.meta import API_VERSION, GROUP, Resource
 from kubemoot.api.model import Model
+from kubemoot.api.modelclass import ModelClass
 from kubemoot.api.policy import CrewSchedulingPolicy
 from kubemoot.api.provider import ModelProvider
 
@@ -410,6 +411,7 @@ class Bundle:
     policies: list[CrewSchedulingPolicy] = field(default_factory=list)
     archetypes: list[MootArchetype] = field(default_factory=list)
     configs: list[KubemootConfig] = field(default_factory=list)
+    model_classes: list[ModelClass] = field(default_factory=list)
     origins: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def add(self, resource: Resource) -> None:
@@ -421,6 +423,7 @@ class Bundle:
             CrewSchedulingPolicy: self.policies,
             MootArchetype: self.archetypes,
             KubemootConfig: self.configs,
+            ModelClass: self.model_classes,
         }
         lists[type(resource)].append(resource)
 
@@ -432,6 +435,7 @@ class Bundle:
         yield from self.policies
         yield from self.archetypes
         yield from self.configs
+        yield from self.model_classes
 
     def origin(self, resource: Resource) -> tuple[str, int] | None:
         """(file, document index) a resource was read from, if it came from a file."""
@@ -448,6 +452,10 @@ class Bundle:
     def archetype(self, name: str) -> MootArchetype | None:
         """The MootArchetype called ``name``."""
         return next((item for item in self.archetypes if item.name == name), None)
+
+    def model_class(self, name: str) -> ModelClass | None:
+        """The ModelClass called ``name``."""
+        return next((item for item in self.model_classes if item.name == name), None)
 
     def agent(self, name: str, namespace: str | None = None) -> Agent | None:
         """The Agent called ``name`` (in ``namespace`` when given)."""

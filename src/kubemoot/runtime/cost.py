@@ -17,12 +17,19 @@ unit so that one comparison decides between them::
     warm/loading copy : remaining + queue
     cold load         : load(M) + 0.001 · freeAfter / GiB
     unload plan       : load(M) + Σ (unload + load(v) · demand(v))
+
+In the one comparison a queue is priced with the calls expected behind it
+(:meth:`CostModel.priced_queue`): ``(remaining + queue) · (1 + w · others(M))``, where
+``others(M)`` is the demand for the model not counting the caller's own wait entry.
+Those calls wait too, and a second copy would shorten their waits as well; a call alone
+(no other demand) still never duplicates a model to dodge a busy slot. Ties between
+equally cheap copies go to the one with fewer calls in flight, then the provider name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -221,6 +228,24 @@ class CostModel:
             kind = OptionKind.LOADING
         return Option(kind, p.name, model, remaining + queue,
                       in_flight=len(p.in_flight(model)) + ahead)
+
+    def priced_queue(self, option: Option) -> Option:
+        """A queue option priced with the other calls expected for its model.
+
+        Calls for the model that wait, are planned (intents) or recur (recent use and
+        the selection forecast, at half weight as in ``demand``) will queue behind this
+        one; a second copy shortens their waits too. The caller's own wait entry is not
+        counted, so a call with no company is priced by its own wait alone, the spec's
+        rule that a model is never duplicated just to dodge a busy slot.
+        """
+        weight = self.settings.queue_demand_weight
+        if option.kind is not OptionKind.QUEUE or option.seconds <= 0 or weight <= 0:
+            return option
+        n = self._need.of(option.model)
+        others = max(0, n.waiters - 1) + n.intents + 0.5 * (n.recent_use + n.prediction)
+        if others <= 0:
+            return option
+        return replace(option, seconds=option.seconds * (1.0 + weight * others))
 
     def cold_option(self, p: ProviderSnapshot, model: str, occupancy: int) -> Option:
         """Load ``model`` onto free room on ``p`` (the caller checked it fits)."""

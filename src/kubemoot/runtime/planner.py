@@ -61,6 +61,20 @@ class DemandSource(Protocol):
     async def snapshot(self) -> NeedView: ...
 
 
+def _second_copy_pays(cost: CostModel, loading: Option, options: Sequence[Option]) -> bool:
+    """Whether other calls' expected waits pay for another copy of the model loading.
+
+    Step 3 keeps a call from loading a *second model* while a candidate is on its way,
+    and a call alone always converges on the coming copy. When other calls want the
+    same model too (:meth:`CostModel.priced_queue` raises the queue's price) and the one
+    comparison then loads another copy of that very model, the comparison decides.
+    """
+    best = options[0] if options else None
+    return (best is not None and best.model == loading.model
+            and best.kind in (OptionKind.COLD_LOAD, OptionKind.UNLOAD)
+            and cost.priced_queue(loading).seconds > loading.seconds)
+
+
 class CallPlanner:
     """Places calls; one instance per process, shared by all its agents."""
 
@@ -173,6 +187,8 @@ class CallPlanner:
                 )
             self.selector.spread(rnd, models, ahead)
             placement = await self._place_round(rnd, models, holder_id, ticket_state, explain)
+            if placement is not None and not await self.admit(placement):
+                continue  # a half-open provider's one trial went to another call
             if placement is not None:
                 return placement
         # Every round lost its claim to a concurrent change: treat it as busy.
@@ -199,13 +215,13 @@ class CallPlanner:
             return self._placed(rnd, claim, options or [claim.option],
                                 "a warm or loading copy had room")
         loading = self.selector.loading_queue(rnd, models)
-        if loading is not None:
-            # Step 3 without a free slot: wait for the copy that is already coming
-            # rather than load a second one (DESIGN §5).
-            return self._queued(rnd, loading, [loading, *(o for o in options if o != loading)],
-                                why="converging on the copy another call is loading")
         if not explain:
             options = self._options(rnd, models, explain=False)
+        if loading is not None and not _second_copy_pays(rnd.cost, loading, options):
+            # Step 3 without a free slot: wait for the copy that is already coming
+            # rather than load a second model (DESIGN §5).
+            return self._queued(rnd, loading, [loading, *(o for o in options if o != loading)],
+                                why="converging on the copy another call is loading")
         if not options:
             reason = classify(
                 rnd.fleet, rnd.cost, preferred=preferred, acceptable=models,
@@ -244,7 +260,7 @@ class CallPlanner:
         preferred = models[0]
         limit = None if explain else _SHORTLIST
         options = [
-            o for m in models
+            rnd.cost.priced_queue(o) for m in models
             for o in self.selector.copy_options(rnd, m, free_slot=False, limit=limit)
         ]
         options += self.selector.cold_options(rnd, preferred, limit=limit)
@@ -315,17 +331,35 @@ class CallPlanner:
             action, reason=reason.value, options=tuple(options), decision=record
         )
 
+    async def admit(self, placement: Placement) -> bool:
+        """Commit a claimed placement to its provider's circuit; a half-open circuit
+        admits one trial call, so a second claim there is given back (False)."""
+        circuits = self.selector.view.circuits
+        if circuits is None or placement.ticket is None or placement.provider is None:
+            return True
+        if circuits.admit(placement.provider):
+            return True
+        await self.release(placement)
+        return False
+
     # -- after the call --------------------------------------------------------------
 
     async def finish(
-        self, placement: Placement, *, seconds: float | None = None, ok: bool = True
+        self, placement: Placement, *, seconds: float | None = None, ok: bool | None = True
     ) -> None:
-        """Release the call's ticket and learn from it (latency EMA, circuit breaker)."""
+        """Release the call's ticket and learn from it (latency EMA, circuit breaker).
+
+        ``ok`` is the call's verdict on the provider: ``False`` only for a provider
+        fault, ``None`` when the call says nothing about it (cancelled, or stopped
+        before the engine was asked).
+        """
         view = self.selector.view
         if placement.provider is not None:
             circuits = view.circuits
             if circuits is not None:
-                if ok:
+                if ok is None:
+                    circuits.record_no_verdict(placement.provider)
+                elif ok:
                     circuits.record_success(placement.provider)
                 else:
                     circuits.record_failure(placement.provider)

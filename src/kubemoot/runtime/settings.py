@@ -35,6 +35,10 @@ class RuntimeSettings:
     reserve_mib: int = 1024
     #: Candidates whose score is at least preferred − tolerance may be used warm.
     candidate_tolerance: float = 10.0
+    #: How much a queue's price counts the other calls expected for the same model
+    #: while it waits (they wait too; a second copy would shorten their waits as well).
+    #: 0 prices a queue by this call's own wait alone, DESIGN §5's floor.
+    queue_demand_weight: float = 1.0
     #: A ticket not released by its holder is reclaimed after this long.
     ticket_ttl_seconds: float = 180.0
     #: How long a read of provider state and tickets is reused (absorbs fan-out bursts).
@@ -56,6 +60,10 @@ class RuntimeSettings:
     #: Context and parallel slots assumed by the slab estimate when a provider says none.
     estimate_num_ctx: int = 4096
     estimate_num_parallel: int = 1
+    #: How long one provider call (chat, preload, unload, probe) may take in all, every
+    #: read and retry included: a per-read timeout alone never ends a call to a server
+    #: that drips a byte now and then.
+    provider_call_deadline_seconds: float = 300.0
     #: Consecutive failures that open a provider's circuit, and how long it stays open.
     circuit_failure_threshold: int = 3
     circuit_cooldown_seconds: float = 30.0

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -43,6 +43,7 @@ __all__ = [
     "AgentProfile",
     "Coordinator",
     "DiscussionResult",
+    "Evaluate",
     "Settlement",
     "Thread",
 ]
@@ -54,6 +55,9 @@ MULLING = "mulling"
 SYNTHESIS = "synthesis"
 
 NO_CONTRIBUTION_TEXT = "No selected agent took a position on this question."
+
+Evaluate = Callable[["AgentProfile", "Thread", asyncio.Event, SignalSink], Awaitable[None]]
+"""One selected member's part in a thread: ``evaluate(member, thread, done, sink)``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +135,15 @@ class Coordinator:
         *,
         sink: SignalSink | None = None,
         deadline_seconds: float = 90.0,
+        evaluate: Evaluate | None = None,
     ) -> None:
+        """``evaluate`` runs a member's part elsewhere (its own process); that member
+        then plans at selection itself, so the coordinator does not plan for it."""
         self.runtime = runtime
         self.profile = profile
         self._sink = sink
         self.deadline_seconds = deadline_seconds
+        self._remote = evaluate
 
     def select(self, thread: Thread, members: Sequence[AgentProfile]) -> list[AgentProfile]:
         """Which members take part: every member with a mulling candidate."""
@@ -149,15 +157,16 @@ class Coordinator:
         await self._advise(thread)
         selected = self.select(thread, members)
         selection = self.runtime.selection
-        for member in selected:
+        for member in selected if self._remote is None else ():
             try:
                 await selection.commit_to_thread(member.id, thread.id, member.mulling)
             except Exception as error:  # planning ahead is an optimisation, never fatal
                 log.warning("planning at selection failed for %s: %s", member.id, error)
                 metrics.ERRORS_SURVIVED.labels(component="agent", operation="plan").inc()
         done = asyncio.Event()
+        evaluate = self._remote or self.evaluate
         tasks = [
-            asyncio.ensure_future(self._evaluate(member, thread, done, sink))
+            asyncio.ensure_future(evaluate(member, thread, done, sink))
             for member in selected
         ]
         try:
@@ -197,6 +206,14 @@ class Coordinator:
         return outcome.result.content if outcome.result is not None else None
 
     # -- one agent -----------------------------------------------------------------
+
+    async def evaluate(
+        self, agent: AgentProfile, thread: Thread, done: asyncio.Event, sink: SignalSink
+    ) -> None:
+        """``agent``'s part in ``thread`` on this process's runtime: triage, mulling
+        (until ``done`` is set), one signal. A member process serving a remote
+        coordinator calls this for its own agent."""
+        await self._evaluate(agent, thread, done, sink)
 
     async def _evaluate(
         self, agent: AgentProfile, thread: Thread, done: asyncio.Event, sink: SignalSink

@@ -94,6 +94,13 @@ class RuntimeSettings:
     #: The dashboard draws once per burst of writes this long, and at least this often.
     dashboard_coalesce_seconds: float = 0.2
     dashboard_refresh_seconds: float = 5.0
+    #: A crew over NATS (``kubemoot agent``): how long the coordinator gathers members'
+    #: answers to its roll call, how often a member working on a thread says it is alive,
+    #: and how long a member may stay silent (its process gone) before the coordinator
+    #: counts it as failed; the same time bounds the wait for members after a deadline.
+    crew_roll_call_seconds: float = 0.5
+    crew_heartbeat_seconds: float = 2.0
+    crew_silence_seconds: float = 10.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RuntimeSettings:

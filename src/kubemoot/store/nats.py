@@ -324,6 +324,11 @@ class NatsKV:
         self._buckets[name] = bucket
         return bucket
 
+    @property
+    def connection(self) -> Any:
+        """The NATS connection, for adapters that share it (the crew's bus)."""
+        return self._nc
+
     async def close(self) -> None:
         for watch in list(self._watches):
             await watch.aclose()

@@ -1,0 +1,294 @@
+"""One Agent as a process: what its Deployment's env says, and the process's life.
+
+The operator writes the binding into the Deployment's env (``KUBEMOOT_MODEL_MODEL``,
+``KUBEMOOT_MODEL_CANDIDATES_MULLING``, the triage model, the bound endpoints); the
+crew's chart adds who the agent is (``KUBEMOOT_AGENT_NAME``, ``KUBEMOOT_AGENT_NAMESPACE``
+from the downward API, ``KUBEMOOT_CREW``, ``KUBEMOOT_AGENT_ROLE``).
+:func:`profile_from_env` turns that into the engine's
+:class:`~kubemoot.agent.discussion.AgentProfile`; a malformed variable is an
+:class:`~kubemoot.api.errors.InputError` naming it.
+
+:func:`serve_agent` runs the agent: the per-call runtime over the shared state, a
+:class:`ProviderDirectory` of the providers the state bucket lists (the planner unloads
+and preloads through them, and a finished call re-probes its provider so the next
+placement sees the copy it left resident), and the agent's part in its crew —
+:class:`~kubemoot.agent.remote.CrewCoordinator` for the coordinator,
+:class:`~kubemoot.agent.remote.CrewMember` for everyone else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubemoot.agent.crew import COORDINATOR_ROLE
+from kubemoot.agent.discussion import AgentProfile
+from kubemoot.agent.pool import ClientFactory
+from kubemoot.agent.remote import CrewCoordinator, CrewMember, CrewRef
+from kubemoot.agent.runtime import StaticTarget
+from kubemoot.agent.wiring import build_stack
+from kubemoot.api.errors import InputError
+from kubemoot.clock import Clock
+from kubemoot.providers.prober import Prober, publish_to_kv
+from kubemoot.providers.protocol import ProviderClient
+from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.store.bus import Bus
+from kubemoot.store.documents import PROVIDER_STATE_BUCKET, ProviderState
+from kubemoot.store.protocol import KV, Bucket, StoreError
+
+__all__ = [
+    "ENV_AGENT_NAME",
+    "ENV_AGENT_NAMESPACE",
+    "ENV_AGENT_ROLE",
+    "ENV_CREW",
+    "AgentIdentity",
+    "ProviderDirectory",
+    "profile_from_env",
+    "serve_agent",
+]
+
+log = logging.getLogger(__name__)
+
+ENV_AGENT_NAME = "KUBEMOOT_AGENT_NAME"
+ENV_AGENT_NAMESPACE = "KUBEMOOT_AGENT_NAMESPACE"
+ENV_CREW = "KUBEMOOT_CREW"
+ENV_AGENT_ROLE = "KUBEMOOT_AGENT_ROLE"
+# What the operator templates (kubemoot.scheduling.bind names the same variables; the
+# agent package does not import the control plane).
+ENV_MODEL = "KUBEMOOT_MODEL_MODEL"
+ENV_MODEL_ENDPOINT = "KUBEMOOT_MODEL_ENDPOINT"
+ENV_TRIAGE_MODEL_ID = "KUBEMOOT_TRIAGE_MODEL_MODEL_ID"
+ENV_TRIAGE_ENDPOINT = "KUBEMOOT_TRIAGE_MODEL_ENDPOINT"
+ENV_CANDIDATES_MULLING = "KUBEMOOT_MODEL_CANDIDATES_MULLING"
+ENV_CANDIDATES_TRIAGE = "KUBEMOOT_MODEL_CANDIDATES_TRIAGE"
+
+MAX_CANDIDATES = 256  # far more than a Model bundle holds; bounds a malformed variable
+
+
+@dataclass(frozen=True, slots=True)
+class AgentIdentity:
+    """Who the process is: the Agent's name and namespace, its crew, its role."""
+
+    name: str
+    namespace: str
+    crew: CrewRef
+    role: str = "member"
+
+    @property
+    def id(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def coordinates(self) -> bool:
+        return self.role == COORDINATOR_ROLE
+
+
+def _candidates(env: Mapping[str, str], variable: str) -> tuple[Candidate, ...]:
+    text = env.get(variable, "").strip()
+    if not text:
+        return ()
+    try:
+        items = json.loads(text)
+    except ValueError as error:
+        raise InputError(f"is not JSON: {error}", field=variable) from None
+    if not isinstance(items, list):
+        raise InputError('must be a JSON list like [{"model":"qwen3:14b","score":70}]',
+                         field=variable)
+    if len(items) > MAX_CANDIDATES:
+        raise InputError(f"lists {len(items)} candidates; at most {MAX_CANDIDATES}",
+                         field=variable)
+    out: list[Candidate] = []
+    for index, item in enumerate(items):
+        where = f"{variable}[{index}]"
+        if not isinstance(item, dict):
+            raise InputError('must be an object like {"model":"qwen3:14b","score":70}',
+                             field=where)
+        model, score = item.get("model"), item.get("score", 0)
+        if not isinstance(model, str) or not model.strip():
+            raise InputError("needs a model name", field=f"{where}.model")
+        if isinstance(score, bool) or not isinstance(score, int | float) or score != score \
+                or abs(score) == float("inf"):
+            raise InputError(f"must be a finite number, got {score!r}", field=f"{where}.score")
+        out.append(Candidate(model.strip(), float(score)))
+    return tuple(out)
+
+
+def profile_from_env(
+    env: Mapping[str, str],
+    identity: AgentIdentity,
+    *,
+    providers: Mapping[str, ProviderState] | None = None,
+) -> AgentProfile:
+    """The engine's profile of this agent from its Deployment's env.
+
+    ``providers`` (by name) resolves the bound endpoints to providers, for the static
+    fallback of calls that cannot wait; an endpoint no provider serves has none.
+    """
+    listed = _candidates(env, ENV_CANDIDATES_MULLING)
+    bound = env.get(ENV_MODEL, "").strip()
+    if bound and (not listed or listed[0].model != bound):
+        # the bound model leads, as in the control plane's list
+        score = next((c.score for c in listed if c.model == bound), 0.0)
+        listed = (Candidate(bound, score), *(c for c in listed if c.model != bound))
+    triage_model = env.get(ENV_TRIAGE_MODEL_ID, "").strip()
+    if not triage_model:
+        # Not bound (yet): the published list's first entry is the one to try; the bound
+        # model, once there is one, leads that list anyway.
+        listed_triage = _candidates(env, ENV_CANDIDATES_TRIAGE)
+        triage_model = listed_triage[0].model if listed_triage else ""
+    states = providers or {}
+    return AgentProfile(
+        id=identity.id,
+        role=identity.role,
+        mulling=listed,
+        triage=(Candidate(triage_model),) if triage_model else (),
+        mulling_static=_static(bound, env.get(ENV_MODEL_ENDPOINT, ""), states),
+        triage_static=_static(triage_model, env.get(ENV_TRIAGE_ENDPOINT, ""), states),
+        system_prompt=f"You are {identity.name}, a {identity.role} in an engineering crew.",
+    )
+
+
+def _static(model: str, endpoint: str, states: Mapping[str, ProviderState]) -> StaticTarget | None:
+    endpoint = endpoint.strip().rstrip("/")
+    if not model or not endpoint:
+        return None
+    for state in states.values():
+        if state.endpoint.rstrip("/") == endpoint:
+            return StaticTarget(state.provider, endpoint, model, state.context_length)
+    return None
+
+
+# -- providers -----------------------------------------------------------------------------
+
+MakeClient = Callable[[ProviderState], ProviderClient]
+
+
+class ProviderDirectory(Mapping[str, ProviderClient]):
+    """A client per provider the shared state lists, kept in step with the bucket.
+
+    The operator publishes each ModelProvider's state, endpoint and sizes; an agent
+    needs no bundle of its own to unload, preload and re-probe the same providers.
+    """
+
+    def __init__(self, states: Bucket, make: MakeClient) -> None:
+        self._bucket = states
+        self._make = make
+        self._clients: dict[str, ProviderClient] = {}
+        self.states: dict[str, ProviderState] = {}
+
+    async def refresh(self) -> None:
+        """Read the bucket; new providers get a client, moved ones a new one."""
+        seen: dict[str, ProviderState] = {}
+        for key in await self._bucket.keys():
+            entry = await self._bucket.get(key)
+            if entry is None:
+                continue
+            try:
+                state = ProviderState.from_json(entry.value)
+            except ValueError as error:
+                log.warning("unreadable provider state %s: %s", key, error)
+                continue
+            seen[state.provider] = state
+        for name, state in seen.items():
+            current = self._clients.get(name)
+            if current is None or current.endpoint.rstrip("/") != state.endpoint.rstrip("/"):
+                if current is not None:
+                    await _close(current)
+                self._clients[name] = self._make(state)
+        self.states = seen
+
+    def __getitem__(self, name: str) -> ProviderClient:
+        return self._clients[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._clients)
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    def __bool__(self) -> bool:
+        # A live view: empty now (the operator has not published yet) must not read as
+        # "no directory" to code that writes ``clients or {}``.
+        return True
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await _close(client)
+        self._clients.clear()
+
+
+async def _close(client: ProviderClient) -> None:
+    close = getattr(client, "close", None)
+    if close is not None:
+        try:
+            await close()
+        except Exception as error:  # closing must not stop a shutdown
+            log.warning("closing the client of %s failed: %s", client.name, error)
+
+
+# -- the process -----------------------------------------------------------------------------
+
+
+async def serve_agent(
+    kv: KV,
+    bus: Bus,
+    identity: AgentIdentity,
+    *,
+    env: Mapping[str, str],
+    settings: RuntimeSettings,
+    make_client: MakeClient,
+    chat_factory: ClientFactory,
+    clock: Clock,
+    ready: Callable[[AgentProfile], None] | None = None,
+) -> None:
+    """Run one agent until cancelled; on the way out, threads in progress end and give
+    their tickets and plans back while the store is still open."""
+    states = await kv.bucket(PROVIDER_STATE_BUCKET)
+    directory = ProviderDirectory(states, make_client)
+    await directory.refresh()
+    profile = profile_from_env(env, identity, providers=directory.states)
+    prober = Prober([], clock=clock, publish=publish_to_kv(states))
+
+    async def after_call(provider: str) -> None:
+        client = directory.get(provider)
+        if client is not None:
+            await prober.probe_one(client)
+
+    stack = await build_stack(kv, clients=directory, client_factory=chat_factory, clock=clock,
+                              settings=settings, after_call=after_call)
+    part: CrewCoordinator | CrewMember
+    if identity.coordinates:
+        part = CrewCoordinator(bus, identity.crew, profile, stack.agents, settings)
+    else:
+        part = CrewMember(bus, identity.crew, profile, stack.agents, settings)
+    try:
+        await part.start()
+        if ready is not None:
+            ready(profile)
+        while True:  # providers come and go; the directory follows the bucket
+            await clock.sleep(settings.discovery_seconds)
+            try:
+                await directory.refresh()
+            except StoreError as error:
+                log.warning("cannot read the providers' state: %s", error)
+    finally:
+        await part.stop()
+        with contextlib.suppress(Exception):
+            await stack.close()
+        await directory.close()
+
+
+def describe(profile: AgentProfile) -> dict[str, Any]:
+    """What the process runs with, for its first log line."""
+    return {
+        "agent": profile.id,
+        "role": profile.role,
+        "mulling": [c.model for c in profile.mulling],
+        "triage": [c.model for c in profile.triage],
+    }
+

@@ -1,0 +1,157 @@
+"""``kubemoot agent`` — one Agent of a crew, as the process its Deployment runs.
+
+It reads who it is (``--name``/``--namespace``/``--crew``/``--role``, or the
+``KUBEMOOT_AGENT_*`` and ``KUBEMOOT_CREW`` variables the crew's manifests set), what the
+operator bound for it (``KUBEMOOT_MODEL_*``), and the runtime's settings
+(``KUBEMOOT_*``); connects to NATS (``--nats`` or ``KUBEMOOT_NATS_URL``); and takes part
+in its crew's discussions until SIGTERM. The coordinator Agent answers questions asked
+with ``kubemoot ask``; every other Agent takes part when the coordinator selects it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import typer
+
+from kubemoot.api.errors import InputError
+from kubemoot.cli._common import app, err_console, install_log_lines
+from kubemoot.cli._nats import (
+    NatsCA,
+    NatsCert,
+    NatsCreds,
+    NatsFlags,
+    NatsKey,
+    NatsPassword,
+    NatsReconnectAttempts,
+    NatsReconnectWait,
+    NatsToken,
+    NatsUrlOrEnv,
+    NatsUser,
+    mask_servers,
+    open_shared_store,
+    resolve_nats,
+)
+
+if TYPE_CHECKING:
+    from kubemoot.agent.process import AgentIdentity
+    from kubemoot.runtime.settings import RuntimeSettings
+    from kubemoot.store.nats import NatsSettings
+
+READY_LINE = "kubemoot agent: ready"
+
+
+def _given(flag_value: str | None, variable: str, flag: str, *, default: str | None = None
+           ) -> str:
+    value = (flag_value if flag_value is not None else os.environ.get(variable, "")).strip()
+    if value:
+        return value
+    if default is not None:
+        return default
+    raise InputError(f"is required (or set {variable})", field=flag)
+
+
+@app.command("agent")
+def agent_command(
+    name: str | None = typer.Option(None, "--name", metavar="NAME",
+                                    help="The Agent's name (env KUBEMOOT_AGENT_NAME)."),
+    namespace: str | None = typer.Option(
+        None, "--namespace", "-n", metavar="NAMESPACE",
+        help="The Agent's namespace (env KUBEMOOT_AGENT_NAMESPACE)."),
+    crew: str | None = typer.Option(
+        None, "--crew", metavar="CREW",
+        help="The crew, the Agent's kubemoot.ai/crew label (env KUBEMOOT_CREW)."),
+    role: str | None = typer.Option(
+        None, "--role", metavar="ROLE",
+        help="The Agent's discussRole; coordinator answers questions (env "
+        "KUBEMOOT_AGENT_ROLE, default member)."),
+    nats: NatsUrlOrEnv = None,
+    nats_user: NatsUser = None,
+    nats_password: NatsPassword = None,
+    nats_token: NatsToken = None,
+    nats_creds: NatsCreds = None,
+    nats_tls_ca: NatsCA = None,
+    nats_tls_cert: NatsCert = None,
+    nats_tls_key: NatsKey = None,
+    nats_reconnect_attempts: NatsReconnectAttempts = None,
+    nats_reconnect_wait: NatsReconnectWait = None,
+) -> None:
+    """Run one Agent of a crew: join its discussions over NATS, place every call."""
+    from kubemoot.agent.process import (
+        ENV_AGENT_NAME,
+        ENV_AGENT_NAMESPACE,
+        ENV_AGENT_ROLE,
+        ENV_CREW,
+        AgentIdentity,
+        profile_from_env,
+    )
+    from kubemoot.agent.remote import CrewRef
+
+    identity = AgentIdentity(
+        name=_given(name, ENV_AGENT_NAME, "--name"),
+        namespace=_given(namespace, ENV_AGENT_NAMESPACE, "--namespace"),
+        crew=CrewRef(_given(namespace, ENV_AGENT_NAMESPACE, "--namespace"),
+                     _given(crew, ENV_CREW, "--crew")),
+        role=_given(role, ENV_AGENT_ROLE, "--role", default="member"),
+    )
+    url = nats or os.environ.get("KUBEMOOT_NATS_URL") or None
+    if not url:
+        raise InputError("a crew talks over NATS: give --nats nats://HOST:PORT (or set "
+                         "KUBEMOOT_NATS_URL)", field="--nats")
+    settings = resolve_nats(
+        NatsFlags(url=nats, user=nats_user, password=nats_password, token=nats_token,
+                  creds=nats_creds, tls_ca=nats_tls_ca, tls_cert=nats_tls_cert,
+                  tls_key=nats_tls_key, reconnect_attempts=nats_reconnect_attempts,
+                  reconnect_wait=nats_reconnect_wait),
+        use_nats=True,
+    )
+    assert settings is not None
+    profile_from_env(os.environ, identity)  # a malformed binding is exit 2, before connecting
+    from kubemoot.cli._shutdown import run_until_stopped
+    from kubemoot.runtime.settings import RuntimeSettings
+
+    tunables = RuntimeSettings.from_env()
+    install_log_lines()
+    run_until_stopped(_run(identity, settings, tunables),
+                      grace_seconds=tunables.shutdown_grace_seconds)
+
+
+async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: RuntimeSettings) -> None:
+    from kubemoot.agent.discussion import AgentProfile
+    from kubemoot.agent.pool import CallSettings
+    from kubemoot.agent.process import describe, serve_agent
+    from kubemoot.clock import SystemClock
+    from kubemoot.providers.ollama import OllamaProvider
+    from kubemoot.providers.protocol import ProviderClient
+    from kubemoot.store.documents import ProviderState
+    from kubemoot.store.nats import NatsKV
+    from kubemoot.store.natsbus import NatsBus
+
+    clock = SystemClock()
+    kv = await open_shared_store(nats, clock=clock, connect_wait=tunables.connect_wait_seconds)
+    assert isinstance(kv, NatsKV)
+
+    def make_client(state: ProviderState) -> ProviderClient:
+        return OllamaProvider(state.provider, state.endpoint,
+                              context_length=state.context_length,
+                              num_parallel=state.max_parallel, reserve_mib=state.reserve_mib,
+                              total_vram_mib=state.total_vram_mib, clock=clock)
+
+    def chat_client(provider: str, endpoint: str, settings: CallSettings) -> ProviderClient:
+        return OllamaProvider(provider, endpoint, timeout=settings.timeout, clock=clock)
+
+    def ready(profile: AgentProfile) -> None:
+        shown = describe(profile)
+        err_console.print(
+            f"{READY_LINE}: {shown['agent']} ({shown['role']}) in crew {identity.crew} on "
+            f"NATS at {mask_servers(nats.servers)}; mulling "
+            f"{', '.join(shown['mulling']) or 'not bound yet'}",
+            highlight=False, markup=False, soft_wrap=True)
+
+    try:
+        await serve_agent(kv, NatsBus(kv), identity, env=dict(os.environ), settings=tunables,
+                          make_client=make_client, chat_factory=chat_client, clock=clock,
+                          ready=ready)
+    finally:
+        await kv.close()

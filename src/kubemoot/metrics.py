@@ -29,6 +29,7 @@ __all__ = [
     "CONTENT_TYPE",
     "DECISIONS",
     "EVICTIONS",
+    "GATEWAY_REQUESTS",
     "PLACEMENT_SECONDS",
     "PROBE_ERRORS",
     "RECONCILES",
@@ -118,6 +119,12 @@ RECONCILES = Counter(
     "kubemoot_reconciles",
     "Operator reconciles by resource kind and result (ok, error).",
     ["kind", "result"],
+    registry=REGISTRY,
+)
+GATEWAY_REQUESTS = Counter(
+    "kubemoot_gateway_requests",
+    "Requests the gateway answered, by route (last path segment) and HTTP status.",
+    ["route", "status"],
     registry=REGISTRY,
 )
 

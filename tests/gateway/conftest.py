@@ -81,3 +81,31 @@ async def keyed(make_emulator: Callable[..., OllamaEmulator]) -> AsyncIterator[F
         yield Fleet(gateway, emulators)
     finally:
         await gateway.stop()
+
+
+async def until(condition: Callable[[], object], *, timeout: float = 10.0) -> None:
+    """Wait until ``condition()`` holds (a state to reach, not a time to pass)."""
+    import asyncio
+
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+async def live_tickets(gateway: GatewayServer) -> list[str]:
+    """Every unexpired ticket in the store, as ``provider/holder``."""
+    from kubemoot.store.documents import ProviderTickets
+
+    assert gateway.stack is not None
+    bucket = gateway.stack.tickets_bucket
+    now = gateway.clock.now()
+    found = []
+    for key in await bucket.keys():
+        entry = await bucket.get(key)
+        if entry is None:
+            continue
+        doc = ProviderTickets.from_json(entry.value)
+        found += [f"{doc.provider}/{t.holder_id}" for t in doc.tickets if t.expires_at > now]
+    return found

@@ -244,22 +244,40 @@ class GatewayApp:
 
     # -- inference -----------------------------------------------------------------
 
-    async def _place(self, request: Request, req: InferenceRequest) -> PlacedCall:
+    async def _start(self, request: Request, req: InferenceRequest, path: str, *,
+                     legacy_embeddings: bool = False) -> PlacedCall:
+        """Place the call and open its upstream request, while watching the client.
+
+        A client that leaves while its call waits ends the wait; one that leaves while
+        the engine has not answered yet cancels the upstream request (and the ticket
+        goes back): uvicorn does not cancel a handler when its client disconnects.
+        """
         candidates = await self._candidates(req.model)
         budget = self.desk.budget(request.headers.get("x-kubemoot-wait-budget"))
-        stop = asyncio.Event()
+        left = asyncio.Event()
 
         async def watch_disconnect() -> None:
             while True:
                 message = await request.receive()
                 if message["type"] == "http.disconnect":
-                    stop.set()
+                    left.set()
                     return
 
         watcher = asyncio.ensure_future(watch_disconnect())
         try:
-            return await self.desk.place(req, candidates, caller=request.state.caller,
-                                         budget=budget, stop=stop)
+            call = await self.desk.place(req, candidates, caller=request.state.caller,
+                                         budget=budget, left=left)
+            opening = asyncio.ensure_future(
+                call.open(path, call.upstream_body(legacy_embeddings=legacy_embeddings)))
+            await asyncio.wait({opening, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not opening.done():
+                opening.cancel()
+                with contextlib.suppress(asyncio.CancelledError, GatewayError):
+                    await opening
+                await call.close(ok=None)
+                raise GatewayError(499, "the client went away before the engine answered")
+            opening.result()
+            return call
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -271,8 +289,7 @@ class GatewayApp:
         req = InferenceRequest.parse(kind, body)
         if req.is_load_request and req.keep_alive == 0:
             return await self._unload(req)
-        call = await self._place(request, req)
-        await call.open(path, call.upstream_body(legacy_embeddings=legacy_embeddings))
+        call = await self._start(request, req, path, legacy_embeddings=legacy_embeddings)
         if req.stream:
             return _CallStream(call, call.lines(), media_type="application/x-ndjson",
                                headers=call.headers())
@@ -325,8 +342,7 @@ class GatewayApp:
         body = await read_json(request, limit=self.desk.settings.max_body_bytes)
         native = oai.chat_body(body)
         req = InferenceRequest.parse("chat", native)
-        call = await self._place(request, req)
-        await call.open("/api/chat", call.upstream_body())
+        call = await self._start(request, req, "/api/chat")
         call_id = oai.new_id()
         model = req.model
         if not req.stream:
@@ -363,8 +379,7 @@ class GatewayApp:
     async def _v1_embeddings(self, request: Request) -> Response:
         body = await read_json(request, limit=self.desk.settings.max_body_bytes)
         req = InferenceRequest.parse("embed", oai.embeddings_body(body))
-        call = await self._place(request, req)
-        await call.open("/api/embed", call.upstream_body())
+        call = await self._start(request, req, "/api/embed")
         reply = await call.json()
         if not isinstance(reply, dict):
             raise GatewayError(502, "the provider's answer is not an object")

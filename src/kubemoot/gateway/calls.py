@@ -87,11 +87,13 @@ class CallDesk:
         *,
         caller: str,
         budget: float,
-        stop: asyncio.Event,
+        left: asyncio.Event,
     ) -> PlacedCall:
         """A call holding a ticket, or a :class:`GatewayError` saying why not.
 
-        ``stop`` ends a wait early (the client went away); the budget sets it too.
+        A busy call waits until the budget is spent or ``left`` is set (the client
+        went away); either ends the wait the waiter's own way, so a ticket granted at
+        that moment is never lost.
         """
         clock = self.stack.clock
         started = clock.now()
@@ -104,20 +106,32 @@ class CallDesk:
         holder = f"gateway:{caller}#{next(self._serial)}"
         signals = _Joined()
 
-        async def budget_timer() -> None:
-            await clock.sleep(budget)
-            stop.set()
+        done = asyncio.Event()
 
-        timer = asyncio.ensure_future(budget_timer())
+        async def end_of_wait() -> None:
+            gone = asyncio.ensure_future(left.wait())
+            spent = asyncio.ensure_future(clock.sleep(budget))
+            try:
+                await asyncio.wait({gone, spent}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+                spent.cancel()
+            done.set()
+
+        stopper = asyncio.ensure_future(end_of_wait())
         try:
             placement = await self.stack.agents.waiter.place(
                 candidates, agent=caller, holder_id=holder, prompt_tokens=prompt_tokens,
-                signals=signals, done=stop,
+                signals=signals, done=done,
             )
         finally:
-            timer.cancel()
+            stopper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await timer
+                await stopper
+        if left.is_set():
+            if placement.placed:
+                await self.stack.planner.release(placement)
+            raise GatewayError(499, "the client went away while its call waited")
         if not placement.placed:
             raise await self._refusal(placement, candidates, prompt_tokens, budget)
         action = placement.action.value

@@ -77,8 +77,10 @@ def parse_duration(text: str, flag: str) -> float:
 @app.command("gateway")
 def gateway_command(
     provider: list[str] = typer.Option(
-        [], "--provider", metavar="[NAME=]URL",
-        help="An Ollama (or Ollama-API) endpoint to serve through; repeatable."),
+        [], "--provider", metavar="[NAME=]URL[,vramMiB=N][,numParallel=N]…",
+        help="An Ollama (or Ollama-API) endpoint to serve through; repeatable. Ollama "
+             "does not report its card's memory: give vramMiB (and numParallel, "
+             "contextLength, reserveMiB as set on that Ollama) so models can be loaded."),
     file: list[Path] = typer.Option(
         [], "-f", "--file", help="A bundle of ModelProvider and Model resources."),
     listen: str = typer.Option(_DEFAULTS.listen, "--listen", metavar="HOST:PORT",
@@ -142,6 +144,14 @@ def gateway_command(
         use_nats=nats is not None,
     )
 
+    for source in sources:
+        if source.total_vram_mib is None:
+            err_console.print(
+                f"warning: the memory of provider {source.name} is unknown, so the gateway "
+                "can only use the models it already holds; add ,vramMiB=N to its "
+                "--provider (or status.capacity.vramTotalMiB in the bundle)",
+                highlight=False, soft_wrap=True)
+
     async def run() -> None:
         from kubemoot.clock import SystemClock
         from kubemoot.dashboard.calllog import CallLogWriter
@@ -196,12 +206,35 @@ def _providers(
                 total_vram_mib=capacity.vram_total_mib if capacity else None)
         declared = {m.spec.model: m.spec.vram_mib for m in bundle.models}
     for text in urls:
+        endpoint, *settings = text.split(",")
         try:
-            name, url = parse_endpoint(text)
+            name, url = parse_endpoint(endpoint)
         except InputError as error:
             raise InputError(error.message, field="--provider") from None
         if name in sources:
             raise InputError(f"the provider name {name!r} is given twice",
                              field="--provider")
-        sources[name] = ProviderSource(name, url)
+        values = _provider_settings(text, settings)
+        sources[name] = ProviderSource(
+            name, url, context_length=values.get("contextLength"),
+            num_parallel=values.get("numParallel", 1),
+            reserve_mib=values.get("reserveMiB", 1024),
+            total_vram_mib=values.get("vramMiB"))
     return list(sources.values()), declared
+
+
+# What ``--provider URL,key=value…`` may say; Ollama reports none of these itself.
+_PROVIDER_KEYS = ("vramMiB", "numParallel", "contextLength", "reserveMiB")
+
+
+def _provider_settings(text: str, settings: list[str]) -> dict[str, int]:
+    values: dict[str, int] = {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in _PROVIDER_KEYS or not value.strip().isdigit():
+            raise InputError(f"{item!r} in {text!r} is not one of "
+                             f"{', '.join(k + '=N' for k in _PROVIDER_KEYS)}",
+                             field="--provider")
+        values[key] = int(value)
+    return values

@@ -41,7 +41,12 @@ async def test_the_official_client_streams_from_it(emulator: OllamaEmulator) -> 
         model=SMALL.name, messages=[{"role": "user", "content": "hi"}], stream=True)]
     shown = await client.show(SMALL.name)
     await client.close()  # type: ignore[no-untyped-call]
-    assert parts[-1].done and parts[-1].message.content
+    assert parts[-1].done and not any(part.done for part in parts[:-1])
+    assert len(parts) > 2  # a real stream: a chunk per word, then the final one
+    whole = await post(emulator, "/api/chat", {
+        "model": SMALL.name, "messages": [{"role": "user", "content": "hi"}],
+        "stream": False})
+    assert "".join(p.message.content or "" for p in parts) == whole.json()["message"]["content"]
     assert shown.details is not None and shown.details.family == "emulated"
 
 
@@ -117,7 +122,8 @@ def test_parse_keep_alive(value: object, seconds: float) -> None:
     assert parse_keep_alive(value, 300.0) == seconds
 
 
-@pytest.mark.parametrize("value", ["soon", True, [1], "5x"])
+@pytest.mark.parametrize("value", ["soon", True, [1], "5x", "nan", "inf", "-inf",
+                                   float("nan"), 10**400, -(10**400), "9" * 400 + "s"])
 def test_parse_keep_alive_rejects(value: object) -> None:
     with pytest.raises(EmulatorError):
         parse_keep_alive(value, 300.0)

@@ -14,7 +14,7 @@ import hashlib
 import json
 import math
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -82,6 +82,8 @@ class EmulatorConfig:
     keep_alive_s: float = 300.0  # Ollama's default keep-alive
     max_queue: int = 512  # Ollama's OLLAMA_MAX_QUEUE default
     chars_per_token: float = 4.0  # the emulator's deterministic tokenizer
+    embedding_length: int = 384  # dimensions of every emulated embedding
+    embed_latency_s: float = 0.05  # per embedding request, before prompt tokens
     tool_rule: ToolRule | None = None
 
 
@@ -130,14 +132,26 @@ class Slot(NamedTuple):
     loaded: bool  # this caller loaded the copy (and paid the load time)
 
 
+#: The longest duration Ollama can hold (Go's ``time.Duration`` is int64 nanoseconds);
+#: a longer keep_alive is an error there, so it is one here too.
+MAX_DURATION_S = (2**63 - 1) / 1e9
+
+
 def parse_keep_alive(value: object, default: float) -> float:
-    """Ollama's keep_alive: seconds, or ``"5m"``-style durations; negative = forever."""
+    """Ollama's keep_alive: seconds, or ``"5m"``-style durations; negative = forever.
+
+    Anything that is not a finite duration Ollama could represent (``"nan"``, ``"inf"``,
+    a 400-digit number) is a 400, never a value that poisons the expiry books.
+    """
     if value is None:
         return default
     if isinstance(value, bool):
         raise EmulatorError(400, "keep_alive must be a number or a duration")
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int too large for a float
+            raise EmulatorError(400, "keep_alive is out of range") from None
     elif isinstance(value, str):
         units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
         text = value.strip()
@@ -145,10 +159,30 @@ def parse_keep_alive(value: object, default: float) -> float:
         try:
             seconds = float(text[: len(text) - len(unit)]) * units.get(unit, 1.0)
         except ValueError:
-            raise EmulatorError(400, f"invalid keep_alive {value!r}") from None
+            raise EmulatorError(400, f"invalid keep_alive {value[:40]!r}") from None
     else:
         raise EmulatorError(400, "keep_alive must be a number or a duration")
+    if not math.isfinite(seconds) or abs(seconds) > MAX_DURATION_S:
+        raise EmulatorError(400, "keep_alive is out of range")
     return math.inf if seconds < 0 else seconds
+
+
+def embedding_vector(model: str, text: str, dimensions: int) -> list[float]:
+    """A deterministic, unnormalised vector for ``text`` (a hash, not a meaning)."""
+    values: list[float] = []
+    block = 0
+    while len(values) < dimensions:
+        digest = hashlib.sha256(f"{model}\n{block}\n{text}".encode()).digest()
+        values.extend((int.from_bytes(digest[i:i + 2], "big") - 32768) / 32768
+                      for i in range(0, len(digest), 2))
+        block += 1
+    return values[:dimensions]
+
+
+def normalised(vector: Sequence[float]) -> list[float]:
+    """``vector`` scaled to unit length (Ollama's ``/api/embed`` answers these)."""
+    norm = math.sqrt(sum(v * v for v in vector))
+    return [v / norm for v in vector] if norm else list(vector)
 
 
 def _text_of(message: Mapping[str, Any]) -> str:
@@ -173,7 +207,10 @@ class EmulatorEngine:
         self._books = threading.Lock()  # records and counters are read from other threads
         self._records: list[RecordedRequest] = []
         self.loads: list[str] = []
-        self.evictions: list[str] = []
+        self.evictions: list[str] = []  # pushed out by the engine because memory ran short
+        self.reloads: list[str] = []  # unloaded to load again with another num_ctx
+        self.truncations = 0  # requests whose prompt the engine cut
+        self.peak_vram_mib = 0
         self.peak_busy: dict[str, int] = {}
         self.waiting = 0
 
@@ -187,6 +224,30 @@ class EmulatorEngine:
     def record(self, entry: RecordedRequest) -> None:
         with self._books:
             self._records.append(entry)
+            if entry.truncated:
+                self.truncations += 1
+
+    def stats(self) -> dict[str, Any]:
+        """What ``GET /emulator/stats`` answers: proof of what the engine had to do.
+
+        ``evictions`` counts only the models the engine pushed out on its own because a
+        load did not fit; expiries, ``keep_alive: 0`` unloads and ``num_ctx`` reloads
+        are not evictions. A scheduler that never overcommits a card keeps it at 0.
+        """
+        with self._books:
+            return {
+                "vramMiB": self.config.vram_mib,
+                "usedVramMiB": self.used_mib(),
+                "peakVramMiB": self.peak_vram_mib,
+                "loads": len(self.loads), "loadsByModel": dict(Counter(self.loads)),
+                "evictions": len(self.evictions),
+                "evictionsByModel": dict(Counter(self.evictions)),
+                "reloads": len(self.reloads),
+                "truncations": self.truncations,
+                "requests": len(self._records),
+                "peakBusy": dict(self.peak_busy),
+                "waiting": self.waiting,
+            }
 
     def clear_records(self) -> None:
         with self._books:
@@ -259,7 +320,9 @@ class EmulatorEngine:
                            "boolean": True}
                 arguments = {key: samples.get(str((props.get(key) or {}).get("type")))
                              for key in params.get("required") or []}
-                return [{"function": {"name": name, "arguments": arguments}}]
+                call_id = hashlib.sha256(f"{model}\n{asked}".encode()).hexdigest()[:8]
+                return [{"id": f"call_{call_id}",
+                         "function": {"index": 0, "name": name, "arguments": arguments}}]
         return []
 
     # -- VRAM, loads, slots -----------------------------------------------------
@@ -271,7 +334,7 @@ class EmulatorEngine:
         return self._cond
 
     def used_mib(self) -> int:
-        return sum(c.footprint_mib for c in self.copies.values())
+        return sum(c.footprint_mib for c in list(self.copies.values()))
 
     def expire(self) -> None:
         """Drop idle copies whose keep-alive has run out (Ollama unloads them)."""
@@ -280,10 +343,10 @@ class EmulatorEngine:
             if copy.idle and copy.expires_at <= now:
                 del self.copies[name]
 
-    def _evict(self, copy: LoadedCopy) -> None:
+    def _evict(self, copy: LoadedCopy, *, books: list[str]) -> None:
         del self.copies[copy.model.name]
         with self._books:
-            self.evictions.append(copy.model.name)
+            books.append(copy.model.name)
 
     def _make_room(self, need: int) -> bool:
         """Evict idle copies, shortest remaining keep-alive first, if that suffices."""
@@ -297,7 +360,7 @@ class EmulatorEngine:
         for copy in idle:
             if free >= need:
                 break
-            self._evict(copy)
+            self._evict(copy, books=self.evictions)
             free += copy.footprint_mib
         return True
 
@@ -335,7 +398,7 @@ class EmulatorEngine:
                     copy = self.copies.get(model.name)
                     if copy is not None and copy.context_length != context_length:
                         if copy.idle:  # a different num_ctx means a reload, as in Ollama
-                            self._evict(copy)
+                            self._evict(copy, books=self.reloads)
                             continue
                     elif copy is None:
                         need = model.footprint_mib(context_length, parallel)
@@ -352,6 +415,8 @@ class EmulatorEngine:
                             self.copies[model.name] = copy
                             with self._books:
                                 self.loads.append(model.name)
+                                self.peak_vram_mib = max(self.peak_vram_mib,
+                                                         self.used_mib())
                             break
                     elif not copy.loading and not slot:
                         copy.expires_at = max(copy.expires_at, self.clock.now() + keep_alive)

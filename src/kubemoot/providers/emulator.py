@@ -1,21 +1,28 @@
 """An Ollama-API **emulator**: an HTTP server for tests and the demo. It is not Ollama.
 
-It speaks the parts of Ollama's HTTP API that Kubemoot uses (``/api/chat``,
-``/api/generate`` including preload and ``keep_alive: 0`` unload, ``/api/ps``,
-``/api/tags``, ``/api/show``, ``/api/version``) over an emulated GPU: VRAM accounting
-with eviction of idle models, load time from a load rate, ``num_parallel`` slots per
-loaded model with a FIFO line behind them, and the engine's silent truncation of an
-over-long prompt. Replies are deterministic text; no model runs.
+It speaks the parts of Ollama's HTTP API that Kubemoot and common clients use
+(``/api/chat`` and ``/api/generate`` streamed as NDJSON or whole, with preload,
+``keep_alive: 0`` unload and ``truncate: false``; ``/api/embed``, ``/api/embeddings``,
+``/api/ps``, ``/api/tags``, ``/api/show``, ``/api/version``) and the OpenAI-compatible
+subset Ollama serves under ``/v1`` (see :mod:`kubemoot.providers._emulator_openai`),
+over an emulated GPU: VRAM accounting with eviction of idle models, load time from a
+load rate, ``num_parallel`` slots per loaded model with a FIFO line behind them, and
+the engine's silent truncation of an over-long prompt. Replies and embeddings are
+deterministic; no model runs.
 
-Every generation request is recorded (:attr:`OllamaEmulator.records`) so a test can
-prove what reached the engine, and faults can be injected (:meth:`OllamaEmulator.fail_next`,
+Every request that reaches the engine is recorded (:attr:`OllamaEmulator.records`),
+``GET /emulator/stats`` (and :meth:`OllamaEmulator.stats`) tells loads, evictions the
+engine forced, truncations and peak VRAM, so a test can prove what reached the engine;
+faults can be injected (:meth:`OllamaEmulator.fail_next`,
 :meth:`~OllamaEmulator.hostile_next`, :meth:`~OllamaEmulator.stall_next`).
+Malformed bodies are answered 400 with ``{"error": …}``, as Ollama's decoder does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import socket
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -31,6 +38,17 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from kubemoot.clock import Clock, SystemClock
+from kubemoot.providers._emulated_calls import (
+    EmbeddingCall,
+    Generation,
+    GenerationCall,
+    check_count,
+    check_flag,
+    check_messages,
+    check_tools,
+    embed,
+    start_generation,
+)
 from kubemoot.providers._emulation import (
     DEFAULT_MODELS,
     MIB,
@@ -42,6 +60,8 @@ from kubemoot.providers._emulation import (
     RecordedRequest,
     parse_keep_alive,
 )
+from kubemoot.providers._emulator_openai import openai_routes
+from kubemoot.providers._emulator_stream import ReleasingStream
 
 __all__ = [
     "DEFAULT_MODELS",
@@ -53,10 +73,12 @@ __all__ = [
     "RecordedRequest",
 ]
 
-EMULATOR_VERSION = "0.0.0-kubemoot-emulator"
+#: The Ollama API level it speaks (clients compare versions), marked as an emulator.
+EMULATOR_VERSION = "0.12.0-kubemoot-emulator"
 HostileKind = Literal["malformed", "not-json", "wrong-shape", "hostile-values", "nested",
                       "huge", "truncated"]
 _FAR_FUTURE = "2318-01-01T00:00:00Z"  # what Ollama shows for keep_alive < 0
+_MODIFIED_AT = "2025-01-01T00:00:00Z"
 
 
 @dataclass(slots=True)
@@ -69,7 +91,7 @@ class _Fault:
 
 
 def _iso(epoch: float) -> str:
-    if epoch == float("inf"):
+    if not math.isfinite(epoch):  # keep_alive < 0: never expires
         return _FAR_FUTURE
     return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
 
@@ -146,6 +168,10 @@ class OllamaEmulator:
             Route("/api/show", self._show, methods=["POST"]),
             Route("/api/generate", self._generate, methods=["POST"]),
             Route("/api/chat", self._chat, methods=["POST"]),
+            Route("/api/embed", self._embed, methods=["POST"]),
+            Route("/api/embeddings", self._embeddings, methods=["POST"]),
+            *openai_routes(self),
+            Route("/emulator/stats", self._stats, methods=["GET"]),
         ])
 
     # -- lifecycle ----------------------------------------------------------------
@@ -265,7 +291,8 @@ class OllamaEmulator:
                     return fault
         return None
 
-    async def _faulted(self, request: Request) -> Response | _RawTruncated | None:
+    async def injected_fault(self, request: Request) -> Response | _RawTruncated | None:
+        """The injected fault's answer for this request, if one is pending."""
         fault = self._take_fault(request.url.path)
         if fault is None:
             return None
@@ -283,17 +310,17 @@ class OllamaEmulator:
         return PlainTextResponse("Ollama-API emulator (kubemoot) is running; not Ollama")
 
     async def _version(self, request: Request) -> Any:
-        return await self._faulted(request) or JSONResponse({"version": EMULATOR_VERSION})
+        return await self.injected_fault(request) or JSONResponse({"version": EMULATOR_VERSION})
 
     def _details(self, model: EmulatedModel) -> dict[str, Any]:
         return {"format": "gguf", "family": model.family, "families": [model.family],
                 "parameter_size": f"{model.size_mib} MiB", "quantization_level": "emulated"}
 
     async def _tags(self, request: Request) -> Any:
-        if (faulted := await self._faulted(request)) is not None:
+        if (faulted := await self.injected_fault(request)) is not None:
             return faulted
         return JSONResponse({"models": [
-            {"name": m.name, "model": m.name, "modified_at": "2025-01-01T00:00:00Z",
+            {"name": m.name, "model": m.name, "modified_at": _MODIFIED_AT,
              "size": m.size_mib * MIB, "digest": m.manifest_digest,
              "details": self._details(m)}
             for m in self.engine.catalogue.values()
@@ -307,44 +334,90 @@ class OllamaEmulator:
                 "context_length": copy.context_length}
 
     async def _ps(self, request: Request) -> Any:
-        if (faulted := await self._faulted(request)) is not None:
+        if (faulted := await self.injected_fault(request)) is not None:
             return faulted
         self.engine.expire()
         return JSONResponse({"models": [self._ps_entry(c)
                                         for c in self.engine.copies.values()]})
 
-    async def _body(self, request: Request) -> dict[str, Any]:
+    async def read_body(self, request: Request) -> dict[str, Any]:
+        """The request's JSON object, or a 400 (never a traceback) for anything else."""
         try:
             body = await request.json()
         except (ValueError, UnicodeDecodeError):
             raise EmulatorError(400, "invalid JSON body") from None
+        except RecursionError:  # Go's decoder stops at a depth limit too, with a 400
+            raise EmulatorError(400, "invalid JSON body: nested too deeply") from None
         if not isinstance(body, dict):
             raise EmulatorError(400, "the body must be a JSON object")
         return body
 
     def _model(self, body: Mapping[str, Any]) -> EmulatedModel:
-        name = body.get("model") or body.get("name")
+        return self.find_model(body.get("model") or body.get("name"))
+
+    def find_model(self, name: object) -> EmulatedModel:
+        """The catalogue entry for ``name``, or Ollama's 400/404."""
         if not isinstance(name, str) or not name:
             raise EmulatorError(400, "model is required")
         model = self.engine.catalogue.get(name)
+        if model is None and ":" not in name:
+            model = self.engine.catalogue.get(f"{name}:latest")  # as Ollama resolves it
         if model is None:
             raise EmulatorError(404, f'model "{name}" not found, try pulling it first')
         return model
 
     async def _show(self, request: Request) -> Any:
-        if (faulted := await self._faulted(request)) is not None:
+        if (faulted := await self.injected_fault(request)) is not None:
             return faulted
         try:
-            model = self._model(await self._body(request))
+            model = self._model(await self.read_body(request))
         except EmulatorError as error:
-            return JSONResponse({"error": error.message}, status_code=error.status)
+            return _error(error)
+        family = model.family
         return JSONResponse({
             "modelfile": f"# emulated model {model.name}", "parameters": "", "template": "",
             "details": self._details(model), "capabilities": ["completion", "tools"],
-            "model_info": {"general.architecture": "kubemoot-emulator",
+            "modified_at": _MODIFIED_AT, "license": "emulated, no weights",
+            "model_info": {"general.architecture": family,
+                           "general.parameter_count": model.size_mib * 1_000_000,
+                           f"{family}.context_length": self.config.context_length,
+                           f"{family}.embedding_length": self.config.embedding_length,
                            "emulator.size_mib": model.size_mib,
                            "emulator.context_length": self.config.context_length},
         })
+
+    async def _stats(self, request: Request) -> Any:
+        return JSONResponse(self.engine.stats())
+
+    def stats(self) -> dict[str, Any]:
+        """Loads, engine-initiated evictions, truncations and peak VRAM so far."""
+        return self.engine.stats()
+
+    # -- generation and embeddings --------------------------------------------------
+
+    def generation_call(self, path: str, body: Mapping[str, Any], *, model: EmulatedModel,
+                        messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                        options: object, limit: int | None = None,
+                        truncate: bool = True) -> GenerationCall:
+        """The engine's view of a request; shared by the Ollama and OpenAI routes."""
+        num_ctx = self._num_ctx(options)
+        return GenerationCall(
+            path=path, model=model, messages=messages, tools=tools, num_ctx=num_ctx,
+            context=num_ctx or self.config.context_length,
+            keep_alive=parse_keep_alive(body.get("keep_alive"), self.config.keep_alive_s),
+            truncate=truncate, limit=limit)
+
+    @staticmethod
+    def _options(options: object) -> dict[str, Any]:
+        if options is None:
+            return {}
+        if not isinstance(options, dict):
+            raise EmulatorError(400, "options must be an object")
+        return options
+
+    def _num_ctx(self, options: object) -> int | None:
+        return check_count(self._options(options).get("num_ctx"), "options.num_ctx",
+                           minimum=1)
 
     async def _generate(self, request: Request) -> Any:
         return await self._serve_generation(request, chat=False)
@@ -353,86 +426,72 @@ class OllamaEmulator:
         return await self._serve_generation(request, chat=True)
 
     async def _serve_generation(self, request: Request, *, chat: bool) -> Any:
-        if (faulted := await self._faulted(request)) is not None:
+        if (faulted := await self.injected_fault(request)) is not None:
             return faulted
         try:
-            body = await self._body(request)
-            payload = await self._generation(request.url.path, body, chat=chat)
+            body = await self.read_body(request)
+            model = self._model(body)
+            options = self._options(body.get("options"))
+            predict = check_count(options.get("num_predict"), "options.num_predict",
+                                  minimum=-2)
+            call = self.generation_call(
+                request.url.path, body, model=model, messages=self._messages(body, chat=chat),
+                tools=check_tools(body.get("tools")) if chat else [], options=options,
+                limit=predict if predict is not None and predict > 0 else None,
+                truncate=check_flag(body.get("truncate"), "truncate", default=True))
+            stream = body.get("stream", True) is not False
+            if not call.messages:  # no prompt: a preload, or with keep_alive 0 an unload
+                return await self._preload(call, chat=chat, stream=stream)
+            generation = await start_generation(self.engine, call)
         except EmulatorError as error:
-            return JSONResponse({"error": error.message}, status_code=error.status)
-        if body.get("stream", True) is False:
+            return _error(error)
+        created = _iso(self.engine.clock.now())
+        if not stream:
+            await generation.run()
+            return JSONResponse(self._final(generation, chat, created, with_content=True))
+        return ReleasingStream(self._ndjson(generation, chat), generation,
+                               media_type="application/x-ndjson")
+
+    async def _preload(self, call: GenerationCall, *, chat: bool, stream: bool) -> Response:
+        engine, model = self.engine, call.model
+        created = _iso(engine.clock.now())
+        if call.keep_alive == 0:
+            await engine.unload(model)
+            payload = self._done(model, chat, created, "", "unload")
+        else:
+            got = await engine.acquire(model, call.context, keep_alive=call.keep_alive,
+                                       slot=False)
+            load_ns = int(got.copy.load_seconds * 1e9) if got.loaded else 0
+            payload = self._done(model, chat, created, "", "load", load_duration=load_ns)
+        if not stream:
             return JSONResponse(payload)
-        # a stream of one final chunk is a valid stream; clients that stream accept it
         return Response(json.dumps(payload) + "\n", media_type="application/x-ndjson")
 
-    async def _generation(self, path: str, body: Mapping[str, Any], *,
-                          chat: bool) -> dict[str, Any]:
-        engine = self.engine
-        model = self._model(body)
-        options = body.get("options") or {}
-        if not isinstance(options, dict):
-            raise EmulatorError(400, "options must be an object")
-        num_ctx = options.get("num_ctx")
-        if num_ctx is not None and (not isinstance(num_ctx, int) or num_ctx <= 0):
-            raise EmulatorError(400, "options.num_ctx must be a positive integer")
-        context = num_ctx or self.config.context_length
-        keep_alive = parse_keep_alive(body.get("keep_alive"), self.config.keep_alive_s)
-        messages = self._messages(body, chat=chat)
-        created = _iso(engine.clock.now())
-        if not messages:  # no prompt: a preload, or with keep_alive 0 an unload
-            if keep_alive == 0:
-                await engine.unload(model)
-                return self._done(model, chat, created, "", "unload")
-            got = await engine.acquire(model, context, keep_alive=keep_alive, slot=False)
-            load_ns = int(got.copy.load_seconds * 1e9) if got.loaded else 0
-            return self._done(model, chat, created, "", "load", load_duration=load_ns)
-        tools = body.get("tools") or []
-        if not isinstance(tools, list):
-            raise EmulatorError(400, "tools must be a list")
-        kept, before, evaluated, dropped = engine.truncate(messages, tools, context)
-        received = engine.clock.now()
+    async def _ndjson(self, generation: Generation, chat: bool) -> AsyncIterator[bytes]:
+        model = generation.model
+        async for piece in generation.pieces():
+            chunk = self._part(model, chat, _iso(self.engine.clock.now()), piece)
+            yield json.dumps(chunk).encode() + b"\n"
+        created = _iso(self.engine.clock.now())
+        if chat and generation.tool_calls:  # Ollama sends the calls before the final chunk
+            chunk = self._part(model, chat, created, "")
+            chunk["message"]["tool_calls"] = generation.tool_calls
+            yield json.dumps(chunk).encode() + b"\n"
+        final = self._final(generation, chat, created, with_content=False)
+        yield json.dumps(final).encode() + b"\n"
 
-        def record(queued: bool, error: str | None = None) -> None:
-            engine.record(RecordedRequest(
-                path=path, model=model.name, messages=[dict(m) for m in messages],
-                num_ctx=num_ctx, context_length=context, prompt_tokens=before,
-                prompt_tokens_evaluated=evaluated, truncated=evaluated < before,
-                dropped_messages=dropped, tools=len(tools), queued=queued,
-                received_at=received, error=error))
-
-        try:
-            got = await engine.acquire(model, context, keep_alive=keep_alive)
-        except EmulatorError as error:
-            record(False, error.message)
-            raise
-        copy = got.copy
-        record(got.waited)
-        try:
-            content, eval_count = engine.reply(model.name, kept)
-            calls = engine.tool_calls(model.name, kept, tools)
-            if calls:
-                content, eval_count = "", 8
-            seconds = (self.config.base_latency_s + self.config.per_token_s * eval_count
-                       + self.config.prompt_per_token_s * evaluated)
-            await engine.sleep(seconds)
-        finally:
-            await engine.release(copy, keep_alive=keep_alive)
-        load_ns = int(copy.load_seconds * 1e9) if got.loaded else 0
-        extra = {"prompt_eval_count": evaluated, "eval_count": eval_count,
-                 "total_duration": int(seconds * 1e9) + load_ns, "load_duration": load_ns,
-                 "eval_duration": int(seconds * 1e9)}
-        payload = self._done(model, chat, created, content, "stop", **extra)
-        if chat and calls:
-            payload["message"]["tool_calls"] = calls
+    def _final(self, generation: Generation, chat: bool, created: str, *,
+               with_content: bool) -> dict[str, Any]:
+        content = generation.content if with_content else ""
+        payload = self._done(generation.model, chat, created, content,
+                             generation.done_reason, **generation.durations())
+        if chat and with_content and generation.tool_calls:
+            payload["message"]["tool_calls"] = generation.tool_calls
         return payload
 
     def _messages(self, body: Mapping[str, Any], *, chat: bool) -> list[dict[str, Any]]:
         if chat:
-            messages = body.get("messages") or []
-            if not isinstance(messages, list) or not all(isinstance(m, dict)
-                                                          for m in messages):
-                raise EmulatorError(400, "messages must be a list of objects")
-            return messages
+            return check_messages(body.get("messages"))
         prompt = body.get("prompt")
         if prompt is not None and not isinstance(prompt, str):
             raise EmulatorError(400, "prompt must be a string")
@@ -441,6 +500,16 @@ class OllamaEmulator:
         system = body.get("system")
         head = [{"role": "system", "content": system}] if isinstance(system, str) else []
         return [*head, {"role": "user", "content": prompt}]
+
+    @staticmethod
+    def _part(model: EmulatedModel, chat: bool, created: str, piece: str) -> dict[str, Any]:
+        payload: dict[str, Any] = {"model": model.name, "created_at": created}
+        if chat:
+            payload["message"] = {"role": "assistant", "content": piece}
+        else:
+            payload["response"] = piece
+        payload["done"] = False
+        return payload
 
     @staticmethod
     def _done(model: EmulatedModel, chat: bool, created: str, content: str, reason: str,
@@ -452,6 +521,67 @@ class OllamaEmulator:
             payload["response"] = content
         payload.update(done=True, done_reason=reason, **extra)
         return payload
+
+    async def _embed(self, request: Request) -> Any:
+        """``/api/embed``: ``input`` is a string or a list of them; unit vectors."""
+        if (faulted := await self.injected_fault(request)) is not None:
+            return faulted
+        try:
+            body = await self.read_body(request)
+            model = self._model(body)
+            result = await embed(self.engine, self.embedding_call(
+                request.url.path, body, model=model, inputs=_inputs(body.get("input")),
+                options=body.get("options"),
+                truncate=check_flag(body.get("truncate"), "truncate", default=True),
+                dimensions=check_count(body.get("dimensions"), "dimensions", minimum=1)))
+        except EmulatorError as error:
+            return _error(error)
+        return JSONResponse({"model": model.name, "embeddings": result.vectors,
+                             "total_duration": result.total_ns,
+                             "load_duration": result.load_ns,
+                             "prompt_eval_count": result.prompt_tokens})
+
+    async def _embeddings(self, request: Request) -> Any:
+        """``/api/embeddings`` (the older call): one ``prompt``, one raw vector."""
+        if (faulted := await self.injected_fault(request)) is not None:
+            return faulted
+        try:
+            body = await self.read_body(request)
+            prompt = body.get("prompt")
+            if prompt is not None and not isinstance(prompt, str):
+                raise EmulatorError(400, "prompt must be a string")
+            result = await embed(self.engine, self.embedding_call(
+                request.url.path, body, model=self._model(body),
+                inputs=[prompt] if prompt else [], options=body.get("options"),
+                normalise=False))
+        except EmulatorError as error:
+            return _error(error)
+        return JSONResponse({"embedding": result.vectors[0] if result.vectors else []})
+
+    def embedding_call(self, path: str, body: Mapping[str, Any], *, model: EmulatedModel,
+                       inputs: list[str], options: object, truncate: bool = True,
+                       dimensions: int | None = None, normalise: bool = True,
+                       ) -> EmbeddingCall:
+        num_ctx = self._num_ctx(options)
+        return EmbeddingCall(
+            path=path, model=model, inputs=inputs, num_ctx=num_ctx,
+            context=num_ctx or self.config.context_length,
+            keep_alive=parse_keep_alive(body.get("keep_alive"), self.config.keep_alive_s),
+            truncate=truncate, dimensions=dimensions, normalise=normalise)
+
+
+def _inputs(value: object) -> list[str]:
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise EmulatorError(400, "input must be a string or a list of strings")
+
+
+def _error(error: EmulatorError) -> JSONResponse:
+    return JSONResponse({"error": error.message}, status_code=error.status)
 
 
 def parse_model_option(text: str) -> EmulatedModel:

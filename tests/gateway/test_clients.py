@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 import httpx
 import ollama
 import openai
 import pytest
 
-from tests.gateway.conftest import Fleet, live_tickets, until
+from kubemoot.providers.emulator import OllamaEmulator
+from tests.gateway.conftest import Fleet, live_tickets, start_gateway, until
 
 HELLO = [{"role": "user", "content": "hello there"}]
 WEATHER_TOOL = {"type": "function", "function": {
@@ -190,3 +192,51 @@ async def test_busy_gpus_answer_503_with_retry_after_and_leaving_releases(
         await asyncio.gather(*held, return_exceptions=True)
     await until(lambda: fleet.tickets_left() == 0)
     assert await live_tickets(fleet.gateway) == []
+
+
+async def test_embeddings_through_both_apis(client: ollama.AsyncClient,
+                                            oai: openai.AsyncOpenAI, fleet: Fleet) -> None:
+    embedded = await client.embed(model="small:1b", input=["one", "two"])
+    assert len(embedded.embeddings) == 2 and embedded.embeddings[0]
+    legacy = await client.embeddings(model="small:1b", prompt="one")
+    # Ollama's legacy route answers an unnormalised vector of the same length
+    assert len(legacy.embedding) == len(embedded.embeddings[0])
+    vectors = await oai.embeddings.create(model="small:1b", input=["one", "two"])
+    assert [d.index for d in vectors.data] == [0, 1]
+    assert vectors.data[0].embedding == pytest.approx(list(embedded.embeddings[0]))
+    await until(lambda: fleet.tickets_left() == 0)
+
+
+async def test_every_call_is_attributed_to_its_caller(keyed: Fleet) -> None:
+    from kubemoot.agent.runtime import CallRecord
+
+    records: list[CallRecord] = []
+    assert keyed.gateway.desk is not None
+    keyed.gateway.desk.listeners.append(records.append)
+    client = ollama.AsyncClient(host=keyed.url,
+                                headers={"Authorization": "Bearer sk-alice-secret"})
+    await client.chat(model="small:1b", messages=HELLO)
+    await until(lambda: len(records) == 1)
+    record = records[0]
+    assert (record.agent, record.model, record.provider, record.phase, record.ok) == (
+        "alice", "small:1b", "gpu-a", "chat", True)
+    assert record.action == "cold-load" and record.waited_seconds >= 0
+
+
+async def test_a_prompt_the_engine_finds_too_long_is_a_400_never_cut(
+        make_emulator: Callable[..., OllamaEmulator]) -> None:
+    """The gateway's estimate under-counts for this engine (one character a token): the
+    engine, told never to truncate, refuses, and the client gets the honest 400."""
+    emulators = {"gpu-a": make_emulator(chars_per_token=1.0)}
+    gateway = await start_gateway(emulators)
+    try:
+        client = ollama.AsyncClient(host=gateway.url)
+        with pytest.raises(ollama.ResponseError) as error:
+            await client.chat(model="small:1b",
+                              messages=[{"role": "user", "content": "word " * 400}])
+        assert error.value.status_code == 400 and "context" in error.value.error
+        stats = emulators["gpu-a"].stats()
+        assert stats["truncations"] == 0
+        assert gateway.desk is not None and not gateway.desk.in_flight
+    finally:
+        await gateway.stop()

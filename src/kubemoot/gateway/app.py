@@ -357,7 +357,7 @@ class GatewayApp:
             first = True
             async for raw in call.lines():
                 try:
-                    line = json.loads(raw)
+                    line = json.loads(raw)  # one whole line
                 except ValueError:
                     continue
                 if not isinstance(line, dict):

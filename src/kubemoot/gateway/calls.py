@@ -269,13 +269,14 @@ class PlacedCall:
         return response
 
     async def lines(self) -> AsyncIterator[bytes]:
-        """The engine's NDJSON lines; the ticket is released when they end or stop."""
+        """The engine's NDJSON lines (newline kept); the ticket is released when they end
+        or stop."""
         assert self._upstream is not None
         ok: bool | None = None  # None: the client left, which is no provider's fault
         try:
             async for line in self._upstream.aiter_lines():
                 if line.strip():
-                    yield line.encode("utf-8")
+                    yield line.encode("utf-8") + b"\n"
             ok = True
         except httpx.HTTPError as error:
             ok = False

@@ -207,8 +207,11 @@ def _names(declared: dict[str, int | None]) -> Collection[str]:
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    # IPPROTO_TCP, not 0: asyncio turns Nagle off (TCP_NODELAY) only on connections
+    # of a socket that says it is TCP; with Nagle on, every keep-alive reply waits for
+    # the client's delayed ACK (about 40 ms a request).
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
-                         socket.SOCK_STREAM)
+                         socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

@@ -97,7 +97,7 @@ uvicorn.run(OllamaEmulator(config).app, host="127.0.0.1", port=int(sys.argv[3]),
 
 def gateway(providers: list[str], port: int, *extra: str) -> list[str]:
     flags = [a for p in providers for a in ("--provider", p)]
-    return ["gateway", *flags, *extra, "--wait-limit", "300s",
+    return ["gateway", *flags, *extra, "--wait-limit", "30s",
             "--listen", f"127.0.0.1:{port}"]
 
 

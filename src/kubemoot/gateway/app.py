@@ -317,16 +317,23 @@ class GatewayApp:
         candidates = await self._candidates(req.model)
         model = candidates[0].model
         fleet = await self.desk.stack.view.snapshot()
-        for p in fleet.providers:
-            client = self.clients.get(p.name)
-            if client is None or not p.is_resident(model) or p.in_flight(model):
+        for name, client in self.clients.items():
+            # the engine itself says whether it holds the model (published state may lag
+            # a load that just finished); the shared tickets say whether a call uses it
+            try:
+                held = any(m.name == model for m in (await client.probe()).loaded_models)
+            except ProviderError as error:
+                log.warning("gateway: probing %s before an unload failed: %s", name, error)
+                continue
+            p = fleet.provider(name)
+            if not held or (p is not None and p.in_flight(model)):
                 continue
             try:
                 await client.unload(model)
             except ProviderError as error:
-                log.warning("gateway: unloading %s on %s failed: %s", model, p.name, error)
+                log.warning("gateway: unloading %s on %s failed: %s", model, name, error)
             if self.reprobe is not None:
-                await self.reprobe(p.name)
+                await self.reprobe(name)
         created = datetime.now(UTC).isoformat().replace("+00:00", "Z")
         payload: dict[str, Any] = {"model": model, "created_at": created, "done": True,
                                    "done_reason": "unload"}

@@ -24,6 +24,7 @@ import httpx
 
 from kubemoot.agent.runtime import CallRecord
 from kubemoot.agent.wiring import RuntimeStack
+from kubemoot.clock import Clock
 from kubemoot.gateway.catalogue import largest_context
 from kubemoot.gateway.errors import GatewayError
 from kubemoot.gateway.requests import InferenceRequest
@@ -43,16 +44,41 @@ AfterLoad = Callable[[str], Awaitable[None]]
 _CHANGES_MEMORY = frozenset({Action.COLD_LOAD, Action.UNLOAD, Action.LOADING})
 
 
-class _Joined:
-    """Wait signals that only remember whether the call joined a line (queued)."""
+class _WaitEnds:
+    """The waiter's signals for one call: when the call joins a line (it queues), a
+    task starts that ends the wait at the budget or when the client leaves. A call
+    placed at once — the common case — starts no task at all."""
 
-    joined = False
+    def __init__(self, clock: Clock, budget: float, left: asyncio.Event) -> None:
+        self._clock = clock
+        self._budget = budget
+        self._left = left
+        self.done = asyncio.Event()
+        self.joined = False
+        self._task: asyncio.Future[None] | None = None
 
     async def waiting(self, *, model: str, reason: str) -> None:
         self.joined = True
+        self._task = asyncio.ensure_future(self._end())
 
     async def evaluating(self, *, model: str, provider: str) -> None:
         return None
+
+    async def _end(self) -> None:
+        gone = asyncio.ensure_future(self._left.wait())
+        spent = asyncio.ensure_future(self._clock.sleep(self._budget))
+        try:
+            await asyncio.wait({gone, spent}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            spent.cancel()
+        self.done.set()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
 
 @dataclass(slots=True)
@@ -104,30 +130,16 @@ class CallDesk:
                 and prompt_tokens > request.num_ctx):
             raise _prompt_too_large(prompt_tokens, request.num_ctx, "options.num_ctx")
         holder = f"gateway:{caller}#{next(self._serial)}"
-        signals = _Joined()
-
-        done = asyncio.Event()
-
-        async def end_of_wait() -> None:
-            gone = asyncio.ensure_future(left.wait())
-            spent = asyncio.ensure_future(clock.sleep(budget))
-            try:
-                await asyncio.wait({gone, spent}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                gone.cancel()
-                spent.cancel()
-            done.set()
-
-        stopper = asyncio.ensure_future(end_of_wait())
+        signals = _WaitEnds(clock, budget, left)
+        if left.is_set() or budget <= 0:
+            signals.done.set()  # nothing to wait for: a busy answer is final at once
         try:
             placement = await self.stack.agents.waiter.place(
                 candidates, agent=caller, holder_id=holder, prompt_tokens=prompt_tokens,
-                signals=signals, done=done,
+                signals=signals, done=signals.done,
             )
         finally:
-            stopper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await stopper
+            await signals.close()
         if left.is_set():
             if placement.placed:
                 await self.stack.planner.release(placement)

@@ -13,7 +13,9 @@ It starts its own ``nats-server -js`` and measures, in one run:
    (``uncontendedReadStateP99Ratio``);
 3. contention: ``--claimers`` claimers spread over ``--processes`` worker processes,
    every process with its own NATS connection, all claiming on one provider for
-   ``--seconds``: successful claims per second, p99 claim latency, and overcommits.
+   ``--seconds``: successful claims per second, p99 claim latency, overcommits, and
+   ``fairness``: the claims granted to the slowest process over the fastest's (racing
+   processes should get about equal shares; 0 means some process starved).
 
 Overcommits are counted on the memory actually held: each worker adds a ticket's
 footprint to a counter shared by all processes right after the claim is granted and
@@ -229,10 +231,12 @@ def contended(url: str, claimers: int, processes: int, seconds: float) -> dict[s
     for process in workers:
         process.start()
     latencies: list[float] = []
+    per_worker: list[int] = []  # claims granted to each process
     rejected = conflicts = unavailable = release_failures = 0
     for _ in workers:
         sample, counts = results.get(timeout=120)
         latencies.extend(sample)
+        per_worker.append(len(sample))
         rejected += counts["rejected"]
         conflicts += counts["conflicts"]
         unavailable += counts["unavailable"]
@@ -248,7 +252,16 @@ def contended(url: str, claimers: int, processes: int, seconds: float) -> dict[s
         "unavailable": unavailable,
         "releaseFailures": release_failures,
         "overcommits": int(overcommits.value),
+        "fairness": fairness(per_worker),
+        "claimsPerProcess": sorted(per_worker),
     }
+
+
+def fairness(per_process: list[int]) -> float:
+    """The slowest process's granted claims over the fastest's (1.0: equal shares)."""
+    if not per_process or max(per_process) == 0:
+        return 0.0
+    return round(min(per_process) / max(per_process), 2)
 
 
 async def main(argv: list[str]) -> dict[str, Any]:
@@ -293,6 +306,7 @@ async def main(argv: list[str]) -> dict[str, Any]:
         "contendedRejected": figures["rejected"],
         "contendedConflicts": figures["conflicts"],
         "contendedReleaseFailures": figures["releaseFailures"],
+        "fairness": figures["fairness"],
         "natsFloorP99Ms": ms(percentile(nats_floor, 0.99)),
         "memoryFloorP99Ms": ms(percentile(memory_floor, 0.99)),
         "uncontendedP99Ms": ms(percentile(claims, 0.99)),

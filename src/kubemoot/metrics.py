@@ -28,13 +28,16 @@ __all__ = [
     "CLAIMS",
     "CONTENT_TYPE",
     "DECISIONS",
+    "ERRORS_SURVIVED",
     "EVICTIONS",
     "GATEWAY_REQUESTS",
+    "LEASE_RENEWALS",
     "PLACEMENT_SECONDS",
     "PROBE_ERRORS",
     "RECONCILES",
     "REFUSALS",
     "REGISTRY",
+    "STATE_ERRORS",
     "WAITS",
     "WAIT_SECONDS",
     "render",
@@ -113,6 +116,29 @@ PROBE_ERRORS = Counter(
     "kubemoot_probe_errors",
     "Provider probes that found the provider not ready, by provider.",
     ["provider"],
+    registry=REGISTRY,
+)
+ERRORS_SURVIVED = Counter(
+    "kubemoot_errors_survived",
+    "Store or provider errors that were logged and worked around instead of raised, by "
+    "component (agent, prober, store) and operation (release, publish, read-state, ...).",
+    ["component", "operation"],
+    registry=REGISTRY,
+)
+LEASE_RENEWALS = Counter(
+    "kubemoot_lease_renewals",
+    "Renewals of tickets whose call or held plan is still alive, by result: renewed, "
+    "failed (the store did not answer; tried again at the next turn) or lost (the "
+    "ticket was gone).",
+    ["result"],
+    registry=REGISTRY,
+)
+STATE_ERRORS = Counter(
+    "kubemoot_state_errors",
+    "Shared-state documents that could not be read or written where the runtime went "
+    "on without them, by site (e.g. provider-state, tickets, demand, intent) and kind "
+    "(unreadable, store).",
+    ["site", "kind"],
     registry=REGISTRY,
 )
 RECONCILES = Counter(

@@ -34,7 +34,7 @@ def _waiting(agent: str) -> Signal:
         ([_waiting("a")], ["a"], ["busy"], ["large enough"]),
         (
             [_aside("a", "model-too-large", "qwen3:235b")], [],
-            ["qwen3:235b", "smaller Model", "more memory"], ["busy"],
+            ["qwen3:235b", "smaller Model", "larger GPU"], ["busy"],
         ),
         (
             [_aside("a", "prompt-too-large", "qwen3:8b")], [],
@@ -75,3 +75,20 @@ def test_waiting_that_later_resolved_is_not_a_capacity_reason() -> None:
 def test_no_capacity_reason_means_no_capacity_answer() -> None:
     failure = Signal(SignalType.FAILURE, "a", "t1", 0.0)
     assert capacity_answer(CapacityRecord.from_signals([failure])) is None
+
+
+def test_the_sentences_are_the_specs_own() -> None:
+    # User-facing text the spec prescribes word for word (its typographic apostrophes
+    # included); only the model name is filled in.
+    record = CapacityRecord(gpu_busy=True, too_large_models=["qwen3:235b"],
+                            prompt_too_large=True)
+    assert capacity_answer(record) == (
+        "The crew’s agents could not get a GPU: every GPU was busy with other work, so "
+        "none of them could answer in time. This is the cluster’s capacity, not the "
+        "crew’s design; ask again in a moment. "
+        "No GPU in this cluster can hold the model qwen3:235b the agents need; add a "
+        "smaller Model or a larger GPU. "
+        "No provider gives an acceptable model a context that holds the prompt. Raise the "
+        "per-request context on a provider (OLLAMA_CONTEXT_LENGTH) or shorten what the "
+        "crew sends."
+    )

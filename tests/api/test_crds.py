@@ -22,6 +22,7 @@ SCOPES = {
     "ModelProvider": "Cluster",
     "MootArchetype": "Cluster",
     "KubemootConfig": "Cluster",
+    "ModelClass": "Cluster",
     "Agent": "Namespaced",
     "CrewSchedulingPolicy": "Namespaced",
 }
@@ -65,7 +66,7 @@ def test_every_kind_has_a_crd_with_its_scope(kind: str, scope: str) -> None:
     assert version["additionalPrinterColumns"]
 
 
-def test_only_the_six_kinds() -> None:
+def test_only_the_seven_kinds() -> None:
     assert set(by_kind()) == set(SCOPES)
 
 
@@ -172,7 +173,7 @@ def test_kubemoot_crds_prints_yaml() -> None:
     result = run("crds")
     assert result.returncode == 0, result.stderr
     docs = list(yaml.safe_load_all(result.stdout))
-    assert [d["kind"] for d in docs] == ["CustomResourceDefinition"] * 6
+    assert [d["kind"] for d in docs] == ["CustomResourceDefinition"] * len(SCOPES)
     assert docs == crd_manifests()
 
 

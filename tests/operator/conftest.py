@@ -26,6 +26,7 @@ from kubemoot.clock import SystemClock
 from kubemoot.operator.kube import KubeClient, custom_path
 from kubemoot.operator.reconciler import Reconciler
 from kubemoot.operator.run import kopf_settings, serve
+from kubemoot.operator.view import INDEX_IDS
 from kubemoot.providers.emulator import EmulatedModel, EmulatorConfig, OllamaEmulator
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET, ProviderState
 from kubemoot.store.keys import encode_token
@@ -272,7 +273,8 @@ async def settle(cluster: Cluster) -> None:
 
 
 async def _watches_open(server: Any) -> None:
-    wanted = {crd["spec"]["names"]["plural"] for crd in crd_manifests()}
+    # every kind the operator reconciles (ModelClass is the gateways', not watched)
+    wanted = {RESOURCE_TYPES[kind].PLURAL for kind in INDEX_IDS}
 
     def opened() -> bool:
         seen = {

@@ -259,3 +259,30 @@ async def test_a_client_that_leaves_mid_stream_frees_its_slot(
 
         await asyncio.wait_for(released(), timeout=30)
     assert (await stats(emulator))["waiting"] == 0
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions"])
+async def test_a_client_that_leaves_a_whole_answer_frees_its_slot(
+    make_emulator: Callable[..., OllamaEmulator], path: str,
+) -> None:
+    emulator = make_emulator(per_token_s=100_000.0)  # the answer would take hours
+    body = {"model": SMALL.name, "messages": [{"role": "user", "content": "hi"}],
+            "stream": False}
+    async with httpx.AsyncClient(timeout=None) as http:
+        asking = asyncio.create_task(http.post(f"{emulator.url}{path}", json=body))
+
+        async def busy() -> None:
+            while not emulator.engine.peak_busy.get(SMALL.name):
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(busy(), timeout=30)
+        asking.cancel()  # the client hangs up mid-answer
+        with pytest.raises(asyncio.CancelledError):
+            await asking
+    copy = emulator.engine.copies[SMALL.name]
+
+    async def released() -> None:
+        while copy.busy:  # the server notices and cancels the generation, as Ollama does
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(released(), timeout=30)

@@ -203,19 +203,14 @@ async def test_a_4xx_is_not_retried(client: OllamaProvider, emulator: OllamaEmul
     assert not isinstance(caught.value, ProviderBadResponse)
 
 
-@pytest.mark.parametrize(("stalls", "retries", "succeeds"),
-                         [(1, 1, True), (2, 1, False), (1, 0, False)])
-async def test_a_timeout_is_retried_at_most_once(
-    emulator: OllamaEmulator, stalls: int, retries: int, succeeds: bool,
-) -> None:
-    emulator.stall_next(0.5, count=stalls, path="/api/ps")
+@pytest.mark.parametrize("retries", [0, 1])
+async def test_a_timeout_is_never_retried(emulator: OllamaEmulator, retries: int) -> None:
+    # a retry would have succeeded: only the first request stalls
+    emulator.stall_next(0.5, count=1, path="/api/ps")
     async with OllamaProvider("emu", emulator.url, timeout=0.2, max_retries=retries,
                               retry_delay=0) as provider:
-        if succeeds:
-            assert (await provider.probe()).ready
-        else:
-            with pytest.raises(ProviderTimeout, match=r"no answer within 0\.2 s"):
-                await provider.probe()
+        with pytest.raises(ProviderTimeout, match=r"no answer within 0\.2 s"):
+            await provider.probe()
 
 
 @pytest.mark.parametrize(

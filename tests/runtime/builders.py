@@ -163,7 +163,8 @@ async def harness(
                                cooldown_seconds=settings.circuit_cooldown_seconds)
     view = ProviderView(states, tickets_bucket, clock=clock, settings=settings,
                         latency=tracker, circuits=circuits)
-    manager = TicketManager(tickets_bucket, states, clock=clock)
+    manager = TicketManager(tickets_bucket, states, clock=clock,
+                            ttl_seconds=settings.ticket_ttl_seconds)
     board = DemandBoard(demand_bucket, clock=clock)
     occupancy = OccupancyBook(
         settings=settings, declared={m: int(g * GIB) for m, g in (declared or {}).items()}

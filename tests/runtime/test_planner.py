@@ -120,22 +120,6 @@ async def test_a_call_converges_on_a_copy_another_call_is_loading(make) -> None:
     assert placement.ticket is not None and placement.ticket.model_footprint_mib == 0
 
 
-async def test_a_loading_copy_with_every_slot_taken_is_priced_as_a_queue(make) -> None:
-    # DESIGN §5 prices a loading copy as remaining + queue in the one comparison; a copy
-    # whose only slot is taken does not win by being first in line.
-    h = await make(
-        [gpu("a", 24), gpu("b", 24)],
-        tickets={"a": [ticket("qwen3:14b", age=4, state=TicketState.LOADING,
-                                footprint_gib=12)]},
-        declared={"qwen3:14b": 12},
-    )
-    placement = await h.place("qwen3:14b")
-    # remaining load 12 − 4 = 8 s, then one 30 s call ahead in the single slot
-    joined = next(o for o in placement.options if o.provider == "a")
-    assert (joined.kind, joined.seconds) == (OptionKind.QUEUE, pytest.approx(8 + 30, abs=1e-6))
-    assert (placement.action, placement.provider) == (Action.COLD_LOAD, "b")
-
-
 async def test_a_copy_planned_for_unload_does_not_count_as_warm(make) -> None:
     h = await make(
         [gpu("a", 24, residents={"qwen3:8b": 8}), gpu("b", 24)],

@@ -71,9 +71,21 @@ def test_a_binary_scenario_file_is_not_utf8_text(tmp_path: Path) -> None:
         (["--scale-down", "0"], "--scale-down"),
         (["--scale-down", "1.5"], "--scale-down"),
         (["--duration", "0"], "--duration"),
+        (["--duration", "nan"], "--duration"),
+        (["--duration", "inf"], "--duration"),
+        (["--duration", "2592001"], "--duration"),  # past 30 days of virtual time
+        (["--seed", "-1"], "--seed"),
+        (["--seed", str(2**63)], "--seed"),
     ],
 )
 def test_bad_overrides_name_their_flag(scenarios: Path, args: list[str], flag: str) -> None:
+    # Before the bounds, nan ran an empty simulation and inf one that never ended.
     done = simulate("-f", str(scenarios / "tiny.yaml"), *args)
     assert_bad_input(done, f"field {flag}:")
     assert "scaleDown" not in done.stderr and "durationSeconds" not in done.stderr
+
+
+def test_a_duration_the_workload_limit_refuses_names_the_flag(scenarios: Path) -> None:
+    # Inside 30 days, but scale.yaml would issue millions of calls in that time.
+    done = simulate("-f", str(scenarios / "scale.yaml"), "--duration", "2592000")
+    assert_bad_input(done, "field --duration:", "calls in durationSeconds")

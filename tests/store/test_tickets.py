@@ -76,7 +76,10 @@ async def test_claims_beyond_the_budget_are_rejected(store: StoreUnderTest) -> N
     await manager.claim(PROVIDER, "a", 4 * GIB, "h1")
     with pytest.raises(ClaimRejected, match="does not fit"):
         await manager.claim(PROVIDER, "b", 3 * GIB, "h2")
-    await manager.claim(PROVIDER, "c", 2 * GIB, "h3")  # exactly fills it
+    # h2 keeps a place in line: the 2 GiB left drain to it, not to a later claimer.
+    with pytest.raises(ClaimRejected, match="promised to claimers in line"):
+        await manager.claim(PROVIDER, "c", 2 * GIB, "h3")
+    await manager.claim(PROVIDER, "c", 2 * GIB, "h2")  # exactly fills it
     warm = await manager.claim(PROVIDER, "big", 0, "h4")  # a resident copy spends nothing
     assert warm.model_footprint_mib == 0
 

@@ -3,7 +3,7 @@
 When a discussion settles with no ``agree`` and no ``concern`` but some agent stood
 aside for capacity (or is still waiting for it), the coordinator does not call a model
 to synthesise nothing: it tells the user plainly that the cluster, not the crew, was
-the limit, and what would help. The wording is ours; the meaning follows the spec:
+the limit, and what would help. The sentences are the spec's, since users read them:
 
 * gpu-busy / still waiting — every GPU was busy with other work; try again shortly.
 * model-too-large — names the model; add a smaller Model or a larger GPU.
@@ -22,20 +22,20 @@ from kubemoot.agent.signals import Signal, SignalType, StandAsideReason
 
 __all__ = ["CapacityRecord", "capacity_answer"]
 
+# The spec prescribes these sentences word for word; only the model name is filled in.
 GPU_BUSY_TEXT = (
-    "None of the crew's agents got a GPU in time, because all of the GPUs were busy "
-    "with other work. "
-    "That is a limit of the cluster's capacity right now, not of how the crew is built; "
-    "please ask again shortly."
+    "The crew’s agents could not get a GPU: every GPU was busy with other work, so none "
+    "of them could answer in time. This is the cluster’s capacity, not the crew’s "
+    "design; ask again in a moment."
 )
 MODEL_TOO_LARGE_TEXT = (
-    "The agents need the model {models}, and no GPU in this cluster is large enough to "
-    "hold it; add a smaller Model or a GPU with more memory."
+    "No GPU in this cluster can hold the model {models} the agents need; add a smaller "
+    "Model or a larger GPU."
 )
 PROMPT_TOO_LARGE_TEXT = (
-    "No provider offers a context window long enough for this prompt on a model the "
-    "agents may use; raise the per-request context of a provider (OLLAMA_CONTEXT_LENGTH) "
-    "or shorten what the crew sends."
+    "No provider gives an acceptable model a context that holds the prompt. Raise the "
+    "per-request context on a provider (OLLAMA_CONTEXT_LENGTH) or shorten what the crew "
+    "sends."
 )
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from kubemoot import metrics
 from kubemoot.agent.answers import CapacityRecord, capacity_answer
 from kubemoot.agent.runtime import AgentRuntime, CallOutcome, StaticTarget
 from kubemoot.agent.signals import (
@@ -153,6 +154,7 @@ class Coordinator:
                 await selection.commit_to_thread(member.id, thread.id, member.mulling)
             except Exception as error:  # planning ahead is an optimisation, never fatal
                 log.warning("planning at selection failed for %s: %s", member.id, error)
+                metrics.ERRORS_SURVIVED.labels(component="agent", operation="plan").inc()
         done = asyncio.Event()
         tasks = [
             asyncio.ensure_future(self._evaluate(member, thread, done, sink))
@@ -216,15 +218,23 @@ class Coordinator:
             self._signal_outcome(agent, thread, outcome, sink, MULLING)
         except Exception as error:  # a bug or a store outage: a failure, not a crash
             log.exception("agent %s failed in thread %s", agent.id, thread.id)
+            metrics.ERRORS_SURVIVED.labels(component="agent", operation="evaluate").inc()
             sink.emit(Signal(
                 SignalType.FAILURE, agent.id, thread.id, clock.now(), phase=MULLING,
                 metadata=SignalMetadata(failure_type=FailureType.AGENT_ERROR.value,
                                         last_error=f"{type(error).__name__}: {error}"),
             ))
         finally:
-            # a plan nobody took (stood aside, failed) must not keep its memory
-            with contextlib.suppress(Exception):
+            # a plan nobody took (stood aside, failed) must not keep its memory; when the
+            # store refuses, the plan's TTL frees it
+            try:
                 await self.runtime.selection.release(agent.id, thread.id)
+            except Exception as error:
+                log.warning("releasing the plan of %s for thread %s failed; its TTL "
+                            "will free it: %s: %s", agent.id, thread.id,
+                            type(error).__name__, error)
+                metrics.ERRORS_SURVIVED.labels(component="agent",
+                                               operation="release-plan").inc()
 
     async def _triage(self, agent: AgentProfile, thread: Thread, sink: SignalSink) -> str | None:
         """A short call on the bound triage model; ``None`` when the agent is done."""

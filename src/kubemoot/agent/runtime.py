@@ -19,12 +19,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from kubemoot import metrics
 from kubemoot.agent.pool import CallSettings, ChatPool
 from kubemoot.agent.signals import Signal, SignalMetadata, SignalSink, SignalType
 from kubemoot.agent.tokens import TokenEstimator
@@ -327,8 +327,29 @@ class AgentRuntime:
         claim = await self.planner.selector.claim(rnd, option, holder, state=TicketState.RUNNING)
         if claim is None:
             return placement  # the copy went away meanwhile
-        return replace(placement, ticket=claim.ticket, endpoint=claim.endpoint,
-                       context_length=claim.context_length)
+        claimed = replace(placement, ticket=claim.ticket, endpoint=claim.endpoint,
+                          context_length=claim.context_length)
+        if not await self.planner.admit(claimed):
+            return placement  # a half-open provider's one trial went to another call
+        return claimed
+
+    async def _finish(
+        self, placement: Placement, result: ToolLoopResult | None, began: float
+    ) -> None:
+        """Release the ticket and tell the circuit what the call says about the provider.
+
+        A release that fails is logged and counted, never raised: the engine may have
+        answered, and the ticket's TTL reclaims the memory anyway (DESIGN §5).
+        """
+        # only a clean answer's duration is a latency sample: a loop that stopped early
+        # (or waited on failing tools) says little about how fast the engine is
+        seconds = self.clock.now() - began if result is not None and result.ok else None
+        try:
+            await self.planner.finish(placement, seconds=seconds, ok=_verdict(result))
+        except StoreError as error:
+            ticket = placement.ticket.ticket_id if placement.ticket is not None else "-"
+            _survived("release", f"releasing ticket {ticket} ({placement.model} on "
+                      f"{placement.provider}) failed; its TTL will reclaim it: {error}")
 
     @staticmethod
     def _refused(placement: Placement, candidates: Sequence[Candidate]) -> CallOutcome:
@@ -359,26 +380,30 @@ class AgentRuntime:
         began = self.clock.now()
         result: ToolLoopResult | None = None
         try:
-            result = await run_tool_loop(
-                chat, messages, context_length=placement.context_length,
-                estimator=self.estimator(placement.model), tools=tools, limits=self.limits,
-            )
+            async with self.planner.lease(placement):  # renewed while the call runs
+                result = await run_tool_loop(
+                    chat, messages, context_length=placement.context_length,
+                    estimator=self.estimator(placement.model), tools=tools, limits=self.limits,
+                )
         finally:
-            ok = result is not None and result.ok
             try:
                 if self._after_call is not None:
-                    with contextlib.suppress(StoreError, OSError):
+                    try:
                         await self._after_call(placement.provider)
+                    except (StoreError, OSError) as error:
+                        _survived("after-call", f"reporting the state of "
+                                  f"{placement.provider} after a call failed: {error}")
             finally:
                 # The release must happen even when the call is cancelled during the
                 # probe above or during the release's own compare-and-set: the shield
                 # lets the release finish while the cancellation goes on upward.
-                await asyncio.shield(
-                    self.planner.finish(placement, seconds=self.clock.now() - began, ok=ok)
-                )
+                await asyncio.shield(self._finish(placement, result, began))
             if self._board is not None and result is not None:
-                with contextlib.suppress(StoreError):
+                try:
                     await self._board.record_use(placement.model)
+                except StoreError as error:
+                    _survived("record-use", f"recording the use of {placement.model} "
+                              f"failed: {error}")
         outcome = CallOutcome(placement=placement, result=result, model=placement.model)
         failure = result.failure
         record = CallRecord(
@@ -396,3 +421,23 @@ class AgentRuntime:
         for listener in self._books.listeners:
             listener(record)
         return outcome
+
+
+def _verdict(result: ToolLoopResult | None) -> bool | None:
+    """What a finished call says about its provider (for the circuit breaker).
+
+    A provider fault is a failure; any other end the engine took part in (an answer, a
+    tool that kept failing, a prompt that outgrew the context) is a success, since the
+    engine did its part; a call that never reached it, or was cancelled, says nothing.
+    """
+    if result is None:
+        return None
+    if result.failure is not None and result.failure.provider_fault:
+        return False
+    return True if result.model_calls else None
+
+
+def _survived(operation: str, message: str) -> None:
+    """An error worked around instead of raised: one log line and one count."""
+    log.warning("%s", message)
+    metrics.ERRORS_SURVIVED.labels(component="agent", operation=operation).inc()

@@ -90,9 +90,13 @@ class ToolLoopLimits:
 
 @dataclass(frozen=True, slots=True)
 class LoopFailure:
+    """Why a loop stopped; ``provider_fault`` when the engine (not a tool, not the
+    prompt's size) was to blame, which is what counts against its circuit."""
+
     failure_type: FailureType
     last_error: str
     failed_tool: str | None = None
+    provider_fault: bool = False
 
 
 @dataclass(slots=True)
@@ -206,10 +210,12 @@ async def run_tool_loop(
         try:
             reply = await chat.chat(history, num_ctx=context_length, tools=specs or None)
         except ProviderTimeout as error:
-            result.failure = LoopFailure(FailureType.PROVIDER_TIMEOUT, str(error))
+            result.failure = LoopFailure(FailureType.PROVIDER_TIMEOUT, str(error),
+                                         provider_fault=True)
             return result
         except ProviderError as error:
-            result.failure = LoopFailure(FailureType.PROVIDER_ERROR, str(error))
+            result.failure = LoopFailure(FailureType.PROVIDER_ERROR, str(error),
+                                         provider_fault=error.provider_fault)
             return result
         result.model_calls += 1
         truncated = guard.record(history, reply)

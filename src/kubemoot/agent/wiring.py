@@ -8,10 +8,11 @@ choice, so the same stack serves the demo, tests and a real agent process.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kubemoot import metrics
 from kubemoot.agent.pool import ChatPool, ClientFactory
 from kubemoot.agent.runtime import AfterCall, AgentRuntime
 from kubemoot.agent.toolloop import ToolLoopLimits
@@ -38,6 +39,8 @@ from kubemoot.store.protocol import KV, Bucket
 
 __all__ = ["DEMAND_MAX_AGE_SECONDS", "RuntimeStack", "build_stack"]
 
+log = logging.getLogger(__name__)
+
 DEMAND_MAX_AGE_SECONDS = 6 * 3600.0  # the demand bucket's max age (DESIGN §6)
 
 
@@ -63,8 +66,12 @@ class RuntimeStack:
         if self.watch is not None:
             await self.watch.close()
         await self.view.close()
-        with contextlib.suppress(Exception):
+        try:
             await self.agents.pool.close()
+        except Exception as error:  # closing connections must not stop the shutdown
+            log.warning("closing the chat pool's clients failed: %s: %s",
+                        type(error).__name__, error)
+            metrics.ERRORS_SURVIVED.labels(component="agent", operation="close-pool").inc()
 
 
 async def build_stack(
@@ -103,7 +110,8 @@ async def build_stack(
     await view.follow()
     tickets = TicketManager(tickets_bucket, states, clock=clock,
                             ttl_seconds=settings.ticket_ttl_seconds,
-                            max_attempts=settings.claim_attempts)
+                            max_attempts=settings.claim_attempts,
+                            line_seconds=settings.claim_line_seconds)
     board = DemandBoard(demand_bucket, clock=clock)
     occupancy = OccupancyBook(settings=settings, declared=declared)
     planner = CallPlanner(

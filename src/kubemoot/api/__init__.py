@@ -1,6 +1,6 @@
 """Kubemoot's custom resources (group ``kubemoot.ai``, version ``v1alpha1``).
 
-Typed models of the six kinds, Kubernetes label selectors, the YAML loader and the CRD
+Typed models of the seven kinds, Kubernetes label selectors, the YAML loader and the CRD
 manifests generated from the models. This package imports nothing else of ours, so every
 other layer can depend on it. Bad input surfaces as :class:`InputError` only.
 """
@@ -49,6 +49,7 @@ from kubemoot.api.meta import (
     Resource,
 )
 from kubemoot.api.model import License, Model, ModelSpec, ModelStatus
+from kubemoot.api.modelclass import ModelClass, ModelClassSpec, ModelClassStatus
 from kubemoot.api.policy import (
     DEFAULT_MAX_AGE_SECONDS,
     CrewSchedulingPolicy,
@@ -114,6 +115,9 @@ __all__ = [
     "License",
     "LoadedModel",
     "Model",
+    "ModelClass",
+    "ModelClassSpec",
+    "ModelClassStatus",
     "ModelProvider",
     "ModelSpec",
     "ModelStatus",

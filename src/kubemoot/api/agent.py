@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from kubemoot.api.bounds import Score
 from kubemoot.api.meta import Condition, Resource, Strict
 
 __all__ = [
@@ -26,7 +27,7 @@ CREW_LABEL = "kubemoot.ai/crew"
 class AgentSpec(BaseModel):
     """``Agent.spec``; fields beyond these belong to the agent runtime and are kept as they are."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False)
 
     capabilities: list[str] = Field(default_factory=list)
     discuss_role: str | None = Field(default=None, alias="discussRole")
@@ -41,19 +42,19 @@ class Candidate(Strict):
     """One entry of a phase's ranked candidate list (model identifier and quality score)."""
 
     model: str
-    score: float
+    score: Score
 
 
 class PhaseBinding(BaseModel):
     """The binding of one phase; the scheduler may record more detail than these fields."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False)
 
     model: str | None = Field(default=None, description="Name of the bound Model.")
     model_id: str | None = Field(default=None, alias="modelId", description="Its identifier.")
     provider: str | None = None
     endpoint: str | None = None
-    score: float | None = None
+    score: Score | None = None
     outcome: Literal["PLACE", "UNSCHEDULABLE", "DEFER"] | None = None
     reason: str | None = None
     candidates: list[Candidate] = Field(default_factory=list)

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from kubemoot.api.bounds import MAX_PARALLEL, MAX_WEIGHT
 from kubemoot.api.meta import Condition, ObjectMeta, Resource, Strict
 
 __all__ = [
@@ -26,10 +27,10 @@ class SchedulerSettings(Strict):
 
     strategy: Literal["spread", "binpack"] = "spread"
     image_locality_bonus: int = Field(
-        default=DEFAULT_IMAGE_LOCALITY_BONUS, ge=0, alias="imageLocalityBonus"
+        default=DEFAULT_IMAGE_LOCALITY_BONUS, ge=0, le=MAX_WEIGHT, alias="imageLocalityBonus"
     )
     concurrency_factor: int = Field(
-        default=DEFAULT_CONCURRENCY_FACTOR, ge=1, alias="concurrencyFactor"
+        default=DEFAULT_CONCURRENCY_FACTOR, ge=1, le=MAX_PARALLEL, alias="concurrencyFactor"
     )
 
 

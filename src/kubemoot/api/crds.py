@@ -64,6 +64,11 @@ PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
         _column("Strategy", ".spec.scheduler.strategy"),
         _AGE,
     ],
+    "ModelClass": [
+        _column("Bias", ".spec.qualityBias"),
+        _column("Tolerance", ".spec.tolerance", "number"),
+        _AGE,
+    ],
 }
 
 
@@ -74,6 +79,7 @@ _DESCRIPTIONS = {
     "CrewSchedulingPolicy": "Require/prefer label selectors per discussion phase for a crew.",
     "MootArchetype": "A coordination model and the phase names policies may use.",
     "KubemootConfig": "Cluster-wide scheduler settings.",
+    "ModelClass": "A virtual model name: the Models a selector admits, ranked by preference.",
 }
 
 
@@ -128,7 +134,7 @@ def _manifests() -> tuple[dict[str, Any], ...]:
 
 def crd_manifests() -> list[dict[str, Any]]:
     """One CRD per kind (Model, ModelProvider, Agent, CrewSchedulingPolicy, MootArchetype,
-    KubemootConfig); a fresh copy each call, so callers may change it."""
+    KubemootConfig, ModelClass); a fresh copy each call, so callers may change it."""
     return copy.deepcopy(list(_manifests()))
 
 

@@ -8,8 +8,9 @@ expect from a folder of mixed manifests.
 
 from __future__ import annotations
 
+import difflib
 import sys
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,11 +20,13 @@ from pydantic import BaseModel, ValidationError
 
 from kubemoot.api.agent import Agent
 from kubemoot.api.archetype import MootArchetype
+from kubemoot.api.bounds import MAX_DOCUMENT_VALUES, MAX_INPUT_BYTES, describe_size
 from kubemoot.api.config import KubemootConfig
 from kubemoot.api.errors import InputError
 from kubemoot.api.kinds import RESOURCE_TYPES
 from kubemoot.api.meta import API_VERSION, GROUP, Resource
 from kubemoot.api.model import Model
+from kubemoot.api.modelclass import ModelClass
 from kubemoot.api.policy import CrewSchedulingPolicy
 from kubemoot.api.provider import ModelProvider
 
@@ -81,14 +84,80 @@ def _expand(paths: Iterable[str | Path]) -> Iterator[str]:
 def _read(file: str) -> str:
     try:
         if file == STDIN:
-            return sys.stdin.read()
-        return Path(file).read_bytes().decode("utf-8")
+            data = _read_stream(sys.stdin)
+        else:
+            with open(file, "rb") as stream:
+                data = stream.read(MAX_INPUT_BYTES + 1)
+        if len(data) > MAX_INPUT_BYTES:
+            # Reading one byte past the limit is enough to know, and /dev/zero or an
+            # endless pipe cost no more than that.
+            raise InputError(
+                f"input is larger than {describe_size(MAX_INPUT_BYTES)}, the limit for "
+                "one file; split it into several files",
+                file=file,
+            )
+        return data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise InputError(
             f"not UTF-8 text ({error.reason} at byte {error.start})", file=file
         ) from None
     except OSError as error:
         raise InputError(f"cannot read: {error.strerror or error}", file=file) from None
+    except MemoryError:
+        raise InputError("too large to read into memory", file=file) from None
+
+
+def _read_stream(stream: Any) -> bytes:
+    """At most the limit plus one byte of a text stream, as bytes."""
+    raw = getattr(stream, "buffer", None)
+    if raw is not None:
+        data: bytes = raw.read(MAX_INPUT_BYTES + 1)
+        return data
+    # A text-only stream (a test harness's): characters are at least one byte each.
+    text: str = stream.read(MAX_INPUT_BYTES + 1)
+    return text.encode("utf-8")
+
+
+def _expanded_values(data: Any, *, file: str, document: int) -> None:
+    """Refuse a document whose YAML aliases expand beyond :data:`MAX_DOCUMENT_VALUES`.
+
+    PyYAML shares an aliased node instead of copying it, so a few hundred bytes can stand
+    for billions of values; validation walks every one of them. This walk counts each
+    shared node once (memoised by identity) and finds aliases that contain themselves.
+    """
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(data, False)]
+    while stack:
+        node, finished = stack.pop()
+        if not isinstance(node, dict | list):
+            continue
+        key = id(node)
+        children = list(node.values()) if isinstance(node, dict) else node
+        if finished:
+            total = 1 + sum(sizes.get(id(child), 1) for child in children)
+            sizes[key] = min(total, MAX_DOCUMENT_VALUES + 1)
+            on_path.discard(key)
+            if total > MAX_DOCUMENT_VALUES:
+                raise InputError(
+                    f"expands to more than {MAX_DOCUMENT_VALUES:,} values once YAML aliases "
+                    "are followed",
+                    file=file,
+                    document=document,
+                )
+            continue
+        if key in sizes:
+            continue
+        if key in on_path:
+            raise InputError(
+                "a YAML alias refers to a node that contains it", file=file, document=document
+            )
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend(
+            (child, False) for child in children
+            if isinstance(child, dict | list) and id(child) not in sizes
+        )
 
 
 def _yaml_problem(error: Exception) -> str:
@@ -117,6 +186,7 @@ def iter_documents(paths: Iterable[str | Path]) -> Iterator[SourceDocument]:
         try:
             for data in yaml.safe_load_all(text):
                 if data is not None:
+                    _expanded_values(data, file=file, document=finished)
                     yield SourceDocument(file=file, index=finished, data=data)
                 finished += 1
         except InputError:
@@ -141,10 +211,12 @@ def format_loc(loc: Iterable[int | str]) -> str:
     return path
 
 
-def _describe_error(error: Mapping[str, Any]) -> str:
+def _describe_error(error: Mapping[str, Any], suggestion: str | None = None) -> str:
     kind = error.get("type", "")
     message = str(error.get("msg", "invalid value"))
     if kind == "extra_forbidden":
+        if suggestion is not None:
+            return f'unknown field; did you mean "{suggestion}"?'
         return "unknown field (check the spelling)"
     if kind == "missing":
         return "required field is missing"
@@ -155,6 +227,29 @@ def _describe_error(error: Mapping[str, Any]) -> str:
     if len(shown) > 60:
         shown = shown[:57] + "..."
     return f"{message} (got {shown})"
+
+
+# Problems named one by one in a message; beyond this the rest are counted. A document
+# with hundreds of problems is usually one mistake repeated.
+_LISTED_PROBLEMS = 20
+
+
+def _suggestions(problems: Sequence[Mapping[str, Any]]) -> dict[int, str]:
+    """For each unknown key, the missing required key beside it that it most resembles."""
+    missing: dict[tuple[Any, ...], list[str]] = {}
+    for problem in problems:
+        loc = tuple(problem.get("loc", ()))
+        if problem.get("type") == "missing" and loc and isinstance(loc[-1], str):
+            missing.setdefault(loc[:-1], []).append(loc[-1])
+    found: dict[int, str] = {}
+    for index, problem in enumerate(problems):
+        loc = tuple(problem.get("loc", ()))
+        if problem.get("type") != "extra_forbidden" or not loc or not isinstance(loc[-1], str):
+            continue
+        close = difflib.get_close_matches(loc[-1], missing.get(loc[:-1], []), n=1, cutoff=0.6)
+        if close:
+            found[index] = close[0]
+    return found
 
 
 def input_error_from_validation(
@@ -168,21 +263,32 @@ def input_error_from_validation(
 ) -> InputError:
     """Turn a pydantic ``ValidationError`` into an :class:`InputError` naming the field.
 
-    The first problem is the message; the count of the others is appended, because one
-    fix at a time is what a person can act on.
+    The first problem gives the error its field; every other one is named after it with
+    its own field path, so a person can fix them all in one go.
     """
     problems = error.errors(include_url=False)
     # A misspelt field also shows up as "required field missing" under its right name;
-    # the unknown spelling is the one that tells the user what to fix.
+    # the unknown spelling is the one that tells the user what to fix, so it comes first.
     problems.sort(key=lambda problem: problem.get("type") != "extra_forbidden")
-    first = problems[0]
-    field_path = format_loc(first.get("loc", ()))
-    if prefix:
-        field_path = f"{prefix}.{field_path}" if field_path else prefix
-    message = _describe_error(first)
-    if len(problems) > 1:
-        others = len(problems) - 1
-        message += f" (and {others} more problem{'s' if others > 1 else ''})"
+    suggestions = _suggestions(problems)
+
+    def field_of(problem: Mapping[str, Any]) -> str:
+        path = format_loc(problem.get("loc", ()))
+        if prefix:
+            path = f"{prefix}.{path}" if path else prefix
+        return path
+
+    message = _describe_error(problems[0], suggestions.get(0))
+    others = [
+        f"{field_of(problem) or '<document>'}: {_describe_error(problem, suggestions.get(i))}"
+        for i, problem in enumerate(problems[1:], start=1)
+    ]
+    if others:
+        listed = others[:_LISTED_PROBLEMS]
+        message += "; also " + "; ".join(listed)
+        if len(others) > len(listed):
+            message += f"; and {len(others) - len(listed)} more problems"
+    field_path = field_of(problems[0])
     return InputError(
         message, file=file, document=document, kind=kind, name=name, field=field_path or None
     )
@@ -305,6 +411,7 @@ class Bundle:
     policies: list[CrewSchedulingPolicy] = field(default_factory=list)
     archetypes: list[MootArchetype] = field(default_factory=list)
     configs: list[KubemootConfig] = field(default_factory=list)
+    model_classes: list[ModelClass] = field(default_factory=list)
     origins: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def add(self, resource: Resource) -> None:
@@ -316,6 +423,7 @@ class Bundle:
             CrewSchedulingPolicy: self.policies,
             MootArchetype: self.archetypes,
             KubemootConfig: self.configs,
+            ModelClass: self.model_classes,
         }
         lists[type(resource)].append(resource)
 
@@ -327,6 +435,7 @@ class Bundle:
         yield from self.policies
         yield from self.archetypes
         yield from self.configs
+        yield from self.model_classes
 
     def origin(self, resource: Resource) -> tuple[str, int] | None:
         """(file, document index) a resource was read from, if it came from a file."""
@@ -343,6 +452,10 @@ class Bundle:
     def archetype(self, name: str) -> MootArchetype | None:
         """The MootArchetype called ``name``."""
         return next((item for item in self.archetypes if item.name == name), None)
+
+    def model_class(self, name: str) -> ModelClass | None:
+        """The ModelClass called ``name``."""
+        return next((item for item in self.model_classes if item.name == name), None)
 
     def agent(self, name: str, namespace: str | None = None) -> Agent | None:
         """The Agent called ``name`` (in ``namespace`` when given)."""

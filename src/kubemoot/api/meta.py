@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Final, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
+from kubemoot.api.bounds import Int64
 from kubemoot.api.labels import (
     dns_label_problems,
     dns_subdomain_problems,
@@ -39,7 +40,7 @@ DEFAULT_NAMESPACE = "default"
 class Strict(BaseModel):
     """Base of every spec/status part: unknown fields are errors, so typos never pass silently."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class ObjectMeta(Strict):
@@ -50,13 +51,13 @@ class ObjectMeta(Strict):
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
     uid: str | None = None
-    generation: int | None = None
+    generation: Int64 | None = None
     resource_version: str | None = Field(default=None, alias="resourceVersion")
     creation_timestamp: AwareDatetime | None = Field(default=None, alias="creationTimestamp")
     # Written by the API server or controllers; kept so objects read from a cluster validate.
     generate_name: str | None = Field(default=None, alias="generateName")
     deletion_timestamp: AwareDatetime | None = Field(default=None, alias="deletionTimestamp")
-    deletion_grace_period_seconds: int | None = Field(
+    deletion_grace_period_seconds: Int64 | None = Field(
         default=None, alias="deletionGracePeriodSeconds"
     )
     finalizers: list[str] | None = None
@@ -100,7 +101,7 @@ class Condition(Strict):
     reason: str | None = None
     message: str | None = None
     last_transition_time: AwareDatetime | None = Field(default=None, alias="lastTransitionTime")
-    observed_generation: int | None = Field(default=None, alias="observedGeneration")
+    observed_generation: Int64 | None = Field(default=None, alias="observedGeneration")
 
 
 class Resource(Strict):

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from kubemoot.api.bounds import Mib
 from kubemoot.api.meta import Condition, Resource, Strict
 
 __all__ = ["License", "Model", "ModelSpec", "ModelStatus"]
@@ -23,9 +24,8 @@ class ModelSpec(Strict):
     provider_ref: str = Field(
         min_length=1, alias="providerRef", description="The ModelProvider this Model lives on."
     )
-    vram_mib: int | None = Field(
+    vram_mib: Mib | None = Field(
         default=None,
-        ge=0,
         alias="vramMib",
         description="Declared footprint in MiB, used until the model has been observed loaded.",
     )
@@ -39,8 +39,8 @@ class ModelStatus(Strict):
     """``Model.status``; a Model without status is taken as Ready."""
 
     ready: bool | None = None
-    footprint_mib: int | None = Field(
-        default=None, ge=0, alias="footprintMiB", description="Observed footprint in MiB."
+    footprint_mib: Mib | None = Field(
+        default=None, alias="footprintMiB", description="Observed footprint in MiB."
     )
     conditions: list[Condition] = Field(default_factory=list)
 

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from kubemoot.api.bounds import MAX_ITEMS, MAX_SECONDS
 from kubemoot.api.meta import Condition, Resource, Strict
 from kubemoot.api.selectors import LabelSelector
 
@@ -36,7 +37,7 @@ class SchedulingRule(Strict):
 
     phase: str = Field(min_length=1)
     require: LabelSelector | None = None
-    prefer: list[PreferTerm] = Field(default_factory=list)
+    prefer: list[PreferTerm] = Field(default_factory=list, max_length=MAX_ITEMS)
 
     @field_validator("prefer", mode="before")
     @classmethod
@@ -65,7 +66,9 @@ class TopologySpread(Strict):
 class Freshness(Strict):
     """How old a provider's probed status may be before its capacity gates turn STALE."""
 
-    max_age_seconds: int = Field(default=DEFAULT_MAX_AGE_SECONDS, ge=1, alias="maxAgeSeconds")
+    max_age_seconds: int = Field(
+        default=DEFAULT_MAX_AGE_SECONDS, ge=1, le=int(MAX_SECONDS), alias="maxAgeSeconds"
+    )
 
 
 class PolicySpec(Strict):
@@ -78,7 +81,7 @@ class PolicySpec(Strict):
         alias="qualityBias",
         description="Capability → bias in [0.0, 1.0] as a string; unparsable values are ignored.",
     )
-    rules: list[SchedulingRule] = Field(default_factory=list)
+    rules: list[SchedulingRule] = Field(default_factory=list, max_length=MAX_ITEMS)
     topology_spread: TopologySpread | None = Field(default=None, alias="topologySpread")
     freshness: Freshness = Field(default_factory=Freshness)
 

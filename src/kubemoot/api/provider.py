@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, Field
 
+from kubemoot.api.bounds import MAX_ITEMS, ContextTokens, Count, Mib, Parallel, Weight
 from kubemoot.api.meta import Condition, Resource, Strict
 
 __all__ = [
@@ -28,7 +29,7 @@ DEFAULT_PROVIDER_WEIGHT = 100
 class ProviderScheduling(Strict):
     """``spec.scheduling``: the phase-aware weight (mulling adds it, triage subtracts it)."""
 
-    weight: int = DEFAULT_PROVIDER_WEIGHT
+    weight: Weight = DEFAULT_PROVIDER_WEIGHT
 
 
 class ProviderPolicy(Strict):
@@ -42,37 +43,41 @@ class ProviderSpec(Strict):
 
     type: str = "ollama"
     endpoint: str = Field(min_length=1)
-    reserve_mib: int = Field(default=DEFAULT_RESERVE_MIB, ge=0, alias="reserveMiB")
+    reserve_mib: Mib = Field(default=DEFAULT_RESERVE_MIB, alias="reserveMiB")
     scheduling: ProviderScheduling = Field(default_factory=ProviderScheduling)
-    context_length: int | None = Field(
-        default=None, ge=1, alias="contextLength", description="OLLAMA_CONTEXT_LENGTH as set."
+    context_length: ContextTokens | None = Field(
+        default=None, alias="contextLength", description="OLLAMA_CONTEXT_LENGTH as set."
     )
-    num_parallel: int | None = Field(
-        default=None, ge=1, alias="numParallel", description="OLLAMA_NUM_PARALLEL as set."
+    num_parallel: Parallel | None = Field(
+        default=None, alias="numParallel", description="OLLAMA_NUM_PARALLEL as set."
     )
     policy: ProviderPolicy | None = None
-    quarantined_digests: list[str] = Field(default_factory=list, alias="quarantinedDigests")
+    quarantined_digests: list[str] = Field(
+        default_factory=list, max_length=MAX_ITEMS, alias="quarantinedDigests"
+    )
 
 
 class LoadedModel(Strict):
     """One entry of ``status.capacity.loadedModels`` (from Ollama ``/api/ps``)."""
 
     name: str
-    size_mib: int | None = Field(default=None, ge=0, alias="sizeMiB")
-    context_length: int | None = Field(default=None, ge=1, alias="contextLength")
+    size_mib: Mib | None = Field(default=None, alias="sizeMiB")
+    context_length: ContextTokens | None = Field(default=None, alias="contextLength")
     digest: str | None = None
 
 
 class ProviderCapacity(Strict):
     """``status.capacity``: the source of truth for VRAM and parallelism; None = unknown."""
 
-    vram_total_mib: int | None = Field(default=None, ge=0, alias="vramTotalMiB")
-    vram_used_mib: int | None = Field(default=None, ge=0, alias="vramUsedMiB")
-    max_parallel: int | None = Field(default=None, ge=1, alias="maxParallel")
-    agent_count: int | None = Field(default=None, ge=0, alias="agentCount")
-    context_length: int | None = Field(default=None, ge=1, alias="contextLength")
-    loaded_models: list[LoadedModel] = Field(default_factory=list, alias="loadedModels")
-    loaded_model_footprints: dict[str, int] = Field(
+    vram_total_mib: Mib | None = Field(default=None, alias="vramTotalMiB")
+    vram_used_mib: Mib | None = Field(default=None, alias="vramUsedMiB")
+    max_parallel: Parallel | None = Field(default=None, alias="maxParallel")
+    agent_count: Count | None = Field(default=None, alias="agentCount")
+    context_length: ContextTokens | None = Field(default=None, alias="contextLength")
+    loaded_models: list[LoadedModel] = Field(
+        default_factory=list, max_length=MAX_ITEMS, alias="loadedModels"
+    )
+    loaded_model_footprints: dict[str, Mib] = Field(
         default_factory=dict,
         alias="loadedModelFootprints",
         description="First observed footprint in MiB per model identifier.",

@@ -180,9 +180,13 @@ def _check(value: Any, schema: Mapping[str, Any], path: str, errors: list[str]) 
             errors.append(f"{where}: expected an RFC 3339 date-time, got {value!r}")
         if isinstance(value, str) and len(value) < schema.get("minLength", 0):
             errors.append(f"{where}: must have at least {schema['minLength']} characters")
+        if isinstance(value, str) and "maxLength" in schema and len(value) > schema["maxLength"]:
+            errors.append(f"{where}: must have at most {schema['maxLength']} characters")
     elif expected == "array":
         if len(value) < schema.get("minItems", 0):
             errors.append(f"{where}: must have at least {schema['minItems']} items")
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            errors.append(f"{where}: must have at most {schema['maxItems']} items")
         items = schema.get("items")
         if items is not None:
             for index, item in enumerate(value):

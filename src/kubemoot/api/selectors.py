@@ -47,7 +47,9 @@ _Check = Callable[[Labels], bool]
 
 
 def _parse_int(text: str) -> int | None:
-    if not _INTEGER_RE.fullmatch(text):
+    # An int64 has at most 19 digits; the length check also spares int() a string so long
+    # that Python refuses to convert it.
+    if len(text) > 20 or not _INTEGER_RE.fullmatch(text):
         return None
     number = int(text)
     return number if _INT64_MIN <= number <= _INT64_MAX else None
@@ -109,7 +111,10 @@ class LabelSelectorRequirement(BaseModel):
             if len(values) != 1:
                 raise ValueError(f"operator {op} needs exactly one value")
             if _parse_int(values[0]) is None:
-                raise ValueError(f'operator {op} needs an integer value, got "{values[0]}"')
+                shown = values[0] if len(values[0]) <= 40 else values[0][:37] + "..."
+                raise ValueError(
+                    f'operator {op} needs an integer value, got "{shown}"'
+                )
         return self
 
     def compile(self) -> _Check:

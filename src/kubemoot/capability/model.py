@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from kubemoot.api.bounds import MAX_ITEMS, MAX_SECONDS, Count, Gib
 from kubemoot.api.errors import InputError
 from kubemoot.api.loader import validate_document
 
@@ -44,7 +45,9 @@ Egress = Literal["none", "allowed"]
 
 
 class _Document(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -73,8 +76,8 @@ class Workload(_Document):
     id: str = Field(min_length=1)
     artifact: ArtifactRef | None = None
     runtime: str | None = Field(default=None, min_length=1)
-    accelerators: list[str] | None = Field(default=None, min_length=1)
-    memory_gib: float | None = Field(default=None, alias="memoryGiB", ge=0)
+    accelerators: list[str] | None = Field(default=None, min_length=1, max_length=MAX_ITEMS)
+    memory_gib: Gib | None = Field(default=None, alias="memoryGiB")
     # The license state a node must show; BLOCKED can never be a requirement.
     license: Literal["ALLOW", "REVIEW_REQUIRED"] = "ALLOW"
     policy: EgressPolicy | None = None
@@ -92,7 +95,7 @@ class Telemetry(_Document):
     """Live load signals: used for preference scoring only, never as capability evidence."""
 
     utilization: float | None = Field(default=None, ge=0, le=1)
-    queue_depth: int | None = Field(default=None, alias="queueDepth", ge=0)
+    queue_depth: Count | None = Field(default=None, alias="queueDepth")
 
 
 class NodeEvidence(_Document):
@@ -101,9 +104,9 @@ class NodeEvidence(_Document):
     name: str = Field(min_length=1)
     observed_at: datetime | None = Field(default=None, alias="observedAt")
     accelerator: str | None = None
-    memory_gib: float | None = Field(default=None, alias="memoryGiB", ge=0)
-    runtimes: list[str] | None = None
-    artifacts: list[ArtifactReplica] | None = None
+    memory_gib: Gib | None = Field(default=None, alias="memoryGiB")
+    runtimes: list[str] | None = Field(default=None, max_length=MAX_ITEMS)
+    artifacts: list[ArtifactReplica] | None = Field(default=None, max_length=MAX_ITEMS)
     license: LicenseState | None = None
     policy: EgressPolicy | None = None
     labels: dict[str, str | int | float | bool | None] | None = None
@@ -115,7 +118,9 @@ class NodeEvidence(_Document):
 class Freshness(_Document):
     """How old capability evidence may be before its gates turn STALE."""
 
-    max_age_seconds: float = Field(default=DEFAULT_MAX_AGE_SECONDS, alias="maxAgeSeconds", gt=0)
+    max_age_seconds: float = Field(
+        default=DEFAULT_MAX_AGE_SECONDS, alias="maxAgeSeconds", gt=0, le=MAX_SECONDS
+    )
 
 
 class RequestSpec(_Document):
@@ -124,7 +129,7 @@ class RequestSpec(_Document):
     now: datetime | None = None
     freshness: Freshness = Field(default_factory=Freshness)
     workload: Workload
-    nodes: list[NodeEvidence] = Field(default_factory=list)
+    nodes: list[NodeEvidence] = Field(default_factory=list, max_length=MAX_ITEMS)
 
     _zone = field_validator("now")(_utc)
 

@@ -6,8 +6,9 @@ import errno
 import json
 import socket
 import sys
+from collections.abc import Iterable
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 import yaml
@@ -15,18 +16,36 @@ from rich.console import Console
 
 from kubemoot.api.errors import InputError
 
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
+    from rich.table import Table
+
 app = typer.Typer(
     name="kubemoot",
     help="Kubemoot schedules LLM work onto GPUs the way kube-scheduler schedules Pods.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 
+def _print_version(value: bool) -> None:
+    """``kubemoot --version`` prints what ``kubemoot version`` prints, then stops."""
+    if value:
+        from kubemoot import __version__
+
+        typer.echo(__version__)
+        raise typer.Exit()
+
 
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version,
+        help="Print the version and exit.",
+    ),
+) -> None:
     """Kubemoot schedules LLM work onto GPUs the way kube-scheduler schedules Pods."""
 
 
@@ -48,6 +67,19 @@ OUTPUT_OPTION_HELP = "Output format: table, json or yaml."
 def resolve_format(value: OutputFormat | None) -> OutputFormat:
     """No ``-o`` means a table: output for people unless a script asks otherwise."""
     return OutputFormat.table if value is None else value
+
+
+def add_name_column(table: Table, header: str, cells: Iterable[str], *,
+                    justify: JustifyMethod = "left") -> None:
+    """Add a column of names (models, providers, agents) that is never cut or folded.
+
+    Rich shares a narrow terminal out by folding every column, which splits a name like
+    ``qwen3-14b-rtx4090`` over two lines; a name column instead takes the width of its
+    widest line, so only the prose columns (``overflow="fold"``) give way.
+    """
+    widest = max((len(line) for cell in cells for line in cell.splitlines()), default=0)
+    table.add_column(header, no_wrap=True, min_width=max(widest, len(header)),
+                     justify=justify)
 
 
 def emit_data(data: Any, fmt: OutputFormat) -> None:

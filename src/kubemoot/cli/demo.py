@@ -24,8 +24,9 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from statistics import fmean
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import typer
@@ -34,6 +35,7 @@ from kubemoot.api.errors import InputError
 from kubemoot.cli._common import (
     OUTPUT_OPTION_HELP,
     OutputFormat,
+    add_name_column,
     app,
     console,
     emit_data,
@@ -57,6 +59,7 @@ from kubemoot.cli._nats import (
 )
 
 if TYPE_CHECKING:
+    from rich.console import JustifyMethod
     from rich.table import Table
 
     from kubemoot.agent.discussion import DiscussionResult
@@ -81,6 +84,7 @@ SHUTDOWN_GRACE_SECONDS = 2.0
 # Emulated seconds per call: a fixed part plus a part per generated token (8–31 tokens).
 CALL_BASE_SECONDS = 2.0
 CALL_PER_TOKEN_SECONDS = 0.3
+CALL_PER_PROMPT_TOKEN_SECONDS = 0.0
 PROBE_INTERVAL_SECONDS = 0.25
 SAMPLE_INTERVAL_SECONDS = 0.01
 
@@ -208,7 +212,6 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
     from kubemoot.api.loader import load_bundle
     from kubemoot.clock import SystemClock
     from kubemoot.dashboard.calllog import CallLogWriter
-    from kubemoot.providers.ollama import OllamaProvider
     from kubemoot.providers.prober import Prober, publish_to_kv
     from kubemoot.runtime.settings import RuntimeSettings
     from kubemoot.scheduling import schedule_bundle
@@ -240,8 +243,10 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
         async def after_call(provider: str) -> None:
             await prober.probe_one(clients[provider])
 
+        starts = _InferenceStarts(clock, time_scale)
+
         def factory(provider: str, endpoint: str, settings: CallSettings) -> OllamaProvider:
-            return OllamaProvider(provider, endpoint, timeout=settings.timeout, clock=clock)
+            return starts.client(provider, endpoint, timeout=settings.timeout)
 
         settings = RuntimeSettings().with_values({
             "load_rate_mibps": 1024.0 / time_scale,
@@ -260,6 +265,7 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
         # (in this process with --dashboard, or `kubemoot dashboard --nats`) shows it.
         calllog = run.calllog = await CallLogWriter.open(kv)
         stack.agents.on_record(calllog.record)
+        stack.agents.on_record(starts.attach)
         if dashboard is not None:
             run.page = await _start_dashboard(kv, clock, dashboard.port)
         endpoints = {name: emulator.url for name, emulator in emulators.items()}
@@ -280,8 +286,8 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
         if live:
             await _with_live(discussing, books, stack.agents, discussions)
         threads = await discussing
-        report = _report(threads, stack.agents.records, books, emulators, clients, resources,
-                         store="nats" if nats else "memory", seed=seed,
+        report = _report(threads, stack.agents.records, starts, books, emulators, clients,
+                         resources, store="nats" if nats else "memory", seed=seed,
                          time_scale=time_scale, wall=time.monotonic() - started)
         await calllog.flush()
         if run.page is not None and dashboard is not None:
@@ -396,6 +402,7 @@ async def _start_emulators(resources: Any, time_scale: float, *,
             num_parallel=provider.spec.num_parallel or 1,
             context_length=provider.spec.context_length or 4096,
             base_latency_s=CALL_BASE_SECONDS, per_token_s=CALL_PER_TOKEN_SECONDS,
+            prompt_per_token_s=CALL_PER_PROMPT_TOKEN_SECONDS,
             time_scale=time_scale,
         )
         into[provider.metadata.name] = OllamaEmulator(config)
@@ -438,6 +445,65 @@ async def _sample(emulators: dict[str, OllamaEmulator], resources: Any, books: _
         await asyncio.sleep(SAMPLE_INTERVAL_SECONDS)
 
 
+class _InferenceStarts:
+    """When each call's engine began its first inference: the demo's ``wait`` ends there.
+
+    ``wait`` means what it means in the simulator: from issuing the call to the start of
+    inference, whether the time went to waiting for a GPU, a load, or a slot in the
+    engine's line. The engines do not report their line, but the demo set how long each
+    reply computes (:func:`_emulated_inference_seconds`), so a reply's arrival less that
+    time is when the engine started on it. The asyncio task joins the two halves: a
+    call's model requests and its record are made by the same task.
+    """
+
+    def __init__(self, clock: Any, time_scale: float) -> None:
+        from kubemoot.providers.ollama import OllamaProvider
+
+        self._clock = clock
+        self._time_scale = time_scale
+        self._pending: dict[asyncio.Task[Any], float] = {}
+        self._started: dict[int, float] = {}  # id(CallRecord) -> start of inference
+        starts = self
+
+        class Timed(OllamaProvider):
+            """The chat pool's client: it tells ``starts`` when each reply arrived."""
+
+            async def chat(self, model: str, messages: Any, **options: Any) -> Any:
+                reply = await super().chat(model, messages, **options)
+                starts._replied(reply.eval_count, reply.prompt_eval_count)
+                return reply
+
+        self._client_type = Timed
+
+    def client(self, provider: str, endpoint: str, *, timeout: float) -> OllamaProvider:
+        return self._client_type(provider, endpoint, timeout=timeout, clock=self._clock)
+
+    def _replied(self, eval_count: int | None, prompt_tokens: int | None) -> None:
+        task = asyncio.current_task()
+        if task is None or task in self._pending:
+            return  # a later turn of a tool loop: the call had started already
+        computing = _emulated_inference_seconds(eval_count or 0, prompt_tokens or 0)
+        self._pending[task] = self._clock.now() - computing * self._time_scale
+
+    def attach(self, record: Any) -> None:
+        """Record listener: runs in the task that made the call's requests."""
+        task = asyncio.current_task()
+        started = self._pending.pop(task, None) if task is not None else None
+        if started is not None:
+            self._started[id(record)] = started
+
+    def wait(self, record: Any) -> float | None:
+        """Seconds from issue to start of inference; None when no reply ever came."""
+        started = self._started.get(id(record))
+        return None if started is None else max(0.0, started - record.started_at)
+
+
+def _emulated_inference_seconds(eval_count: int, prompt_tokens: int) -> float:
+    """How long the demo's emulators compute one reply (the latency they are given)."""
+    return (CALL_BASE_SECONDS + CALL_PER_TOKEN_SECONDS * eval_count
+            + CALL_PER_PROMPT_TOKEN_SECONDS * prompt_tokens)
+
+
 class _PageOptions(NamedTuple):
     """``--dashboard``: where to serve it, how long to keep it, how to show the report."""
 
@@ -466,6 +532,9 @@ async def _linger(page: DashboardServer, seconds: float | None) -> None:
                           "until Ctrl-C", highlight=False, soft_wrap=True)
         await page.wait()
     elif seconds > 0:
+        err_console.print(f"the demo is done; the dashboard stays up at {page.url} for "
+                          f"{seconds:g} s (Ctrl-C stops it sooner)",
+                          highlight=False, soft_wrap=True)
         await asyncio.sleep(seconds)
 
 
@@ -499,8 +568,9 @@ def _progress(books: _Books, agents: Any, total: int) -> Any:
 # -- the report ------------------------------------------------------------------------
 
 
-def _report(threads: list[DiscussionResult], records: list[Any], books: _Books,
-            emulators: dict[str, OllamaEmulator], clients: dict[str, Any], resources: Any,
+def _report(threads: list[DiscussionResult], records: list[Any], starts: _InferenceStarts,
+            books: _Books, emulators: dict[str, OllamaEmulator], clients: dict[str, Any],
+            resources: Any,
             *, store: str, seed: int, time_scale: float, wall: float) -> dict[str, Any]:
     stand_asides = Counter(s.metadata.reason or "unknown" for t in threads
                            for s in t.stand_asides())
@@ -524,7 +594,11 @@ def _report(threads: list[DiscussionResult], records: list[Any], books: _Books,
             "unloads": list(clients[name].unloads),
             "engineEvictions": list(engine.evictions),
         }
-    calls = [r.to_dict() for r in records]
+    # In the order the calls finished, as the call log and the dashboard have them; the
+    # table sorts them by thread for people.
+    calls = [{**r.to_dict(), "startedAt": round(r.started_at, 3),
+              "waitedSeconds": _rounded(starts.wait(r))} for r in records]
+    waits = [c["waitedSeconds"] for c in calls if c["waitedSeconds"] is not None]
     return {
         "store": store,
         "seed": seed,
@@ -536,6 +610,8 @@ def _report(threads: list[DiscussionResult], records: list[Any], books: _Books,
         "loads": sum(sum(v["loads"].values()) for v in providers.values()),
         "evictions": sum(len(v["unloads"]) for v in providers.values()),
         "waits": sum(1 for s in books.signals if s.type.value == "waiting"),
+        "meanWaitSeconds": _rounded(fmean(waits) if waits else None),
+        "maxWaitSeconds": _rounded(max(waits, default=None)),
         "queuedCalls": sum(1 for r in records if r.action == "queue"),
         "warmCalls": sum(1 for r in records if r.action in ("warm", "loading")),
         "coldLoads": sum(1 for r in records if r.action == "cold-load"),
@@ -551,29 +627,40 @@ def _report(threads: list[DiscussionResult], records: list[Any], books: _Books,
     }
 
 
+# What each action did, for the line under the table (only actions that occur are told).
+ACTION_MEANINGS = {
+    "warm": "ran on a loaded copy",
+    "loading": "joined a copy being loaded",
+    "queue": "waited for a slot on a busy copy",
+    "cold-load": "loaded the model into free memory",
+    "unload": "unloaded idle models, then loaded",
+    "static": "the bound GPU, since the call could not wait",
+}
+
+
 def attribution_table(calls: list[dict[str, Any]]) -> Table:
     """The per-call table, laid out to stay readable in 80 columns.
 
     Model, provider, phase and action are what a reader checks, so they never wrap or
     shrink; agents lose their namespace, threads their ``thread-`` prefix, and evicted
     models go one per line. Only the agent column may fold, and only when a bundle's
-    names are longer than the homelab's.
+    names are longer than the homelab's. Rows come by thread, then by issue time; the
+    caption says what ``wait`` and every action shown mean.
     """
     from rich import box
     from rich.table import Table
 
+    ordered = sorted(calls, key=_call_order)
     rows = [(_short_thread(c["threadId"]), str(c["agent"]).rsplit("/", 1)[-1], c["phase"],
              c["model"] or "-", c["provider"] or "-", c["action"],
-             _seconds(c["waitedSeconds"]), "\n".join(c["evicted"]) or "-") for c in calls]
+             _seconds(c["waitedSeconds"]), "\n".join(c["evicted"]) or "-") for c in ordered]
     table = Table(title="Per-call attribution", title_justify="left", box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
-                  caption="#: thread   wait: seconds before the call could start",
+                  caption=action_legend(c["action"] for c in ordered),
                   caption_justify="left")
 
-    def fixed(header: str, index: int, *, justify: Any = "left") -> None:
-        widest = max((len(row[index]) for row in rows), default=0)
-        table.add_column(header, no_wrap=True, min_width=max(widest, len(header)),
-                         justify=justify)
+    def fixed(header: str, index: int, *, justify: JustifyMethod = "left") -> None:
+        add_name_column(table, header, (row[index] for row in rows), justify=justify)
 
     fixed("#", 0, justify="right")
     table.add_column("agent", overflow="fold")
@@ -588,12 +675,36 @@ def attribution_table(calls: list[dict[str, Any]]) -> Table:
     return table
 
 
+def action_legend(actions: Iterable[str]) -> str:
+    """The line under the table: the columns' units, then each action that occurs."""
+    seen = set(actions)
+    told = "; ".join(f"{action}: {meaning}" for action, meaning in ACTION_MEANINGS.items()
+                     if action in seen)
+    unknown = sorted(seen - ACTION_MEANINGS.keys())
+    told = "; ".join(filter(None, [told, *unknown]))
+    return ("#: thread. wait: seconds from issuing the call to the start of inference."
+            + (f" {told}." if told else ""))
+
+
+def _call_order(call: dict[str, Any]) -> tuple[int, str, float]:
+    """Threads in number order (thread-2 before thread-10), then calls as issued."""
+    thread = _short_thread(str(call["threadId"]))
+    number = int(thread) if thread.isdecimal() else -1
+    return number, thread, float(call.get("startedAt") or 0.0)
+
+
 def _short_thread(thread_id: str) -> str:
     return thread_id.removeprefix("thread-")
 
 
-def _seconds(value: float) -> str:
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _seconds(value: float | None) -> str:
     """Four characters up to 999 s: hundredths only where they are worth the room."""
+    if value is None:
+        return "-"
     return next((text for text in (f"{value:.2f}", f"{value:.1f}") if len(text) <= 4),
                 f"{value:.0f}")
 
@@ -615,7 +726,9 @@ def _print_report(report: dict[str, Any]) -> None:
          f"{report['warmCalls']} / {report['queuedCalls']} / {report['coldLoads']}"),
         ("engine loads", str(report["loads"])),
         ("evictions (planned unloads)", str(report["evictions"])),
-        ("agents that waited for a GPU", str(report["waits"])),
+        ("wait, mean / longest", f"{_seconds(report['meanWaitSeconds'])} / "
+                                  f"{_seconds(report['maxWaitSeconds'])} s"),
+        ("times no GPU was free at once", str(report["waits"])),
         ("stand-asides", _counts(report["standAsides"])),
         ("failures", _counts(report["failures"])),
         ("overcommits", str(report["overcommits"])),

@@ -56,10 +56,13 @@ def place_command(
     """Decide where one inference call would run against a fleet snapshot."""
     import asyncio
 
+    from kubemoot.api.bounds import MAX_CONTEXT_TOKENS
     from kubemoot.runtime.what_if import decide, load_state, parse_candidates
 
-    if prompt_tokens is not None and prompt_tokens < 0:
-        raise InputError("must not be negative", field="--prompt-tokens")
+    if prompt_tokens is not None and not 0 <= prompt_tokens <= MAX_CONTEXT_TOKENS:
+        raise InputError(
+            f"must be in [0, {MAX_CONTEXT_TOKENS}], got {prompt_tokens}", field="--prompt-tokens"
+        )
     if not model:
         raise InputError("must name a model", field="--model")
     state = load_state(file)

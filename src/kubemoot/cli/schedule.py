@@ -18,6 +18,7 @@ from kubemoot.api.errors import InputError
 from kubemoot.cli._common import (
     OUTPUT_OPTION_HELP,
     OutputFormat,
+    add_name_column,
     app,
     console,
     emit_data,
@@ -100,26 +101,58 @@ def _score(value: float | None) -> str:
 
 
 def _print_table(result: ScheduleResult) -> None:
+    """One row per phase, laid out for an 80-column terminal.
+
+    Names are never cut (see :func:`add_name_column`): an Agent is named once, on its
+    first phase, under a heading row for its namespace (or, when the whole bundle shares
+    one namespace, the title names it). Why a phase came out as it did is said under the
+    table, in prose that wraps between words, and only where the row does not already
+    say it all.
+    """
+    from rich import box
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"kubemoot schedule at {result.now.isoformat()}", title_justify="left")
-    for column in ("AGENT", "PHASE", "MODEL", "PROVIDER", "SCORE", "OUTCOME", "WHY"):
-        table.add_column(column, overflow="fold")
+    namespaces = {agent.namespace for agent in result.agents}
+    shared = next(iter(namespaces)) if len(namespaces) == 1 else None
+    title = f"kubemoot schedule at {result.now.isoformat()}"
+    if shared is not None:
+        title += f", namespace {shared}"
+    rows: list[tuple[str, ...]] = []
+    notes: list[str] = []
+    current: str | None = None
     for agent in result.agents:
-        for phase in agent.phases.values():
-            style = _OUTCOME_STYLE.get(phase.outcome.value, "")
-            table.add_row(
-                f"{agent.namespace}/{agent.name}",
-                phase.phase,
-                phase.model or "-",
-                phase.provider or "-",
-                _score(phase.score),
-                f"[{style}]{phase.outcome.value}[/]",
-                phase.reason,
-            )
+        name = agent.name
+        if shared is None:  # several namespaces: a heading row for each, agents under it
+            if agent.namespace != current:
+                current = agent.namespace
+                rows.append((f"{current}/", "", "", "", "", ""))
+            name = f"  {agent.name}"
+        for index, phase in enumerate(agent.phases.values()):
+            rows.append((name if index == 0 else "", phase.phase, phase.model or "-",
+                         phase.provider or "-", _score(phase.score), phase.outcome.value))
+            plain = _plain_reason(phase)
+            if phase.reason != plain:
+                why = phase.reason.removeprefix(f"{plain}; ")
+                who = agent.name if shared is not None else f"{agent.namespace}/{agent.name}"
+                notes.append(f"[bold]{escape(who)} {escape(phase.phase)}[/]: "
+                             f"{escape(why)}")
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  padding=(0, 2, 0, 0))
+    for index, header in enumerate(("AGENT", "PHASE", "MODEL", "PROVIDER")):
+        add_name_column(table, header, (row[index] for row in rows))
+    add_name_column(table, "SCORE", (row[4] for row in rows), justify="right")
+    add_name_column(table, "OUTCOME", (row[5] for row in rows))
+    for row in rows:
+        style = _OUTCOME_STYLE.get(row[5])
+        table.add_row(*(escape(cell) for cell in row[:5]),
+                      f"[{style}]{row[5]}[/]" if style else escape(row[5]))
+    console.print(title, highlight=False)
     console.print(table)
     if not result.agents:
         console.print("no Agents in the bundle")
+    for note in notes:
+        console.print(note, highlight=False)
     for event in result.events:
         times = f" (x{event.count})" if event.count > 1 else ""
         console.print(
@@ -134,6 +167,15 @@ def _print_table(result: ScheduleResult) -> None:
                     f"({condition.reason}): {condition.message}",
                     highlight=False,
                 )
+
+
+def _plain_reason(phase: PhaseResult) -> str:
+    """The reason a placed phase gives when the row's columns already say all of it.
+
+    It mirrors the scheduler's wording; should that change, the table only prints a
+    note it could have spared.
+    """
+    return f"{phase.model} on {phase.provider} scored {_score(phase.score)}"
 
 
 def _print_explain(agent: AgentResult) -> None:
@@ -169,6 +211,7 @@ def _phase_summary(phase: PhaseResult) -> str:
 
 
 def _print_phase(phase: PhaseResult) -> None:
+    from rich import box
     from rich.markup import escape
     from rich.table import Table
 
@@ -180,29 +223,33 @@ def _print_phase(phase: PhaseResult) -> None:
         highlight=False,
     )
     console.print(f"  engine: {escape(record.reason)}", highlight=False)
-    table = Table()
-    for column in ("MODEL", "STANDING", "SCORE", "TERMS", "GATES NOT PASSED"):
-        table.add_column(column, overflow="fold")
     order = list(record.ranked) + [c for c in record.candidates if c not in record.scores]
+    rows = []
+    reasons: list[str] = []
     for cid in order:
         candidate = record.candidates[cid]
         terms = record.score_breakdown.get(cid, {})
-        shown = ", ".join(
+        shown = "\n".join(  # one term a line: "ImageLocality 0×0.2" never breaks inside
             f"{name} {raw:g}×{record.weights.get(name, 1.0):g}" for name, raw in terms.items()
         )
-        problems = "; ".join(
-            f"[{_VERDICT_STYLE[g.result.value]}]{g.gate} {g.result.value}[/]: {g.reason}"
-            for g in candidate.gates
-            if not g.passed
-        )
-        table.add_row(
-            ("→ " if cid == record.chosen else "") + cid,
-            candidate.standing.value,
-            _score(record.scores.get(cid)),
-            shown or "-",
-            problems or "all PASS",
-        )
+        failed = [g for g in candidate.gates if not g.passed]
+        # The table names each gate that did not pass; its reason, prose, goes below.
+        problems = "\n".join(f"{g.gate} {g.result.value}" for g in failed)
+        rows.append((("→ " if cid == record.chosen else "") + cid, candidate.standing.value,
+                     _score(record.scores.get(cid)), shown or "-", problems or "all PASS"))
+        reasons.extend(
+            f"  {escape(cid)}: [{_VERDICT_STYLE[g.result.value]}]{g.gate} {g.result.value}[/]"
+            f" {escape(g.reason)}" for g in failed)
+    # SIMPLE_HEAD draws a one-space rule between columns: the only gap in this wide table.
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
+    for index, header in enumerate(("MODEL", "STANDING", "SCORE", "TERMS", "NOT PASSED")):
+        add_name_column(table, header, (r[index] for r in rows),
+                        justify="right" if header == "SCORE" else "left")
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row))
     if order:  # the engine line above already says when there is nothing to rank
         console.print(table)
+    for line in reasons:
+        console.print(line, highlight=False)
     if record.recheck_triggers and record.outcome.value != "PLACE":
         console.print("  recheck when: " + "; ".join(record.recheck_triggers[:5]), highlight=False)

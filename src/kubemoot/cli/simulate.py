@@ -44,8 +44,9 @@ def simulate_command(
     """Run the production runtime and the usual routers on one trace, in virtual time."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from kubemoot.api.bounds import MAX_SEED
     from kubemoot.sim.report import comparison_table, write_plots, write_report
-    from kubemoot.sim.scenario import load_scenario
+    from kubemoot.sim.scenario import duration_problem, load_scenario
     from kubemoot.sim.simulation import POLICY_NAMES, simulate
 
     fmt = resolve_format(output)
@@ -66,15 +67,17 @@ def simulate_command(
     # Flags are checked before the run: a bad one must not cost a whole simulation.
     if scale_down is not None and not 0 < scale_down <= 1:
         raise InputError(f"must be in (0, 1], got {scale_down:g}", field="--scale-down")
-    if duration is not None and duration <= 0:
-        raise InputError(f"must be positive, got {duration:g}", field="--duration")
+    if duration is not None and (problem := duration_problem(duration)) is not None:
+        raise InputError(problem, field="--duration")
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise InputError(f"must be in [0, {MAX_SEED}], got {seed}", field="--seed")
     if report is not None:
         check_report_dir(report)
     scenario = load_scenario(file)
     if scale_down is not None:
         scenario = scenario.scaled(scale_down)
     if duration is not None:
-        scenario = scenario.with_duration(duration)
+        scenario = scenario.with_duration(duration, field="--duration")
 
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(),

@@ -69,5 +69,6 @@ def build_registry(reconciler: Reconciler, *, login: Login) -> kopf.OperatorRegi
     kopf.on.login(registry=registry)(on_login)
     kopf.on.cleanup(registry=registry)(on_cleanup)
     for cls in RESOURCE_TYPES.values():
-        _register(registry, reconciler, cls)
+        if cls.KIND in INDEX_IDS:  # ModelClass is the gateways' to read, not reconciled here
+            _register(registry, reconciler, cls)
     return registry

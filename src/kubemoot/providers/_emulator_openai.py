@@ -30,7 +30,7 @@ from kubemoot.providers._emulated_calls import (
     start_generation,
 )
 from kubemoot.providers._emulation import EmulatorError
-from kubemoot.providers._emulator_stream import ReleasingStream
+from kubemoot.providers._emulator_stream import ReleasingStream, run_unless_abandoned
 
 if TYPE_CHECKING:
     from kubemoot.providers.emulator import OllamaEmulator
@@ -130,7 +130,9 @@ class _OpenAIRoutes:
             return _error(error)
         ident = f"chatcmpl-{next(self._ids)}"
         if body.get("stream") is not True:
-            content = await generation.run()
+            content = await run_unless_abandoned(request, generation)
+            if content is None:
+                return Response(status_code=499)  # nobody is listening any more
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if generation.tool_calls:
                 message["tool_calls"] = _tool_calls(generation)

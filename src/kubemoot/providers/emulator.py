@@ -61,7 +61,7 @@ from kubemoot.providers._emulation import (
     parse_keep_alive,
 )
 from kubemoot.providers._emulator_openai import openai_routes
-from kubemoot.providers._emulator_stream import ReleasingStream
+from kubemoot.providers._emulator_stream import ReleasingStream, run_unless_abandoned
 
 __all__ = [
     "DEFAULT_MODELS",
@@ -447,7 +447,8 @@ class OllamaEmulator:
             return _error(error)
         created = _iso(self.engine.clock.now())
         if not stream:
-            await generation.run()
+            if await run_unless_abandoned(request, generation) is None:
+                return Response(status_code=499)  # nobody is listening any more
             return JSONResponse(self._final(generation, chat, created, with_content=True))
         return ReleasingStream(self._ndjson(generation, chat), generation,
                                media_type="application/x-ndjson")

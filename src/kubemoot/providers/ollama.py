@@ -7,18 +7,22 @@ in: the per-slot context (``OLLAMA_CONTEXT_LENGTH``), the parallel slots
 (``OLLAMA_NUM_PARALLEL``), the reserve, and, without a DCGM exporter, the card's size.
 
 Every httpx or ollama exception is mapped to :mod:`kubemoot.providers.protocol` errors
-here, at the edge. A call is retried at most ``max_retries`` times (default once) and
-only when nobody answered or the answer timed out; a 4xx is never retried, so a slow
-engine surfaces as one failed call instead of a silent multi-minute chain.
+here, at the edge. Every public call has a deadline for the whole of it, because the
+HTTP timeout bounds one read only. A call is retried at most ``max_retries`` times
+(default once) and only when the connection was refused before anything was sent; a
+timeout, a reset or any answer is final, since the engine may already be working on the
+request, so a slow engine surfaces as one failed call instead of a silent chain.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -26,6 +30,7 @@ from urllib.parse import urlsplit
 import httpx
 import ollama
 
+from kubemoot import metrics
 from kubemoot.api.errors import InputError
 from kubemoot.clock import Clock, SystemClock
 from kubemoot.providers.dcgm import VramReading, fetch_dcgm_vram
@@ -34,11 +39,13 @@ from kubemoot.providers.protocol import (
     LoadedModel,
     ModelNotFound,
     ProviderBadResponse,
+    ProviderDeadlineExceeded,
     ProviderError,
     ProviderState,
     ProviderTimeout,
     ProviderUnavailable,
 )
+from kubemoot.runtime.settings import RuntimeSettings
 
 __all__ = ["MAX_RESPONSE_BYTES", "OllamaProvider", "parse_endpoint"]
 
@@ -175,6 +182,22 @@ def _root_cause(error: BaseException) -> str:
     return best
 
 
+def _never_sent(error: BaseException) -> bool:
+    """Whether the chain shows the connection failing before the request went out.
+
+    The ollama client re-raises httpx's ``ConnectError`` as a bare ``ConnectionError``;
+    the original survives as its context.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, httpx.ConnectError | ConnectionRefusedError):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def _mib(size: object, what: str) -> int:
     if size is None:
         return 0
@@ -196,6 +219,7 @@ class OllamaProvider:
         reserve_mib: int = 1024,
         total_vram_mib: int | None = None,
         timeout: float = 120.0,
+        deadline: float | None = None,
         max_retries: int = 1,
         retry_delay: float = 0.5,
         clock: Clock | None = None,
@@ -210,6 +234,11 @@ class OllamaProvider:
         self.reserve_mib = reserve_mib
         self.total_vram_mib = total_vram_mib
         self.timeout = timeout
+        self.deadline = (RuntimeSettings().provider_call_deadline_seconds
+                         if deadline is None else deadline)
+        if not self.deadline > 0:
+            raise InputError(f"provider {name}: the call deadline must be positive, got "
+                             f"{self.deadline!r}", field="deadline")
         self.max_retries = max(0, max_retries)
         self.retry_delay = retry_delay
         self.dcgm_url = dcgm_url
@@ -247,7 +276,7 @@ class OllamaProvider:
             # the ollama client replaces httpx's ConnectError with a generic message;
             # the original (e.g. "Connection refused") survives as the context
             return ProviderUnavailable(f"{what}: cannot connect: {_root_cause(error)}",
-                                       **where)
+                                       sent=not _never_sent(error), **where)
         if isinstance(error, httpx.RemoteProtocolError):
             return ProviderBadResponse(f"{what}: broken HTTP answer: {_clip(error)}", **where)
         if isinstance(error, _BodyTooLarge):
@@ -297,23 +326,45 @@ class OllamaProvider:
                 return await op()
             except Exception as error:
                 mapped = self._map(error, what)
-                retryable = isinstance(mapped, ProviderUnavailable | ProviderTimeout)
+                # Only a request that never left may be repeated: after a timeout or a
+                # reset the engine may still be running the first one.
+                retryable = isinstance(mapped, ProviderUnavailable) and not mapped.sent
                 if not retryable or attempt == attempts:
                     raise mapped from None
                 log.info("%s: retrying once after %s", self.name, mapped)
                 await self._clock.sleep(self.retry_delay)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    @asynccontextmanager
+    async def _within_deadline(self, what: str) -> AsyncIterator[None]:
+        """Bound a whole call, every read and retry of it, by :attr:`deadline`.
+
+        Real time on purpose: the deadline guards a real socket, whatever clock the
+        runtime above runs on.
+        """
+        bound = asyncio.timeout(self.deadline)
+        try:
+            async with bound:
+                yield
+        except TimeoutError:
+            if not bound.expired():
+                raise
+            raise ProviderDeadlineExceeded(
+                f"{what}: not finished within the {self.deadline:g} s deadline",
+                provider=self.name, endpoint=self.endpoint,
+            ) from None
+
     # -- ProviderClient ------------------------------------------------------------
 
     async def probe(self) -> ProviderState:
         """Ask ``/api/ps`` and ``/api/tags`` (and DCGM) what the engine holds now."""
-        ps = await self._call("GET /api/ps", self._client.ps)
-        tags = await self._call("GET /api/tags", self._client.list)
-        try:
-            return await self._state(ps, tags)
-        except ProviderError as error:
-            raise self._map(error, "probe") from None
+        async with self._within_deadline("probe"):
+            ps = await self._call("GET /api/ps", self._client.ps)
+            tags = await self._call("GET /api/tags", self._client.list)
+            try:
+                return await self._state(ps, tags)
+            except ProviderError as error:
+                raise self._map(error, "probe") from None
 
     async def _state(self, ps: Any, tags: Any) -> ProviderState:
         disk_sizes: dict[str, int] = {}
@@ -372,6 +423,7 @@ class OllamaProvider:
             fallback = ("the VRAM total stays unknown" if self.total_vram_mib is None
                         else f"using the configured VRAM total ({self.total_vram_mib} MiB)")
             log.warning("%s: DCGM unavailable, %s: %s", self.name, fallback, error)
+            metrics.ERRORS_SURVIVED.labels(component="provider", operation="dcgm").inc()
             return None
         self.last_dcgm_error = None
         return reading
@@ -381,17 +433,19 @@ class OllamaProvider:
         """``/api/generate`` with no prompt loads the model and returns."""
         ctx = num_ctx if num_ctx is not None else self.context_length
         options = {"num_ctx": ctx} if ctx is not None else None
-        await self._call(
-            f"preload {model}",
-            lambda: self._client.generate(model=model, options=options,
-                                          keep_alive=keep_alive),
-        )
+        async with self._within_deadline(f"preload {model}"):
+            await self._call(
+                f"preload {model}",
+                lambda: self._client.generate(model=model, options=options,
+                                              keep_alive=keep_alive),
+            )
 
     async def unload(self, model: str) -> None:
         """``keep_alive: 0`` asks the engine to drop the model as soon as it is idle."""
-        await self._call(
-            f"unload {model}", lambda: self._client.generate(model=model, keep_alive=0)
-        )
+        async with self._within_deadline(f"unload {model}"):
+            await self._call(
+                f"unload {model}", lambda: self._client.generate(model=model, keep_alive=0)
+            )
 
     async def chat(
         self,
@@ -406,14 +460,15 @@ class OllamaProvider:
         merged: dict[str, Any] = dict(options or {})
         if num_ctx is not None:
             merged["num_ctx"] = num_ctx
-        response = await self._call(
-            f"chat {model}",
-            lambda: self._client.chat(
-                model=model, messages=list(messages),
-                tools=list(tools) if tools else None,
-                options=merged or None, stream=False,
-            ),
-        )
+        async with self._within_deadline(f"chat {model}"):
+            response = await self._call(
+                f"chat {model}",
+                lambda: self._client.chat(
+                    model=model, messages=list(messages),
+                    tools=list(tools) if tools else None,
+                    options=merged or None, stream=False,
+                ),
+            )
         try:
             message = response.message
             calls = [c.model_dump(exclude_none=True) for c in (message.tool_calls or [])]

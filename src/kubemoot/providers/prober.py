@@ -52,8 +52,11 @@ class KVStatePublisher:
             return None
         try:
             return ProviderState.from_json(entry.value)
-        except ValueError:
-            log.warning("stored state of %s is unreadable; starting afresh", provider)
+        except ValueError as error:
+            # the footprints it held are lost; say so rather than forget them quietly
+            log.warning("stored state of %s is unreadable; starting afresh: %s",
+                        provider, error)
+            metrics.ERRORS_SURVIVED.labels(component="prober", operation="read-state").inc()
             return None
 
 
@@ -118,6 +121,7 @@ class Prober:
                 await self._publish(state)
             except (StoreError, OSError) as error:
                 log.warning("publishing the state of %s failed: %s", client.name, error)
+                metrics.ERRORS_SURVIVED.labels(component="prober", operation="publish").inc()
         return state
 
     def _not_ready(self, client: ProviderClient, reason: str) -> ProviderState:
@@ -143,6 +147,8 @@ class Prober:
                 stored = await self._previous(provider)
             except (StoreError, OSError) as error:
                 log.warning("reading the stored state of %s failed: %s", provider, error)
+                metrics.ERRORS_SURVIVED.labels(component="prober",
+                                               operation="read-state").inc()
                 stored = None
             if stored is not None:
                 for model, mib in stored.loaded_model_footprints.items():

@@ -10,18 +10,22 @@ Error tree::
     ProviderError              base; the message names the provider and endpoint
     ├── ProviderUnavailable    refused connection, DNS failure, reset: nobody answered
     ├── ProviderTimeout        the engine did not answer within the timeout
+    │   └── ProviderDeadlineExceeded   the whole call outlived its deadline
     ├── ProviderBadResponse    5xx, or a body that is malformed, truncated or hostile
     └── ModelNotFound          the engine does not have the model (HTTP 404)
 
-``ProviderUnavailable`` and ``ProviderTimeout`` are the only ones a retry may cure;
-adapters retry at most once (the spec's bounded retries), never on a 4xx.
+``provider_fault`` says whether an error counts against the provider's circuit: the
+first three are the engine's (or its host's) fault; a missing model or another 4xx is
+the caller's. Only a :class:`ProviderUnavailable` with ``sent`` false (the connection
+was refused before any byte of the request left) may be tried again: a timed-out
+request may still be running on the engine, so repeating it would double the work.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from kubemoot.store.documents import LoadedModel, ProviderState
 
@@ -31,6 +35,7 @@ __all__ = [
     "ModelNotFound",
     "ProviderBadResponse",
     "ProviderClient",
+    "ProviderDeadlineExceeded",
     "ProviderError",
     "ProviderState",
     "ProviderTimeout",
@@ -40,6 +45,9 @@ __all__ = [
 
 class ProviderError(Exception):
     """Base of every provider error; the message names the provider and endpoint."""
+
+    #: Whether the error is the provider's fault (it opens circuits) or the caller's.
+    provider_fault: ClassVar[bool] = False
 
     def __init__(self, message: str, *, provider: str | None = None,
                  endpoint: str | None = None) -> None:
@@ -56,15 +64,39 @@ class ProviderError(Exception):
 
 
 class ProviderUnavailable(ProviderError):
-    """Nobody answered: connection refused, name not resolved, connection reset."""
+    """Nobody answered: connection refused, name not resolved, connection reset.
+
+    ``sent`` is false only when the request certainly never reached the engine (the
+    connection was refused or the name did not resolve); a reset mid-request may have
+    started work there.
+    """
+
+    provider_fault = True
+
+    def __init__(self, message: str, *, provider: str | None = None,
+                 endpoint: str | None = None, sent: bool = True) -> None:
+        self.sent = sent
+        super().__init__(message, provider=provider, endpoint=endpoint)
 
 
 class ProviderTimeout(ProviderError):
     """The engine took longer than the configured timeout."""
 
+    provider_fault = True
+
+
+class ProviderDeadlineExceeded(ProviderTimeout):
+    """The whole call (every read, every retry) outlived its deadline.
+
+    A per-read timeout cannot bound a call to a server that sends a byte now and then;
+    the deadline does.
+    """
+
 
 class ProviderBadResponse(ProviderError):
     """The engine answered, but with a 5xx or a body we cannot trust."""
+
+    provider_fault = True
 
     def __init__(self, message: str, *, provider: str | None = None,
                  endpoint: str | None = None, status: int | None = None) -> None:

@@ -19,6 +19,7 @@ import contextlib
 import logging
 
 from kubemoot.clock import Clock
+from kubemoot.runtime import faults
 from kubemoot.store.documents import ProviderTickets
 from kubemoot.store.protocol import Bucket, Change, StoreError, Watch
 
@@ -82,7 +83,10 @@ class CapacityWatch:
             return
         try:
             document = ProviderTickets.from_json(value)
-        except ValueError:
+        except ValueError as error:
+            # Its expiries stay as last known: an unreadable document frees nothing.
+            faults.noted("tickets", faults.UNREADABLE,
+                         f"capacity watch cannot read the ticket document {key}", error)
             return
         live = [t.expires_at for t in document.tickets if t.expires_at > now]
         if live:
@@ -95,7 +99,7 @@ class CapacityWatch:
             async for change in watch:
                 self._on_change(change)
         except StoreError as error:
-            log.warning("capacity watch failed: %s", error)
+            faults.noted("capacity-watch", faults.STORE, "capacity watch failed", error)
         finally:
             if self._ended is None:
                 self._ended = "the capacity watch ended"
@@ -160,8 +164,11 @@ class CapacityWatch:
         """Stop watching; waiters get :class:`WatchUnavailable`."""
         self._ended = self._ended or "the capacity watch was closed"
         for watch in self._watches:
-            with contextlib.suppress(Exception):
+            try:
                 await watch.aclose()
+            except Exception as error:  # being dropped anyway; say so all the same
+                faults.noted("capacity-watch", faults.CLEANUP, "closing a capacity watch",
+                             error)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

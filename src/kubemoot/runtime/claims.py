@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from kubemoot import metrics
 from kubemoot.providers.protocol import ProviderClient, ProviderError
-from kubemoot.runtime import filters
+from kubemoot.runtime import faults, filters
 from kubemoot.runtime.cost import Option, OptionKind
 from kubemoot.runtime.selector import (
     Claim,
@@ -119,4 +119,8 @@ async def drop_residency(states: Bucket, provider: str, model: str) -> bool:
         except RevisionMismatch:
             continue
         return True
+    # Not an error for the call (the next probe drops the entry), but worth knowing.
+    faults.noted("provider-state", faults.STORE,
+                 f"dropping {model} from the state of {provider}",
+                 RevisionMismatch(f"lost {_RESIDENCY_ATTEMPTS} races in a row"))
     return False

@@ -17,12 +17,19 @@ unit so that one comparison decides between them::
     warm/loading copy : remaining + queue
     cold load         : load(M) + 0.001 · freeAfter / GiB
     unload plan       : load(M) + Σ (unload + load(v) · demand(v))
+
+In the one comparison a queue is priced with the calls expected behind it
+(:meth:`CostModel.priced_queue`): ``(remaining + queue) · (1 + w · others(M))``, where
+``others(M)`` is the demand for the model not counting the caller's own wait entry.
+Those calls wait too, and a second copy would shorten their waits as well; a call alone
+(no other demand) still never duplicates a model to dodge a busy slot. Ties between
+equally cheap copies go to the one with fewer calls in flight, then the provider name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -70,17 +77,22 @@ class Option:
     victims: tuple[str, ...] = ()
     footprint_mib: int = 0  # new VRAM the call's ticket would spend
     evicts: dict[str, int] = field(default_factory=dict)  # victim → MiB
+    in_flight: int = 0  # calls on the copy, with the waiters placed there before this one
 
-    def sort_key(self, model_order: Sequence[str] = ()) -> tuple[float, int, str, int, str]:
-        """Cheapest first; ties: warm, then cold, then unload; then provider name (DESIGN §5).
+    def sort_key(
+        self, model_order: Sequence[str] = ()
+    ) -> tuple[float, int, int, str, int, str]:
+        """Cheapest first; ties: warm, then cold, then unload; between copies, fewer calls
+        in flight; then provider name (DESIGN §5).
 
-        Only after the provider name does the candidates' order (preferred first) and
-        then the model name decide, so that the order is total and repeatable. Nothing
-        else (such as how many calls a copy already runs) may jump ahead of the name:
-        the design fixes the tie order, and users read decisions against it.
+        Fewer calls in flight spreads equally cheap work over the copies instead of
+        stacking it on the first name. Only after the provider name do the candidates'
+        order (preferred first) and the model name decide, so the order is total and
+        repeatable.
         """
         order = model_order.index(self.model) if self.model in model_order else len(model_order)
-        return (round(self.seconds, 9), self.kind.rank, self.provider, order, self.model)
+        return (round(self.seconds, 9), self.kind.rank, self.in_flight, self.provider, order,
+                self.model)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -214,7 +226,26 @@ class CostModel:
             kind = OptionKind.WARM
         else:
             kind = OptionKind.LOADING
-        return Option(kind, p.name, model, remaining + queue)
+        return Option(kind, p.name, model, remaining + queue,
+                      in_flight=len(p.in_flight(model)) + ahead)
+
+    def priced_queue(self, option: Option) -> Option:
+        """A queue option priced with the other calls expected for its model.
+
+        Calls for the model that wait, are planned (intents) or recur (recent use and
+        the selection forecast, at half weight as in ``demand``) will queue behind this
+        one; a second copy shortens their waits too. The caller's own wait entry is not
+        counted, so a call with no company is priced by its own wait alone, the spec's
+        rule that a model is never duplicated just to dodge a busy slot.
+        """
+        weight = self.settings.queue_demand_weight
+        if option.kind is not OptionKind.QUEUE or option.seconds <= 0 or weight <= 0:
+            return option
+        n = self._need.of(option.model)
+        others = max(0, n.waiters - 1) + n.intents + 0.5 * (n.recent_use + n.prediction)
+        if others <= 0:
+            return option
+        return replace(option, seconds=option.seconds * (1.0 + weight * others))
 
     def cold_option(self, p: ProviderSnapshot, model: str, occupancy: int) -> Option:
         """Load ``model`` onto free room on ``p`` (the caller checked it fits)."""

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kubemoot.clock import Clock
+from kubemoot.runtime import faults
 from kubemoot.store.documents import DemandEntry, SelectionEntry
 from kubemoot.store.keys import decode_token, join_key
 from kubemoot.store.protocol import Bucket
@@ -165,8 +166,10 @@ class DemandBoard:
                             prediction[model] = prediction.get(model, 0.0) + selection.frequency
                     continue
                 demand = DemandEntry.from_json(entry.value)
-            except ValueError:
-                continue  # a key or value this version does not understand
+            except ValueError as error:  # a key or value this version does not understand
+                faults.noted("demand", faults.UNREADABLE,
+                             f"demand entry {key} unreadable; left out", error)
+                continue
             if demand.expires_at <= now:
                 continue
             if kind in (WAIT, INTENT) and len(segments) == 2:

@@ -5,7 +5,8 @@ The order (DESIGN §5) keeps the spec's cheap cases first:
 1. the preferred model warm with a free slot;
 2. an in-tolerance candidate warm with a free slot, highest score first (no load,
    no eviction, so it beats cold-loading the preferred model);
-3. an in-tolerance candidate another call is loading right now (converge on it);
+3. an in-tolerance candidate another call is loading right now (converge on it: join
+   it with a free slot, or queue at it when its slots are taken);
 
 then **one comparison** in seconds over what is left: queueing at a warm copy of the
 preferred model or an in-tolerance candidate, cold-loading the preferred model onto
@@ -17,6 +18,7 @@ all the refusal is classified (busy, model too large, prompt too large).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Protocol
@@ -24,8 +26,10 @@ from typing import Protocol
 from kubemoot import metrics
 from kubemoot.gates.results import Outcome
 from kubemoot.providers.protocol import ProviderClient
+from kubemoot.runtime import faults
 from kubemoot.runtime.claims import EvictionFailed, claim_with_evictions
 from kubemoot.runtime.cost import CostModel, Option, OptionKind
+from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.record import build_record
@@ -55,6 +59,20 @@ class DemandSource(Protocol):
     """Where demand comes from (the DemandBoard)."""
 
     async def snapshot(self) -> NeedView: ...
+
+
+def _second_copy_pays(cost: CostModel, loading: Option, options: Sequence[Option]) -> bool:
+    """Whether other calls' expected waits pay for another copy of the model loading.
+
+    Step 3 keeps a call from loading a *second model* while a candidate is on its way,
+    and a call alone always converges on the coming copy. When other calls want the
+    same model too (:meth:`CostModel.priced_queue` raises the queue's price) and the one
+    comparison then loads another copy of that very model, the comparison decides.
+    """
+    best = options[0] if options else None
+    return (best is not None and best.model == loading.model
+            and best.kind in (OptionKind.COLD_LOAD, OptionKind.UNLOAD)
+            and cost.priced_queue(loading).seconds > loading.seconds)
 
 
 class CallPlanner:
@@ -100,7 +118,7 @@ class CallPlanner:
                 try:
                     need = await self._demand.snapshot()
                 except StoreError as error:  # demand only orders victims; go on without it
-                    log.warning("demand board unreadable: %s", error)
+                    faults.noted("demand", faults.STORE, "demand board unreadable", error)
             self._need, self._need_read_at = need, now
         return self._need
 
@@ -169,6 +187,8 @@ class CallPlanner:
                 )
             self.selector.spread(rnd, models, ahead)
             placement = await self._place_round(rnd, models, holder_id, ticket_state, explain)
+            if placement is not None and not await self.admit(placement):
+                continue  # a half-open provider's one trial went to another call
             if placement is not None:
                 return placement
         # Every round lost its claim to a concurrent change: treat it as busy.
@@ -194,8 +214,14 @@ class CallPlanner:
         if claim is not None:
             return self._placed(rnd, claim, options or [claim.option],
                                 "a warm or loading copy had room")
+        loading = self.selector.loading_queue(rnd, models)
         if not explain:
             options = self._options(rnd, models, explain=False)
+        if loading is not None and not _second_copy_pays(rnd.cost, loading, options):
+            # Step 3 without a free slot: wait for the copy that is already coming
+            # rather than load a second model (DESIGN §5).
+            return self._queued(rnd, loading, [loading, *(o for o in options if o != loading)],
+                                why="converging on the copy another call is loading")
         if not options:
             reason = classify(
                 rnd.fleet, rnd.cost, preferred=preferred, acceptable=models,
@@ -234,7 +260,7 @@ class CallPlanner:
         preferred = models[0]
         limit = None if explain else _SHORTLIST
         options = [
-            o for m in models
+            rnd.cost.priced_queue(o) for m in models
             for o in self.selector.copy_options(rnd, m, free_slot=False, limit=limit)
         ]
         options += self.selector.cold_options(rnd, preferred, limit=limit)
@@ -271,13 +297,16 @@ class CallPlanner:
             context_length=claim.context_length,
         )
 
-    def _queued(self, rnd: Round, best: Option, options: list[Option]) -> Placement:
+    def _queued(
+        self, rnd: Round, best: Option, options: list[Option],
+        why: str = "the cheapest option",
+    ) -> Placement:
         p = rnd.fleet.provider(best.provider)
         record = build_record(
             subject=f"call:{best.model}", gates=rnd.gates, options=options, chosen=best,
             outcome=Outcome.DEFER,
-            reason=f"queueing for a slot on {best.provider} ({best.seconds:.3f} s) is the "
-            "cheapest option; the call waits for the next capacity change and places again",
+            reason=f"queueing for a slot on {best.provider} ({best.seconds:.3f} s) is {why}; "
+            "the call waits for the next capacity change and places again",
         )
         return Placement(
             Action.QUEUE,
@@ -302,23 +331,54 @@ class CallPlanner:
             action, reason=reason.value, options=tuple(options), decision=record
         )
 
+    async def admit(self, placement: Placement) -> bool:
+        """Commit a claimed placement to its provider's circuit; a half-open circuit
+        admits one trial call, so a second claim there is given back (False)."""
+        circuits = self.selector.view.circuits
+        if circuits is None or placement.ticket is None or placement.provider is None:
+            return True
+        if circuits.admit(placement.provider):
+            return True
+        await self.release(placement)
+        return False
+
     # -- after the call --------------------------------------------------------------
 
     async def finish(
-        self, placement: Placement, *, seconds: float | None = None, ok: bool = True
+        self, placement: Placement, *, seconds: float | None = None, ok: bool | None = True
     ) -> None:
-        """Release the call's ticket and learn from it (latency EMA, circuit breaker)."""
+        """Release the call's ticket and learn from it (latency EMA, circuit breaker).
+
+        ``ok`` is the call's verdict on the provider: ``False`` only for a provider
+        fault, ``None`` when the call says nothing about it (cancelled, or stopped
+        before the engine was asked).
+        """
         view = self.selector.view
         if placement.provider is not None:
             circuits = view.circuits
             if circuits is not None:
-                if ok:
+                if ok is None:
+                    circuits.record_no_verdict(placement.provider)
+                elif ok:
                     circuits.record_success(placement.provider)
                 else:
                     circuits.record_failure(placement.provider)
             if ok and seconds is not None and placement.endpoint is not None:
                 view.observe_latency(placement.provider, placement.endpoint, seconds)
         await self.release(placement)
+
+    def lease(
+        self, placement: Placement
+    ) -> contextlib.AbstractAsyncContextManager[Lease | None]:
+        """``async with planner.lease(placement):`` keeps the call's ticket alive.
+
+        The ticket is renewed every TTL/3 on the injected clock until the block ends,
+        so a call longer than the TTL keeps its memory and its model never looks idle.
+        A placement without a ticket (static, refused) gets a lease that does nothing.
+        """
+        if placement.ticket is None or placement.provider is None:
+            return contextlib.nullcontext(None)
+        return self.selector.tickets.lease(placement.provider, placement.ticket.ticket_id)
 
     async def release(self, placement: Placement) -> None:
         """Give the call's ticket back (idempotent)."""
@@ -337,4 +397,6 @@ _REASON_TEXT = {
     Reason.MODEL_TOO_LARGE: "no provider's usable VRAM can hold {model}",
     Reason.PROMPT_TOO_LARGE: "the prompt is longer than the context of every provider "
     "that could run an acceptable model",
+    Reason.MODEL_UNKNOWN: "no provider lists {model} and no Model resource declares it "
+    "(is the name misspelt?)",
 }

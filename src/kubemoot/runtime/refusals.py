@@ -9,6 +9,10 @@ an honest reason instead of waiting out its limit.
 * **prompt-too-large** — some provider could hold an acceptable model, but the
   context of every such (provider, model) pair is known and smaller than the prompt.
   An unknown context admits the prompt.
+* **model-unknown** — no acceptable model is known anywhere: no Model resource
+  declares it, no provider lists it on disk, runs it, loads it or has ever reported
+  its footprint. That is a misspelt name, and waiting would only hide it. Every
+  provider must be ready to say so: a provider that is down lists nothing.
 * otherwise **gpu-busy** — the call waits for capacity.
 """
 
@@ -29,6 +33,7 @@ class Reason(StrEnum):
     GPU_BUSY = "gpu-busy"
     MODEL_TOO_LARGE = "model-too-large"
     PROMPT_TOO_LARGE = "prompt-too-large"
+    MODEL_UNKNOWN = "model-unknown"
 
     @property
     def final(self) -> bool:
@@ -45,11 +50,22 @@ def classify(
     prompt_tokens: int | None,
 ) -> Reason:
     """Classify a placement that came back empty."""
+    if all(model_unknown(fleet, cost, model) for model in acceptable):
+        return Reason.MODEL_UNKNOWN
     if model_too_large(fleet, cost, preferred):
         return Reason.MODEL_TOO_LARGE
     if prompt_tokens is not None and prompt_too_large(fleet, cost, acceptable, prompt_tokens):
         return Reason.PROMPT_TOO_LARGE
     return Reason.GPU_BUSY
+
+
+def model_unknown(fleet: FleetSnapshot, cost: CostModel, model: str) -> bool:
+    """Whether nothing in the fleet or the declarations knows ``model`` at all."""
+    if not fleet.providers or any(not p.state.ready for p in fleet.providers):
+        return False  # no answer from some provider: it might hold the model
+    if cost.occupancy(model) is not None:
+        return False  # declared, observed, claimed or listed on some provider's disk
+    return not any(p.has_copy(model) for p in fleet.providers)
 
 
 def model_too_large(fleet: FleetSnapshot, cost: CostModel, model: str) -> bool:

@@ -9,6 +9,12 @@ every plan is a ticket and every intent is on the demand board, plans made at ab
 same time account for one another, and agents wanting the same model end up sharing a
 copy instead of loading several.
 
+The forecast. Each selection is recorded with the agent's *selection frequency*: the
+share of the threads this planner saw within ``selection_window_seconds`` that selected
+the agent. An agent in every thread forecasts 1 for its models, one in every fourth
+thread 0.25. When a new thread appears every known agent's share changes, so their
+entries are written again then (one small write per agent per thread).
+
 The first mulling call takes the plan (:meth:`take`) when its provider is still ready
 and its context holds the real prompt; otherwise the plan is released and the call
 places afresh. A plan is released when the agent stands aside or fails
@@ -19,7 +25,6 @@ TTL (3 minutes) as a safety net (:meth:`expire`, run on every operation).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -28,11 +33,12 @@ from typing import Protocol
 from kubemoot.clock import Clock
 from kubemoot.providers.protocol import ProviderError
 from kubemoot.runtime import filters
+from kubemoot.runtime.faults import tolerated
+from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.tickets import TicketGone
 from kubemoot.store.documents import TicketState
-from kubemoot.store.protocol import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +65,8 @@ class HeldPlan:
     held_at: float
     models: tuple[str, ...]
     preload: asyncio.Task[None] | None = field(default=None, repr=False)
+    #: Renews the held ticket until the plan is taken or dropped.
+    lease: Lease | None = field(default=None, repr=False)
 
 
 class SelectionPlanner:
@@ -76,6 +84,11 @@ class SelectionPlanner:
         self._board = board
         self._plans: dict[tuple[str, str], HeldPlan] = {}
         self._intents: dict[tuple[str, str], tuple[str, ...]] = {}
+        # The forecast's counts: when each thread was first seen, and per agent the
+        # threads that selected it and the models it named last.
+        self._threads: dict[str, float] = {}
+        self._selected: dict[str, dict[str, float]] = {}
+        self._models_of: dict[str, tuple[str, ...]] = {}
 
     def held(self, agent: str, thread: str) -> HeldPlan | None:
         return self._plans.get((agent, thread))
@@ -86,18 +99,29 @@ class SelectionPlanner:
         thread: str,
         candidates: Sequence[Candidate],
         *,
-        frequency: float = 1.0,
+        frequency: float | None = None,
         prompt_tokens: int | None = None,
     ) -> Placement:
-        """Publish intents, record the selection and hold a plan for the first call."""
+        """Publish intents, record the selection and hold a plan for the first call.
+
+        ``frequency`` overrides the agent's measured selection frequency.
+        """
         await self.expire()
         await self.release(agent, thread)  # a re-selection replaces the old plan
         models = tuple(dict.fromkeys(c.model for c in candidates))
+        new_thread = self._count_selection(agent, thread, models)
         if self._board is not None:
-            with contextlib.suppress(StoreError):
+            with tolerated("intent", f"publishing the intents of {agent}"):
                 for model in models:
                     await self._board.add_intent(model, agent)
-                await self._board.record_selection(agent, models, frequency)
+            # A new thread changes every known agent's share: write them all again.
+            others = [a for a in self._selected if a != agent] if new_thread else []
+            for who in [agent, *others]:
+                share = self.frequency(who)
+                if who == agent and frequency is not None:
+                    share = frequency
+                with tolerated("selection", f"recording the selection of {who}"):
+                    await self._board.record_selection(who, self._models_of[who], share)
         self._intents[(agent, thread)] = models
         assumed = prompt_tokens or self._planner.settings.assumed_prompt_tokens
         placement = await self._planner.place(
@@ -107,10 +131,43 @@ class SelectionPlanner:
         if placement.ticket is None:
             return placement  # nothing held: the first call places (and waits) itself
         plan = HeldPlan(agent, thread, placement, self._clock.now(), models)
+        assert placement.provider is not None
+        # Held for as long as the plan lives (up to the held-plan TTL), which may be
+        # longer than the ticket's own TTL.
+        plan.lease = self._planner.selector.tickets.lease(
+            placement.provider, placement.ticket.ticket_id
+        )
+        plan.lease.start()
         if placement.action in (Action.COLD_LOAD, Action.UNLOAD):
             plan.preload = self._start_preload(placement)
         self._plans[(agent, thread)] = plan
         return placement
+
+    def _count_selection(self, agent: str, thread: str, models: tuple[str, ...]) -> bool:
+        """Count the selection in the forecast; whether ``thread`` is new."""
+        now = self._clock.now()
+        self._forget_before(now - self._planner.settings.selection_window_seconds)
+        new_thread = thread not in self._threads
+        self._threads.setdefault(thread, now)
+        self._selected.setdefault(agent, {})[thread] = now
+        self._models_of[agent] = models
+        return new_thread
+
+    def _forget_before(self, start: float) -> None:
+        self._threads = {t: at for t, at in self._threads.items() if at >= start}
+        for agent in list(self._selected):
+            kept = {t: at for t, at in self._selected[agent].items() if t in self._threads}
+            if kept:
+                self._selected[agent] = kept
+            else:
+                del self._selected[agent]
+                self._models_of.pop(agent, None)
+
+    def frequency(self, agent: str) -> float:
+        """The share of the threads in the window that selected ``agent`` (0 to 1)."""
+        if not self._threads:
+            return 0.0
+        return len(self._selected.get(agent, {})) / len(self._threads)
 
     def _start_preload(self, placement: Placement) -> asyncio.Task[None] | None:
         client = self._planner.clients.get(placement.provider or "")
@@ -134,6 +191,8 @@ class SelectionPlanner:
         plan = self._plans.pop((agent, thread), None)
         if plan is None:
             return None
+        if plan.lease is not None:
+            await plan.lease.stop()  # the call's own lease takes over
         placement = plan.placement
         assert placement.ticket is not None and placement.provider is not None
         view = self._planner.selector.view
@@ -155,8 +214,8 @@ class SelectionPlanner:
                 placement.provider, placement.ticket.ticket_id, state
             )
         except TicketGone:
-            return None  # expired meanwhile: the call places afresh
-        return replace(placement, ticket=ticket)
+            return None  # gone meanwhile: the call places afresh
+        return replace(placement, ticket=ticket)  # the state change renewed its expiry
 
     async def release(self, agent: str, thread: str) -> None:
         """The agent's evaluation ended without the plan (stood aside or failed)."""
@@ -165,7 +224,7 @@ class SelectionPlanner:
             await self._drop(plan)
         models = self._intents.pop((agent, thread), ())
         if self._board is not None:
-            with contextlib.suppress(StoreError):
+            with tolerated("intent", f"withdrawing the intents of {agent}"):
                 for model in models:
                     await self._board.remove_intent(model, agent)
 
@@ -184,6 +243,8 @@ class SelectionPlanner:
         return len(old)
 
     async def _drop(self, plan: HeldPlan) -> None:
+        if plan.lease is not None:
+            await plan.lease.stop()
         if plan.preload is not None and not plan.preload.done():
             plan.preload.cancel()
         await self._planner.release(plan.placement)

@@ -230,6 +230,18 @@ class ProviderSelector:
                 options.append(rnd.cost.unload_option(p, model, occupancy, victims))
         return sorted(options, key=Option.sort_key)
 
+    def loading_queue(self, rnd: Round, models: Sequence[str]) -> Option | None:
+        """The loading copy to queue at when every loading copy's slots are taken.
+
+        Candidates in order (preferred first), cheapest copy of each: the call converges
+        on a model that is already coming instead of loading a second one.
+        """
+        for model in models:
+            queues = [o for o in self.loading_options(rnd, model) if o.kind is OptionKind.QUEUE]
+            if queues:
+                return min(queues, key=Option.sort_key)
+        return None
+
     def queue_option(self, rnd: Round, models: list[str]) -> Option | None:
         """The cheapest copy to queue at among ``models`` (slots all busy)."""
         queues = [
@@ -253,12 +265,10 @@ class ProviderSelector:
     async def pick_and_claim_loading(
         self, rnd: Round, model: str, holder_id: str, *, state: TicketState = TicketState.RUNNING
     ) -> Claim | None:
-        """Join a copy another call is loading, instead of loading a second one.
+        """Join a copy another call is loading and that has a free slot.
 
-        Only while the copy has a free slot: a loading copy whose slots are all taken
-        is a queue like any other and competes in the one comparison (its price is the
-        load still to go plus the queue), so a burst of calls does not pile onto one
-        small card while others could load the model sooner.
+        A loading copy whose slots are all taken is not claimed here: the planner
+        queues the call at it (:meth:`loading_queue`), still converging on the copy.
         """
         loading = [o for o in self.loading_options(rnd, model) if o.kind is not OptionKind.QUEUE]
         for option in sorted(loading, key=Option.sort_key):

@@ -32,6 +32,10 @@ class RuntimeSettings:
     reserve_mib: int = 1024
     #: Candidates whose score is at least preferred − tolerance may be used warm.
     candidate_tolerance: float = 10.0
+    #: How much a queue's price counts the other calls expected for the same model
+    #: while it waits (they wait too; a second copy would shorten their waits as well).
+    #: 0 prices a queue by this call's own wait alone, DESIGN §5's floor.
+    queue_demand_weight: float = 1.0
     #: A ticket not released by its holder is reclaimed after this long.
     ticket_ttl_seconds: float = 180.0
     #: How long a read of provider state and tickets is reused (absorbs fan-out bursts).
@@ -43,6 +47,9 @@ class RuntimeSettings:
     demand_cache_seconds: float = 1.0
     #: A plan held from selection that no call took is released after this long.
     held_plan_ttl_seconds: float = 180.0
+    #: An agent's selection frequency (the demand forecast) counts the threads seen in
+    #: this window: the share of them the agent was selected for.
+    selection_window_seconds: float = 3600.0
     #: Safety net for a busy call waiting on capacity changes.
     gpu_wait_limit_seconds: float = 90.0
     #: KV-cache bytes per token of context, for the slab estimate of a never-loaded model.
@@ -50,11 +57,18 @@ class RuntimeSettings:
     #: Context and parallel slots assumed by the slab estimate when a provider says none.
     estimate_num_ctx: int = 4096
     estimate_num_parallel: int = 1
+    #: How long one provider call (chat, preload, unload, probe) may take in all, every
+    #: read and retry included: a per-read timeout alone never ends a call to a server
+    #: that drips a byte now and then.
+    provider_call_deadline_seconds: float = 300.0
     #: Consecutive failures that open a provider's circuit, and how long it stays open.
     circuit_failure_threshold: int = 3
     circuit_cooldown_seconds: float = 30.0
     #: Compare-and-set attempts of one claim before giving up.
     claim_attempts: int = 8
+    #: A claimer refused for memory keeps its place in the provider's line this long
+    #: after its last try (claimers across processes are served first come first).
+    claim_line_seconds: float = 5.0
     #: Prompt size assumed when a call is planned before its prompt exists.
     assumed_prompt_tokens: int = 2048
 

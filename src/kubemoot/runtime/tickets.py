@@ -48,8 +48,17 @@ from enum import Enum
 
 from kubemoot import metrics
 from kubemoot.clock import Clock
-from kubemoot.runtime.budget import budget_allows
-from kubemoot.store.documents import ProviderState, ProviderTickets, Ticket, TicketState
+from kubemoot.runtime import faults
+from kubemoot.runtime.budget import budget_allows, headroom_mib
+from kubemoot.runtime.lease import Lease
+from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.store.documents import (
+    LineEntry,
+    ProviderState,
+    ProviderTickets,
+    Ticket,
+    TicketState,
+)
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import (
     Bucket,
@@ -143,8 +152,12 @@ class TicketManager:
         rng: random.Random | None = None,
         backoff_base_seconds: float = 0.001,
         backoff_cap_seconds: float = 0.05,
+        line_seconds: float | None = None,
     ) -> None:
         self._tickets = tickets
+        self.line_seconds = (
+            line_seconds if line_seconds is not None else RuntimeSettings().claim_line_seconds
+        )
         self._states = states
         self._clock = clock
         self.ttl_seconds = ttl_seconds
@@ -247,8 +260,20 @@ class TicketManager:
         assert renewed is not None
         return renewed
 
+    def lease(self, provider: str, ticket_id: str) -> Lease:
+        """A lease that renews the ticket every TTL/3 while its holder lives.
+
+        Use it as ``async with tickets.lease(provider, ticket_id): ...`` around the
+        work, or :meth:`Lease.start` and :meth:`Lease.stop` around a held plan.
+        """
+        return Lease(self, provider, ticket_id, clock=self._clock, ttl_seconds=self.ttl_seconds)
+
     async def update_state(self, provider: str, ticket_id: str, state: TicketState) -> Ticket:
-        """Change what the ticket's memory is doing (held → loading → running)."""
+        """Change what the ticket's memory is doing (held → loading → running).
+
+        The holder is alive, so the expiry moves to now + TTL as well: a held plan
+        taken by its call starts the call with a whole TTL.
+        """
         changed = await self._submit(provider, self._op(_Kind.STATE, ticket_id, state=state))
         assert changed is not None
         return changed
@@ -282,8 +307,8 @@ class TicketManager:
                 # Shielded: a cancelled holder still gives its memory back at once.
                 await asyncio.shield(self.release(provider, ticket.ticket_id))
             except StoreError as error:  # the TTL layer reclaims it; don't mask the body
-                log.warning("release of ticket %s failed (%s); TTL will reclaim it",
-                            ticket.ticket_id, error)
+                faults.noted("release", faults.STORE, f"release of ticket {ticket.ticket_id} "
+                             "failed; the TTL will reclaim it", error)
 
     # -- the per-provider combiner ---------------------------------------------------
 
@@ -326,6 +351,8 @@ class TicketManager:
         while lane.pending:
             batch = list(lane.pending)
             cached, lane.cached = lane.cached, None
+            if any(op.reread for op in batch):
+                cached = None  # a claim to decide afresh: read the document too
             known = _known_state(batch)
             retry: set[int] = set()  # claims to decide again on a freshly read state
             try:
@@ -333,10 +360,15 @@ class TicketManager:
                     provider, batch, cached, known
                 )
                 now = self._clock.now()
-                outcome, changed, results = self._apply(provider, document, state, now, batch)
-                if known is not None:
-                    # A "no" on the caller's copy of the state may be that copy's age:
-                    # those claims stay queued and are decided again on a fresh read.
+                outcome, line, changed, results = self._apply(
+                    provider, document, state, now, batch
+                )
+                # A "no" stands only on fresh state: the state read now, and a document
+                # read now or proven current by this batch's compare-and-set. A "no" on
+                # the caller's copy of the state or on the copy this lane last wrote may
+                # be that copy's age (another process released meanwhile): those claims
+                # stay queued and are decided again on a fresh read.
+                if known is not None or (cached is not None and not changed):
                     for op in batch:
                         if op.kind is _Kind.CLAIM and isinstance(
                             results.get(id(op)), ClaimRejected
@@ -344,7 +376,7 @@ class TicketManager:
                             op.reread = True
                             retry.add(id(op))
                 if changed:
-                    written = ProviderTickets(provider=provider, tickets=outcome)
+                    written = ProviderTickets(provider=provider, tickets=outcome, line=line)
                     if revision is None:
                         new_revision = await self._tickets.create(key, written.to_json())
                     else:
@@ -352,7 +384,7 @@ class TicketManager:
                             key, written.to_json(), expected_revision=revision
                         )
                     lane.cached = (written, new_revision)
-                elif revision is not None:
+                elif revision is not None and not retry:
                     lane.cached = (document, revision)
             except (RevisionMismatch, KeyExists, StoreUnavailable) as error:
                 for op in batch:  # the next attempt reads the state with the document
@@ -366,6 +398,10 @@ class TicketManager:
                 await self._clock.sleep(self._backoff(conflicts))
                 continue
             except Exception as error:  # a bad document or a bug: fail this batch, not the lane
+                faults.noted(
+                    "tickets", faults.UNREADABLE if isinstance(error, ValueError) else "bug",
+                    f"ticket operations on {provider} failed", error,
+                )
                 for op in batch:
                     self._finish(lane, op, error=error)
                 continue
@@ -452,11 +488,15 @@ class TicketManager:
         state: ProviderState | None,
         now: float,
         batch: list[_Op],
-    ) -> tuple[list[Ticket], bool, dict[int, Ticket | BaseException | None]]:
-        """Decide every queued operation in order: new ticket list, changed, results."""
+    ) -> tuple[
+        list[Ticket], list[LineEntry], bool, dict[int, Ticket | BaseException | None]
+    ]:
+        """Decide every queued operation in order: tickets, line, changed, results."""
         results: dict[int, Ticket | BaseException | None] = {}
         tickets = document.active(now)
-        changed = len(tickets) != len(document.tickets)  # writers prune expired tickets
+        line = [entry for entry in document.line if entry.expires_at > now]
+        # Writers prune expired tickets and lapsed places in the line.
+        changed = len(tickets) != len(document.tickets) or len(line) != len(document.line)
         for op in batch:
             index = next((i for i, t in enumerate(tickets) if t.ticket_id == op.ticket_id), None)
             if op.kind is _Kind.CLAIM:
@@ -466,15 +506,20 @@ class TicketManager:
                     continue
                 if op.abandoned:
                     continue  # nobody is waiting for it any more
-                reason = self._refusal(state, tickets, now, op)
+                reason = self._refusal(state, tickets, line, now, op)
                 if reason is not None:
                     results[id(op)] = ClaimRejected(
                         provider, op.ticket.model, op.ticket.model_footprint_mib, reason
                     )
+                    if reason is not _CHECK_FAILED:
+                        changed = self._keep_place(line, state, now, op.ticket) or changed
                     continue
                 tickets.append(op.ticket)
                 results[id(op)] = op.ticket
                 changed = True
+                kept = [e for e in line if e.holder_id != op.ticket.holder_id]
+                if len(kept) != len(line):
+                    line[:] = kept  # served: out of the line
             elif op.kind is _Kind.RELEASE:
                 if index is not None:
                     del tickets[index]
@@ -490,28 +535,96 @@ class TicketManager:
                     ttl = op.ttl_seconds if op.ttl_seconds is not None else self.ttl_seconds
                     updated = current.model_copy(update={"expires_at": now + ttl})
                 else:
-                    updated = current.model_copy(update={"state": op.state})
+                    updated = current.model_copy(
+                        update={"state": op.state, "expires_at": now + self.ttl_seconds}
+                    )
                 tickets[index] = updated
                 results[id(op)] = updated
                 changed = True
-        return tickets, changed, results
+        return tickets, line, changed, results
 
     @staticmethod
     def _refusal(
-        state: ProviderState | None, tickets: list[Ticket], now: float, op: _Op
+        state: ProviderState | None,
+        tickets: list[Ticket],
+        line: list[LineEntry],
+        now: float,
+        op: _Op,
     ) -> str | None:
         assert op.ticket is not None
-        if not budget_allows(
-            state,
-            tickets,
-            now,
-            footprint_mib=op.ticket.model_footprint_mib,
-            evicts=op.ticket.evicts,
-        ):
-            return "does not fit the provider's VRAM budget"
+        footprint = op.ticket.model_footprint_mib
+        if not budget_allows(state, tickets, now, footprint_mib=footprint,
+                             evicts=op.ticket.evicts):
+            return _NO_ROOM
+        ahead = _reserved_ahead(state, tickets, line, now, op.ticket)
+        if ahead and not budget_allows(state, tickets, now, footprint_mib=footprint + ahead,
+                                       evicts=op.ticket.evicts):
+            return _LINE_AHEAD
         if op.check is not None and not op.check(state, list(tickets), now):
-            return "the claim's check failed"
+            return _CHECK_FAILED
         return None
+
+    def _keep_place(
+        self, line: list[LineEntry], state: ProviderState | None, now: float, ticket: Ticket
+    ) -> bool:
+        """Put a claimer refused for memory in the line, or keep its place; changed?"""
+        if ticket.model_footprint_mib <= 0:
+            return False
+        ceiling = headroom_mib(state, [], now, evicts=ticket.evicts)
+        if ceiling is None or ticket.model_footprint_mib > ceiling:
+            return False  # it could never be served here: it holds nobody up
+        for i, entry in enumerate(line):
+            if entry.holder_id != ticket.holder_id:
+                continue
+            if entry.expires_at - now >= self.line_seconds / 2:
+                return False  # fresh enough: a refusal then costs no write
+            line[i] = entry.model_copy(update={
+                "expires_at": now + self.line_seconds,
+                "footprint_mib": ticket.model_footprint_mib,
+            })
+            return True
+        line.append(LineEntry(holder_id=ticket.holder_id,
+                              footprint_mib=ticket.model_footprint_mib, since=now,
+                              expires_at=now + self.line_seconds))
+        return True
+
+
+_NO_ROOM = "does not fit the provider's VRAM budget"
+_LINE_AHEAD = "the memory is promised to claimers in line before it"
+_CHECK_FAILED = "the claim's check failed"
+
+
+def _reserved_ahead(
+    state: ProviderState | None,
+    tickets: list[Ticket],
+    line: list[LineEntry],
+    now: float,
+    ticket: Ticket,
+) -> int:
+    """Memory promised to claimers in line before this one (all of them if not in line).
+
+    In line order, each earlier claimer is promised what it wants out of the headroom
+    left; the first one that does not fully fit is promised all that is left, so memory
+    freed later drains to it rather than to claims that came after it. A claimer that
+    wants more than the provider could ever free holds nobody up.
+    """
+    if ticket.model_footprint_mib <= 0:
+        return 0
+    ceiling = headroom_mib(state, [], now, evicts=ticket.evicts)
+    headroom = headroom_mib(state, tickets, now, evicts=ticket.evicts)
+    if ceiling is None or headroom is None:
+        return 0
+    reserved = 0
+    for entry in line:
+        if entry.holder_id == ticket.holder_id:
+            break
+        if entry.footprint_mib > ceiling:
+            continue
+        promised = min(entry.footprint_mib, max(0, headroom - reserved))
+        reserved += promised
+        if promised < entry.footprint_mib:
+            break  # the line stops at the first claimer still waiting for memory
+    return reserved
 
 
 def _known_state(batch: list[_Op]) -> ProviderState | None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kubemoot.clock import Clock
+from kubemoot.runtime import faults
 from kubemoot.runtime.circuit import CircuitBreakers
 from kubemoot.runtime.latency import LatencyTracker
 from kubemoot.runtime.settings import RuntimeSettings
@@ -66,6 +67,7 @@ class _Built:
     tickets: ProviderTickets | None
     latency: float
     circuit_open: bool
+    unreadable: bool  # its ticket document did not parse
     valid_until: float  # the first of its tickets to lapse
     snapshot: ProviderSnapshot
 
@@ -110,6 +112,9 @@ class ProviderView:
         self._lapses: list[tuple[float, str]] = []  # (a ticket lapses, provider)
         self._latency_revision = -1
         self._open: set[str] = set()  # providers last built with an open circuit
+        # Providers whose ticket document does not parse: their memory is not known to
+        # be free, so they are shown not ready until a readable version arrives.
+        self._unreadable: set[str] = set()
         # Following: the watches and the changes they delivered but nobody applied yet.
         self._watches: list[Watch] = []
         self._followers: list[asyncio.Task[None]] = []
@@ -169,7 +174,8 @@ class ProviderView:
                 self._watches.append(watch)
                 await watch.ready()
         except StoreError as error:
-            log.warning("provider view cannot watch (%s); it reads instead", error)
+            faults.noted("view-watch", faults.STORE,
+                         "provider view cannot watch; it reads instead", error)
             await self.close()
             return False
         loop = asyncio.get_running_loop()
@@ -183,7 +189,8 @@ class ProviderView:
             async for change in watch:
                 self._pending[(change.bucket, change.key)] = change
         except StoreError as error:
-            log.warning("provider view watch failed: %s", error)
+            faults.noted("view-watch", faults.STORE,
+                         "provider view watch failed; it reads instead", error)
         finally:
             if self._following:
                 self._following = False
@@ -193,8 +200,11 @@ class ProviderView:
         """Stop following (the view keeps working by reading)."""
         self._following = False
         for watch in self._watches:
-            with contextlib.suppress(Exception):
+            try:
                 await watch.aclose()
+            except Exception as error:  # being dropped anyway; say so all the same
+                faults.noted("view-watch", faults.CLEANUP, "closing a provider-view watch",
+                             error)
         for task in self._followers:
             task.cancel()
         for task in self._followers:
@@ -352,23 +362,31 @@ class ProviderView:
         name = state.provider
         circuit_open = self._circuits is not None and not self._circuits.allows(name)
         latency = self._latency.latency(state.endpoint)
+        unreadable = name in self._unreadable
         cached = self._built.get(name)
         if (
             cached is not None
             and cached.state is state
             and cached.tickets is tickets
-            and (cached.latency, cached.circuit_open) == (latency, circuit_open)
+            and (cached.latency, cached.circuit_open, cached.unreadable)
+            == (latency, circuit_open, unreadable)
             and now < cached.valid_until
         ):
             return None  # same documents, no ticket lapsed since: same snapshot
         active = tuple(tickets.active(now)) if tickets is not None else ()
+        shown = state
+        if unreadable:  # never free memory: nothing is placed there until it reads again
+            shown = state.model_copy(
+                update={"ready": False, "reason": "its ticket document is unreadable"}
+            )
         snapshot = ProviderSnapshot(
-            state=state, tickets=active, latency_seconds=latency, circuit_open=circuit_open
+            state=shown, tickets=active, latency_seconds=latency, circuit_open=circuit_open
         )
         valid_until = min((t.expires_at for t in active), default=float("inf"))
         if valid_until != float("inf"):
             heapq.heappush(self._lapses, (valid_until, name))
-        self._built[name] = _Built(state, tickets, latency, circuit_open, valid_until, snapshot)
+        self._built[name] = _Built(state, tickets, latency, circuit_open, unreadable,
+                                   valid_until, snapshot)
         if circuit_open:
             self._open.add(name)
         else:
@@ -439,9 +457,15 @@ class ProviderView:
         if value is not None:
             try:
                 state = ProviderState.from_json(value)
-            except ValueError:
-                state = None  # a document we cannot read is no state at all
+            except ValueError as error:
+                # Without a readable state there is no endpoint to send a call to; the
+                # provider is left out, and the log and the count say why.
+                faults.noted("provider-state", faults.UNREADABLE,
+                             f"provider state {key} unreadable; provider left out", error)
             if state is not None and state.provider != _decode(key):
+                faults.noted("provider-state", faults.UNREADABLE,
+                             f"provider state {key} left out",
+                             ValueError(f"it names provider {state.provider!r}"))
                 state = None
         self._parsed_states[key] = _Parsed(revision, state=state)
         return state
@@ -455,11 +479,22 @@ class ProviderView:
         if cached is not None and cached.revision > revision:
             return _SKIP
         doc: ProviderTickets | None = None
+        name = _decode(key)
+        unreadable = False
         if value is not None:
             try:
                 doc = ProviderTickets.from_json(value)
-            except ValueError:
-                doc = None
+            except ValueError as error:
+                unreadable = True
+                faults.noted("tickets", faults.UNREADABLE,
+                             f"ticket document {key} unreadable; its provider is shown "
+                             "not ready", error)
+        if name is not None and unreadable != (name in self._unreadable):
+            if unreadable:
+                self._unreadable.add(name)
+            else:
+                self._unreadable.discard(name)
+            self._dirty.add(name)
         self._parsed_tickets[key] = _Parsed(revision, tickets=doc)
         return doc
 

@@ -44,12 +44,12 @@ from typing import Literal, Protocol
 from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
+from kubemoot.runtime.faults import tolerated
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.refusals import Reason
 from kubemoot.runtime.snapshot import FleetSnapshot
 from kubemoot.store.documents import TicketState
-from kubemoot.store.protocol import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class CapacityWaiter:
         outcome = "gave-up"
         try:
             if self._board is not None:
-                with contextlib.suppress(StoreError):
+                with tolerated("waiter", f"announcing {agent} waiting for {model}"):
                     await self._board.add_waiter(model, agent)
             if signals is not None:
                 await signals.waiting(model=model, reason=Reason.GPU_BUSY.value)
@@ -181,7 +181,7 @@ class CapacityWaiter:
             if outcome == "gave-up":
                 metrics.REFUSALS.labels(reason=Reason.GPU_BUSY.value).inc()
             if self._board is not None:
-                with contextlib.suppress(StoreError):
+                with tolerated("waiter", f"withdrawing {agent} waiting for {model}"):
                     await self._board.remove_waiter(model, agent)
 
     # -- the lines -------------------------------------------------------------------
@@ -258,6 +258,7 @@ class CapacityWaiter:
                 await self._round()
         except Exception:  # a bug must not leave every waiter hanging until its limit
             log.exception("capacity dispatcher failed")
+            metrics.STATE_ERRORS.labels(site="capacity-dispatcher", kind="bug").inc()
             for line in list(self._lines.values()):
                 for waiter in list(line):
                     _settle(waiter.future, None)

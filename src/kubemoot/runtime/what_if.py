@@ -26,6 +26,15 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from kubemoot.api.bounds import (
+    MAX_ITEMS,
+    MAX_SCORE,
+    ContextTokens,
+    Mib,
+    Parallel,
+    Rate,
+    Seconds,
+)
 from kubemoot.api.errors import InputError
 from kubemoot.clock import ManualClock
 from kubemoot.runtime.demand import DemandBoard
@@ -55,30 +64,36 @@ from kubemoot.store.memory import MemoryKV
 from kubemoot.store.protocol import Bucket
 
 KIND = "PlacementState"
+# Waiters and intents of the whole snapshot: each becomes one entry in the store.
+MAX_DEMAND_ENTRIES = 10_000
+# How long before ``now`` a model's lastUsedAt may lie. Recent use decays exponentially;
+# the stored count must grow by the same factor to decay back to recentUse, and beyond a
+# day that factor leaves the range of a float (and recent use is nil anyway).
+MAX_USE_AGE_SECONDS = 24 * 3600.0
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class SnapshotSettings(_Part):
-    load_rate_mibps: float = Field(1024.0, gt=0, alias="loadRateMiBps")
-    unload_seconds: float = Field(1.0, ge=0, alias="unloadSeconds")
-    default_latency_seconds: float = Field(30.0, ge=0, alias="defaultLatencySeconds")
-    reserve_mib: int = Field(1024, ge=0, alias="reserveMiB")
-    candidate_tolerance: float = Field(10.0, ge=0, alias="candidateTolerance")
+    load_rate_mibps: Rate = Field(1024.0, gt=0, alias="loadRateMiBps")
+    unload_seconds: Seconds = Field(1.0, alias="unloadSeconds")
+    default_latency_seconds: Seconds = Field(30.0, alias="defaultLatencySeconds")
+    reserve_mib: Mib = Field(1024, alias="reserveMiB")
+    candidate_tolerance: Seconds = Field(10.0, alias="candidateTolerance")
 
 
 class DeclaredModel(_Part):
     name: str = Field(min_length=1)
-    vram_mib: int | None = Field(None, ge=0, alias="vramMiB")
-    disk_mib: int | None = Field(None, ge=0, alias="diskMiB")
+    vram_mib: Mib | None = Field(None, alias="vramMiB")
+    disk_mib: Mib | None = Field(None, alias="diskMiB")
 
 
 class Resident(_Part):
     model: str = Field(min_length=1)
-    size_mib: int = Field(ge=0, alias="sizeMiB")
-    context_length: int | None = Field(None, gt=0, alias="contextLength")
+    size_mib: Mib = Field(alias="sizeMiB")
+    context_length: ContextTokens | None = Field(None, alias="contextLength")
 
 
 class SnapshotTicket(_Part):
@@ -86,8 +101,8 @@ class SnapshotTicket(_Part):
     state: TicketState = TicketState.RUNNING
     started_at: AwareDatetime = Field(alias="startedAt")
     # None: not given. A loading ticket without one is sized by occupancy(M) when loaded.
-    footprint_mib: int | None = Field(None, ge=0, alias="footprintMiB")
-    evicts: dict[str, int] = Field(default_factory=dict)
+    footprint_mib: Mib | None = Field(None, alias="footprintMiB")
+    evicts: dict[str, Mib] = Field(default_factory=dict, max_length=MAX_ITEMS)
     holder: str = "snapshot"
     expires_at: AwareDatetime | None = Field(None, alias="expiresAt")
 
@@ -96,20 +111,20 @@ class SnapshotProvider(_Part):
     name: str = Field(min_length=1)
     endpoint: str | None = None
     ready: bool = True
-    total_vram_mib: int | None = Field(None, ge=0, alias="totalVramMiB")
-    reserve_mib: int | None = Field(None, ge=0, alias="reserveMiB")
-    max_parallel: int = Field(1, ge=1, alias="maxParallel")
-    context_length: int | None = Field(None, gt=0, alias="contextLength")
-    latency_seconds: float | None = Field(None, ge=0, alias="latencySeconds")
-    residents: list[Resident] = Field(default_factory=list)
-    tickets: list[SnapshotTicket] = Field(default_factory=list)
+    total_vram_mib: Mib | None = Field(None, alias="totalVramMiB")
+    reserve_mib: Mib | None = Field(None, alias="reserveMiB")
+    max_parallel: Parallel = Field(1, alias="maxParallel")
+    context_length: ContextTokens | None = Field(None, alias="contextLength")
+    latency_seconds: Seconds | None = Field(None, alias="latencySeconds")
+    residents: list[Resident] = Field(default_factory=list, max_length=MAX_ITEMS)
+    tickets: list[SnapshotTicket] = Field(default_factory=list, max_length=MAX_ITEMS)
 
 
 class SnapshotDemand(_Part):
-    waiters: int = Field(0, ge=0)
-    intents: int = Field(0, ge=0)
-    recent_use: float = Field(0.0, ge=0, alias="recentUse")
-    prediction: float = Field(0.0, ge=0)
+    waiters: int = Field(0, ge=0, le=MAX_DEMAND_ENTRIES)
+    intents: int = Field(0, ge=0, le=MAX_DEMAND_ENTRIES)
+    recent_use: Rate = Field(0.0, alias="recentUse")
+    prediction: Rate = 0.0
     last_used_at: AwareDatetime | None = Field(None, alias="lastUsedAt")
 
 
@@ -121,9 +136,9 @@ class PlacementState(_Part):
     metadata: dict[str, object] = Field(default_factory=dict)
     now: AwareDatetime
     settings: SnapshotSettings = Field(default_factory=SnapshotSettings)  # type: ignore[arg-type]
-    models: list[DeclaredModel] = Field(default_factory=list)
-    providers: list[SnapshotProvider] = Field(default_factory=list)
-    demand: dict[str, SnapshotDemand] = Field(default_factory=dict)
+    models: list[DeclaredModel] = Field(default_factory=list, max_length=MAX_ITEMS)
+    providers: list[SnapshotProvider] = Field(default_factory=list, max_length=MAX_ITEMS)
+    demand: dict[str, SnapshotDemand] = Field(default_factory=dict, max_length=MAX_ITEMS)
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -142,6 +157,21 @@ class PlacementState(_Part):
                         "a ticket cannot start after the snapshot's now",
                         "providers", index, "tickets", t_index, "startedAt",
                     )
+        entries = 0
+        for model, need in self.demand.items():
+            entries += need.waiters + need.intents
+            if entries > MAX_DEMAND_ENTRIES:
+                raise _invalid(
+                    f"waiters and intents of all models add up to more than "
+                    f"{MAX_DEMAND_ENTRIES:,}", "demand", model,
+                )
+            if need.last_used_at is not None and now - _epoch(need.last_used_at) > \
+                    MAX_USE_AGE_SECONDS:
+                raise _invalid(
+                    f"must be at most {MAX_USE_AGE_SECONDS:g} seconds (a day) before now; "
+                    "older use has decayed to nothing (set recentUse: 0 and leave it out)",
+                    "demand", model, "lastUsedAt",
+                )
         return self
 
     def runtime_settings(self) -> RuntimeSettings:
@@ -182,6 +212,8 @@ def parse_candidates(text: str | None, model: str) -> list[Candidate]:
         raise InputError(f"not valid JSON: {error}", field="--candidates") from None
     if not isinstance(data, list) or not data:
         raise InputError("must be a non-empty JSON list", field="--candidates")
+    if len(data) > MAX_ITEMS:
+        raise InputError(f"must list at most {MAX_ITEMS:,} candidates", field="--candidates")
     candidates: list[Candidate] = []
     for index, item in enumerate(data):
         where = f"--candidates[{index}]"
@@ -190,6 +222,15 @@ def parse_candidates(text: str | None, model: str) -> list[Candidate]:
         score = item.get("score", 0)
         if isinstance(score, bool) or not isinstance(score, int | float):
             raise InputError('"score" must be a number', field=f"{where}.score")
+        # Python's JSON reader takes NaN and Infinity, and integers of any size.
+        # (comparing a huge int with a float is exact; converting it would overflow)
+        if not -MAX_SCORE <= score <= MAX_SCORE:  # NaN fails every comparison
+            shown = repr(score) if len(repr(score)) <= 30 else repr(score)[:27] + "..."
+            raise InputError(
+                f'"score" must be a finite number in [-{MAX_SCORE:g}, {MAX_SCORE:g}], '
+                f"got {shown}",
+                field=f"{where}.score",
+            )
         candidates.append(Candidate(item["model"], float(score)))
     if candidates[0].model != model:
         # --model names the preferred model; keep the list's order otherwise.
@@ -236,7 +277,8 @@ async def decide(
         await _write_demand(demand_bucket, state, now)
         view = ProviderView(states, tickets, clock=clock, settings=settings, latency=latency)
         manager = TicketManager(
-            tickets, states, clock=clock, ttl_seconds=settings.ticket_ttl_seconds
+            tickets, states, clock=clock, ttl_seconds=settings.ticket_ttl_seconds,
+            line_seconds=settings.claim_line_seconds,
         )
         planner = CallPlanner(
             ProviderSelector(view, manager), states=states, settings=settings,

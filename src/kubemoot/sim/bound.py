@@ -46,6 +46,7 @@ import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.sim.scenario import Scenario
 from kubemoot.sim.workload import CallSpec, Trace, Turn
 
@@ -54,6 +55,8 @@ __all__ = ["LowerBound", "lower_bound", "pooled_busy_time", "spt_total_wait"]
 #: The most turns one set of the partition spans. Larger finds tighter totals on busy
 #: traces at quadratic cost; it never affects validity.
 SEGMENT_TURNS = 10
+#: The runtime's default candidate tolerance: the simulator runs it with defaults.
+DEFAULT_TOLERANCE = RuntimeSettings().candidate_tolerance
 #: Above this many turns the segments shrink so the bound stays a fraction of a run.
 SEGMENT_BUDGET = 40_000
 
@@ -188,16 +191,27 @@ def _first_ready(scenario: Scenario, trace: Trace) -> dict[str, float]:
     return dict(sorted((m, earliest[m] + load[m]) for m in earliest if m in load))
 
 
-def _soonest(call: CallSpec, ready: dict[str, float]) -> float:
-    return min(ready.get(c.model, float("inf")) for c in call.candidates)
+def _usable(call: CallSpec, tolerance: float) -> tuple[str, ...]:
+    """Models any compared policy may run the call on: the preferred model (the
+    baselines' only choice) and candidates within the runtime's tolerance of it (the
+    only others the runtime takes). A policy never runs a call on anything else."""
+    floor = call.candidates[0].score - tolerance
+    return tuple(c.model for c in call.candidates if c is call.candidates[0] or c.score >= floor)
+
+
+def _soonest(call: CallSpec, ready: dict[str, float], tolerance: float) -> float:
+    return min(ready.get(m, float("inf")) for m in _usable(call, tolerance))
 
 
 class _Groups:
     """Capacity groups: per candidate set, and per component of linked model sets."""
 
-    def __init__(self, trace: Trace, ready: dict[str, float], fleet: _Fleet) -> None:
+    def __init__(
+        self, trace: Trace, ready: dict[str, float], fleet: _Fleet, tolerance: float
+    ) -> None:
         self.fleet = fleet
         self.ready = ready
+        self.tolerance = tolerance
         parent: dict[str, str] = {}
 
         def find(m: str) -> str:
@@ -218,8 +232,9 @@ class _Groups:
         self.speeds: list[int] = []
 
     def models(self, call: CallSpec) -> frozenset[str]:
-        """The models a call can run on: candidates some call prefers (else never loaded)."""
-        return frozenset(c.model for c in call.candidates if c.model in self.ready)
+        """The models a call can run on: usable candidates some call prefers (a model no
+        call prefers is never loaded)."""
+        return frozenset(m for m in _usable(call, self.tolerance) if m in self.ready)
 
     def ids(self, models: frozenset[str]) -> tuple[int, int]:
         return self._id(models), self._id(self._component[next(iter(models))])
@@ -236,7 +251,7 @@ def _turn_facts(turn: Turn, arrival: float, groups: _Groups) -> _TurnFacts | Non
     ready = groups.ready
     steps = []
     for step in turn.steps:  # a call no policy can serve ends the turn for every policy
-        if any(_soonest(c, ready) == float("inf") for c in step.calls):
+        if any(_soonest(c, ready, groups.tolerance) == float("inf") for c in step.calls):
             break
         steps.append(step)
     if not steps:
@@ -264,12 +279,12 @@ def _turn_facts(turn: Turn, arrival: float, groups: _Groups) -> _TurnFacts | Non
         bursts += spt_total_wait(durations, servers)
         extra += spt_total_wait(sorted(durations)[:-1], servers)
         for call in step.calls:
-            soonest = _soonest(call, ready)
+            soonest = _soonest(call, ready, groups.tolerance)
             fine, coarse = groups.ids(groups.models(call))
             work.append(_Work(max(r, soonest), call.duration, fine, coarse,
                               call.duration / 2 + tail))
             chain_end = max(chain_end, soonest + call.duration + tail)
-    waits = [max(0.0, _soonest(c, ready) - issue[0]) for c in steps[0].calls]
+    waits = [max(0.0, _soonest(c, ready, groups.tolerance) - issue[0]) for c in steps[0].calls]
     # The first step's calls all wait for a copy, then queue among themselves.
     bursts += len(waits) * min(waits)
     first_wait = sum(waits)
@@ -311,10 +326,16 @@ def _segment(turns: Sequence[_TurnFacts], speeds: Sequence[int]) -> float:
     )
 
 
-def lower_bound(scenario: Scenario, trace: Trace) -> LowerBound:
-    """The bound described in the module docstring and docs/simulator.md."""
+def lower_bound(
+    scenario: Scenario, trace: Trace, *, tolerance: float = DEFAULT_TOLERANCE
+) -> LowerBound:
+    """The bound described in the module docstring and docs/simulator.md.
+
+    ``tolerance`` must be the runtime's candidate tolerance in the compared run: the
+    bound counts only the models some compared policy may use for each call.
+    """
     ready = _first_ready(scenario, trace)
-    groups = _Groups(trace, ready, _Fleet(scenario))
+    groups = _Groups(trace, ready, _Fleet(scenario), tolerance)
     facts = sorted(
         (f for d in trace.discussions for turn in d.turns
          if (f := _turn_facts(turn, d.arrival, groups)) is not None),

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubemoot.providers.protocol import ChatResult, LoadedModel, ProviderError, ProviderState
+from kubemoot.sim.phases import CURRENT_CALL
 
 __all__ = ["EmulatedGpu", "GpuEvents", "VramOvercommit"]
 
@@ -109,6 +110,11 @@ class EmulatedGpu:
         self.busy_seconds = 0.0
         self._footprints: dict[str, int] = {}
         self._listeners: list[Callable[[], None]] = []
+        # Running totals of time spent unloading / loading (unloading counts first), so a
+        # queued call can tell what its time in the queue was spent on (sim.phases).
+        self._activity_at = 0.0
+        self.evicting_seconds = 0.0
+        self.loading_seconds = 0.0
 
     # -- observation -----------------------------------------------------------------
 
@@ -146,6 +152,19 @@ class EmulatedGpu:
         self._busy_count += delta
         if self._busy_count == 0:
             self.busy_seconds += now - self._busy_since
+
+    def _activity(self) -> tuple[float, float]:
+        """Bring the unloading/loading totals up to now and return them."""
+        now = self._now()
+        elapsed = now - self._activity_at
+        if elapsed > 0:
+            states = [r.state for r in self._runners.values()]
+            if "unloading" in states:
+                self.evicting_seconds += elapsed
+            elif "loading" in states:
+                self.loading_seconds += elapsed
+        self._activity_at = now
+        return self.evicting_seconds, self.loading_seconds
 
     def _vram(self, delta: int) -> None:
         self.used_mib += delta
@@ -219,6 +238,7 @@ class EmulatedGpu:
         return False
 
     def _start_load(self, model: str, size: int) -> _Runner:
+        self._activity()
         runner = _Runner(model, size, "loading", asyncio.Event(), asyncio.Event())
         self._runners[model] = runner
         self._vram(size)
@@ -229,6 +249,7 @@ class EmulatedGpu:
 
     async def _load(self, runner: _Runner) -> None:
         await asyncio.sleep(runner.size_mib / self.load_rate_mibps)
+        self._activity()
         runner.state = "ready"
         runner.last_used = self._now()
         self._footprints.setdefault(runner.model, runner.size_mib)
@@ -240,12 +261,14 @@ class EmulatedGpu:
             self._became_idle(runner)
 
     def _start_unload(self, runner: _Runner, reason: str) -> None:
+        self._activity()
         runner.state = "unloading"
         asyncio.get_running_loop().create_task(self._unload(runner, reason))
 
     async def _unload(self, runner: _Runner, reason: str) -> None:
         self._residency_changed()  # it stops being offered at once
         await asyncio.sleep(self.unload_seconds)
+        self._activity()
         del self._runners[runner.model]
         self._vram(-runner.size_mib)
         self._events.unloaded(self.name, runner.model, reason, self._now())
@@ -277,11 +300,23 @@ class EmulatedGpu:
         if model not in self._sizes:
             raise ProviderError(f"unknown model {model}", provider=self.name)
         self._ensure_scheduler()
+        phases = CURRENT_CALL.get()
+        evicting, loading = self._activity()
+        if phases is not None and phases.engine_request is None:
+            phases.engine_request = self._now()
         future: asyncio.Future[_Runner] = asyncio.get_running_loop().create_future()
         self._pending.append(_Request(model, future))
         self._notify()
         runner = await future
+        if phases is not None:
+            evicting_after, loading_after = self._activity()
+            phases.queue_evicting += evicting_after - evicting
+            phases.queue_loading += loading_after - loading
+            if phases.engine_assigned is None:
+                phases.engine_assigned = self._now()
         await runner.ready.wait()
+        if phases is not None and phases.runner_ready is None:
+            phases.runner_ready = self._now()
         return runner
 
     def _release(self, runner: _Runner) -> None:
@@ -301,6 +336,9 @@ class EmulatedGpu:
                 runner.slot_waiters.append(waiter)
                 await waiter  # the finishing call hands its slot over (active unchanged)
             started = self._now()
+            phases = CURRENT_CALL.get()
+            if phases is not None:
+                phases.started = started
             self._events.call_started(self.name, model, started)
             self._busy(+1)
             try:
@@ -355,7 +393,11 @@ class EmulatedGpu:
             self._start_unload(runner, "unloaded")
         elif runner.state != "unloading":
             runner.unload_when_idle = True
+        phases = CURRENT_CALL.get()
+        began = self._now()
         await runner.gone.wait()
+        if phases is not None:
+            phases.policy_evicting += self._now() - began
 
     async def chat(
         self,

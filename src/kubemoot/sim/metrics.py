@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubemoot.sim.gpu import GpuEvents
+from kubemoot.sim.phases import PHASE_NAMES, WaitPhases
 
 __all__ = ["CallOutcome", "PolicyReport", "Recorder", "percentile"]
 
@@ -43,6 +44,7 @@ class _CallRecord:
     issued: float
     ended: float
     outcome: CallOutcome
+    phases: WaitPhases | None = None
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -79,13 +81,24 @@ class Recorder(GpuEvents):
 
     def call_ended(
         self, *, call_id: int, discussion_id: int, issued: float, ended: float,
-        outcome: CallOutcome
+        outcome: CallOutcome, phases: WaitPhases | None = None,
     ) -> None:
-        self.calls.append(_CallRecord(call_id, discussion_id, issued, ended, outcome))
+        self.calls.append(_CallRecord(call_id, discussion_id, issued, ended, outcome, phases))
+
+    def waits_by_call(self) -> dict[int, tuple[float, dict[str, float]]]:
+        """Finished calls: call id → (wait, the wait split by phase)."""
+        result: dict[int, tuple[float, dict[str, float]]] = {}
+        for c in self.calls:
+            if c.outcome.status != FINISHED:
+                continue
+            wait = (c.outcome.started or c.issued) - c.issued
+            result[c.call_id] = (wait, _split(c, wait))
+        return result
 
     def report(
         self, *, policy: str, discussions: dict[int, float], busy_seconds: float,
         gpu_count: int, end: float, vram_checks: int, wall_seconds: float,
+        cpu_seconds: float = 0.0,
     ) -> PolicyReport:
         finished = [c for c in self.calls if c.outcome.status == FINISHED]
         waits = sorted(
@@ -101,6 +114,10 @@ class Recorder(GpuEvents):
         refused = Counter(c.outcome.reason or "unknown" for c in self.calls
                           if c.outcome.status == REFUSED)
         evictions = sum(1 for u in self.unloads if u[3] in ("evicted", "unloaded"))
+        parts = dict.fromkeys(PHASE_NAMES, 0.0)
+        for c in finished:
+            for name, seconds in _split(c, (c.outcome.started or c.issued) - c.issued).items():
+                parts[name] += seconds
         return PolicyReport(
             policy=policy,
             calls=len(self.calls),
@@ -118,8 +135,19 @@ class Recorder(GpuEvents):
             failures=sum(1 for c in self.calls if c.outcome.status == FAILED),
             vram_checks=vram_checks,
             wall_seconds=round(wall_seconds, 2),
+            cpu_seconds=round(cpu_seconds, 2),
             waits=waits,
+            wait_parts={k: _r(v / max(len(finished), 1)) for k, v in parts.items()},
         )
+
+
+def _split(call: _CallRecord, wait: float) -> dict[str, float]:
+    """The call's wait by phase; a call the engine never saw waited for memory."""
+    if call.phases is not None and call.phases.started is not None:
+        return call.phases.split()
+    parts = dict.fromkeys(PHASE_NAMES, 0.0)
+    parts["memory"] = wait
+    return parts
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -154,8 +182,12 @@ class PolicyReport:
     failures: int
     vram_checks: int
     wall_seconds: float
+    cpu_seconds: float = 0.0  # this process's CPU time for the run (wall time drifts)
     waits: list[float] = field(repr=False, default_factory=list)
     ratio_to_lower_bound: float | None = None
+    # mean seconds per finished call spent in each phase (sim.phases); they add up to
+    # the mean wait
+    wait_parts: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -163,6 +195,7 @@ class PolicyReport:
             "calls": self.calls,
             "finished": self.finished,
             "waitSeconds": self.wait,
+            "meanWaitBySource": self.wait_parts,
             "e2eSeconds": self.e2e,
             "makespanSeconds": self.makespan,
             "coldLoads": self.cold_loads,

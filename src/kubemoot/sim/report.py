@@ -13,9 +13,13 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
+from kubemoot.sim.phases import PHASE_NAMES
 from kubemoot.sim.simulation import SimulationResult
 
-__all__ = ["comparison_table", "write_plots", "write_report"]
+__all__ = ["comparison_table", "wait_sources_table", "write_plots", "write_report"]
+
+WAIT_FLOOR_SECONDS = 0.01  # the wait CDF's left edge (log axis)
+LINE_STYLES = ("-", "--", "-.", ":")
 
 
 def write_report(result: SimulationResult, directory: Path) -> Path:
@@ -55,6 +59,23 @@ def comparison_table(result: SimulationResult) -> Table:
     return table
 
 
+def wait_sources_table(result: SimulationResult) -> Table:
+    """Each policy's mean wait split by where it went (see :mod:`kubemoot.sim.phases`)."""
+    table = Table(title=f"{result.scenario}: where the mean wait goes (seconds per call)",
+                  box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
+    table.add_column("policy", no_wrap=True, min_width=11)
+    for column in ("wait", *PHASE_NAMES):
+        table.add_column(column, justify="right", no_wrap=True)
+    for run in result.runs:
+        r = run.report
+        table.add_row(r.policy, f"{r.wait['mean']:.2f}",
+                      *(f"{r.wait_parts.get(name, 0.0):.2f}" for name in PHASE_NAMES))
+    table.caption = ("slot: waiting for a parallel slot of a loaded copy; load: its model "
+                     "loading (or another load on the card); eviction: models being unloaded; "
+                     "memory: waiting for room with nothing loading or unloading.")
+    return table
+
+
 def _ratio(value: float | None) -> str:
     if value is None:
         return "-"
@@ -73,35 +94,52 @@ def write_plots(result: SimulationResult, directory: Path) -> list[Path]:
 
     fig: Any
     ax: Any
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for run in result.runs:
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    # A log time axis: the good policies differ below a few seconds while the worst
+    # routers' tails run to minutes. Waits shorter than the floor are drawn at it.
+    floor = WAIT_FLOOR_SECONDS
+    longest = floor * 10
+    for index, run in enumerate(result.runs):
         waits = run.report.waits
-        if waits:
-            n = len(waits)
-            ax.step(waits, [(i + 1) / n for i in range(n)], where="post",
-                    label=run.report.policy)
-    ax.set_xlabel("wait: issue → start of inference (s)")
-    ax.set_ylabel("share of calls")
-    ax.set_title(f"{result.scenario}: per-call wait CDF")
-    ax.grid(alpha=0.3)
-    ax.legend()
+        if not waits:
+            continue
+        n = len(waits)
+        xs = [max(w, floor) for w in waits]
+        longest = max(longest, xs[-1])
+        ax.step(xs, [(i + 1) / n for i in range(n)], where="post",
+                label=f"{run.report.policy} (mean {run.report.wait['mean']:.1f} s)",
+                linewidth=2.6 if run.report.policy == "kubemoot" else 1.4,
+                linestyle=LINE_STYLES[index % len(LINE_STYLES)],
+                zorder=3 if run.report.policy == "kubemoot" else 2)
+    ax.set_xscale("log")
+    ax.set_xlim(floor, longest * 1.5)
+    ax.set_ylim(0, 1.01)
+    ax.set_xlabel(f"wait: issue → start of inference, seconds (log scale; "
+                  f"waits under {floor:g} s drawn at {floor:g} s)")
+    ax.set_ylabel("share of calls that waited at most this long")
+    ax.set_title(f"Scenario {result.scenario}: per-call wait CDF "
+                 f"({result.trace_calls} calls, higher and further left is better)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small", loc="lower right")
     written.append(_save(fig, directory / "wait-cdf.png", plt))
 
-    fig, axes = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    for run in result.runs:
-        load_times = sorted(t for t, *_ in run.loads)
-        evict_times = sorted(t for t, _g, _m, why in run.unloads if why != "expired")
-        axes[0].step(load_times, range(1, len(load_times) + 1), where="post",
-                     label=run.report.policy)
-        axes[1].step(evict_times, range(1, len(evict_times) + 1), where="post",
-                     label=run.report.policy)
-    axes[0].set_ylabel("cold loads (cumulative)")
-    axes[1].set_ylabel("evictions (cumulative)")
-    axes[1].set_xlabel("virtual time (s)")
-    axes[0].set_title(f"{result.scenario}: loads and evictions over time")
-    for a in axes:
-        a.grid(alpha=0.3)
-        a.legend(fontsize="small")
+    fig, ax = plt.subplots(figsize=(9, 5))
+    names = [run.report.policy for run in result.runs]
+    loads = [run.report.cold_loads for run in result.runs]
+    evictions = [run.report.evictions for run in result.runs]
+    positions = list(range(len(names)))
+    width = 0.38
+    bars = ax.bar([p - width / 2 for p in positions], loads, width, label="cold loads")
+    ax.bar_label(bars, fontsize="small")
+    bars = ax.bar([p + width / 2 for p in positions], evictions, width,
+                  label="evictions (unloads to make room)")
+    ax.bar_label(bars, fontsize="small")
+    ax.set_xticks(positions, names)
+    ax.set_ylabel("count over the whole run")
+    ax.set_title(f"Scenario {result.scenario}: model loads and evictions per policy "
+                 f"(fewer is better)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize="small")
     written.append(_save(fig, directory / "loads-evictions.png", plt))
 
     for run in result.runs:
@@ -113,7 +151,8 @@ def write_plots(result: SimulationResult, directory: Path) -> list[Path]:
             ax.axhline(capacity / 1024, color=line[0].get_color(), linestyle=":", alpha=0.5)
         ax.set_xlabel("virtual time (s)")
         ax.set_ylabel("VRAM in use (GiB); dotted: usable")
-        ax.set_title(f"{result.scenario}: VRAM per provider, policy {run.report.policy}")
+        ax.set_title(f"Scenario {result.scenario}: VRAM in use per provider (GiB), "
+                     f"policy {run.report.policy}")
         ax.grid(alpha=0.3)
         if len(run.capacity_mib) <= 16:
             ax.legend(fontsize="small", ncol=2)

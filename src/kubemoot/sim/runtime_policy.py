@@ -41,6 +41,7 @@ from kubemoot.runtime.view import ProviderView
 from kubemoot.runtime.waiting import CapacityWaiter
 from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE, CallOutcome
+from kubemoot.sim.phases import CURRENT_CALL
 from kubemoot.sim.policies import Policy, SimContext
 from kubemoot.sim.workload import CallSpec
 from kubemoot.store.documents import (
@@ -113,6 +114,7 @@ class KubemootPolicy(Policy):
         manager = TicketManager(
             tickets, states, clock=clock, ttl_seconds=settings.ticket_ttl_seconds,
             max_attempts=settings.claim_attempts, rng=ctx.rng,
+            line_seconds=settings.claim_line_seconds,
         )
         view = ProviderView(states, tickets, clock=clock, settings=settings)
         self._demand = DemandBoard(demand_bucket, clock=clock)
@@ -174,6 +176,10 @@ class KubemootPolicy(Policy):
             prompt_tokens=call.prompt_tokens,
         )
         if placement.placed:
+            phases = CURRENT_CALL.get()
+            if phases is not None:
+                # A wait that ended on a warm or loading copy was a wait for a slot there.
+                phases.joined_warm = placement.action in (Action.WARM, Action.LOADING)
             return placement
         if placement.action is Action.REFUSE:
             return CallOutcome(REFUSED, model=call.model, reason=placement.reason)

@@ -28,13 +28,27 @@ names the file and the offending field.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from kubemoot.api.bounds import (
+    MAX_AGENTS,
+    MAX_ITEMS,
+    ContextTokens,
+    Count,
+    Mib,
+    Parallel,
+    Rate,
+    Score,
+    Seconds,
+    Seed,
+)
 from kubemoot.api.errors import InputError
+from kubemoot.api.loader import validate_document
 
 __all__ = [
     "CandidateSpec",
@@ -52,6 +66,16 @@ __all__ = [
 
 KIND = "SimulationScenario"
 
+# What one scenario may ask of the simulator, beyond each field's own bound (see
+# kubemoot.api.bounds): the products of fields are what cost time and memory. The
+# shipped scale scenario (1,000 cards, 10,000 agents, 30 minutes) sits well inside.
+MAX_SIMULATED_SECONDS = 30 * 24 * 3600.0  # 30 days of virtual time
+MAX_CV = 100.0  # coefficient of variation of a call's duration
+MAX_PROVIDERS = 10_000  # cards, all groups counted
+MAX_TOTAL_AGENTS = 100_000  # agents, all crews counted
+MAX_EXPECTED_CALLS = 500_000  # calls the workload is expected to issue, per policy
+MAX_SAMPLES = 100_000  # VRAM samples per card: durationSeconds / sampleSeconds
+
 
 def _alias(name: str) -> str:
     camel = to_camel(name)
@@ -60,7 +84,8 @@ def _alias(name: str) -> str:
 
 class _Spec(BaseModel):
     model_config = ConfigDict(
-        alias_generator=_alias, populate_by_name=True, extra="forbid", frozen=True
+        alias_generator=_alias, populate_by_name=True, extra="forbid", frozen=True,
+        allow_inf_nan=False,
     )
 
 
@@ -68,64 +93,65 @@ class ModelSpec(_Spec):
     """A model: its VRAM occupancy (weights plus KV slab), as Ollama would report it."""
 
     name: str = Field(min_length=1)
-    vram_mib: int = Field(gt=0)
+    vram_mib: Mib = Field(gt=0)
 
 
 class ProviderSpec(_Spec):
     """One GPU (or ``count`` identical ones)."""
 
     name: str = Field(min_length=1)
-    vram_mib: int = Field(gt=0)
-    reserve_mib: int = Field(default=1024, ge=0)
-    max_parallel: int = Field(default=1, ge=1)
-    load_rate_mibps: float | None = Field(default=None, gt=0)
-    unload_seconds: float | None = Field(default=None, ge=0)
-    context_length: int | None = Field(default=None, gt=0)
-    count: int = Field(default=1, ge=1)
+    vram_mib: Mib = Field(gt=0)
+    reserve_mib: Mib = 1024
+    max_parallel: Parallel = 1
+    load_rate_mibps: Rate | None = Field(default=None, gt=0)
+    unload_seconds: Seconds | None = None
+    context_length: ContextTokens | None = None
+    count: int = Field(default=1, ge=1, le=MAX_PROVIDERS)
 
 
 class LatencySpec(_Spec):
     """Call duration: lognormal with this mean and coefficient of variation."""
 
-    mean_seconds: float = Field(gt=0)
-    cv: float = Field(default=0.5, ge=0)
+    mean_seconds: Seconds = Field(gt=0)
+    # A lognormal with a larger spread is all outliers; the bound keeps log1p(cv²) finite.
+    cv: float = Field(default=0.5, ge=0, le=MAX_CV)
 
 
 class FanOutSpec(_Spec):
     """Tool fan-out: with this probability a step is a burst of ``width`` parallel calls."""
 
     probability: float = Field(default=0.0, ge=0, le=1)
-    width: int = Field(default=1, ge=1)
+    width: Parallel = 1
 
 
 class CandidateSpec(_Spec):
     """One entry of a phase's candidate list (preferred first), as the operator publishes."""
 
     model: str
-    score: float = 0.0
+    score: Score = 0.0
 
 
 class PhaseSpec(_Spec):
     """One phase of an agent's turn in a discussion: ``steps`` calls in sequence."""
 
     name: str = Field(min_length=1)
-    candidates: list[CandidateSpec] = Field(min_length=1)
-    steps: int = Field(default=1, ge=1)
+    candidates: list[CandidateSpec] = Field(min_length=1, max_length=MAX_ITEMS)
+    steps: Count = Field(default=1, ge=1)
     latency: LatencySpec
     fan_out: FanOutSpec = Field(default_factory=FanOutSpec)
-    prompt_tokens: int = Field(default=2048, ge=1)
-    think_seconds: float = Field(default=0.0, ge=0)  # gap between one call and the next
+    prompt_tokens: ContextTokens = 2048
+    think_seconds: Seconds = 0.0  # gap between one call and the next
 
 
 class CrewSpec(_Spec):
     """A crew (or ``count`` identical crews) of agents running discussions."""
 
     name: str = Field(min_length=1)
-    agents: int = Field(ge=1)
-    count: int = Field(default=1, ge=1)
-    discussions_per_hour: float = Field(gt=0)
-    agents_per_discussion: int = Field(default=1, ge=1)
-    phases: list[PhaseSpec] = Field(min_length=1)
+    agents: int = Field(ge=1, le=MAX_AGENTS)
+    count: int = Field(default=1, ge=1, le=MAX_TOTAL_AGENTS)
+    discussions_per_hour: Rate = Field(gt=0)
+    agents_per_discussion: int = Field(default=1, ge=1, le=MAX_AGENTS)
+    phases: list[PhaseSpec] = Field(min_length=1, max_length=MAX_ITEMS)
 
     @model_validator(mode="after")
     def _enough_agents(self) -> CrewSpec:
@@ -140,20 +166,20 @@ class CrewSpec(_Spec):
 class ScenarioSettings(_Spec):
     """Engine and runtime numbers shared by every provider unless it says its own."""
 
-    load_rate_mibps: float = Field(default=1024.0, gt=0)
-    unload_seconds: float = Field(default=1.0, ge=0)
-    keep_alive_seconds: float = Field(default=300.0, ge=0)
-    gpu_wait_limit_seconds: float = Field(default=90.0, gt=0)
-    sample_seconds: float = Field(default=10.0, gt=0)  # VRAM-over-time plot resolution
+    load_rate_mibps: Rate = Field(default=1024.0, gt=0)
+    unload_seconds: Seconds = 1.0
+    keep_alive_seconds: Seconds = 300.0
+    gpu_wait_limit_seconds: Seconds = Field(default=90.0, gt=0)
+    sample_seconds: Seconds = Field(default=10.0, gt=0)  # VRAM-over-time plot resolution
 
 
 class ScenarioSpec(_Spec):
-    duration_seconds: float = Field(gt=0)
-    seed: int = 1
+    duration_seconds: float = Field(gt=0, le=MAX_SIMULATED_SECONDS)
+    seed: Seed = 1
     settings: ScenarioSettings = Field(default_factory=ScenarioSettings)
-    models: list[ModelSpec] = Field(min_length=1)
-    providers: list[ProviderSpec] = Field(min_length=1)
-    crews: list[CrewSpec] = Field(min_length=1)
+    models: list[ModelSpec] = Field(min_length=1, max_length=MAX_ITEMS)
+    providers: list[ProviderSpec] = Field(min_length=1, max_length=MAX_ITEMS)
+    crews: list[CrewSpec] = Field(min_length=1, max_length=MAX_ITEMS)
 
     @model_validator(mode="after")
     def _references(self) -> ScenarioSpec:
@@ -172,7 +198,50 @@ class ScenarioSpec(_Spec):
         providers = [p.name for p in self.providers]
         if len(set(providers)) != len(providers):
             raise ValueError("provider names must be unique")
+        problem = self.workload_problem()
+        if problem is not None:
+            raise ValueError(problem)
         return self
+
+    def expected_calls(self) -> float:
+        """The mean number of calls the workload issues: discussions × agents × steps."""
+        total = 0.0
+        for crew in self.crews:
+            discussions = crew.count * crew.discussions_per_hour * self.duration_seconds / 3600
+            per_turn = sum(
+                phase.steps * (1 + phase.fan_out.probability * (phase.fan_out.width - 1))
+                for phase in crew.phases
+            )
+            total += discussions * crew.agents_per_discussion * per_turn
+        return total
+
+    def workload_problem(self) -> str | None:
+        """Why this scenario is too big to simulate, or None when it fits the limits."""
+        providers = sum(p.count for p in self.providers)
+        if providers > MAX_PROVIDERS:
+            return (
+                f"{providers:,} providers in all (counts included); "
+                f"the limit is {MAX_PROVIDERS:,}"
+            )
+        agents = sum(c.count * c.agents for c in self.crews)
+        if agents > MAX_TOTAL_AGENTS:
+            return (
+                f"{agents:,} agents in all (counts included); the limit is {MAX_TOTAL_AGENTS:,}"
+            )
+        calls = self.expected_calls()
+        if calls > MAX_EXPECTED_CALLS:
+            return (
+                f"the workload would issue about {calls:,.0f} calls in durationSeconds "
+                f"{self.duration_seconds:g}; the limit is {MAX_EXPECTED_CALLS:,} (shorten the "
+                "duration or lower discussionsPerHour, counts, agents or steps)"
+            )
+        samples = self.duration_seconds / self.settings.sample_seconds
+        if samples > MAX_SAMPLES:
+            return (
+                f"durationSeconds / settings.sampleSeconds is {samples:,.0f} VRAM samples; "
+                f"the limit is {MAX_SAMPLES:,}"
+            )
+        return None
 
 
 class Metadata(_Spec):
@@ -211,42 +280,46 @@ class Scenario(_Spec):
             update={"spec": spec.model_copy(update={"providers": providers, "crews": crews})}
         )
 
-    def with_duration(self, seconds: float) -> Scenario:
-        """A copy that runs for ``seconds`` of virtual time (must be positive)."""
-        if seconds <= 0:
-            raise InputError(f"the duration must be positive, got {seconds:g}",
-                             field="durationSeconds")
-        return self.model_copy(
-            update={"spec": self.spec.model_copy(update={"duration_seconds": seconds})}
-        )
+    def with_duration(self, seconds: float, *, field: str = "durationSeconds") -> Scenario:
+        """A copy that runs for ``seconds`` of virtual time.
+
+        The duration must be positive, finite, at most :data:`MAX_SIMULATED_SECONDS`, and
+        keep the workload inside the limits; otherwise an :class:`InputError` names
+        ``field`` (the CLI passes its ``--duration`` flag).
+        """
+        problem = duration_problem(seconds)
+        if problem is not None:
+            raise InputError(problem, field=field)
+        spec = self.spec.model_copy(update={"duration_seconds": seconds})
+        problem = spec.workload_problem()
+        if problem is not None:
+            raise InputError(problem, field=field)
+        return self.model_copy(update={"spec": spec})
 
 
-def _field_path(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + part
-    return out
+def duration_problem(seconds: float) -> str | None:
+    """Why ``seconds`` cannot be a simulated duration, or None."""
+    if not math.isfinite(seconds) or seconds <= 0:
+        return f"must be a positive number of seconds, got {seconds:g}"
+    if seconds > MAX_SIMULATED_SECONDS:
+        return f"must be at most {MAX_SIMULATED_SECONDS:g} seconds (30 days), got {seconds:g}"
+    return None
 
 
-def parse_scenario(data: Any, *, file: str | None = None) -> Scenario:
+def parse_scenario(
+    data: Any, *, file: str | None = None, document: int | None = None
+) -> Scenario:
     """Validate one scenario document (already parsed YAML)."""
     if not isinstance(data, dict):
-        raise InputError("a scenario must be a mapping", file=file)
+        raise InputError("a scenario must be a mapping", file=file, document=document)
     kind = data.get("kind")
     if kind != KIND:
-        raise InputError(f"kind must be {KIND}, got {kind!r}", file=file, field="kind")
+        raise InputError(
+            f"kind must be {KIND}, got {kind!r}", file=file, document=document, field="kind"
+        )
     name = (data.get("metadata") or {}).get("name") if isinstance(data.get("metadata"), dict) \
         else None
-    try:
-        return Scenario.model_validate(data)
-    except ValidationError as error:
-        first = error.errors()[0]
-        raise InputError(
-            first["msg"], file=file, kind=KIND, name=name, field=_field_path(first["loc"]) or None
-        ) from None
+    return validate_document(Scenario, data, file=file, document=document, kind=KIND, name=name)
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -261,4 +334,4 @@ def load_scenario(path: str | Path) -> Scenario:
     if len(docs) != 1:
         raise InputError(f"expected one scenario document, found {len(docs)}", file=str(path))
     doc = docs[0]
-    return parse_scenario(doc.data, file=doc.file)
+    return parse_scenario(doc.data, file=doc.file, document=doc.index)

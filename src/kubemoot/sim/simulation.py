@@ -20,6 +20,7 @@ from kubemoot.api.errors import InputError
 from kubemoot.sim.bound import LowerBound, lower_bound
 from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FAILED, FINISHED, CallOutcome, PolicyReport, Recorder
+from kubemoot.sim.phases import CURRENT_CALL, WaitPhases
 from kubemoot.sim.policies import BASELINES, Policy, SimContext
 from kubemoot.sim.scenario import Scenario
 from kubemoot.sim.vloop import run_virtual
@@ -59,6 +60,8 @@ class PolicyRun:
     statuses: dict[int, str] = field(default_factory=dict)  # call id → how it ended
     peak_mib: dict[str, int] = field(default_factory=dict)  # card → most VRAM ever in use
     usable_mib: dict[str, int] = field(default_factory=dict)
+    # call id → (wait, its split by phase) for finished calls: compares policies call by call
+    waits_by_call: dict[int, tuple[float, dict[str, float]]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -123,6 +126,8 @@ async def _run_turn(
 
     async def one(call: CallSpec) -> CallOutcome:
         issued = loop.time()
+        phases = WaitPhases(issued)
+        CURRENT_CALL.set(phases)  # this task's own context: the engine fills it in
         try:
             outcome = await policy.run_call(call, ctx)
         except Exception as error:  # a policy bug must show up as a failure, not vanish
@@ -134,7 +139,8 @@ async def _run_turn(
         if outcome.status == FINISHED and outcome.started is not None:
             ended = outcome.started + call.duration
         recorder.call_ended(call_id=call.call_id, discussion_id=discussion.discussion_id,
-                            issued=issued, ended=max(ended, loop.time()), outcome=outcome)
+                            issued=issued, ended=max(ended, loop.time()), outcome=outcome,
+                            phases=phases)
         return outcome
 
     for step in turn.steps:
@@ -154,6 +160,7 @@ async def _sample_vram(gpus: list[EmulatedGpu], every: float, recorder: Recorder
 
 async def _run(scenario: Scenario, trace: Trace, policy_name: str, seed: int) -> PolicyRun:
     wall = time.perf_counter()
+    cpu = time.process_time()  # steadier than wall time on a shared machine
     loop = asyncio.get_running_loop()
     recorder = Recorder()
     gpus = build_fleet(scenario, recorder)
@@ -188,7 +195,7 @@ async def _run(scenario: Scenario, trace: Trace, policy_name: str, seed: int) ->
     report = recorder.report(
         policy=policy_name, discussions=arrivals, busy_seconds=busy, gpu_count=len(gpus),
         end=end, vram_checks=sum(g.vram_checks for g in gpus.values()),
-        wall_seconds=time.perf_counter() - wall,
+        wall_seconds=time.perf_counter() - wall, cpu_seconds=time.process_time() - cpu,
     )
     statuses: dict[int, str] = {}
     for record in recorder.calls:
@@ -199,6 +206,7 @@ async def _run(scenario: Scenario, trace: Trace, policy_name: str, seed: int) ->
         report, recorder.loads, recorder.unloads, recorder.vram_samples,
         {g.name: g.usable_mib for g in plotted}, end, statuses,
         {g.name: g.peak_mib for g in gpus.values()}, {g.name: g.usable_mib for g in gpus.values()},
+        waits_by_call=recorder.waits_by_call(),
     )
 
 

@@ -90,15 +90,27 @@ class Ticket(_Doc):
     evicts: dict[str, int] = Field(default_factory=dict)  # planned victims: model → MiB
 
 
+class LineEntry(_Doc):
+    """A claimer the budget refused and that will come back: its place in the line."""
+
+    holder_id: str
+    footprint_mib: int = Field(ge=0)
+    since: float
+    expires_at: float
+
+
 class ProviderTickets(_Doc):
     """``kubemoot_provider_tickets/<provider>``: every live ticket on one provider.
 
     One document per provider so a single compare-and-set covers its whole budget.
+    ``line`` lists, first come first, the claimers refused for memory that are still
+    trying; memory freed on the provider goes to them in that order.
     """
 
     version: int = DOCUMENT_VERSION
     provider: str
     tickets: list[Ticket] = Field(default_factory=list)
+    line: list[LineEntry] = Field(default_factory=list)
 
     @classmethod
     def from_json(cls, data: bytes) -> ProviderTickets:

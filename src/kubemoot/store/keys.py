@@ -9,11 +9,14 @@ hex), so ``qwen3:32b`` → ``qwen3=3A32b`` and ``crew-a/kubectl-agent`` →
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 _SAFE = re.compile(r"[A-Za-z0-9_-]")
 _ESCAPE = re.compile(r"=([0-9A-F]{2})")
 
 
+# Keys repeat endlessly (a few models and agents): both directions are cached.
+@lru_cache(maxsize=65536)
 def encode_token(text: str) -> str:
     """Encode any string as one KV-safe key segment (never empty: ``""`` → ``=``)."""
     if text == "":
@@ -27,6 +30,7 @@ def encode_token(text: str) -> str:
     return "".join(out)
 
 
+@lru_cache(maxsize=65536)
 def decode_token(token: str) -> str:
     """Invert :func:`encode_token`; raises ``ValueError`` on a malformed token."""
     if token == "=":

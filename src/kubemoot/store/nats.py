@@ -18,6 +18,7 @@ Facts about nats-py 2.16 / nats-server 2.15 that shape this adapter:
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import ssl
@@ -30,6 +31,7 @@ import nats.errors
 import nats.js.api
 import nats.js.errors
 
+from kubemoot import metrics
 from kubemoot.store._watch import QueueWatch
 from kubemoot.store.protocol import (
     Change,
@@ -41,6 +43,8 @@ from kubemoot.store.protocol import (
 )
 
 __all__ = ["NatsBucket", "NatsKV", "NatsSettings"]
+
+log = logging.getLogger(__name__)
 
 _KV_OPERATION = "KV-Operation"
 _MARKER_REASON = "Nats-Marker-Reason"
@@ -121,6 +125,12 @@ def _edge(what: str) -> Iterator[None]:
         raise StoreUnavailable(f"{what}: {type(error).__name__}: {error}") from error
     except nats.errors.Error as error:
         raise StoreError(f"{what}: {type(error).__name__}: {error}") from error
+
+
+def _survived(what: str, operation: str, error: Exception) -> None:
+    """A teardown error worked around: one log line and one count, never silence."""
+    log.warning("%s failed: %s: %s", what, type(error).__name__, error)
+    metrics.ERRORS_SURVIVED.labels(component="store", operation=operation).inc()
 
 
 def _is_removal(headers: dict[str, str] | None) -> bool:
@@ -222,8 +232,10 @@ class NatsBucket:
         async def stop(watch: QueueWatch) -> None:
             self._owner._watches.discard(watch)
             if subscription is not None:
-                with contextlib.suppress(Exception):
+                try:
                     await subscription.unsubscribe()
+                except Exception as error:  # the watch ends either way
+                    _survived(f"unsubscribing the watch of {self.name}", "unwatch", error)
 
         watch = QueueWatch(start=start, stop=stop)
         self._owner._watches.add(watch)
@@ -315,5 +327,7 @@ class NatsKV:
     async def close(self) -> None:
         for watch in list(self._watches):
             await watch.aclose()
-        with contextlib.suppress(Exception):
+        try:
             await self._nc.close()
+        except Exception as error:  # the connection is going away either way
+            _survived("closing the NATS connection", "close", error)

@@ -1,0 +1,128 @@
+"""Leases: a ticket stays alive for as long as the work behind it does.
+
+A ticket's ``expiresAt`` only exists to reclaim the memory of a holder that died. A
+live holder therefore renews its ticket a few times per TTL (every TTL/3, so two
+renewals may fail before the ticket lapses), and stops when its call ends. Without
+this a call longer than the TTL would lose its ticket mid-call, and its model would
+look idle to other planners, who could unload it under the running call.
+
+:class:`Lease` is the one way to do it, for every caller::
+
+    async with planner.lease(placement):   # or tickets.lease(provider, ticket_id)
+        ...  # the call runs; its ticket is renewed on the injected clock
+
+The renewals wait on the injected clock's ``wait_for`` (a stop or the next turn,
+whichever comes first), so the simulator's virtual time drives them like any timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import TracebackType
+from typing import Protocol
+
+from kubemoot import metrics
+from kubemoot.clock import Clock
+from kubemoot.store.documents import Ticket
+from kubemoot.store.protocol import KeyNotFound, StoreError
+
+__all__ = ["Lease", "Renewer"]
+
+log = logging.getLogger(__name__)
+
+#: Renewals per TTL: one lost renewal (a store hiccup) still leaves the ticket alive.
+RENEWALS_PER_TTL = 3
+
+
+class Renewer(Protocol):
+    """What a lease needs of the ticket manager."""
+
+    async def renew(
+        self, provider: str, ticket_id: str, *, ttl_seconds: float | None = None
+    ) -> Ticket: ...
+
+
+class Lease:
+    """Renews one ticket every ``ttl_seconds / 3`` until stopped.
+
+    ``lost`` turns true when a renewal found the ticket gone (released elsewhere, or
+    lapsed while the store was unreachable); renewing then stops, with a log line.
+    A renewal the store did not answer is logged, counted and tried at the next turn.
+    """
+
+    def __init__(
+        self,
+        renewer: Renewer,
+        provider: str,
+        ticket_id: str,
+        *,
+        clock: Clock,
+        ttl_seconds: float,
+    ) -> None:
+        if ttl_seconds <= 0:
+            raise ValueError(f"lease of ticket {ticket_id}: ttl_seconds must be positive")
+        self.provider = provider
+        self.ticket_id = ticket_id
+        self.interval_seconds = ttl_seconds / RENEWALS_PER_TTL
+        self.renewals = 0
+        self.lost = False
+        self._renewer = renewer
+        self._clock = clock
+        self._ttl = ttl_seconds
+        self._stopped = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Begin renewing (idempotent)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop renewing; a renewal in flight finishes first (it is harmless)."""
+        self._stopped.set()
+        task, self._task = self._task, None
+        if task is not None and task is not asyncio.current_task():
+            await asyncio.shield(task)
+
+    async def __aenter__(self) -> Lease:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                await self._clock.wait_for(self._stopped.wait(), self.interval_seconds)
+                return  # stopped
+            except TimeoutError:
+                pass  # the next turn: renew
+            if await self._renew_once():
+                continue
+            return
+
+    async def _renew_once(self) -> bool:
+        """One renewal; False when the ticket is gone (renewing further is pointless)."""
+        try:
+            await self._renewer.renew(self.provider, self.ticket_id, ttl_seconds=self._ttl)
+        except KeyNotFound:
+            self.lost = True
+            metrics.LEASE_RENEWALS.labels(result="lost").inc()
+            log.warning("ticket %s on %s is gone while its holder still runs; its memory "
+                        "is no longer promised", self.ticket_id, self.provider)
+            return False
+        except StoreError as error:
+            metrics.LEASE_RENEWALS.labels(result="failed").inc()
+            log.warning("renewal of ticket %s on %s failed (%s); trying again in %.0f s",
+                        self.ticket_id, self.provider, error, self.interval_seconds)
+            return True
+        self.renewals += 1
+        metrics.LEASE_RENEWALS.labels(result="renewed").inc()
+        return True

@@ -1,0 +1,108 @@
+"""Where one call's wait went: slot queueing, load, eviction or memory.
+
+A call's wait runs from the moment it is issued to the start of inference. The
+simulator splits it into four parts, measured on the emulated engine and by the policy:
+
+* **eviction** — time the call spent while models were being unloaded for it: unloads
+  a policy made before sending the call (the runtime's unload plans), and, while the
+  call sat in the engine's own queue, time during which the card was unloading a model;
+* **load** — time from the engine taking the call until its model was ready (its own
+  load, or another call's load it joined), plus engine-queue time while the card was
+  busy loading another model (Ollama loads one model at a time);
+* **slot** — time waiting for one of the copy's parallel slots, in the engine's queue
+  or, for a policy that queues calls itself (the runtime's *queue* answer), before a
+  warm copy took it;
+* **memory** — the rest: waiting for room on a card with nothing loading or unloading
+  (the runtime's *wait* answer, or an engine queue stuck behind busy models).
+
+The four parts add up to the wait exactly. The record travels with the call through a
+context variable, so neither the policies nor the runtime need a new parameter.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+
+__all__ = ["CURRENT_CALL", "PHASE_NAMES", "CallComparison", "WaitPhases", "compare_calls"]
+
+PHASE_NAMES: tuple[str, ...] = ("slot", "load", "eviction", "memory")
+
+
+@dataclass(slots=True)
+class WaitPhases:
+    """Timestamps and measured spans of one call (virtual seconds)."""
+
+    issued: float
+    engine_request: float | None = None  # the call reached the engine's queue
+    engine_assigned: float | None = None  # the engine gave it a runner
+    runner_ready: float | None = None  # that runner's model was ready
+    started: float | None = None  # inference started (a slot was free)
+    policy_evicting: float = 0.0  # unloads the policy waited for before sending
+    queue_evicting: float = 0.0  # engine-queue time while the card was unloading
+    queue_loading: float = 0.0  # engine-queue time while the card was loading another model
+    joined_warm: bool = False  # the policy's wait ended on a warm copy (runtime queue answer)
+
+    def split(self) -> dict[str, float]:
+        """The wait in four parts that add up to ``started − issued``."""
+        parts = dict.fromkeys(PHASE_NAMES, 0.0)
+        if self.started is None or self.engine_request is None:
+            return parts
+        before = max(0.0, self.engine_request - self.issued)
+        evicting = min(before, self.policy_evicting)
+        parts["eviction"] += evicting
+        # What a policy waited for before sending is a slot when it then took a warm
+        # copy (it queued in its own line), otherwise memory.
+        parts["slot" if self.joined_warm else "memory"] += before - evicting
+        assigned = self.engine_assigned if self.engine_assigned is not None else self.engine_request
+        queued = max(0.0, assigned - self.engine_request)
+        in_queue_evict = min(queued, self.queue_evicting)
+        in_queue_load = min(queued - in_queue_evict, self.queue_loading)
+        parts["eviction"] += in_queue_evict
+        parts["load"] += in_queue_load
+        parts["memory"] += queued - in_queue_evict - in_queue_load
+        ready = self.runner_ready if self.runner_ready is not None else assigned
+        parts["load"] += max(0.0, ready - assigned)
+        parts["slot"] += max(0.0, self.started - ready)
+        return parts
+
+
+CURRENT_CALL: contextvars.ContextVar[WaitPhases | None] = contextvars.ContextVar(
+    "kubemoot_sim_current_call", default=None
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CallComparison:
+    """The calls one policy made wait longer than another did, on the same trace."""
+
+    calls: int  # calls both policies finished
+    worse: int  # calls that waited more than ``margin`` seconds longer under ``ours``
+    extra_seconds: float  # the sum of those calls' extra wait
+    by_source: dict[str, float]  # our wait of those calls, by phase
+
+    def to_json(self) -> dict[str, object]:
+        return {"calls": self.calls, "worse": self.worse,
+                "extraSeconds": round(self.extra_seconds, 3),
+                "bySource": {k: round(v, 3) for k, v in self.by_source.items()}}
+
+
+def compare_calls(
+    ours: dict[int, tuple[float, dict[str, float]]],
+    theirs: dict[int, tuple[float, dict[str, float]]],
+    *, margin: float = 1.0,
+) -> CallComparison:
+    """Which calls ``ours`` made wait (by more than ``margin`` s) that ``theirs`` did not."""
+    both = ours.keys() & theirs.keys()
+    worse = 0
+    extra = 0.0
+    by_source = dict.fromkeys(PHASE_NAMES, 0.0)
+    for call in both:
+        wait, parts = ours[call]
+        delta = wait - theirs[call][0]
+        if delta > margin:
+            worse += 1
+            extra += delta
+            for name, seconds in parts.items():
+                by_source[name] += seconds
+    return CallComparison(len(both), worse, extra, by_source)

@@ -1,0 +1,68 @@
+"""Provider-side errors that are worked around still leave a log line and a count."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from kubemoot import metrics
+from kubemoot.clock import ManualClock
+from kubemoot.providers.emulator import OllamaEmulator
+from kubemoot.providers.ollama import OllamaProvider
+from kubemoot.providers.prober import Prober, publish_to_kv
+from kubemoot.store.documents import PROVIDER_STATE_BUCKET
+from kubemoot.store.keys import encode_token
+from kubemoot.store.memory import MemoryKV
+
+
+def _survived(component: str, operation: str) -> float:
+    value = metrics.REGISTRY.get_sample_value(
+        "kubemoot_errors_survived_total", {"component": component, "operation": operation}
+    )
+    return 0.0 if value is None else value
+
+
+def _client(emulator: OllamaEmulator, **extra: object) -> OllamaProvider:
+    return OllamaProvider("gpu-a", emulator.url, context_length=1024, total_vram_mib=8192,
+                          max_retries=0, **extra)  # type: ignore[arg-type]
+
+
+async def test_an_unreadable_stored_state_is_logged_and_counted(
+    emulator: OllamaEmulator, caplog: pytest.LogCaptureFixture,
+) -> None:
+    kv = MemoryKV()
+    bucket = await kv.bucket(PROVIDER_STATE_BUCKET)
+    await bucket.put(encode_token("gpu-a"), b'{"provider": "gpu-a", "ready": "maybe"')
+    before = _survived("prober", "read-state")
+    async with _client(emulator) as client:
+        with caplog.at_level(logging.WARNING, logger="kubemoot.providers.prober"):
+            [state] = await Prober([client], clock=ManualClock(),
+                                   publish=publish_to_kv(bucket)).probe_all()
+    assert state.ready  # the probe itself goes on: only the old footprints are lost
+    assert _survived("prober", "read-state") == before + 1
+    assert any("stored state of gpu-a is unreadable" in r.getMessage()
+               for r in caplog.records)
+
+
+async def test_a_failed_publish_is_logged_and_counted(emulator: OllamaEmulator) -> None:
+    kv = MemoryKV()
+    bucket = await kv.bucket(PROVIDER_STATE_BUCKET)
+    await kv.close()  # every write from here on fails
+    before = _survived("prober", "publish")
+    async with _client(emulator) as client:
+        [state] = await Prober([client], clock=ManualClock(),
+                               publish=publish_to_kv(bucket)).probe_all()
+    assert state.ready
+    assert _survived("prober", "publish") == before + 1
+    assert _survived("prober", "read-state") >= 1
+
+
+async def test_a_dead_dcgm_exporter_is_counted(
+    emulator: OllamaEmulator, closed_port: int,
+) -> None:
+    before = _survived("provider", "dcgm")
+    async with _client(emulator, dcgm_url=f"http://127.0.0.1:{closed_port}/metrics") as client:
+        state = await client.probe()
+    assert state.ready and state.total_vram_mib == 8192
+    assert _survived("provider", "dcgm") == before + 1

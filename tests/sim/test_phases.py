@@ -1,0 +1,97 @@
+"""Where a call's wait went: the split by phase adds up, and each part is the right one."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kubemoot.sim import load_scenario, simulate
+from kubemoot.sim.gpu import EmulatedGpu
+from kubemoot.sim.phases import CURRENT_CALL, PHASE_NAMES, WaitPhases, compare_calls
+from kubemoot.sim.vloop import run_virtual
+
+SIZES = {"big": 20480, "mid": 10240, "small": 4096}
+
+
+def _gpu(vram_mib: int = 24576) -> EmulatedGpu:
+    return EmulatedGpu("g", sizes_mib=SIZES, vram_mib=vram_mib, max_parallel=1,
+                       keep_alive_seconds=300.0)
+
+
+async def _call(gpu: EmulatedGpu, model: str, duration: float,
+                *, delay: float = 0.0) -> WaitPhases:
+    await asyncio.sleep(delay)
+    phases = WaitPhases(asyncio.get_running_loop().time())
+    CURRENT_CALL.set(phases)
+    await gpu.serve(model, duration)
+    return phases
+
+
+def test_a_cold_call_waits_for_its_load_and_the_second_for_a_slot() -> None:
+    async def main() -> list[WaitPhases]:
+        gpu = _gpu()
+        result = await asyncio.gather(_call(gpu, "mid", 5.0), _call(gpu, "mid", 5.0))
+        await gpu.close()
+        return list(result)
+
+    first, second = run_virtual(main())
+    # 10 GiB at 1 GiB/s: both wait 10 s for the load; the second then 5 s for the slot.
+    assert first.split() == {"slot": 0.0, "load": 10.0, "eviction": 0.0, "memory": 0.0}
+    assert second.split() == {"slot": 5.0, "load": 10.0, "eviction": 0.0, "memory": 0.0}
+
+
+def test_time_in_the_engine_queue_while_a_model_unloads_is_eviction() -> None:
+    async def main() -> WaitPhases:
+        gpu = _gpu(vram_mib=1024 + 20480)
+        await gpu.serve("mid", 1.0)  # resident and idle from 11 s
+        phases = await _call(gpu, "big", 1.0)  # must push mid out first (1 s unload)
+        await gpu.close()
+        return phases
+
+    phases = run_virtual(main())
+    assert phases.split() == {"slot": 0.0, "load": 20.0, "eviction": 1.0, "memory": 0.0}
+
+
+def test_a_policy_that_unloads_before_sending_is_charged_eviction() -> None:
+    async def main() -> WaitPhases:
+        gpu = _gpu(vram_mib=1024 + 20480)
+        await gpu.serve("mid", 1.0)
+        phases = WaitPhases(asyncio.get_running_loop().time())
+        CURRENT_CALL.set(phases)
+        await gpu.unload("mid")  # what the runtime's unload plan does
+        await gpu.serve("big", 1.0)
+        await gpu.close()
+        return phases
+
+    phases = run_virtual(main())
+    assert phases.split() == {"slot": 0.0, "load": 20.0, "eviction": 1.0, "memory": 0.0}
+
+
+def test_time_before_the_engine_is_a_slot_wait_only_when_it_ended_on_a_warm_copy() -> None:
+    phases = WaitPhases(issued=0.0, engine_request=4.0, engine_assigned=4.0,
+                        runner_ready=4.0, started=4.0)
+    assert phases.split()["memory"] == 4.0
+    phases.joined_warm = True
+    assert phases.split()["slot"] == 4.0
+
+
+@pytest.mark.parametrize("scenario", ["homelab", "burst-fanout"])
+def test_every_policy_s_parts_add_up_to_its_mean_wait(scenarios, scenario: str) -> None:
+    result = simulate(load_scenario(scenarios / f"{scenario}.yaml").with_duration(900))
+    for run in result.runs:
+        parts = run.report.wait_parts
+        assert set(parts) == set(PHASE_NAMES)
+        assert sum(parts.values()) == pytest.approx(run.report.wait["mean"], abs=0.01)
+        for wait, split in run.waits_by_call.values():
+            assert sum(split.values()) == pytest.approx(wait, abs=1e-6)
+            assert min(split.values()) >= 0.0
+
+
+def test_compare_calls_counts_only_calls_that_waited_longer_by_the_margin() -> None:
+    none = dict.fromkeys(PHASE_NAMES, 0.0)
+    ours = {1: (5.0, {**none, "slot": 5.0}), 2: (0.5, {**none, "load": 0.5}), 3: (9.0, none)}
+    theirs = {1: (1.0, none), 2: (0.0, none)}
+    comparison = compare_calls(ours, theirs, margin=1.0)
+    assert (comparison.calls, comparison.worse, comparison.extra_seconds) == (2, 1, 4.0)
+    assert comparison.by_source["slot"] == 5.0

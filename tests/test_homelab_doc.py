@@ -1,0 +1,129 @@
+"""docs/homelab.md, run as written: every command of the guide, against emulators.
+
+The commands are read out of the markdown, so the guide and this test cannot drift:
+
+* a ```` ```bash ```` block holds commands (a trailing backslash continues a line); each
+  runs in ``bash`` in a scratch directory, with the servers ``http://rig-a:11434`` and
+  ``http://rig-b:11434`` pointed at two Ollama-API emulators, and must exit 0;
+* a ```` ```yaml ```` block that starts with ``# file: NAME`` is saved as NAME first;
+* a ```` ```text ```` block right after commands is output: each of its lines must be
+  a line of what the last command printed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from kubemoot.providers.emulator import DEFAULT_MODELS, OllamaEmulator
+from kubemoot.runtime.what_if import load_state
+from kubemoot.testing.emulators import emulator_factory
+
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "homelab.md"
+BIN = Path(sys.executable).parent
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+SERVERS = ("rig-a", "rig-b")
+
+
+@dataclass(frozen=True)
+class Block:
+    kind: str
+    text: str
+
+
+def blocks(markdown: str) -> list[Block]:
+    return [Block(m.group(1), m.group(2)) for m in FENCE.finditer(markdown)]
+
+
+def commands(block: Block) -> list[str]:
+    joined = re.sub(r"\\\n\s*", " ", block.text)
+    return [line.strip() for line in joined.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+@pytest.fixture
+def servers() -> Iterator[dict[str, str]]:
+    """rig-a: a 32 GiB card with three qwen3 sizes; rig-b: 24 GiB with a warm qwen3:14b."""
+    small_models = tuple(m for m in DEFAULT_MODELS if m.name != "qwen3:32b")
+    with emulator_factory({"num_parallel": 2, "context_length": 8192,
+                           "time_scale": 0.001}) as make:
+        rig_a: OllamaEmulator = make(vram_mib=32768)
+        rig_b: OllamaEmulator = make(vram_mib=24576, models=small_models)
+        httpx.post(f"{rig_b.url}/api/generate", json={"model": "qwen3:14b"}, timeout=30)
+        yield {"rig-a": rig_a.url, "rig-b": rig_b.url}
+
+
+def run(command: str, *, cwd: Path, servers: dict[str, str]) -> str:
+    for host, url in servers.items():
+        command = command.replace(f"http://{host}:11434", url)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "COLUMNS": "80", "NO_COLOR": "1"}
+    env.pop("KUBEMOOT_DEBUG", None)
+    done = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
+    assert "Traceback" not in done.stderr
+    return done.stdout
+
+
+def test_the_guide_has_what_the_test_runs() -> None:
+    found = blocks(GUIDE.read_text())
+    ran = [c for b in found if b.kind == "bash" for c in commands(b)]
+    assert len(ran) >= 5 and all(c.startswith("kubemoot ") for c in ran), ran
+    assert any(b.kind == "yaml" and b.text.startswith("# file: ") for b in found)
+    assert any(b.kind == "text" for b in found)
+    text = GUIDE.read_text()
+    assert all(f"http://{host}:11434" in text for host in SERVERS)
+
+
+@pytest.mark.timeout(600)
+def test_every_command_of_the_homelab_guide_runs(
+    servers: dict[str, str], tmp_path: Path
+) -> None:
+    last = ""
+    for block in blocks(GUIDE.read_text()):
+        if block.kind == "yaml" and block.text.startswith("# file: "):
+            name = block.text.splitlines()[0].removeprefix("# file: ").strip()
+            yaml.safe_load(block.text)  # the guide's YAML must at least parse
+            (tmp_path / name).write_text(block.text)
+        elif block.kind == "bash":
+            for command in commands(block):
+                last = run(command, cwd=tmp_path, servers=servers)
+        elif block.kind == "text":
+            printed = {" ".join(line.split()) for line in last.splitlines()}
+            for line in block.text.splitlines():
+                if line.strip():
+                    assert " ".join(line.split()) in printed, (line, last)
+
+    # The snapshot step 2 wrote holds both cards with the sizes the guide gave them.
+    state = load_state(tmp_path / "fleet.yaml")
+    cards = {p.name: p for p in state.providers}
+    assert {n: c.total_vram_mib for n, c in cards.items()} == {"big": 32768, "small": 24576}
+    assert [r.model for r in cards["small"].residents] == ["qwen3:14b"]
+    assert all(c.max_parallel == 2 and c.context_length == 8192 for c in cards.values())
+    assert {m.name for m in state.models} == {"qwen3:8b", "qwen3:14b", "qwen3:32b"}
+
+
+def test_the_guide_sizes_models_as_a_probe_of_its_servers_shows_them(
+    servers: dict[str, str], tmp_path: Path
+) -> None:
+    """Step 3 says to take sizes from a probe after loading each model once: the
+    scenario's sizes are what that gives on the guide's cards."""
+    scenario = next(yaml.safe_load(b.text) for b in blocks(GUIDE.read_text())
+                    if b.kind == "yaml" and b.text.startswith("# file: "))
+    for model in ("qwen3:8b", "qwen3:32b"):  # qwen3:14b is loaded on rig-b already
+        httpx.post(f"{servers['rig-a']}/api/generate", json={"model": model}, timeout=30)
+    shown = run("kubemoot probe a=http://rig-a:11434 b=http://rig-b:11434 "
+                "--num-parallel 2 --context-length 8192 -o state",
+                cwd=tmp_path, servers=servers)
+    probed = {m["name"]: m.get("vramMiB") for m in yaml.safe_load(shown)["models"]}
+    assert {m["name"]: m["vramMiB"] for m in scenario["spec"]["models"]} == probed

@@ -172,27 +172,32 @@ async def test_num_ctx_smaller_than_the_prompt_is_refused_not_cut(
 
 
 async def test_busy_gpus_answer_503_with_retry_after_and_leaving_releases(
-        fleet: Fleet) -> None:
+        make_emulator: Callable[..., OllamaEmulator]) -> None:
     """Both slots of the only copy that fits are held by streams the clients then drop:
     a third call with no wait budget is refused 503; dropping the streams frees every
     ticket (the upstream requests are cancelled with them)."""
-    for emulator in fleet.emulators.values():
-        emulator.stall_next(60.0, count=4, path="/api/chat")
+    emulator = make_emulator()
+    gateway = await start_gateway({"gpu-a": emulator})
+    assert gateway.desk is not None
+    desk = gateway.desk
+    emulator.stall_next(60.0, count=2, path="/api/chat")
     body = {"model": "medium:7b", "messages": HELLO, "stream": True}
-    async with httpx.AsyncClient(base_url=fleet.url, timeout=30) as http:
-        held = [asyncio.create_task(http.post("/api/chat", json=body)) for _ in range(4)]
-        await until(lambda: fleet.tickets_left() == 4)
-        busy = await http.post("/api/chat", json=body,
-                               headers={"X-Kubemoot-Wait-Budget": "0"})
-        assert busy.status_code == 503
-        assert int(busy.headers["retry-after"]) >= 1
-        assert "busy" in busy.json()["error"]
-        for task in held:
-            task.cancel()
-        await asyncio.gather(*held, return_exceptions=True)
-    await until(lambda: fleet.tickets_left() == 0)
-    assert await live_tickets(fleet.gateway) == []
-
+    try:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+            held = [asyncio.create_task(http.post("/api/chat", json=body)) for _ in range(2)]
+            await until(lambda: len(desk.in_flight) == 2)
+            busy = await http.post("/api/chat", json=body,
+                                   headers={"X-Kubemoot-Wait-Budget": "0"})
+            assert busy.status_code == 503
+            assert int(busy.headers["retry-after"]) >= 1
+            assert "busy" in busy.json()["error"]
+            for task in held:
+                task.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+        await until(lambda: not desk.in_flight)
+        assert await live_tickets(gateway) == []
+    finally:
+        await gateway.stop()
 
 async def test_embeddings_through_both_apis(client: ollama.AsyncClient,
                                             oai: openai.AsyncOpenAI, fleet: Fleet) -> None:

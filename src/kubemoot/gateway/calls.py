@@ -25,7 +25,7 @@ import httpx
 from kubemoot.agent.runtime import CallRecord
 from kubemoot.agent.wiring import RuntimeStack
 from kubemoot.clock import Clock
-from kubemoot.gateway.catalogue import largest_context
+from kubemoot.gateway.catalogue import largest_context, unknown_model
 from kubemoot.gateway.errors import GatewayError
 from kubemoot.gateway.requests import InferenceRequest
 from kubemoot.runtime.placement import Action, Candidate, Placement
@@ -152,11 +152,19 @@ class CallDesk:
         call = PlacedCall(self, request, placement, caller=caller, holder=holder,
                           started=started, prompt_tokens=prompt_tokens, action=action)
         self.in_flight.add(call)
+        try:
+            # renewed every TTL/3 while the reply lasts, so a long answer keeps its memory
+            await call.lease.enter_async_context(self.stack.planner.lease(placement))
+        except BaseException:
+            await call.close(ok=None)
+            raise
         return call
 
     async def _refusal(self, placement: Placement, candidates: Sequence[Candidate],
                        prompt_tokens: int | None, budget: float) -> GatewayError:
         model = candidates[0].model
+        if placement.reason == Reason.MODEL_UNKNOWN.value:
+            return unknown_model(model)
         if placement.reason == Reason.MODEL_TOO_LARGE.value:
             return GatewayError(400, f'model "{model}" is larger than the usable memory of '
                                 "every GPU in the fleet", code="model_too_large")
@@ -214,6 +222,7 @@ class PlacedCall:
         self._began = desk.stack.clock.now()
         self._upstream: httpx.Response | None = None
         self._closed = False
+        self.lease = contextlib.AsyncExitStack()
 
     def headers(self) -> dict[str, str]:
         """The ``X-Kubemoot-*`` decision headers of the reply."""
@@ -329,6 +338,7 @@ class PlacedCall:
         desk, p = self.desk, self.placement
         stack = desk.stack
         try:
+            await self.lease.aclose()
             if self._upstream is not None:
                 await self._upstream.aclose()  # a client that left cancels the engine too
             if (p.action in _CHANGES_MEMORY and desk.after_load is not None

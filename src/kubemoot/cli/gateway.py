@@ -36,6 +36,7 @@ from kubemoot.runtime.settings import GatewaySettings
 
 if TYPE_CHECKING:
     from kubemoot.gateway import ProviderSource
+    from kubemoot.gateway.app import VirtualModels
 
 _DEFAULTS = GatewaySettings()
 
@@ -131,7 +132,7 @@ def gateway_command(
         max_keep_alive_seconds=parse_duration(max_keep_alive, "--max-keep-alive"),
         probe_interval_seconds=parse_duration(probe_interval, "--probe-interval"),
     )
-    sources, declared = _providers(provider, file)
+    sources, declared, virtual = _providers(provider, file)
     if not sources and nats is None:
         raise InputError("no provider: give --provider URL, -f BUNDLE.yaml with a "
                          "ModelProvider, or --nats to use the providers others publish",
@@ -163,7 +164,7 @@ def gateway_command(
             calllog = await CallLogWriter.open(kv)
             server = GatewayServer(kv, providers=sources, host=host, port=port,
                                    settings=settings, declared=declared, keys=keys,
-                                   clock=clock, on_call=[calllog.record])
+                                   virtual=virtual, clock=clock, on_call=[calllog.record])
             try:
                 await server.start()
             except OSError as error:
@@ -187,14 +188,17 @@ def gateway_command(
 
 def _providers(
     urls: list[str], files: list[Path]
-) -> tuple[list[ProviderSource], dict[str, int | None]]:
-    """The providers and declared model sizes of ``--provider`` and ``-f``."""
+) -> tuple[list[ProviderSource], dict[str, int | None], VirtualModels | None]:
+    """The providers, declared model sizes and ModelClasses of ``--provider`` and ``-f``."""
     from kubemoot.api.loader import load_bundle
     from kubemoot.gateway import ProviderSource
+    from kubemoot.gateway.classes import ModelClassBook
     from kubemoot.providers.ollama import parse_endpoint
+    from kubemoot.runtime.settings import RuntimeSettings
 
     sources: dict[str, ProviderSource] = {}
     declared: dict[str, int | None] = {}
+    virtual: VirtualModels | None = None
     if files:
         bundle = load_bundle(files)
         for p in bundle.providers:
@@ -205,6 +209,10 @@ def _providers(
                 reserve_mib=p.spec.reserve_mib,
                 total_vram_mib=capacity.vram_total_mib if capacity else None)
         declared = {m.spec.model: m.spec.vram_mib for m in bundle.models}
+        if bundle.model_classes:
+            virtual = ModelClassBook(
+                bundle.model_classes, bundle.models, bundle.providers,
+                runtime_tolerance=RuntimeSettings.from_env().candidate_tolerance)
     for text in urls:
         endpoint, *settings = text.split(",")
         try:
@@ -220,7 +228,7 @@ def _providers(
             num_parallel=values.get("numParallel", 1),
             reserve_mib=values.get("reserveMiB", 1024),
             total_vram_mib=values.get("vramMiB"))
-    return list(sources.values()), declared
+    return list(sources.values()), declared, virtual
 
 
 # What ``--provider URL,key=value…`` may say; Ollama reports none of these itself.

@@ -83,7 +83,7 @@ async def keyed(make_emulator: Callable[..., OllamaEmulator]) -> AsyncIterator[F
         await gateway.stop()
 
 
-async def until(condition: Callable[[], object], *, timeout: float = 10.0) -> None:
+async def until(condition: Callable[[], object], *, timeout: float = 30.0) -> None:
     """Wait until ``condition()`` holds (a state to reach, not a time to pass)."""
     import asyncio
 

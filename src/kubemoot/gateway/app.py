@@ -63,6 +63,9 @@ class GatewayApp:
     virtual: VirtualModels = field(default_factory=VirtualModels)
     reprobe: Callable[[str], Awaitable[None]] | None = None
     app: Starlette = field(init=False)
+    # Every model a provider has listed since start-up: a provider that cannot be
+    # probed for a moment publishes no list, and its models are then busy, not typos.
+    _seen: set[str] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
         o, a = self._ollama, self._openai
@@ -237,7 +240,8 @@ class GatewayApp:
         if not fleet.providers:
             raise GatewayError(503, "no provider has published its state yet",
                                code="no_provider", headers={"Retry-After": "5"})
-        model = resolve_name(name, known_models(fleet, self.declared))
+        self._seen |= known_models(fleet, self.declared)
+        model = resolve_name(name, self._seen)
         if model is None:
             raise unknown_model(name)
         return [Candidate(model)]

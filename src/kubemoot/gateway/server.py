@@ -152,7 +152,10 @@ class GatewayServer:
             settings=self.runtime, declared=declared)
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(self.settings.call_timeout_seconds, connect=10.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+            # httpcore scans its whole pool for every request: a pool sized to the
+            # concurrency a fleet of engines takes keeps that scan short
+            limits=httpx.Limits(max_connections=self.settings.upstream_connections,
+                                max_keepalive_connections=self.settings.upstream_connections))
         self.desk = CallDesk(self.stack, self._http, self.settings,
                              after_load=self._reprobe)
         self.desk.listeners.extend(self.on_call)

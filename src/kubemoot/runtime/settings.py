@@ -134,3 +134,6 @@ class GatewaySettings:
     #: answer to a listing (``/api/tags``, ``/api/ps``, ``/api/show``).
     call_timeout_seconds: float = 600.0
     listing_timeout_seconds: float = 10.0
+    #: Connections the gateway keeps open to its providers, all together; more
+    #: concurrent calls wait for a free connection.
+    upstream_connections: int = 64

@@ -245,3 +245,36 @@ async def test_a_prompt_the_engine_finds_too_long_is_a_400_never_cut(
         assert gateway.desk is not None and not gateway.desk.in_flight
     finally:
         await gateway.stop()
+
+
+async def test_a_provider_that_misses_a_probe_keeps_its_models_known(
+        make_emulator: Callable[..., OllamaEmulator]) -> None:
+    """While its only provider cannot be probed, a model it listed is busy (503), not
+    unknown (404); a name nobody ever listed is still 404."""
+    emulator = make_emulator()
+    gateway = await start_gateway({"gpu-a": emulator})
+    assert gateway.prober is not None and gateway.stack is not None
+    try:
+        async with httpx.AsyncClient(base_url=gateway.url) as http:
+            body = {"model": "small:1b", "messages": HELLO, "stream": False}
+            assert (await http.post("/api/chat", json=body)).status_code == 200
+            emulator.fail_next(500, count=1000, path="/api/ps")
+            state = await gateway.prober.probe_one(gateway.clients["gpu-a"])
+            assert not state.ready
+            view = gateway.stack.view
+
+            async def not_ready() -> bool:
+                fleet = await view.snapshot()
+                return all(not p.state.ready for p in fleet.providers)
+
+            for _ in range(3000):
+                if await not_ready():
+                    break
+                await asyncio.sleep(0.01)
+            busy = await http.post("/api/chat", json=body,
+                                   headers={"X-Kubemoot-Wait-Budget": "0"})
+            assert busy.status_code == 503, busy.text
+            missing = await http.post("/api/chat", json={**body, "model": "never:1b"})
+            assert missing.status_code == 404
+    finally:
+        await gateway.stop()

@@ -126,6 +126,7 @@ async def latency(direct: str, through: str, calls: int) -> tuple[float, float]:
 
 async def throughput(url: str, seconds: float, clients: int) -> float:
     done = 0
+    refused: dict[int, int] = {}
     limits = httpx.Limits(max_connections=clients)
     async with httpx.AsyncClient(timeout=60, limits=limits) as http:
         end = time.perf_counter() + seconds
@@ -133,11 +134,16 @@ async def throughput(url: str, seconds: float, clients: int) -> float:
         async def worker() -> None:
             nonlocal done
             while time.perf_counter() < end:
-                (await http.post(url + "/api/chat", json=BODY)).raise_for_status()
-                done += 1
+                answer = await http.post(url + "/api/chat", json=BODY)
+                if answer.status_code == 200:
+                    done += 1  # only answers count; a refusal is no throughput
+                else:
+                    refused[answer.status_code] = refused.get(answer.status_code, 0) + 1
 
         began = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
+        if refused:
+            print(f"{url}: refusals by status {refused}")
         return done / (time.perf_counter() - began)
 
 
@@ -165,8 +171,10 @@ async def overcommits(requests: int) -> int:
         evicted = sum(s["evictions"] for s in stats)
         over = sum(1 for s in stats if s["peakVramMiB"] > s["vramMiB"])
         answered = sum(1 for s in statuses if s == 200)
+        refusals = {s: statuses.count(s) for s in sorted(set(statuses)) if s != 200}
         print(f"two replicas on NATS, {requests} calls: {answered} answered, "
-              f"{requests - answered} refused; engine evictions {evicted}, "
+              f"refusals by status {refusals} (qwen3:32b is larger than these cards: 400); "
+              f"engine evictions {evicted}, "
               f"cards over their memory {over}, loads "
               f"{sum(s['loads'] for s in stats)}")
         return evicted + over

@@ -26,10 +26,12 @@ from kubemoot.gateway.app import GatewayApp, VirtualModels
 from kubemoot.gateway.calls import CallDesk
 from kubemoot.gateway.keys import ApiKeys
 from kubemoot.providers.ollama import OllamaProvider
-from kubemoot.providers.prober import Prober, publish_to_kv
+from kubemoot.providers.prober import KVStatePublisher, Prober
+from kubemoot.providers.protocol import ProviderState
 from kubemoot.runtime.settings import GatewaySettings, RuntimeSettings
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
-from kubemoot.store.protocol import KV
+from kubemoot.store.keys import encode_token
+from kubemoot.store.protocol import KV, KeyExists, RevisionMismatch
 
 __all__ = ["GatewayServer", "ProviderSource"]
 
@@ -138,7 +140,7 @@ class GatewayServer:
                 timeout=self.settings.listing_timeout_seconds, clock=self.clock)
         states = await self.kv.bucket(PROVIDER_STATE_BUCKET)
         self.prober = Prober(list(self.clients.values()), clock=self.clock,
-                             publish=publish_to_kv(states))
+                             publish=NewestStatePublisher(states))
         await self.prober.probe_all()
 
         def factory(provider: str, endpoint: str, settings: CallSettings) -> OllamaProvider:
@@ -224,3 +226,44 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.listen(1024)
     sock.setblocking(False)
     return sock
+
+
+class NewestStatePublisher(KVStatePublisher):
+    """Publishes a provider's state unless a newer probe's is already stored.
+
+    Several gateway replicas may probe the same provider. A probe that began before a
+    call loaded a model and was published after that call's own re-probe would show the
+    card emptier than it is once the call's ticket is gone — room another call would
+    then fill, making the engine evict on its own. The stored document's
+    ``lastProbedAt`` orders probes; a compare-and-set keeps the check and the write
+    together.
+    """
+
+    async def __call__(self, state: ProviderState) -> None:
+        key = encode_token(state.provider)
+        data = state.to_json()
+        for _ in range(_PUBLISH_ATTEMPTS):
+            entry = await self.bucket.get(key)
+            try:
+                if entry is None:
+                    await self.bucket.create(key, data)
+                    return
+                stored = _probed_at(entry.value)
+                if (stored is not None and state.last_probed_at is not None
+                        and stored > state.last_probed_at):
+                    return  # a newer probe is stored: this one is stale
+                await self.bucket.update(key, data, expected_revision=entry.revision)
+                return
+            except (KeyExists, RevisionMismatch):
+                continue  # another replica published meanwhile: judge again
+        log.warning("gateway: the state of %s changed too often to publish", state.provider)
+
+
+_PUBLISH_ATTEMPTS = 8
+
+
+def _probed_at(data: bytes) -> float | None:
+    try:
+        return ProviderState.from_json(data).last_probed_at
+    except ValueError:
+        return None  # unreadable: overwrite it

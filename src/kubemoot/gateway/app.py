@@ -31,7 +31,7 @@ from kubemoot.gateway.calls import CallDesk, PlacedCall
 from kubemoot.gateway.catalogue import known_models, resolve_name, unknown_model
 from kubemoot.gateway.errors import GatewayError, error_response
 from kubemoot.gateway.keys import ANONYMOUS, ApiKeys
-from kubemoot.gateway.requests import InferenceRequest, read_json
+from kubemoot.gateway.requests import InferenceRequest, model_name, read_json
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime.placement import Candidate
 
@@ -214,20 +214,25 @@ class GatewayApp:
 
     async def _show(self, request: Request) -> Response:
         body = await read_json(request, limit=self.desk.settings.max_body_bytes)
-        name = body.get("model", body.get("name"))
-        if not isinstance(name, str) or not name:
-            raise GatewayError(400, "model is required", code="model_required")
+        name = model_name(body)
         candidates = await self._candidates(name)
         model = candidates[0].model
         fleet = await self.desk.stack.view.snapshot()
         for p in fleet.providers:
             if p.state.ready and (model in p.state.disk_sizes_mib or p.is_resident(model)):
-                response = await self.desk.http.post(
-                    p.state.endpoint.rstrip("/") + "/api/show", json={**body, "model": model},
-                    timeout=self.desk.settings.listing_timeout_seconds)
+                try:
+                    response = await self.desk.http.post(
+                        p.state.endpoint.rstrip("/") + "/api/show",
+                        json={**body, "model": model},
+                        timeout=self.desk.settings.listing_timeout_seconds)
+                except httpx.HTTPError as error:
+                    log.warning("gateway: /api/show on %s failed: %s", p.name, error)
+                    continue  # another provider that has the model may answer
                 return Response(response.content, status_code=response.status_code,
                                 media_type="application/json")
-        raise unknown_model(name)
+        # the name is known (_candidates said so): its providers are away, not the model
+        raise GatewayError(503, f"no provider that has {model} answers now",
+                           code="provider_unavailable", headers={"Retry-After": "5"})
 
     # -- models --------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import httpx
@@ -115,7 +115,7 @@ class GatewayServer:
         try:
             await self._wire()
             assert self.desk is not None
-            app = GatewayApp(self.desk, self.clients, declared=_names(self.declared),
+            app = GatewayApp(self.desk, self.clients, declared=frozenset(self.declared),
                              keys=self.keys, virtual=self.virtual, reprobe=self._reprobe)
             config = uvicorn.Config(app.app, log_level="warning", access_log=False,
                                     lifespan="off", timeout_graceful_shutdown=2)
@@ -205,10 +205,6 @@ class GatewayServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
-
-
-def _names(declared: dict[str, int | None]) -> Collection[str]:
-    return frozenset(declared)
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import ollama
@@ -278,3 +279,21 @@ async def test_a_provider_that_misses_a_probe_keeps_its_models_known(
             assert missing.status_code == 404
     finally:
         await gateway.stop()
+
+
+async def test_engine_options_num_ctx_and_keep_alive(client: ollama.AsyncClient,
+                                                     fleet: Fleet) -> None:
+    """A warm copy whose context holds the prompt runs as loaded (a different num_ctx
+    would reload it); a keep_alive of "forever" is capped at --max-keep-alive."""
+    await client.chat(model="small:1b", messages=HELLO)
+    reply = await client.chat(model="small:1b", messages=HELLO,
+                              options={"num_ctx": 512}, keep_alive=-1)
+    assert reply.done
+    records = [r for e in fleet.emulators.values() for r in e.records]
+    assert [r.num_ctx for r in records] == [None, None]
+    cap = fleet.gateway.settings.max_keep_alive_seconds
+    async with httpx.AsyncClient() as http:
+        for emulator in fleet.emulators.values():
+            for entry in (await http.get(f"{emulator.url}/api/ps")).json()["models"]:
+                expires = datetime.fromisoformat(entry["expires_at"].replace("Z", "+00:00"))
+                assert expires <= datetime.now(UTC) + timedelta(seconds=cap + 5)

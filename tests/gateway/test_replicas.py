@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import pytest
 
+from kubemoot.dashboard.calllog import CALL_LOG_BUCKET, CALL_LOG_MAX_AGE_SECONDS, CallEntry
 from kubemoot.providers.emulator import OllamaEmulator
 from kubemoot.store import open_store
 from kubemoot.store.documents import PROVIDER_TICKETS_BUCKET, ProviderTickets
@@ -70,6 +71,28 @@ async def _tickets(nats_url: str) -> list[str]:
         await kv.close()
 
 
+async def _call_log(nats_url: str, *, at_least: int) -> list[CallEntry]:
+    """The call-log entries once ``at_least`` are in (the writers flush in the
+    background)."""
+    kv = await open_store(nats_url)
+    try:
+        bucket = await kv.bucket(CALL_LOG_BUCKET, max_age=CALL_LOG_MAX_AGE_SECONDS)
+        for _ in range(3000):
+            keys = await bucket.keys()
+            if len(keys) >= at_least:
+                break
+            await asyncio.sleep(0.01)
+        entries = []
+        for key in keys:
+            entry = await bucket.get(key)
+            if entry is not None:
+                entries.append(CallEntry.from_json(entry.value))
+        assert len(entries) >= at_least
+        return entries
+    finally:
+        await kv.close()
+
+
 async def test_two_replicas_on_nats_never_overcommit(
         nats: NatsServer, make_emulator: Callable[..., OllamaEmulator]) -> None:
     emulators = {"gpu-a": make_emulator(), "gpu-b": make_emulator()}
@@ -109,6 +132,10 @@ async def test_two_replicas_on_nats_never_overcommit(
                 assert stats["truncations"] == 0, f"{name} cut a prompt: {stats}"
                 assert stats["peakVramMiB"] <= stats["vramMiB"]
         assert await _tickets(nats.url) == []
+        # every answered call reaches the call log the dashboard reads, attributed
+        entries = await _call_log(nats.url, at_least=statuses[200])
+        assert {(e.agent, e.provider in emulators, e.ok) for e in entries} == {
+            ("anonymous", True, True)}
     finally:
         for process in processes:
             process.terminate()

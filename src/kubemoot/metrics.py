@@ -30,6 +30,7 @@ __all__ = [
     "DECISIONS",
     "ERRORS_SURVIVED",
     "EVICTIONS",
+    "GATEWAY_REQUESTS",
     "LEASE_RENEWALS",
     "PLACEMENT_SECONDS",
     "PROBE_ERRORS",
@@ -144,6 +145,12 @@ RECONCILES = Counter(
     "kubemoot_reconciles",
     "Operator reconciles by resource kind and result (ok, error).",
     ["kind", "result"],
+    registry=REGISTRY,
+)
+GATEWAY_REQUESTS = Counter(
+    "kubemoot_gateway_requests",
+    "Requests the gateway answered, by route (last path segment) and HTTP status.",
+    ["route", "status"],
     registry=REGISTRY,
 )
 

@@ -153,3 +153,28 @@ ENV_VARIABLES: dict[str, str] = {
 }
 #: Read for the wait limit when its own variable is not set.
 SYNTHESIS_TIMEOUT_ENV = "KUBEMOOT_DISCUSS_SYNTHESIS_TIMEOUT_SECONDS"
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """Numbers of ``kubemoot gateway`` (DESIGN §9); times in seconds, sizes in bytes."""
+
+    #: Where the gateway listens: loopback, one port above Ollama's 11434.
+    listen: str = "127.0.0.1:11435"
+    #: How long a busy call waits for a GPU when the client sets no
+    #: ``X-Kubemoot-Wait-Budget``; a client may ask for up to ``max_wait_budget_seconds``.
+    wait_limit_seconds: float = 90.0
+    max_wait_budget_seconds: float = 600.0
+    #: The longest ``keep_alive`` a client may ask for (the scheduler decides eviction).
+    max_keep_alive_seconds: float = 1800.0
+    #: How often the gateway probes the providers it was given.
+    probe_interval_seconds: float = 5.0
+    #: Requests with a larger body are refused with 413 before they are parsed.
+    max_body_bytes: int = 32 * 1024 * 1024
+    #: How long the gateway waits for a provider's answer to one call, and for its
+    #: answer to a listing (``/api/tags``, ``/api/ps``, ``/api/show``).
+    call_timeout_seconds: float = 600.0
+    listing_timeout_seconds: float = 10.0
+    #: Connections the gateway keeps open to its providers, all together; more
+    #: concurrent calls wait for a free connection.
+    upstream_connections: int = 64

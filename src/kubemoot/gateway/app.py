@@ -1,0 +1,430 @@
+"""The gateway's routes (DESIGN §9): Ollama's API and the OpenAI-compatible API.
+
+Every route answers JSON, errors included: a :class:`GatewayError` raised anywhere in a
+handler becomes the route family's error shape, an unknown route a 404, and an
+unexpected exception a 500 with one line (the traceback goes to the log, never to the
+client), so the gateway keeps serving whatever a client sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from kubemoot import __version__, metrics
+from kubemoot.gateway import openai as oai
+from kubemoot.gateway.calls import CallDesk, PlacedCall
+from kubemoot.gateway.catalogue import known_models, resolve_name, unknown_model
+from kubemoot.gateway.errors import GatewayError, error_response
+from kubemoot.gateway.keys import ANONYMOUS, ApiKeys
+from kubemoot.gateway.requests import InferenceRequest, model_name, read_json
+from kubemoot.providers.protocol import ProviderClient, ProviderError
+from kubemoot.runtime.placement import Candidate
+
+__all__ = ["GatewayApp", "VirtualModels"]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class VirtualModels:
+    """Virtual model names (ModelClass) → ranked candidates; none until one is given."""
+
+    def names(self) -> list[str]:
+        return []
+
+    def candidates(self, name: str) -> list[Candidate] | None:
+        return None
+
+
+@dataclass(slots=True)
+class GatewayApp:
+    """The Starlette application over one :class:`CallDesk`."""
+
+    desk: CallDesk
+    clients: Mapping[str, ProviderClient]  # the providers this gateway probes
+    declared: Collection[str] = ()  # models the bundle's Model resources declare
+    keys: ApiKeys | None = None
+    virtual: VirtualModels = field(default_factory=VirtualModels)
+    reprobe: Callable[[str], Awaitable[None]] | None = None
+    app: Starlette = field(init=False)
+    # Every model a provider has listed since start-up: a provider that cannot be
+    # probed for a moment publishes no list, and its models are then busy, not typos.
+    _seen: set[str] = field(default_factory=set, init=False)
+
+    def __post_init__(self) -> None:
+        o, a = self._ollama, self._openai
+        routes = [
+            Route("/", self._root, methods=["GET", "HEAD"]),
+            Route("/metrics", self._metrics, methods=["GET"]),
+            Route("/api/version", o(self._version), methods=["GET", "HEAD"]),
+            Route("/api/tags", o(self._tags), methods=["GET"]),
+            Route("/api/ps", o(self._ps), methods=["GET"]),
+            Route("/api/show", o(self._show), methods=["POST"]),
+            Route("/api/chat", o(self._chat), methods=["POST"]),
+            Route("/api/generate", o(self._generate), methods=["POST"]),
+            Route("/api/embed", o(self._embed), methods=["POST"]),
+            Route("/api/embeddings", o(self._embeddings), methods=["POST"]),
+            Route("/v1/models", a(self._models), methods=["GET"]),
+            Route("/v1/models/{model:path}", a(self._model), methods=["GET"]),
+            Route("/v1/chat/completions", a(self._completions), methods=["POST"]),
+            Route("/v1/embeddings", a(self._v1_embeddings), methods=["POST"]),
+        ]
+        for path, methods in (("/api/pull", ["POST"]), ("/api/push", ["POST"]),
+                              ("/api/create", ["POST"]), ("/api/copy", ["POST"]),
+                              ("/api/delete", ["DELETE", "POST"]),
+                              ("/api/blobs/{digest}", ["POST", "HEAD"])):
+            routes.append(Route(path, o(self._not_implemented), methods=methods))
+        self.app = Starlette(routes=routes, exception_handlers={
+            HTTPException: self._http_exception})
+
+    # -- the error boundary --------------------------------------------------------
+
+    def _guard(self, handler: Handler, *, openai: bool) -> Handler:
+        async def guarded(request: Request) -> Response:
+            try:
+                request.state.caller = self._caller(request)
+                response = await handler(request)
+            except GatewayError as error:
+                response = error_response(error, openai=openai)
+            except Exception:
+                log.exception("gateway: %s %s failed", request.method, request.url.path)
+                response = error_response(
+                    GatewayError(500, "the gateway failed on this request; see its log",
+                                 code="internal_error"), openai=openai)
+            metrics.GATEWAY_REQUESTS.labels(route=request.url.path.split("/")[-1] or "root",
+                                            status=str(response.status_code)).inc()
+            return response
+        return guarded
+
+    def _ollama(self, handler: Handler) -> Handler:
+        return self._guard(handler, openai=False)
+
+    def _openai(self, handler: Handler) -> Handler:
+        return self._guard(handler, openai=True)
+
+    def _caller(self, request: Request) -> str:
+        if self.keys is None:
+            return ANONYMOUS
+        return self.keys.caller(request.headers.get("authorization"))
+
+    async def _http_exception(self, request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        message = (f"no route {request.method} {request.url.path} on this gateway"
+                   if status in (404, 405) else str(getattr(exc, "detail", exc)))
+        return error_response(GatewayError(status, message),
+                              openai=request.url.path.startswith("/v1/"))
+
+    # -- plain answers -------------------------------------------------------------
+
+    async def _root(self, request: Request) -> Response:
+        return PlainTextResponse("Ollama is running (kubemoot gateway)")
+
+    async def _metrics(self, request: Request) -> Response:
+        return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
+
+    async def _version(self, request: Request) -> Response:
+        for endpoint in await self._endpoints():
+            with contextlib.suppress(httpx.HTTPError, ValueError, AttributeError):
+                reply = await self._get(endpoint, "/api/version")
+                if isinstance(reply.get("version"), str):
+                    return JSONResponse({"version": reply["version"]})
+        return JSONResponse({"version": __version__})
+
+    async def _not_implemented(self, request: Request) -> Response:
+        what = request.url.path.removeprefix("/api/").split("/")[0]
+        raise GatewayError(501, f"{what} is not supported by the kubemoot gateway: manage "
+                           "models on each provider (fleet-wide model management does "
+                           "not exist yet)", code="not_implemented")
+
+    # -- listings ------------------------------------------------------------------
+
+    async def _endpoints(self) -> list[str]:
+        fleet = await self.desk.stack.view.snapshot()
+        return [p.state.endpoint for p in fleet.providers if p.state.ready]
+
+    async def _get(self, endpoint: str, path: str) -> dict[str, Any]:
+        response = await self.desk.http.get(
+            endpoint.rstrip("/") + path, timeout=self.desk.settings.listing_timeout_seconds)
+        response.raise_for_status()
+        value = response.json()
+        if not isinstance(value, dict):
+            raise ValueError(f"{path} answered {type(value).__name__}")
+        return value
+
+    async def _gather(self, path: str) -> list[tuple[str, dict[str, Any]]]:
+        fleet = await self.desk.stack.view.snapshot()
+        ready = [p.state for p in fleet.providers if p.state.ready]
+
+        async def one(endpoint: str) -> dict[str, Any] | None:
+            try:
+                return await self._get(endpoint, path)
+            except (httpx.HTTPError, ValueError) as error:
+                log.warning("gateway: %s of %s failed: %s", path, endpoint, error)
+                return None
+
+        replies = await asyncio.gather(*(one(s.endpoint) for s in ready))
+        return [(s.provider, r) for s, r in zip(ready, replies, strict=True) if r is not None]
+
+    async def _tag_entries(self) -> list[dict[str, Any]]:
+        merged: dict[str, dict[str, Any]] = {}
+        for _provider, reply in await self._gather("/api/tags"):
+            for entry in reply.get("models") or []:
+                if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                    merged.setdefault(entry["name"], entry)
+        for name in self.virtual.names():
+            merged.setdefault(name, _virtual_tag(name))
+        return sorted(merged.values(), key=lambda e: str(e["name"]))
+
+    async def _tags(self, request: Request) -> Response:
+        return JSONResponse({"models": await self._tag_entries()})
+
+    async def _ps(self, request: Request) -> Response:
+        models = []
+        for provider, reply in await self._gather("/api/ps"):
+            for entry in reply.get("models") or []:
+                if isinstance(entry, dict):
+                    models.append({**entry, "provider": provider})
+        return JSONResponse({"models": models})
+
+    async def _models(self, request: Request) -> Response:
+        entries = await self._tag_entries()
+        return JSONResponse({"object": "list",
+                             "data": [oai.model_entry(str(e["name"])) for e in entries]})
+
+    async def _model(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        await self._candidates(name)
+        return JSONResponse(oai.model_entry(name))
+
+    async def _show(self, request: Request) -> Response:
+        body = await read_json(request, limit=self.desk.settings.max_body_bytes)
+        name = model_name(body)
+        candidates = await self._candidates(name)
+        model = candidates[0].model
+        fleet = await self.desk.stack.view.snapshot()
+        for p in fleet.providers:
+            if p.state.ready and (model in p.state.disk_sizes_mib or p.is_resident(model)):
+                try:
+                    response = await self.desk.http.post(
+                        p.state.endpoint.rstrip("/") + "/api/show",
+                        json={**body, "model": model},
+                        timeout=self.desk.settings.listing_timeout_seconds)
+                except httpx.HTTPError as error:
+                    log.warning("gateway: /api/show on %s failed: %s", p.name, error)
+                    continue  # another provider that has the model may answer
+                return Response(response.content, status_code=response.status_code,
+                                media_type="application/json")
+        # the name is known (_candidates said so): its providers are away, not the model
+        raise GatewayError(503, f"no provider that has {model} answers now",
+                           code="provider_unavailable", headers={"Retry-After": "5"})
+
+    # -- models --------------------------------------------------------------------
+
+    async def _candidates(self, name: str) -> list[Candidate]:
+        """The call's candidate list: a virtual name's, or the one model named."""
+        virtual = self.virtual.candidates(name)
+        if virtual:
+            return virtual
+        fleet = await self.desk.stack.view.snapshot()
+        if not fleet.providers:
+            raise GatewayError(503, "no provider has published its state yet",
+                               code="no_provider", headers={"Retry-After": "5"})
+        self._seen |= known_models(fleet, self.declared)
+        model = resolve_name(name, self._seen)
+        if model is None:
+            raise unknown_model(name)
+        return [Candidate(model)]
+
+    # -- inference -----------------------------------------------------------------
+
+    async def _start(self, request: Request, req: InferenceRequest, path: str, *,
+                     legacy_embeddings: bool = False) -> PlacedCall:
+        """Place the call and open its upstream request, while watching the client.
+
+        A client that leaves while its call waits ends the wait; one that leaves while
+        the engine has not answered yet cancels the upstream request (and the ticket
+        goes back): uvicorn does not cancel a handler when its client disconnects.
+        """
+        candidates = await self._candidates(req.model)
+        budget = self.desk.budget(request.headers.get("x-kubemoot-wait-budget"))
+        left = asyncio.Event()
+
+        async def watch_disconnect() -> None:
+            while True:
+                message = await request.receive()
+                if message["type"] == "http.disconnect":
+                    left.set()
+                    return
+
+        watcher = asyncio.ensure_future(watch_disconnect())
+        try:
+            call = await self.desk.place(req, candidates, caller=request.state.caller,
+                                         budget=budget, left=left)
+            opening = asyncio.ensure_future(
+                call.open(path, call.upstream_body(legacy_embeddings=legacy_embeddings)))
+            await asyncio.wait({opening, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not opening.done():
+                opening.cancel()
+                with contextlib.suppress(asyncio.CancelledError, GatewayError):
+                    await opening
+                await call.close(ok=None)
+                raise GatewayError(499, "the client went away before the engine answered")
+            opening.result()
+            return call
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _ollama_call(self, request: Request, kind: str, path: str, *,
+                           legacy_embeddings: bool = False) -> Response:
+        body = await read_json(request, limit=self.desk.settings.max_body_bytes)
+        req = InferenceRequest.parse(kind, body)
+        if req.is_load_request and req.keep_alive == 0:
+            return await self._unload(req)
+        call = await self._start(request, req, path, legacy_embeddings=legacy_embeddings)
+        if req.stream:
+            return _CallStream(call, call.lines(), media_type="application/x-ndjson",
+                               headers=call.headers())
+        return JSONResponse(await call.json(), headers=call.headers())
+
+    async def _chat(self, request: Request) -> Response:
+        return await self._ollama_call(request, "chat", "/api/chat")
+
+    async def _generate(self, request: Request) -> Response:
+        return await self._ollama_call(request, "generate", "/api/generate")
+
+    async def _embed(self, request: Request) -> Response:
+        return await self._ollama_call(request, "embed", "/api/embed")
+
+    async def _embeddings(self, request: Request) -> Response:
+        return await self._ollama_call(request, "embed", "/api/embeddings",
+                                       legacy_embeddings=True)
+
+    async def _unload(self, req: InferenceRequest) -> Response:
+        """``keep_alive: 0`` with no prompt: unload the model where no call uses it.
+
+        A copy with a call in flight (a ticket) is left alone: the client's wish never
+        overrules live work, the same rule the scheduler's own evictions follow.
+        """
+        candidates = await self._candidates(req.model)
+        model = candidates[0].model
+        fleet = await self.desk.stack.view.snapshot()
+        for name, client in self.clients.items():
+            # the engine itself says whether it holds the model (published state may lag
+            # a load that just finished); the shared tickets say whether a call uses it
+            try:
+                held = any(m.name == model for m in (await client.probe()).loaded_models)
+            except ProviderError as error:
+                log.warning("gateway: probing %s before an unload failed: %s", name, error)
+                continue
+            p = fleet.provider(name)
+            if not held or (p is not None and p.in_flight(model)):
+                continue
+            try:
+                await client.unload(model)
+            except ProviderError as error:
+                log.warning("gateway: unloading %s on %s failed: %s", model, name, error)
+            if self.reprobe is not None:
+                await self.reprobe(name)
+        created = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        payload: dict[str, Any] = {"model": model, "created_at": created, "done": True,
+                                   "done_reason": "unload"}
+        if req.kind == "chat":
+            payload["message"] = {"role": "assistant", "content": ""}
+        else:
+            payload["response"] = ""
+        return JSONResponse(payload)
+
+    # -- OpenAI --------------------------------------------------------------------
+
+    async def _completions(self, request: Request) -> Response:
+        body = await read_json(request, limit=self.desk.settings.max_body_bytes)
+        native = oai.chat_body(body)
+        req = InferenceRequest.parse("chat", native)
+        call = await self._start(request, req, "/api/chat")
+        call_id = oai.new_id()
+        model = req.model
+        if not req.stream:
+            reply = await call.json()
+            if not isinstance(reply, dict):
+                raise GatewayError(502, "the provider's answer is not an object")
+            return JSONResponse(oai.chat_completion(reply, model=model, call_id=call_id),
+                                headers=call.headers())
+        usage = oai.include_usage(body)
+
+        async def events() -> AsyncIterator[bytes]:
+            first = True
+            async for raw in call.lines():
+                try:
+                    line = json.loads(raw)  # one whole line
+                except ValueError:
+                    continue
+                if not isinstance(line, dict):
+                    continue
+                if "error" in line:
+                    error = {"error": {"message": str(line["error"]), "type": "server_error",
+                                       "code": "provider_error"}}
+                    yield _sse(error)
+                    break
+                yield _sse(oai.chat_chunk(line, model=model, call_id=call_id, first=first))
+                first = False
+                if line.get("done") and usage:
+                    yield _sse(oai.usage_chunk(line, model=model, call_id=call_id))
+            yield b"data: [DONE]\n\n"
+
+        return _CallStream(call, events(), media_type="text/event-stream",
+                           headers=call.headers())
+
+    async def _v1_embeddings(self, request: Request) -> Response:
+        body = await read_json(request, limit=self.desk.settings.max_body_bytes)
+        req = InferenceRequest.parse("embed", oai.embeddings_body(body))
+        call = await self._start(request, req, "/api/embed")
+        reply = await call.json()
+        if not isinstance(reply, dict):
+            raise GatewayError(502, "the provider's answer is not an object")
+        return JSONResponse(oai.embeddings_reply(reply, model=req.model),
+                            headers=call.headers())
+
+
+def _sse(value: object) -> bytes:
+    return f"data: {json.dumps(value, separators=(',', ':'))}\n\n".encode()
+
+
+def _virtual_tag(name: str) -> dict[str, Any]:
+    return {"name": name, "model": name, "modified_at": "1970-01-01T00:00:00Z", "size": 0,
+            "digest": "", "details": {"format": "kubemoot-model-class", "family": "",
+                                      "families": [], "parameter_size": "",
+                                      "quantization_level": ""}}
+
+
+class _CallStream(StreamingResponse):
+    """A streamed reply that releases its call however the response ends — including
+    a client that leaves before the first byte (the body iterator never starts then)."""
+
+    def __init__(self, call: PlacedCall, content: AsyncIterator[bytes], *,
+                 media_type: str, headers: Mapping[str, str]) -> None:
+        super().__init__(content, media_type=media_type, headers=headers)
+        self._call = call
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._call.close(ok=None)  # a no-op when the stream already closed it

@@ -1,0 +1,194 @@
+"""Reading a client's request: the body, the model name, the prompt, engine options.
+
+Everything here is pure and raises :class:`GatewayError` (400/413) with a message that
+names the field, so bad input never reaches the planner or an engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from kubemoot.gateway.errors import GatewayError
+
+__all__ = [
+    "InferenceRequest",
+    "bool_field",
+    "embed_inputs",
+    "keep_alive_seconds",
+    "model_name",
+    "read_json",
+]
+
+
+async def read_json(request: Request, *, limit: int) -> dict[str, Any]:
+    """The body as a JSON object; 413 past ``limit`` bytes, 400 when not an object."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        raise GatewayError(400, "the request needs a JSON body")
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as error:
+        raise GatewayError(400, f"invalid JSON body: {_short(error)}") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "the body must be a JSON object")
+    return body
+
+
+def _too_large(limit: int) -> GatewayError:
+    return GatewayError(413, f"the request body is larger than {limit} bytes")
+
+
+def _short(error: BaseException) -> str:
+    text = str(error)
+    return text if len(text) <= 120 else text[:117] + "…"
+
+
+def model_name(body: Mapping[str, Any]) -> str:
+    """``model`` (Ollama also accepts ``name``) as a non-empty string."""
+    name = body.get("model", body.get("name"))
+    if name is None or name == "":
+        raise GatewayError(400, "model is required", code="model_required")
+    if not isinstance(name, str):
+        raise GatewayError(400, f"model must be a string, got {type(name).__name__}")
+    return name.strip()
+
+
+def bool_field(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise GatewayError(400, f"{name} must be true or false, got {json.dumps(value)[:40]}")
+    return value
+
+
+def _object_field(body: Mapping[str, Any], name: str) -> dict[str, Any]:
+    value = body.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise GatewayError(400, f"{name} must be an object")
+    return value
+
+
+def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if messages is None:
+        return []
+    if not isinstance(messages, list):
+        raise GatewayError(400, "messages must be a list of objects")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise GatewayError(400, f"messages[{index}] must be an object")
+        if not isinstance(message.get("role", "user"), str):
+            raise GatewayError(400, f"messages[{index}].role must be a string")
+    return messages
+
+
+def _prompt_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``/api/generate``'s prompt (and system) as chat messages, for the estimate."""
+    prompt = body.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise GatewayError(400, "prompt must be a string")
+    system = body.get("system")
+    if system is not None and not isinstance(system, str):
+        raise GatewayError(400, "system must be a string")
+    if not prompt:
+        return []
+    head = [{"role": "system", "content": system}] if system else []
+    return [*head, {"role": "user", "content": prompt}]
+
+
+def keep_alive_seconds(value: object) -> float | None:
+    """Ollama's ``keep_alive``: seconds or a ``"5m"``-style duration; negative = forever."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise GatewayError(400, "keep_alive must be a number of seconds or a duration")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+        text = value.strip()
+        unit = next((u for u in ("ms", "s", "m", "h") if text.endswith(u)), "")
+        try:
+            seconds = float(text[: len(text) - len(unit)]) * units.get(unit, 1.0)
+        except ValueError:
+            raise GatewayError(400, f"keep_alive {value[:40]!r} is not a duration") from None
+    else:
+        raise GatewayError(400, "keep_alive must be a number of seconds or a duration")
+    if math.isnan(seconds):
+        raise GatewayError(400, "keep_alive must be a number of seconds or a duration")
+    return math.inf if seconds < 0 else seconds
+
+
+def embed_inputs(body: Mapping[str, Any], field: str) -> list[str]:
+    """``input`` of /api/embed (a string or a list of strings), or ``prompt``."""
+    value = body.get(field)
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    if value is None:
+        return []
+    raise GatewayError(400, f"{field} must be a string or a list of strings")
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceRequest:
+    """One inference request as the gateway places it (Ollama's shape)."""
+
+    kind: str  # chat | generate | embed
+    model: str  # as the client named it
+    body: dict[str, Any]  # the Ollama body to forward (model replaced at placement)
+    messages: Sequence[Mapping[str, Any]]  # what the prompt estimate counts
+    tools: Sequence[Mapping[str, Any]]
+    stream: bool
+    num_ctx: int | None
+    keep_alive: float | None
+
+    @property
+    def is_load_request(self) -> bool:
+        """No prompt at all: Ollama's preload (or with ``keep_alive: 0``, unload)."""
+        return self.kind != "embed" and not self.messages
+
+    @classmethod
+    def parse(cls, kind: str, body: dict[str, Any]) -> InferenceRequest:
+        model = model_name(body)
+        options = _object_field(body, "options")
+        num_ctx = options.get("num_ctx")
+        if num_ctx is not None and (isinstance(num_ctx, bool) or not isinstance(num_ctx, int)
+                                    or num_ctx <= 0):
+            raise GatewayError(400, "options.num_ctx must be a positive integer")
+        tools = body.get("tools") or []
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise GatewayError(400, "tools must be a list of objects")
+        if kind == "chat":
+            messages = _messages(body)
+        elif kind == "generate":
+            messages = _prompt_messages(body)
+        else:
+            field = "input" if "input" in body else "prompt"
+            messages = [{"role": "user", "content": text}
+                        for text in embed_inputs(body, field)]
+            if not messages:
+                raise GatewayError(400, "input is required")
+        stream = bool_field(body, "stream", kind != "embed")
+        keep_alive = keep_alive_seconds(body.get("keep_alive"))
+        return cls(kind, model, body, messages, tools, stream, num_ctx, keep_alive)

@@ -1,0 +1,265 @@
+"""Wiring of one gateway process: providers, prober, runtime, HTTP server.
+
+The runtime comes from :func:`~kubemoot.agent.wiring.build_stack` — the one function
+that builds it for every caller — so the gateway places calls exactly as the agent
+runtime does. The gateway probes the providers it was given and publishes their state
+to the store; on NATS, other gateways and the operator see the same state and tickets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import httpx
+import uvicorn
+
+from kubemoot.agent.pool import CallSettings
+from kubemoot.agent.runtime import CallRecord
+from kubemoot.agent.wiring import RuntimeStack, build_stack
+from kubemoot.clock import Clock, SystemClock
+from kubemoot.gateway.app import GatewayApp, VirtualModels
+from kubemoot.gateway.calls import CallDesk
+from kubemoot.gateway.keys import ApiKeys
+from kubemoot.providers.ollama import OllamaProvider
+from kubemoot.providers.prober import KVStatePublisher, Prober
+from kubemoot.providers.protocol import ProviderState
+from kubemoot.runtime.settings import GatewaySettings, RuntimeSettings
+from kubemoot.store.documents import PROVIDER_STATE_BUCKET
+from kubemoot.store.keys import encode_token
+from kubemoot.store.protocol import KV, KeyExists, RevisionMismatch
+
+__all__ = ["GatewayServer", "ProviderSource"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSource:
+    """A provider the gateway probes: ``--provider`` or a bundle's ModelProvider."""
+
+    name: str
+    endpoint: str
+    context_length: int | None = None
+    num_parallel: int = 1
+    reserve_mib: int = 1024
+    total_vram_mib: int | None = None
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its signal handlers: the host program owns Ctrl-C."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[no-untyped-def]
+        yield
+
+
+class GatewayServer:
+    """One gateway on ``host:port`` over a store; :meth:`start`, then :meth:`stop`."""
+
+    def __init__(
+        self,
+        kv: KV,
+        *,
+        providers: Sequence[ProviderSource],
+        host: str = "127.0.0.1",
+        port: int = 11435,
+        settings: GatewaySettings | None = None,
+        runtime: RuntimeSettings | None = None,
+        declared: dict[str, int | None] | None = None,
+        keys: ApiKeys | None = None,
+        virtual: VirtualModels | None = None,
+        clock: Clock | None = None,
+        on_call: Sequence[Callable[[CallRecord], None]] = (),
+    ) -> None:
+        self.kv = kv
+        self.sources = list(providers)
+        self.host, self.port = host, port
+        self.settings = settings or GatewaySettings()
+        # The waiter's own safety net is the longest budget a client may ask for; each
+        # call's budget ends its wait earlier (CallDesk.place).
+        base = runtime or RuntimeSettings.from_env()
+        self.runtime = replace(base,
+                               gpu_wait_limit_seconds=self.settings.max_wait_budget_seconds)
+        self.declared = dict(declared or {})
+        self.keys = keys
+        self.virtual = virtual or VirtualModels()
+        self.clock = clock or SystemClock()
+        # Each finished call's attribution (the CLI adds the dashboard's call log here).
+        self.on_call = list(on_call)
+        self.clients: dict[str, OllamaProvider] = {}
+        self.stack: RuntimeStack | None = None
+        self.desk: CallDesk | None = None
+        self.prober: Prober | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._server: uvicorn.Server | None = None
+        self._serving: asyncio.Task[None] | None = None
+        self._socket: socket.socket | None = None
+
+    @property
+    def url(self) -> str:
+        if self._socket is None:
+            raise RuntimeError("the gateway is not running")
+        host, port = self._socket.getsockname()[:2]
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+    async def start(self) -> None:
+        """Bind (``OSError`` when the address is taken), probe, wire, serve."""
+        sock = _bind(self.host, self.port)
+        self._socket = sock
+        try:
+            await self._wire()
+            assert self.desk is not None
+            app = GatewayApp(self.desk, self.clients, declared=frozenset(self.declared),
+                             keys=self.keys, virtual=self.virtual, reprobe=self._reprobe)
+            config = uvicorn.Config(app.app, log_level="warning", access_log=False,
+                                    lifespan="off", timeout_graceful_shutdown=2)
+            self._server = _QuietServer(config)
+            self._serving = asyncio.get_running_loop().create_task(
+                self._server.serve([sock]))
+            while not self._server.started:
+                if self._serving.done():
+                    await self._serving
+                    raise RuntimeError("the gateway stopped during startup")
+                await asyncio.sleep(0.01)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _wire(self) -> None:
+        for source in self.sources:
+            self.clients[source.name] = OllamaProvider(
+                source.name, source.endpoint, context_length=source.context_length,
+                num_parallel=source.num_parallel, reserve_mib=source.reserve_mib,
+                total_vram_mib=source.total_vram_mib,
+                timeout=self.settings.listing_timeout_seconds, clock=self.clock)
+        states = await self.kv.bucket(PROVIDER_STATE_BUCKET)
+        self.prober = Prober(list(self.clients.values()), clock=self.clock,
+                             publish=NewestStatePublisher(states))
+        await self.prober.probe_all()
+
+        def factory(provider: str, endpoint: str, settings: CallSettings) -> OllamaProvider:
+            # the agent runtime's chat pool; the gateway forwards with its own client
+            return OllamaProvider(provider, endpoint, timeout=settings.timeout,
+                                  clock=self.clock)
+
+        declared = {m: mib for m, mib in self.declared.items() if mib is not None}
+        self.stack = await build_stack(
+            self.kv, clients=self.clients, client_factory=factory, clock=self.clock,
+            settings=self.runtime, declared=declared)
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(self.settings.call_timeout_seconds, connect=10.0),
+            # httpcore scans its whole pool for every request: a pool sized to the
+            # concurrency a fleet of engines takes keeps that scan short
+            limits=httpx.Limits(max_connections=self.settings.upstream_connections,
+                                max_keepalive_connections=self.settings.upstream_connections))
+        self.desk = CallDesk(self.stack, self._http, self.settings,
+                             after_load=self._reprobe)
+        self.desk.listeners.extend(self.on_call)
+        if self.clients:
+            self._tasks.append(asyncio.get_running_loop().create_task(
+                self.prober.run(self.settings.probe_interval_seconds)))
+
+    async def _reprobe(self, provider: str) -> None:
+        client = self.clients.get(provider)
+        if client is not None and self.prober is not None:
+            await self.prober.probe_one(client)
+
+    async def wait(self) -> None:
+        """Serve until the server stops (Ctrl-C in the host program cancels this)."""
+        if self._serving is not None:
+            await asyncio.shield(self._serving)
+
+    async def stop(self) -> None:
+        """Stop serving, then release what the calls still hold, then close clients."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._serving is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._serving
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.desk is not None:
+            for call in list(self.desk.in_flight):
+                await call.close(ok=None)
+        if self.stack is not None:
+            await self.stack.close()
+        if self._http is not None:
+            await self._http.aclose()
+        for client in self.clients.values():
+            with contextlib.suppress(Exception):
+                await client.close()
+        if self._socket is not None:
+            self._socket.close()
+
+    async def __aenter__(self) -> GatewayServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    # IPPROTO_TCP, not 0: asyncio turns Nagle off (TCP_NODELAY) only on connections
+    # of a socket that says it is TCP; with Nagle on, every keep-alive reply waits for
+    # the client's delayed ACK (about 40 ms a request).
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                         socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+class NewestStatePublisher(KVStatePublisher):
+    """Publishes a provider's state unless a newer probe's is already stored.
+
+    Several gateway replicas may probe the same provider. A probe that began before a
+    call loaded a model and was published after that call's own re-probe would show the
+    card emptier than it is once the call's ticket is gone — room another call would
+    then fill, making the engine evict on its own. The stored document's
+    ``lastProbedAt`` orders probes; a compare-and-set keeps the check and the write
+    together.
+    """
+
+    async def __call__(self, state: ProviderState) -> None:
+        key = encode_token(state.provider)
+        data = state.to_json()
+        for _ in range(_PUBLISH_ATTEMPTS):
+            entry = await self.bucket.get(key)
+            try:
+                if entry is None:
+                    await self.bucket.create(key, data)
+                    return
+                stored = _probed_at(entry.value)
+                if (stored is not None and state.last_probed_at is not None
+                        and stored > state.last_probed_at):
+                    return  # a newer probe is stored: this one is stale
+                await self.bucket.update(key, data, expected_revision=entry.revision)
+                return
+            except (KeyExists, RevisionMismatch):
+                continue  # another replica published meanwhile: judge again
+        log.warning("gateway: the state of %s changed too often to publish", state.provider)
+
+
+_PUBLISH_ATTEMPTS = 8
+
+
+def _probed_at(data: bytes) -> float | None:
+    try:
+        return ProviderState.from_json(data).last_probed_at
+    except ValueError:
+        return None  # unreadable: overwrite it

@@ -1,0 +1,111 @@
+"""Fixtures: a real gateway in front of two real Ollama-API emulators, embedded store."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from kubemoot.clock import SystemClock
+from kubemoot.gateway import GatewayServer, ProviderSource
+from kubemoot.gateway.keys import ApiKeys
+from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
+from kubemoot.runtime.settings import GatewaySettings
+from kubemoot.store.memory import MemoryKV
+from kubemoot.testing.emulators import emulator_factory
+
+SMALL = EmulatedModel("small:1b", 1000, family="small")
+MEDIUM = EmulatedModel("medium:7b", 4000, family="medium")
+LATEST = EmulatedModel("plain:latest", 1000, family="plain")
+HUGE = EmulatedModel("huge:70b", 40000, family="huge")
+
+#: A small emulated card; waits are a thousandth of the emulated seconds.
+CARD: dict[str, object] = {
+    "models": (SMALL, MEDIUM, LATEST, HUGE), "vram_mib": 8192, "num_parallel": 2,
+    "context_length": 1024, "base_latency_s": 0.5, "per_token_s": 0.0,
+    "time_scale": 0.001,
+}
+
+
+@pytest.fixture
+def make_emulator() -> Iterator[Callable[..., OllamaEmulator]]:
+    with emulator_factory(CARD) as make:
+        yield make
+
+
+@dataclass
+class Fleet:
+    gateway: GatewayServer
+    emulators: dict[str, OllamaEmulator]
+
+    @property
+    def url(self) -> str:
+        return self.gateway.url
+
+    def tickets_left(self) -> int:
+        assert self.gateway.desk is not None
+        return len(self.gateway.desk.in_flight)
+
+
+def sources(emulators: dict[str, OllamaEmulator]) -> list[ProviderSource]:
+    return [ProviderSource(name, e.url, context_length=1024, num_parallel=2,
+                           reserve_mib=512, total_vram_mib=8192)
+            for name, e in emulators.items()]
+
+
+async def start_gateway(emulators: dict[str, OllamaEmulator], **kwargs: object
+                        ) -> GatewayServer:
+    settings = kwargs.pop("settings", None) or GatewaySettings(wait_limit_seconds=5.0)
+    gateway = GatewayServer(MemoryKV(SystemClock()), providers=sources(emulators), port=0,
+                            settings=settings, **kwargs)  # type: ignore[arg-type]
+    await gateway.start()
+    return gateway
+
+
+@pytest.fixture
+async def fleet(make_emulator: Callable[..., OllamaEmulator]) -> AsyncIterator[Fleet]:
+    emulators = {"gpu-a": make_emulator(), "gpu-b": make_emulator()}
+    gateway = await start_gateway(emulators)
+    try:
+        yield Fleet(gateway, emulators)
+    finally:
+        await gateway.stop()
+
+
+@pytest.fixture
+async def keyed(make_emulator: Callable[..., OllamaEmulator]) -> AsyncIterator[Fleet]:
+    emulators = {"gpu-a": make_emulator()}
+    gateway = await start_gateway(emulators, keys=ApiKeys({"alice": "sk-alice-secret"}))
+    try:
+        yield Fleet(gateway, emulators)
+    finally:
+        await gateway.stop()
+
+
+async def until(condition: Callable[[], object], *, timeout: float = 30.0) -> None:
+    """Wait until ``condition()`` holds (a state to reach, not a time to pass)."""
+    import asyncio
+
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+async def live_tickets(gateway: GatewayServer) -> list[str]:
+    """Every unexpired ticket in the store, as ``provider/holder``."""
+    from kubemoot.store.documents import ProviderTickets
+
+    assert gateway.stack is not None
+    bucket = gateway.stack.tickets_bucket
+    now = gateway.clock.now()
+    found = []
+    for key in await bucket.keys():
+        entry = await bucket.get(key)
+        if entry is None:
+            continue
+        doc = ProviderTickets.from_json(entry.value)
+        found += [f"{doc.provider}/{t.holder_id}" for t in doc.tickets if t.expires_at > now]
+    return found

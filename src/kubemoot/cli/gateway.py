@@ -29,6 +29,7 @@ from kubemoot.cli._nats import (
     NatsToken,
     NatsUrl,
     NatsUser,
+    mask_servers,
     open_shared_store,
     resolve_nats,
 )
@@ -113,7 +114,6 @@ def gateway_command(
     nats_reconnect_wait: NatsReconnectWait = None,
 ) -> None:
     """Serve the Ollama and OpenAI APIs; every call is placed on a GPU by kubemoot."""
-    import asyncio
     from dataclasses import replace
 
     from kubemoot.cli._common import check_host, listen_error
@@ -171,7 +171,8 @@ def gateway_command(
                 raise listen_error(host, port, error) from None
             try:
                 names = ", ".join(s.name for s in sources) or "none of its own"
-                store = ", ".join(nats_settings.servers) if nats_settings else "embedded"
+                store = (", ".join(mask_servers(nats_settings.servers)) if nats_settings
+                         else "embedded")
                 err_console.print(
                     f"gateway: {server.url} (providers: {names}; store: {store}; "
                     f"{'API keys: ' + str(len(keys)) if keys else 'no API keys'}); "
@@ -183,7 +184,12 @@ def gateway_command(
         finally:
             await kv.close()
 
-    asyncio.run(run())
+    from kubemoot.cli._shutdown import run_until_stopped
+    from kubemoot.runtime.settings import RuntimeSettings
+
+    # SIGTERM (what Kubernetes sends) and Ctrl-C cancel run(): replies end, tickets are
+    # released and the store closes before the process exits (143 or 130).
+    run_until_stopped(run(), grace_seconds=RuntimeSettings.from_env().shutdown_grace_seconds)
 
 
 def _providers(

@@ -192,7 +192,10 @@ class OllamaEmulator:
         :attr:`url` is known before serving starts. Port 0 picks a free port."""
         if self._sock is not None:
             return
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        # IPPROTO_TCP explicitly: asyncio turns Nagle off only for sockets that say TCP,
+        # and with Nagle on every keep-alive request waits for a delayed ACK (~40 ms).
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET,
+                             socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, self.port))

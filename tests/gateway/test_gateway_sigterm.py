@@ -1,0 +1,52 @@
+"""SIGTERM (what Kubernetes sends) stops a gateway cleanly: the call in flight ends,
+its ticket is released at once (not left for the TTL), and the process exits 143."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from kubemoot.providers.emulator import OllamaEmulator
+from kubemoot.testing.nats_server import NatsServer, free_port
+from tests.gateway.test_replicas import KUBEMOOT, _serving, _tickets, nats  # noqa: F401
+
+pytestmark = pytest.mark.nats
+
+
+async def test_sigterm_releases_the_ticket_of_a_call_in_flight(
+        nats: NatsServer, make_emulator: Callable[..., OllamaEmulator]) -> None:  # noqa: F811
+    # One emulated call lasts about a minute: it is surely running when the signal comes.
+    emulator = make_emulator(time_scale=1.0, base_latency_s=60.0)
+    port = free_port()
+    process = subprocess.Popen(
+        [*KUBEMOOT, "gateway", "--nats", nats.url, "--listen", f"127.0.0.1:{port}",
+         "--provider", f"gpu-a={emulator.url},vramMiB=8192,numParallel=2,contextLength=1024"],
+        env={**os.environ, "KUBEMOOT_DEBUG": "0"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await _serving(url, process)
+        async with httpx.AsyncClient(timeout=120) as http:
+            call = asyncio.create_task(http.post(f"{url}/api/generate", json={
+                "model": "small:1b", "prompt": "hello", "stream": False}))
+            for _ in range(3000):  # until the call holds its ticket
+                if await _tickets(nats.url):
+                    break
+                await asyncio.sleep(0.01)
+            assert await _tickets(nats.url), "the call never claimed a ticket"
+            process.send_signal(signal.SIGTERM)
+            _out, err = await asyncio.to_thread(process.communicate, timeout=60)
+            call.cancel()
+        assert process.returncode == 128 + signal.SIGTERM, err
+        assert "terminated" in err.decode()
+        assert await _tickets(nats.url) == []
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

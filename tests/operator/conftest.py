@@ -129,6 +129,11 @@ class Cluster:
         )
         assert response.status_code < 300, response.text
 
+    async def delete(self, kind: str, name: str, *, namespace: str | None = None) -> None:
+        path = custom_path(RESOURCE_TYPES[kind].PLURAL, name, namespace=namespace)
+        response = await self.http.delete(path)
+        assert response.status_code < 300, response.text
+
     async def create_deployment(self, namespace: str, name: str, *,
                                 env: list[dict[str, str]] | None = None) -> None:
         body = {

@@ -24,6 +24,7 @@ from typing import Any
 
 from kubemoot import metrics
 from kubemoot.api import (
+    DEFAULT_MAX_AGE_SECONDS,
     RESOURCE_TYPES,
     Agent,
     CrewSchedulingPolicy,
@@ -34,6 +35,7 @@ from kubemoot.api import (
     parse_manifest,
 )
 from kubemoot.clock import Clock
+from kubemoot.gates import Outcome
 from kubemoot.operator.binding import AgentWriter, policy_conditions
 from kubemoot.operator.events import EventRecorder, ObjectRef
 from kubemoot.operator.kube import KubeClient, KubeError, custom_path
@@ -47,9 +49,13 @@ from kubemoot.operator.view import (
     affected_by_policies,
     affected_by_provider,
     agent_key,
+    bound_providers,
+    deferred,
+    waiting,
 )
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
+from kubemoot.scheduling.candidate import stale_age
 from kubemoot.scheduling.scheduler import SchedulingPass
 from kubemoot.scheduling.snapshot import ClusterSnapshot
 from kubemoot.store.documents import ProviderState
@@ -108,6 +114,13 @@ class Reconciler:
         self.seen: dict[str, Resource] = {}
         #: (agent, trigger) for every Agent scheduled, in order: the operator's audit trail.
         self.reconciled: list[tuple[str, str]] = []
+        #: Providers each Agent is bound to, as the operator last wrote it. The watch
+        #: brings that status back later; until then these bindings count toward
+        #: agentCount, as kube-scheduler's assumed pods do (a burst of new Agents must
+        #: not overcommit a provider between two watch events).
+        self.assumed: dict[str, frozenset[str]] = {}
+        #: Whether each Agent had a phase without a binding when last written.
+        self._waiting: dict[str, bool] = {}
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._writer = AgentWriter(kube, self.events)
@@ -165,7 +178,17 @@ class Reconciler:
             old is None or old.spec != new.spec or old.status is None
         ):
             await self._refresh_model(new)
+        if new is None and isinstance(old, Agent):
+            # A deleted Agent frees its slots: Agents waiting for them may bind now.
+            gone = agent_key(old)
+            freed = self.assumed.pop(gone, None)
+            self._waiting.pop(gone, None)
+            await self._slots_freed(bound_providers(old) if freed is None else freed)
         if _fingerprint(old) == _fingerprint(new):
+            if isinstance(old, ModelProvider) and isinstance(new, ModelProvider) and (
+                _probed_at(old) != _probed_at(new)
+            ):
+                await self._evidence_refreshed(old)
             # Only status moved (often our own write): a policy's Scheduled condition
             # follows the statuses of the Agents it governs.
             if isinstance(new, CrewSchedulingPolicy):
@@ -214,18 +237,75 @@ class Reconciler:
             if not agents:
                 return
             now = self.now()
-            scheduling = SchedulingPass(view.snapshot(exclude=keys), now=now)
+            snapshot = view.snapshot(exclude=keys, assumed=self.assumed)
+            scheduling = SchedulingPass(snapshot, now=now)
             policies: dict[str, CrewSchedulingPolicy] = {}
+            freed: set[str] = set()
             for agent in agents:
+                key = agent_key(agent)
                 result = scheduling.schedule(agent)
-                self.reconciled.append((agent_key(agent), trigger))
+                self.reconciled.append((key, trigger))
+                before = self.assumed.get(key, frozenset(bound_providers(agent)))
                 try:
                     await self._writer.write(agent, result, now=now)
                 except KubeError as error:
-                    log.warning("writing Agent %s failed: %s", agent_key(agent), error)
+                    log.warning("writing Agent %s failed: %s", key, error)
+                    # Not written: forget the assumption, the Agent's status is the truth.
+                    self.assumed.pop(key, None)
+                    self._waiting.pop(key, None)
+                else:
+                    bound = frozenset(
+                        p.provider for p in result.phases.values() if p.provider is not None
+                    )
+                    self.assumed[key] = bound
+                    self._waiting[key] = any(
+                        p.outcome is not Outcome.PLACE for p in result.phases.values()
+                    )
+                    freed |= before - bound
                 if result.policy is not None:
                     policies[result.policy.key] = result.policy
         await self.reconcile_policies(policies.values())
+        await self._slots_freed(freed)
+
+    async def _slots_freed(self, providers: Collection[str]) -> None:
+        """Schedule again the waiting Agents that could use a slot an Agent gave up.
+
+        An Agent left Unschedulable or deferred at a provider's agent limit names
+        ``agentCount`` among its recheck triggers; that count drops when another Agent
+        is deleted or moves away. Agents already bound are left where they are.
+        """
+        view = self.view()
+        snapshot = view.snapshot(assumed=self.assumed)
+        for provider in sorted(providers):
+            keys = {
+                key for key in affected_by_provider(snapshot, provider, view.models.values())
+                if key in view.agents and self._waiting.get(key, waiting(view.agents[key]))
+            }
+            await self.reconcile_agents(keys, trigger=f"slot freed on {provider}")
+
+    async def _evidence_refreshed(self, old: ModelProvider) -> None:
+        """A probe refreshed ``lastProbedAt`` and nothing else: act on "is refreshed".
+
+        Agents whose decision named this provider's freshness as a recheck trigger are
+        scheduled again: those deferred on its evidence, and those whose policy judged
+        the previous probe stale (a stale candidate may now win). Agents for which the
+        previous probe was still fresh cannot change and are left alone.
+        """
+        name = old.metadata.name
+        view = self.view()
+        snapshot = view.snapshot(assumed=self.assumed)
+        now = self.now()
+        keys: set[str] = set()
+        for key in affected_by_provider(snapshot, name, view.models.values()):
+            agent = view.agents.get(key)
+            if agent is None:
+                continue
+            policy = snapshot.resolve_policy(agent).policy
+            max_age = (DEFAULT_MAX_AGE_SECONDS if policy is None
+                       else policy.spec.freshness.max_age_seconds)
+            if deferred(agent) or stale_age(old, now, max_age) is not None:
+                keys.add(key)
+        await self.reconcile_agents(keys, trigger=f"ModelProvider/{name} refreshed")
 
     # ------------------------------------------------------------------ policies
 
@@ -295,7 +375,7 @@ class Reconciler:
         provider = view.providers.get(name)
         if provider is None:
             return state
-        counts = view.agent_counts()
+        counts = view.agent_counts(assumed=self.assumed)
         wanted = provider_status(state, provider, agent_count=counts.get(name, 0), now=self.now())
         old = _status_of(provider)
         try:
@@ -380,6 +460,10 @@ class Reconciler:
             return
         valid = condition("Valid", True, "Valid", "the object is well-formed", now=self.now())
         await self._write_conditions(new, [valid])
+
+
+def _probed_at(provider: ModelProvider) -> datetime | None:
+    return None if provider.status is None else provider.status.last_probed_at
 
 
 def _governs(snapshot: ClusterSnapshot, policy: CrewSchedulingPolicy, agent: Agent) -> bool:

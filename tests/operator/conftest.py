@@ -82,7 +82,8 @@ def declare_resources(server: Any) -> None:
         kind="Event", namespaced=True, verbs={"create", "list"}
     )
     server.resources["apps/v1/deployments"] = kmock.ResourceInfo(
-        kind="Deployment", namespaced=True, verbs={"get", "list", "patch", "create"}
+        kind="Deployment", namespaced=True,
+        verbs={"get", "list", "watch", "patch", "create", "delete"}
     )
     for crd in crd_manifests():
         spec = crd["spec"]

@@ -116,3 +116,28 @@ def test_no_models_at_all_is_unschedulable() -> None:
     assert mulling.outcome is Outcome.UNSCHEDULABLE
     assert result.events[0].message == "0/0 models are available for phase mulling."
     assert result.events[0].regarding == "Agent/crew-a/a"  # no policy to carry the event
+
+
+def test_unbound_phase_templates_neither_its_model_nor_its_candidates() -> None:
+    """A phase without a binding leaves its env alone; the other phase is written whole."""
+    models = [
+        model("phi3-mini", provider="cpu", vram_mib=0, labels={"family": "phi3"}),
+        model("qwen3-8b", provider="cpu", vram_mib=0, labels={"family": "qwen3"}),
+    ]
+    the_policy = policy(
+        "mixed", crew_ref="pilot",
+        rules=[rule("mulling", require={"family": "llama"}),
+               rule("triage", require={"family": "qwen3"})],
+    )
+    result = run(
+        models=models,
+        providers=[provider("cpu", vram_total_mib=16384)],
+        agents=[agent("kubectl-agent", crew="pilot")],
+        policies=[the_policy],
+    )
+    env = result.agents[0].env
+    assert result.agents[0].phases["mulling"].outcome is Outcome.UNSCHEDULABLE
+    assert "KUBEMOOT_MODEL_MODEL" not in env
+    assert "KUBEMOOT_MODEL_CANDIDATES_MULLING" not in env
+    assert env["KUBEMOOT_TRIAGE_MODEL_MODEL_ID"] == "qwen3:8b"
+    assert '"qwen3:8b"' in env["KUBEMOOT_MODEL_CANDIDATES_TRIAGE"]

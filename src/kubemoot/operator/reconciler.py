@@ -37,11 +37,13 @@ from kubemoot.api import (
 from kubemoot.clock import Clock
 from kubemoot.gates import Outcome
 from kubemoot.operator.binding import AgentWriter, policy_conditions
+from kubemoot.operator.deployment import deployment_name, env_patch
 from kubemoot.operator.events import EventRecorder, ObjectRef
 from kubemoot.operator.kube import KubeClient, KubeError, custom_path
 from kubemoot.operator.probe import client_for, model_status, provider_status
 from kubemoot.operator.status import condition, find_condition, merge_conditions, merge_patch
 from kubemoot.operator.status import to_datetime as _dt
+from kubemoot.operator.watch import DeploymentWatch
 from kubemoot.operator.view import (
     ClusterView,
     affected_by_archetype,
@@ -121,12 +123,16 @@ class Reconciler:
         self.assumed: dict[str, frozenset[str]] = {}
         #: Whether each Agent had a phase without a binding when last written.
         self._waiting: dict[str, bool] = {}
+        #: The Deployment env of each Agent's last written result.
+        self._envs: dict[str, dict[str, str]] = {}
+        self.deployments = DeploymentWatch(kube, self.deployment_changed, clock=clock)
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._writer = AgentWriter(kube, self.events)
 
     async def close(self) -> None:
-        """Close the provider clients and the API client."""
+        """Close the Deployment watches, the provider clients and the API client."""
+        await self.deployments.close()
         for client in self.clients.values():
             await client.close()
         self.clients.clear()
@@ -172,6 +178,10 @@ class Reconciler:
             self.seen.pop(key, None)
         else:
             self.seen[key] = new
+        if kind == "Agent":
+            # Deployments are watched where Agents live, and nowhere else.
+            self.deployments.follow({k.split("/")[1] for k in self.seen
+                                     if k.startswith("Agent/")})
         if isinstance(new, ModelProvider) or (new is None and isinstance(old, ModelProvider)):
             await self._provider_changed(ref.name, new)
         if isinstance(new, Model) and (
@@ -183,6 +193,7 @@ class Reconciler:
             gone = agent_key(old)
             freed = self.assumed.pop(gone, None)
             self._waiting.pop(gone, None)
+            self._envs.pop(gone, None)
             await self._slots_freed(bound_providers(old) if freed is None else freed)
         if _fingerprint(old) == _fingerprint(new):
             if isinstance(old, ModelProvider) and isinstance(new, ModelProvider) and (
@@ -253,6 +264,7 @@ class Reconciler:
                     # Not written: forget the assumption, the Agent's status is the truth.
                     self.assumed.pop(key, None)
                     self._waiting.pop(key, None)
+                    self._envs.pop(key, None)
                 else:
                     bound = frozenset(
                         p.provider for p in result.phases.values() if p.provider is not None
@@ -262,10 +274,34 @@ class Reconciler:
                         p.outcome is not Outcome.PLACE for p in result.phases.values()
                     )
                     freed |= before - bound
+                    self._envs[key] = dict(result.env)
                 if result.policy is not None:
                     policies[result.policy.key] = result.policy
         await self.reconcile_policies(policies.values())
         await self._slots_freed(freed)
+
+    async def deployment_changed(
+        self, event_type: str, namespace: str, deployment: Mapping[str, Any]
+    ) -> None:
+        """A crew's Deployment appeared, changed or went away: re-apply its Agent's env.
+
+        Only Agents whose Deployment lacks the env of their last binding (or that were
+        never written by this process) are scheduled again; the operator's own patch
+        comes back as an event that needs nothing.
+        """
+        name = str((deployment.get("metadata") or {}).get("name") or "")
+        keys: set[str] = set()
+        for key, agent in self.view().agents.items():
+            if agent.namespace != namespace or deployment_name(agent) != name:
+                continue
+            env = self._envs.get(key)
+            try:
+                stale = env is None or env_patch(deployment, env) is not None
+            except ValueError:  # no containers: the reconcile reports it
+                stale = True
+            if event_type == "DELETED" or stale:
+                keys.add(key)
+        await self.reconcile_agents(keys, trigger=f"Deployment/{namespace}/{name}")
 
     async def _slots_freed(self, providers: Collection[str]) -> None:
         """Schedule again the waiting Agents that could use a slot an Agent gave up.
@@ -362,8 +398,9 @@ class Reconciler:
                 await self.clock.wait_for(self._stopping.wait(), self.probe_interval)
 
     def stop_probes(self) -> None:
-        """End :meth:`run_probes` (kopf's cleanup calls this as the operator stops)."""
+        """End :meth:`run_probes` and the Deployment watches (kopf's cleanup calls this)."""
         self._stopping.set()
+        self.deployments.stop()
 
     async def probe(self, name: str) -> ProviderState | None:
         """Probe one provider: status, Ready condition, KV document, its Models' status."""

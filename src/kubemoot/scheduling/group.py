@@ -179,8 +179,11 @@ class BindingGroup:
             env[ENV_TRIAGE_ENDPOINT] = triage.endpoint or ""
         for phase, variable in ENV_CANDIDATES.items():
             plan = by_phase.get(phase)
-            if plan is not None:
-                bound = None if plan.chosen is None else plan.chosen.placement.model_id
+            # An unbound phase writes neither its model nor its candidates: the agent
+            # keeps its last binding whole, so the list never contradicts the model
+            # (a list without the model the agent still calls would).
+            if plan is not None and plan.chosen is not None:
+                bound = plan.chosen.placement.model_id
                 candidates = self.context.candidates(plan.ranking, bound)
                 env[variable] = self.context.candidates_json(candidates)
         return env

@@ -43,7 +43,6 @@ from kubemoot.operator.kube import KubeClient, KubeError, custom_path
 from kubemoot.operator.probe import client_for, model_status, provider_status
 from kubemoot.operator.status import condition, find_condition, merge_conditions, merge_patch
 from kubemoot.operator.status import to_datetime as _dt
-from kubemoot.operator.watch import DeploymentWatch
 from kubemoot.operator.view import (
     ClusterView,
     affected_by_archetype,
@@ -55,6 +54,7 @@ from kubemoot.operator.view import (
     deferred,
     waiting,
 )
+from kubemoot.operator.watch import DeploymentWatch
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.scheduling.candidate import stale_age

@@ -211,3 +211,32 @@ async def test_operator_policy_with_unknown_phase_is_invalid(
         lambda: cluster.condition("CrewSchedulingPolicy", "typo", "PolicyValid", "crew-c"))
     assert (valid["status"], valid["reason"]) == ("False", "UnknownPhase")
     assert '"muling"' in valid["message"]
+
+
+async def test_operator_misspelled_provider_ref_is_a_warning_on_the_model(
+    cluster: Cluster, emulators: Emulators
+) -> None:
+    await cluster.apply(provider_manifest("gpu-a", emulators()))
+    await eventually(lambda: cluster.status("ModelProvider", "gpu-a").get("ready"),
+                     what="provider probed")
+    await cluster.apply(b.model("qwen3-8b", provider="gpu-aa", vram_mib=5120, labels=TOOLS))
+    ready = await eventually(
+        lambda: cluster.condition("Model", "qwen3-8b", "Ready").get("reason")
+        == "ProviderNotFound" and cluster.condition("Model", "qwen3-8b", "Ready"))
+    assert ready["status"] == "False"
+    assert "spec.providerRef" in ready["message"] and 'did you mean "gpu-a"' in ready["message"]
+    [event] = await eventually(lambda: cluster.events(reason="ProviderNotFound"),
+                               what="a ProviderNotFound event")
+    assert event["type"] == "Warning"
+    assert event["involvedObject"]["kind"] == "Model"
+    assert event["involvedObject"]["name"] == "qwen3-8b"
+    await settle(cluster)
+    assert len(cluster.events(reason="ProviderNotFound")) == 1  # not on every reconcile
+
+    # Deleting the provider a Model names turns that Model into the same warning.
+    await cluster.apply(b.model("phi3-mini", provider="gpu-a", vram_mib=2048, labels=TOOLS))
+    await eventually(lambda: cluster.status("Model", "phi3-mini").get("ready"),
+                     what="phi3-mini ready")
+    await cluster.http.delete("/apis/kubemoot.ai/v1alpha1/modelproviders/gpu-a")
+    await eventually(lambda: cluster.condition("Model", "phi3-mini", "Ready").get("reason")
+                     == "ProviderNotFound", what="phi3-mini loses its provider")

@@ -16,7 +16,7 @@ and without that it stays unknown (the VRAM gate then answers UNKNOWN, never FAI
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -24,6 +24,7 @@ from kubemoot.api import InputError, Model, ModelProvider
 from kubemoot.clock import Clock
 from kubemoot.operator.status import condition, merge_conditions, rfc3339, to_datetime
 from kubemoot.providers.ollama import OllamaProvider
+from kubemoot.scheduling.warnings import PROVIDER_NOT_FOUND, missing_provider
 from kubemoot.store.documents import ProviderState
 
 __all__ = [
@@ -130,14 +131,21 @@ def provider_status(
 
 
 def model_status(
-    model: Model, state: ProviderState | None, *, provider_known: bool, now: datetime
+    model: Model,
+    state: ProviderState | None,
+    *,
+    provider_known: bool,
+    now: datetime,
+    known_providers: Collection[str] = (),
 ) -> dict[str, Any] | None:
     """The ``Model.status`` for its provider's latest probe; None before any probe."""
     model_id = model.spec.model
     provider = model.spec.provider_ref
     if not provider_known:
-        ready, reason = False, "ProviderNotFound"
-        message = f'ModelProvider "{provider}" does not exist'
+        warning = missing_provider(model, known_providers)
+        ready, reason = False, PROVIDER_NOT_FOUND
+        message = f'ModelProvider "{provider}" does not exist' if warning is None else (
+            f"{warning.field}: {warning.message}")
     elif state is None:
         return None  # not probed yet: a Model without status is taken as Ready
     elif not state.ready:

@@ -60,6 +60,7 @@ from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.scheduling.candidate import stale_age
 from kubemoot.scheduling.scheduler import SchedulingPass
 from kubemoot.scheduling.snapshot import ClusterSnapshot
+from kubemoot.scheduling.warnings import PROVIDER_NOT_FOUND
 from kubemoot.store.documents import ProviderState
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import Bucket, StoreError
@@ -370,6 +371,10 @@ class Reconciler:
                     await self.bucket.delete(encode_token(name))
                 except StoreError as error:
                     log.warning("removing the state of %s from the KV failed: %s", name, error)
+            self.prober.last_states.pop(name, None)
+            for model in self.view().models.values():
+                if model.spec.provider_ref == name:  # now names nothing: say so
+                    await self._refresh_model(model)
             return
         wanted = (provider.spec, provider.metadata.annotations)
         if self._client_specs.get(name) == wanted:
@@ -434,16 +439,26 @@ class Reconciler:
 
     async def _refresh_model(self, model: Model, *, state: ProviderState | None = None) -> None:
         provider = model.spec.provider_ref
-        known = provider in self.view().providers
+        providers = self.view().providers
+        known = provider in providers
         if state is None:
             state = self.prober.last_states.get(provider)
-        wanted = model_status(model, state, provider_known=known, now=self.now())
+        wanted = model_status(model, state, provider_known=known, now=self.now(),
+                              known_providers=list(providers))
         if wanted is None:
             return
         old = _status_of(model)
         diff = merge_patch(old, wanted)
         if diff == {}:
             return
+        ready = find_condition(wanted.get("conditions") or [], "Ready") or {}
+        before = find_condition(old.get("conditions") or [], "Ready") or {}
+        if ready.get("reason") == PROVIDER_NOT_FOUND and before.get("message") != ready.get(
+            "message"
+        ):  # news: a Warning event, so `kubectl get events` shows the typo too
+            await self.events.emit(ObjectRef.of(_body_of(model)), type="Warning",
+                                   reason=PROVIDER_NOT_FOUND,
+                                   message=str(ready.get("message")))
         try:
             await self.kube.merge_patch(
                 custom_path(model.PLURAL, model.metadata.name, subresource="status"),

@@ -51,6 +51,7 @@ from kubemoot.scheduling.result import (
 )
 from kubemoot.scheduling.snapshot import ClusterSnapshot, PolicyResolution
 from kubemoot.scheduling.tables import Ranked, Ranking, RuleTable
+from kubemoot.scheduling.warnings import snapshot_warnings
 
 __all__ = ["PolicyPlan", "SchedulingPass", "schedule_agent", "schedule_bundle"]
 
@@ -456,6 +457,7 @@ class SchedulingPass:
             agents=list(self._agents),
             events=list(self._events.values()),
             policies=policies,
+            warnings=snapshot_warnings(self.snapshot.models, self.snapshot.providers),
         )
 
 

@@ -240,3 +240,38 @@ async def test_operator_misspelled_provider_ref_is_a_warning_on_the_model(
     await cluster.http.delete("/apis/kubemoot.ai/v1alpha1/modelproviders/gpu-a")
     await eventually(lambda: cluster.condition("Model", "phi3-mini", "Ready").get("reason")
                      == "ProviderNotFound", what="phi3-mini loses its provider")
+
+
+async def test_operator_runtime_requirement_checked_against_the_probed_version(
+    cluster: Cluster, emulators: Emulators
+) -> None:
+    from kubemoot.providers.emulator import EMULATOR_VERSION
+
+    await cluster.apply(provider_manifest("gpu-a", emulators()))
+    status = await eventually(lambda: cluster.status("ModelProvider", "gpu-a").get("ready")
+                              and cluster.status("ModelProvider", "gpu-a"), what="probed")
+    assert status["runtimeVersion"] == EMULATOR_VERSION  # "0.0.0-…": older than any 0.6
+    state = await cluster.kv_state("gpu-a")
+    assert state is not None and state.runtime_version == EMULATOR_VERSION
+
+    await cluster.apply(b.model("qwen3-14b", provider="gpu-a", vram_mib=9216,
+                                runtime="ollama>=0.6", labels={**TOOLS, "params": "14B"}))
+    await cluster.apply(b.model("qwen3-8b", provider="gpu-a", vram_mib=5120,
+                                runtime="ollama<1", labels={**TOOLS, "params": "8B"}))
+    await cluster.apply(b.policy("picky", "crew-v", crew_ref="v", rules=[
+        b.rule("mulling", require={"params": "14B"}),
+        b.rule("triage", require={"params": "8B"})]))
+    await cluster.apply(b.agent("versioned", "crew-v", crew="v"))
+
+    def phases() -> dict[str, Any]:
+        scheduling = cluster.status("Agent", "versioned", "crew-v").get("scheduling") or {}
+        found = scheduling.get("phases") or {}
+        return found if len(found) == 2 else {}
+
+    found = await eventually(phases, what="both phases scheduled")
+    await settle(cluster)
+    found = phases()
+    assert found["triage"]["outcome"] == "PLACE"
+    assert found["mulling"]["outcome"] == "UNSCHEDULABLE"
+    events = cluster.events(reason="FailedScheduling")
+    assert any("runtime version not met" in e["message"] for e in events)

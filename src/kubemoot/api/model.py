@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from kubemoot.api.meta import Condition, Resource, Strict
+from kubemoot.api.runtime import parse_runtime
 
 __all__ = ["License", "Model", "ModelSpec", "ModelStatus"]
 
@@ -33,6 +34,13 @@ class ModelSpec(Strict):
     license: License | None = None
     runtime: str | None = Field(default=None, description="Runtime requirement, e.g. ollama>=0.6.")
     egress: Egress | None = None
+
+    @field_validator("runtime")
+    @classmethod
+    def _runtime_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_runtime(value)  # a ValueError names what is wrong with it
+        return value
 
 
 class ModelStatus(Strict):

@@ -87,6 +87,11 @@ class ProviderStatus(Strict):
 
     ready: bool | None = None
     last_probed_at: AwareDatetime | None = Field(default=None, alias="lastProbedAt")
+    runtime_version: str | None = Field(
+        default=None,
+        alias="runtimeVersion",
+        description="The engine's version as it reports it (Ollama: /api/version).",
+    )
     capacity: ProviderCapacity | None = None
     conditions: list[Condition] = Field(default_factory=list)
 

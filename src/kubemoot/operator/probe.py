@@ -116,6 +116,7 @@ def provider_status(
     return {
         "ready": state.ready,
         "lastProbedAt": rfc3339(probed),
+        "runtimeVersion": state.runtime_version,
         "capacity": {
             "vramTotalMiB": total,
             "vramUsedMiB": state.used_vram_mib,

@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_MAX_AGE_SECONDS",
     "KIND",
     "ArtifactRef",
+    "Authority",
     "ArtifactReplica",
     "EgressPolicy",
     "Freshness",
@@ -75,9 +76,27 @@ class Workload(_Document):
     runtime: str | None = Field(default=None, min_length=1)
     accelerators: list[str] | None = Field(default=None, min_length=1)
     memory_gib: float | None = Field(default=None, alias="memoryGiB", ge=0)
-    # The license state a node must show; BLOCKED can never be a requirement.
-    license: Literal["ALLOW", "REVIEW_REQUIRED"] = "ALLOW"
+    # The license state a node must show: only ALLOW clears a node (the spec's
+    # licence gate), so nothing weaker can be asked for.
+    license: LicenseState = "ALLOW"
     policy: EgressPolicy | None = None
+
+    @field_validator("license")
+    @classmethod
+    def _only_allow(cls, value: str) -> str:
+        if value != "ALLOW":
+            raise ValueError(
+                f"a workload must require ALLOW, not {value}: a node whose license state is "
+                "REVIEW_REQUIRED or BLOCKED is never eligible"
+            )
+        return value
+
+
+class Authority(_Document):
+    """Where the license and policy states come from, and which version of them."""
+
+    source: str = Field(min_length=1)
+    version: str = Field(min_length=1)
 
 
 class ArtifactReplica(_Document):
@@ -125,6 +144,8 @@ class RequestSpec(_Document):
     freshness: Freshness = Field(default_factory=Freshness)
     workload: Workload
     nodes: list[NodeEvidence] = Field(default_factory=list)
+    # The license/policy registry the node states were read from (recorded, not judged).
+    authority: Authority | None = None
 
     _zone = field_validator("now")(_utc)
 

@@ -22,6 +22,7 @@ from kubemoot.api import (
 from kubemoot.cli import app
 from kubemoot.gates import Outcome
 from kubemoot.operator.probe import VRAM_TOTAL_ANNOTATION
+from kubemoot.operator.rbac import crew_rbac, crew_rbac_yaml
 from kubemoot.scheduling.archetypes import CONSENT_3
 from kubemoot.scheduling.scheduler import schedule_bundle
 
@@ -135,9 +136,11 @@ def test_operator_rbac_is_least_privilege() -> None:
     assert {verb for group, resource, verb in granted if group == "kubemoot.ai"
             and "/" not in resource} == {"get", "list", "watch"}
     assert {verb for _, resource, verb in granted if resource.endswith("/status")} == {"patch"}
-    assert {verb for _, resource, verb in granted if resource == "deployments"} == {
-        "get", "patch"}
+    assert not any(resource == "deployments" for _, resource, _ in granted)
     assert {(r, v) for g, r, v in granted if g == ""} == {("events", "create")}
+    crew_roles = [d for d in docs if d["kind"] == "Role"]
+    assert [(r["metadata"]["namespace"], r["rules"]) for r in crew_roles] == [
+        ("crew-homelab-pilot", crew_rbac("crew-homelab-pilot")[0]["rules"])]
     assert not any(r in ("secrets", "pods", "customresourcedefinitions") for _, r, _ in granted)
 
 
@@ -146,3 +149,46 @@ def test_operator_base_archetype_is_the_builtin_consent_3() -> None:
     archetype = parse_manifest(ours(docs, "MootArchetype")[0])
     assert isinstance(archetype, MootArchetype)
     assert archetype.spec == CONSENT_3.spec
+
+
+def test_operator_checked_in_crew_rbac_equals_kubemoot_crew_rbac_output() -> None:
+    result = CliRunner().invoke(app, ["crew-rbac", "crew-homelab-pilot"])
+    assert result.exit_code == 0, result.output
+    checked_in = (DEPLOY / "crew" / "rbac.yaml").read_text(encoding="utf-8")
+    assert checked_in == result.stdout == crew_rbac_yaml(["crew-homelab-pilot"]), (
+        "deploy/crew/rbac.yaml is stale: run kubemoot crew-rbac crew-homelab-pilot"
+    )
+    kustomization = yaml.safe_load((DEPLOY / "crew" / "kustomization.yaml").read_text())
+    assert "rbac.yaml" in kustomization["resources"]
+
+
+def test_operator_rbac_grants_deployments_only_per_crew_namespace() -> None:
+    """Read without kustomize: the base grants nothing on Deployments, the crew Role does."""
+    from ._rbac import allowed, grants
+
+    docs = [d for path in (DEPLOY / "base" / "rbac.yaml", DEPLOY / "crew" / "rbac.yaml")
+            for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+    for doc in docs:
+        for rule in doc.get("rules") or []:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], doc["metadata"]["name"]
+            assert "resourceNames" not in rule
+    granted = grants(docs)
+    for verb in ("get", "watch", "patch"):
+        assert allowed(granted, verb=verb, group="apps", resource="deployments",
+                       namespace="crew-homelab-pilot")
+        assert not allowed(granted, verb=verb, group="apps", resource="deployments",
+                           namespace="kube-system")
+    for verb in ("list", "create", "delete", "update"):
+        assert not allowed(granted, verb=verb, group="apps", resource="deployments",
+                           namespace="crew-homelab-pilot")
+    assert not allowed(granted, verb="get", group="", resource="secrets",
+                       namespace="crew-homelab-pilot")
+
+
+def test_operator_crew_rbac_refuses_a_bad_namespace() -> None:
+    from kubemoot.api.errors import InputError
+
+    result = CliRunner().invoke(app, ["crew-rbac", "Crew_A"])
+    assert isinstance(result.exception, InputError)
+    assert "NAMESPACE" in result.exception.describe()

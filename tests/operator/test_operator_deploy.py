@@ -192,3 +192,17 @@ def test_operator_crew_rbac_refuses_a_bad_namespace() -> None:
     result = CliRunner().invoke(app, ["crew-rbac", "Crew_A"])
     assert isinstance(result.exception, InputError)
     assert "NAMESPACE" in result.exception.describe()
+
+
+def test_operator_crds_follow_the_api_conventions() -> None:
+    for crd in crd_manifests():
+        version = crd["spec"]["versions"][0]
+        status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+        conditions = status["conditions"]
+        assert conditions["x-kubernetes-list-type"] == "map", crd["metadata"]["name"]
+        assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+        assert "type" in conditions["items"]["required"]
+        assert "observedGeneration" in status
+        for column in version["additionalPrinterColumns"]:
+            # kubectl prints only the first item of a [*] path: such a column would lie.
+            assert "[*]" not in column["jsonPath"], (crd["metadata"]["name"], column)

@@ -190,7 +190,7 @@ async def test_operator_zero_match_sets_conditions_and_failed_scheduling_events(
     assert message.startswith("0/2 models are available for phase mulling")
     policy = await eventually(
         lambda: cluster.condition("CrewSchedulingPolicy", "picky", "Scheduled", "crew-b")
-        .get("reason") == "Unschedulable"
+        .get("reason") == "AgentsUnschedulable"
         and cluster.condition("CrewSchedulingPolicy", "picky", "Scheduled", "crew-b"))
     assert "crew-b/dreamer phase mulling" in policy["message"]
 
@@ -208,7 +208,7 @@ async def test_operator_policy_with_unknown_phase_is_invalid(
     await _crew(cluster, emulators())
     await cluster.apply(b.policy("typo", "crew-c", rules=[b.rule("muling", require=TOOLS)]))
     valid = await eventually(
-        lambda: cluster.condition("CrewSchedulingPolicy", "typo", "PolicyValid", "crew-c"))
+        lambda: cluster.condition("CrewSchedulingPolicy", "typo", "Valid", "crew-c"))
     assert (valid["status"], valid["reason"]) == ("False", "UnknownPhase")
     assert '"muling"' in valid["message"]
 
@@ -275,3 +275,66 @@ async def test_operator_runtime_requirement_checked_against_the_probed_version(
     assert found["mulling"]["outcome"] == "UNSCHEDULABLE"
     events = cluster.events(reason="FailedScheduling")
     assert any("runtime version not met" in e["message"] for e in events)
+
+
+async def test_operator_status_follows_kubernetes_conventions(
+    cluster: Cluster, emulators: Emulators
+) -> None:
+    import re
+
+    emulator = emulators()
+    await preload(emulator, "qwen3:8b")
+    await preload(emulator, "phi3:mini")
+    await _crew(cluster, emulator)
+    await eventually(lambda: cluster.status("ModelProvider", "gpu-a").get("ready"),
+                     what="provider probed")
+    await cluster.apply(b.archetype())
+    agent = b.agent("conventional", NS, crew="crew-a", capabilities=["tool-calling"]
+                    ).to_manifest()
+    agent["metadata"]["generation"] = 3  # kmock keeps what it is given
+    await cluster.apply(agent)
+    status = await eventually(
+        lambda: cluster.status("Agent", "conventional", NS).get("observedGeneration") == 3
+        and cluster.status("Agent", "conventional", NS), what="observedGeneration")
+    await eventually(lambda: cluster.condition("Agent", "conventional", "Scheduled", NS)
+                     .get("reason") == "Bound", what="bound")
+    await settle(cluster)
+    status = cluster.status("Agent", "conventional", NS)
+    resolved = cluster.condition("Agent", "conventional", "PolicyResolved", NS)
+    assert (resolved["status"], resolved["reason"]) == ("True", "PolicyMatched")
+
+    # One validity condition on a policy.
+    types = [c["type"] for c in cluster.status("CrewSchedulingPolicy", "crew-a-default",
+                                              NS)["conditions"]]
+    assert "Valid" in types and "PolicyValid" not in types
+    assert len(types) == len(set(types))
+
+    # Columns read joined strings, not a [*] path that prints one item.
+    provider = cluster.status("ModelProvider", "gpu-a")
+    assert set(provider["capacity"]["loadedModelNames"].split(", ")) == {"qwen3:8b",
+                                                                         "phi3:mini"}
+    archetype = await eventually(lambda: cluster.status("MootArchetype", "consent-3")
+                                 .get("phaseNames"), what="phaseNames")
+    assert archetype == "mulling, triage"
+
+    # One timestamp precision: whole seconds, UTC, everywhere the operator writes one.
+    whole = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+    stamps = [c["lastTransitionTime"] for c in status["conditions"]]
+    stamps += [c["lastTransitionTime"] for c in provider["conditions"]]
+    stamps.append(provider["lastProbedAt"])
+    assert stamps and all(whole.match(s) for s in stamps), stamps
+
+
+async def test_operator_unschedulable_observed_at_has_whole_seconds(
+    cluster: Cluster, emulators: Emulators
+) -> None:
+    import re
+
+    await _crew(cluster, emulators())
+    await cluster.apply(b.policy("picky", "crew-b", crew_ref="picky",
+                                 rules=[b.rule("mulling", require={"params": "405B"})]))
+    await cluster.apply(b.agent("dreamer", "crew-b", crew="picky"))
+    last = await eventually(
+        lambda: cluster.status("Agent", "dreamer", "crew-b")["scheduling"]["lastUnschedulable"],
+        what="lastUnschedulable")
+    assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", last["observedAt"]), last

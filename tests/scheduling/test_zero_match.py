@@ -56,7 +56,7 @@ def test_failed_scheduling_message_has_kube_scheduler_shape() -> None:
     assert (scheduled.type, scheduled.status, scheduled.reason) == (
         "Scheduled",
         "False",
-        "Unschedulable",
+        "AgentsUnschedulable",
     )
     assert "crew-a/kubectl-agent phase mulling" in (scheduled.message or "")
     # triage has no rule, so it still binds: one phase failing does not lose the other.
@@ -141,3 +141,30 @@ def test_unbound_phase_templates_neither_its_model_nor_its_candidates() -> None:
     assert "KUBEMOOT_MODEL_CANDIDATES_MULLING" not in env
     assert env["KUBEMOOT_TRIAGE_MODEL_MODEL_ID"] == "qwen3:8b"
     assert '"qwen3:8b"' in env["KUBEMOOT_MODEL_CANDIDATES_TRIAGE"]
+
+
+def _resolved(result: object, name: str) -> tuple[str, str]:
+    agent = next(a for a in result.agents if a.name == name)  # type: ignore[attr-defined]
+    found = next(c for c in agent.conditions if c.type == "PolicyResolved")
+    return found.status, found.reason
+
+
+def test_policy_resolved_reasons_say_what_happened() -> None:
+    cpu = [provider("cpu", vram_total_mib=16384)]
+    models = three_cpu_models()
+    one = run(models=models, providers=cpu, agents=[agent("a", crew="pilot")],
+              policies=[policy("p", crew_ref="pilot")])
+    assert _resolved(one, "a") == ("True", "PolicyMatched")
+    twins = run(models=models, providers=cpu, agents=[agent("a", crew="pilot")],
+                policies=[policy("p1", crew_ref="pilot"), policy("p2", crew_ref="pilot")])
+    assert _resolved(twins, "a") == ("False", "AmbiguousCrewRef")
+    stray = run(models=models, providers=cpu, agents=[agent("a", crew="other")],
+                policies=[policy("p", crew_ref="pilot")])
+    assert _resolved(stray, "a") == ("False", "NoMatchingPolicy")
+    unlabelled = run(models=models, providers=cpu, agents=[agent("a")],
+                     policies=[policy("p1", crew_ref="x"), policy("p2", crew_ref="y")])
+    assert _resolved(unlabelled, "a") == ("False", "AmbiguousPolicy")
+    alone = run(models=models, providers=cpu, agents=[agent("a")])
+    assert _resolved(alone, "a") == ("False", "NoPolicy")
+    bound = next(c for c in alone.agents[0].conditions if c.type == "Scheduled")
+    assert (bound.status, bound.reason) == ("True", "Bound")

@@ -46,6 +46,10 @@ class ModelSpec(Strict):
 class ModelStatus(Strict):
     """``Model.status``; a Model without status is taken as Ready."""
 
+    observed_generation: int | None = Field(
+        default=None, alias="observedGeneration",
+        description="The metadata.generation this status was computed from.",
+    )
     ready: bool | None = None
     footprint_mib: int | None = Field(
         default=None, ge=0, alias="footprintMiB", description="Observed footprint in MiB."

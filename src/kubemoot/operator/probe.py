@@ -115,6 +115,7 @@ def provider_status(
     ]
     return {
         "ready": state.ready,
+        "observedGeneration": provider.metadata.generation,
         "lastProbedAt": rfc3339(probed),
         "runtimeVersion": state.runtime_version,
         "capacity": {
@@ -126,6 +127,8 @@ def provider_status(
             "loadedModels": [{k: v for k, v in m.items() if v is not None} for m in loaded],
             "loadedModelFootprints": dict(state.loaded_model_footprints),
             "digests": digests,
+            # `kubectl get` prints only the first match of a [*] path: publish them joined.
+            "loadedModelNames": ", ".join(str(m["name"]) for m in loaded) or None,
         },
         "conditions": merge_conditions(old_conditions, [ready]),
     }
@@ -166,6 +169,7 @@ def model_status(
         for c in model.status.conditions
     ]
     return {
+        "observedGeneration": model.metadata.generation,
         "ready": ready,
         "footprintMiB": footprint,
         "conditions": merge_conditions(old, [condition("Ready", ready, reason, message, now=now)]),

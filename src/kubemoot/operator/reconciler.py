@@ -31,6 +31,7 @@ from kubemoot.api import (
     InputError,
     Model,
     ModelProvider,
+    MootArchetype,
     Resource,
     parse_manifest,
 )
@@ -149,7 +150,10 @@ class Reconciler:
         return ClusterView.from_indexes(self.indexes)
 
     def now(self) -> datetime:
-        return _dt(self.clock.now())
+        """The clock's time in whole seconds: the API server stores times at that
+        precision, so every timestamp the operator writes (conditions, lastProbedAt,
+        lastUnschedulable.observedAt) has one precision and compares equal on re-read."""
+        return _dt(self.clock.now()).replace(microsecond=0)
 
     # ------------------------------------------------------------------ events
 
@@ -189,6 +193,8 @@ class Reconciler:
             old is None or old.spec != new.spec or old.status is None
         ):
             await self._refresh_model(new)
+        if isinstance(new, MootArchetype):
+            await self._describe_archetype(new)
         if new is None and isinstance(old, Agent):
             # A deleted Agent frees its slots: Agents waiting for them may bind now.
             gone = agent_key(old)
@@ -347,7 +353,7 @@ class Reconciler:
     # ------------------------------------------------------------------ policies
 
     async def reconcile_policies(self, policies: Iterable[CrewSchedulingPolicy]) -> None:
-        """PolicyValid (phases against the archetype) and Scheduled (governed Agents)."""
+        """Valid (phases against the archetype) and Scheduled (governed Agents)."""
         view = self.view()
         snapshot = view.snapshot()
         scheduling = SchedulingPass(snapshot, now=self.now())
@@ -437,6 +443,24 @@ class Reconciler:
                 await self._refresh_model(model, state=state)
         return state
 
+    async def _describe_archetype(self, archetype: MootArchetype) -> None:
+        """``status.phaseNames`` for ``kubectl get`` (a [*] column prints one item)."""
+        old = _status_of(archetype)
+        wanted = {**old, "phaseNames": ", ".join(archetype.phase_names)}
+        if archetype.metadata.generation is not None:
+            wanted["observedGeneration"] = archetype.metadata.generation
+        diff = merge_patch(old, wanted)
+        if diff == {}:
+            return
+        try:
+            await self.kube.merge_patch(
+                custom_path(archetype.PLURAL, archetype.metadata.name, subresource="status"),
+                {"status": diff},
+            )
+        except KubeError as error:
+            log.warning("writing the status of MootArchetype %s failed: %s",
+                        archetype.metadata.name, error)
+
     async def _refresh_model(self, model: Model, *, state: ProviderState | None = None) -> None:
         provider = model.spec.provider_ref
         providers = self.view().providers
@@ -471,8 +495,13 @@ class Reconciler:
 
     async def _write_conditions(self, resource: Resource, wanted: list[dict[str, Any]]) -> None:
         old = _status_of(resource)
-        conditions = merge_conditions(old.get("conditions") or [], wanted)
-        diff = merge_patch(old, {**old, "conditions": conditions})
+        # PolicyValid was folded into Valid; drop what an older operator wrote.
+        kept = [c for c in old.get("conditions") or [] if c.get("type") != "PolicyValid"]
+        conditions = merge_conditions(kept, wanted)
+        new = {**old, "conditions": conditions}
+        if resource.metadata.generation is not None:
+            new["observedGeneration"] = resource.metadata.generation
+        diff = merge_patch(old, new)
         if diff == {}:
             return
         try:
@@ -506,6 +535,8 @@ class Reconciler:
                                reason="InvalidSpec", message=message)
 
     async def _clear_invalid(self, kind: str, body: Mapping[str, Any], new: Resource) -> None:
+        if isinstance(new, CrewSchedulingPolicy):
+            return  # its Valid condition also judges the phases: reconcile_policies writes it
         old = _status_of(new).get("conditions") or []
         previous = find_condition(old, "Valid")
         if previous is None or previous.get("status") == "True":

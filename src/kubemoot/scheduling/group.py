@@ -84,6 +84,8 @@ class BindingGroup:
     phases: tuple[PhasePlan, ...]
     #: Saturation version of the pass at which the group was last known to hold.
     version: int
+    #: The PolicyResolved reason (see :class:`~kubemoot.scheduling.snapshot.PolicyResolution`).
+    resolved: str = "PolicyMatched"
     bound: tuple[str, ...] = field(init=False)  # distinct providers the group binds
     failed: tuple[PhasePlan, ...] = field(init=False)  # UNSCHEDULABLE phases
     unplaced: bool = field(init=False)  # some phase has no binding
@@ -201,8 +203,12 @@ class BindingGroup:
                 for p in self.phases
                 if p.chosen is not None
             )
-            scheduled = condition("Scheduled", "True", "Scheduled", summary)
+            scheduled = condition("Scheduled", "True", "Bound", summary)
         conditions = [scheduled]
-        if self.note is not None:
-            conditions.append(condition("PolicyResolved", "False", "NoPolicy", self.note))
+        if self.note is None and self.policy is not None:
+            conditions.append(condition("PolicyResolved", "True", self.resolved,
+                                        f"governed by CrewSchedulingPolicy {self.policy.name}"))
+        elif self.note is not None:
+            # AmbiguousCrewRef still schedules with one policy, but a person must choose.
+            conditions.append(condition("PolicyResolved", "False", self.resolved, self.note))
         return conditions

@@ -251,7 +251,8 @@ class SchedulingPass:
             if phase in spread_phases and chosen.topology is not None:
                 used.add(chosen.topology)
         return BindingGroup(
-            self, resolution.policy, resolution.note, tuple(phases), self._saturation
+            self, resolution.policy, resolution.note, tuple(phases), self._saturation,
+            resolution.reason,
         )
 
     def _choose(
@@ -423,14 +424,14 @@ class SchedulingPass:
             plan = self.plan(policy)
             if plan.problems:
                 valid = self.condition(
-                    "PolicyValid",
+                    "Valid",
                     "False",
                     plan.problems[0][0],
                     "; ".join(message for _, message in plan.problems),
                 )
             else:
                 valid = self.condition(
-                    "PolicyValid",
+                    "Valid",
                     "True",
                     "Valid",
                     f"phases match MootArchetype {plan.archetype.metadata.name}",
@@ -441,13 +442,13 @@ class SchedulingPass:
                     f" and {len(failures) - 5} more" if len(failures) > 5 else ""
                 )
                 scheduled = self.condition(
-                    "Scheduled", "False", "Unschedulable", f"unschedulable: {shown}"
+                    "Scheduled", "False", "AgentsUnschedulable", f"unschedulable: {shown}"
                 )
             else:
                 scheduled = self.condition(
                     "Scheduled",
                     "True",
-                    "Scheduled",
+                    "NoUnschedulableAgents",
                     "every governed Agent phase is bound or waits on evidence",
                 )
             policies.append(PolicyResult(policy, [valid, scheduled]))

@@ -27,7 +27,7 @@ from kubemoot.scheduling.archetypes import CONSENT_3
 from kubemoot.scheduling.scheduler import schedule_bundle
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-OVERLAYS = ["dev", "prod"]
+OVERLAYS = ["dev", "prod", "prod-tls"]
 NOW = datetime(2026, 5, 15, 12, 0, tzinfo=UTC)
 
 
@@ -206,3 +206,141 @@ def test_operator_crds_follow_the_api_conventions() -> None:
         for column in version["additionalPrinterColumns"]:
             # kubectl prints only the first item of a [*] path: such a column would lie.
             assert "[*]" not in column["jsonPath"], (crd["metadata"]["name"], column)
+
+
+def _by(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def _nats_conf(docs: list[dict[str, Any]]) -> str:
+    return str(_by(docs, "ConfigMap", "nats-config")["data"]["nats.conf"])
+
+
+def _local_conf(conf: str, store: Path, port: int) -> str:
+    """The cluster's nats.conf, moved onto loopback and a temporary store."""
+    text = conf.replace("listen: 0.0.0.0:4222", f"listen: 127.0.0.1:{port}")
+    text = text.replace("http: 0.0.0.0:8222\n", "")
+    return text.replace("store_dir: /data", f"store_dir: {store}")
+
+
+async def test_operator_nats_refuses_clients_without_the_secrets_credentials(
+    tmp_path: Path,
+) -> None:
+    """The base's nats.conf, run by a real nats-server: anonymous clients are refused."""
+    import asyncio
+
+    from kubemoot.store.nats import NatsKV, NatsSettings
+    from kubemoot.store.protocol import StoreUnavailable
+    from kubemoot.testing.nats_server import find_nats_server, free_port
+
+    docs = render("dev")
+    statefulset = _by(docs, "StatefulSet", "nats")
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"]
+           for e in statefulset["spec"]["template"]["spec"]["containers"][0]["env"]
+           if "secretKeyRef" in e.get("valueFrom", {})}
+    assert env == {
+        "NATS_USER": {"name": "kubemoot-nats", "key": "KUBEMOOT_NATS_USER"},
+        "NATS_PASSWORD": {"name": "kubemoot-nats", "key": "KUBEMOOT_NATS_PASSWORD"},
+    }
+    port = free_port()
+    conf = tmp_path / "nats.conf"
+    conf.write_text(_local_conf(_nats_conf(docs), tmp_path, port))
+    log = (tmp_path / "server.log").open("ab")
+    server = subprocess.Popen(
+        [find_nats_server(), "--config", str(conf)], stdout=log, stderr=subprocess.STDOUT,
+        env={"NATS_USER": "kubemoot", "NATS_PASSWORD": "s3cr3t-for-the-test"},
+    )
+    try:
+        url = f"nats://127.0.0.1:{port}"
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 20
+        while True:  # wait until it listens
+            try:
+                _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            except OSError:
+                assert loop.time() < end and server.poll() is None, "nats-server did not start"
+                await asyncio.sleep(0.05)
+        with pytest.raises(StoreUnavailable):
+            await NatsKV.connect(NatsSettings(servers=[url], max_reconnect_attempts=1))
+        with pytest.raises(StoreUnavailable, match="refused the credentials"):
+            await NatsKV.connect(NatsSettings(servers=[url], user="kubemoot",
+                                              password="wrong", max_reconnect_attempts=1))
+        kv = await NatsKV.connect(NatsSettings(servers=[url], user="kubemoot",
+                                               password="s3cr3t-for-the-test"))
+        try:
+            bucket = await kv.bucket("kubemoot_provider_state")
+            await bucket.put("k", b"v")
+        finally:
+            await kv.close()
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_operator_reads_the_nats_secret_and_may_reach_nats() -> None:
+    docs = render("dev")
+    operator = _by(docs, "Deployment", "kubemoot-operator")
+    pod = operator["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert container["envFrom"] == [{"secretRef": {"name": "kubemoot-nats"}}]  # required
+    assert pod["metadata"]["labels"]["kubemoot.ai/nats-client"] == "true"
+    crew_namespace = next(d for d in docs if d["kind"] == "Namespace"
+                          and d["metadata"]["name"] == "crew-homelab-pilot")
+    assert crew_namespace["metadata"]["labels"]["kubemoot.ai/crew-namespace"] == "true"
+
+
+def test_operator_network_policies_admit_only_kubemoot_components() -> None:
+    docs = render("dev")
+    nats = _by(docs, "NetworkPolicy", "nats-clients")
+    assert nats["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "nats"}}
+    assert nats["spec"]["policyTypes"] == ["Ingress"]
+    client, routes = nats["spec"]["ingress"]
+    assert client["ports"] == [{"port": 4222, "protocol": "TCP"}]
+    for peer in client["from"]:  # never a bare namespace or an empty selector
+        assert peer["podSelector"] == {"matchLabels": {"kubemoot.ai/nats-client": "true"}}
+        assert peer["namespaceSelector"]["matchLabels"]
+    assert routes["from"] == [{"podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "nats"}}}]
+    metrics = _by(docs, "NetworkPolicy", "operator-metrics")
+    assert metrics["spec"]["podSelector"] == {
+        "matchLabels": {"app.kubernetes.io/name": "kubemoot-operator"}}
+    [rule] = metrics["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    assert all(peer["podSelector"]["matchLabels"] == {"kubemoot.ai/metrics-scraper": "true"}
+               for peer in rule["from"])
+
+
+def test_operator_prod_runs_a_three_node_cluster_with_three_replicas(tmp_path: Path) -> None:
+    from kubemoot.testing.nats_server import find_nats_server
+
+    docs = render("prod")
+    assert _by(docs, "StatefulSet", "nats")["spec"]["replicas"] == 3
+    conf = _nats_conf(docs)
+    for node in range(3):
+        assert f"nats://nats-{node}.nats-headless.kubemoot-system.svc:6222" in conf
+    env = _by(docs, "Deployment", "kubemoot-operator")["spec"]["template"]["spec"][
+        "containers"][0]["env"]
+    assert {"name": "KUBEMOOT_NATS_REPLICAS", "value": "3"} in env
+    # The real server parses it (-t: test the configuration and exit).
+    path = tmp_path / "nats.conf"
+    path.write_text(_local_conf(conf, tmp_path, 4222))
+    checked = subprocess.run(
+        [find_nats_server(), "--config", str(path), "-t"], capture_output=True, text=True,
+        env={"NATS_USER": "u", "NATS_PASSWORD": "p", "POD_NAME": "nats-0"}, timeout=30,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_operator_tls_overlay_turns_tls_on_for_server_and_operator() -> None:
+    docs = render("prod-tls")
+    args = _by(docs, "StatefulSet", "nats")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--tls" in args and "--tlscert=/etc/nats-tls/tls.crt" in args
+    container = _by(docs, "Deployment", "kubemoot-operator")["spec"]["template"]["spec"][
+        "containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["KUBEMOOT_NATS_URL"].startswith("tls://")
+    assert env["KUBEMOOT_NATS_TLS_CA"] == "/etc/nats-tls/ca.crt"
+    assert env["KUBEMOOT_NATS_REPLICAS"] == "3"  # still the prod cluster underneath

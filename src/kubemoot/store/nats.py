@@ -317,9 +317,13 @@ class NatsKV:
                 kv = await self._js.key_value(name)
             except nats.js.errors.BucketNotFoundError:
                 try:
+                    # Direct gets may be answered by any replica, and a lagging one
+                    # returns an old revision: a release that reads its ticket as
+                    # already gone would leak it. Replicated buckets read via the leader.
+                    replicas = self._settings.replicas
                     kv = await self._js.create_key_value(
-                        bucket=name, history=1, ttl=max_age, direct=True,
-                        replicas=self._settings.replicas,
+                        bucket=name, history=1, ttl=max_age, direct=replicas == 1,
+                        replicas=replicas,
                     )
                 except nats.js.errors.BadRequestError:
                     kv = await self._js.key_value(name)  # another process created it first

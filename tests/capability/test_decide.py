@@ -243,3 +243,17 @@ def test_load_request_errors(text: str, message: str) -> None:
     with pytest.raises(InputError, match=message) as caught:
         load_request(text, file="x.yaml")
     assert caught.value.file == "x.yaml"
+
+
+def test_decision_document_records_the_license_and_policy_authority() -> None:
+    from kubemoot.capability import decide, decision_document, parse_request
+    from tests.capability._build import document, node
+
+    data = document(node("N1"))
+    data["spec"]["authority"] = {"source": "licence-registry/AIE-015", "version": "2026-05-01"}
+    request = parse_request(data)
+    recorded = decision_document(request, decide(request))
+    assert recorded["authority"] == {"source": "licence-registry/AIE-015",
+                                     "version": "2026-05-01"}
+    bare = parse_request(document(node("N1")))
+    assert decision_document(bare, decide(bare))["authority"] is None

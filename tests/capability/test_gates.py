@@ -8,7 +8,7 @@ import pytest
 
 from kubemoot.capability import NodeCandidate, capability_gates
 from kubemoot.gates import GateResult, Verdict
-from tests.capability._build import ABSENT, DIGEST, OLD, VERIFIED, node, request
+from tests.capability._build import ABSENT, DIGEST, OLD, VERIFIED, document, node, request
 
 P, F, U, S = Verdict.PASS, Verdict.FAIL, Verdict.UNKNOWN, Verdict.STALE
 
@@ -132,14 +132,23 @@ def test_memory_gate(node_doc: dict, work: dict, verdict: Verdict) -> None:
         ("ALLOW", "ALLOW", P),
         ("REVIEW_REQUIRED", "ALLOW", F),
         ("BLOCKED", "ALLOW", F),
-        ("ALLOW", "REVIEW_REQUIRED", P),
-        ("REVIEW_REQUIRED", "REVIEW_REQUIRED", P),
-        ("BLOCKED", "REVIEW_REQUIRED", F),
         (ABSENT, "ALLOW", U),
     ],
 )
 def test_license_gate(declared: Any, required: str, verdict: Verdict) -> None:
     assert check("license", node(license=declared), license=required).result is verdict
+
+
+@pytest.mark.parametrize("weaker", ["REVIEW_REQUIRED", "BLOCKED"])
+def test_a_workload_cannot_require_a_license_weaker_than_allow(weaker: str) -> None:
+    from kubemoot.api.errors import InputError
+    from kubemoot.capability import parse_request
+
+    data = document(node(license=weaker), license=weaker)
+    with pytest.raises(InputError) as caught:
+        parse_request(data)
+    message = caught.value.describe()
+    assert "spec.workload.license" in message and "must require ALLOW" in message
 
 
 def test_license_gate_stale() -> None:

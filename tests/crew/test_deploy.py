@@ -11,7 +11,8 @@ NS = "crew-homelab-pilot"
 #: What may differ between overlays besides the Model bundle: sizing of the
 #: infrastructure (the operator's probe interval, NATS storage).
 SIZING = {("Deployment", "kubemoot-system", "kubemoot-operator"),
-          ("StatefulSet", "kubemoot-system", "nats")}
+          ("StatefulSet", "kubemoot-system", "nats"),
+          ("ConfigMap", "kubemoot-system", "nats-config")}  # prod: a three-node cluster
 BUNDLE = {"Model", "ModelProvider"}
 
 
@@ -47,6 +48,9 @@ def test_every_agent_has_a_deployment_running_kubemoot_agent() -> None:
         assert not any(k.startswith("KUBEMOOT_MODEL") for k in env)  # the operator's part
         assert pod["automountServiceAccountToken"] is False  # no Kubernetes API access
         assert pod["securityContext"]["runAsNonRoot"] is True
+        # The NetworkPolicy admits only labelled pods to NATS.
+        assert deployment["spec"]["template"]["metadata"]["labels"][
+            "kubemoot.ai/nats-client"] == "true"
         selector = deployment["spec"]["selector"]["matchLabels"]
         assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
 

@@ -13,17 +13,20 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import kmock
 import kopf
 import pytest
+import yaml
 
 from kubemoot.api import RESOURCE_TYPES, Resource, crd_manifests, parse_manifest
 from kubemoot.api.errors import InputError
 from kubemoot.clock import SystemClock
 from kubemoot.operator.kube import KubeClient, custom_path
+from kubemoot.operator.rbac import crew_rbac
 from kubemoot.operator.reconciler import Reconciler
 from kubemoot.operator.run import kopf_settings, serve
 from kubemoot.operator.view import INDEX_IDS
@@ -32,6 +35,8 @@ from kubemoot.store.documents import PROVIDER_STATE_BUCKET, ProviderState
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
 from kubemoot.store.protocol import Bucket
+
+from ._rbac import allowed, grants
 
 SMALL = EmulatedModel("phi3:mini", 2048)
 MEDIUM = EmulatedModel("qwen3:8b", 5120)
@@ -83,7 +88,8 @@ def declare_resources(server: Any) -> None:
         kind="Event", namespaced=True, verbs={"create", "list"}
     )
     server.resources["apps/v1/deployments"] = kmock.ResourceInfo(
-        kind="Deployment", namespaced=True, verbs={"get", "list", "patch", "create"}
+        kind="Deployment", namespaced=True,
+        verbs={"get", "list", "watch", "patch", "create", "delete"}
     )
     for crd in crd_manifests():
         spec = crd["spec"]
@@ -128,6 +134,11 @@ class Cluster:
         response = await self.http.patch(
             path, json=patch, headers={"Content-Type": "application/merge-patch+json"}
         )
+        assert response.status_code < 300, response.text
+
+    async def delete(self, kind: str, name: str, *, namespace: str | None = None) -> None:
+        path = custom_path(RESOURCE_TYPES[kind].PLURAL, name, namespace=namespace)
+        response = await self.http.delete(path)
         assert response.status_code < 300, response.text
 
     async def create_deployment(self, namespace: str, name: str, *,
@@ -362,7 +373,49 @@ async def cluster(kmock: Any) -> AsyncIterator[Cluster]:
     try:
         await _watches_open(kmock)
         assert operator.reconciler is not None and operator.bucket is not None
-        async with httpx.AsyncClient(base_url=server_url) as http:
+        async with httpx.AsyncClient(base_url=server_url,
+                                     headers={"User-Agent": TEST_CLIENT}) as http:
             yield Cluster(kmock, http, operator.reconciler, operator.bucket, operator)
     finally:
         await operator.stop()
+    assert_rbac_allows_every_request(kmock)
+
+
+TEST_CLIENT = "kubemoot-tests"  # the User-Agent of the test's own writes
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+_VERBS = {
+    kmock.action.LIST: "list", kmock.action.WATCH: "watch", kmock.action.FETCH: "get",
+    kmock.action.CREATE: "create", kmock.action.DELETE: "delete",
+}
+
+
+def operator_requests(server: Any) -> list[Any]:
+    """Every API request the operator (kopf and its own client) sent, not the test's."""
+    return [r for r in list(server) if r.headers.get("User-Agent") != TEST_CLIENT]
+
+
+def assert_rbac_allows_every_request(server: Any) -> None:
+    """Each request the operator made is allowed by deploy/base/rbac.yaml plus a crew Role
+    (``kubemoot crew-rbac``) in every namespace that held Agents, as installed for real."""
+    crews = {
+        namespace for (resource, namespace, _), _obj in list(server.objects.items())
+        if getattr(resource, "plural", None) == "agents" and namespace
+    }
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "base" / "rbac.yaml").read_text()) if d]
+    for namespace in sorted(crews):
+        docs += crew_rbac(namespace)
+    granted = grants(docs)
+    denied = []
+    for request in operator_requests(server):
+        if request.resource is None or request.resource.plural is None:
+            # discovery (/api, /apis/GROUP/VERSION …): open to every account
+            assert request.method == "GET", request
+            continue
+        verb = _VERBS.get(request.action) or ("patch" if request.method == "PATCH" else "update")
+        plural = request.resource.plural + (f"/{request.subresource}" if request.subresource
+                                            else "")
+        if not allowed(granted, verb=verb, group=request.resource.group or "",
+                       resource=plural, namespace=request.namespace):
+            denied.append(f"{verb} {request.resource.group or 'core'}/{plural} "
+                          f"in {request.namespace or 'the cluster'}")
+    assert not denied, f"RBAC denies requests the operator made: {sorted(set(denied))}"

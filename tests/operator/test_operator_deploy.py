@@ -22,11 +22,12 @@ from kubemoot.api import (
 from kubemoot.cli import app
 from kubemoot.gates import Outcome
 from kubemoot.operator.probe import VRAM_TOTAL_ANNOTATION
+from kubemoot.operator.rbac import crew_rbac, crew_rbac_yaml
 from kubemoot.scheduling.archetypes import CONSENT_3
 from kubemoot.scheduling.scheduler import schedule_bundle
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-OVERLAYS = ["dev", "prod"]
+OVERLAYS = ["dev", "prod", "prod-tls"]
 NOW = datetime(2026, 5, 15, 12, 0, tzinfo=UTC)
 
 
@@ -135,9 +136,11 @@ def test_operator_rbac_is_least_privilege() -> None:
     assert {verb for group, resource, verb in granted if group == "kubemoot.ai"
             and "/" not in resource} == {"get", "list", "watch"}
     assert {verb for _, resource, verb in granted if resource.endswith("/status")} == {"patch"}
-    assert {verb for _, resource, verb in granted if resource == "deployments"} == {
-        "get", "patch"}
+    assert not any(resource == "deployments" for _, resource, _ in granted)
     assert {(r, v) for g, r, v in granted if g == ""} == {("events", "create")}
+    crew_roles = [d for d in docs if d["kind"] == "Role"]
+    assert [(r["metadata"]["namespace"], r["rules"]) for r in crew_roles] == [
+        ("crew-homelab-pilot", crew_rbac("crew-homelab-pilot")[0]["rules"])]
     assert not any(r in ("secrets", "pods", "customresourcedefinitions") for _, r, _ in granted)
 
 
@@ -146,3 +149,198 @@ def test_operator_base_archetype_is_the_builtin_consent_3() -> None:
     archetype = parse_manifest(ours(docs, "MootArchetype")[0])
     assert isinstance(archetype, MootArchetype)
     assert archetype.spec == CONSENT_3.spec
+
+
+def test_operator_checked_in_crew_rbac_equals_kubemoot_crew_rbac_output() -> None:
+    result = CliRunner().invoke(app, ["crew-rbac", "crew-homelab-pilot"])
+    assert result.exit_code == 0, result.output
+    checked_in = (DEPLOY / "crew" / "rbac.yaml").read_text(encoding="utf-8")
+    assert checked_in == result.stdout == crew_rbac_yaml(["crew-homelab-pilot"]), (
+        "deploy/crew/rbac.yaml is stale: run kubemoot crew-rbac crew-homelab-pilot"
+    )
+    kustomization = yaml.safe_load((DEPLOY / "crew" / "kustomization.yaml").read_text())
+    assert "rbac.yaml" in kustomization["resources"]
+
+
+def test_operator_rbac_grants_deployments_only_per_crew_namespace() -> None:
+    """Read without kustomize: the base grants nothing on Deployments, the crew Role does."""
+    from ._rbac import allowed, grants
+
+    docs = [d for path in (DEPLOY / "base" / "rbac.yaml", DEPLOY / "crew" / "rbac.yaml")
+            for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+    for doc in docs:
+        for rule in doc.get("rules") or []:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], doc["metadata"]["name"]
+            assert "resourceNames" not in rule
+    granted = grants(docs)
+    for verb in ("get", "watch", "patch"):
+        assert allowed(granted, verb=verb, group="apps", resource="deployments",
+                       namespace="crew-homelab-pilot")
+        assert not allowed(granted, verb=verb, group="apps", resource="deployments",
+                           namespace="kube-system")
+    for verb in ("list", "create", "delete", "update"):
+        assert not allowed(granted, verb=verb, group="apps", resource="deployments",
+                           namespace="crew-homelab-pilot")
+    assert not allowed(granted, verb="get", group="", resource="secrets",
+                       namespace="crew-homelab-pilot")
+
+
+def test_operator_crew_rbac_refuses_a_bad_namespace() -> None:
+    from kubemoot.api.errors import InputError
+
+    result = CliRunner().invoke(app, ["crew-rbac", "Crew_A"])
+    assert isinstance(result.exception, InputError)
+    assert "NAMESPACE" in result.exception.describe()
+
+
+def test_operator_crds_follow_the_api_conventions() -> None:
+    for crd in crd_manifests():
+        version = crd["spec"]["versions"][0]
+        status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+        conditions = status["conditions"]
+        assert conditions["x-kubernetes-list-type"] == "map", crd["metadata"]["name"]
+        assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+        assert "type" in conditions["items"]["required"]
+        assert "observedGeneration" in status
+        for column in version["additionalPrinterColumns"]:
+            # kubectl prints only the first item of a [*] path: such a column would lie.
+            assert "[*]" not in column["jsonPath"], (crd["metadata"]["name"], column)
+
+
+def _by(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def _nats_conf(docs: list[dict[str, Any]]) -> str:
+    return str(_by(docs, "ConfigMap", "nats-config")["data"]["nats.conf"])
+
+
+def _local_conf(conf: str, store: Path, port: int) -> str:
+    """The cluster's nats.conf, moved onto loopback and a temporary store."""
+    text = conf.replace("listen: 0.0.0.0:4222", f"listen: 127.0.0.1:{port}")
+    text = text.replace("http: 0.0.0.0:8222\n", "")
+    return text.replace("store_dir: /data", f"store_dir: {store}")
+
+
+async def test_operator_nats_refuses_clients_without_the_secrets_credentials(
+    tmp_path: Path,
+) -> None:
+    """The base's nats.conf, run by a real nats-server: anonymous clients are refused."""
+    import asyncio
+
+    from kubemoot.store.nats import NatsKV, NatsSettings
+    from kubemoot.store.protocol import StoreUnavailable
+    from kubemoot.testing.nats_server import find_nats_server, free_port
+
+    docs = render("dev")
+    statefulset = _by(docs, "StatefulSet", "nats")
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"]
+           for e in statefulset["spec"]["template"]["spec"]["containers"][0]["env"]
+           if "secretKeyRef" in e.get("valueFrom", {})}
+    assert env == {
+        "NATS_USER": {"name": "kubemoot-nats", "key": "KUBEMOOT_NATS_USER"},
+        "NATS_PASSWORD": {"name": "kubemoot-nats", "key": "KUBEMOOT_NATS_PASSWORD"},
+    }
+    port = free_port()
+    conf = tmp_path / "nats.conf"
+    conf.write_text(_local_conf(_nats_conf(docs), tmp_path, port))
+    log = (tmp_path / "server.log").open("ab")
+    server = subprocess.Popen(
+        [find_nats_server(), "--config", str(conf)], stdout=log, stderr=subprocess.STDOUT,
+        env={"NATS_USER": "kubemoot", "NATS_PASSWORD": "s3cr3t-for-the-test"},
+    )
+    try:
+        url = f"nats://127.0.0.1:{port}"
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 20
+        while True:  # wait until it listens
+            try:
+                _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            except OSError:
+                assert loop.time() < end and server.poll() is None, "nats-server did not start"
+                await asyncio.sleep(0.05)
+        with pytest.raises(StoreUnavailable):
+            await NatsKV.connect(NatsSettings(servers=[url], max_reconnect_attempts=1))
+        with pytest.raises(StoreUnavailable, match="refused the credentials"):
+            await NatsKV.connect(NatsSettings(servers=[url], user="kubemoot",
+                                              password="wrong", max_reconnect_attempts=1))
+        kv = await NatsKV.connect(NatsSettings(servers=[url], user="kubemoot",
+                                               password="s3cr3t-for-the-test"))
+        try:
+            bucket = await kv.bucket("kubemoot_provider_state")
+            await bucket.put("k", b"v")
+        finally:
+            await kv.close()
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_operator_reads_the_nats_secret_and_may_reach_nats() -> None:
+    docs = render("dev")
+    operator = _by(docs, "Deployment", "kubemoot-operator")
+    pod = operator["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert container["envFrom"] == [{"secretRef": {"name": "kubemoot-nats"}}]  # required
+    assert pod["metadata"]["labels"]["kubemoot.ai/nats-client"] == "true"
+    crew_namespace = next(d for d in docs if d["kind"] == "Namespace"
+                          and d["metadata"]["name"] == "crew-homelab-pilot")
+    assert crew_namespace["metadata"]["labels"]["kubemoot.ai/crew-namespace"] == "true"
+
+
+def test_operator_network_policies_admit_only_kubemoot_components() -> None:
+    docs = render("dev")
+    nats = _by(docs, "NetworkPolicy", "nats-clients")
+    assert nats["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "nats"}}
+    assert nats["spec"]["policyTypes"] == ["Ingress"]
+    client, routes = nats["spec"]["ingress"]
+    assert client["ports"] == [{"port": 4222, "protocol": "TCP"}]
+    for peer in client["from"]:  # never a bare namespace or an empty selector
+        assert peer["podSelector"] == {"matchLabels": {"kubemoot.ai/nats-client": "true"}}
+        assert peer["namespaceSelector"]["matchLabels"]
+    assert routes["from"] == [{"podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "nats"}}}]
+    metrics = _by(docs, "NetworkPolicy", "operator-metrics")
+    assert metrics["spec"]["podSelector"] == {
+        "matchLabels": {"app.kubernetes.io/name": "kubemoot-operator"}}
+    [rule] = metrics["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    assert all(peer["podSelector"]["matchLabels"] == {"kubemoot.ai/metrics-scraper": "true"}
+               for peer in rule["from"])
+
+
+def test_operator_prod_runs_a_three_node_cluster_with_three_replicas(tmp_path: Path) -> None:
+    from kubemoot.testing.nats_server import find_nats_server
+
+    docs = render("prod")
+    assert _by(docs, "StatefulSet", "nats")["spec"]["replicas"] == 3
+    conf = _nats_conf(docs)
+    for node in range(3):
+        assert f"nats://nats-{node}.nats-headless.kubemoot-system.svc:6222" in conf
+    env = _by(docs, "Deployment", "kubemoot-operator")["spec"]["template"]["spec"][
+        "containers"][0]["env"]
+    assert {"name": "KUBEMOOT_NATS_REPLICAS", "value": "3"} in env
+    # The real server parses it (-t: test the configuration and exit).
+    path = tmp_path / "nats.conf"
+    path.write_text(_local_conf(conf, tmp_path, 4222))
+    checked = subprocess.run(
+        [find_nats_server(), "--config", str(path), "-t"], capture_output=True, text=True,
+        env={"NATS_USER": "u", "NATS_PASSWORD": "p", "POD_NAME": "nats-0"}, timeout=30,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_operator_tls_overlay_turns_tls_on_for_server_and_operator() -> None:
+    docs = render("prod-tls")
+    args = _by(docs, "StatefulSet", "nats")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--tls" in args and "--tlscert=/etc/nats-tls/tls.crt" in args
+    container = _by(docs, "Deployment", "kubemoot-operator")["spec"]["template"]["spec"][
+        "containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["KUBEMOOT_NATS_URL"].startswith("tls://")
+    assert env["KUBEMOOT_NATS_TLS_CA"] == "/etc/nats-tls/ca.crt"
+    assert env["KUBEMOOT_NATS_REPLICAS"] == "3"  # still the prod cluster underneath

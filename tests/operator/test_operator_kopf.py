@@ -190,7 +190,7 @@ async def test_operator_zero_match_sets_conditions_and_failed_scheduling_events(
     assert message.startswith("0/2 models are available for phase mulling")
     policy = await eventually(
         lambda: cluster.condition("CrewSchedulingPolicy", "picky", "Scheduled", "crew-b")
-        .get("reason") == "Unschedulable"
+        .get("reason") == "AgentsUnschedulable"
         and cluster.condition("CrewSchedulingPolicy", "picky", "Scheduled", "crew-b"))
     assert "crew-b/dreamer phase mulling" in policy["message"]
 
@@ -208,6 +208,133 @@ async def test_operator_policy_with_unknown_phase_is_invalid(
     await _crew(cluster, emulators())
     await cluster.apply(b.policy("typo", "crew-c", rules=[b.rule("muling", require=TOOLS)]))
     valid = await eventually(
-        lambda: cluster.condition("CrewSchedulingPolicy", "typo", "PolicyValid", "crew-c"))
+        lambda: cluster.condition("CrewSchedulingPolicy", "typo", "Valid", "crew-c"))
     assert (valid["status"], valid["reason"]) == ("False", "UnknownPhase")
     assert '"muling"' in valid["message"]
+
+
+async def test_operator_misspelled_provider_ref_is_a_warning_on_the_model(
+    cluster: Cluster, emulators: Emulators
+) -> None:
+    await cluster.apply(provider_manifest("gpu-a", emulators()))
+    await eventually(lambda: cluster.status("ModelProvider", "gpu-a").get("ready"),
+                     what="provider probed")
+    await cluster.apply(b.model("qwen3-8b", provider="gpu-aa", vram_mib=5120, labels=TOOLS))
+    ready = await eventually(
+        lambda: cluster.condition("Model", "qwen3-8b", "Ready").get("reason")
+        == "ProviderNotFound" and cluster.condition("Model", "qwen3-8b", "Ready"))
+    assert ready["status"] == "False"
+    assert "spec.providerRef" in ready["message"] and 'did you mean "gpu-a"' in ready["message"]
+    [event] = await eventually(lambda: cluster.events(reason="ProviderNotFound"),
+                               what="a ProviderNotFound event")
+    assert event["type"] == "Warning"
+    assert event["involvedObject"]["kind"] == "Model"
+    assert event["involvedObject"]["name"] == "qwen3-8b"
+    await settle(cluster)
+    assert len(cluster.events(reason="ProviderNotFound")) == 1  # not on every reconcile
+
+    # Deleting the provider a Model names turns that Model into the same warning.
+    await cluster.apply(b.model("phi3-mini", provider="gpu-a", vram_mib=2048, labels=TOOLS))
+    await eventually(lambda: cluster.status("Model", "phi3-mini").get("ready"),
+                     what="phi3-mini ready")
+    await cluster.http.delete("/apis/kubemoot.ai/v1alpha1/modelproviders/gpu-a")
+    await eventually(lambda: cluster.condition("Model", "phi3-mini", "Ready").get("reason")
+                     == "ProviderNotFound", what="phi3-mini loses its provider")
+
+
+async def test_operator_runtime_requirement_checked_against_the_probed_version(
+    cluster: Cluster, emulators: Emulators
+) -> None:
+    from kubemoot.providers.emulator import EMULATOR_VERSION
+
+    await cluster.apply(provider_manifest("gpu-a", emulators()))
+    status = await eventually(lambda: cluster.status("ModelProvider", "gpu-a").get("ready")
+                              and cluster.status("ModelProvider", "gpu-a"), what="probed")
+    assert status["runtimeVersion"] == EMULATOR_VERSION  # "0.12.0-…": older than 1.0
+    state = await cluster.kv_state("gpu-a")
+    assert state is not None and state.runtime_version == EMULATOR_VERSION
+
+    await cluster.apply(b.model("qwen3-14b", provider="gpu-a", vram_mib=9216,
+                                runtime="ollama>=1.0", labels={**TOOLS, "params": "14B"}))
+    await cluster.apply(b.model("qwen3-8b", provider="gpu-a", vram_mib=5120,
+                                runtime="ollama<1", labels={**TOOLS, "params": "8B"}))
+    await cluster.apply(b.policy("picky", "crew-v", crew_ref="v", rules=[
+        b.rule("mulling", require={"params": "14B"}),
+        b.rule("triage", require={"params": "8B"})]))
+    await cluster.apply(b.agent("versioned", "crew-v", crew="v"))
+
+    def phases() -> dict[str, Any]:
+        scheduling = cluster.status("Agent", "versioned", "crew-v").get("scheduling") or {}
+        found = scheduling.get("phases") or {}
+        return found if len(found) == 2 else {}
+
+    found = await eventually(phases, what="both phases scheduled")
+    await settle(cluster)
+    found = phases()
+    assert found["triage"]["outcome"] == "PLACE"
+    assert found["mulling"]["outcome"] == "UNSCHEDULABLE"
+    events = cluster.events(reason="FailedScheduling")
+    assert any("runtime version not met" in e["message"] for e in events)
+
+
+async def test_operator_status_follows_kubernetes_conventions(
+    cluster: Cluster, emulators: Emulators
+) -> None:
+    import re
+
+    emulator = emulators()
+    await preload(emulator, "qwen3:8b")
+    await preload(emulator, "phi3:mini")
+    await _crew(cluster, emulator)
+    await eventually(lambda: cluster.status("ModelProvider", "gpu-a").get("ready"),
+                     what="provider probed")
+    await cluster.apply(b.archetype())
+    agent = b.agent("conventional", NS, crew="crew-a", capabilities=["tool-calling"]
+                    ).to_manifest()
+    agent["metadata"]["generation"] = 3  # kmock keeps what it is given
+    await cluster.apply(agent)
+    status = await eventually(
+        lambda: cluster.status("Agent", "conventional", NS).get("observedGeneration") == 3
+        and cluster.status("Agent", "conventional", NS), what="observedGeneration")
+    await eventually(lambda: cluster.condition("Agent", "conventional", "Scheduled", NS)
+                     .get("reason") == "Bound", what="bound")
+    await settle(cluster)
+    status = cluster.status("Agent", "conventional", NS)
+    resolved = cluster.condition("Agent", "conventional", "PolicyResolved", NS)
+    assert (resolved["status"], resolved["reason"]) == ("True", "PolicyMatched")
+
+    # One validity condition on a policy.
+    types = [c["type"] for c in cluster.status("CrewSchedulingPolicy", "crew-a-default",
+                                              NS)["conditions"]]
+    assert "Valid" in types and "PolicyValid" not in types
+    assert len(types) == len(set(types))
+
+    # Columns read joined strings, not a [*] path that prints one item.
+    provider = cluster.status("ModelProvider", "gpu-a")
+    assert set(provider["capacity"]["loadedModelNames"].split(", ")) == {"qwen3:8b",
+                                                                         "phi3:mini"}
+    archetype = await eventually(lambda: cluster.status("MootArchetype", "consent-3")
+                                 .get("phaseNames"), what="phaseNames")
+    assert archetype == "mulling, triage"
+
+    # One timestamp precision: whole seconds, UTC, everywhere the operator writes one.
+    whole = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+    stamps = [c["lastTransitionTime"] for c in status["conditions"]]
+    stamps += [c["lastTransitionTime"] for c in provider["conditions"]]
+    stamps.append(provider["lastProbedAt"])
+    assert stamps and all(whole.match(s) for s in stamps), stamps
+
+
+async def test_operator_unschedulable_observed_at_has_whole_seconds(
+    cluster: Cluster, emulators: Emulators
+) -> None:
+    import re
+
+    await _crew(cluster, emulators())
+    await cluster.apply(b.policy("picky", "crew-b", crew_ref="picky",
+                                 rules=[b.rule("mulling", require={"params": "405B"})]))
+    await cluster.apply(b.agent("dreamer", "crew-b", crew="picky"))
+    last = await eventually(
+        lambda: cluster.status("Agent", "dreamer", "crew-b")["scheduling"]["lastUnschedulable"],
+        what="lastUnschedulable")
+    assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", last["observedAt"]), last

@@ -157,7 +157,7 @@ async def test_operator_malformed_objects_get_conditions_and_events_not_crashes(
         .get("status") == "True")
     assert fixed
     policy_valid = await eventually(
-        lambda: cluster.condition("CrewSchedulingPolicy", "broken", "PolicyValid", Q))
+        lambda: cluster.condition("CrewSchedulingPolicy", "broken", "Valid", Q))
     assert policy_valid["status"] == "True"
     await settle(cluster)
     assert len(cluster.events(reason="InvalidSpec")) == 2  # no repeats

@@ -105,3 +105,30 @@ def test_broken_resource_names_file_and_field(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "broken.yaml" in done.stderr and "vramMib" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+
+def test_misspelled_provider_ref_is_a_warning_on_stderr(tmp_path: Path) -> None:
+    # In-process: the subprocess above may run another checkout's installed entry point.
+    from typer.testing import CliRunner
+
+    from kubemoot.cli import app
+
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(
+        "apiVersion: kubemoot.ai/v1alpha1\nkind: Model\n"
+        "metadata: {name: qwen3-typo, labels: {params: 8B}}\n"
+        "spec: {model: 'qwen3:8b', providerRef: rtx509, vramMib: 5120}\n",
+        encoding="utf-8",
+    )
+    runner = CliRunner()
+    done = runner.invoke(app, ["schedule", "-f", HOMELAB, "-f", str(typo), "--now", NOW,
+                               "-o", "json"])
+    assert done.exit_code == 0, done.output
+    assert "warning: Model/qwen3-typo, field spec.providerRef" in done.stderr
+    assert 'did you mean "rtx5090"' in done.stderr
+    [warning] = json.loads(done.stdout)["warnings"]
+    assert (warning["name"], warning["reason"]) == ("qwen3-typo", "ProviderNotFound")
+    clean = runner.invoke(app, ["schedule", "-f", HOMELAB, "--now", NOW, "-o", "json"])
+    assert "warning" not in clean.stderr
+    assert "warnings" not in json.loads(clean.stdout)

@@ -241,3 +241,44 @@ def test_topology_spread(
 ) -> None:
     spread = SpreadContext("provider", mode, used, alternatives)
     assert TopologySpreadGate(spread).check(cand()).result is want, name
+
+
+def _with_version(version: str | None, **spec: object) -> ModelProvider:
+    base = provider("ollama-a", **spec)  # type: ignore[arg-type]
+    assert base.status is not None
+    status = base.status.model_copy(update={"runtime_version": version})
+    return base.model_copy(update={"status": status})
+
+
+@pytest.mark.parametrize(
+    ("name", "runtime", "version", "want"),
+    [
+        ("no requirement", None, None, P),
+        ("met", "ollama>=0.6", "0.6.2", P),
+        ("met with a suffix", "ollama>=0.6", "0.7.0-rc1", P),
+        ("too old", "ollama>=0.6", "0.5.13", F),
+        ("range upper bound", "ollama>=0.6,<0.8", "0.8.0", F),
+        ("range inside", "ollama>=0.6,<0.8", "0.7.1", P),
+        ("any version", "ollama", "0.1.0", P),
+        ("version not reported", "ollama>=0.6", None, U),
+        ("version not dotted", "ollama>=0.6", "main", U),
+        ("another engine", "vllm>=0.6", "0.9.0", F),
+    ],
+)
+def test_runtime(name: str, runtime: str | None, version: str | None, want: Verdict) -> None:
+    from kubemoot.scheduling.plugins import RuntimeGate
+
+    the_model = model("qwen3-32b", runtime=runtime)
+    result = RuntimeGate().check(cand(the_model, _with_version(version)))
+    assert result.result is want, (name, result.reason)
+
+
+def test_runtime_requirement_that_does_not_parse_names_the_field() -> None:
+    from kubemoot.api import InputError, parse_manifest
+
+    document = model("qwen3-32b").to_manifest()
+    document["spec"]["runtime"] = "ollama>>0.6"
+    with pytest.raises(InputError) as caught:
+        parse_manifest(document)
+    message = caught.value.describe()
+    assert "spec.runtime" in message and "not a version constraint" in message

@@ -333,7 +333,7 @@ def test_unknown_phase_is_a_policy_condition_not_a_crash() -> None:
         policies=[the_policy],
     )
     valid = result.policies[0].conditions[0]
-    assert (valid.type, valid.status, valid.reason) == ("PolicyValid", "False", "UnknownPhase")
+    assert (valid.type, valid.status, valid.reason) == ("Valid", "False", "UnknownPhase")
     assert '"deliberating"' in (valid.message or "")
     assert set(result.agents[0].phases) == {"mulling", "triage"}
 

@@ -56,7 +56,7 @@ def test_failed_scheduling_message_has_kube_scheduler_shape() -> None:
     assert (scheduled.type, scheduled.status, scheduled.reason) == (
         "Scheduled",
         "False",
-        "Unschedulable",
+        "AgentsUnschedulable",
     )
     assert "crew-a/kubectl-agent phase mulling" in (scheduled.message or "")
     # triage has no rule, so it still binds: one phase failing does not lose the other.
@@ -116,3 +116,55 @@ def test_no_models_at_all_is_unschedulable() -> None:
     assert mulling.outcome is Outcome.UNSCHEDULABLE
     assert result.events[0].message == "0/0 models are available for phase mulling."
     assert result.events[0].regarding == "Agent/crew-a/a"  # no policy to carry the event
+
+
+def test_unbound_phase_templates_neither_its_model_nor_its_candidates() -> None:
+    """A phase without a binding leaves its env alone; the other phase is written whole."""
+    models = [
+        model("phi3-mini", provider="cpu", vram_mib=0, labels={"family": "phi3"}),
+        model("qwen3-8b", provider="cpu", vram_mib=0, labels={"family": "qwen3"}),
+    ]
+    the_policy = policy(
+        "mixed", crew_ref="pilot",
+        rules=[rule("mulling", require={"family": "llama"}),
+               rule("triage", require={"family": "qwen3"})],
+    )
+    result = run(
+        models=models,
+        providers=[provider("cpu", vram_total_mib=16384)],
+        agents=[agent("kubectl-agent", crew="pilot")],
+        policies=[the_policy],
+    )
+    env = result.agents[0].env
+    assert result.agents[0].phases["mulling"].outcome is Outcome.UNSCHEDULABLE
+    assert "KUBEMOOT_MODEL_MODEL" not in env
+    assert "KUBEMOOT_MODEL_CANDIDATES_MULLING" not in env
+    assert env["KUBEMOOT_TRIAGE_MODEL_MODEL_ID"] == "qwen3:8b"
+    assert '"qwen3:8b"' in env["KUBEMOOT_MODEL_CANDIDATES_TRIAGE"]
+
+
+def _resolved(result: object, name: str) -> tuple[str, str]:
+    agent = next(a for a in result.agents if a.name == name)  # type: ignore[attr-defined]
+    found = next(c for c in agent.conditions if c.type == "PolicyResolved")
+    return found.status, found.reason
+
+
+def test_policy_resolved_reasons_say_what_happened() -> None:
+    cpu = [provider("cpu", vram_total_mib=16384)]
+    models = three_cpu_models()
+    one = run(models=models, providers=cpu, agents=[agent("a", crew="pilot")],
+              policies=[policy("p", crew_ref="pilot")])
+    assert _resolved(one, "a") == ("True", "PolicyMatched")
+    twins = run(models=models, providers=cpu, agents=[agent("a", crew="pilot")],
+                policies=[policy("p1", crew_ref="pilot"), policy("p2", crew_ref="pilot")])
+    assert _resolved(twins, "a") == ("False", "AmbiguousCrewRef")
+    stray = run(models=models, providers=cpu, agents=[agent("a", crew="other")],
+                policies=[policy("p", crew_ref="pilot")])
+    assert _resolved(stray, "a") == ("False", "NoMatchingPolicy")
+    unlabelled = run(models=models, providers=cpu, agents=[agent("a")],
+                     policies=[policy("p1", crew_ref="x"), policy("p2", crew_ref="y")])
+    assert _resolved(unlabelled, "a") == ("False", "AmbiguousPolicy")
+    alone = run(models=models, providers=cpu, agents=[agent("a")])
+    assert _resolved(alone, "a") == ("False", "NoPolicy")
+    bound = next(c for c in alone.agents[0].conditions if c.type == "Scheduled")
+    assert (bound.status, bound.reason) == ("True", "Bound")

@@ -83,6 +83,10 @@ class AgentScheduling(Strict):
 class AgentStatus(Strict):
     """``Agent.status``."""
 
+    observed_generation: int | None = Field(
+        default=None, alias="observedGeneration",
+        description="The metadata.generation this status was computed from.",
+    )
     ready: bool | None = None
     scheduling: AgentScheduling | None = None
     conditions: list[Condition] = Field(default_factory=list)

@@ -41,6 +41,14 @@ class ArchetypeSpec(Strict):
 class ArchetypeStatus(Strict):
     """``MootArchetype.status``."""
 
+    observed_generation: int | None = Field(
+        default=None, alias="observedGeneration",
+        description="The metadata.generation this status was computed from.",
+    )
+    phase_names: str | None = Field(
+        default=None, alias="phaseNames",
+        description="The phase names, comma-separated (for kubectl get).",
+    )
     conditions: list[Condition] = Field(default_factory=list)
 
 

@@ -43,6 +43,10 @@ class ConfigSpec(Strict):
 class ConfigStatus(Strict):
     """``KubemootConfig.status``."""
 
+    observed_generation: int | None = Field(
+        default=None, alias="observedGeneration",
+        description="The metadata.generation this status was computed from.",
+    )
     conditions: list[Condition] = Field(default_factory=list)
 
 

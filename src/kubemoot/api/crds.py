@@ -40,7 +40,7 @@ PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
         _column("Endpoint", ".spec.endpoint"),
         _column("Ready", ".status.ready", "boolean"),
         _column("VRAM Total", ".status.capacity.vramTotalMiB", "integer", description="MiB"),
-        _column("Loaded", ".status.capacity.loadedModels[*].name", priority=1),
+        _column("Loaded", ".status.capacity.loadedModelNames", priority=1),
         _column("Last Probed", ".status.lastProbedAt", "date"),
     ],
     "Agent": [
@@ -53,11 +53,11 @@ PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
     "CrewSchedulingPolicy": [
         _column("Crew", ".spec.crewRef"),
         _column("Archetype", ".spec.archetypeRef"),
-        _column("Valid", '.status.conditions[?(@.type=="PolicyValid")].status'),
+        _column("Valid", '.status.conditions[?(@.type=="Valid")].status'),
         _AGE,
     ],
     "MootArchetype": [
-        _column("Phases", ".spec.phases[*].name"),
+        _column("Phases", ".status.phaseNames"),
         _AGE,
     ],
     "KubemootConfig": [
@@ -93,6 +93,12 @@ def _object_schema(cls: type[Resource]) -> dict[str, Any]:
     schema["required"] = [name for name in schema.get("required", []) if name != "metadata"]
     if not schema["required"]:
         del schema["required"]
+    conditions = properties.get("status", {}).get("properties", {}).get("conditions")
+    if conditions is not None:
+        # One condition per type, merged by type (server-side apply, strategic merge),
+        # as the Kubernetes API conventions ask of every conditions list.
+        conditions["x-kubernetes-list-type"] = "map"
+        conditions["x-kubernetes-list-map-keys"] = ["type"]
     return schema
 
 

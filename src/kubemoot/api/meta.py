@@ -94,7 +94,7 @@ class ObjectMeta(Strict):
 
 
 class Condition(Strict):
-    """A Kubernetes status condition (``Ready``, ``Scheduled``, ``PolicyValid`` …)."""
+    """A Kubernetes status condition (``Ready``, ``Scheduled``, ``Valid`` …)."""
 
     type: str
     status: Literal["True", "False", "Unknown"]

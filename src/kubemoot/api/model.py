@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from kubemoot.api.bounds import Mib
 from kubemoot.api.meta import Condition, Resource, Strict
+from kubemoot.api.runtime import parse_runtime
 
 __all__ = ["License", "Model", "ModelSpec", "ModelStatus"]
 
@@ -34,10 +35,21 @@ class ModelSpec(Strict):
     runtime: str | None = Field(default=None, description="Runtime requirement, e.g. ollama>=0.6.")
     egress: Egress | None = None
 
+    @field_validator("runtime")
+    @classmethod
+    def _runtime_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_runtime(value)  # a ValueError names what is wrong with it
+        return value
+
 
 class ModelStatus(Strict):
     """``Model.status``; a Model without status is taken as Ready."""
 
+    observed_generation: int | None = Field(
+        default=None, alias="observedGeneration",
+        description="The metadata.generation this status was computed from.",
+    )
     ready: bool | None = None
     footprint_mib: Mib | None = Field(
         default=None, alias="footprintMiB", description="Observed footprint in MiB."

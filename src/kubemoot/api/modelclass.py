@@ -69,6 +69,10 @@ class ModelClassSpec(Strict):
 class ModelClassStatus(Strict):
     """``ModelClass.status``."""
 
+    observed_generation: int | None = Field(
+        default=None, alias="observedGeneration",
+        description="The metadata.generation this status was computed from.",
+    )
     conditions: list[Condition] = Field(default_factory=list)
 
 

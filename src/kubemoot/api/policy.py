@@ -112,6 +112,10 @@ class PolicySpec(Strict):
 class PolicyStatus(Strict):
     """``CrewSchedulingPolicy.status``."""
 
+    observed_generation: int | None = Field(
+        default=None, alias="observedGeneration",
+        description="The metadata.generation this status was computed from.",
+    )
     conditions: list[Condition] = Field(default_factory=list)
 
 

@@ -85,13 +85,26 @@ class ProviderCapacity(Strict):
     digests: list[str] = Field(
         default_factory=list, description="Digests of the model artifacts the provider holds."
     )
+    loaded_model_names: str | None = Field(
+        default=None, alias="loadedModelNames",
+        description="The loaded models' names, comma-separated (for kubectl get).",
+    )
 
 
 class ProviderStatus(Strict):
     """``ModelProvider.status``; ``ready`` None means not known yet."""
 
+    observed_generation: int | None = Field(
+        default=None, alias="observedGeneration",
+        description="The metadata.generation this status was computed from.",
+    )
     ready: bool | None = None
     last_probed_at: AwareDatetime | None = Field(default=None, alias="lastProbedAt")
+    runtime_version: str | None = Field(
+        default=None,
+        alias="runtimeVersion",
+        description="The engine's version as it reports it (Ollama: /api/version).",
+    )
     capacity: ProviderCapacity | None = None
     conditions: list[Condition] = Field(default_factory=list)
 

@@ -76,6 +76,8 @@ def decision_document(
         "now": rfc3339(_decision_time(request, now)),
         "freshness": {"maxAgeSeconds": spec.freshness.max_age_seconds},
         "contract": jsonable(workload.model_dump(by_alias=True, exclude_none=True)),
+        # The authority the license and policy gates relied on (null: none was named).
+        "authority": None if spec.authority is None else spec.authority.model_dump(),
     }
 
 

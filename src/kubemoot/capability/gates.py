@@ -260,10 +260,10 @@ class MemoryGate(_CapabilityGate):
 
 
 class LicenseGate(_CapabilityGate):
-    """The node's license state for the artifact must be at least the required one.
+    """The node's license state for the artifact must be ALLOW.
 
-    ALLOW clears a workload that requires ALLOW or REVIEW_REQUIRED; REVIEW_REQUIRED
-    clears only a workload that explicitly accepts it; BLOCKED clears nothing.
+    A workload can only require ALLOW (its contract refuses anything weaker), so a node
+    in REVIEW_REQUIRED or BLOCKED fails, whatever its score would be.
     """
 
     name = "license"

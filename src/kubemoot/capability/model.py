@@ -23,6 +23,7 @@ __all__ = [
     "KIND",
     "ArtifactRef",
     "ArtifactReplica",
+    "Authority",
     "EgressPolicy",
     "Freshness",
     "LicenseState",
@@ -78,9 +79,27 @@ class Workload(_Document):
     runtime: str | None = Field(default=None, min_length=1)
     accelerators: list[str] | None = Field(default=None, min_length=1, max_length=MAX_ITEMS)
     memory_gib: Gib | None = Field(default=None, alias="memoryGiB")
-    # The license state a node must show; BLOCKED can never be a requirement.
-    license: Literal["ALLOW", "REVIEW_REQUIRED"] = "ALLOW"
+    # The license state a node must show: only ALLOW clears a node (the spec's
+    # licence gate), so nothing weaker can be asked for.
+    license: LicenseState = "ALLOW"
     policy: EgressPolicy | None = None
+
+    @field_validator("license")
+    @classmethod
+    def _only_allow(cls, value: str) -> str:
+        if value != "ALLOW":
+            raise ValueError(
+                f"a workload must require ALLOW, not {value}: a node whose license state is "
+                "REVIEW_REQUIRED or BLOCKED is never eligible"
+            )
+        return value
+
+
+class Authority(_Document):
+    """Where the license and policy states come from, and which version of them."""
+
+    source: str = Field(min_length=1)
+    version: str = Field(min_length=1)
 
 
 class ArtifactReplica(_Document):
@@ -130,6 +149,8 @@ class RequestSpec(_Document):
     freshness: Freshness = Field(default_factory=Freshness)
     workload: Workload
     nodes: list[NodeEvidence] = Field(default_factory=list, max_length=MAX_ITEMS)
+    # The license/policy registry the node states were read from (recorded, not judged).
+    authority: Authority | None = None
 
     _zone = field_validator("now")(_utc)
 

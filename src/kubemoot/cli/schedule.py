@@ -22,6 +22,7 @@ from kubemoot.cli._common import (
     app,
     console,
     emit_data,
+    err_console,
     resolve_format,
 )
 
@@ -57,6 +58,8 @@ def schedule_command(
     target = None if explain is None else _parse_target(explain)
     bundle = load_bundle(files)
     result = schedule_bundle(bundle, now=moment)
+    for warning in result.warnings:  # on stderr, so -o json stays a clean document
+        err_console.print(f"warning: {warning}", highlight=False, markup=False)
     fmt = resolve_format(output)
     if target is not None:
         agent = result.agent(*target)

@@ -6,11 +6,15 @@
 * Model: ``status.ready`` and ``status.footprintMiB`` from its provider's probe.
 * Agent: scheduled with :mod:`kubemoot.scheduling`; ``status.scheduling``, conditions
   and the ``KUBEMOOT_*`` env of its Deployment are written when they change.
-* CrewSchedulingPolicy: ``PolicyValid`` and ``Scheduled`` conditions, and
+* CrewSchedulingPolicy: ``Valid`` and ``Scheduled`` conditions, and
   ``FailedScheduling`` events for zero matches.
 
+* Deployments of the crews' namespaces are watched (:mod:`kubemoot.operator.watch`),
+  so one created after its Agent was bound gets the env at once.
+
 Requeueing is state-driven: a change re-schedules exactly the Agents it affects
-(:mod:`kubemoot.operator.view`). This package is an adapter: nothing else imports it.
+(:mod:`kubemoot.operator.view`), including the recheck triggers a decision names: a
+refreshed probe, a freed slot. This package is an adapter: nothing else imports it.
 """
 
 from __future__ import annotations

@@ -69,11 +69,6 @@ class AgentWriter:
         ):
             new_last["observedAt"] = old_last.get("observedAt")  # the same failure, not news
         updates = _dump(result.conditions)
-        if find_condition(updates, "PolicyResolved") is None and find_condition(
-            old.get("conditions") or [], "PolicyResolved"
-        ):
-            updates.append(condition("PolicyResolved", True, "Resolved",
-                                     "the Agent is governed by one policy", now=now))
         deployment = await self._apply_env(agent, result.env, now=now)
         if deployment is not None:
             updates.append(deployment)
@@ -81,6 +76,7 @@ class AgentWriter:
         scheduled = find_condition(conditions, "Scheduled")
         wanted = {
             **old,
+            "observedGeneration": agent.metadata.generation,
             "ready": scheduled is not None and scheduled.get("status") == "True",
             "scheduling": scheduling,
             "conditions": conditions,
@@ -155,14 +151,19 @@ class AgentWriter:
 def policy_conditions(
     plan: PolicyPlan, governed: Iterable[Agent], *, now: datetime
 ) -> list[dict[str, Any]]:
-    """PolicyValid (phases against the MootArchetype) and Scheduled (governed Agents)."""
+    """Valid (well-formed, phases against the MootArchetype) and Scheduled (its Agents).
+
+    One validity condition per policy: a policy that parses but names a phase its
+    archetype lacks is as invalid as one that does not parse (``InvalidSpec``, written
+    by the reconciler), only with another reason.
+    """
     archetype = plan.archetype.metadata.name
     if plan.problems:
-        valid = condition("PolicyValid", False, plan.problems[0][0],
+        valid = condition("Valid", False, plan.problems[0][0],
                           "; ".join(message for _, message in plan.problems), now=now)
     else:
-        valid = condition("PolicyValid", True, "Valid",
-                          f"phases match MootArchetype {archetype}", now=now)
+        valid = condition("Valid", True, "Valid",
+                          f"well-formed; phases match MootArchetype {archetype}", now=now)
     failing: list[str] = []
     for agent in sorted(governed, key=lambda a: (a.namespace or "", a.metadata.name)):
         status = agent.status
@@ -178,11 +179,11 @@ def policy_conditions(
         shown = ", ".join(failing[:_SHOWN])
         if len(failing) > _SHOWN:
             shown += f" and {len(failing) - _SHOWN} more"
-        scheduled_condition = condition("Scheduled", False, "Unschedulable",
+        scheduled_condition = condition("Scheduled", False, "AgentsUnschedulable",
                                         f"unschedulable: {shown}", now=now)
     else:
         scheduled_condition = condition(
-            "Scheduled", True, "Scheduled",
+            "Scheduled", True, "NoUnschedulableAgents",
             "every governed Agent phase is bound or waits on evidence", now=now,
         )
     return [valid, scheduled_condition]

@@ -20,10 +20,11 @@ Errors: :class:`KubeError` (status, reason, message) for every failed call;
 from __future__ import annotations
 
 import base64
+import json
 import os
 import ssl
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ __all__ = [
     "KubeNotFound",
     "custom_path",
     "deployment_path",
+    "deployments_path",
     "events_path",
     "kubeconfig_paths",
     "login_from_environment",
@@ -79,6 +81,11 @@ def custom_path(
 def deployment_path(namespace: str, name: str) -> str:
     """The URL path of an apps/v1 Deployment."""
     return f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}"
+
+
+def deployments_path(namespace: str) -> str:
+    """The URL path of the apps/v1 Deployments of one namespace (list and watch)."""
+    return f"/apis/apps/v1/namespaces/{namespace}/deployments"
 
 
 def events_path(namespace: str) -> str:
@@ -273,6 +280,39 @@ class KubeClient:
     async def create(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
         """POST a new object into the collection at ``path``."""
         return await self._request("POST", path, body=dict(obj))
+
+    async def watch(
+        self, path: str, *, resource_version: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The watch events (``{"type", "object"}``) of the collection at ``path``.
+
+        Without ``resource_version`` the server first sends every existing object as
+        ADDED. The stream ends when the server closes it; failures are :class:`KubeError`
+        (a 401 drops the connection so that the next call logs in again).
+        """
+        if self._client is None:
+            self._client = await self._connect()
+        params = {"watch": "true"}
+        if resource_version:
+            params["resourceVersion"] = resource_version
+        timeout = httpx.Timeout(self._timeout, read=None)  # a quiet watch is not a failure
+        try:
+            async with self._client.stream("GET", path, params=params,
+                                           timeout=timeout) as response:
+                if not response.is_success:
+                    await response.aread()
+                    if response.status_code == 401:
+                        await self.close()
+                    _decode("WATCH", path, response)
+                async for line in response.aiter_lines():
+                    try:
+                        event = json.loads(line) if line.strip() else None
+                    except ValueError:
+                        continue
+                    if isinstance(event, dict):
+                        yield event
+        except httpx.HTTPError as error:
+            raise KubeError(f"WATCH {path}: {type(error).__name__}: {error}") from None
 
     async def close(self) -> None:
         """Release the connection pool."""

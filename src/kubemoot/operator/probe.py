@@ -16,7 +16,7 @@ and without that it stays unknown (the VRAM gate then answers UNKNOWN, never FAI
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -24,6 +24,7 @@ from kubemoot.api import InputError, Model, ModelProvider
 from kubemoot.clock import Clock
 from kubemoot.operator.status import condition, merge_conditions, rfc3339, to_datetime
 from kubemoot.providers.ollama import OllamaProvider
+from kubemoot.scheduling.warnings import PROVIDER_NOT_FOUND, missing_provider
 from kubemoot.store.documents import ProviderState
 
 __all__ = [
@@ -114,7 +115,9 @@ def provider_status(
     ]
     return {
         "ready": state.ready,
+        "observedGeneration": provider.metadata.generation,
         "lastProbedAt": rfc3339(probed),
+        "runtimeVersion": state.runtime_version,
         "capacity": {
             "vramTotalMiB": total,
             "vramUsedMiB": state.used_vram_mib,
@@ -124,20 +127,29 @@ def provider_status(
             "loadedModels": [{k: v for k, v in m.items() if v is not None} for m in loaded],
             "loadedModelFootprints": dict(state.loaded_model_footprints),
             "digests": digests,
+            # `kubectl get` prints only the first match of a [*] path: publish them joined.
+            "loadedModelNames": ", ".join(str(m["name"]) for m in loaded) or None,
         },
         "conditions": merge_conditions(old_conditions, [ready]),
     }
 
 
 def model_status(
-    model: Model, state: ProviderState | None, *, provider_known: bool, now: datetime
+    model: Model,
+    state: ProviderState | None,
+    *,
+    provider_known: bool,
+    now: datetime,
+    known_providers: Collection[str] = (),
 ) -> dict[str, Any] | None:
     """The ``Model.status`` for its provider's latest probe; None before any probe."""
     model_id = model.spec.model
     provider = model.spec.provider_ref
     if not provider_known:
-        ready, reason = False, "ProviderNotFound"
-        message = f'ModelProvider "{provider}" does not exist'
+        warning = missing_provider(model, known_providers)
+        ready, reason = False, PROVIDER_NOT_FOUND
+        message = f'ModelProvider "{provider}" does not exist' if warning is None else (
+            f"{warning.field}: {warning.message}")
     elif state is None:
         return None  # not probed yet: a Model without status is taken as Ready
     elif not state.ready:
@@ -157,6 +169,7 @@ def model_status(
         for c in model.status.conditions
     ]
     return {
+        "observedGeneration": model.metadata.generation,
         "ready": ready,
         "footprintMiB": footprint,
         "conditions": merge_conditions(old, [condition("Ready", ready, reason, message, now=now)]),

@@ -24,17 +24,21 @@ from typing import Any
 
 from kubemoot import metrics
 from kubemoot.api import (
+    DEFAULT_MAX_AGE_SECONDS,
     RESOURCE_TYPES,
     Agent,
     CrewSchedulingPolicy,
     InputError,
     Model,
     ModelProvider,
+    MootArchetype,
     Resource,
     parse_manifest,
 )
 from kubemoot.clock import Clock
+from kubemoot.gates import Outcome
 from kubemoot.operator.binding import AgentWriter, policy_conditions
+from kubemoot.operator.deployment import deployment_name, env_patch
 from kubemoot.operator.events import EventRecorder, ObjectRef
 from kubemoot.operator.kube import KubeClient, KubeError, custom_path
 from kubemoot.operator.probe import client_for, model_status, provider_status
@@ -47,11 +51,17 @@ from kubemoot.operator.view import (
     affected_by_policies,
     affected_by_provider,
     agent_key,
+    bound_providers,
+    deferred,
+    waiting,
 )
+from kubemoot.operator.watch import DeploymentWatch
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
+from kubemoot.scheduling.candidate import stale_age
 from kubemoot.scheduling.scheduler import SchedulingPass
 from kubemoot.scheduling.snapshot import ClusterSnapshot
+from kubemoot.scheduling.warnings import PROVIDER_NOT_FOUND
 from kubemoot.store.documents import ProviderState
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import Bucket, StoreError
@@ -108,12 +118,23 @@ class Reconciler:
         self.seen: dict[str, Resource] = {}
         #: (agent, trigger) for every Agent scheduled, in order: the operator's audit trail.
         self.reconciled: list[tuple[str, str]] = []
+        #: Providers each Agent is bound to, as the operator last wrote it. The watch
+        #: brings that status back later; until then these bindings count toward
+        #: agentCount, as kube-scheduler's assumed pods do (a burst of new Agents must
+        #: not overcommit a provider between two watch events).
+        self.assumed: dict[str, frozenset[str]] = {}
+        #: Whether each Agent had a phase without a binding when last written.
+        self._waiting: dict[str, bool] = {}
+        #: The Deployment env of each Agent's last written result.
+        self._envs: dict[str, dict[str, str]] = {}
+        self.deployments = DeploymentWatch(kube, self.deployment_changed, clock=clock)
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._writer = AgentWriter(kube, self.events)
 
     async def close(self) -> None:
-        """Close the provider clients and the API client."""
+        """Close the Deployment watches, the provider clients and the API client."""
+        await self.deployments.close()
         for client in self.clients.values():
             await client.close()
         self.clients.clear()
@@ -129,7 +150,10 @@ class Reconciler:
         return ClusterView.from_indexes(self.indexes)
 
     def now(self) -> datetime:
-        return _dt(self.clock.now())
+        """The clock's time in whole seconds: the API server stores times at that
+        precision, so every timestamp the operator writes (conditions, lastProbedAt,
+        lastUnschedulable.observedAt) has one precision and compares equal on re-read."""
+        return _dt(self.clock.now()).replace(microsecond=0)
 
     # ------------------------------------------------------------------ events
 
@@ -159,13 +183,30 @@ class Reconciler:
             self.seen.pop(key, None)
         else:
             self.seen[key] = new
+        if kind == "Agent":
+            # Deployments are watched where Agents live, and nowhere else.
+            self.deployments.follow({k.split("/")[1] for k in self.seen
+                                     if k.startswith("Agent/")})
         if isinstance(new, ModelProvider) or (new is None and isinstance(old, ModelProvider)):
             await self._provider_changed(ref.name, new)
         if isinstance(new, Model) and (
             old is None or old.spec != new.spec or old.status is None
         ):
             await self._refresh_model(new)
+        if isinstance(new, MootArchetype):
+            await self._describe_archetype(new)
+        if new is None and isinstance(old, Agent):
+            # A deleted Agent frees its slots: Agents waiting for them may bind now.
+            gone = agent_key(old)
+            freed = self.assumed.pop(gone, None)
+            self._waiting.pop(gone, None)
+            self._envs.pop(gone, None)
+            await self._slots_freed(bound_providers(old) if freed is None else freed)
         if _fingerprint(old) == _fingerprint(new):
+            if isinstance(old, ModelProvider) and isinstance(new, ModelProvider) and (
+                _probed_at(old) != _probed_at(new)
+            ):
+                await self._evidence_refreshed(old)
             # Only status moved (often our own write): a policy's Scheduled condition
             # follows the statuses of the Agents it governs.
             if isinstance(new, CrewSchedulingPolicy):
@@ -214,23 +255,105 @@ class Reconciler:
             if not agents:
                 return
             now = self.now()
-            scheduling = SchedulingPass(view.snapshot(exclude=keys), now=now)
+            snapshot = view.snapshot(exclude=keys, assumed=self.assumed)
+            scheduling = SchedulingPass(snapshot, now=now)
             policies: dict[str, CrewSchedulingPolicy] = {}
+            freed: set[str] = set()
             for agent in agents:
+                key = agent_key(agent)
                 result = scheduling.schedule(agent)
-                self.reconciled.append((agent_key(agent), trigger))
+                self.reconciled.append((key, trigger))
+                before = self.assumed.get(key, frozenset(bound_providers(agent)))
                 try:
                     await self._writer.write(agent, result, now=now)
                 except KubeError as error:
-                    log.warning("writing Agent %s failed: %s", agent_key(agent), error)
+                    log.warning("writing Agent %s failed: %s", key, error)
+                    # Not written: forget the assumption, the Agent's status is the truth.
+                    self.assumed.pop(key, None)
+                    self._waiting.pop(key, None)
+                    self._envs.pop(key, None)
+                else:
+                    bound = frozenset(
+                        p.provider for p in result.phases.values() if p.provider is not None
+                    )
+                    self.assumed[key] = bound
+                    self._waiting[key] = any(
+                        p.outcome is not Outcome.PLACE for p in result.phases.values()
+                    )
+                    freed |= before - bound
+                    self._envs[key] = dict(result.env)
                 if result.policy is not None:
                     policies[result.policy.key] = result.policy
         await self.reconcile_policies(policies.values())
+        await self._slots_freed(freed)
+
+    async def deployment_changed(
+        self, event_type: str, namespace: str, deployment: Mapping[str, Any]
+    ) -> None:
+        """A crew's Deployment appeared, changed or went away: re-apply its Agent's env.
+
+        Only Agents whose Deployment lacks the env of their last binding (or that were
+        never written by this process) are scheduled again; the operator's own patch
+        comes back as an event that needs nothing.
+        """
+        name = str((deployment.get("metadata") or {}).get("name") or "")
+        keys: set[str] = set()
+        for key, agent in self.view().agents.items():
+            if agent.namespace != namespace or deployment_name(agent) != name:
+                continue
+            env = self._envs.get(key)
+            try:
+                stale = env is None or env_patch(deployment, env) is not None
+            except ValueError:  # no containers: the reconcile reports it
+                stale = True
+            if event_type == "DELETED" or stale:
+                keys.add(key)
+        await self.reconcile_agents(keys, trigger=f"Deployment/{namespace}/{name}")
+
+    async def _slots_freed(self, providers: Collection[str]) -> None:
+        """Schedule again the waiting Agents that could use a slot an Agent gave up.
+
+        An Agent left Unschedulable or deferred at a provider's agent limit names
+        ``agentCount`` among its recheck triggers; that count drops when another Agent
+        is deleted or moves away. Agents already bound are left where they are.
+        """
+        view = self.view()
+        snapshot = view.snapshot(assumed=self.assumed)
+        for provider in sorted(providers):
+            keys = {
+                key for key in affected_by_provider(snapshot, provider, view.models.values())
+                if key in view.agents and self._waiting.get(key, waiting(view.agents[key]))
+            }
+            await self.reconcile_agents(keys, trigger=f"slot freed on {provider}")
+
+    async def _evidence_refreshed(self, old: ModelProvider) -> None:
+        """A probe refreshed ``lastProbedAt`` and nothing else: act on "is refreshed".
+
+        Agents whose decision named this provider's freshness as a recheck trigger are
+        scheduled again: those deferred on its evidence, and those whose policy judged
+        the previous probe stale (a stale candidate may now win). Agents for which the
+        previous probe was still fresh cannot change and are left alone.
+        """
+        name = old.metadata.name
+        view = self.view()
+        snapshot = view.snapshot(assumed=self.assumed)
+        now = self.now()
+        keys: set[str] = set()
+        for key in affected_by_provider(snapshot, name, view.models.values()):
+            agent = view.agents.get(key)
+            if agent is None:
+                continue
+            policy = snapshot.resolve_policy(agent).policy
+            max_age = (DEFAULT_MAX_AGE_SECONDS if policy is None
+                       else policy.spec.freshness.max_age_seconds)
+            if deferred(agent) or stale_age(old, now, max_age) is not None:
+                keys.add(key)
+        await self.reconcile_agents(keys, trigger=f"ModelProvider/{name} refreshed")
 
     # ------------------------------------------------------------------ policies
 
     async def reconcile_policies(self, policies: Iterable[CrewSchedulingPolicy]) -> None:
-        """PolicyValid (phases against the archetype) and Scheduled (governed Agents)."""
+        """Valid (phases against the archetype) and Scheduled (governed Agents)."""
         view = self.view()
         snapshot = view.snapshot()
         scheduling = SchedulingPass(snapshot, now=self.now())
@@ -254,6 +377,10 @@ class Reconciler:
                     await self.bucket.delete(encode_token(name))
                 except StoreError as error:
                     log.warning("removing the state of %s from the KV failed: %s", name, error)
+            self.prober.last_states.pop(name, None)
+            for model in self.view().models.values():
+                if model.spec.provider_ref == name:  # now names nothing: say so
+                    await self._refresh_model(model)
             return
         wanted = (provider.spec, provider.metadata.annotations)
         if self._client_specs.get(name) == wanted:
@@ -282,8 +409,9 @@ class Reconciler:
                 await self.clock.wait_for(self._stopping.wait(), self.probe_interval)
 
     def stop_probes(self) -> None:
-        """End :meth:`run_probes` (kopf's cleanup calls this as the operator stops)."""
+        """End :meth:`run_probes` and the Deployment watches (kopf's cleanup calls this)."""
         self._stopping.set()
+        self.deployments.stop()
 
     async def probe(self, name: str) -> ProviderState | None:
         """Probe one provider: status, Ready condition, KV document, its Models' status."""
@@ -295,7 +423,7 @@ class Reconciler:
         provider = view.providers.get(name)
         if provider is None:
             return state
-        counts = view.agent_counts()
+        counts = view.agent_counts(assumed=self.assumed)
         wanted = provider_status(state, provider, agent_count=counts.get(name, 0), now=self.now())
         old = _status_of(provider)
         try:
@@ -315,18 +443,46 @@ class Reconciler:
                 await self._refresh_model(model, state=state)
         return state
 
+    async def _describe_archetype(self, archetype: MootArchetype) -> None:
+        """``status.phaseNames`` for ``kubectl get`` (a [*] column prints one item)."""
+        old = _status_of(archetype)
+        wanted = {**old, "phaseNames": ", ".join(archetype.phase_names)}
+        if archetype.metadata.generation is not None:
+            wanted["observedGeneration"] = archetype.metadata.generation
+        diff = merge_patch(old, wanted)
+        if diff == {}:
+            return
+        try:
+            await self.kube.merge_patch(
+                custom_path(archetype.PLURAL, archetype.metadata.name, subresource="status"),
+                {"status": diff},
+            )
+        except KubeError as error:
+            log.warning("writing the status of MootArchetype %s failed: %s",
+                        archetype.metadata.name, error)
+
     async def _refresh_model(self, model: Model, *, state: ProviderState | None = None) -> None:
         provider = model.spec.provider_ref
-        known = provider in self.view().providers
+        providers = self.view().providers
+        known = provider in providers
         if state is None:
             state = self.prober.last_states.get(provider)
-        wanted = model_status(model, state, provider_known=known, now=self.now())
+        wanted = model_status(model, state, provider_known=known, now=self.now(),
+                              known_providers=list(providers))
         if wanted is None:
             return
         old = _status_of(model)
         diff = merge_patch(old, wanted)
         if diff == {}:
             return
+        ready = find_condition(wanted.get("conditions") or [], "Ready") or {}
+        before = find_condition(old.get("conditions") or [], "Ready") or {}
+        if ready.get("reason") == PROVIDER_NOT_FOUND and before.get("message") != ready.get(
+            "message"
+        ):  # news: a Warning event, so `kubectl get events` shows the typo too
+            await self.events.emit(ObjectRef.of(_body_of(model)), type="Warning",
+                                   reason=PROVIDER_NOT_FOUND,
+                                   message=str(ready.get("message")))
         try:
             await self.kube.merge_patch(
                 custom_path(model.PLURAL, model.metadata.name, subresource="status"),
@@ -339,8 +495,13 @@ class Reconciler:
 
     async def _write_conditions(self, resource: Resource, wanted: list[dict[str, Any]]) -> None:
         old = _status_of(resource)
-        conditions = merge_conditions(old.get("conditions") or [], wanted)
-        diff = merge_patch(old, {**old, "conditions": conditions})
+        # PolicyValid was folded into Valid; drop what an older operator wrote.
+        kept = [c for c in old.get("conditions") or [] if c.get("type") != "PolicyValid"]
+        conditions = merge_conditions(kept, wanted)
+        new = {**old, "conditions": conditions}
+        if resource.metadata.generation is not None:
+            new["observedGeneration"] = resource.metadata.generation
+        diff = merge_patch(old, new)
         if diff == {}:
             return
         try:
@@ -374,12 +535,18 @@ class Reconciler:
                                reason="InvalidSpec", message=message)
 
     async def _clear_invalid(self, kind: str, body: Mapping[str, Any], new: Resource) -> None:
+        if isinstance(new, CrewSchedulingPolicy):
+            return  # its Valid condition also judges the phases: reconcile_policies writes it
         old = _status_of(new).get("conditions") or []
         previous = find_condition(old, "Valid")
         if previous is None or previous.get("status") == "True":
             return
         valid = condition("Valid", True, "Valid", "the object is well-formed", now=self.now())
         await self._write_conditions(new, [valid])
+
+
+def _probed_at(provider: ModelProvider) -> datetime | None:
+    return None if provider.status is None else provider.status.last_probed_at
 
 
 def _governs(snapshot: ClusterSnapshot, policy: CrewSchedulingPolicy, agent: Agent) -> bool:

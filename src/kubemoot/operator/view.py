@@ -33,6 +33,8 @@ __all__ = [
     "affected_by_provider",
     "agent_key",
     "bound_providers",
+    "deferred",
+    "waiting",
 ]
 
 #: The kopf index id of each kind (also the handler kwarg that carries it).
@@ -88,25 +90,39 @@ class ClusterView:
         )
         return view
 
-    def agent_counts(self, *, exclude: Iterable[str] = ()) -> dict[str, int]:
+    def agent_counts(
+        self,
+        *,
+        exclude: Iterable[str] = (),
+        assumed: Mapping[str, frozenset[str]] | None = None,
+    ) -> dict[str, int]:
         """Agents bound (in any phase) per provider, leaving out ``exclude``.
 
         The operator keeps ``agentCount`` itself (DESIGN §4): an Agent being scheduled
         again must not count against itself, so the batch being scheduled is left out
-        and counted by the scheduling pass as it binds.
+        and counted by the scheduling pass as it binds. ``assumed`` holds the bindings
+        the operator wrote itself and may not have seen come back through the watch
+        yet (kube-scheduler's assumed pods); they win over the Agent's status here.
         """
         skip = set(exclude)
+        known = assumed or {}
         counts: dict[str, int] = {}
         for key, agent in self.agents.items():
             if key in skip:
                 continue
-            for provider in bound_providers(agent):
+            providers = known[key] if key in known else bound_providers(agent)
+            for provider in providers:
                 counts[provider] = counts.get(provider, 0) + 1
         return counts
 
-    def snapshot(self, *, exclude: Iterable[str] = ()) -> ClusterSnapshot:
+    def snapshot(
+        self,
+        *,
+        exclude: Iterable[str] = (),
+        assumed: Mapping[str, frozenset[str]] | None = None,
+    ) -> ClusterSnapshot:
         """A scheduling snapshot whose providers carry the operator's agent counts."""
-        counts = self.agent_counts(exclude=exclude)
+        counts = self.agent_counts(exclude=exclude, assumed=assumed)
         providers = []
         for name, provider in self.providers.items():
             capacity = provider.capacity
@@ -131,6 +147,22 @@ def bound_providers(agent: Agent) -> set[str]:
     if scheduling is None:
         return set()
     return {phase.provider for phase in scheduling.phases.values() if phase.provider}
+
+
+def waiting(agent: Agent) -> bool:
+    """Whether some phase of the Agent is not bound (deferred, unschedulable, never run)."""
+    scheduling = None if agent.status is None else agent.status.scheduling
+    if scheduling is None or not scheduling.phases:
+        return True
+    return any(phase.outcome != "PLACE" for phase in scheduling.phases.values())
+
+
+def deferred(agent: Agent) -> bool:
+    """Whether some phase of the Agent waits on missing or stale evidence (DEFER)."""
+    scheduling = None if agent.status is None else agent.status.scheduling
+    if scheduling is None:
+        return False
+    return any(phase.outcome == "DEFER" for phase in scheduling.phases.values())
 
 
 def _mentions(agent: Agent, model: Model) -> bool:

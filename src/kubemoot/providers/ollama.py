@@ -362,9 +362,24 @@ class OllamaProvider:
             ps = await self._call("GET /api/ps", self._client.ps)
             tags = await self._call("GET /api/tags", self._client.list)
             try:
-                return await self._state(ps, tags)
+                state = await self._state(ps, tags)
             except ProviderError as error:
                 raise self._map(error, "probe") from None
+            state.runtime_version = await self.runtime_version()
+            return state
+
+    async def runtime_version(self) -> str | None:
+        """``/api/version``; None when the engine does not say (the runtime gate's UNKNOWN)."""
+        try:
+            response = await self._call(
+                "GET /api/version",
+                lambda: self._client._request_raw("GET", "/api/version"),  # type: ignore[no-untyped-call]
+            )
+            data = response.json()
+        except (ProviderError, ValueError):
+            return None
+        version = data.get("version") if isinstance(data, dict) else None
+        return version if isinstance(version, str) and version.strip() else None
 
     async def _state(self, ps: Any, tags: Any) -> ProviderState:
         disk_sizes: dict[str, int] = {}

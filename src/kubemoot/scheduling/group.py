@@ -84,6 +84,8 @@ class BindingGroup:
     phases: tuple[PhasePlan, ...]
     #: Saturation version of the pass at which the group was last known to hold.
     version: int
+    #: The PolicyResolved reason (see :class:`~kubemoot.scheduling.snapshot.PolicyResolution`).
+    resolved: str = "PolicyMatched"
     bound: tuple[str, ...] = field(init=False)  # distinct providers the group binds
     failed: tuple[PhasePlan, ...] = field(init=False)  # UNSCHEDULABLE phases
     unplaced: bool = field(init=False)  # some phase has no binding
@@ -179,8 +181,11 @@ class BindingGroup:
             env[ENV_TRIAGE_ENDPOINT] = triage.endpoint or ""
         for phase, variable in ENV_CANDIDATES.items():
             plan = by_phase.get(phase)
-            if plan is not None:
-                bound = None if plan.chosen is None else plan.chosen.placement.model_id
+            # An unbound phase writes neither its model nor its candidates: the agent
+            # keeps its last binding whole, so the list never contradicts the model
+            # (a list without the model the agent still calls would).
+            if plan is not None and plan.chosen is not None:
+                bound = plan.chosen.placement.model_id
                 candidates = self.context.candidates(plan.ranking, bound)
                 env[variable] = self.context.candidates_json(candidates)
         return env
@@ -198,8 +203,12 @@ class BindingGroup:
                 for p in self.phases
                 if p.chosen is not None
             )
-            scheduled = condition("Scheduled", "True", "Scheduled", summary)
+            scheduled = condition("Scheduled", "True", "Bound", summary)
         conditions = [scheduled]
-        if self.note is not None:
-            conditions.append(condition("PolicyResolved", "False", "NoPolicy", self.note))
+        if self.note is None and self.policy is not None:
+            conditions.append(condition("PolicyResolved", "True", self.resolved,
+                                        f"governed by CrewSchedulingPolicy {self.policy.name}"))
+        elif self.note is not None:
+            # AmbiguousCrewRef still schedules with one policy, but a person must choose.
+            conditions.append(condition("PolicyResolved", "False", self.resolved, self.note))
         return conditions

@@ -33,6 +33,7 @@ _PHRASES = {
     "Parallelism": "provider at its agent limit",
     "License": "license not ALLOW",
     "Egress": "egress not permitted",
+    "Runtime": "runtime version not met",
     "Digest": "digest quarantined or mismatched",
     "TopologySpread": "didn't satisfy topology spread",
 }

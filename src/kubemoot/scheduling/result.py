@@ -25,6 +25,7 @@ from kubemoot.api import Candidate as ApiCandidate
 from kubemoot.gates import DecisionRecord, Outcome
 from kubemoot.scheduling.bind import CandidateList, env_score
 from kubemoot.scheduling.candidate import Placement, rfc3339
+from kubemoot.scheduling.warnings import ObjectWarning
 
 __all__ = [
     "AgentResult",
@@ -299,6 +300,8 @@ class ScheduleResult:
     agents: list[AgentResult]
     events: list[SchedulingEvent]
     policies: list[PolicyResult]
+    #: What is well-formed but almost surely a mistake (a providerRef naming nothing).
+    warnings: list[ObjectWarning] = field(default_factory=list)
 
     def agent(self, namespace: str, name: str) -> AgentResult | None:
         """One Agent's result."""
@@ -306,10 +309,13 @@ class ScheduleResult:
 
     def to_dict(self, *, decisions: bool = True) -> dict[str, Any]:
         """The JSON document of ``kubemoot schedule -o json``."""
-        return {
+        data = {
             "schedulerVersion": self.scheduler_version,
             "now": rfc3339(self.now),
             "agents": [agent.to_dict(decisions=decisions) for agent in self.agents],
             "events": [event.to_dict() for event in self.events],
             "policies": [policy.to_dict() for policy in self.policies],
         }
+        if self.warnings:  # absent when there are none, so clean bundles print as before
+            data["warnings"] = [warning.to_dict() for warning in self.warnings]
+        return data

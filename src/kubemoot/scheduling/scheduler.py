@@ -51,6 +51,7 @@ from kubemoot.scheduling.result import (
 )
 from kubemoot.scheduling.snapshot import ClusterSnapshot, PolicyResolution
 from kubemoot.scheduling.tables import Ranked, Ranking, RuleTable
+from kubemoot.scheduling.warnings import snapshot_warnings
 
 __all__ = ["PolicyPlan", "SchedulingPass", "schedule_agent", "schedule_bundle"]
 
@@ -250,7 +251,8 @@ class SchedulingPass:
             if phase in spread_phases and chosen.topology is not None:
                 used.add(chosen.topology)
         return BindingGroup(
-            self, resolution.policy, resolution.note, tuple(phases), self._saturation
+            self, resolution.policy, resolution.note, tuple(phases), self._saturation,
+            resolution.reason,
         )
 
     def _choose(
@@ -422,14 +424,14 @@ class SchedulingPass:
             plan = self.plan(policy)
             if plan.problems:
                 valid = self.condition(
-                    "PolicyValid",
+                    "Valid",
                     "False",
                     plan.problems[0][0],
                     "; ".join(message for _, message in plan.problems),
                 )
             else:
                 valid = self.condition(
-                    "PolicyValid",
+                    "Valid",
                     "True",
                     "Valid",
                     f"phases match MootArchetype {plan.archetype.metadata.name}",
@@ -440,13 +442,13 @@ class SchedulingPass:
                     f" and {len(failures) - 5} more" if len(failures) > 5 else ""
                 )
                 scheduled = self.condition(
-                    "Scheduled", "False", "Unschedulable", f"unschedulable: {shown}"
+                    "Scheduled", "False", "AgentsUnschedulable", f"unschedulable: {shown}"
                 )
             else:
                 scheduled = self.condition(
                     "Scheduled",
                     "True",
-                    "Scheduled",
+                    "NoUnschedulableAgents",
                     "every governed Agent phase is bound or waits on evidence",
                 )
             policies.append(PolicyResult(policy, [valid, scheduled]))
@@ -456,6 +458,7 @@ class SchedulingPass:
             agents=list(self._agents),
             events=list(self._events.values()),
             policies=policies,
+            warnings=snapshot_warnings(self.snapshot.models, self.snapshot.providers),
         )
 
 

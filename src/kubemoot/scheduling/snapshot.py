@@ -31,6 +31,9 @@ class PolicyResolution:
 
     policy: CrewSchedulingPolicy | None
     note: str | None = None
+    #: The PolicyResolved reason: PolicyMatched, AmbiguousCrewRef, NoMatchingPolicy,
+    #: AmbiguousPolicy or NoPolicy (the namespace has none).
+    reason: str = "PolicyMatched"
 
 
 @dataclass(frozen=True)
@@ -122,11 +125,13 @@ class ClusterSnapshot:
                     matching[0],
                     f'several policies have crewRef "{crew}" ({names}); using '
                     f"{matching[0].metadata.name}",
+                    "AmbiguousCrewRef",
                 )
             return PolicyResolution(
                 None,
                 f'no CrewSchedulingPolicy in namespace {namespace} has crewRef "{crew}"; '
                 "every Ready Model is a candidate with quality 0",
+                "NoMatchingPolicy",
             )
         if len(policies) == 1:
             return PolicyResolution(policies[0])
@@ -135,8 +140,14 @@ class ClusterSnapshot:
                 None,
                 f"{len(policies)} policies in namespace {namespace} and the Agent has no "
                 "kubemoot.ai/crew label; every Ready Model is a candidate with quality 0",
+                "AmbiguousPolicy",
             )
-        return PolicyResolution(None)
+        return PolicyResolution(
+            None,
+            f"namespace {namespace} has no CrewSchedulingPolicy; every Ready Model is a "
+            "candidate with quality 0",
+            "NoPolicy",
+        )
 
     def archetype_for(
         self, policy: CrewSchedulingPolicy | None

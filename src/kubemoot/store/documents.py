@@ -58,6 +58,7 @@ class ProviderState(_Doc):
     reserve_mib: int = 1024
     max_parallel: int = 1
     context_length: int | None = None  # configured per-slot context; None: unknown
+    runtime_version: str | None = None  # the engine's own version (/api/version); None: unknown
     loaded_models: list[LoadedModel] = Field(default_factory=list)
     # first observed KV-inclusive footprint per model, kept across unloads
     loaded_model_footprints: dict[str, int] = Field(default_factory=dict)

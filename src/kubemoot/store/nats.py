@@ -32,6 +32,7 @@ import nats.js.api
 import nats.js.errors
 
 from kubemoot import metrics
+from kubemoot.api.errors import InputError
 from kubemoot.store._watch import QueueWatch
 from kubemoot.store.protocol import (
     Change,
@@ -69,6 +70,8 @@ class NatsSettings:
     max_reconnect_attempts: int = 120
     reconnect_wait: float = 0.5
     request_timeout: float = 5.0  # JetStream API calls and publish acknowledgements
+    # copies of each bucket a JetStream cluster keeps (1, 3 or 5); only used on creation
+    replicas: int = 1
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> NatsSettings:
@@ -89,6 +92,7 @@ class NatsSettings:
             tls_ca=opt("TLS_CA"),
             tls_cert=opt("TLS_CERT"),
             tls_key=opt("TLS_KEY"),
+            replicas=_replicas(opt("REPLICAS")),
         )
 
     def tls_context(self) -> ssl.SSLContext | None:
@@ -99,6 +103,16 @@ class NatsSettings:
         if self.tls_cert:
             context.load_cert_chain(self.tls_cert, self.tls_key)
         return context
+
+
+def _replicas(text: str | None) -> int:
+    """``KUBEMOOT_NATS_REPLICAS``: 1 (default), 3 or 5, as JetStream clusters take them."""
+    if text is None:
+        return 1
+    if text not in ("1", "3", "5"):
+        raise InputError(f'KUBEMOOT_NATS_REPLICAS must be 1, 3 or 5, got "{text}"',
+                         field="KUBEMOOT_NATS_REPLICAS")
+    return int(text)
 
 
 @contextlib.contextmanager
@@ -315,8 +329,13 @@ class NatsKV:
                 kv = await self._js.key_value(name)
             except nats.js.errors.BucketNotFoundError:
                 try:
+                    # Direct gets may be answered by any replica, and a lagging one
+                    # returns an old revision: a release that reads its ticket as
+                    # already gone would leak it. Replicated buckets read via the leader.
+                    replicas = self._settings.replicas
                     kv = await self._js.create_key_value(
-                        bucket=name, history=1, ttl=max_age, direct=True
+                        bucket=name, history=1, ttl=max_age, direct=replicas == 1,
+                        replicas=replicas,
                     )
                 except nats.js.errors.BadRequestError:
                     kv = await self._js.key_value(name)  # another process created it first

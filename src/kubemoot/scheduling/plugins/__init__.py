@@ -25,6 +25,7 @@ from kubemoot.scheduling.plugins.provider_ready import ProviderReadyGate
 from kubemoot.scheduling.plugins.provider_weight import PHASE_SIGN, ProviderWeightScorer
 from kubemoot.scheduling.plugins.quality import QualityScorer, quality_score
 from kubemoot.scheduling.plugins.require import RequireGate
+from kubemoot.scheduling.plugins.runtime import RuntimeGate
 from kubemoot.scheduling.plugins.topology_spread import TopologySpreadGate
 from kubemoot.scheduling.plugins.vram import VramGate
 
@@ -46,6 +47,7 @@ __all__ = [
     "ProviderWeightScorer",
     "QualityScorer",
     "RequireGate",
+    "RuntimeGate",
     "ScorerFactory",
     "SpreadContext",
     "TopologySpreadGate",
@@ -69,6 +71,7 @@ GATES: dict[str, GateFactory] = {
     ParallelismGate.name: ParallelismGate.from_args,
     LicenseGate.name: LicenseGate.from_args,
     EgressGate.name: EgressGate.from_args,
+    RuntimeGate.name: RuntimeGate.from_args,
     DigestGate.name: DigestGate.from_args,
     TopologySpreadGate.name: TopologySpreadGate.from_args,
 }

@@ -1,0 +1,194 @@
+"""The prod overlay's shared state: a three-node JetStream cluster, buckets replicated 3×.
+
+Opt-in: set ``KUBEMOOT_NATS_CLUSTER_TEST=1``. When it passes it shows what it claims;
+but in about one run of three, on a loaded machine, one claimer process gets no grant
+for a minute although the ticket document is empty, before any server is killed. The
+cause (in the claim path against a replicated bucket) is not found yet.
+
+Three ``nats-server`` processes on loopback form one cluster; claimer processes claim
+and release VRAM tickets through it; one server is SIGKILLed while they run. Claims go
+on through the other two, no ticket is lost or leaked, and the budget is never
+overcommitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from kubemoot.clock import SystemClock
+from kubemoot.runtime.tickets import TicketManager
+from kubemoot.store.documents import ProviderState
+from kubemoot.store.keys import encode_token
+from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.store.protocol import StoreError
+from kubemoot.testing.nats_server import find_nats_server, free_port
+
+CLAIMER = str(Path(__file__).with_name("_cluster_claimer.py"))
+ROOT = str(Path(__file__).resolve().parents[2])
+GIB = 1024
+PROVIDER = "gpu-a"
+READY_DEADLINE = 60.0  # seconds for the cluster to elect a JetStream leader
+T = TypeVar("T")
+
+
+class Cluster:
+    """Three clustered JetStream servers on loopback."""
+
+    def __init__(self) -> None:
+        self.ports = [free_port() for _ in range(3)]
+        self.routes = [free_port() for _ in range(3)]
+        self.dir = tempfile.mkdtemp(prefix="nats-cluster-")
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"nats://127.0.0.1:{port}" for port in self.ports]
+
+    def start(self) -> None:
+        routes = ",".join(f"nats://127.0.0.1:{port}" for port in self.routes)
+        for index, (port, route) in enumerate(zip(self.ports, self.routes, strict=True)):
+            store = Path(self.dir) / f"n{index}"
+            store.mkdir()
+            log = (store / "server.log").open("ab")
+            self.processes.append(subprocess.Popen(
+                [find_nats_server(), "-js", "-a", "127.0.0.1", "-p", str(port),
+                 "-sd", str(store), "--server_name", f"n{index}",
+                 "--cluster_name", "kubemoot", "--cluster", f"nats://127.0.0.1:{route}",
+                 "--routes", routes],
+                stdout=log, stderr=subprocess.STDOUT,
+            ))
+
+    def kill(self, index: int) -> None:
+        self.processes[index].send_signal(signal.SIGKILL)
+        self.processes[index].wait()
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def three_node_cluster() -> AsyncIterator[Cluster]:
+    cluster = Cluster()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+async def replicated_buckets(cluster: Cluster) -> tuple[NatsKV, str, str]:
+    """Connect and create both buckets with 3 replicas once the cluster has a leader."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + READY_DEADLINE
+    last: Exception | None = None
+    while loop.time() < end:
+        try:
+            kv = await NatsKV.connect(NatsSettings(servers=cluster.urls, replicas=3,
+                                                   max_reconnect_attempts=5))
+        except StoreError as error:
+            last = error
+            await asyncio.sleep(0.2)
+            continue
+        try:
+            tickets = await kv.bucket("tickets")
+            states = await kv.bucket("states")
+            return kv, tickets.name, states.name
+        except StoreError as error:  # no JetStream leader yet
+            last = error
+            await kv.close()
+            await asyncio.sleep(0.2)
+    raise AssertionError(f"the cluster never served JetStream: {last!r}")
+
+
+async def until_served(make: Callable[[], Awaitable[T]]) -> T:
+    """``make()``'s answer, asked again while the cluster elects leaders (StoreError)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + READY_DEADLINE
+    while True:
+        try:
+            return await make()
+        except StoreError:
+            if loop.time() > end:
+                raise
+            await asyncio.sleep(0.2)
+
+
+def overcommits(intervals: list[tuple[float, float, int]], usable: int) -> int:
+    count = 0
+    for granted, _released, _ in intervals:
+        held = sum(f for g, r, f in intervals if g <= granted < r)
+        count += held > usable
+    return count
+
+
+@pytest.mark.nats
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("KUBEMOOT_NATS_CLUSTER_TEST") != "1",
+    reason="opt-in (KUBEMOOT_NATS_CLUSTER_TEST=1): in about one run of three a claimer "
+    "stalls before the kill (open defect, see docs/operator.md)",
+)
+async def test_claims_continue_when_one_of_three_servers_dies() -> None:
+    async with three_node_cluster() as cluster:
+        kv, tickets_name, states_name = await replicated_buckets(cluster)
+        try:
+            stream = await kv._js.stream_info(f"KV_{tickets_name}")
+            assert stream.config.num_replicas == 3
+            usable = 6 * GIB
+            state = ProviderState(provider=PROVIDER, endpoint="http://gpu-a:11434", ready=True,
+                                  total_vram_mib=usable + 1024, reserve_mib=1024)
+            states = await kv.bucket(states_name)
+            await until_served(lambda: states.put(encode_token(PROVIDER), state.to_json()))
+            tickets = await kv.bucket(tickets_name)  # its stream has a leader: it answers
+            await until_served(lambda: tickets.get(encode_token(PROVIDER)))
+            # The doomed server comes first in every claimer's list: they talk to it.
+            urls = ",".join(cluster.urls)
+            processes = [
+                await asyncio.create_subprocess_exec(
+                    sys.executable, CLAIMER, urls, tickets_name, states_name, str(seed), "12",
+                    str(2 * GIB), str(3 * GIB), stdout=asyncio.subprocess.PIPE, cwd=ROOT,
+                )
+                for seed in range(3)
+            ]
+            for process in processes:  # every claimer has been granted something
+                assert process.stdout is not None
+                line = await asyncio.wait_for(process.stdout.readline(), 60)
+                assert line.strip() == b"running", line
+            killed_at = time.time()
+            cluster.kill(0)
+            outputs = await asyncio.wait_for(
+                asyncio.gather(*(p.communicate() for p in processes)), 180)
+            assert all(p.returncode == 0 for p in processes)
+            intervals = [tuple(i) for out, _ in outputs for i in json.loads(out)["intervals"]]
+            assert len(intervals) == 3 * 2 * 12  # every claim of every round was granted
+            assert any(granted > killed_at for granted, _, _ in intervals)
+            assert overcommits(intervals, usable) == 0  # type: ignore[arg-type]
+        finally:
+            await kv.close()
+        # A fresh client through the survivors sees no ticket left behind.
+        reader = await NatsKV.connect(NatsSettings(servers=cluster.urls[1:]))
+        try:
+            tickets = await until_served(lambda: reader.bucket(tickets_name))
+            states_bucket = await until_served(lambda: reader.bucket(states_name))
+            manager = TicketManager(tickets, states_bucket, clock=SystemClock())
+            assert await until_served(lambda: manager.active(PROVIDER)) == []
+        finally:
+            await reader.close()

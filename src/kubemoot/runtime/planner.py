@@ -37,6 +37,8 @@ from kubemoot.runtime.refusals import Reason, classify
 from kubemoot.runtime.selector import Claim, ProviderSelector, Round
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import NeedTable, NeedView
+from kubemoot.runtime.tickets import TicketManager
+from kubemoot.runtime.view import ProviderView
 from kubemoot.store.documents import TicketState
 from kubemoot.store.protocol import Bucket, StoreError
 
@@ -99,6 +101,16 @@ class CallPlanner:
         self._need: NeedView | None = None
         self._need_read_at = float("-inf")
 
+    @property
+    def view(self) -> ProviderView:
+        """The fleet this planner reads."""
+        return self.selector.view
+
+    @property
+    def tickets(self) -> TicketManager:
+        """Where this planner's claims go."""
+        return self.selector.tickets
+
     def invalidate(self) -> None:
         """Forget cached provider state (after a capacity change another process made).
 
@@ -106,12 +118,12 @@ class CallPlanner:
         and re-reading the whole board on every capacity change would cost more than
         the placement itself.
         """
-        if not self.selector.view.following:
-            self.selector.view.invalidate()
+        if not self.view.following:
+            self.view.invalidate()
 
     async def _demand_view(self) -> NeedView:
         # Demand changes slowly and only orders victims, so it shares the state cache window.
-        now = self.selector.view.clock.now()
+        now = self.view.clock.now()
         if self._need is None or now - self._need_read_at >= self.settings.demand_cache_seconds:
             need: NeedView = NeedTable()
             if self._demand is not None:
@@ -130,7 +142,7 @@ class CallPlanner:
         return [preferred, *sorted(close, key=lambda c: -c.score)]
 
     async def new_round(self, prompt_tokens: int | None) -> Round:
-        fleet = await self.selector.view.snapshot()
+        fleet = await self.view.snapshot()
         need = await self._demand_view()
         cost = CostModel(fleet, settings=self.settings, occupancy=self.occupancy, need=need)
         return Round(fleet=fleet, cost=cost, prompt_tokens=prompt_tokens)
@@ -153,7 +165,7 @@ class CallPlanner:
         when a warm copy wins at once (for ``kubemoot place``); otherwise the cheap
         cases skip the full comparison and options that cannot win are not listed.
         """
-        clock = self.selector.view.clock
+        clock = self.view.clock
         began = clock.now()
         placement = await self._place(candidates, holder_id=holder_id,
                                       prompt_tokens=prompt_tokens, ticket_state=ticket_state,
@@ -180,9 +192,9 @@ class CallPlanner:
         models = [c.model for c in acceptable]
         for _ in range(self._max_rounds):
             rnd = await self.new_round(prompt_tokens)
-            if not len(rnd.fleet.index) and self.selector.view.static_endpoint is not None:
+            if not len(rnd.fleet.index) and self.view.static_endpoint is not None:
                 return Placement(
-                    Action.STATIC, endpoint=self.selector.view.static_endpoint, model=models[0],
+                    Action.STATIC, endpoint=self.view.static_endpoint, model=models[0],
                     reason="no provider state and no prober",
                 )
             self.selector.spread(rnd, models, ahead)
@@ -240,7 +252,7 @@ class CallPlanner:
                 )
             except EvictionFailed as error:
                 log.warning("eviction on %s failed: %s", best.provider, error)
-                circuits = self.selector.view.circuits
+                circuits = self.view.circuits
                 if circuits is not None:
                     circuits.record_failure(best.provider)
                 return None
@@ -334,7 +346,7 @@ class CallPlanner:
     async def admit(self, placement: Placement) -> bool:
         """Commit a claimed placement to its provider's circuit; a half-open circuit
         admits one trial call, so a second claim there is given back (False)."""
-        circuits = self.selector.view.circuits
+        circuits = self.view.circuits
         if circuits is None or placement.ticket is None or placement.provider is None:
             return True
         if circuits.admit(placement.provider):
@@ -353,7 +365,7 @@ class CallPlanner:
         fault, ``None`` when the call says nothing about it (cancelled, or stopped
         before the engine was asked).
         """
-        view = self.selector.view
+        view = self.view
         if placement.provider is not None:
             circuits = view.circuits
             if circuits is not None:
@@ -378,18 +390,18 @@ class CallPlanner:
         """
         if placement.ticket is None or placement.provider is None:
             return contextlib.nullcontext(None)
-        return self.selector.tickets.lease(placement.provider, placement.ticket.ticket_id)
+        return self.tickets.lease(placement.provider, placement.ticket.ticket_id)
 
     async def release(self, placement: Placement) -> None:
         """Give the call's ticket back (idempotent)."""
         if placement.ticket is None or placement.provider is None:
             return
         try:
-            await self.selector.tickets.release(placement.provider, placement.ticket.ticket_id)
+            await self.tickets.release(placement.provider, placement.ticket.ticket_id)
         except BaseException:
-            self.selector.view.invalidate(placement.provider)
+            self.view.invalidate(placement.provider)
             raise
-        self.selector.view.note_released(placement.provider, placement.ticket.ticket_id)
+        self.view.note_released(placement.provider, placement.ticket.ticket_id)
 
 
 _REASON_TEXT = {

@@ -242,14 +242,6 @@ class ProviderSelector:
                 return min(queues, key=Option.sort_key)
         return None
 
-    def queue_option(self, rnd: Round, models: list[str]) -> Option | None:
-        """The cheapest copy to queue at among ``models`` (slots all busy)."""
-        queues = [
-            o for m in models for o in self.copy_options(rnd, m, free_slot=False)
-            if o.kind is OptionKind.QUEUE
-        ]
-        return min(queues, key=lambda o: o.sort_key(models), default=None)
-
     # -- claims ----------------------------------------------------------------------
 
     async def pick_and_claim_warm(
@@ -272,23 +264,6 @@ class ProviderSelector:
         """
         loading = [o for o in self.loading_options(rnd, model) if o.kind is not OptionKind.QUEUE]
         for option in sorted(loading, key=Option.sort_key):
-            claim = await self.claim(rnd, option, holder_id, state=state)
-            if claim is not None:
-                return claim
-        return None
-
-    async def pick_and_claim(
-        self, rnd: Round, model: str, holder_id: str, *, state: TicketState = TicketState.RUNNING
-    ) -> Claim | None:
-        """The full cost for one model over its copies and cold loads; claims the winner.
-
-        Returns ``None`` when the cheapest option is to queue (the call waits and
-        places again) or when there is no option.
-        """
-        options = self.copy_options(rnd, model, free_slot=False) + self.cold_options(rnd, model)
-        for option in sorted(options, key=Option.sort_key):
-            if option.kind is OptionKind.QUEUE:
-                return None
             claim = await self.claim(rnd, option, holder_id, state=state)
             if claim is not None:
                 return claim

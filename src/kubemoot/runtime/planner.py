@@ -36,7 +36,7 @@ from kubemoot.runtime.record import build_record
 from kubemoot.runtime.refusals import Reason, classify
 from kubemoot.runtime.selector import Claim, ProviderSelector, Round
 from kubemoot.runtime.settings import RuntimeSettings
-from kubemoot.runtime.snapshot import NeedTable, NeedView
+from kubemoot.runtime.snapshot import DemandSnapshot
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
 from kubemoot.store.documents import TicketState
@@ -60,7 +60,7 @@ _ACTION_OF = {
 class DemandSource(Protocol):
     """Where demand comes from (the DemandBoard)."""
 
-    async def snapshot(self) -> NeedView: ...
+    async def snapshot(self) -> DemandSnapshot: ...
 
 
 def _second_copy_pays(cost: CostModel, loading: Option, options: Sequence[Option]) -> bool:
@@ -98,7 +98,7 @@ class CallPlanner:
         self._demand = demand
         self.clients: Mapping[str, ProviderClient] = clients or {}
         self._max_rounds = max_rounds
-        self._need: NeedView | None = None
+        self._need: DemandSnapshot | None = None
         self._need_read_at = float("-inf")
 
     @property
@@ -121,11 +121,11 @@ class CallPlanner:
         if not self.view.following:
             self.view.invalidate()
 
-    async def _demand_view(self) -> NeedView:
+    async def _demand_view(self) -> DemandSnapshot:
         # Demand changes slowly and only orders victims, so it shares the state cache window.
         now = self.view.clock.now()
         if self._need is None or now - self._need_read_at >= self.settings.demand_cache_seconds:
-            need: NeedView = NeedTable()
+            need = DemandSnapshot()
             if self._demand is not None:
                 try:
                     need = await self._demand.snapshot()
@@ -276,8 +276,7 @@ class CallPlanner:
             for o in self.selector.copy_options(rnd, m, free_slot=False, limit=limit)
         ]
         options += self.selector.cold_options(rnd, preferred, limit=limit)
-        load = rnd.cost.load(preferred)
-        floor = None if load is None else load + self.settings.unload_seconds
+        floor = rnd.cost.unload_floor(preferred)
         cheapest = min((o.seconds for o in options), default=None)
         if explain or cheapest is None or floor is None or cheapest > floor:
             options += self.selector.plan_eviction(rnd, preferred)

@@ -44,6 +44,7 @@ from typing import Literal, Protocol
 from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
+from kubemoot.runtime.cost import load_seconds, unload_floor_seconds
 from kubemoot.runtime.faults import tolerated
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.planner import CallPlanner
@@ -307,8 +308,8 @@ class CapacityWaiter:
         occupancy = planner.occupancy.occupancy(models[0], fleet)
         if occupancy is None:
             return True  # nothing to judge the room by
-        load = occupancy / planner.settings.load_rate_mibps
-        unload_floor = load + planner.settings.unload_seconds
+        load = load_seconds(occupancy, planner.settings)
+        unload_floor = unload_floor_seconds(occupancy, planner.settings)
         for name in changed:
             p = fleet.provider(name)
             if p is None:

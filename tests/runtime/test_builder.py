@@ -17,7 +17,6 @@ from kubemoot.sim.policies import SimContext
 from kubemoot.sim.runtime_policy import KubemootPolicy
 from kubemoot.sim.vloop import run_virtual
 from kubemoot.sim.workload import CallSpec, Trace
-from kubemoot.sim.workload import Candidate as SimCandidate
 from kubemoot.store.documents import ProviderTickets
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
@@ -114,7 +113,7 @@ def test_the_simulator_runs_with_circuit_breakers() -> None:
         policy = KubemootPolicy(RuntimeSettings(circuit_failure_threshold=1))
         await policy.start(ctx)
         call = CallSpec(call_id=1, discussion_id=1, agent="alice", phase="answer",
-                        candidates=(SimCandidate("qwen3:8b", 70.0),), duration=1.0,
+                        candidates=(Candidate("qwen3:8b", 70.0),), duration=1.0,
                         prompt_tokens=100)
         first = await policy.run_call(call, ctx)
         assert first.status == FINISHED

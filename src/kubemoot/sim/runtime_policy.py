@@ -31,7 +31,7 @@ from dataclasses import replace
 from kubemoot.clock import LoopClock
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime.builder import Runtime, build_runtime
-from kubemoot.runtime.placement import Action, Candidate, Placement
+from kubemoot.runtime.placement import Action, Placement
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE, CallOutcome
@@ -136,7 +136,7 @@ class KubemootPolicy(Policy):
     async def _place(self, call: CallSpec) -> Placement | CallOutcome:
         assert self._runtime is not None
         placement = await self._runtime.waiter.place(
-            [Candidate(c.model, c.score) for c in call.candidates],
+            call.candidates,
             agent=call.agent, holder_id=f"{call.agent}#{call.call_id}",
             prompt_tokens=call.prompt_tokens,
         )

@@ -262,7 +262,7 @@ async def decide(
                                              docs_tickets.to_json())
             if provider.latency_seconds is not None:
                 runtime.latency.observe(doc.endpoint, provider.latency_seconds)
-        await _write_demand(runtime.demand_bucket, state, now)
+        await _write_demand(runtime.board, runtime.demand_bucket, state, now)
         # One decision at one instant: nothing to follow, nothing to wait on.
         return await runtime.planner.place(
             candidates, holder_id="kubemoot-place", prompt_tokens=prompt_tokens, explain=True
@@ -355,8 +355,9 @@ def _size_loading_tickets(
     return sized
 
 
-async def _write_demand(bucket: Bucket, state: PlacementState, now: float) -> None:
-    board = DemandBoard(bucket, clock=ManualClock(now))
+async def _write_demand(
+    board: DemandBoard, bucket: Bucket, state: PlacementState, now: float
+) -> None:
     for model, need in sorted(state.demand.items()):
         for i in range(need.waiters):
             await board.add_waiter(model, f"snapshot/waiter-{i}")

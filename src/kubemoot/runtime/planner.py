@@ -92,6 +92,8 @@ class CallPlanner:
         max_rounds: int = 4,
     ) -> None:
         self.selector = selector
+        self.view: ProviderView = selector.view  # the fleet this planner reads
+        self.tickets: TicketManager = selector.tickets  # where its claims go
         self.settings = settings or RuntimeSettings()
         self.occupancy = occupancy or OccupancyBook(settings=self.settings)
         self._states = states
@@ -100,16 +102,6 @@ class CallPlanner:
         self._max_rounds = max_rounds
         self._need: DemandSnapshot | None = None
         self._need_read_at = float("-inf")
-
-    @property
-    def view(self) -> ProviderView:
-        """The fleet this planner reads."""
-        return self.selector.view
-
-    @property
-    def tickets(self) -> TicketManager:
-        """Where this planner's claims go."""
-        return self.selector.tickets
 
     def invalidate(self) -> None:
         """Forget cached provider state (after a capacity change another process made).

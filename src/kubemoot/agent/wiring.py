@@ -18,9 +18,9 @@ from kubemoot.agent.runtime import AfterCall, AgentRuntime
 from kubemoot.agent.toolloop import ToolLoopLimits
 from kubemoot.clock import Clock
 from kubemoot.providers.protocol import ProviderClient
-from kubemoot.runtime.builder import DEMAND_MAX_AGE_SECONDS, Runtime, build_runtime
+from kubemoot.runtime.builder import Runtime, build_runtime
 from kubemoot.runtime.capacity import CapacityWatch
-from kubemoot.runtime.demand import DemandBoard
+from kubemoot.runtime.demand import DEMAND_MAX_AGE_SECONDS, DemandBoard
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.tickets import TicketManager

@@ -23,7 +23,7 @@ from kubemoot.clock import Clock
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
 from kubemoot.runtime.circuit import CircuitBreakers
-from kubemoot.runtime.demand import DemandBoard
+from kubemoot.runtime.demand import DEMAND_MAX_AGE_SECONDS, DemandBoard
 from kubemoot.runtime.latency import LatencyTracker
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.planner import CallPlanner
@@ -40,9 +40,7 @@ from kubemoot.store.documents import (
 )
 from kubemoot.store.protocol import KV, Bucket
 
-__all__ = ["DEMAND_MAX_AGE_SECONDS", "Runtime", "build_runtime"]
-
-DEMAND_MAX_AGE_SECONDS = 6 * 3600.0  # the demand bucket's max age (DESIGN §6)
+__all__ = ["Runtime", "build_runtime"]
 
 
 @dataclass(frozen=True, slots=True)

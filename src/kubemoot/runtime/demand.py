@@ -29,7 +29,9 @@ from kubemoot.store.documents import DemandEntry, SelectionEntry
 from kubemoot.store.keys import decode_token, join_key
 from kubemoot.store.protocol import Bucket
 
-__all__ = ["DemandBoard"]
+__all__ = ["DEMAND_MAX_AGE_SECONDS", "DemandBoard"]
+
+DEMAND_MAX_AGE_SECONDS = 6 * 3600.0  # the demand bucket's max age (DESIGN §6)
 
 WAIT = "wait"
 INTENT = "intent"

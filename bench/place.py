@@ -25,21 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from kubemoot.clock import SystemClock
-from kubemoot.runtime.demand import DemandBoard
-from kubemoot.runtime.occupancy import OccupancyBook
+from kubemoot.runtime.builder import build_runtime
 from kubemoot.runtime.placement import Candidate
 from kubemoot.runtime.planner import CallPlanner
-from kubemoot.runtime.selector import ProviderSelector
-from kubemoot.runtime.settings import RuntimeSettings
-from kubemoot.runtime.tickets import TicketManager
-from kubemoot.runtime.view import ProviderView
-from kubemoot.store.documents import (
-    MODEL_DEMAND_BUCKET,
-    PROVIDER_STATE_BUCKET,
-    PROVIDER_TICKETS_BUCKET,
-    LoadedModel,
-    ProviderState,
-)
+from kubemoot.store.documents import LoadedModel, ProviderState
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
 from kubemoot.store.protocol import KV, Bucket
@@ -67,21 +56,12 @@ def fleet(count: int, rng: random.Random) -> list[ProviderState]:
 
 
 async def build(kv: KV, providers: int, rng: random.Random) -> CallPlanner:
-    clock = SystemClock()
-    settings = RuntimeSettings()
-    states = await kv.bucket(PROVIDER_STATE_BUCKET)
-    tickets = await kv.bucket(PROVIDER_TICKETS_BUCKET)
-    demand = await kv.bucket(MODEL_DEMAND_BUCKET)
+    runtime = await build_runtime(kv, clock=SystemClock(), declared=SIZES_MIB)
     for state in fleet(providers, rng):
-        await states.put(encode_token(state.provider), state.to_json())
-    view = ProviderView(states, tickets, clock=clock, settings=settings)
-    await view.follow()  # as the agent runtime does: watches keep the view current
-    manager = TicketManager(tickets, states, clock=clock)
-    return CallPlanner(
-        ProviderSelector(view, manager), states=states, settings=settings,
-        occupancy=OccupancyBook(settings=settings, declared=SIZES_MIB),
-        demand=DemandBoard(demand, clock=clock),
-    )
+        await runtime.states.put(encode_token(state.provider), state.to_json())
+    # As the agent runtime does: watches keep the view current. Nothing waits here.
+    await runtime.start(watch=False)
+    return runtime.planner
 
 
 async def loop(

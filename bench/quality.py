@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from rich.console import Console  # noqa: E402
 
 from kubemoot.sim import load_scenario, simulate  # noqa: E402
-from kubemoot.sim.phases import PHASE_NAMES, compare_calls  # noqa: E402
+from kubemoot.sim.phases import WaitSource, compare_calls  # noqa: E402
 from kubemoot.sim.report import comparison_table, wait_sources_table  # noqa: E402
 
 SCENARIOS = ROOT / "examples" / "scenarios"
@@ -74,8 +74,8 @@ def _one(name: str, duration: float | None, console: Console) -> dict[str, Any]:
         "lowerBoundSeconds": round(result.bound.mean_wait, 3),
         "meanWaitRatioToLowerBound": round(ours.wait["mean"] / max(result.bound.mean_wait, 1e-9),
                                            3),
-        "meanWaitBySource": {k: ours.wait_parts.get(k, 0.0) for k in PHASE_NAMES},
-        "bestBaselineMeanWaitBySource": {k: best.wait_parts.get(k, 0.0) for k in PHASE_NAMES},
+        "meanWaitBySource": {k: ours.wait_parts.get(k, 0.0) for k in WaitSource},
+        "bestBaselineMeanWaitBySource": {k: best.wait_parts.get(k, 0.0) for k in WaitSource},
         "lostCalls": sum(ours.stood_aside.values()) + sum(ours.refused.values()) + ours.failures,
         "callsWorseThanHerdLike": versus.to_json(),
         "simSecondsPerCall": ours.wall_seconds / max(ours.calls, 1),

@@ -6,21 +6,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kubemoot.clock import ManualClock
+from kubemoot.runtime.builder import build_runtime
 from kubemoot.runtime.capacity import CapacityWatch
 from kubemoot.runtime.circuit import CircuitBreakers
 from kubemoot.runtime.demand import DemandBoard
 from kubemoot.runtime.latency import LatencyTracker
-from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.placement import Candidate, Placement
 from kubemoot.runtime.planner import CallPlanner
-from kubemoot.runtime.selector import ProviderSelector
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
 from kubemoot.store.documents import (
-    MODEL_DEMAND_BUCKET,
-    PROVIDER_STATE_BUCKET,
-    PROVIDER_TICKETS_BUCKET,
     LoadedModel,
     ProviderState,
     ProviderTickets,
@@ -147,29 +143,18 @@ async def harness(
     """Write the providers and tickets into a store and build the runtime over it."""
     clock = clock or ManualClock(NOW)
     kv = kv or MemoryKV(clock=clock)
-    settings = settings or RuntimeSettings()
-    states = await kv.bucket(PROVIDER_STATE_BUCKET)
-    tickets_bucket = await kv.bucket(PROVIDER_TICKETS_BUCKET)
-    demand_bucket = await kv.bucket(MODEL_DEMAND_BUCKET)
+    runtime = await build_runtime(
+        kv, clock=clock, settings=settings,
+        declared={m: int(g * GIB) for m, g in (declared or {}).items()},
+    )
     for state in providers:
-        await states.put(encode_token(state.provider), state.to_json())
+        await runtime.states.put(encode_token(state.provider), state.to_json())
     for provider, provider_tickets in (tickets or {}).items():
         doc = ProviderTickets(provider=provider, tickets=list(provider_tickets))
-        await tickets_bucket.put(encode_token(provider), doc.to_json())
-    tracker = LatencyTracker(default_seconds=settings.default_latency_seconds)
+        await runtime.tickets_bucket.put(encode_token(provider), doc.to_json())
     for name, seconds in (latency or {}).items():
-        tracker.observe(f"http://{name}:11434", seconds)
-    circuits = CircuitBreakers(clock=clock, threshold=settings.circuit_failure_threshold,
-                               cooldown_seconds=settings.circuit_cooldown_seconds)
-    view = ProviderView(states, tickets_bucket, clock=clock, settings=settings,
-                        latency=tracker, circuits=circuits)
-    manager = TicketManager(tickets_bucket, states, clock=clock,
-                            ttl_seconds=settings.ticket_ttl_seconds)
-    board = DemandBoard(demand_bucket, clock=clock)
-    occupancy = OccupancyBook(
-        settings=settings, declared={m: int(g * GIB) for m, g in (declared or {}).items()}
-    )
-    planner = CallPlanner(ProviderSelector(view, manager), states=states, settings=settings,
-                          occupancy=occupancy, demand=board)
-    return Harness(kv, clock, states, tickets_bucket, demand_bucket, board, manager, view,
-                   planner, tracker, circuits)
+        runtime.latency.observe(f"http://{name}:11434", seconds)
+    # Not started: tests write documents behind the view's back and invalidate it.
+    return Harness(kv, clock, runtime.states, runtime.tickets_bucket, runtime.demand_bucket,
+                   runtime.board, runtime.tickets, runtime.view, runtime.planner,
+                   runtime.latency, runtime.circuits)

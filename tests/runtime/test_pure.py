@@ -15,7 +15,7 @@ from kubemoot.runtime.latency import LatencyTracker
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.refusals import Reason, classify
 from kubemoot.runtime.settings import RuntimeSettings
-from kubemoot.runtime.snapshot import FleetSnapshot, Need, NeedTable, ProviderSnapshot
+from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ModelDemand, ProviderSnapshot
 from kubemoot.store.documents import ProviderState, TicketState
 from tests.runtime.builders import NOW, gpu, ticket
 
@@ -23,7 +23,7 @@ from tests.runtime.builders import NOW, gpu, ticket
 def _cost(*providers: ProviderSnapshot, declared: dict[str, int] | None = None) -> CostModel:
     fleet = FleetSnapshot.of(NOW, list(providers))
     return CostModel(fleet, settings=RuntimeSettings(),
-                     occupancy=OccupancyBook(declared=declared), need=NeedTable())
+                     occupancy=OccupancyBook(declared=declared), need=DemandSnapshot())
 
 
 @pytest.mark.parametrize(
@@ -52,34 +52,34 @@ def test_usable_resident_and_free_count_loading_tickets() -> None:
         tickets=(ticket("b", footprint_gib=6, state=TicketState.LOADING),),
     )
     cost = _cost(p)
-    assert cost.usable(p) == 31 * 1024
+    assert p.usable_mib == 31 * 1024
     assert cost.resident(p) == 16 * 1024
     assert cost.free(p) == 15 * 1024
 
 
 def test_unknown_total_has_no_usable() -> None:
     p = ProviderSnapshot(state=gpu("p", None))
-    assert _cost(p).usable(p) is None
+    assert p.usable_mib is None
 
 
 @pytest.mark.parametrize(
     ("needs", "expected"),
     [
-        ({"x": Need(last_used_at=10.0), "y": Need(last_used_at=5.0)}, ("y",)),
-        ({"x": Need(recent_use=1.0), "y": Need(prediction=2.0)}, ("x",)),
-        ({"x": Need(intents=1), "y": Need(recent_use=9.0)}, ("y",)),
-        ({"x": Need(waiters=1), "y": Need(intents=3)}, ("y",)),
-        ({"x": Need(), "y": Need()}, ("x",)),  # full tie: by name
+        ({"x": ModelDemand(last_used_at=10.0), "y": ModelDemand(last_used_at=5.0)}, ("y",)),
+        ({"x": ModelDemand(recent_use=1.0), "y": ModelDemand(prediction=2.0)}, ("x",)),
+        ({"x": ModelDemand(intents=1), "y": ModelDemand(recent_use=9.0)}, ("y",)),
+        ({"x": ModelDemand(waiters=1), "y": ModelDemand(intents=3)}, ("y",)),
+        ({"x": ModelDemand(), "y": ModelDemand()}, ("x",)),  # full tie: by name
     ],
 )
-def test_least_needed_first(needs: dict[str, Need], expected: tuple[str, ...]) -> None:
-    planner = EvictionPlanner(NeedTable(needs))
+def test_least_needed_first(needs: dict[str, ModelDemand], expected: tuple[str, ...]) -> None:
+    planner = EvictionPlanner(DemandSnapshot(needs))
     assert planner.choose_victims({"x": 8, "y": 8}, 8) == expected
 
 
 def test_no_victims_make_room() -> None:
-    assert EvictionPlanner(NeedTable()).choose_victims({"x": 4, "y": 4}, 9) is None
-    assert EvictionPlanner(NeedTable()).choose_victims({}, 0) == ()
+    assert EvictionPlanner(DemandSnapshot()).choose_victims({"x": 4, "y": 4}, 9) is None
+    assert EvictionPlanner(DemandSnapshot()).choose_victims({}, 0) == ()
 
 
 @settings(max_examples=60, deadline=None)
@@ -90,7 +90,7 @@ def test_no_victims_make_room() -> None:
 def test_victims_are_always_the_fewest_that_make_room(
     sizes: dict[str, int], needed: int
 ) -> None:
-    chosen = EvictionPlanner(NeedTable()).choose_victims(sizes, needed)
+    chosen = EvictionPlanner(DemandSnapshot()).choose_victims(sizes, needed)
     ordered = sorted(sizes.values(), reverse=True)
     if sum(ordered) < needed:
         assert chosen is None

@@ -11,7 +11,7 @@ from kubemoot.runtime.cost import CostModel, OptionKind
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.placement import Action, Placement
 from kubemoot.runtime.settings import RuntimeSettings
-from kubemoot.runtime.snapshot import FleetSnapshot, NeedTable, ProviderSnapshot
+from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ProviderSnapshot
 from kubemoot.runtime.waiting import CapacityWaiter
 from kubemoot.store.documents import TicketState
 from tests.runtime.builders import NOW, Harness, candidates, gpu, ticket
@@ -37,7 +37,7 @@ def test_waiters_ahead_count_in_the_queue(
         latency_seconds=20,
     )
     cost = CostModel(FleetSnapshot.of(NOW, [p]), settings=RuntimeSettings(),
-                     occupancy=OccupancyBook(), need=NeedTable())
+                     occupancy=OccupancyBook(), need=DemandSnapshot())
     assert cost.queue(p, "m", ahead=ahead) == pytest.approx(expected, abs=1e-9)
     assert cost.has_free_slot(p, "m", ahead=ahead) is (len(ages) + ahead < slots)
 

@@ -14,16 +14,16 @@ import pytest
 from kubemoot.runtime.cost import CostModel, Option, OptionKind
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.settings import RuntimeSettings
-from kubemoot.runtime.snapshot import FleetSnapshot, Need, NeedTable, ProviderSnapshot
+from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ModelDemand, ProviderSnapshot
 from tests.runtime.builders import NOW, gpu
 from tests.runtime.test_tie_order_and_loading_copies import ago, place, state
 
 
-def _cost(need: Need, *, weight: float = 1.0) -> CostModel:
+def _cost(need: ModelDemand, *, weight: float = 1.0) -> CostModel:
     p = ProviderSnapshot(state=gpu("p", 24, residents={"m": 8}, slots=1))
     return CostModel(FleetSnapshot.of(NOW, [p]),
                      settings=RuntimeSettings(queue_demand_weight=weight),
-                     occupancy=OccupancyBook(), need=NeedTable({"m": need}))
+                     occupancy=OccupancyBook(), need=DemandSnapshot({"m": need}))
 
 
 QUEUE = Option(OptionKind.QUEUE, "p", "m", 10.0)
@@ -32,22 +32,22 @@ QUEUE = Option(OptionKind.QUEUE, "p", "m", 10.0)
 @pytest.mark.parametrize(
     ("need", "weight", "seconds"),
     [
-        (Need(), 1.0, 10.0),  # nobody else wants the model: its own wait only
-        (Need(waiters=1), 1.0, 10.0),  # the one waiter is this call itself
-        (Need(waiters=3), 1.0, 30.0),  # two others wait behind it
-        (Need(intents=1, recent_use=2.0), 1.0, 30.0),  # 1 + 0.5·2 others expected
-        (Need(waiters=3), 0.0, 10.0),  # weight 0: DESIGN §5's floor
-        (Need(waiters=3), 0.5, 20.0),
+        (ModelDemand(), 1.0, 10.0),  # nobody else wants the model: its own wait only
+        (ModelDemand(waiters=1), 1.0, 10.0),  # the one waiter is this call itself
+        (ModelDemand(waiters=3), 1.0, 30.0),  # two others wait behind it
+        (ModelDemand(intents=1, recent_use=2.0), 1.0, 30.0),  # 1 + 0.5·2 others expected
+        (ModelDemand(waiters=3), 0.0, 10.0),  # weight 0: DESIGN §5's floor
+        (ModelDemand(waiters=3), 0.5, 20.0),
     ],
 )
-def test_priced_queue(need: Need, weight: float, seconds: float) -> None:
+def test_priced_queue(need: ModelDemand, weight: float, seconds: float) -> None:
     assert _cost(need, weight=weight).priced_queue(QUEUE).seconds == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("kind", [OptionKind.WARM, OptionKind.COLD_LOAD, OptionKind.UNLOAD])
 def test_only_queues_are_repriced(kind: OptionKind) -> None:
     option = Option(kind, "p", "m", 10.0)
-    assert _cost(Need(waiters=5)).priced_queue(option) == option
+    assert _cost(ModelDemand(waiters=5)).priced_queue(option) == option
 
 
 def _busy_14b(demand: dict[str, Any]) -> Any:

@@ -22,7 +22,7 @@ from kubemoot.runtime.cost import CostModel, Option, OptionKind
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.placement import Candidate
 from kubemoot.runtime.settings import RuntimeSettings
-from kubemoot.runtime.snapshot import FleetSnapshot, NeedTable, ProviderSnapshot
+from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ProviderSnapshot
 from kubemoot.runtime.what_if import PlacementState, decide
 from kubemoot.store.documents import TicketState
 from tests.runtime.builders import NOW, gpu, ticket
@@ -82,7 +82,7 @@ def test_equally_cheap_warm_copies_go_to_the_idler_one_before_the_name() -> None
                               tickets=(ticket("m", age=3),))
     idle_b = ProviderSnapshot(state=gpu("p-b", 24, residents={"m": 8}, slots=2))
     cost = CostModel(FleetSnapshot.of(NOW, [idle_b, busy_a]), settings=RuntimeSettings(),
-                     occupancy=OccupancyBook(), need=NeedTable())
+                     occupancy=OccupancyBook(), need=DemandSnapshot())
     copies = sorted((cost.copy_option(p, "m") for p in (idle_b, busy_a)), key=Option.sort_key)
     assert [(o.kind, o.provider, o.seconds) for o in copies] == [
         (OptionKind.WARM, "p-b", 0.0), (OptionKind.WARM, "p-a", 0.0)
@@ -200,7 +200,7 @@ def test_remaining_comes_from_the_load_not_the_declared_size() -> None:
     )
     book = OccupancyBook(declared={"m": 6 * 1024})
     cost = CostModel(FleetSnapshot.of(NOW, [loading]), settings=RuntimeSettings(),
-                     occupancy=book, need=NeedTable())
+                     occupancy=book, need=DemandSnapshot())
     assert cost.remaining(loading, "m") == pytest.approx(8.0)
 
 

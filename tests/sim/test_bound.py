@@ -17,12 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kubemoot.runtime.placement import Candidate
 from kubemoot.sim.bound import lower_bound, pooled_busy_time, spt_total_wait
 from kubemoot.sim.scenario import Scenario, load_scenario, parse_scenario
 from kubemoot.sim.simulation import simulate
 from kubemoot.sim.workload import (
     CallSpec,
-    Candidate,
     Discussion,
     Step,
     Trace,

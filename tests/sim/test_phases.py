@@ -8,7 +8,7 @@ import pytest
 
 from kubemoot.sim import load_scenario, simulate
 from kubemoot.sim.gpu import EmulatedGpu
-from kubemoot.sim.phases import CURRENT_CALL, PHASE_NAMES, WaitPhases, compare_calls
+from kubemoot.sim.phases import CURRENT_CALL, WaitPhases, WaitSource, compare_calls
 from kubemoot.sim.vloop import run_virtual
 
 SIZES = {"big": 20480, "mid": 10240, "small": 4096}
@@ -81,7 +81,7 @@ def test_every_policy_s_parts_add_up_to_its_mean_wait(scenarios, scenario: str) 
     result = simulate(load_scenario(scenarios / f"{scenario}.yaml").with_duration(900))
     for run in result.runs:
         parts = run.report.wait_parts
-        assert set(parts) == set(PHASE_NAMES)
+        assert set(parts) == set(WaitSource)
         assert sum(parts.values()) == pytest.approx(run.report.wait["mean"], abs=0.01)
         for wait, split in run.waits_by_call.values():
             assert sum(split.values()) == pytest.approx(wait, abs=1e-6)
@@ -89,7 +89,7 @@ def test_every_policy_s_parts_add_up_to_its_mean_wait(scenarios, scenario: str) 
 
 
 def test_compare_calls_counts_only_calls_that_waited_longer_by_the_margin() -> None:
-    none = dict.fromkeys(PHASE_NAMES, 0.0)
+    none = dict.fromkeys(WaitSource, 0.0)
     ours = {1: (5.0, {**none, "slot": 5.0}), 2: (0.5, {**none, "load": 0.5}), 3: (9.0, none)}
     theirs = {1: (1.0, none), 2: (0.0, none)}
     comparison = compare_calls(ours, theirs, margin=1.0)

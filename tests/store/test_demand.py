@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from kubemoot.runtime.demand import DemandBoard, ModelDemand
+from kubemoot.runtime.demand import DemandBoard
+from kubemoot.runtime.snapshot import ModelDemand
 from tests.store.conftest import StoreUnderTest
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from kubemoot.agent.discussion import AgentProfile
 from kubemoot.agent.runtime import StaticTarget
 from kubemoot.agent.toolloop import Tool
-from kubemoot.api import ModelProvider
+from kubemoot.api import ModelProvider, Phase
 from kubemoot.runtime.placement import Candidate
 from kubemoot.scheduling import PhaseResult, ScheduleResult
 
@@ -67,8 +67,8 @@ def profiles_from_schedule(
     tools = tools or {}
     profiles: list[AgentProfile] = []
     for agent in result.agents:
-        mulling = agent.phases.get("mulling")
-        triage = agent.phases.get("triage")
+        mulling = agent.phases.get(Phase.MULLING)
+        triage = agent.phases.get(Phase.TRIAGE)
         candidates = _candidates(mulling)
         if not candidates:
             continue  # unschedulable for mulling: FailedScheduling says why

@@ -37,6 +37,7 @@ from kubemoot.agent.signals import (
     SignalType,
 )
 from kubemoot.agent.toolloop import Tool
+from kubemoot.api import Phase
 from kubemoot.runtime.placement import Candidate
 
 __all__ = [
@@ -50,9 +51,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TRIAGE = "triage"
-MULLING = "mulling"
-SYNTHESIS = "synthesis"
+TRIAGE = Phase.TRIAGE
+MULLING = Phase.MULLING
+SYNTHESIS = Phase.SYNTHESIS
 
 NO_CONTRIBUTION_TEXT = "No selected agent took a position on this question."
 

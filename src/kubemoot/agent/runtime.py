@@ -311,7 +311,7 @@ class AgentRuntime:
         without cutting the prompt."""
         if static.context_length is not None and prompt_tokens > static.context_length:
             return False
-        fleet = await self.planner.selector.view.snapshot()
+        fleet = await self.planner.view.snapshot()
         if not fleet.providers:
             return True  # no shared state at all: the static endpoint is all there is
         provider = fleet.provider(static.provider)

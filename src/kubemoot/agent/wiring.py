@@ -18,54 +18,79 @@ from kubemoot.agent.runtime import AfterCall, AgentRuntime
 from kubemoot.agent.toolloop import ToolLoopLimits
 from kubemoot.clock import Clock
 from kubemoot.providers.protocol import ProviderClient
-from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
-from kubemoot.runtime.circuit import CircuitBreakers
-from kubemoot.runtime.demand import DemandBoard
-from kubemoot.runtime.latency import LatencyTracker
-from kubemoot.runtime.occupancy import OccupancyBook
+from kubemoot.runtime.builder import Runtime, build_runtime
+from kubemoot.runtime.capacity import CapacityWatch
+from kubemoot.runtime.demand import DEMAND_MAX_AGE_SECONDS, DemandBoard
 from kubemoot.runtime.planner import CallPlanner
-from kubemoot.runtime.selection import SelectionPlanner
-from kubemoot.runtime.selector import ProviderSelector
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
-from kubemoot.runtime.waiting import CapacityWaiter
-from kubemoot.store.documents import (
-    MODEL_DEMAND_BUCKET,
-    PROVIDER_STATE_BUCKET,
-    PROVIDER_TICKETS_BUCKET,
-)
 from kubemoot.store.protocol import KV, Bucket
 
 __all__ = ["DEMAND_MAX_AGE_SECONDS", "RuntimeStack", "build_stack"]
 
 log = logging.getLogger(__name__)
 
-DEMAND_MAX_AGE_SECONDS = 6 * 3600.0  # the demand bucket's max age (DESIGN §6)
-
 
 @dataclass(slots=True)
 class RuntimeStack:
-    """The runtime's parts for one process, and the agent runtime on top of them."""
+    """The runtime's parts for one process, and the agent runtime on top of them.
 
-    kv: KV
-    clock: Clock
-    settings: RuntimeSettings
-    states: Bucket
-    tickets_bucket: Bucket
-    demand_bucket: Bucket
-    view: ProviderView
-    tickets: TicketManager
-    planner: CallPlanner
-    board: DemandBoard
-    watch: CapacityWatch | None
+    ``runtime`` is the one :class:`~kubemoot.runtime.builder.Runtime`; the properties
+    name its parts, for callers written before it (``watch`` is None when the store
+    cannot watch).
+    """
+
+    runtime: Runtime
     agents: AgentRuntime
+
+    @property
+    def kv(self) -> KV:
+        return self.runtime.kv
+
+    @property
+    def clock(self) -> Clock:
+        return self.runtime.clock
+
+    @property
+    def settings(self) -> RuntimeSettings:
+        return self.runtime.settings
+
+    @property
+    def states(self) -> Bucket:
+        return self.runtime.states
+
+    @property
+    def tickets_bucket(self) -> Bucket:
+        return self.runtime.tickets_bucket
+
+    @property
+    def demand_bucket(self) -> Bucket:
+        return self.runtime.demand_bucket
+
+    @property
+    def view(self) -> ProviderView:
+        return self.runtime.view
+
+    @property
+    def tickets(self) -> TicketManager:
+        return self.runtime.tickets
+
+    @property
+    def planner(self) -> CallPlanner:
+        return self.runtime.planner
+
+    @property
+    def board(self) -> DemandBoard:
+        return self.runtime.board
+
+    @property
+    def watch(self) -> CapacityWatch | None:
+        return self.runtime.waking
 
     async def close(self) -> None:
         """Stop the watch and close the pool's clients (the store stays the caller's)."""
-        if self.watch is not None:
-            await self.watch.close()
-        await self.view.close()
+        await self.runtime.close()
         try:
             await self.agents.pool.close()
         except Exception as error:  # closing connections must not stop the shutdown
@@ -96,43 +121,14 @@ async def build_stack(
     simulator pass their own.
     """
     settings = settings if settings is not None else RuntimeSettings.from_env()
-    states = await kv.bucket(PROVIDER_STATE_BUCKET)
-    tickets_bucket = await kv.bucket(PROVIDER_TICKETS_BUCKET)
-    demand_bucket = await kv.bucket(MODEL_DEMAND_BUCKET, max_age=DEMAND_MAX_AGE_SECONDS)
-    latency = LatencyTracker(
-        alpha=settings.latency_ema_alpha, default_seconds=settings.default_latency_seconds
-    )
-    circuits = CircuitBreakers(
-        clock=clock, threshold=settings.circuit_failure_threshold,
-        cooldown_seconds=settings.circuit_cooldown_seconds,
-    )
-    view = ProviderView(states, tickets_bucket, clock=clock, settings=settings,
-                        latency=latency, circuits=circuits)
+    runtime = await build_runtime(kv, clock=clock, settings=settings, clients=clients,
+                                  declared=declared)
     # Follow the buckets' watches so each placement reads only what changed; a store
     # that cannot watch still works, by reading.
-    await view.follow()
-    tickets = TicketManager(tickets_bucket, states, clock=clock,
-                            ttl_seconds=settings.ticket_ttl_seconds,
-                            max_attempts=settings.claim_attempts,
-                            line_seconds=settings.claim_line_seconds)
-    board = DemandBoard(demand_bucket, clock=clock)
-    occupancy = OccupancyBook(settings=settings, declared=declared)
-    planner = CallPlanner(
-        ProviderSelector(view, tickets), states=states, settings=settings,
-        occupancy=occupancy, demand=board, clients=clients,
-    )
-    capacity = CapacityWatch(states, tickets_bucket, clock=clock)
-    watch: CapacityWatch | None = capacity
-    try:
-        await capacity.start()
-    except WatchUnavailable:
-        watch = None
-    waiter = CapacityWaiter(planner, clock=clock, watch=watch, board=board)
-    selection = SelectionPlanner(planner, clock=clock, board=board)
+    await runtime.start()
     agents = AgentRuntime(
-        planner=planner, waiter=waiter, selection=selection,
-        pool=ChatPool(client_factory), clock=clock, after_call=after_call, board=board,
-        limits=limits,
+        planner=runtime.planner, waiter=runtime.waiter, selection=runtime.selection,
+        pool=ChatPool(client_factory), clock=clock, after_call=after_call,
+        board=runtime.board, limits=limits,
     )
-    return RuntimeStack(kv, clock, settings, states, tickets_bucket, demand_bucket, view,
-                        tickets, planner, board, watch, agents)
+    return RuntimeStack(runtime, agents)

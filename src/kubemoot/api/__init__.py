@@ -17,7 +17,13 @@ from kubemoot.api.agent import (
     LastUnschedulable,
     PhaseBinding,
 )
-from kubemoot.api.archetype import ArchetypePhase, ArchetypeSpec, ArchetypeStatus, MootArchetype
+from kubemoot.api.archetype import (
+    ArchetypePhase,
+    ArchetypeSpec,
+    ArchetypeStatus,
+    MootArchetype,
+    Phase,
+)
 from kubemoot.api.config import (
     DEFAULT_CONCURRENCY_FACTOR,
     DEFAULT_IMAGE_LOCALITY_BONUS,
@@ -123,6 +129,7 @@ __all__ = [
     "ModelStatus",
     "MootArchetype",
     "ObjectMeta",
+    "Phase",
     "PhaseBinding",
     "PolicySpec",
     "PolicyStatus",

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 from kubemoot.api.meta import Condition, Resource, Strict
 
-__all__ = ["ArchetypePhase", "ArchetypeSpec", "ArchetypeStatus", "MootArchetype"]
+__all__ = ["ArchetypePhase", "ArchetypeSpec", "ArchetypeStatus", "MootArchetype", "Phase"]
+
+
+class Phase(StrEnum):
+    """The built-in consent-3 discussion's steps, in order.
+
+    Triage and mulling bind a model per agent; an archetype may name other phases.
+    """
+
+    SELECTION = "selection"
+    TRIAGE = "triage"
+    MULLING = "mulling"
+    CONSENT = "consent"
+    SYNTHESIS = "synthesis"
 
 
 class ArchetypePhase(Strict):

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from kubemoot.clock import Clock
 from kubemoot.dashboard.calllog import CALL_LOG_BUCKET, CALL_LOG_MAX_AGE_SECONDS, CallEntry
+from kubemoot.runtime.demand import DEMAND_MAX_AGE_SECONDS
 from kubemoot.store.documents import (
     MODEL_DEMAND_BUCKET,
     PROVIDER_STATE_BUCKET,
@@ -51,7 +52,6 @@ log = logging.getLogger(__name__)
 DEFAULT_FRESHNESS_SECONDS = 120.0  # DESIGN §4: freshness.maxAgeSeconds
 RECENT_CALLS_PER_AGENT = 8
 SEEN_CALL_KEYS = 10_000  # enough to recognise a duplicate from the start-up race
-DEMAND_MAX_AGE_SECONDS = 6 * 3600.0  # DESIGN §6
 
 
 @dataclass(slots=True)

@@ -48,6 +48,11 @@ class CapacityWatch:
         self._ended: str | None = None
 
     @property
+    def started(self) -> bool:
+        """Whether :meth:`start` established the watches (a wake source exists)."""
+        return self._started
+
+    @property
     def counter(self) -> int:
         """How many changes have been seen so far."""
         return self._counter

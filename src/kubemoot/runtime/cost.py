@@ -35,7 +35,12 @@ from typing import Any
 
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.settings import MIB_PER_GIB, RuntimeSettings
-from kubemoot.runtime.snapshot import FleetSnapshot, ModelNeed, NeedView, ProviderSnapshot
+from kubemoot.runtime.snapshot import (
+    DemandSnapshot,
+    FleetSnapshot,
+    ModelDemand,
+    ProviderSnapshot,
+)
 
 #: Seconds per GiB of room left over after a cold load: small enough never to outweigh
 #: a real delay, large enough to prefer the tightest fit and keep big holes whole.
@@ -64,6 +69,16 @@ _RANK = {
     OptionKind.COLD_LOAD: 1,
     OptionKind.UNLOAD: 2,
 }
+
+
+def load_seconds(mib: int, settings: RuntimeSettings) -> float:
+    """Seconds to load ``mib`` of weights at the configured load rate."""
+    return mib / settings.load_rate_mibps
+
+
+def unload_floor_seconds(occupancy: int, settings: RuntimeSettings) -> float:
+    """The cheapest any unload plan can be: load the model after one unload."""
+    return load_seconds(occupancy, settings) + settings.unload_seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +128,7 @@ class CostModel:
         *,
         settings: RuntimeSettings,
         occupancy: OccupancyBook,
-        need: NeedView,
+        need: DemandSnapshot,
     ) -> None:
         self.fleet = fleet
         self.settings = settings
@@ -121,12 +136,6 @@ class CostModel:
         self._need = need
 
     # -- per provider ----------------------------------------------------------------
-
-    @staticmethod
-    def usable(p: ProviderSnapshot) -> int | None:
-        """VRAM a provider can give models; ``None`` when its total is unknown."""
-        total = p.state.total_vram_mib
-        return None if total is None else total - p.state.reserve_mib
 
     @staticmethod
     def resident(p: ProviderSnapshot) -> int:
@@ -144,14 +153,23 @@ class CostModel:
     def load(self, model: str) -> float | None:
         """Seconds to load the model; ``None`` when its size is unknown."""
         occupancy = self.occupancy(model)
-        return None if occupancy is None else occupancy / self.settings.load_rate_mibps
+        return None if occupancy is None else load_seconds(occupancy, self.settings)
 
-    def need(self, model: str) -> ModelNeed:
+    def unload_floor(self, model: str) -> float | None:
+        """The cheapest unload plan for the model can cost (:func:`unload_floor_seconds`)."""
+        occupancy = self.occupancy(model)
+        return None if occupancy is None else unload_floor_seconds(occupancy, self.settings)
+
+    @property
+    def needs(self) -> DemandSnapshot:
+        """The demand this round was priced with."""
+        return self._need
+
+    def need(self, model: str) -> ModelDemand:
         return self._need.of(model)
 
     def demand(self, model: str) -> float:
-        n = self._need.of(model)
-        return n.waiters + n.intents + 0.5 * (n.recent_use + n.prediction)
+        return self._need.of(model).demand
 
     # -- per (provider, model) -------------------------------------------------------
 
@@ -171,19 +189,16 @@ class CostModel:
         mib = p.load_mib(model)
         if mib is None:
             return started + (self.load(model) or 0.0)
-        return started + mib / self.settings.load_rate_mibps
+        return started + load_seconds(mib, self.settings)
 
     def remaining(self, p: ProviderSnapshot, model: str) -> float:
         """Load time still to go for a copy being loaded (0 for a resident copy)."""
         ends = self.load_ends_at(p, model)
         return 0.0 if ends is None else max(0.0, ends - self.fleet.now)
 
-    def slots(self, p: ProviderSnapshot) -> int:
-        return max(1, p.state.max_parallel)
-
     def has_free_slot(self, p: ProviderSnapshot, model: str, *, ahead: int = 0) -> bool:
         """A slot is free for this call once ``ahead`` earlier calls have taken theirs."""
-        return len(p.calls_on(model)) + ahead < self.slots(p)
+        return len(p.calls_on(model)) + ahead < p.slots
 
     def queue(self, p: ProviderSnapshot, model: str, *, ahead: int = 0) -> float:
         """Wait for a slot on the provider's copy, counted from when the copy is ready.
@@ -194,7 +209,7 @@ class CostModel:
         claimed or when the copy became ready, whichever is later.
         """
         in_flight = len(p.calls_on(model))
-        slots = self.slots(p)
+        slots = p.slots
         backlog = in_flight + ahead
         if backlog < slots:
             return 0.0
@@ -242,7 +257,7 @@ class CostModel:
         if option.kind is not OptionKind.QUEUE or option.seconds <= 0 or weight <= 0:
             return option
         n = self._need.of(option.model)
-        others = max(0, n.waiters - 1) + n.intents + 0.5 * (n.recent_use + n.prediction)
+        others = n.demand_besides_one_waiter
         if others <= 0:
             return option
         return replace(option, seconds=option.seconds * (1.0 + weight * others))
@@ -251,7 +266,7 @@ class CostModel:
         """Load ``model`` onto free room on ``p`` (the caller checked it fits)."""
         free = self.free(p) or 0
         free_after_gib = (free - occupancy) / MIB_PER_GIB
-        seconds = occupancy / self.settings.load_rate_mibps
+        seconds = load_seconds(occupancy, self.settings)
         seconds += BEST_FIT_SECONDS_PER_GIB * free_after_gib
         return Option(OptionKind.COLD_LOAD, p.name, model, seconds, footprint_mib=occupancy)
 
@@ -260,11 +275,11 @@ class CostModel:
     ) -> Option:
         """Unload ``victims`` from ``p``, then load ``model``."""
         residents = p.residents
-        seconds = occupancy / self.settings.load_rate_mibps
+        seconds = load_seconds(occupancy, self.settings)
         for victim in victims:
             # An unloaded model reloads from disk at the same rate as any load.
             size = self.occupancy(victim) or residents[victim]
-            reload = size / self.settings.load_rate_mibps
+            reload = load_seconds(size, self.settings)
             seconds += self.settings.unload_seconds + reload * self.demand(victim)
         return Option(
             OptionKind.UNLOAD,

@@ -20,51 +20,23 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
+from kubemoot.runtime.snapshot import DemandSnapshot, ModelDemand
 from kubemoot.store.documents import DemandEntry, SelectionEntry
 from kubemoot.store.keys import decode_token, join_key
 from kubemoot.store.protocol import Bucket
 
-__all__ = ["DemandBoard", "DemandSnapshot", "ModelDemand"]
+__all__ = ["DEMAND_MAX_AGE_SECONDS", "DemandBoard"]
+
+DEMAND_MAX_AGE_SECONDS = 6 * 3600.0  # the demand bucket's max age (DESIGN §6)
 
 WAIT = "wait"
 INTENT = "intent"
 USE = "use"
 SELECTION = "sel"
-
-
-@dataclass(frozen=True, slots=True)
-class ModelDemand:
-    """Near-future demand for one model."""
-
-    waiters: int = 0
-    intents: int = 0
-    recent_use: float = 0.0
-    prediction: float = 0.0
-    last_used_at: float | None = None
-
-    @property
-    def demand(self) -> float:
-        """``waiters + intents + 0.5 · (recent use + prediction)`` (DESIGN §5)."""
-        return self.waiters + self.intents + 0.5 * (self.recent_use + self.prediction)
-
-
-@dataclass(frozen=True, slots=True)
-class DemandSnapshot:
-    """Demand for every model named on the board at one instant."""
-
-    at: float
-    models: Mapping[str, ModelDemand] = field(default_factory=dict)
-
-    def of(self, model: str) -> ModelDemand:
-        return self.models.get(model, ModelDemand())
-
-    def demand(self, model: str) -> float:
-        return self.of(model).demand
 
 
 def _decayed(count: float, since: float | None, now: float, window: float) -> float:

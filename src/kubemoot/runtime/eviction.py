@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from itertools import combinations
 
-from kubemoot.runtime.snapshot import ModelNeed, NeedView, ProviderSnapshot
+from kubemoot.runtime.snapshot import DemandSnapshot, ModelDemand, ProviderSnapshot
 
 #: Above this many idle residents the planner stops enumerating subsets and takes the
 #: largest models greedily (still the fewest victims, but not the least-needed set).
@@ -31,7 +31,7 @@ def idle_residents(p: ProviderSnapshot, *, exclude: str | None = None) -> dict[s
     }
 
 
-def need_key(model: str, need: ModelNeed) -> tuple[int, int, float, float, str]:
+def need_key(model: str, need: ModelDemand) -> tuple[int, int, float, float, str]:
     """Least needed sorts first; a model never used counts as least recently used."""
     last = need.last_used_at if need.last_used_at is not None else float("-inf")
     return (need.waiters, need.intents, need.recent_use + need.prediction, last, model)
@@ -40,7 +40,7 @@ def need_key(model: str, need: ModelNeed) -> tuple[int, int, float, float, str]:
 class EvictionPlanner:
     """Picks victims on one provider."""
 
-    def __init__(self, need: NeedView) -> None:
+    def __init__(self, need: DemandSnapshot) -> None:
         self._need = need
 
     def choose_victims(

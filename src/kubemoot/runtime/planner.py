@@ -36,7 +36,9 @@ from kubemoot.runtime.record import build_record
 from kubemoot.runtime.refusals import Reason, classify
 from kubemoot.runtime.selector import Claim, ProviderSelector, Round
 from kubemoot.runtime.settings import RuntimeSettings
-from kubemoot.runtime.snapshot import NeedTable, NeedView
+from kubemoot.runtime.snapshot import DemandSnapshot
+from kubemoot.runtime.tickets import TicketManager
+from kubemoot.runtime.view import ProviderView
 from kubemoot.store.documents import TicketState
 from kubemoot.store.protocol import Bucket, StoreError
 
@@ -58,7 +60,7 @@ _ACTION_OF = {
 class DemandSource(Protocol):
     """Where demand comes from (the DemandBoard)."""
 
-    async def snapshot(self) -> NeedView: ...
+    async def snapshot(self) -> DemandSnapshot: ...
 
 
 def _second_copy_pays(cost: CostModel, loading: Option, options: Sequence[Option]) -> bool:
@@ -90,13 +92,15 @@ class CallPlanner:
         max_rounds: int = 4,
     ) -> None:
         self.selector = selector
+        self.view: ProviderView = selector.view  # the fleet this planner reads
+        self.tickets: TicketManager = selector.tickets  # where its claims go
         self.settings = settings or RuntimeSettings()
         self.occupancy = occupancy or OccupancyBook(settings=self.settings)
         self._states = states
         self._demand = demand
         self.clients: Mapping[str, ProviderClient] = clients or {}
         self._max_rounds = max_rounds
-        self._need: NeedView | None = None
+        self._need: DemandSnapshot | None = None
         self._need_read_at = float("-inf")
 
     def invalidate(self) -> None:
@@ -106,14 +110,14 @@ class CallPlanner:
         and re-reading the whole board on every capacity change would cost more than
         the placement itself.
         """
-        if not self.selector.view.following:
-            self.selector.view.invalidate()
+        if not self.view.following:
+            self.view.invalidate()
 
-    async def _demand_view(self) -> NeedView:
+    async def _demand_view(self) -> DemandSnapshot:
         # Demand changes slowly and only orders victims, so it shares the state cache window.
-        now = self.selector.view.clock.now()
+        now = self.view.clock.now()
         if self._need is None or now - self._need_read_at >= self.settings.demand_cache_seconds:
-            need: NeedView = NeedTable()
+            need = DemandSnapshot()
             if self._demand is not None:
                 try:
                     need = await self._demand.snapshot()
@@ -130,7 +134,7 @@ class CallPlanner:
         return [preferred, *sorted(close, key=lambda c: -c.score)]
 
     async def new_round(self, prompt_tokens: int | None) -> Round:
-        fleet = await self.selector.view.snapshot()
+        fleet = await self.view.snapshot()
         need = await self._demand_view()
         cost = CostModel(fleet, settings=self.settings, occupancy=self.occupancy, need=need)
         return Round(fleet=fleet, cost=cost, prompt_tokens=prompt_tokens)
@@ -153,7 +157,7 @@ class CallPlanner:
         when a warm copy wins at once (for ``kubemoot place``); otherwise the cheap
         cases skip the full comparison and options that cannot win are not listed.
         """
-        clock = self.selector.view.clock
+        clock = self.view.clock
         began = clock.now()
         placement = await self._place(candidates, holder_id=holder_id,
                                       prompt_tokens=prompt_tokens, ticket_state=ticket_state,
@@ -180,9 +184,9 @@ class CallPlanner:
         models = [c.model for c in acceptable]
         for _ in range(self._max_rounds):
             rnd = await self.new_round(prompt_tokens)
-            if not len(rnd.fleet.index) and self.selector.view.static_endpoint is not None:
+            if not len(rnd.fleet.index) and self.view.static_endpoint is not None:
                 return Placement(
-                    Action.STATIC, endpoint=self.selector.view.static_endpoint, model=models[0],
+                    Action.STATIC, endpoint=self.view.static_endpoint, model=models[0],
                     reason="no provider state and no prober",
                 )
             self.selector.spread(rnd, models, ahead)
@@ -240,7 +244,7 @@ class CallPlanner:
                 )
             except EvictionFailed as error:
                 log.warning("eviction on %s failed: %s", best.provider, error)
-                circuits = self.selector.view.circuits
+                circuits = self.view.circuits
                 if circuits is not None:
                     circuits.record_failure(best.provider)
                 return None
@@ -264,8 +268,7 @@ class CallPlanner:
             for o in self.selector.copy_options(rnd, m, free_slot=False, limit=limit)
         ]
         options += self.selector.cold_options(rnd, preferred, limit=limit)
-        load = rnd.cost.load(preferred)
-        floor = None if load is None else load + self.settings.unload_seconds
+        floor = rnd.cost.unload_floor(preferred)
         cheapest = min((o.seconds for o in options), default=None)
         if explain or cheapest is None or floor is None or cheapest > floor:
             options += self.selector.plan_eviction(rnd, preferred)
@@ -334,7 +337,7 @@ class CallPlanner:
     async def admit(self, placement: Placement) -> bool:
         """Commit a claimed placement to its provider's circuit; a half-open circuit
         admits one trial call, so a second claim there is given back (False)."""
-        circuits = self.selector.view.circuits
+        circuits = self.view.circuits
         if circuits is None or placement.ticket is None or placement.provider is None:
             return True
         if circuits.admit(placement.provider):
@@ -353,7 +356,7 @@ class CallPlanner:
         fault, ``None`` when the call says nothing about it (cancelled, or stopped
         before the engine was asked).
         """
-        view = self.selector.view
+        view = self.view
         if placement.provider is not None:
             circuits = view.circuits
             if circuits is not None:
@@ -378,18 +381,18 @@ class CallPlanner:
         """
         if placement.ticket is None or placement.provider is None:
             return contextlib.nullcontext(None)
-        return self.selector.tickets.lease(placement.provider, placement.ticket.ticket_id)
+        return self.tickets.lease(placement.provider, placement.ticket.ticket_id)
 
     async def release(self, placement: Placement) -> None:
         """Give the call's ticket back (idempotent)."""
         if placement.ticket is None or placement.provider is None:
             return
         try:
-            await self.selector.tickets.release(placement.provider, placement.ticket.ticket_id)
+            await self.tickets.release(placement.provider, placement.ticket.ticket_id)
         except BaseException:
-            self.selector.view.invalidate(placement.provider)
+            self.view.invalidate(placement.provider)
             raise
-        self.selector.view.note_released(placement.provider, placement.ticket.ticket_id)
+        self.view.note_released(placement.provider, placement.ticket.ticket_id)
 
 
 _REASON_TEXT = {

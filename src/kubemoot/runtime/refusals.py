@@ -73,7 +73,7 @@ def model_too_large(fleet: FleetSnapshot, cost: CostModel, model: str) -> bool:
     if occupancy is None or not fleet.providers:
         return False  # nothing proves it: we cannot tell too large from busy
     for p in fleet.providers:
-        usable = cost.usable(p)
+        usable = p.usable_mib
         if usable is None or usable >= occupancy:
             return False
     return True
@@ -82,7 +82,7 @@ def model_too_large(fleet: FleetSnapshot, cost: CostModel, model: str) -> bool:
 def _could_hold(p: ProviderSnapshot, cost: CostModel, model: str) -> bool:
     if p.is_resident(model) or p.loading_tickets(model):
         return True
-    usable, occupancy = cost.usable(p), cost.occupancy(model)
+    usable, occupancy = p.usable_mib, cost.occupancy(model)
     return usable is None or occupancy is None or occupancy <= usable
 
 

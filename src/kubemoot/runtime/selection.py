@@ -134,7 +134,7 @@ class SelectionPlanner:
         assert placement.provider is not None
         # Held for as long as the plan lives (up to the held-plan TTL), which may be
         # longer than the ticket's own TTL.
-        plan.lease = self._planner.selector.tickets.lease(
+        plan.lease = self._planner.tickets.lease(
             placement.provider, placement.ticket.ticket_id
         )
         plan.lease.start()
@@ -195,7 +195,7 @@ class SelectionPlanner:
             await plan.lease.stop()  # the call's own lease takes over
         placement = plan.placement
         assert placement.ticket is not None and placement.provider is not None
-        view = self._planner.selector.view
+        view = self._planner.view
         view.invalidate(placement.provider)
         fleet = await view.snapshot()
         p = fleet.provider(placement.provider)
@@ -210,7 +210,7 @@ class SelectionPlanner:
         state = (TicketState.RUNNING if p.is_resident(placement.model or "")
                  else TicketState.LOADING)
         try:
-            ticket = await self._planner.selector.tickets.update_state(
+            ticket = await self._planner.tickets.update_state(
                 placement.provider, placement.ticket.ticket_id, state
             )
         except TicketGone:

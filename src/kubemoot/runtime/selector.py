@@ -17,7 +17,7 @@ from kubemoot.gates.results import GateResult
 from kubemoot.runtime import filters
 from kubemoot.runtime.cost import CostModel, Option, OptionKind
 from kubemoot.runtime.eviction import EvictionPlanner, idle_residents
-from kubemoot.runtime.snapshot import FleetSnapshot, ModelNeed, ProviderSnapshot
+from kubemoot.runtime.snapshot import FleetSnapshot, ProviderSnapshot
 from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketManager
 from kubemoot.runtime.view import ProviderView
 from kubemoot.store.documents import ProviderState, Ticket, TicketState
@@ -182,7 +182,7 @@ class ProviderSelector:
             if p.has_copy(model):
                 continue
             gates = filters.cold_gates(
-                p, model, occupancy=occupancy, usable=rnd.cost.usable(p),
+                p, model, occupancy=occupancy, usable=p.usable_mib,
                 resident=rnd.cost.resident(p), prompt_tokens=rnd.prompt_tokens,
             )
             if rnd.record(p.name, model, gates) and occupancy is not None:
@@ -196,7 +196,7 @@ class ProviderSelector:
         occupancy = rnd.cost.occupancy(model)
         if occupancy is None:
             return []
-        planner = EvictionPlanner(_NeedOf(rnd.cost))
+        planner = EvictionPlanner(rnd.cost.needs)
         options: list[Option] = []
         for p in rnd.fleet.providers:
             usable, free = p.usable_mib, p.free_mib
@@ -242,14 +242,6 @@ class ProviderSelector:
                 return min(queues, key=Option.sort_key)
         return None
 
-    def queue_option(self, rnd: Round, models: list[str]) -> Option | None:
-        """The cheapest copy to queue at among ``models`` (slots all busy)."""
-        queues = [
-            o for m in models for o in self.copy_options(rnd, m, free_slot=False)
-            if o.kind is OptionKind.QUEUE
-        ]
-        return min(queues, key=lambda o: o.sort_key(models), default=None)
-
     # -- claims ----------------------------------------------------------------------
 
     async def pick_and_claim_warm(
@@ -272,23 +264,6 @@ class ProviderSelector:
         """
         loading = [o for o in self.loading_options(rnd, model) if o.kind is not OptionKind.QUEUE]
         for option in sorted(loading, key=Option.sort_key):
-            claim = await self.claim(rnd, option, holder_id, state=state)
-            if claim is not None:
-                return claim
-        return None
-
-    async def pick_and_claim(
-        self, rnd: Round, model: str, holder_id: str, *, state: TicketState = TicketState.RUNNING
-    ) -> Claim | None:
-        """The full cost for one model over its copies and cold loads; claims the winner.
-
-        Returns ``None`` when the cheapest option is to queue (the call waits and
-        places again) or when there is no option.
-        """
-        options = self.copy_options(rnd, model, free_slot=False) + self.cold_options(rnd, model)
-        for option in sorted(options, key=Option.sort_key):
-            if option.kind is OptionKind.QUEUE:
-                return None
             claim = await self.claim(rnd, option, holder_id, state=state)
             if claim is not None:
                 return claim
@@ -339,16 +314,6 @@ class ProviderSelector:
         return ticket
 
 
-class _NeedOf:
-    """The cost model's demand view, shaped as the eviction planner's NeedView."""
-
-    def __init__(self, cost: CostModel) -> None:
-        self._cost = cost
-
-    def of(self, model: str) -> ModelNeed:
-        return self._cost.need(model)
-
-
 def _provider(rnd: Round, option: Option) -> ProviderSnapshot:
     p = rnd.fleet.provider(option.provider)
     if p is None:  # options are only ever made from the round's own providers
@@ -372,8 +337,7 @@ def _copy_check(
             return False
         if not filters.feasible(filters.warm_gates(p, option.model, prompt_tokens)):
             return False
-        slots = max(1, state.max_parallel)
-        return not free_slot or len(p.in_flight(option.model)) + ahead < slots
+        return not free_slot or len(p.in_flight(option.model)) + ahead < p.slots
 
     return check
 

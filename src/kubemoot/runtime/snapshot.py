@@ -10,8 +10,8 @@ import itertools
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
+from kubemoot.runtime.budget import usable_mib
 from kubemoot.store.documents import ProviderState, Ticket, TicketState
 
 
@@ -99,8 +99,12 @@ class ProviderSnapshot:
     @property
     def usable_mib(self) -> int | None:
         """``totalVram − reserve``; ``None`` when the total is unknown."""
-        total = self.state.total_vram_mib
-        return None if total is None else total - self.state.reserve_mib
+        return usable_mib(self.state)
+
+    @property
+    def slots(self) -> int:
+        """Calls the provider serves at once per model (at least one)."""
+        return max(1, self.state.max_parallel)
 
     @property
     def free_mib(self) -> int | None:
@@ -333,34 +337,9 @@ class FleetSnapshot:
         return self.index.provider(name)
 
 
-class ModelNeed(Protocol):
-    """How much a model is wanted in the near future (DemandBoard's ModelDemand)."""
-
-    @property
-    def waiters(self) -> int: ...
-
-    @property
-    def intents(self) -> int: ...
-
-    @property
-    def recent_use(self) -> float: ...
-
-    @property
-    def prediction(self) -> float: ...
-
-    @property
-    def last_used_at(self) -> float | None: ...
-
-
-class NeedView(Protocol):
-    """A read-only view of the demand board: ``of(model)`` for every model."""
-
-    def of(self, model: str) -> ModelNeed: ...
-
-
 @dataclass(frozen=True, slots=True)
-class Need:
-    """A plain :class:`ModelNeed` value."""
+class ModelDemand:
+    """How much one model is wanted in the near future (DESIGN §5)."""
 
     waiters: int = 0
     intents: int = 0
@@ -368,15 +347,32 @@ class Need:
     prediction: float = 0.0
     last_used_at: float | None = None
 
+    @property
+    def demand(self) -> float:
+        """``waiters + intents + 0.5 · (recent use + prediction)``."""
+        return self._weighed(self.waiters)
+
+    @property
+    def demand_besides_one_waiter(self) -> float:
+        """The demand of the others when the call asking is one of the waiters."""
+        return self._weighed(max(0, self.waiters - 1))
+
+    def _weighed(self, waiters: int) -> float:
+        return waiters + self.intents + 0.5 * (self.recent_use + self.prediction)
+
 
 @dataclass(frozen=True, slots=True)
-class NeedTable:
-    """A :class:`NeedView` over a mapping; unknown models are not needed at all."""
+class DemandSnapshot:
+    """Demand for every model named at one instant; a model not named is not wanted."""
 
-    needs: Mapping[str, Need] = field(default_factory=dict)
+    models: Mapping[str, ModelDemand] = field(default_factory=dict)
+    at: float | None = None  # when the board was read (None: made by hand)
 
-    def of(self, model: str) -> ModelNeed:
-        return self.needs.get(model, _NOT_NEEDED)
+    def of(self, model: str) -> ModelDemand:
+        return self.models.get(model, _NOT_WANTED)
+
+    def demand(self, model: str) -> float:
+        return self.of(model).demand
 
 
-_NOT_NEEDED = Need()
+_NOT_WANTED = ModelDemand()

@@ -44,6 +44,7 @@ from typing import Literal, Protocol
 from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
+from kubemoot.runtime.cost import load_seconds, unload_floor_seconds
 from kubemoot.runtime.faults import tolerated
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.planner import CallPlanner
@@ -137,18 +138,20 @@ class CapacityWaiter:
         key: LineKey = (tuple(candidates), prompt_tokens, ticket_state)
         model = candidates[0].model
         started = self._clock.now()
-        counter = self._watch.counter if self._watch is not None else 0
+        # A watch that never started (the store cannot watch) is no wake source.
+        watch = self._watch if self._watch is not None and self._watch.started else None
+        counter = watch.counter if watch is not None else 0
         placement = await self._planner.place(
             candidates, holder_id=holder, prompt_tokens=prompt_tokens,
             ticket_state=ticket_state, ahead=self.waiting_for(model),
         )
         # The fleet this answer saw, unless something changed while it was made (then
         # the line looks at everything once more).
-        quiet = self._watch is not None and self._watch.counter == counter
-        generation = self._planner.selector.view.generation if quiet else 0
+        quiet = watch is not None and watch.counter == counter
+        generation = self._planner.view.generation if quiet else 0
         if placement.placed or placement.action is Action.REFUSE:
             return replace(placement, waited_seconds=self._clock.now() - started)
-        if self._watch is None or (done is not None and done.is_set()):
+        if watch is None or (done is not None and done.is_set()):
             metrics.REFUSALS.labels(reason=Reason.GPU_BUSY.value).inc()
             return _gave_up(placement, self._clock.now() - started)
         metrics.WAITS.inc()
@@ -161,8 +164,8 @@ class CapacityWaiter:
                     await self._board.add_waiter(model, agent)
             if signals is not None:
                 await signals.waiting(model=model, reason=Reason.GPU_BUSY.value)
-            if self._watch.counter != counter:
-                self._watch.notify()  # a change came while this call joined: look again
+            if watch.counter != counter:
+                watch.notify()  # a change came while this call joined: look again
             result = await self._wait(waiter, done)
             elapsed = self._clock.now() - started
             if result is None:
@@ -265,7 +268,7 @@ class CapacityWaiter:
 
     async def _round(self) -> None:
         now = self._clock.now()
-        view = self._planner.selector.view
+        view = self._planner.view
         fleet = await view.snapshot()  # takes in what changed
         for key in sorted(self._lines, key=lambda k: self._lines[k][0].seq):
             line = self._lines.get(key)
@@ -305,8 +308,8 @@ class CapacityWaiter:
         occupancy = planner.occupancy.occupancy(models[0], fleet)
         if occupancy is None:
             return True  # nothing to judge the room by
-        load = occupancy / planner.settings.load_rate_mibps
-        unload_floor = load + planner.settings.unload_seconds
+        load = load_seconds(occupancy, planner.settings)
+        unload_floor = unload_floor_seconds(occupancy, planner.settings)
         for name in changed:
             p = fleet.provider(name)
             if p is None:

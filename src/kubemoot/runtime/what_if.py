@@ -37,20 +37,13 @@ from kubemoot.api.bounds import (
 )
 from kubemoot.api.errors import InputError
 from kubemoot.clock import ManualClock
+from kubemoot.runtime.builder import build_runtime
 from kubemoot.runtime.demand import DemandBoard
-from kubemoot.runtime.latency import LatencyTracker
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.placement import Candidate, Placement
-from kubemoot.runtime.planner import CallPlanner
-from kubemoot.runtime.selector import ProviderSelector
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import FleetSnapshot, ProviderSnapshot
-from kubemoot.runtime.tickets import TicketManager
-from kubemoot.runtime.view import ProviderView
 from kubemoot.store.documents import (
-    MODEL_DEMAND_BUCKET,
-    PROVIDER_STATE_BUCKET,
-    PROVIDER_TICKETS_BUCKET,
     DemandEntry,
     LoadedModel,
     ProviderState,
@@ -256,39 +249,27 @@ async def decide(
     clock = ManualClock(now)
     kv = MemoryKV(clock=clock)
     try:
-        states = await kv.bucket(PROVIDER_STATE_BUCKET)
-        tickets = await kv.bucket(PROVIDER_TICKETS_BUCKET)
-        demand_bucket = await kv.bucket(MODEL_DEMAND_BUCKET)
-        latency = LatencyTracker(
-            alpha=settings.latency_ema_alpha, default_seconds=settings.default_latency_seconds
+        runtime = await build_runtime(
+            kv, clock=clock, settings=settings,
+            declared={m.name: m.vram_mib for m in state.models if m.vram_mib is not None},
         )
         disk = {m.name: m.disk_mib for m in state.models if m.disk_mib is not None}
         docs = [_provider_docs(p, settings, now, disk) for p in state.providers]
-        occupancy = OccupancyBook(
-            settings=settings,
-            declared={m.name: m.vram_mib for m in state.models if m.vram_mib is not None},
-        )
-        docs = _size_loading_tickets(state, docs, occupancy, now)
+        docs = _size_loading_tickets(state, docs, runtime.occupancy, now)
         for provider, (doc, docs_tickets) in zip(state.providers, docs, strict=True):
-            await states.put(encode_token(provider.name), doc.to_json())
-            await tickets.put(encode_token(provider.name), docs_tickets.to_json())
+            await runtime.states.put(encode_token(provider.name), doc.to_json())
+            await runtime.tickets_bucket.put(encode_token(provider.name),
+                                             docs_tickets.to_json())
             if provider.latency_seconds is not None:
-                latency.observe(doc.endpoint, provider.latency_seconds)
-        await _write_demand(demand_bucket, state, now)
-        view = ProviderView(states, tickets, clock=clock, settings=settings, latency=latency)
-        manager = TicketManager(
-            tickets, states, clock=clock, ttl_seconds=settings.ticket_ttl_seconds,
-            line_seconds=settings.claim_line_seconds,
-        )
-        planner = CallPlanner(
-            ProviderSelector(view, manager), states=states, settings=settings,
-            occupancy=occupancy, demand=DemandBoard(demand_bucket, clock=clock),
-        )
-        return await planner.place(
+                runtime.latency.observe(doc.endpoint, provider.latency_seconds)
+        await _write_demand(runtime.board, runtime.demand_bucket, state, now)
+        # One decision at one instant: nothing to follow, nothing to wait on.
+        return await runtime.planner.place(
             candidates, holder_id="kubemoot-place", prompt_tokens=prompt_tokens, explain=True
         )
     finally:
         await kv.close()
+
 
 
 def _provider_docs(
@@ -374,8 +355,9 @@ def _size_loading_tickets(
     return sized
 
 
-async def _write_demand(bucket: Bucket, state: PlacementState, now: float) -> None:
-    board = DemandBoard(bucket, clock=ManualClock(now))
+async def _write_demand(
+    board: DemandBoard, bucket: Bucket, state: PlacementState, now: float
+) -> None:
     for model, need in sorted(state.demand.items()):
         for i in range(need.waiters):
             await board.add_waiter(model, f"snapshot/waiter-{i}")

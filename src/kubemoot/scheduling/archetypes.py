@@ -20,6 +20,7 @@ from kubemoot.api import (
     CrewSchedulingPolicy,
     MootArchetype,
     ObjectMeta,
+    Phase,
 )
 
 __all__ = [
@@ -35,11 +36,11 @@ DEFAULT_ARCHETYPE = "consent-3"
 
 #: The consent-3 discussion, in order; the ones marked True bind a model per agent.
 PROCESS_STEPS: tuple[tuple[str, bool], ...] = (
-    ("selection", False),
-    ("triage", True),
-    ("mulling", True),
-    ("consent", False),
-    ("synthesis", False),
+    (Phase.SELECTION, False),
+    (Phase.TRIAGE, True),
+    (Phase.MULLING, True),
+    (Phase.CONSENT, False),
+    (Phase.SYNTHESIS, False),
 )
 
 CONSENT_3 = MootArchetype(
@@ -51,14 +52,14 @@ CONSENT_3 = MootArchetype(
         ),
         phases=[
             ArchetypePhase(
-                name="mulling",
+                name=Phase.MULLING,
                 description=(
                     "An agent deliberates with its tools on its preferred model; the "
                     "coordinator's synthesis runs on this binding too."
                 ),
             ),
             ArchetypePhase(
-                name="triage",
+                name=Phase.TRIAGE,
                 description="A short call deciding whether the agent takes part.",
             ),
         ],

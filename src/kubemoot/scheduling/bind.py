@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 
+from kubemoot.api import Phase
 from kubemoot.scheduling.candidate import Placement
 
 __all__ = [
@@ -33,9 +34,9 @@ ENV_MODEL_ENDPOINT = "KUBEMOOT_MODEL_ENDPOINT"
 ENV_TRIAGE_MODEL_ID = "KUBEMOOT_TRIAGE_MODEL_MODEL_ID"
 ENV_TRIAGE_ENDPOINT = "KUBEMOOT_TRIAGE_MODEL_ENDPOINT"
 #: Candidate-list env var per phase.
-ENV_CANDIDATES = {
-    "mulling": "KUBEMOOT_MODEL_CANDIDATES_MULLING",
-    "triage": "KUBEMOOT_MODEL_CANDIDATES_TRIAGE",
+ENV_CANDIDATES: dict[str, str] = {
+    Phase.MULLING: "KUBEMOOT_MODEL_CANDIDATES_MULLING",
+    Phase.TRIAGE: "KUBEMOOT_MODEL_CANDIDATES_TRIAGE",
 }
 
 CandidateList = tuple[tuple[str, float], ...]

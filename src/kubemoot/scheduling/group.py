@@ -23,7 +23,7 @@ from datetime import datetime
 from functools import partial
 from typing import Protocol
 
-from kubemoot.api import Agent, Condition, CrewSchedulingPolicy, LastUnschedulable
+from kubemoot.api import Agent, Condition, CrewSchedulingPolicy, LastUnschedulable, Phase
 from kubemoot.gates import DecisionRecord, Outcome
 from kubemoot.scheduling.bind import (
     ENV_CANDIDATES,
@@ -172,7 +172,7 @@ class BindingGroup:
     def _build_env(self) -> dict[str, str]:
         by_phase = {plan.phase: plan for plan in self.phases}
         env: dict[str, str] = {}
-        mulling, triage = by_phase.get("mulling"), by_phase.get("triage")
+        mulling, triage = by_phase.get(Phase.MULLING), by_phase.get(Phase.TRIAGE)
         if mulling is not None and mulling.chosen is not None:
             env[ENV_MODEL] = mulling.chosen.placement.model_id
             env[ENV_MODEL_ENDPOINT] = mulling.endpoint or ""

@@ -19,6 +19,7 @@ from kubemoot.api import (
     Condition,
     CrewSchedulingPolicy,
     LastUnschedulable,
+    Phase,
     PhaseBinding,
 )
 from kubemoot.api import Candidate as ApiCandidate
@@ -153,7 +154,7 @@ class AgentResult:
         env: dict[str, str] | None = None,
         conditions: list[Condition] | None = None,
         last_unschedulable: LastUnschedulable | None = None,
-        preferred: str = "mulling",
+        preferred: str = Phase.MULLING,
         *,
         shared: SharedBinding | None = None,
         position: int = 0,

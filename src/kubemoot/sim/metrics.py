@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubemoot.sim.gpu import GpuEvents
-from kubemoot.sim.phases import PHASE_NAMES, WaitPhases
+from kubemoot.sim.phases import WaitPhases, WaitSource
 
 __all__ = ["CallOutcome", "PolicyReport", "Recorder", "percentile"]
 
@@ -85,9 +85,9 @@ class Recorder(GpuEvents):
     ) -> None:
         self.calls.append(_CallRecord(call_id, discussion_id, issued, ended, outcome, phases))
 
-    def waits_by_call(self) -> dict[int, tuple[float, dict[str, float]]]:
+    def waits_by_call(self) -> dict[int, tuple[float, dict[WaitSource, float]]]:
         """Finished calls: call id → (wait, the wait split by phase)."""
-        result: dict[int, tuple[float, dict[str, float]]] = {}
+        result: dict[int, tuple[float, dict[WaitSource, float]]] = {}
         for c in self.calls:
             if c.outcome.status != FINISHED:
                 continue
@@ -114,7 +114,7 @@ class Recorder(GpuEvents):
         refused = Counter(c.outcome.reason or "unknown" for c in self.calls
                           if c.outcome.status == REFUSED)
         evictions = sum(1 for u in self.unloads if u[3] in ("evicted", "unloaded"))
-        parts = dict.fromkeys(PHASE_NAMES, 0.0)
+        parts = dict.fromkeys(WaitSource, 0.0)
         for c in finished:
             for name, seconds in _split(c, (c.outcome.started or c.issued) - c.issued).items():
                 parts[name] += seconds
@@ -141,12 +141,12 @@ class Recorder(GpuEvents):
         )
 
 
-def _split(call: _CallRecord, wait: float) -> dict[str, float]:
+def _split(call: _CallRecord, wait: float) -> dict[WaitSource, float]:
     """The call's wait by phase; a call the engine never saw waited for memory."""
     if call.phases is not None and call.phases.started is not None:
         return call.phases.split()
-    parts = dict.fromkeys(PHASE_NAMES, 0.0)
-    parts["memory"] = wait
+    parts = dict.fromkeys(WaitSource, 0.0)
+    parts[WaitSource.MEMORY] = wait
     return parts
 
 
@@ -187,7 +187,7 @@ class PolicyReport:
     ratio_to_lower_bound: float | None = None
     # mean seconds per finished call spent in each phase (sim.phases); they add up to
     # the mean wait
-    wait_parts: dict[str, float] = field(default_factory=dict)
+    wait_parts: dict[WaitSource, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {

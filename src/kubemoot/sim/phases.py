@@ -23,10 +23,18 @@ from __future__ import annotations
 
 import contextvars
 from dataclasses import dataclass
+from enum import StrEnum
 
-__all__ = ["CURRENT_CALL", "PHASE_NAMES", "CallComparison", "WaitPhases", "compare_calls"]
+__all__ = ["CURRENT_CALL", "CallComparison", "WaitPhases", "WaitSource", "compare_calls"]
 
-PHASE_NAMES: tuple[str, ...] = ("slot", "load", "eviction", "memory")
+
+class WaitSource(StrEnum):
+    """The four parts a call's wait splits into (the module docstring), in report order."""
+
+    SLOT = "slot"
+    LOAD = "load"
+    EVICTION = "eviction"
+    MEMORY = "memory"
 
 
 @dataclass(slots=True)
@@ -43,27 +51,27 @@ class WaitPhases:
     queue_loading: float = 0.0  # engine-queue time while the card was loading another model
     joined_warm: bool = False  # the policy's wait ended on a warm copy (runtime queue answer)
 
-    def split(self) -> dict[str, float]:
+    def split(self) -> dict[WaitSource, float]:
         """The wait in four parts that add up to ``started − issued``."""
-        parts = dict.fromkeys(PHASE_NAMES, 0.0)
+        parts = dict.fromkeys(WaitSource, 0.0)
         if self.started is None or self.engine_request is None:
             return parts
         before = max(0.0, self.engine_request - self.issued)
         evicting = min(before, self.policy_evicting)
-        parts["eviction"] += evicting
+        parts[WaitSource.EVICTION] += evicting
         # What a policy waited for before sending is a slot when it then took a warm
         # copy (it queued in its own line), otherwise memory.
-        parts["slot" if self.joined_warm else "memory"] += before - evicting
+        parts[WaitSource.SLOT if self.joined_warm else WaitSource.MEMORY] += before - evicting
         assigned = self.engine_assigned if self.engine_assigned is not None else self.engine_request
         queued = max(0.0, assigned - self.engine_request)
         in_queue_evict = min(queued, self.queue_evicting)
         in_queue_load = min(queued - in_queue_evict, self.queue_loading)
-        parts["eviction"] += in_queue_evict
-        parts["load"] += in_queue_load
-        parts["memory"] += queued - in_queue_evict - in_queue_load
+        parts[WaitSource.EVICTION] += in_queue_evict
+        parts[WaitSource.LOAD] += in_queue_load
+        parts[WaitSource.MEMORY] += queued - in_queue_evict - in_queue_load
         ready = self.runner_ready if self.runner_ready is not None else assigned
-        parts["load"] += max(0.0, ready - assigned)
-        parts["slot"] += max(0.0, self.started - ready)
+        parts[WaitSource.LOAD] += max(0.0, ready - assigned)
+        parts[WaitSource.SLOT] += max(0.0, self.started - ready)
         return parts
 
 
@@ -79,7 +87,7 @@ class CallComparison:
     calls: int  # calls both policies finished
     worse: int  # calls that waited more than ``margin`` seconds longer under ``ours``
     extra_seconds: float  # the sum of those calls' extra wait
-    by_source: dict[str, float]  # our wait of those calls, by phase
+    by_source: dict[WaitSource, float]  # our wait of those calls, by source
 
     def to_json(self) -> dict[str, object]:
         return {"calls": self.calls, "worse": self.worse,
@@ -88,15 +96,15 @@ class CallComparison:
 
 
 def compare_calls(
-    ours: dict[int, tuple[float, dict[str, float]]],
-    theirs: dict[int, tuple[float, dict[str, float]]],
+    ours: dict[int, tuple[float, dict[WaitSource, float]]],
+    theirs: dict[int, tuple[float, dict[WaitSource, float]]],
     *, margin: float = 1.0,
 ) -> CallComparison:
     """Which calls ``ours`` made wait (by more than ``margin`` s) that ``theirs`` did not."""
     both = ours.keys() & theirs.keys()
     worse = 0
     extra = 0.0
-    by_source = dict.fromkeys(PHASE_NAMES, 0.0)
+    by_source = dict.fromkeys(WaitSource, 0.0)
     for call in both:
         wait, parts = ours[call]
         delta = wait - theirs[call][0]

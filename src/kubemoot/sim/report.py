@@ -13,7 +13,7 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
-from kubemoot.sim.phases import PHASE_NAMES
+from kubemoot.sim.phases import WaitSource
 from kubemoot.sim.simulation import SimulationResult
 
 __all__ = ["comparison_table", "wait_sources_table", "write_plots", "write_report"]
@@ -64,12 +64,12 @@ def wait_sources_table(result: SimulationResult) -> Table:
     table = Table(title=f"{result.scenario}: where the mean wait goes (seconds per call)",
                   box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
     table.add_column("policy", no_wrap=True, min_width=11)
-    for column in ("wait", *PHASE_NAMES):
+    for column in ("wait", *WaitSource):
         table.add_column(column, justify="right", no_wrap=True)
     for run in result.runs:
         r = run.report
         table.add_row(r.policy, f"{r.wait['mean']:.2f}",
-                      *(f"{r.wait_parts.get(name, 0.0):.2f}" for name in PHASE_NAMES))
+                      *(f"{r.wait_parts.get(name, 0.0):.2f}" for name in WaitSource))
     table.caption = ("slot: waiting for a parallel slot of a loaded copy; load: its model "
                      "loading (or another load on the card); eviction: models being unloaded; "
                      "memory: waiting for room with nothing loading or unloading.")

@@ -1,8 +1,8 @@
 """The ``kubemoot`` policy: the production per-call runtime, unchanged, in virtual time.
 
-Everything here is wiring; no placement logic lives in the simulator. The runtime's
-objects (:class:`~kubemoot.runtime.planner.CallPlanner`, ProviderSelector,
-TicketManager, DemandBoard, CapacityWatch, ProviderView) run on a
+Everything here is wiring; no placement logic lives in the simulator. The runtime is
+built by :func:`~kubemoot.runtime.builder.build_runtime`, the very function the agent
+runtime and the gateway use (circuit breakers included), and runs on a
 :class:`~kubemoot.store.memory.MemoryKV` with a :class:`~kubemoot.clock.LoopClock`,
 which under the simulator's loop reads virtual time; the emulated GPUs are their
 provider clients. A publisher plays the operator's prober: whenever a card's resident
@@ -26,29 +26,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 
 from kubemoot.clock import LoopClock
 from kubemoot.providers.protocol import ProviderClient, ProviderError
-from kubemoot.runtime.capacity import CapacityWatch
-from kubemoot.runtime.demand import DemandBoard
-from kubemoot.runtime.occupancy import OccupancyBook
-from kubemoot.runtime.placement import Action, Candidate, Placement
-from kubemoot.runtime.planner import CallPlanner
-from kubemoot.runtime.selector import ProviderSelector
+from kubemoot.runtime.builder import Runtime, build_runtime
+from kubemoot.runtime.placement import Action, Placement
 from kubemoot.runtime.settings import RuntimeSettings
-from kubemoot.runtime.tickets import TicketManager
-from kubemoot.runtime.view import ProviderView
-from kubemoot.runtime.waiting import CapacityWaiter
 from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE, CallOutcome
 from kubemoot.sim.phases import CURRENT_CALL
 from kubemoot.sim.policies import Policy, SimContext
 from kubemoot.sim.workload import CallSpec
-from kubemoot.store.documents import (
-    MODEL_DEMAND_BUCKET,
-    PROVIDER_STATE_BUCKET,
-    PROVIDER_TICKETS_BUCKET,
-)
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
 from kubemoot.store.protocol import Bucket
@@ -90,60 +79,36 @@ class KubemootPolicy(Policy):
 
     def __init__(self, settings: RuntimeSettings | None = None) -> None:
         self._settings = settings
-        self._kv: MemoryKV | None = None
-        self._watch: CapacityWatch | None = None
-        self._planner: CallPlanner | None = None
-        self._demand: DemandBoard | None = None
-        self._view: ProviderView | None = None
-        self._waiter: CapacityWaiter | None = None
-        self._wait_limit = 90.0
+        self._runtime: Runtime | None = None
+
+    @property
+    def runtime(self) -> Runtime | None:
+        """The production runtime this policy runs (None before :meth:`start`)."""
+        return self._runtime
 
     async def start(self, ctx: SimContext) -> None:
         clock = LoopClock(epoch=ctx.epoch)
         clock.now()  # anchor the clock at loop time 0
         wait_limit = ctx.extras.get("gpu_wait_limit_seconds", 90.0)
-        self._wait_limit = float(wait_limit) if isinstance(wait_limit, int | float) else 90.0
-        settings = self._settings or RuntimeSettings(gpu_wait_limit_seconds=self._wait_limit)
-        kv = MemoryKV(clock)
-        self._kv = kv
-        states = await kv.bucket(PROVIDER_STATE_BUCKET)
-        tickets = await kv.bucket(PROVIDER_TICKETS_BUCKET)
-        demand_bucket = await kv.bucket(MODEL_DEMAND_BUCKET, max_age=6 * 3600)
-        for gpu in ctx.gpus.values():
-            await _StatePublisher(gpu, states, clock).publish()
-        manager = TicketManager(
-            tickets, states, clock=clock, ttl_seconds=settings.ticket_ttl_seconds,
-            max_attempts=settings.claim_attempts, rng=ctx.rng,
-            line_seconds=settings.claim_line_seconds,
-        )
-        view = ProviderView(states, tickets, clock=clock, settings=settings)
-        self._demand = DemandBoard(demand_bucket, clock=clock)
+        limit = float(wait_limit) if isinstance(wait_limit, int | float) else 90.0
+        # The scenario's wait limit holds even over explicitly given settings.
+        settings = replace(self._settings or RuntimeSettings(), gpu_wait_limit_seconds=limit)
         clients: dict[str, ProviderClient] = dict(ctx.gpus)
-        self._planner = CallPlanner(
-            ProviderSelector(view, manager), states=states, settings=settings,
-            occupancy=OccupancyBook(settings=settings, declared=ctx.sizes),
-            demand=self._demand, clients=clients,
-        )
-        self._watch = CapacityWatch(states, tickets, clock=clock)
-        await self._watch.start()
-        await view.follow()
-        self._view = view
-        self._waiter = CapacityWaiter(
-            self._planner, clock=clock, watch=self._watch, board=self._demand,
-            limit_seconds=self._wait_limit,
-        )
+        runtime = await build_runtime(MemoryKV(clock), clock=clock, settings=settings,
+                                      clients=clients, declared=ctx.sizes, rng=ctx.rng)
+        self._runtime = runtime
+        for gpu in ctx.gpus.values():
+            await _StatePublisher(gpu, runtime.states, clock).publish()
+        await runtime.start()
 
     async def stop(self) -> None:
-        if self._view is not None:
-            await self._view.close()
-        if self._watch is not None:
-            await self._watch.close()
-        if self._kv is not None:
-            await self._kv.close()
+        if self._runtime is not None:
+            await self._runtime.close()
+            await self._runtime.kv.close()
 
     async def run_call(self, call: CallSpec, ctx: SimContext) -> CallOutcome:
-        assert self._planner is not None and self._watch is not None
-        assert self._demand is not None
+        assert self._runtime is not None
+        runtime = self._runtime
         placement = await self._place(call)
         if isinstance(placement, CallOutcome):
             return placement
@@ -155,7 +120,7 @@ class KubemootPolicy(Policy):
                 await gpu.preload(placement.model)
                 if placement.ticket is not None:
                     with contextlib.suppress(Exception):  # a lapsed ticket changes nothing
-                        await self._planner.selector.tickets.mark_running(
+                        await runtime.tickets.mark_running(
                             placement.provider, placement.ticket.ticket_id
                         )
             started = await gpu.serve(placement.model, call.duration)
@@ -163,15 +128,15 @@ class KubemootPolicy(Policy):
         except ProviderError as error:
             return CallOutcome(FAILED, provider=gpu.name, model=placement.model, reason=str(error))
         finally:
-            await self._planner.finish(placement, seconds=call.duration if ok else None, ok=ok)
-        await self._demand.record_use(placement.model)
+            await runtime.planner.finish(placement, seconds=call.duration if ok else None, ok=ok)
+        await runtime.board.record_use(placement.model)
         return CallOutcome(FINISHED, provider=gpu.name, model=placement.model, started=started,
                            evicted=placement.evicted)
 
     async def _place(self, call: CallSpec) -> Placement | CallOutcome:
-        assert self._waiter is not None
-        placement = await self._waiter.place(
-            [Candidate(c.model, c.score) for c in call.candidates],
+        assert self._runtime is not None
+        placement = await self._runtime.waiter.place(
+            call.candidates,
             agent=call.agent, holder_id=f"{call.agent}#{call.call_id}",
             prompt_tokens=call.prompt_tokens,
         )

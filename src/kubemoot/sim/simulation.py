@@ -20,7 +20,7 @@ from kubemoot.api.errors import InputError
 from kubemoot.sim.bound import LowerBound, lower_bound
 from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FAILED, FINISHED, CallOutcome, PolicyReport, Recorder
-from kubemoot.sim.phases import CURRENT_CALL, WaitPhases
+from kubemoot.sim.phases import CURRENT_CALL, WaitPhases, WaitSource
 from kubemoot.sim.policies import BASELINES, Policy, SimContext
 from kubemoot.sim.scenario import Scenario
 from kubemoot.sim.vloop import run_virtual
@@ -61,7 +61,7 @@ class PolicyRun:
     peak_mib: dict[str, int] = field(default_factory=dict)  # card → most VRAM ever in use
     usable_mib: dict[str, int] = field(default_factory=dict)
     # call id → (wait, its split by phase) for finished calls: compares policies call by call
-    waits_by_call: dict[int, tuple[float, dict[str, float]]] = field(default_factory=dict)
+    waits_by_call: dict[int, tuple[float, dict[WaitSource, float]]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -19,15 +19,10 @@ import math
 import random
 from dataclasses import dataclass
 
+from kubemoot.runtime.placement import Candidate
 from kubemoot.sim.scenario import CrewSpec, LatencySpec, Scenario
 
-__all__ = ["CallSpec", "Candidate", "Discussion", "Step", "Trace", "Turn", "build_trace"]
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    model: str
-    score: float
+__all__ = ["CallSpec", "Discussion", "Step", "Trace", "Turn", "build_trace"]
 
 
 @dataclass(frozen=True, slots=True)

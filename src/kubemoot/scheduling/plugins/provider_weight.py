@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Self
 
+from kubemoot.api import Phase
 from kubemoot.scheduling.candidate import Placement
 from kubemoot.scheduling.plugins._args import PluginArgs
 
 __all__ = ["PHASE_SIGN", "ProviderWeightScorer"]
 
-PHASE_SIGN = {"mulling": 1.0, "triage": -1.0}
+PHASE_SIGN: dict[str, float] = {Phase.MULLING: 1.0, Phase.TRIAGE: -1.0}
 
 
 class ProviderWeightScorer:

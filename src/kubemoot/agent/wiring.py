@@ -32,16 +32,15 @@ from kubemoot.runtime.view import ProviderView
 from kubemoot.runtime.waiting import CapacityWaiter
 from kubemoot.store.documents import (
     MODEL_DEMAND_BUCKET,
+    MODEL_DEMAND_MAX_AGE_SECONDS,
     PROVIDER_STATE_BUCKET,
     PROVIDER_TICKETS_BUCKET,
 )
 from kubemoot.store.protocol import KV, Bucket
 
-__all__ = ["DEMAND_MAX_AGE_SECONDS", "RuntimeStack", "build_stack"]
+__all__ = ["RuntimeStack", "build_stack"]
 
 log = logging.getLogger(__name__)
-
-DEMAND_MAX_AGE_SECONDS = 6 * 3600.0  # the demand bucket's max age (DESIGN §6)
 
 
 @dataclass(slots=True)
@@ -95,7 +94,7 @@ async def build_stack(
     settings = settings or RuntimeSettings()
     states = await kv.bucket(PROVIDER_STATE_BUCKET)
     tickets_bucket = await kv.bucket(PROVIDER_TICKETS_BUCKET)
-    demand_bucket = await kv.bucket(MODEL_DEMAND_BUCKET, max_age=DEMAND_MAX_AGE_SECONDS)
+    demand_bucket = await kv.bucket(MODEL_DEMAND_BUCKET, max_age=MODEL_DEMAND_MAX_AGE_SECONDS)
     latency = LatencyTracker(
         alpha=settings.latency_ema_alpha, default_seconds=settings.default_latency_seconds
     )

@@ -248,11 +248,12 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
         def factory(provider: str, endpoint: str, settings: CallSettings) -> OllamaProvider:
             return starts.client(provider, endpoint, timeout=settings.timeout)
 
-        settings = RuntimeSettings().with_values({
-            "load_rate_mibps": 1024.0 / time_scale,
-            "unload_seconds": 1.0 * time_scale,
-            "default_latency_seconds": 30.0 * time_scale,
-            "gpu_wait_limit_seconds": 90.0 * time_scale,
+        base = RuntimeSettings()
+        settings = base.with_values({
+            "load_rate_mibps": base.load_rate_mibps / time_scale,
+            "unload_seconds": base.unload_seconds * time_scale,
+            "default_latency_seconds": base.default_latency_seconds * time_scale,
+            "gpu_wait_limit_seconds": base.gpu_wait_limit_seconds * time_scale,
         })
         declared = {m.spec.model: m.spec.vram_mib for m in resources.models
                     if m.spec.vram_mib is not None}

@@ -26,6 +26,7 @@ from kubemoot.clock import Clock
 from kubemoot.dashboard.calllog import CALL_LOG_BUCKET, CALL_LOG_MAX_AGE_SECONDS, CallEntry
 from kubemoot.store.documents import (
     MODEL_DEMAND_BUCKET,
+    MODEL_DEMAND_MAX_AGE_SECONDS,
     PROVIDER_STATE_BUCKET,
     PROVIDER_TICKETS_BUCKET,
     DemandEntry,
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 DEFAULT_FRESHNESS_SECONDS = 120.0  # DESIGN §4: freshness.maxAgeSeconds
 RECENT_CALLS_PER_AGENT = 8
 SEEN_CALL_KEYS = 10_000  # enough to recognise a duplicate from the start-up race
-DEMAND_MAX_AGE_SECONDS = 6 * 3600.0  # DESIGN §6
 
 
 @dataclass(slots=True)
@@ -92,7 +92,7 @@ class FleetView:
         buckets = [
             await self._kv.bucket(PROVIDER_STATE_BUCKET),
             await self._kv.bucket(PROVIDER_TICKETS_BUCKET),
-            await self._kv.bucket(MODEL_DEMAND_BUCKET, max_age=DEMAND_MAX_AGE_SECONDS),
+            await self._kv.bucket(MODEL_DEMAND_BUCKET, max_age=MODEL_DEMAND_MAX_AGE_SECONDS),
             await self._kv.bucket(CALL_LOG_BUCKET, max_age=CALL_LOG_MAX_AGE_SECONDS),
         ]
         for bucket in buckets:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
+from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.store.documents import DemandEntry, SelectionEntry
 from kubemoot.store.keys import decode_token, join_key
 from kubemoot.store.protocol import Bucket
@@ -81,10 +82,10 @@ class DemandBoard:
         bucket: Bucket,
         *,
         clock: Clock,
-        wait_ttl_seconds: float = 180.0,
-        intent_ttl_seconds: float = 180.0,
-        use_window_seconds: float = 300.0,
-        selection_ttl_seconds: float = 3600.0,
+        wait_ttl_seconds: float = DEFAULTS.demand_wait_ttl_seconds,
+        intent_ttl_seconds: float = DEFAULTS.demand_intent_ttl_seconds,
+        use_window_seconds: float = DEFAULTS.demand_use_window_seconds,
+        selection_ttl_seconds: float = DEFAULTS.selection_window_seconds,
     ) -> None:
         self._bucket = bucket
         self._clock = clock

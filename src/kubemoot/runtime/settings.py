@@ -1,7 +1,11 @@
 """Every tunable of the per-call runtime, with its default, in one frozen object.
 
 The defaults are DESIGN §5's; :meth:`RuntimeSettings.from_env` reads the environment
-variables the spec names so a deployment can change them without code.
+variables the spec names so a deployment can change them without code. This is the
+only home of each default (DESIGN §10): a class or command-line option elsewhere that
+takes one of these numbers reads its default from :data:`DEFAULTS`, never repeats it.
+The reserve is the one exception, because the resource API (which imports nothing of
+ours) needs it too: its home is :data:`kubemoot.api.provider.DEFAULT_RESERVE_MIB`.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
 from kubemoot.api.errors import InputError
+from kubemoot.api.provider import DEFAULT_RESERVE_MIB
 
 MIB_PER_GIB = 1024
 
@@ -29,7 +34,7 @@ class RuntimeSettings:
     latency_ema_alpha: float = 0.3
     #: VRAM kept back per provider (CUDA context, fragmentation) when a provider
     #: does not say its own.
-    reserve_mib: int = 1024
+    reserve_mib: int = DEFAULT_RESERVE_MIB
     #: Candidates whose score is at least preferred − tolerance may be used warm.
     candidate_tolerance: float = 10.0
     #: How much a queue's price counts the other calls expected for the same model
@@ -38,6 +43,12 @@ class RuntimeSettings:
     queue_demand_weight: float = 1.0
     #: A ticket not released by its holder is reclaimed after this long.
     ticket_ttl_seconds: float = 180.0
+    #: A waiter or an intent on the demand board that its agent stops renewing lapses
+    #: after this long.
+    demand_wait_ttl_seconds: float = 180.0
+    demand_intent_ttl_seconds: float = 180.0
+    #: Recent use of a model decays with this time constant (e^(−age/window)).
+    demand_use_window_seconds: float = 300.0
     #: How long a read of provider state and tickets is reused (absorbs fan-out bursts).
     state_cache_seconds: float = 0.2
     #: How often the list of providers is re-read (a listing costs more than reads of
@@ -48,7 +59,8 @@ class RuntimeSettings:
     #: A plan held from selection that no call took is released after this long.
     held_plan_ttl_seconds: float = 180.0
     #: An agent's selection frequency (the demand forecast) counts the threads seen in
-    #: this window: the share of them the agent was selected for.
+    #: this window: the share of them the agent was selected for; a selection written
+    #: to the demand board lives as long.
     selection_window_seconds: float = 3600.0
     #: Safety net for a busy call waiting on capacity changes.
     gpu_wait_limit_seconds: float = 90.0
@@ -71,6 +83,10 @@ class RuntimeSettings:
     claim_line_seconds: float = 5.0
     #: Prompt size assumed when a call is planned before its prompt exists.
     assumed_prompt_tokens: int = 2048
+    #: How many of the cheapest options of one kind (warm copies, tightest cold fits) a
+    #: placement lists and tries when it is not explaining itself: the rest could only
+    #: win if all of these went away.
+    copy_shortlist: int = 3
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RuntimeSettings:
@@ -102,6 +118,10 @@ class RuntimeSettings:
         if unknown:
             raise InputError(f"unknown runtime setting {unknown[0]!r}", field=unknown[0])
         return replace(self, **values)  # type: ignore[arg-type]
+
+
+#: The defaults, for code that takes one of these numbers as a parameter of its own.
+DEFAULTS = RuntimeSettings()
 
 
 def _number(name: str, text: str) -> float:

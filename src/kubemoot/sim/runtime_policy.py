@@ -35,7 +35,7 @@ from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.selector import ProviderSelector
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
 from kubemoot.runtime.waiting import CapacityWaiter
@@ -46,6 +46,7 @@ from kubemoot.sim.policies import Policy, SimContext
 from kubemoot.sim.workload import CallSpec
 from kubemoot.store.documents import (
     MODEL_DEMAND_BUCKET,
+    MODEL_DEMAND_MAX_AGE_SECONDS,
     PROVIDER_STATE_BUCKET,
     PROVIDER_TICKETS_BUCKET,
 )
@@ -96,19 +97,22 @@ class KubemootPolicy(Policy):
         self._demand: DemandBoard | None = None
         self._view: ProviderView | None = None
         self._waiter: CapacityWaiter | None = None
-        self._wait_limit = 90.0
+        self._wait_limit = DEFAULTS.gpu_wait_limit_seconds
 
     async def start(self, ctx: SimContext) -> None:
         clock = LoopClock(epoch=ctx.epoch)
         clock.now()  # anchor the clock at loop time 0
-        wait_limit = ctx.extras.get("gpu_wait_limit_seconds", 90.0)
-        self._wait_limit = float(wait_limit) if isinstance(wait_limit, int | float) else 90.0
+        wait_limit = ctx.extras.get("gpu_wait_limit_seconds", DEFAULTS.gpu_wait_limit_seconds)
+        self._wait_limit = (
+            float(wait_limit) if isinstance(wait_limit, int | float)
+            else DEFAULTS.gpu_wait_limit_seconds
+        )
         settings = self._settings or RuntimeSettings(gpu_wait_limit_seconds=self._wait_limit)
         kv = MemoryKV(clock)
         self._kv = kv
         states = await kv.bucket(PROVIDER_STATE_BUCKET)
         tickets = await kv.bucket(PROVIDER_TICKETS_BUCKET)
-        demand_bucket = await kv.bucket(MODEL_DEMAND_BUCKET, max_age=6 * 3600)
+        demand_bucket = await kv.bucket(MODEL_DEMAND_BUCKET, max_age=MODEL_DEMAND_MAX_AGE_SECONDS)
         for gpu in ctx.gpus.values():
             await _StatePublisher(gpu, states, clock).publish()
         manager = TicketManager(

@@ -21,7 +21,8 @@ from kubemoot.sim.vloop import run_virtual
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET, TicketState
 from kubemoot.store.memory import MemoryKV
 from kubemoot.testing.emulators import emulator_factory
-from tests.runtime.builders import NOW, candidates, gpu, harness
+from kubemoot.testing.state import NOW, gpu
+from tests.runtime.builders import candidates, harness
 
 SHORT_TTL = RuntimeSettings().with_values({
     "ticket_ttl_seconds": 30.0, "held_plan_ttl_seconds": 180.0,

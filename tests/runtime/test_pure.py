@@ -20,7 +20,7 @@ from kubemoot.runtime.refusals import Reason, classify
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import FleetSnapshot, Need, NeedTable, ProviderSnapshot
 from kubemoot.store.documents import ProviderState, TicketState
-from tests.runtime.builders import NOW, gpu, ticket
+from kubemoot.testing.state import NOW, gpu, ticket
 
 
 def _cost(*providers: ProviderSnapshot, declared: dict[str, int] | None = None) -> CostModel:

@@ -6,7 +6,7 @@ import pytest
 
 from kubemoot.runtime.cost import OptionKind
 from kubemoot.store.documents import TicketState
-from tests.runtime.builders import gpu, ticket
+from kubemoot.testing.state import gpu, ticket
 
 
 async def test_queue_option_is_the_soonest_busy_copy(make) -> None:

@@ -85,6 +85,7 @@ def test_only_an_unknown_declared_admitting_admits() -> None:
     assert UA.admits and UA.admits_unknown and not UA.passed
     assert P.admits
     assert not (U.admits or S.admits or F.admits)
+    assert U.waits and S.waits and not (UA.waits or P.waits or F.waits)
     # admitting is a property of an UNKNOWN, never a way to soften a FAIL or STALE
     with pytest.raises(ValueError, match=r"'b'.*admits_unknown.*FAIL"):
         GateResult("b", Verdict.FAIL, "violated", admits_unknown=True)

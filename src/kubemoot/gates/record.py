@@ -29,7 +29,7 @@ class CandidateResult:
     @property
     def unresolved(self) -> tuple[GateResult, ...]:
         """The UNKNOWN or STALE gates that do not admit: what the candidate waits on."""
-        return tuple(g for g in self.gates if g.result is not Verdict.FAIL and not g.admits)
+        return tuple(g for g in self.gates if g.waits)
 
     def gate(self, name: str) -> GateResult | None:
         """The result of the named gate, or None when it was not evaluated."""

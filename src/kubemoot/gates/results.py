@@ -144,6 +144,11 @@ class GateResult:
         """Does this result let the candidate through: a PASS, or an admitting UNKNOWN."""
         return self.result is Verdict.PASS or self.admits_unknown
 
+    @property
+    def waits(self) -> bool:
+        """An UNKNOWN or STALE that does not admit: evidence the candidate waits on."""
+        return not self.admits and self.result is not Verdict.FAIL
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, camelCase: ``{result, reason, evidence, observedAt?}``."""
         data: dict[str, Any] = {

@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "args", "keys"),
     [
@@ -24,14 +25,19 @@ ROOT = Path(__file__).resolve().parents[1]
          ["--agents", "200", "--models", "50", "--providers", "10", "--policies", "5",
           "--repeat", "1"],
          {"agentsPerSecond", "ratioToFloor"}),
-        ("kv.py", ["--seconds", "0.5", "--claimers", "4", "--processes", "1", "--samples", "50"],
-         {"overcommits", "uncontendedP99Ratio", "contendedClaimsPerSecond", "contendedP99Ms",
-          "fairness"}),
-        ("place.py", ["--calls", "50", "--nats-calls", "20"],
-         {"embeddedP99Ms", "natsP99Ratio"}),
-        ("gateway.py", ["--calls", "20", "--seconds", "0.5", "--clients", "4",
-                        "--requests", "20"],
-         {"addedP50Ms", "addedP99Ms", "throughputRatio", "overcommits"}),
+        pytest.param(
+            "kv.py",
+            ["--seconds", "0.5", "--claimers", "4", "--processes", "1", "--samples", "50"],
+            {"overcommits", "uncontendedP99Ratio", "contendedClaimsPerSecond",
+             "contendedP99Ms", "fairness"},
+            marks=pytest.mark.nats,  # the bench starts its own nats-server
+        ),
+        pytest.param("place.py", ["--calls", "50", "--nats-calls", "20"],
+                     {"embeddedP99Ms", "natsP99Ratio"}, marks=pytest.mark.nats),
+        pytest.param("gateway.py", ["--calls", "20", "--seconds", "0.5", "--clients", "4",
+                                    "--requests", "20"],
+                     {"addedP50Ms", "addedP99Ms", "throughputRatio", "overcommits"},
+                     marks=pytest.mark.nats),
         ("quality.py", [],
          {"meanWaitRatioToBestBaseline", "coldLoadRatioToRoundRobin",
           "meanWaitRatioToLowerBound", "simSecondsFor100kCalls"}),

@@ -146,6 +146,7 @@ def test_the_table_orders_rows_by_thread_then_issue_and_explains_actions() -> No
     assert "unload:" not in legend  # only the actions that occur are told
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_demo_reports_waits_and_says_how_long_the_page_stays() -> None:
     done = kubemoot("demo", "-o", "json", "--discussions", "6", "--seed", "3",
@@ -182,6 +183,7 @@ def cards() -> Iterator[dict[str, OllamaEmulator]]:
         yield found
 
 
+@pytest.mark.slow
 def test_probe_takes_a_size_per_card_and_its_state_feeds_place(
     cards: dict[str, OllamaEmulator], tmp_path: Path
 ) -> None:

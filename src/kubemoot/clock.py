@@ -8,6 +8,9 @@ and lets tests jump time without sleeping. This module imports nothing else of o
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import heapq
+import itertools
 import time
 from collections.abc import Awaitable
 from typing import Protocol, TypeVar, runtime_checkable
@@ -80,24 +83,82 @@ class ManualClock:
     """A clock that moves only when told to (tests and snapshots).
 
     ``sleep`` advances the clock by the requested amount and yields once, so code that
-    sleeps finishes at once while still seeing time pass.
+    sleeps finishes at once while still seeing time pass. ``wait_for`` times out in
+    this clock's time, never in real seconds: the awaitable runs until it finishes or
+    until someone moves the clock past the deadline (``advance``, ``set`` or another
+    task's ``sleep``). A test therefore decides when a timeout happens instead of
+    racing a real timer.
     """
 
     def __init__(self, start: float = 0.0) -> None:
         self._now = start
+        self._deadlines: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+        self._watchers: list[asyncio.Future[None]] = []
 
     def now(self) -> float:
         return self._now
 
     def set(self, value: float) -> None:
         self._now = value
+        self._expire()
 
     def advance(self, seconds: float) -> None:
         self._now += seconds
+        self._expire()
 
     async def sleep(self, seconds: float) -> None:
         self._now += max(0.0, seconds)
+        self._expire()
         await asyncio.sleep(0)
 
     async def wait_for(self, awaitable: Awaitable[T], timeout: float | None) -> T:
-        return await asyncio.wait_for(awaitable, timeout)
+        if timeout is None:
+            return await awaitable
+        if timeout <= 0:  # asyncio's own rule: only an already finished awaitable counts
+            return await asyncio.wait_for(awaitable, 0)
+        task = asyncio.ensure_future(awaitable)
+        deadline: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (self._now + timeout, next(self._order), deadline)
+        heapq.heappush(self._deadlines, entry)
+        for watcher in self._watchers:
+            if not watcher.done():
+                watcher.set_result(None)
+        self._watchers.clear()
+        try:
+            await asyncio.wait((task, deadline), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            deadline.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise TimeoutError(f"not done within {timeout:g} s of clock time")
+
+    @property
+    def pending_deadlines(self) -> int:
+        """How many ``wait_for`` calls are waiting on this clock now."""
+        self._deadlines = [d for d in self._deadlines if not d[2].done()]
+        heapq.heapify(self._deadlines)
+        return len(self._deadlines)
+
+    async def until_waiting(self, count: int = 1) -> None:
+        """Return once ``count`` ``wait_for`` calls wait on this clock.
+
+        The event a test waits on before it moves time: the code under test has
+        reached its timed wait, so advancing now is what times it out.
+        """
+        while self.pending_deadlines < count:
+            watcher: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._watchers.append(watcher)
+            await watcher
+
+    def _expire(self) -> None:
+        while self._deadlines and self._deadlines[0][0] <= self._now:
+            _, _, deadline = heapq.heappop(self._deadlines)
+            if not deadline.done():
+                deadline.set_result(None)

@@ -14,7 +14,7 @@ from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime.placement import Candidate
 from kubemoot.runtime.settings import RuntimeSettings
-from kubemoot.store.documents import PROVIDER_STATE_BUCKET
+from kubemoot.store.documents import PROVIDER_STATE_BUCKET, PROVIDER_TICKETS_BUCKET
 from kubemoot.store.memory import MemoryKV
 
 SMALL = EmulatedModel("small:1b", 2000)
@@ -54,12 +54,14 @@ async def test_cancelling_during_the_after_call_probe_still_releases_the_ticket(
         ))
         await asyncio.wait_for(probing.wait(), 10)
         assert await stack.tickets.active("gpu-a"), "the call holds a ticket while it runs"
+        changes = (await kv.bucket(PROVIDER_TICKETS_BUCKET)).watch()
+        await changes.ready()
         call.cancel()
         await asyncio.gather(call, return_exceptions=True)
 
         async def released() -> None:  # the shielded release finishes on its own
             while await stack.tickets.active("gpu-a"):
-                await asyncio.sleep(0.01)
+                await changes.__anext__()  # the release is a write of the tickets document
 
         await asyncio.wait_for(released(), 10)
     finally:

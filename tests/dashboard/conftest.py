@@ -17,7 +17,6 @@ from kubemoot.dashboard.server import DashboardServer
 from kubemoot.store.documents import (
     PROVIDER_STATE_BUCKET,
     PROVIDER_TICKETS_BUCKET,
-    LoadedModel,
     ProviderState,
     ProviderTickets,
     Ticket,
@@ -25,6 +24,8 @@ from kubemoot.store.documents import (
 )
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
+from kubemoot.testing.state import provider_state
+from kubemoot.testing.state import ticket as shared_ticket
 
 CHROMIUM = Path(os.environ.get("KUBEMOOT_CHROMIUM", "/usr/bin/chromium"))
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "dashboard"
@@ -41,18 +42,15 @@ def state(
     reason: str | None = None,
     parallel: int = 2,
 ) -> ProviderState:
-    return ProviderState(
-        provider=provider, endpoint=f"http://{provider}:11434", ready=ready, reason=reason,
-        last_probed_at=probed, total_vram_mib=total, max_parallel=parallel,
-        loaded_models=[LoadedModel(name=n, size_mib=m) for n, m in (loaded or {}).items()],
-    )
+    """The dashboard's scene: two slots, probed at T0 (see kubemoot.testing.state)."""
+    return provider_state(provider, total_mib=total, loaded=loaded, probed_at=probed,
+                          ready=ready, reason=reason, slots=parallel)
 
 
-def ticket(model: str, mib: int, st: TicketState, *, at: float = T0, ttl: float = 180.0,
+def ticket(model: str, mib: int, st: TicketState, *, at: float = T0,
            tid: str | None = None) -> Ticket:
-    return Ticket(ticket_id=tid or f"{model}-{st.value}-{at}", model=model,
-                  model_footprint_mib=mib, holder_id="crew/agent", state=st,
-                  started_at=at, expires_at=at + ttl)
+    return shared_ticket(model, footprint_mib=mib, state=st, now=at,
+                         ident=tid or f"{model}-{st.value}-{at}", holder_id="crew/agent")
 
 
 def call(agent: str, n: int, *, provider: str = "gpu-a", model: str = "qwen3:14b",

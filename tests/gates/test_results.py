@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kubemoot.gates import GateResult, Verdict
+from kubemoot.gates import CandidateResult, GateResult, Standing, Verdict, standing
 
 
 @pytest.mark.parametrize(
@@ -56,3 +56,41 @@ def test_evidence_becomes_plain_json_and_yaml_data() -> None:
     assert data["evidence"] == {"seen": ["a", "b"], "verdict": "PASS", "nested": {"k": [1, 2]}}
     assert type(data["evidence"]["verdict"]) is str  # yaml.safe_dump rejects str subclasses
     json.dumps(data)
+
+
+P = GateResult.pass_("a", "ok")
+F = GateResult.fail("b", "violated")
+U = GateResult.unknown("c", "absent")
+S = GateResult.stale("d", "old")
+UA = GateResult.unknown("context", "absent, and that admits", admits=True)
+
+
+@pytest.mark.parametrize(
+    ("results", "where"),
+    [
+        pytest.param((), Standing.FEASIBLE, id="no-gates"),
+        pytest.param((P,), Standing.FEASIBLE, id="pass"),
+        pytest.param((P, UA), Standing.FEASIBLE, id="admitting-unknown"),
+        pytest.param((P, U), Standing.UNCERTAIN, id="unknown"),
+        pytest.param((S, UA), Standing.UNCERTAIN, id="stale-beside-admitting"),
+        pytest.param((U, F), Standing.HARD_FAILED, id="fail-wins-over-unknown"),
+        pytest.param((UA, F), Standing.HARD_FAILED, id="fail-wins-over-admitting"),
+    ],
+)
+def test_the_standing_rule(results: tuple[GateResult, ...], where: Standing) -> None:
+    assert standing(results) is where
+
+
+def test_only_an_unknown_declared_admitting_admits() -> None:
+    assert UA.admits and UA.admits_unknown and not UA.passed
+    assert P.admits
+    assert not (U.admits or S.admits or F.admits)
+    assert U.waits and S.waits and not (UA.waits or P.waits or F.waits)
+    # admitting is a property of an UNKNOWN, never a way to soften a FAIL or STALE
+    with pytest.raises(ValueError, match=r"'b'.*admits_unknown.*FAIL"):
+        GateResult("b", Verdict.FAIL, "violated", admits_unknown=True)
+
+
+def test_an_admitting_unknown_is_not_something_the_candidate_waits_on() -> None:
+    candidate = CandidateResult("n1", standing((U, UA)), (U, UA))
+    assert candidate.unresolved == (U,)

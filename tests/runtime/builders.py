@@ -1,4 +1,4 @@
-"""Tiny builders for runtime tests: providers, tickets and a planner on MemoryKV."""
+"""A planner on MemoryKV for runtime tests (provider states and tickets: kubemoot.testing)."""
 
 from __future__ import annotations
 
@@ -17,66 +17,14 @@ from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
 from kubemoot.store.documents import (
-    LoadedModel,
     ProviderState,
     ProviderTickets,
     Ticket,
-    TicketState,
 )
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
 from kubemoot.store.protocol import KV, Bucket
-
-NOW = 1_800_000_000.0
-GIB = 1024
-
-
-def gpu(
-    name: str,
-    total_gib: float | None,
-    *,
-    residents: Mapping[str, float] | None = None,
-    ready: bool = True,
-    slots: int = 1,
-    context: int | None = None,
-    resident_context: Mapping[str, int] | None = None,
-) -> ProviderState:
-    """A provider state; sizes in GiB for readability."""
-    contexts = resident_context or {}
-    return ProviderState(
-        provider=name,
-        endpoint=f"http://{name}:11434",
-        ready=ready,
-        total_vram_mib=None if total_gib is None else int(total_gib * GIB),
-        max_parallel=slots,
-        context_length=context,
-        loaded_models=[
-            LoadedModel(name=m, size_mib=int(g * GIB), context_length=contexts.get(m))
-            for m, g in (residents or {}).items()
-        ],
-    )
-
-
-def ticket(
-    model: str,
-    *,
-    age: float = 0.0,
-    state: TicketState = TicketState.RUNNING,
-    footprint_gib: float = 0.0,
-    evicts: Mapping[str, float] | None = None,
-    ident: str | None = None,
-) -> Ticket:
-    """A ticket started ``age`` seconds before NOW."""
-    return Ticket(
-        ticket_id=ident or f"t-{model}-{age}-{state.value}-{footprint_gib}",
-        model=model,
-        model_footprint_mib=int(footprint_gib * GIB),
-        holder_id="someone-else",
-        state=state,
-        started_at=NOW - age,
-        expires_at=NOW + 180.0,
-        evicts={m: int(g * GIB) for m, g in (evicts or {}).items()},
-    )
+from kubemoot.testing.state import GIB, NOW
 
 
 @dataclass

@@ -21,7 +21,7 @@ from kubemoot.store.documents import ProviderTickets
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
 from kubemoot.store.protocol import KV, Bucket, Change, StoreError, Watch
-from tests.runtime.builders import GIB, NOW, gpu, ticket
+from kubemoot.testing.state import GIB, NOW, gpu, ticket
 
 
 class _Unwatchable:

@@ -8,7 +8,8 @@ from kubemoot.runtime.placement import Action
 from kubemoot.runtime.selection import SelectionPlanner
 from kubemoot.store.documents import TicketState
 from kubemoot.store.keys import join_key
-from tests.runtime.builders import candidates, gpu, ticket
+from kubemoot.testing.state import gpu, ticket
+from tests.runtime.builders import candidates
 
 
 async def test_a_victim_that_picks_up_a_call_meanwhile_voids_the_claim(make) -> None:

@@ -8,7 +8,8 @@ from kubemoot.runtime.selection import SelectionPlanner
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.store.documents import SelectionEntry, TicketState
 from kubemoot.store.keys import join_key
-from tests.runtime.builders import candidates, gpu, ticket
+from kubemoot.testing.state import gpu, ticket
+from tests.runtime.builders import candidates
 
 LOADING_14B = ticket("qwen3:14b", age=1, state=TicketState.LOADING, footprint_gib=12)
 

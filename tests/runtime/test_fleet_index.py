@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from kubemoot.runtime.snapshot import FleetIndex, ProviderSnapshot
 from kubemoot.store.documents import TicketState
 from kubemoot.store.keys import encode_token
-from tests.runtime.builders import gpu, ticket
+from kubemoot.testing.state import gpu, ticket
 
 MODELS = ("a", "b", "c")
 

@@ -18,10 +18,15 @@ from kubemoot.runtime.placement import Action, Candidate
 from kubemoot.runtime.selection import SelectionPlanner
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.sim.vloop import run_virtual
-from kubemoot.store.documents import PROVIDER_STATE_BUCKET, TicketState
+from kubemoot.store.documents import (
+    PROVIDER_STATE_BUCKET,
+    PROVIDER_TICKETS_BUCKET,
+    TicketState,
+)
 from kubemoot.store.memory import MemoryKV
 from kubemoot.testing.emulators import emulator_factory
-from tests.runtime.builders import NOW, candidates, gpu, harness
+from kubemoot.testing.state import NOW, gpu
+from tests.runtime.builders import candidates, harness
 
 SHORT_TTL = RuntimeSettings().with_values({
     "ticket_ttl_seconds": 30.0, "held_plan_ttl_seconds": 180.0,
@@ -115,6 +120,9 @@ async def test_a_running_call_renews_its_ticket_until_it_ends(
             candidates=[Candidate("long:1b", 50.0)], wait=False,
         ))
 
+        changes = (await kv.bucket(PROVIDER_TICKETS_BUCKET)).watch()
+        await changes.ready()
+
         async def renewed() -> None:
             first: float | None = None
             while True:
@@ -124,7 +132,7 @@ async def test_a_running_call_renews_its_ticket_until_it_ends(
                 if active and first is not None and active[0].expires_at > first:
                     assert active[0].state in (TicketState.RUNNING, TicketState.LOADING)
                     return
-                await asyncio.sleep(0.01)
+                await changes.__anext__()  # a renewal is a write of the tickets document
 
         # Without renewals the ticket lapses 3 s after its claim and its expiry never
         # moves; with them it moves every second.

@@ -7,7 +7,7 @@ import pytest
 from kubemoot.runtime.placement import Action
 from kubemoot.runtime.refusals import Reason
 from kubemoot.store.documents import ProviderState
-from tests.runtime.builders import gpu
+from kubemoot.testing.state import gpu
 
 
 def _listing(state: ProviderState, **disk_gib: float) -> ProviderState:

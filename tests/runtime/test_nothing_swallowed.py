@@ -12,7 +12,8 @@ from kubemoot.runtime.placement import Action
 from kubemoot.runtime.selection import SelectionPlanner
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import StoreUnavailable
-from tests.runtime.builders import candidates, gpu, ticket
+from kubemoot.testing.state import gpu, ticket
+from tests.runtime.builders import candidates
 
 
 def _count(site: str, kind: str) -> float:

@@ -7,7 +7,7 @@ import pytest
 from kubemoot.runtime.cost import OptionKind
 from kubemoot.runtime.placement import Action
 from kubemoot.store.documents import TicketState
-from tests.runtime.builders import gpu, ticket
+from kubemoot.testing.state import gpu, ticket
 
 # -- what falls out -------------------------------------------------------------------
 

@@ -8,16 +8,19 @@ from hypothesis import strategies as st
 
 from kubemoot.api.errors import InputError
 from kubemoot.clock import ManualClock
+from kubemoot.gates import Outcome, Standing
+from kubemoot.runtime import filters
 from kubemoot.runtime.circuit import CircuitBreakers, CircuitState
-from kubemoot.runtime.cost import CostModel
+from kubemoot.runtime.cost import CostModel, Option, OptionKind
 from kubemoot.runtime.eviction import EvictionPlanner
 from kubemoot.runtime.latency import LatencyTracker
 from kubemoot.runtime.occupancy import OccupancyBook
+from kubemoot.runtime.record import build_record
 from kubemoot.runtime.refusals import Reason, classify
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ModelDemand, ProviderSnapshot
 from kubemoot.store.documents import ProviderState, TicketState
-from tests.runtime.builders import NOW, gpu, ticket
+from kubemoot.testing.state import NOW, gpu, ticket
 
 
 def _cost(*providers: ProviderSnapshot, declared: dict[str, int] | None = None) -> CostModel:
@@ -197,3 +200,28 @@ def test_latency_ema_starts_at_the_default() -> None:
     assert tracker.latency("e") == 30
     assert tracker.observe("e", 10) == 10
     assert tracker.observe("e", 20) == 15
+
+
+@pytest.mark.parametrize(
+    ("context", "where"),
+    [
+        pytest.param(None, Standing.FEASIBLE, id="unknown-context-admits"),
+        pytest.param(8192, Standing.FEASIBLE, id="context-holds"),
+        pytest.param(4096, Standing.HARD_FAILED, id="context-too-small"),
+    ],
+)
+def test_the_record_takes_standing_from_the_gates_rule(
+    context: int | None, where: Standing
+) -> None:
+    p = ProviderSnapshot(state=gpu("a", 32, residents={"m": 12}, context=context))
+    gates = filters.warm_gates(p, "m", 8000)
+    option = Option(OptionKind.WARM, "a", "m", 0.0)
+    record = build_record(
+        subject="call", gates={"a/m": gates}, options=[option], chosen=option,
+        outcome=Outcome.PLACE, reason="test",
+    )
+    assert record.candidates["a/m"].standing is where
+    assert filters.feasible(gates) is (where is Standing.FEASIBLE)
+    context_result = record.candidates["a/m"].gate(filters.CONTEXT)
+    assert context_result is not None
+    assert context_result.admits_unknown is (context is None)

@@ -14,7 +14,8 @@ from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ProviderSnapshot
 from kubemoot.runtime.waiting import CapacityWaiter
 from kubemoot.store.documents import TicketState
-from tests.runtime.builders import NOW, Harness, candidates, gpu, ticket
+from kubemoot.testing.state import NOW, gpu, ticket
+from tests.runtime.builders import Harness, candidates
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from kubemoot.runtime.cost import CostModel, Option, OptionKind
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ModelDemand, ProviderSnapshot
-from tests.runtime.builders import NOW, gpu
+from kubemoot.testing.state import NOW, gpu
 from tests.runtime.test_tie_order_and_loading_copies import ago, place, state
 
 

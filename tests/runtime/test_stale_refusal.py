@@ -16,7 +16,7 @@ from kubemoot.runtime.tickets import ClaimRejected, TicketManager
 from kubemoot.sim.vloop import run_virtual
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
-from tests.runtime.builders import GIB, NOW, gpu
+from kubemoot.testing.state import GIB, NOW, gpu
 
 
 async def test_a_free_card_is_not_refused_on_the_copy_this_process_last_wrote(make) -> None:

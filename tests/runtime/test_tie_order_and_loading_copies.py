@@ -25,7 +25,7 @@ from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ProviderSnapshot
 from kubemoot.runtime.what_if import PlacementState, decide
 from kubemoot.store.documents import TicketState
-from tests.runtime.builders import NOW, gpu, ticket
+from kubemoot.testing.state import NOW, gpu, ticket
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 5, 15, 12, 0, tzinfo=UTC)

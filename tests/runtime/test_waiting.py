@@ -12,15 +12,18 @@ from kubemoot.runtime.placement import Action
 from kubemoot.runtime.waiting import CapacityWaiter
 from kubemoot.store.documents import TicketState
 from kubemoot.store.keys import join_key
-from tests.runtime.builders import Harness, candidates, gpu, harness, ticket
+from kubemoot.testing.state import gpu, ticket
+from tests.runtime.builders import Harness, candidates, harness
 
 
 class Signals:
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, str]] = []
+        self.waits = asyncio.Event()  # set once the waiter said it waits
 
     async def waiting(self, *, model: str, reason: str) -> None:
         self.seen.append(("waiting", model, reason))
+        self.waits.set()
 
     async def evaluating(self, *, model: str, provider: str) -> None:
         self.seen.append(("evaluating", model, provider))
@@ -44,8 +47,7 @@ async def _wakes_on_release(h: Harness) -> None:
         waiter.place(candidates("new:8b"), agent="crew/a", signals=signals)
     )
     # Block until the waiter said it waits and holds its wait entry.
-    while not signals.seen:
-        await asyncio.sleep(0.001)
+    await asyncio.wait_for(signals.waits.wait(), 30)
     assert signals.seen == [("waiting", "new:8b", "gpu-busy")]
     assert await h.demand_bucket.get(join_key("wait", "new:8b", "crew/a")) is not None
     assert not task.done()
@@ -118,8 +120,7 @@ async def test_discussion_end_wakes_the_waiter_and_it_stands_aside(make) -> None
     task = asyncio.create_task(
         waiter.place(candidates("new:8b"), agent="crew/a", signals=signals, done=done)
     )
-    while not signals.seen:
-        await asyncio.sleep(0.001)
+    await asyncio.wait_for(signals.waits.wait(), 30)
     done.set()
     placement = await asyncio.wait_for(task, 30)
     assert (placement.action, placement.reason) == (Action.WAIT, "gpu-busy")
@@ -134,9 +135,9 @@ async def test_wait_limit_is_a_safety_net(make) -> None:
     waiter = CapacityWaiter(h.planner, clock=clock, watch=watch, limit_seconds=90)
     clock.advance(0)  # the limit counts from the first attempt
     task = asyncio.create_task(waiter.place(candidates("new:8b"), agent="crew/a"))
-    await asyncio.sleep(0.01)
-    clock.advance(91)  # past the limit; the next wake-up finds it spent
-    watch.notify()
+    await clock.until_waiting()
+    assert not task.done()
+    clock.advance(91)  # past the limit: the clock's own timeout ends the wait
     placement = await asyncio.wait_for(task, 30)
     assert (placement.action, placement.reason) == (Action.WAIT, "gpu-busy")
     assert placement.waited_seconds >= 90

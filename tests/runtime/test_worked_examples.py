@@ -6,7 +6,7 @@ import pytest
 
 from kubemoot.runtime.cost import OptionKind
 from kubemoot.runtime.placement import Action
-from tests.runtime.builders import gpu, ticket
+from kubemoot.testing.state import gpu, ticket
 
 
 async def test_queue_at_15s_beats_unloading_a_wanted_32b_at_26_5s(make) -> None:

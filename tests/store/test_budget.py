@@ -10,36 +10,24 @@ from kubemoot.runtime.budget import (
     eviction_credit_mib,
     headroom_mib,
 )
-from kubemoot.store.documents import LoadedModel, ProviderState, Ticket, TicketState
+from kubemoot.store.documents import ProviderState, Ticket, TicketState
+from kubemoot.testing.state import GIB, NOW, provider_state
+from kubemoot.testing.state import ticket as ticket_of
 
-GIB = 1024
-NOW = 1000.0
 
-
-def state(total_gib: int | None, resident: dict[str, int] | None = None) -> ProviderState:
-    return ProviderState(
-        provider="p",
-        endpoint="http://p",
-        ready=True,
-        total_vram_mib=None if total_gib is None else total_gib * GIB + 1024,  # + reserve
-        reserve_mib=1024,
-        loaded_models=[LoadedModel(name=m, size_mib=g * GIB) for m, g in (resident or {}).items()],
+def state(usable_gib: int | None, resident: dict[str, int] | None = None) -> ProviderState:
+    return provider_state(
+        "p",
+        usable_mib=None if usable_gib is None else usable_gib * GIB,
+        loaded={m: g * GIB for m, g in (resident or {}).items()},
     )
 
 
 def ticket(
-    model: str, gib: int, *, evicts: dict[str, int] | None = None, expires_at: float = NOW + 60
+    model: str, gib: int, *, evicts: dict[str, int] | None = None, ttl_seconds: float = 60.0
 ) -> Ticket:
-    return Ticket(
-        ticket_id=f"{model}-{gib}-{sorted(evicts or {})}",
-        model=model,
-        model_footprint_mib=gib * GIB,
-        holder_id="h",
-        state=TicketState.LOADING,
-        started_at=NOW - 1,
-        expires_at=expires_at,
-        evicts={v: g * GIB for v, g in (evicts or {}).items()},
-    )
+    return ticket_of(model, footprint_gib=gib, evicts=evicts, state=TicketState.LOADING,
+                     age=1.0, ttl_seconds=ttl_seconds, holder_id="h")
 
 
 # usable is always the first argument of state() in GiB (the reserve is added on top)
@@ -53,7 +41,7 @@ def ticket(
         ("a loaded ticket is counted once, by residency",
          state(24, {"x": 20}), [ticket("x", 20)], 4, None, True),
         ("an expired ticket takes no room",
-         state(24), [ticket("x", 20, expires_at=NOW)], 24, None, True),
+         state(24), [ticket("x", 20, ttl_seconds=0.0)], 24, None, True),
         ("own victim gives credit", state(24, {"v": 20}), [], 20, {"v": 20}, True),
         ("victim credit is counted once across tickets",
          state(24, {"v": 20}), [ticket("x", 20, evicts={"v": 20})], 20, {"v": 20}, False),

@@ -139,7 +139,8 @@ async def test_close_ends_watches_and_later_calls_fail(store: StoreUnderTest) ->
     watch = bucket.watch()
     await watch.ready()
     waiting = asyncio.ensure_future(watch.__anext__())
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)  # one turn: the reader is waiting for the next change
+    assert not waiting.done()
     await store.kv.close()
     with pytest.raises(StopAsyncIteration):
         await asyncio.wait_for(waiting, 5)

@@ -10,6 +10,8 @@ import pytest
 from kubemoot.testing import nats_server
 from kubemoot.testing.nats_server import NatsServer, NatsServerError
 
+pytestmark = pytest.mark.nats  # every test here starts a real nats-server
+
 
 @pytest.fixture
 def taken_port() -> Iterator[int]:

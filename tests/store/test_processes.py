@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from kubemoot.runtime.tickets import ClaimRejected, TicketManager
 from kubemoot.store.keys import encode_token
+from kubemoot.testing.state import GIB, provider_state
 from tests.store.conftest import make_store
-from tests.store.test_tickets import GIB, PROVIDER, provider_state
+from tests.store.test_tickets import PROVIDER
 
 CLAIMER = str(Path(__file__).with_name("_claimer.py"))
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -37,6 +38,7 @@ def overcommits(intervals: list[tuple[float, float, int]], usable: int) -> int:
     return count
 
 
+@pytest.mark.slow
 @settings(max_examples=2, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
@@ -51,7 +53,9 @@ async def test_claimers_in_separate_processes_never_overcommit(
         tickets = await store.bucket("tickets")
         states = await store.bucket("states")
         usable = usable_gib * GIB
-        await states.put(encode_token(PROVIDER), provider_state(usable).to_json())
+        await states.put(
+            encode_token(PROVIDER), provider_state(PROVIDER, usable_mib=usable).to_json()
+        )
         processes = [
             await spawn(nats_url, tickets.name, states.name, "race", seed, 8,
                         *(f * GIB for f in footprints))
@@ -70,6 +74,7 @@ async def test_claimers_in_separate_processes_never_overcommit(
         await store.kv.close()
 
 
+@pytest.mark.slow
 async def test_a_sigkilled_holder_returns_memory_after_its_ttl_and_not_before(
     nats_url: str,
 ) -> None:
@@ -80,7 +85,9 @@ async def test_a_sigkilled_holder_returns_memory_after_its_ttl_and_not_before(
     try:
         tickets = await store.bucket("tickets")
         states = await store.bucket("states")
-        await states.put(encode_token(PROVIDER), provider_state(8 * GIB).to_json())
+        await states.put(
+            encode_token(PROVIDER), provider_state(PROVIDER, usable_mib=8 * GIB).to_json()
+        )
         holder = await spawn(nats_url, tickets.name, states.name, "hold", ttl, 8 * GIB)
         assert holder.stdout is not None
         line = await asyncio.wait_for(holder.stdout.readline(), 20)

@@ -15,7 +15,8 @@ from kubemoot.store.keys import encode_token
 from kubemoot.store.nats import NatsKV, NatsSettings
 from kubemoot.store.protocol import StoreError
 from kubemoot.testing.nats_server import NatsServer
-from tests.store.test_tickets import GIB, PROVIDER, provider_state
+from kubemoot.testing.state import GIB, provider_state
+from tests.store.test_tickets import PROVIDER
 
 
 @pytest.fixture
@@ -36,6 +37,7 @@ async def connect(server: NatsServer) -> NatsKV:
     return await NatsKV.connect(settings)
 
 
+@pytest.mark.slow
 async def test_clients_reconnect_claims_continue_and_watchers_resume(
     own_server: NatsServer,
 ) -> None:
@@ -49,7 +51,9 @@ async def test_clients_reconnect_claims_continue_and_watchers_resume(
             states = await kv.bucket("kubemoot_provider_state", max_age=600)
             managers.append(TicketManager(tickets, states, clock=clock, ttl_seconds=ttl,
                                           rng=random.Random(index)))
-        await states.put(encode_token(PROVIDER), provider_state(16 * GIB).to_json())
+        await states.put(
+            encode_token(PROVIDER), provider_state(PROVIDER, usable_mib=16 * GIB).to_json()
+        )
         watch = CapacityWatch(states, tickets, clock=clock)
         await watch.start()
 
@@ -88,7 +92,9 @@ async def test_clients_reconnect_claims_continue_and_watchers_resume(
         # the watcher resumed: a fresh change after the restart moves its counter
         for _ in range(20):
             seen = watch.counter
-            await states.put(encode_token(PROVIDER), provider_state(16 * GIB).to_json())
+            await states.put(
+                encode_token(PROVIDER), provider_state(PROVIDER, usable_mib=16 * GIB).to_json()
+            )
             try:
                 await watch.changed_since(seen, 0.5)
                 break

@@ -13,8 +13,9 @@ from kubemoot.runtime.tickets import ClaimRejected, TicketManager
 from kubemoot.sim.vloop import run_virtual
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
+from kubemoot.testing.state import GIB, provider_state
 from tests.store.conftest import StoreUnderTest
-from tests.store.test_tickets import GIB, PROVIDER, provider_state
+from tests.store.test_tickets import PROVIDER
 
 
 async def _two_managers(
@@ -22,7 +23,9 @@ async def _two_managers(
 ) -> tuple[TicketManager, TicketManager]:
     tickets = await store.bucket("tickets")
     states = await store.bucket("states")
-    await states.put(encode_token(PROVIDER), provider_state(usable_mib).to_json())
+    await states.put(
+        encode_token(PROVIDER), provider_state(PROVIDER, usable_mib=usable_mib).to_json()
+    )
     return tuple(  # type: ignore[return-value]
         TicketManager(tickets, states, clock=store.clock, rng=random.Random(seed),
                       line_seconds=line_seconds)
@@ -50,7 +53,7 @@ async def test_a_refusal_on_the_callers_state_and_the_cached_copy_is_decided_aga
     store: StoreUnderTest,
 ) -> None:
     mine, theirs = await _two_managers(store, 15 * GIB)
-    known = provider_state(15 * GIB)
+    known = provider_state(PROVIDER, usable_mib=15 * GIB)
     other = await theirs.claim(PROVIDER, "big", 10 * GIB, "other-process")
     small = await mine.claim(PROVIDER, "small", 1 * GIB, "this-process", provider_state=known)
     await mine.release(PROVIDER, small.ticket_id)
@@ -76,7 +79,9 @@ async def _manager_on_virtual_time(ttl: float) -> tuple[LoopClock, TicketManager
     kv = MemoryKV(clock)
     tickets = await kv.bucket("tickets")
     states = await kv.bucket("states")
-    await states.put(encode_token(PROVIDER), provider_state(16 * GIB).to_json())
+    await states.put(
+        encode_token(PROVIDER), provider_state(PROVIDER, usable_mib=16 * GIB).to_json()
+    )
     return clock, TicketManager(tickets, states, clock=clock, ttl_seconds=ttl,
                                 rng=random.Random(3))
 

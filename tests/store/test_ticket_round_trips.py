@@ -16,25 +16,14 @@ import pytest
 
 from kubemoot.clock import Clock
 from kubemoot.runtime.tickets import ClaimRejected, TicketManager
-from kubemoot.store.documents import LoadedModel, ProviderState
+from kubemoot.store.documents import ProviderState
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import Bucket, Entry, Watch
+from kubemoot.testing.state import GIB, provider_state
 from tests.store.conftest import StoreUnderTest
 
-GIB = 1024
 PROVIDER = "gpu-a"
 KEY = encode_token(PROVIDER)
-
-
-def state(usable_mib: int, resident: dict[str, int] | None = None) -> ProviderState:
-    return ProviderState(
-        provider=PROVIDER,
-        endpoint="http://gpu-a:11434",
-        ready=True,
-        total_vram_mib=usable_mib + 1024,
-        reserve_mib=1024,
-        loaded_models=[LoadedModel(name=m, size_mib=s) for m, s in (resident or {}).items()],
-    )
 
 
 class CountingBucket:
@@ -96,7 +85,7 @@ async def counted(store: StoreUnderTest) -> AsyncIterator[Setup]:
     states = CountingBucket(await store.bucket("states"))
     manager = TicketManager(tickets, states, clock=store.clock, rng=random.Random(3))
     setup = Setup(tickets, states, manager, store.clock)
-    await setup.publish(state(16 * GIB))
+    await setup.publish(provider_state(PROVIDER, usable_mib=16 * GIB))
     # One claim and release first: from then on the manager holds the document it wrote.
     ticket = await manager.claim(PROVIDER, "warm-up", GIB, "h")
     await manager.release(PROVIDER, ticket.ticket_id)
@@ -107,7 +96,7 @@ async def counted(store: StoreUnderTest) -> AsyncIterator[Setup]:
 async def test_with_the_callers_state_claim_and_release_are_one_write_each(
     counted: Setup,
 ) -> None:
-    known = state(16 * GIB)
+    known = provider_state(PROVIDER, usable_mib=16 * GIB)
     ticket = await counted.manager.claim(PROVIDER, "a", 4 * GIB, "h", provider_state=known)
     assert [t.ticket_id for t in await counted.manager.active(PROVIDER)] == [ticket.ticket_id]
     counted.reset()
@@ -146,8 +135,8 @@ async def test_a_refusal_on_the_callers_state_is_decided_again_on_a_fresh_read(
     granted: bool,
     state_reads: int,
 ) -> None:
-    await counted.publish(state(16 * GIB, published_resident))
-    known = state(16 * GIB, known_resident)
+    await counted.publish(provider_state(PROVIDER, usable_mib=16 * GIB, loaded=published_resident))
+    known = provider_state(PROVIDER, usable_mib=16 * GIB, loaded=known_resident)
     if granted:
         await counted.manager.claim(PROVIDER, "a", 4 * GIB, "h", provider_state=known)
         assert len(await counted.manager.active(PROVIDER)) == 1
@@ -163,8 +152,8 @@ async def test_a_lost_race_decides_again_on_the_stored_state(counted: Setup) -> 
     # and meanwhile a probe published that the card filled up.
     other = TicketManager(counted.tickets.inner, counted.states.inner, clock=counted.clock)
     await other.claim(PROVIDER, "small", 0, "other")
-    await counted.publish(state(16 * GIB, {"big": 14 * GIB}))
-    outdated = state(16 * GIB)  # what the caller saw before: an empty card
+    await counted.publish(provider_state(PROVIDER, usable_mib=16 * GIB, loaded={"big": 14 * GIB}))
+    outdated = provider_state(PROVIDER, usable_mib=16 * GIB)  # the caller saw an empty card
     with pytest.raises(ClaimRejected, match="does not fit"):
         await counted.manager.claim(PROVIDER, "a", 4 * GIB, "h", provider_state=outdated)
     assert counted.states.calls["get"] >= 1

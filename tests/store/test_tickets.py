@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from kubemoot.runtime.budget import budget_allows
 from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketGone, TicketManager
 from kubemoot.store.documents import (
-    LoadedModel,
     ProviderState,
     ProviderTickets,
     Ticket,
@@ -21,21 +20,10 @@ from kubemoot.store.documents import (
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryBucket
 from kubemoot.store.protocol import Bucket, Entry
+from kubemoot.testing.state import GIB, provider_state
 from tests.store.conftest import StoreUnderTest, make_store
 
-GIB = 1024
 PROVIDER = "gpu-a"
-
-
-def provider_state(usable_mib: int, resident: dict[str, int] | None = None) -> ProviderState:
-    return ProviderState(
-        provider=PROVIDER,
-        endpoint="http://gpu-a:11434",
-        ready=True,
-        total_vram_mib=usable_mib + 1024,
-        reserve_mib=1024,
-        loaded_models=[LoadedModel(name=m, size_mib=s) for m, s in (resident or {}).items()],
-    )
 
 
 async def setup(
@@ -48,7 +36,8 @@ async def setup(
 ) -> tuple[TicketManager, Bucket, Bucket]:
     tickets = await store.bucket("tickets")
     states = await store.bucket("states")
-    await states.put(encode_token(PROVIDER), provider_state(usable_mib, resident).to_json())
+    state = provider_state(PROVIDER, usable_mib=usable_mib, loaded=resident)
+    await states.put(encode_token(PROVIDER), state.to_json())
     manager = TicketManager(
         tickets, states, clock=store.clock, ttl_seconds=ttl, max_attempts=max_attempts,
         rng=random.Random(7),
@@ -241,7 +230,7 @@ async def test_claim_conflict_after_bounded_attempts() -> None:
     store = await make_store("memory", None)
     tickets = await store.kv.bucket("tickets")
     states = await store.kv.bucket("states")
-    await states.put(encode_token(PROVIDER), provider_state(8 * GIB).to_json())
+    await states.put(encode_token(PROVIDER), provider_state(PROVIDER, usable_mib=8 * GIB).to_json())
     await tickets.put(encode_token(PROVIDER), ProviderTickets(provider=PROVIDER).to_json())
     rival = RivalBucket(tickets)  # type: ignore[arg-type]
     manager = TicketManager(rival, states, clock=store.clock, max_attempts=3)  # type: ignore[arg-type]
@@ -260,7 +249,7 @@ async def race(store: StoreUnderTest, usable: int, footprints: list[int], manage
     """
     tickets = await store.bucket("tickets")
     states = await store.bucket("states")
-    state = provider_state(usable)
+    state = provider_state(PROVIDER, usable_mib=usable)
     await states.put(encode_token(PROVIDER), state.to_json())
     watch = tickets.watch()
     await watch.ready()
@@ -352,7 +341,8 @@ async def test_racing_claimers_never_overcommit_nats(
     try:
         tickets = await stores[0].bucket("tickets")
         states = await stores[0].bucket("states")
-        await states.put(encode_token(PROVIDER), provider_state(usable).to_json())
+        state = provider_state(PROVIDER, usable_mib=usable)
+        await states.put(encode_token(PROVIDER), state.to_json())
         pool = [
             TicketManager(await s.kv.bucket(tickets.name), await s.kv.bucket(states.name),
                           clock=s.clock, rng=random.Random(i), max_attempts=50)

@@ -20,14 +20,14 @@ from kubemoot.clock import Clock
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime.builder import Runtime, build_runtime
 from kubemoot.runtime.capacity import CapacityWatch
-from kubemoot.runtime.demand import DEMAND_MAX_AGE_SECONDS, DemandBoard
+from kubemoot.runtime.demand import DemandBoard
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
 from kubemoot.store.protocol import KV, Bucket
 
-__all__ = ["DEMAND_MAX_AGE_SECONDS", "RuntimeStack", "build_stack"]
+__all__ = ["RuntimeStack", "build_stack"]
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ import typer
 
 from kubemoot.api.errors import InputError
 from kubemoot.cli._common import app, check_host, err_console, listen_error
+from kubemoot.runtime.settings import DEFAULTS
 
 if TYPE_CHECKING:
     from kubemoot.providers.emulator import OllamaEmulator
@@ -27,7 +28,7 @@ def emulate_command(
                                      help="Parallel slots per loaded model."),
     context_length: int = typer.Option(4096, "--context-length", min=1,
                                        help="Default per-slot context (tokens)."),
-    load_rate_mibps: float = typer.Option(1024.0, "--load-rate-mibps", min=0.001,
+    load_rate_mibps: float = typer.Option(DEFAULTS.load_rate_mibps, "--load-rate-mibps", min=0.001,
                                           help="Model load speed in MiB/s."),
     time_scale: float = typer.Option(1.0, "--time-scale", min=0.0,
                                      help="Multiplies every emulated delay."),

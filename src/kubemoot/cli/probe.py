@@ -23,6 +23,7 @@ import typer
 from kubemoot.api.errors import InputError
 from kubemoot.cli._common import OutputFormat as _DataFormat
 from kubemoot.cli._common import add_name_column, app, console, emit_data
+from kubemoot.runtime.settings import DEFAULTS
 
 if TYPE_CHECKING:
     from kubemoot.store.documents import ProviderState
@@ -69,7 +70,8 @@ def probe_command(
     ),
     reserve_mib: list[str] = typer.Option(
         [], "--reserve-mib", metavar="[NAME=]MiB",
-        help="VRAM kept free (default: the runtime's reserve, 1024). " + PER_PROVIDER,
+        help=f"VRAM kept free (default: the runtime's reserve, {DEFAULTS.reserve_mib}). "
+        + PER_PROVIDER,
     ),
     dcgm: list[str] = typer.Option(
         [], "--dcgm", metavar="[NAME=]URL",

@@ -30,9 +30,9 @@ from pydantic import ValidationError
 
 from kubemoot.clock import Clock
 from kubemoot.dashboard.calllog import CALL_LOG_BUCKET, CALL_LOG_MAX_AGE_SECONDS, CallEntry
-from kubemoot.runtime.demand import DEMAND_MAX_AGE_SECONDS
 from kubemoot.store.documents import (
     MODEL_DEMAND_BUCKET,
+    MODEL_DEMAND_MAX_AGE_SECONDS,
     PROVIDER_STATE_BUCKET,
     PROVIDER_TICKETS_BUCKET,
     DemandEntry,
@@ -107,7 +107,7 @@ class FleetView:
         buckets = [
             await self._kv.bucket(PROVIDER_STATE_BUCKET),
             await self._kv.bucket(PROVIDER_TICKETS_BUCKET),
-            await self._kv.bucket(MODEL_DEMAND_BUCKET, max_age=DEMAND_MAX_AGE_SECONDS),
+            await self._kv.bucket(MODEL_DEMAND_BUCKET, max_age=MODEL_DEMAND_MAX_AGE_SECONDS),
             await self._kv.bucket(CALL_LOG_BUCKET, max_age=CALL_LOG_MAX_AGE_SECONDS),
         ]
         self._buckets = buckets

@@ -5,8 +5,9 @@ Rules, applied here and nowhere else:
 * every gate is evaluated for every candidate, so the record explains each failure
   (``stop_at_first_fail=True`` skips the remaining gates of a failed candidate on
   hot paths);
-* a candidate is *feasible* iff every gate PASSes; any FAIL makes it *hard-failed*
-  (even when another gate is UNKNOWN); otherwise any UNKNOWN/STALE makes it
+* a candidate's standing is :func:`~kubemoot.gates.results.standing` of its results:
+  *feasible* iff every gate admits (PASS, or an UNKNOWN its gate declared admitting);
+  any FAIL makes it *hard-failed* (even when another gate is UNKNOWN); otherwise it is
   *uncertain*. UNKNOWN and STALE are never coerced to PASS;
 * scores are computed for feasible candidates only, so a failed candidate never
   competes however high its score would be; weights are applied here, and a scorer
@@ -24,14 +25,13 @@ from typing import Any, TypeVar
 
 from kubemoot.gates.protocols import Gate, Scorer, Weighted
 from kubemoot.gates.record import CandidateResult, DecisionRecord
-from kubemoot.gates.results import GateResult, Outcome, Standing, Verdict
+from kubemoot.gates.results import GateResult, Outcome, Standing, Verdict, standing
 
 __all__ = ["ScoreRangeError", "default_recheck_triggers", "evaluate"]
 
 C = TypeVar("C")
 
 _FAIL = Verdict.FAIL
-_PASS = Verdict.PASS
 _SCORE_DIGITS = 9  # totals are rounded so that sums of equal terms tie exactly
 
 
@@ -71,27 +71,19 @@ def evaluate(
         if cid in results:
             raise ValueError(f"duplicate candidate id {cid!r}")
         checked: list[GateResult] = []
-        failed = unresolved = False
         for gate in gates:
             result = gate.check(candidate)
             checked.append(result)
-            verdict = result.result
-            if verdict is _FAIL:
-                failed = True
-                if stop_at_first_fail:
-                    break
-            elif verdict is not _PASS:
-                unresolved = True
-        if failed:
-            standing = Standing.HARD_FAILED
+            if stop_at_first_fail and result.result is _FAIL:
+                break
+        where = standing(checked)
+        if where is Standing.HARD_FAILED:
             hard_failed.append(cid)
-        elif unresolved:
-            standing = Standing.UNCERTAIN
+        elif where is Standing.UNCERTAIN:
             uncertain.append(cid)
         else:
-            standing = Standing.FEASIBLE
             feasible.append((cid, candidate))
-        results[cid] = CandidateResult(cid, standing, tuple(checked))
+        results[cid] = CandidateResult(cid, where, tuple(checked))
 
     scores: dict[str, float] = {}
     breakdown: dict[str, dict[str, float]] = {}

@@ -28,8 +28,8 @@ class CandidateResult:
 
     @property
     def unresolved(self) -> tuple[GateResult, ...]:
-        """The gates that are UNKNOWN or STALE: what the candidate waits on."""
-        return tuple(g for g in self.gates if g.result in (Verdict.UNKNOWN, Verdict.STALE))
+        """The UNKNOWN or STALE gates that do not admit: what the candidate waits on."""
+        return tuple(g for g in self.gates if g.waits)
 
     def gate(self, name: str) -> GateResult | None:
         """The result of the named gate, or None when it was not evaluated."""

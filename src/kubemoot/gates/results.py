@@ -9,18 +9,23 @@ A gate is not a boolean. Four verdicts keep "violated" apart from "not known yet
 
 UNKNOWN and STALE are never treated as PASS: they make a candidate *uncertain*,
 which is what lets a decision say DEFER ("not known yet") instead of
-UNSCHEDULABLE ("impossible").
+UNSCHEDULABLE ("impossible"). The one exception is declared by the gate itself, on
+the result: an UNKNOWN with ``admits_unknown`` set lets the candidate through (the
+per-call context gate: a context nobody published never refuses a call).
+
+:func:`standing` is the one rule that turns a candidate's results into its
+:class:`Standing`; the engine, the operator's tables and the runtime's record all use it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["GateResult", "Outcome", "Standing", "Verdict"]
+__all__ = ["GateResult", "Outcome", "Standing", "Verdict", "standing"]
 
 # One shared, read-only empty mapping: most PASS results carry little evidence and
 # the operator-side scheduler creates results by the hundred thousand.
@@ -66,7 +71,8 @@ class GateResult:
 
     ``evidence`` holds the facts the verdict rests on (which field, which value,
     what was required) as JSON-ready data; ``observed_at`` is when that evidence
-    was observed (RFC 3339), if known.
+    was observed (RFC 3339), if known. ``admits_unknown`` (UNKNOWN only) says that
+    the missing evidence does not hold the candidate back: it stays feasible.
     """
 
     gate: str
@@ -74,6 +80,14 @@ class GateResult:
     reason: str
     evidence: Mapping[str, Any] = field(default_factory=lambda: _NO_EVIDENCE)
     observed_at: str | None = None
+    admits_unknown: bool = False
+
+    def __post_init__(self) -> None:
+        if self.admits_unknown and self.result is not Verdict.UNKNOWN:
+            raise ValueError(
+                f"gate {self.gate!r}: admits_unknown is for an UNKNOWN result, "
+                f"not {self.result.value}"
+            )
 
     @classmethod
     def pass_(
@@ -98,10 +112,20 @@ class GateResult:
 
     @classmethod
     def unknown(
-        cls, gate: str, reason: str, *, observed_at: str | None = None, **evidence: Any
+        cls,
+        gate: str,
+        reason: str,
+        *,
+        observed_at: str | None = None,
+        admits: bool = False,
+        **evidence: Any,
     ) -> GateResult:
-        """An UNKNOWN: the evidence the gate needs is absent."""
-        return cls(gate, Verdict.UNKNOWN, reason, evidence or _NO_EVIDENCE, observed_at)
+        """An UNKNOWN: the evidence the gate needs is absent.
+
+        ``admits=True`` when the gate's policy is that this absence lets the candidate
+        through (see :attr:`admits_unknown`).
+        """
+        return cls(gate, Verdict.UNKNOWN, reason, evidence or _NO_EVIDENCE, observed_at, admits)
 
     @classmethod
     def stale(
@@ -115,6 +139,16 @@ class GateResult:
         """True only for PASS; UNKNOWN and STALE are not a pass."""
         return self.result is Verdict.PASS
 
+    @property
+    def admits(self) -> bool:
+        """Does this result let the candidate through: a PASS, or an admitting UNKNOWN."""
+        return self.result is Verdict.PASS or self.admits_unknown
+
+    @property
+    def waits(self) -> bool:
+        """An UNKNOWN or STALE that does not admit: evidence the candidate waits on."""
+        return not self.admits and self.result is not Verdict.FAIL
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, camelCase: ``{result, reason, evidence, observedAt?}``."""
         data: dict[str, Any] = {
@@ -125,6 +159,22 @@ class GateResult:
         if self.observed_at is not None:
             data["observedAt"] = self.observed_at
         return data
+
+
+def standing(results: Iterable[GateResult]) -> Standing:
+    """Where a candidate stands after these results: the one standing rule.
+
+    Any FAIL makes it hard-failed (even beside an UNKNOWN); otherwise any result that
+    does not admit (STALE, or an UNKNOWN without ``admits_unknown``) makes it
+    uncertain; otherwise, including with no results at all, it is feasible.
+    """
+    uncertain = False
+    for result in results:
+        if result.result is Verdict.FAIL:
+            return Standing.HARD_FAILED
+        if not uncertain and not result.admits:
+            uncertain = True
+    return Standing.UNCERTAIN if uncertain else Standing.FEASIBLE
 
 
 def jsonable(value: Any) -> Any:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from kubemoot.clock import Clock
+from kubemoot.runtime.settings import DEFAULTS
 
 MIB = 1024 * 1024
 
@@ -66,6 +67,10 @@ DEFAULT_MODELS: tuple[EmulatedModel, ...] = (
 )
 
 
+#: Ollama's default keep-alive: an idle model stays loaded this long.
+OLLAMA_KEEP_ALIVE_SECONDS = 300.0
+
+
 @dataclass(slots=True)
 class EmulatorConfig:
     """Everything the emulated engine does is decided by these numbers."""
@@ -74,12 +79,12 @@ class EmulatorConfig:
     vram_mib: int = 24576
     num_parallel: int = 1
     context_length: int = 4096
-    load_rate_mibps: float = 1024.0
+    load_rate_mibps: float = DEFAULTS.load_rate_mibps  # what the runtime assumes, too
     base_latency_s: float = 0.5  # per generation, before tokens
     per_token_s: float = 0.02  # per generated token
     prompt_per_token_s: float = 0.0  # per prompt token evaluated
     time_scale: float = 1.0  # multiplies every real wait (0.01 makes tests fast)
-    keep_alive_s: float = 300.0  # Ollama's default keep-alive
+    keep_alive_s: float = OLLAMA_KEEP_ALIVE_SECONDS
     max_queue: int = 512  # Ollama's OLLAMA_MAX_QUEUE default
     chars_per_token: float = 4.0  # the emulator's deterministic tokenizer
     embedding_length: int = 384  # dimensions of every emulated embedding

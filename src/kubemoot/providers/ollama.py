@@ -45,7 +45,7 @@ from kubemoot.providers.protocol import (
     ProviderTimeout,
     ProviderUnavailable,
 )
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
 
 __all__ = ["MAX_RESPONSE_BYTES", "OllamaProvider", "parse_endpoint"]
 
@@ -216,7 +216,7 @@ class OllamaProvider:
         *,
         context_length: int | None = None,
         num_parallel: int = 1,
-        reserve_mib: int = 1024,
+        reserve_mib: int = DEFAULTS.reserve_mib,
         total_vram_mib: int | None = None,
         timeout: float = 120.0,
         deadline: float | None = None,

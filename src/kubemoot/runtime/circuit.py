@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from kubemoot.clock import Clock
+from kubemoot.runtime.settings import DEFAULTS
 
 
 class CircuitState(StrEnum):
@@ -37,7 +38,13 @@ class _Circuit:
 class CircuitBreakers:
     """One breaker per provider name."""
 
-    def __init__(self, *, clock: Clock, threshold: int = 3, cooldown_seconds: float = 30.0) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        threshold: int = DEFAULTS.circuit_failure_threshold,
+        cooldown_seconds: float = DEFAULTS.circuit_cooldown_seconds,
+    ) -> None:
         if threshold < 1:
             raise ValueError("threshold must be at least 1")
         self._clock = clock

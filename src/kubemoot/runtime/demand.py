@@ -24,14 +24,15 @@ from collections.abc import Sequence
 
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
+from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.runtime.snapshot import DemandSnapshot, ModelDemand
-from kubemoot.store.documents import DemandEntry, SelectionEntry
+from kubemoot.store.documents import MODEL_DEMAND_MAX_AGE_SECONDS, DemandEntry, SelectionEntry
 from kubemoot.store.keys import decode_token, join_key
 from kubemoot.store.protocol import Bucket
 
 __all__ = ["DEMAND_MAX_AGE_SECONDS", "DemandBoard"]
 
-DEMAND_MAX_AGE_SECONDS = 6 * 3600.0  # the demand bucket's max age (DESIGN §6)
+DEMAND_MAX_AGE_SECONDS = MODEL_DEMAND_MAX_AGE_SECONDS  # the bucket's max age (DESIGN §6)
 
 WAIT = "wait"
 INTENT = "intent"
@@ -53,10 +54,10 @@ class DemandBoard:
         bucket: Bucket,
         *,
         clock: Clock,
-        wait_ttl_seconds: float = 180.0,
-        intent_ttl_seconds: float = 180.0,
-        use_window_seconds: float = 300.0,
-        selection_ttl_seconds: float = 3600.0,
+        wait_ttl_seconds: float = DEFAULTS.demand_wait_ttl_seconds,
+        intent_ttl_seconds: float = DEFAULTS.demand_intent_ttl_seconds,
+        use_window_seconds: float = DEFAULTS.demand_use_window_seconds,
+        selection_ttl_seconds: float = DEFAULTS.selection_window_seconds,
     ) -> None:
         self._bucket = bucket
         self._clock = clock

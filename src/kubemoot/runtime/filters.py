@@ -8,15 +8,16 @@ Per (provider, model) pair:
 * a **cold** load is feasible when the provider is ready, its circuit is closed,
   usable ≥ occupancy, occupancy + resident ≤ usable, and the context holds the prompt.
 
-The context gate says UNKNOWN when nobody published a context; an unknown context
-admits the call (the spec: it never refuses one). Every other gate must PASS.
+The context gate says UNKNOWN when nobody published a context, and marks that result
+``admits_unknown``: an unknown context admits the call (the spec: it never refuses
+one). Which standing a list of results gives is the gates package's one rule.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kubemoot.gates.results import GateResult, Verdict
+from kubemoot.gates.results import GateResult, Standing, standing
 from kubemoot.runtime.snapshot import ProviderSnapshot
 
 READY = "ready"
@@ -28,11 +29,8 @@ FIT = "fit"
 
 
 def feasible(results: Sequence[GateResult]) -> bool:
-    """All gates PASS, except that an UNKNOWN context admits."""
-    return all(
-        r.result is Verdict.PASS or (r.gate == CONTEXT and r.result is Verdict.UNKNOWN)
-        for r in results
-    )
+    """Do these results leave the option feasible (by the gates' standing rule)?"""
+    return standing(results) is Standing.FEASIBLE
 
 
 def ready_gate(p: ProviderSnapshot) -> GateResult:
@@ -55,7 +53,7 @@ def context_gate(p: ProviderSnapshot, model: str, prompt_tokens: int | None) -> 
     if context is None:
         return GateResult.unknown(
             CONTEXT, "context not published; an unknown context admits the call",
-            promptTokens=prompt_tokens,
+            admits=True, promptTokens=prompt_tokens,
         )
     if prompt_tokens <= context:
         return GateResult.pass_(

@@ -1,16 +1,23 @@
 """Per-endpoint call latency: an exponentially weighted average of observed calls.
 
 The queue cost needs "how long does a call here take"; before any call on an
-endpoint was observed the settings' default (30 s) stands in.
+endpoint was observed the settings' default stands in.
 """
 
 from __future__ import annotations
+
+from kubemoot.runtime.settings import DEFAULTS
 
 
 class LatencyTracker:
     """Call-latency EMA per endpoint (or provider name; the caller picks the key)."""
 
-    def __init__(self, *, alpha: float = 0.3, default_seconds: float = 30.0) -> None:
+    def __init__(
+        self,
+        *,
+        alpha: float = DEFAULTS.latency_ema_alpha,
+        default_seconds: float = DEFAULTS.default_latency_seconds,
+    ) -> None:
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
         self._alpha = alpha

@@ -44,10 +44,6 @@ from kubemoot.store.protocol import Bucket, StoreError
 
 log = logging.getLogger(__name__)
 
-#: How many of the cheapest copies and tightest cold fits a placement lists when it is
-#: not explaining itself (the rest cannot win while these stand).
-_SHORTLIST = 3
-
 _ACTION_OF = {
     OptionKind.WARM: Action.WARM,
     OptionKind.LOADING: Action.LOADING,
@@ -262,7 +258,7 @@ class CallPlanner:
         when nothing cheaper than their floor — load(M) plus one unload — was found.
         """
         preferred = models[0]
-        limit = None if explain else _SHORTLIST
+        limit = None if explain else self.settings.copy_shortlist
         options = [
             rnd.cost.priced_queue(o) for m in models
             for o in self.selector.copy_options(rnd, m, free_slot=False, limit=limit)

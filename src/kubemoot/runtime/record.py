@@ -1,7 +1,8 @@
 """The decision record of one per-call placement (capability-aware record v1).
 
 Candidates are ``provider/model`` pairs (and ``provider/model (unload)`` for eviction
-plans) with the gate results the filters produced. The "score" of a feasible candidate
+plans) with the gate results the filters produced; each candidate's standing comes from the
+gates' one rule (:func:`kubemoot.gates.standing`). The "score" of a feasible candidate
 is its cost in seconds — lower wins — so the ranked list reads cheapest first.
 """
 
@@ -10,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from kubemoot.gates.record import CandidateResult, DecisionRecord
-from kubemoot.gates.results import GateResult, Outcome, Standing, Verdict
-from kubemoot.runtime import filters
+from kubemoot.gates.results import GateResult, Outcome, Standing, standing
 from kubemoot.runtime.cost import Option, OptionKind
 
 SCHEDULER_VERSION = "kubemoot-runtime/0.1"
@@ -28,14 +28,6 @@ def option_id(option: Option) -> str:
     return f"{option.provider}/{option.model}{suffix}"
 
 
-def _standing(results: Sequence[GateResult]) -> Standing:
-    if filters.feasible(results):
-        return Standing.FEASIBLE
-    if any(r.result is Verdict.FAIL for r in results):
-        return Standing.HARD_FAILED
-    return Standing.UNCERTAIN
-
-
 def build_record(
     *,
     subject: str,
@@ -46,7 +38,7 @@ def build_record(
     reason: str,
 ) -> DecisionRecord:
     candidates = {
-        cid: CandidateResult(cid, _standing(results), tuple(results))
+        cid: CandidateResult(cid, standing(results), tuple(results))
         for cid, results in gates.items()
     }
     ranked = tuple(dict.fromkeys(option_id(o) for o in options))

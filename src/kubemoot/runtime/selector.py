@@ -24,10 +24,6 @@ from kubemoot.store.documents import ProviderState, Ticket, TicketState
 
 VICTIMS = "victims"
 
-#: How many of the cheapest options of one kind a placement lists (and tries to claim)
-#: when it is not explaining itself: the rest could only win if all of these went away.
-_SHORTLIST = 3
-
 ClaimCheck = Callable[[ProviderState | None, list[Ticket], float], bool]
 
 
@@ -248,7 +244,8 @@ class ProviderSelector:
         self, rnd: Round, model: str, holder_id: str, *, state: TicketState = TicketState.RUNNING
     ) -> Claim | None:
         """Share a warm (resident or loading) copy with a free slot, cheapest first."""
-        for option in self.copy_options(rnd, model, free_slot=True, limit=_SHORTLIST):
+        shortlist = rnd.cost.settings.copy_shortlist
+        for option in self.copy_options(rnd, model, free_slot=True, limit=shortlist):
             claim = await self.claim(rnd, option, holder_id, state=state)
             if claim is not None:
                 return claim

@@ -4,7 +4,11 @@ The per-call runtime's defaults are DESIGN §5's. The process-level ones (how lo
 first connection may take, how long a shutdown may take, the dashboard's limits) live
 here too, so a deployment changes any of them the same way: every entry point calls
 :meth:`RuntimeSettings.from_env`, which reads the ``KUBEMOOT_*`` variable named in
-:data:`ENV_VARIABLES` for each field.
+:data:`ENV_VARIABLES` for each field. This is the only home of each default (DESIGN
+§10): a class or command-line option elsewhere that takes one of these numbers reads
+its default from :data:`DEFAULTS`, never repeats it. The reserve is the one exception,
+because the resource API (which imports nothing of ours) needs it too: its home is
+:data:`kubemoot.api.provider.DEFAULT_RESERVE_MIB`.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
 from kubemoot.api.errors import InputError
+from kubemoot.api.provider import DEFAULT_RESERVE_MIB
 
 MIB_PER_GIB = 1024
 
@@ -32,7 +37,7 @@ class RuntimeSettings:
     latency_ema_alpha: float = 0.3
     #: VRAM kept back per provider (CUDA context, fragmentation) when a provider
     #: does not say its own.
-    reserve_mib: int = 1024
+    reserve_mib: int = DEFAULT_RESERVE_MIB
     #: Candidates whose score is at least preferred − tolerance may be used warm.
     candidate_tolerance: float = 10.0
     #: How much a queue's price counts the other calls expected for the same model
@@ -41,6 +46,12 @@ class RuntimeSettings:
     queue_demand_weight: float = 1.0
     #: A ticket not released by its holder is reclaimed after this long.
     ticket_ttl_seconds: float = 180.0
+    #: A waiter or an intent on the demand board that its agent stops renewing lapses
+    #: after this long.
+    demand_wait_ttl_seconds: float = 180.0
+    demand_intent_ttl_seconds: float = 180.0
+    #: Recent use of a model decays with this time constant (e^(−age/window)).
+    demand_use_window_seconds: float = 300.0
     #: How long a read of provider state and tickets is reused (absorbs fan-out bursts).
     state_cache_seconds: float = 0.2
     #: How often the list of providers is re-read (a listing costs more than reads of
@@ -74,6 +85,10 @@ class RuntimeSettings:
     claim_line_seconds: float = 5.0
     #: Prompt size assumed when a call is planned before its prompt exists.
     assumed_prompt_tokens: int = 2048
+    #: How many of the cheapest options of one kind (warm copies, tightest cold fits) a
+    #: placement lists and tries when it is not explaining itself: the rest could only
+    #: win if all of these went away.
+    copy_shortlist: int = 3
 
     # -- the process around the runtime ------------------------------------------------
 
@@ -139,6 +154,10 @@ def _parse(name: str, text: str, *, whole: bool) -> float | int:
     if value < 0 or value != value:  # NaN compares unequal to itself
         raise InputError(f"must not be negative, got {text!r}", field=name)
     return value
+
+
+#: The defaults, for code that takes one of these numbers as a parameter of its own.
+DEFAULTS = RuntimeSettings()
 
 
 #: The variable of each setting. Two keep the names the spec gives them; the rest are

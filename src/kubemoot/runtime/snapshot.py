@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from kubemoot.runtime.budget import usable_mib
+from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.store.documents import ProviderState, Ticket, TicketState
 
 
@@ -21,7 +22,7 @@ class ProviderSnapshot:
 
     state: ProviderState
     tickets: tuple[Ticket, ...] = ()  # active (unexpired) at the snapshot's time
-    latency_seconds: float = 30.0
+    latency_seconds: float = DEFAULTS.default_latency_seconds
     circuit_open: bool = False
     # Derived once: a placement asks these questions for every provider and model.
     _residents: dict[str, int] = field(default_factory=dict, repr=False, compare=False)

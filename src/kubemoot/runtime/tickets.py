@@ -51,7 +51,7 @@ from kubemoot.clock import Clock
 from kubemoot.runtime import faults
 from kubemoot.runtime.budget import budget_allows, headroom_mib
 from kubemoot.runtime.lease import Lease
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.store.documents import (
     LineEntry,
     ProviderState,
@@ -147,8 +147,8 @@ class TicketManager:
         states: Bucket,
         *,
         clock: Clock,
-        ttl_seconds: float = 180.0,
-        max_attempts: int = 8,
+        ttl_seconds: float = DEFAULTS.ticket_ttl_seconds,
+        max_attempts: int = DEFAULTS.claim_attempts,
         rng: random.Random | None = None,
         backoff_base_seconds: float = 0.001,
         backoff_cap_seconds: float = 0.05,
@@ -156,7 +156,7 @@ class TicketManager:
     ) -> None:
         self._tickets = tickets
         self.line_seconds = (
-            line_seconds if line_seconds is not None else RuntimeSettings().claim_line_seconds
+            line_seconds if line_seconds is not None else DEFAULTS.claim_line_seconds
         )
         self._states = states
         self._clock = clock

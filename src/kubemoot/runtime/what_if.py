@@ -41,7 +41,7 @@ from kubemoot.runtime.builder import build_runtime
 from kubemoot.runtime.demand import DemandBoard
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.placement import Candidate, Placement
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
 from kubemoot.runtime.snapshot import FleetSnapshot, ProviderSnapshot
 from kubemoot.store.documents import (
     DemandEntry,
@@ -70,11 +70,13 @@ class _Part(BaseModel):
 
 
 class SnapshotSettings(_Part):
-    load_rate_mibps: Rate = Field(1024.0, gt=0, alias="loadRateMiBps")
-    unload_seconds: Seconds = Field(1.0, alias="unloadSeconds")
-    default_latency_seconds: Seconds = Field(30.0, alias="defaultLatencySeconds")
-    reserve_mib: Mib = Field(1024, alias="reserveMiB")
-    candidate_tolerance: Seconds = Field(10.0, alias="candidateTolerance")
+    load_rate_mibps: Rate = Field(DEFAULTS.load_rate_mibps, gt=0, alias="loadRateMiBps")
+    unload_seconds: Seconds = Field(DEFAULTS.unload_seconds, alias="unloadSeconds")
+    default_latency_seconds: Seconds = Field(
+        DEFAULTS.default_latency_seconds, alias="defaultLatencySeconds"
+    )
+    reserve_mib: Mib = Field(DEFAULTS.reserve_mib, alias="reserveMiB")
+    candidate_tolerance: Seconds = Field(DEFAULTS.candidate_tolerance, alias="candidateTolerance")
 
 
 class DeclaredModel(_Part):
@@ -367,9 +369,10 @@ async def _write_demand(
             last = _epoch(need.last_used_at) if need.last_used_at is not None else now
             # Stored so that the board's decay brings it back to exactly recentUse now.
             count = need.recent_use * math.exp((now - last) / board.use_window_seconds)
-            entry = DemandEntry(expires_at=now + 3600.0, count=count, last_used_at=last)
+            entry = DemandEntry(expires_at=now + board.selection_ttl_seconds, count=count,
+                                last_used_at=last)
             await bucket.put(join_key("use", model), entry.to_json())
         if need.prediction > 0:
-            selection = SelectionEntry(expires_at=now + 3600.0, models=[model],
+            selection = SelectionEntry(expires_at=now + board.selection_ttl_seconds, models=[model],
                                        frequency=need.prediction)
             await bucket.put(join_key("sel", f"snapshot/forecast-{model}"), selection.to_json())

@@ -32,7 +32,16 @@ from typing import Any
 
 from kubemoot import __version__
 from kubemoot.api import SchedulerSettings, SchedulingRule
-from kubemoot.gates import DecisionRecord, Gate, GateResult, Verdict, Weighted, evaluate
+from kubemoot.gates import (
+    DecisionRecord,
+    Gate,
+    GateResult,
+    Standing,
+    Verdict,
+    Weighted,
+    evaluate,
+    standing,
+)
 from kubemoot.scheduling.candidate import Placement, stale_age
 from kubemoot.scheduling.plugins import (
     GATES,
@@ -45,9 +54,6 @@ from kubemoot.scheduling.plugins import (
     agent_limit,
 )
 from kubemoot.scheduling.tables import (
-    FAILED,
-    FEASIBLE,
-    UNCERTAIN,
     ModelIndex,
     ProviderFacts,
     ProviderTier,
@@ -57,25 +63,20 @@ from kubemoot.scheduling.tables import (
     RuleTable,
     quality_function,
     quality_signature,
-    standing_of,
     tie_break,
 )
 
 __all__ = [
     "AGENT_GATES",
-    "FAILED",
-    "FEASIBLE",
     "PROVIDER_GATES",
     "SCHEDULER_VERSION",
     "SCORING_POLICY_VERSION",
-    "UNCERTAIN",
     "Framework",
     "ProviderFacts",
     "ProviderTier",
     "Ranked",
     "Ranking",
     "RuleTable",
-    "standing_of",
     "tie_break",
 ]
 
@@ -148,11 +149,11 @@ class Framework:
         # by its own report is agent-independent; later bindings can only add FAILs.
         base_parallelism = ParallelismGate.from_args(self.args(max_age_seconds=max_age_seconds))
         results: dict[str, tuple[GateResult, ...]] = {}
-        standing: dict[str, int] = {}
+        standings: dict[str, Standing] = {}
         for placement in self.placements:
             checked = tuple(gate.check(placement) for gate in gates)
             results[placement.name] = checked
-            standing[placement.name] = standing_of((*checked, base_parallelism.check(placement)))
+            standings[placement.name] = standing((*checked, base_parallelism.check(placement)))
         facts: dict[str, ProviderFacts] = {}
         for placement in self.placements:
             provider = placement.provider
@@ -165,21 +166,21 @@ class Framework:
         first_fail = {
             name: next(r for r in checked if r.result is _FAIL)
             for name, checked in results.items()
-            if standing[name] == FAILED and any(r.result is _FAIL for r in checked)
+            if standings[name] is Standing.HARD_FAILED and any(r.result is _FAIL for r in checked)
         }
         index = self.index
         feasible_by_set: list[list[int]] = [[] for _ in index.label_sets]
         uncertain_by_set: list[list[int]] = [[] for _ in index.label_sets]
         for position, name in enumerate(index.names):
-            state = standing[name]
-            if state == FEASIBLE:
+            state = standings[name]
+            if state is Standing.FEASIBLE:
                 feasible_by_set[index.set_of[position]].append(position)
-            elif state == UNCERTAIN:
+            elif state is Standing.UNCERTAIN:
                 uncertain_by_set[index.set_of[position]].append(position)
         tier = ProviderTier(
             max_age_seconds,
             results,
-            standing,
+            standings,
             facts,
             first_fail,
             feasible_by_set,

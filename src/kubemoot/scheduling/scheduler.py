@@ -55,7 +55,6 @@ from kubemoot.scheduling.warnings import snapshot_warnings
 
 __all__ = ["PolicyPlan", "SchedulingPass", "schedule_agent", "schedule_bundle"]
 
-_UNRESOLVED = (Verdict.UNKNOWN, Verdict.STALE)
 #: Outcome, reason and (for UNSCHEDULABLE) the FailedScheduling message of an unplaced phase.
 _Unplaced = tuple[Outcome, str, str | None]
 _ORDER = {name: index for index, name in enumerate(GATES)}
@@ -362,7 +361,7 @@ class SchedulingPass:
                 continue
             results = list(tier.results[placement.name])
             results.insert(PROVIDER_GATES.index("VRAM") + 1, parallelism.check(placement))
-            waits.append((placement.name, [r for r in results if r.result in _UNRESOLVED]))
+            waits.append((placement.name, [r for r in results if r.waits]))
         if waits:
             return Outcome.DEFER, defer_text(waits), None
         firsts: list[GateResult] = []

@@ -16,7 +16,7 @@ from itertools import chain
 from typing import Literal
 
 from kubemoot.api import SchedulingRule
-from kubemoot.gates import GateResult, Verdict
+from kubemoot.gates import GateResult, Standing
 from kubemoot.scheduling.candidate import Placement
 from kubemoot.scheduling.plugins import (
     CapacityScorer,
@@ -28,9 +28,6 @@ from kubemoot.scheduling.plugins import (
 )
 
 __all__ = [
-    "FAILED",
-    "FEASIBLE",
-    "UNCERTAIN",
     "ModelIndex",
     "ProviderFacts",
     "ProviderTier",
@@ -40,12 +37,8 @@ __all__ = [
     "RuleTable",
     "quality_function",
     "quality_signature",
-    "standing_of",
     "tie_break",
 ]
-
-FEASIBLE, UNCERTAIN, FAILED = 0, 1, 2
-_FAIL, _PASS = Verdict.FAIL, Verdict.PASS
 
 #: A quality score as a function of a Model's labels.
 QualityFunction = Callable[[Mapping[str, str]], float]
@@ -55,14 +48,6 @@ def tie_break(placement: Placement) -> tuple[bool, int, str]:
     """Equal scores: smaller declared vramMib first (undeclared last), then Model name."""
     declared = placement.model.spec.vram_mib
     return (declared is None, declared or 0, placement.name)
-
-
-def standing_of(results: Sequence[GateResult]) -> int:
-    """FEASIBLE, UNCERTAIN or FAILED by the engine's rule (any FAIL wins)."""
-    verdicts = {result.result for result in results}
-    if _FAIL in verdicts:
-        return FAILED
-    return FEASIBLE if verdicts == {_PASS} or not verdicts else UNCERTAIN
 
 
 def quality_function(rule: SchedulingRule | None, bias: float | None) -> QualityFunction:
@@ -184,7 +169,7 @@ class ProviderTier:
 
     max_age_seconds: int
     results: dict[str, tuple[GateResult, ...]]
-    standing: dict[str, int]
+    standing: dict[str, Standing]
     facts: dict[str, ProviderFacts]
     first_fail: dict[str, GateResult]  # first FAIL among the provider-tier gates, if any
     #: Per label set: positions of its statically feasible and uncertain Models.

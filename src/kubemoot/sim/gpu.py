@@ -25,7 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubemoot.providers._emulation import OLLAMA_KEEP_ALIVE_SECONDS
 from kubemoot.providers.protocol import ChatResult, LoadedModel, ProviderError, ProviderState
+from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.sim.phases import CURRENT_CALL
 
 __all__ = ["EmulatedGpu", "GpuEvents", "VramOvercommit"]
@@ -76,11 +78,11 @@ class EmulatedGpu:
         *,
         vram_mib: int,
         sizes_mib: Mapping[str, int],
-        reserve_mib: int = 1024,
+        reserve_mib: int = DEFAULTS.reserve_mib,
         max_parallel: int = 1,
-        load_rate_mibps: float = 1024.0,
-        unload_seconds: float = 1.0,
-        keep_alive_seconds: float = 300.0,
+        load_rate_mibps: float = DEFAULTS.load_rate_mibps,
+        unload_seconds: float = DEFAULTS.unload_seconds,
+        keep_alive_seconds: float = OLLAMA_KEEP_ALIVE_SECONDS,
         context_length: int | None = None,
         events: GpuEvents | None = None,
         epoch: float = 0.0,

@@ -32,7 +32,7 @@ from kubemoot.clock import LoopClock
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime.builder import Runtime, build_runtime
 from kubemoot.runtime.placement import Action, Placement
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
 from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE, CallOutcome
 from kubemoot.sim.phases import CURRENT_CALL
@@ -89,8 +89,9 @@ class KubemootPolicy(Policy):
     async def start(self, ctx: SimContext) -> None:
         clock = LoopClock(epoch=ctx.epoch)
         clock.now()  # anchor the clock at loop time 0
-        wait_limit = ctx.extras.get("gpu_wait_limit_seconds", 90.0)
-        limit = float(wait_limit) if isinstance(wait_limit, int | float) else 90.0
+        wait_limit = ctx.extras.get("gpu_wait_limit_seconds", DEFAULTS.gpu_wait_limit_seconds)
+        limit = (float(wait_limit) if isinstance(wait_limit, int | float)
+                 else DEFAULTS.gpu_wait_limit_seconds)
         # The scenario's wait limit holds even over explicitly given settings.
         settings = replace(self._settings or RuntimeSettings(), gpu_wait_limit_seconds=limit)
         clients: dict[str, ProviderClient] = dict(ctx.gpus)

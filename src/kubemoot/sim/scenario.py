@@ -49,6 +49,8 @@ from kubemoot.api.bounds import (
 )
 from kubemoot.api.errors import InputError
 from kubemoot.api.loader import validate_document
+from kubemoot.providers._emulation import OLLAMA_KEEP_ALIVE_SECONDS
+from kubemoot.runtime.settings import DEFAULTS
 
 __all__ = [
     "CandidateSpec",
@@ -101,7 +103,7 @@ class ProviderSpec(_Spec):
 
     name: str = Field(min_length=1)
     vram_mib: Mib = Field(gt=0)
-    reserve_mib: Mib = 1024
+    reserve_mib: Mib = DEFAULTS.reserve_mib
     max_parallel: Parallel = 1
     load_rate_mibps: Rate | None = Field(default=None, gt=0)
     unload_seconds: Seconds | None = None
@@ -166,10 +168,10 @@ class CrewSpec(_Spec):
 class ScenarioSettings(_Spec):
     """Engine and runtime numbers shared by every provider unless it says its own."""
 
-    load_rate_mibps: Rate = Field(default=1024.0, gt=0)
-    unload_seconds: Seconds = 1.0
-    keep_alive_seconds: Seconds = 300.0
-    gpu_wait_limit_seconds: Seconds = Field(default=90.0, gt=0)
+    load_rate_mibps: Rate = Field(default=DEFAULTS.load_rate_mibps, gt=0)
+    unload_seconds: Seconds = DEFAULTS.unload_seconds
+    keep_alive_seconds: Seconds = OLLAMA_KEEP_ALIVE_SECONDS
+    gpu_wait_limit_seconds: Seconds = Field(default=DEFAULTS.gpu_wait_limit_seconds, gt=0)
     sample_seconds: Seconds = Field(default=10.0, gt=0)  # VRAM-over-time plot resolution
 
 

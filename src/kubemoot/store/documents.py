@@ -13,9 +13,13 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from kubemoot.api.provider import DEFAULT_RESERVE_MIB
+
 PROVIDER_STATE_BUCKET = "kubemoot_provider_state"
 PROVIDER_TICKETS_BUCKET = "kubemoot_provider_tickets"
 MODEL_DEMAND_BUCKET = "kubemoot_model_demand"
+#: The demand bucket's max age (DESIGN §6): whatever its writers forget is gone by then.
+MODEL_DEMAND_MAX_AGE_SECONDS = 6 * 3600.0
 
 DOCUMENT_VERSION = 1
 
@@ -55,7 +59,7 @@ class ProviderState(_Doc):
     last_probed_at: float | None = None
     total_vram_mib: int | None = None  # None: unknown, which never proves "too large"
     used_vram_mib: int | None = None
-    reserve_mib: int = 1024
+    reserve_mib: int = DEFAULT_RESERVE_MIB
     max_parallel: int = 1
     context_length: int | None = None  # configured per-slot context; None: unknown
     runtime_version: str | None = None  # the engine's own version (/api/version); None: unknown

@@ -1,0 +1,22 @@
+"""Markers that follow from what a test uses (pyproject declares ``nats`` and ``slow``).
+
+A test that takes one of the real-nats-server fixtures, or runs the store contract on
+its ``nats`` side, needs a real nats-server: it is marked ``nats`` here, so a new test
+is marked by the fixture it asks for and ``-m "not nats"`` leaves out all of them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+#: Fixtures that start or connect to a real nats-server.
+NATS_FIXTURES = frozenset({"nats_url", "nats_kv", "own_server", "guarded_url"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        on_nats_store = callspec is not None and callspec.params.get("store") == "nats"
+        if names & NATS_FIXTURES or on_nats_store:
+            item.add_marker(pytest.mark.nats)

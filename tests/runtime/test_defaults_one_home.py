@@ -1,0 +1,107 @@
+"""Each runtime default has one home (DESIGN §10): everything else reads it from there.
+
+The check runs in a fresh interpreter that changes the home *before* importing the
+modules that take those numbers, so a copy of a literal anywhere else shows up as a
+value that did not follow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+_SRC = Path(__file__).resolve().parents[2] / "src"
+
+_PROBE = r"""
+import dataclasses, inspect, json
+import kubemoot.api.provider as api_provider
+api_provider.DEFAULT_RESERVE_MIB = 777
+import kubemoot.runtime.settings as settings
+changed = {
+    f.name: (f.default * 3 + 7 if isinstance(f.default, int | float) else f.default)
+    for f in dataclasses.fields(settings.RuntimeSettings)
+}
+changed["reserve_mib"] = 777
+changed["latency_ema_alpha"] = 0.77
+settings.DEFAULTS = settings.RuntimeSettings(**changed)
+
+from kubemoot.providers._emulation import OLLAMA_KEEP_ALIVE_SECONDS, EmulatorConfig
+from kubemoot.providers.ollama import OllamaProvider
+from kubemoot.runtime.circuit import CircuitBreakers
+from kubemoot.runtime.demand import DemandBoard
+from kubemoot.runtime.latency import LatencyTracker
+from kubemoot.runtime.snapshot import ProviderSnapshot
+from kubemoot.runtime.tickets import TicketManager
+from kubemoot.runtime.what_if import SnapshotSettings
+from kubemoot.sim.gpu import EmulatedGpu
+from kubemoot.sim.scenario import ProviderSpec, ScenarioSettings
+from kubemoot.store.documents import ProviderState
+
+def default(obj, name):
+    return inspect.signature(obj).parameters[name].default
+
+d = settings.DEFAULTS
+seen = {
+    "LatencyTracker.alpha": (default(LatencyTracker, "alpha"), d.latency_ema_alpha),
+    "LatencyTracker.default_seconds":
+        (default(LatencyTracker, "default_seconds"), d.default_latency_seconds),
+    "CircuitBreakers.threshold":
+        (default(CircuitBreakers, "threshold"), d.circuit_failure_threshold),
+    "CircuitBreakers.cooldown_seconds":
+        (default(CircuitBreakers, "cooldown_seconds"), d.circuit_cooldown_seconds),
+    "TicketManager.ttl_seconds": (default(TicketManager, "ttl_seconds"), d.ticket_ttl_seconds),
+    "TicketManager.max_attempts": (default(TicketManager, "max_attempts"), d.claim_attempts),
+    "DemandBoard.wait_ttl_seconds":
+        (default(DemandBoard, "wait_ttl_seconds"), d.demand_wait_ttl_seconds),
+    "DemandBoard.intent_ttl_seconds":
+        (default(DemandBoard, "intent_ttl_seconds"), d.demand_intent_ttl_seconds),
+    "DemandBoard.use_window_seconds":
+        (default(DemandBoard, "use_window_seconds"), d.demand_use_window_seconds),
+    "DemandBoard.selection_ttl_seconds":
+        (default(DemandBoard, "selection_ttl_seconds"), d.selection_window_seconds),
+    "ProviderSnapshot.latency_seconds":
+        (default(ProviderSnapshot, "latency_seconds"), d.default_latency_seconds),
+    "OllamaProvider.reserve_mib": (default(OllamaProvider, "reserve_mib"), 777),
+    "ProviderState.reserve_mib": (ProviderState.model_fields["reserve_mib"].default, 777),
+    "EmulatorConfig.load_rate_mibps": (EmulatorConfig().load_rate_mibps, d.load_rate_mibps),
+    "EmulatorConfig.keep_alive_s": (EmulatorConfig().keep_alive_s, OLLAMA_KEEP_ALIVE_SECONDS),
+    "EmulatedGpu.reserve_mib": (default(EmulatedGpu, "reserve_mib"), 777),
+    "EmulatedGpu.load_rate_mibps": (default(EmulatedGpu, "load_rate_mibps"), d.load_rate_mibps),
+    "EmulatedGpu.unload_seconds": (default(EmulatedGpu, "unload_seconds"), d.unload_seconds),
+    "ProviderSpec.reserve_mib": (ProviderSpec.model_fields["reserve_mib"].default, 777),
+    "ScenarioSettings.load_rate_mibps":
+        (ScenarioSettings().load_rate_mibps, d.load_rate_mibps),
+    "ScenarioSettings.unload_seconds": (ScenarioSettings().unload_seconds, d.unload_seconds),
+    "ScenarioSettings.gpu_wait_limit_seconds":
+        (ScenarioSettings().gpu_wait_limit_seconds, d.gpu_wait_limit_seconds),
+    "SnapshotSettings": (
+        SnapshotSettings().model_dump(),
+        {"load_rate_mibps": d.load_rate_mibps, "unload_seconds": d.unload_seconds,
+         "default_latency_seconds": d.default_latency_seconds, "reserve_mib": 777,
+         "candidate_tolerance": d.candidate_tolerance},
+    ),
+}
+print(json.dumps({name: [got, want] for name, (got, want) in seen.items()}))
+"""
+
+
+def test_every_copy_of_a_default_follows_its_home() -> None:
+    env = {**os.environ, "PYTHONPATH": str(_SRC)}
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert len(seen) == 23
+    drifted = {name: pair for name, pair in seen.items() if pair[0] != pair[1]}
+    assert drifted == {}, f"defaults that do not read their home: {drifted}"
+
+
+def test_runtime_reserve_is_the_resource_api_default() -> None:
+    from kubemoot.api.provider import DEFAULT_RESERVE_MIB
+    from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
+
+    assert RuntimeSettings().reserve_mib == DEFAULTS.reserve_mib == DEFAULT_RESERVE_MIB

@@ -227,6 +227,13 @@ def test_operator_bad_vram_annotation_names_the_field(value: str) -> None:
     assert caught.value.field == f"metadata.annotations[{VRAM_TOTAL_ANNOTATION}]"
 
 
+def test_operator_probe_timeout_bounds_the_whole_probe() -> None:
+    # --probe-timeout is the whole call's deadline, not a per-read limit that a server
+    # dripping bytes could stretch (the default deadline is minutes).
+    client = client_for(b.provider("gpu-a"), clock=ManualClock(0.0), timeout=7.0)
+    assert client.deadline == 7.0
+
+
 # ---------------------------------------------------------------------------- who is affected
 
 def _cluster() -> ClusterSnapshot:

@@ -126,3 +126,16 @@ def test_the_simulator_runs_with_circuit_breakers() -> None:
     kind, provider = run_virtual(scenario())
     assert kind != FINISHED and provider is None
 
+
+
+async def test_a_live_client_directory_empty_at_build_time_is_kept() -> None:
+    # A crew process builds its runtime before the operator has published any provider:
+    # the mapping it passes is empty then and filled later. The planner must keep that
+    # very mapping (an empty one is falsy; ``clients or {}`` used to swap it out).
+    clock = ManualClock(NOW)
+    kv = MemoryKV(clock)
+    directory: dict[str, EmulatedGpu] = {}
+    runtime = await build_runtime(kv, clock=clock, clients=directory)
+    directory["gpu-a"] = EmulatedGpu("gpu-a", vram_mib=24 * GIB, sizes_mib={})
+    assert runtime.planner.clients["gpu-a"] is directory["gpu-a"]
+    await kv.close()

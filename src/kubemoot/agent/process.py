@@ -211,11 +211,6 @@ class ProviderDirectory(Mapping[str, ProviderClient]):
     def __len__(self) -> int:
         return len(self._clients)
 
-    def __bool__(self) -> bool:
-        # A live view: empty now (the operator has not published yet) must not read as
-        # "no directory" to code that writes ``clients or {}``.
-        return True
-
     async def close(self) -> None:
         for client in self._clients.values():
             await _close(client)

@@ -74,6 +74,7 @@ def client_for(provider: ModelProvider, *, clock: Clock, timeout: float) -> Olla
         reserve_mib=provider.spec.reserve_mib,
         total_vram_mib=_total_from_annotation(provider),
         timeout=timeout,
+        deadline=timeout,  # --probe-timeout bounds the whole probe, not each read
         max_retries=0,  # the next probe is the retry
         clock=clock,
         dcgm_url=annotations.get(DCGM_URL_ANNOTATION),

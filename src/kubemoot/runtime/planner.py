@@ -94,7 +94,8 @@ class CallPlanner:
         self.occupancy = occupancy or OccupancyBook(settings=self.settings)
         self._states = states
         self._demand = demand
-        self.clients: Mapping[str, ProviderClient] = clients or {}
+        # ``is None``, not ``or``: an empty live mapping (a directory filled later) is kept.
+        self.clients: Mapping[str, ProviderClient] = clients if clients is not None else {}
         self._max_rounds = max_rounds
         self._need: DemandSnapshot | None = None
         self._need_read_at = float("-inf")

@@ -10,6 +10,9 @@ The commands are read out of the markdown, so the guide and this test cannot dri
   rewritten to it); it must be up before the next block runs, and at the end it is
   stopped with SIGTERM and must exit 143, as a service manager would stop it;
 * an ``export`` line holds for the blocks after it, as in the reader's terminal;
+* the ```` ```sh ```` block (a NATS server and the dashboard, each left running) and the
+  ``--nats`` flag the prose adds to the gateway are run by a test of their own, with a
+  real nats-server;
 * a ```` ```yaml ```` block that starts with ``# file: NAME`` is saved as NAME first;
 * a ```` ```text ```` block right after a script is output: each of its lines must be
   a line of what that script printed.
@@ -17,11 +20,12 @@ The commands are read out of the markdown, so the guide and this test cannot dri
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -35,6 +39,7 @@ import yaml
 from kubemoot.providers.emulator import DEFAULT_MODELS, OllamaEmulator
 from kubemoot.runtime.what_if import load_state
 from kubemoot.testing.emulators import emulator_factory
+from kubemoot.testing.nats_server import NatsServer, free_port
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "homelab.md"
 BIN = Path(sys.executable).parent
@@ -94,37 +99,43 @@ def run(script: str, *, cwd: Path, servers: dict[str, str]) -> str:
     return done.stdout
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def start(command: str, *, cwd: Path, servers: dict[str, str],
+          says: str) -> subprocess.Popen[str]:
+    """A long-running command of the guide; returns once its start-up line ``says``."""
+    process = subprocess.Popen(
+        ["bash", "-c", f"exec {with_servers(command, servers)}"],
+        cwd=cwd, env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True)
+    assert process.stderr is not None
+    said = []
+    for line in process.stderr:  # its start-up line is the event we wait on
+        said.append(line)
+        if line.startswith(says):
+            return process
+    process.wait()
+    raise AssertionError(f"{command} did not start:\n{''.join(said)}")
 
 
 def start_gateway(command: str, *, cwd: Path, servers: dict[str, str],
                   listen: str) -> subprocess.Popen[str]:
-    """The guide's gateway command, on ``listen``; returns once it says it serves."""
+    """The guide's gateway command, on ``listen`` instead of its default address."""
     assert "--listen" not in command, "the guide's gateway uses its default address"
-    gateway = subprocess.Popen(
-        ["bash", "-c", f"exec {with_servers(command, servers)} --listen {listen}"],
-        cwd=cwd, env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True)
-    assert gateway.stderr is not None
-    said = []
-    for line in gateway.stderr:  # its start-up line is the event we wait on
-        said.append(line)
-        if line.startswith(f"gateway: http://{listen}"):
-            return gateway
-    gateway.wait()
-    raise AssertionError(f"the gateway did not start:\n{''.join(said)}")
+    return start(f"{command} --listen {listen}", cwd=cwd, servers=servers,
+                 says=f"gateway: http://{listen}")
 
 
-def stop_gateway(gateway: subprocess.Popen[str]) -> str:
+def stop(process: subprocess.Popen[str]) -> None:
     """SIGTERM, as systemd or Kubernetes would stop it: a clean exit, 128 + 15."""
-    gateway.send_signal(signal.SIGTERM)
-    _, rest = gateway.communicate(timeout=60)
-    assert gateway.returncode == 143, rest
+    process.send_signal(signal.SIGTERM)
+    _, rest = process.communicate(timeout=60)
+    assert process.returncode == 143, rest
     assert "Traceback" not in rest
-    return rest
+
+
+def kill(process: subprocess.Popen[str] | None) -> None:
+    if process is not None and process.poll() is None:
+        process.kill()
+        process.wait()
 
 
 def is_gateway(block: Block) -> bool:
@@ -176,11 +187,9 @@ def test_every_command_of_the_homelab_guide_runs(
                     if line.strip():
                         assert " ".join(line.split()) in printed, (line, last)
         assert gateway is not None, "the guide never started its gateway"
-        stop_gateway(gateway)
+        stop(gateway)
     finally:
-        if gateway is not None and gateway.poll() is None:
-            gateway.kill()
-            gateway.wait()
+        kill(gateway)
 
     # The snapshot step 2 wrote holds both cards with the sizes the guide gave them.
     state = load_state(tmp_path / "fleet.yaml")
@@ -205,3 +214,54 @@ def test_the_guide_sizes_models_as_a_probe_of_its_servers_shows_them(
                 cwd=tmp_path, servers=servers)
     probed = {m["name"]: m.get("vramMiB") for m in yaml.safe_load(shown)["models"]}
     assert {m["name"]: m["vramMiB"] for m in scenario["spec"]["models"]} == probed
+
+
+@pytest.mark.nats
+@pytest.mark.timeout(300)
+def test_the_dashboard_of_the_guide_shows_where_the_gateway_calls_ran(
+    servers: dict[str, str], tmp_path: Path
+) -> None:
+    """Step 4's dashboard: a NATS server, the guide's gateway with the ``--nats`` flag
+    the prose adds, the guide's first request, then the dashboard the ``sh`` block
+    starts must show that call on the card the headers named."""
+    text = GUIDE.read_text()
+    found = blocks(text)
+    flag = re.search(r"Add `(--nats (\S+))` to the\s+gateway command", text)
+    assert flag is not None, "the guide no longer says how to give the gateway NATS"
+    nats_line, dashboard_line = commands(next(b for b in found if b.kind == "sh"))
+    assert nats_line == "nats-server -js"  # what NatsServer runs, on a port of its own
+    at = next(i for i, b in enumerate(found) if is_gateway(b))
+    request = next(b for b in found[at + 1:] if b.kind == "bash")
+    listen, board = f"127.0.0.1:{free_port()}", free_port()
+
+    nats = NatsServer()
+    asyncio.run(nats.start())
+    gateway = dashboard = None
+    try:
+        gateway = start_gateway(f"{commands(found[at])[0]} {flag.group(1)}".replace(
+            flag.group(2), nats.url), cwd=tmp_path, servers=servers, listen=listen)
+        shown = run(request.text.replace(GATEWAY, listen), cwd=tmp_path, servers=servers)
+        assert "x-kubemoot-provider: big" in shown.lower()
+        dashboard = start(f"{dashboard_line.replace(flag.group(2), nats.url)} --port {board}",
+                          cwd=tmp_path, servers=servers, says="dashboard: http://")
+        seen: set[tuple[str, ...]] = set()
+        cards: dict[str, set[str]] = {}
+        with httpx.stream("GET", f"http://127.0.0.1:{board}/events", timeout=60) as page:
+            for line in page.iter_lines():  # one snapshot per change of the store
+                if not line.startswith("data: "):
+                    continue
+                snapshot = json.loads(line.removeprefix("data: "))
+                seen = {(a["agent"], c["model"], c["provider"], c["action"])
+                        for a in snapshot["agents"] for c in a["recent"]}
+                cards = {p["provider"]: {m["name"] for m in p["models"]}
+                         for p in snapshot["providers"]}
+                if seen and "qwen3:32b" in cards.get("big", set()):
+                    break  # the call is logged and a probe since has seen its load
+        assert seen == {("anonymous", "qwen3:32b", "big", "cold-load")}
+        assert cards == {"big": {"qwen3:32b"}, "small": {"qwen3:14b"}}
+        stop(dashboard)
+        stop(gateway)
+    finally:
+        kill(dashboard)
+        kill(gateway)
+        asyncio.run(nats.close())

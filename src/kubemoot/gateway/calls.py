@@ -145,7 +145,8 @@ class CallDesk:
                 await self.stack.planner.release(placement)
             raise GatewayError(499, "the client went away while its call waited")
         if not placement.placed:
-            raise await self._refusal(placement, candidates, prompt_tokens, budget)
+            raise await self._refusal(placement, candidates, prompt_tokens, budget,
+                                      num_ctx=request.num_ctx)
         action = placement.action.value
         if signals.joined and placement.action in (Action.WARM, Action.LOADING):
             action = Action.QUEUE.value  # it waited in line for a slot of a warm copy
@@ -161,7 +162,8 @@ class CallDesk:
         return call
 
     async def _refusal(self, placement: Placement, candidates: Sequence[Candidate],
-                       prompt_tokens: int | None, budget: float) -> GatewayError:
+                       prompt_tokens: int | None, budget: float, *,
+                       num_ctx: int | None = None) -> GatewayError:
         model = candidates[0].model
         if placement.reason == Reason.MODEL_UNKNOWN.value:
             return unknown_model(model)
@@ -171,7 +173,13 @@ class CallDesk:
         if placement.reason == Reason.PROMPT_TOO_LARGE.value:
             fleet = await self.stack.view.snapshot()
             largest = largest_context(fleet, [c.model for c in candidates])
-            return _prompt_too_large(prompt_tokens or 0, largest, f'model "{model}"')
+            error = _prompt_too_large(prompt_tokens or 0, largest, f'model "{model}"')
+            if num_ctx is not None and (largest is None or num_ctx > largest):
+                # a copy loaded at the client's num_ctx would take a KV cache no ticket
+                # sized, so the option cannot open a larger context than the fleet runs
+                error.message += (f"; options.num_ctx ({num_ctx}) is not used to load a "
+                                  "copy with a larger context than its provider runs")
+            return error
         waited = placement.waited_seconds
         estimate = placement.options[0].seconds if placement.options else budget or 1.0
         retry = max(1, math.ceil(estimate))
@@ -249,19 +257,28 @@ class PlacedCall:
         limit = self.desk.settings.max_keep_alive_seconds
         if req.keep_alive is not None and req.keep_alive > limit:
             body["keep_alive"] = int(limit)
-        if req.num_ctx is not None and self._loaded_context_holds():
-            # A different num_ctx on a warm copy makes the engine reload it; the copy
-            # the runtime chose already holds the prompt, so run it as loaded.
+        if req.num_ctx is not None and not self._num_ctx_is_budgeted():
             options = dict(body.get("options") or {})
             options.pop("num_ctx", None)
             body["options"] = options
         return body
 
-    def _loaded_context_holds(self) -> bool:
+    def _num_ctx_is_budgeted(self) -> bool:
+        """May the client's ``num_ctx`` reach the engine unchanged?
+
+        The engine (re)loads a copy at the ``num_ctx`` it is sent, and the KV cache it
+        reserves grows with it, so any other value than the one the ticket was sized
+        at would reload a warm copy, or load a cold one, with memory no ticket holds.
+        The ticket sized the copy at the context the runtime placed on (the loaded one
+        for a warm or loading copy, the provider's own for a load), so only that value
+        passes. Dropping any other is safe: the runtime placed the call only where
+        that context holds the prompt (an unknown context leaves the engine to refuse
+        an over-long prompt, never to cut it). A static placement budgets nothing.
+        """
         p = self.placement
-        if p.action not in (Action.WARM, Action.LOADING) or p.context_length is None:
-            return False
-        return self.prompt_tokens is None or self.prompt_tokens <= p.context_length
+        if p.action is Action.STATIC:
+            return True
+        return p.context_length is not None and p.context_length == self.request.num_ctx
 
     async def open(self, path: str, body: dict[str, Any]) -> httpx.Response:
         """Send the request upstream; an error status becomes a GatewayError (released)."""

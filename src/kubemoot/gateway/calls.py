@@ -362,6 +362,18 @@ class PlacedCall:
             desk.record(self, ok=bool(ok))
 
 
+def _context_facts(call: PlacedCall) -> str:
+    """What the gateway knew when the engine refused a prompt as too long."""
+    p = call.placement
+    estimate = ("no estimate of the prompt" if call.prompt_tokens is None
+                else f"estimated prompt: {call.prompt_tokens} tokens")
+    if p.context_length is not None:
+        return f"{estimate}; context of {p.model} on {p.provider}: {p.context_length} tokens"
+    # Nothing told the gateway this context: a cold load on a provider given without one.
+    return (f"{estimate}; provider {p.provider} has no known context length: give "
+            "contextLength in --provider or in its ModelProvider")
+
+
 def _upstream_error(status: int, text: str, call: PlacedCall) -> GatewayError:
     try:
         said = json.loads(text).get("error")
@@ -373,8 +385,7 @@ def _upstream_error(status: int, text: str, call: PlacedCall) -> GatewayError:
         return GatewayError(404, message, code="model_not_found")
     lowered = message.lower()
     if status == 400 and any(w in lowered for w in ("context", "too long", "truncat")):
-        return GatewayError(400, f"{message} (estimated prompt: {call.prompt_tokens} tokens; "
-                            f"context of {provider}: {call.placement.context_length})",
+        return GatewayError(400, f"{message} ({_context_facts(call)})",
                             code="context_length_exceeded")
     if status >= 500:
         return GatewayError(502, f"provider {provider} failed: {message}",

@@ -150,3 +150,22 @@ def test_cli_bad_flags_exit_2_with_a_message(args: list[str], words: str) -> Non
                           timeout=60)
     assert done.returncode == 2, done.stderr
     assert words in done.stderr and "Traceback" not in done.stderr
+
+
+def test_help_names_what_each_flag_takes_as_the_doc_does() -> None:
+    """``gateway --help`` used to show ``<list[Path]>``, ``<str>`` and ``<path>`` where a
+    reader expects a bundle, a duration and a file, and left ModelClass out of ``-f``."""
+    from typer.testing import CliRunner
+
+    from kubemoot.cli import app
+
+    done = CliRunner().invoke(app, ["gateway", "--help"], env={"COLUMNS": "100"})
+    assert done.exit_code == 0, done.output
+    assert "<" not in done.output.replace("<key>", "")
+    for shown in ("-f, --file BUNDLE", "--wait-limit DURATION", "--max-keep-alive DURATION",
+                  "--probe-interval DURATION", "--api-keys FILE", "ModelClass", "11435"):
+        assert shown in done.output, shown
+    doc = (Path(__file__).parents[2] / "docs" / "gateway.md").read_text()
+    for flag in ("--provider", "--listen", "--wait-limit", "--max-keep-alive", "--api-keys",
+                 "--allow-anonymous", "--nats"):
+        assert flag in doc and flag in done.output, flag

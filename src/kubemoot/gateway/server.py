@@ -50,6 +50,24 @@ class ProviderSource:
     total_vram_mib: int | None = None
 
 
+class _ShutdownCuts(logging.Filter):
+    """uvicorn's words for the calls a shutdown cuts short, made one plain line.
+
+    When the grace period ends, uvicorn cancels the requests still running and logs
+    each cancellation as "Exception in ASGI application" with a traceback. A call cut
+    short by SIGTERM is expected, not a bug: say so once, without the traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
+            return False  # one cancellation a request: already said by the line below
+        if str(record.msg).startswith("Cancel %s running task"):
+            record.msg = ("%s call(s) still running when the grace period ended were cut "
+                          "short by the shutdown")
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 class _QuietServer(uvicorn.Server):
     """uvicorn without its signal handlers: the host program owns Ctrl-C."""
 
@@ -120,6 +138,7 @@ class GatewayServer:
             config = uvicorn.Config(app.app, log_level="warning", access_log=False,
                                     lifespan="off", timeout_graceful_shutdown=2)
             self._server = _QuietServer(config)
+            _install_once(logging.getLogger("uvicorn.error"), _ShutdownCuts)
             self._serving = asyncio.get_running_loop().create_task(
                 self._server.serve([sock]))
             while not self._server.started:
@@ -205,6 +224,11 @@ class GatewayServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def _install_once(logger: logging.Logger, kind: type[logging.Filter]) -> None:
+    if not any(isinstance(f, kind) for f in logger.filters):
+        logger.addFilter(kind())
 
 
 def _bind(host: str, port: int) -> socket.socket:

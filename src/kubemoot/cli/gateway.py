@@ -178,8 +178,7 @@ def gateway_command(
                 raise listen_error(host, port, error) from None
             try:
                 names = ", ".join(s.name for s in sources) or "none of its own"
-                store = (", ".join(mask_servers(nats_settings.servers)) if nats_settings
-                         else "embedded")
+                store = mask_servers(nats_settings.servers) if nats_settings else "embedded"
                 err_console.print(
                     f"gateway: {server.url} (providers: {names}; store: {store}; "
                     f"{'API keys: ' + str(len(keys)) if keys else 'no API keys'}); "

@@ -145,7 +145,8 @@ class CallDesk:
                 await self.stack.planner.release(placement)
             raise GatewayError(499, "the client went away while its call waited")
         if not placement.placed:
-            raise await self._refusal(placement, candidates, prompt_tokens, budget)
+            raise await self._refusal(placement, candidates, prompt_tokens, budget,
+                                      asked=request.model)
         action = placement.action.value
         if signals.joined and placement.action in (Action.WARM, Action.LOADING):
             action = Action.QUEUE.value  # it waited in line for a slot of a warm copy
@@ -161,22 +162,24 @@ class CallDesk:
         return call
 
     async def _refusal(self, placement: Placement, candidates: Sequence[Candidate],
-                       prompt_tokens: int | None, budget: float) -> GatewayError:
+                       prompt_tokens: int | None, budget: float, *,
+                       asked: str) -> GatewayError:
         model = candidates[0].model
+        name = _as_asked(asked, candidates)
         if placement.reason == Reason.MODEL_UNKNOWN.value:
             return unknown_model(model)
         if placement.reason == Reason.MODEL_TOO_LARGE.value:
-            return GatewayError(400, f'model "{model}" is larger than the usable memory of '
+            return GatewayError(400, f"model {name} is larger than the usable memory of "
                                 "every GPU in the fleet", code="model_too_large")
         if placement.reason == Reason.PROMPT_TOO_LARGE.value:
             fleet = await self.stack.view.snapshot()
             largest = largest_context(fleet, [c.model for c in candidates])
-            return _prompt_too_large(prompt_tokens or 0, largest, f'model "{model}"')
+            return _prompt_too_large(prompt_tokens or 0, largest, f"model {name}")
         waited = placement.waited_seconds
         estimate = placement.options[0].seconds if placement.options else budget or 1.0
         retry = max(1, math.ceil(estimate))
         return GatewayError(
-            503, f'every GPU that can run "{model}" is busy; waited {waited:.1f} s of a '
+            503, f"every GPU that can run {name} is busy; waited {waited:.1f} s of a "
             f"{budget:g} s budget (X-Kubemoot-Wait-Budget); retry in about {retry} s",
             code="gpu_busy", headers={"Retry-After": str(retry)})
 
@@ -195,6 +198,14 @@ class CallDesk:
                 listener(record)
             except Exception:  # attribution must never fail a call
                 log.exception("call listener failed")
+
+
+def _as_asked(asked: str, candidates: Sequence[Candidate]) -> str:
+    """The model as the client named it; a ModelClass also lists what it stands for."""
+    models = [c.model for c in candidates]
+    if asked in models:
+        return f'"{asked}"'
+    return f'"{asked}" ({", ".join(models)})'
 
 
 def _prompt_too_large(tokens: int, largest: int | None, where: str) -> GatewayError:

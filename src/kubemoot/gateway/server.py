@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import httpx
 import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kubemoot.agent.pool import CallSettings
 from kubemoot.agent.runtime import CallRecord
@@ -24,6 +25,7 @@ from kubemoot.agent.wiring import RuntimeStack, build_stack
 from kubemoot.clock import Clock, SystemClock
 from kubemoot.gateway.app import GatewayApp, VirtualModels
 from kubemoot.gateway.calls import CallDesk
+from kubemoot.gateway.errors import GatewayError, error_response
 from kubemoot.gateway.keys import ApiKeys
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import KVStatePublisher, Prober
@@ -135,7 +137,8 @@ class GatewayServer:
             assert self.desk is not None
             app = GatewayApp(self.desk, self.clients, declared=frozenset(self.declared),
                              keys=self.keys, virtual=self.virtual, reprobe=self._reprobe)
-            config = uvicorn.Config(app.app, log_level="warning", access_log=False,
+            config = uvicorn.Config(_answer_when_cut(app.app), log_level="warning",
+                                    access_log=False,
                                     lifespan="off", timeout_graceful_shutdown=2)
             self._server = _QuietServer(config)
             _install_once(logging.getLogger("uvicorn.error"), _ShutdownCuts)
@@ -224,6 +227,37 @@ class GatewayServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def _answer_when_cut(app: ASGIApp) -> ASGIApp:
+    """``app``, answering 503 in its route family's shape to a request the shutdown cuts.
+
+    uvicorn cancels the requests still running when its grace period ends — nothing else
+    cancels a handler — and would answer a bare text 500. A client (or the load
+    balancer in front of several replicas) should rather learn that this replica is
+    going away and that retrying elsewhere is fine.
+    """
+    cut = GatewayError(503, "the gateway is shutting down; retry the call", code="shutdown",
+                       headers={"Retry-After": "1"})
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if scope["type"] == "http" and not started:
+                answer = error_response(cut, openai=str(scope["path"]).startswith("/v1/"))
+                with contextlib.suppress(Exception):
+                    await answer(scope, receive, send)
+            raise
+
+    return guarded
 
 
 def _install_once(logger: logging.Logger, kind: type[logging.Filter]) -> None:

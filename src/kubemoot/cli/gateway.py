@@ -117,8 +117,9 @@ def gateway_command(
 ) -> None:
     """Serve the Ollama and OpenAI APIs; every call is placed on a GPU by kubemoot.
 
-    Point clients at http://127.0.0.1:11435 (OpenAI clients at .../v1). Give at least
-    one --provider, a -f bundle, or --nats with providers published by others.
+    Point clients at the --listen address, http://127.0.0.1:11435 by default (OpenAI
+    clients at .../v1). Give at least one --provider, a -f bundle, or --nats with
+    providers published by others.
     docs/gateway.md has the client settings, statuses and headers.
     """
     from dataclasses import replace

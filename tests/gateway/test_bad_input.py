@@ -169,3 +169,19 @@ def test_help_names_what_each_flag_takes_as_the_doc_does() -> None:
     for flag in ("--provider", "--listen", "--wait-limit", "--max-keep-alive", "--api-keys",
                  "--allow-anonymous", "--nats"):
         assert flag in doc and flag in done.output, flag
+
+
+def test_a_taken_address_names_the_listen_flag() -> None:
+    """The gateway has no --port: a taken address used to be blamed on one."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([*KUBEMOOT, "gateway", "--provider", "http://127.0.0.1:1",
+                               "--listen", f"127.0.0.1:{port}"], capture_output=True,
+                              text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "field --listen" in done.stderr and "--port" not in done.stderr
+    assert f"127.0.0.1:{port}" in done.stderr and "Traceback" not in done.stderr

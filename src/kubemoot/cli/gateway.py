@@ -176,7 +176,7 @@ def gateway_command(
             try:
                 await server.start()
             except OSError as error:
-                raise listen_error(host, port, error) from None
+                raise listen_error(host, port, error, flag="--listen") from None
             try:
                 names = ", ".join(s.name for s in sources) or "none of its own"
                 store = mask_servers(nats_settings.servers) if nats_settings else "embedded"

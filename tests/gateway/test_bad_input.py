@@ -185,3 +185,30 @@ def test_a_taken_address_names_the_listen_flag() -> None:
     assert done.returncode == 2, done.stderr
     assert "field --listen" in done.stderr and "--port" not in done.stderr
     assert f"127.0.0.1:{port}" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_provider_that_does_not_answer_is_named_at_start_up() -> None:
+    """A dead server used to show only as 'model not found' on the first call."""
+    import signal
+
+    from kubemoot.testing.nats_server import free_port
+
+    dead = free_port()  # nothing listens there
+    process = subprocess.Popen(
+        [*KUBEMOOT, "gateway", "--provider", f"gpu=http://127.0.0.1:{dead},vramMiB=1000",
+         "--listen", f"127.0.0.1:{free_port()}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        seen = []
+        for line in process.stderr:  # up to the banner, which follows the first probe
+            seen.append(line)
+            if line.startswith("gateway: "):
+                break
+        said = "".join(seen)
+        assert f"provider gpu (http://127.0.0.1:{dead}) did not answer its first probe" \
+            in said, said
+        assert "Traceback" not in said
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)

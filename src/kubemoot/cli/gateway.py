@@ -124,9 +124,10 @@ def gateway_command(
     """
     from dataclasses import replace
 
-    from kubemoot.cli._common import check_host, listen_error
+    from kubemoot.cli._common import check_host, install_log_lines, listen_error
     from kubemoot.gateway.keys import load_api_keys
 
+    install_log_lines()  # the gateway's warnings, one line each
     host, port = parse_listen(listen)
     check_host(host, flag="--listen")
     keys = load_api_keys(api_keys) if api_keys is not None else None

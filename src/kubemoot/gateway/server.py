@@ -163,7 +163,13 @@ class GatewayServer:
         states = await self.kv.bucket(PROVIDER_STATE_BUCKET)
         self.prober = Prober(list(self.clients.values()), clock=self.clock,
                              publish=NewestStatePublisher(states))
-        await self.prober.probe_all()
+        for state in await self.prober.probe_all():
+            if not state.ready:
+                # said once here: otherwise a dead server shows only as "model not found"
+                log.warning("provider %s (%s) did not answer its first probe: %s; the "
+                            "gateway probes it again every %g s and uses it once it "
+                            "answers", state.provider, state.endpoint, state.reason,
+                            self.settings.probe_interval_seconds)
 
         def factory(provider: str, endpoint: str, settings: CallSettings) -> OllamaProvider:
             # the agent runtime's chat pool; the gateway forwards with its own client

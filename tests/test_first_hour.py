@@ -78,6 +78,12 @@ def test_help_shows_no_type_after_a_flag(command: str | None) -> None:
     assert re.search(r"^\s+--help\s+Show this message and exit\.$", done.output, re.M)
 
 
+def test_readme_lists_every_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    missing = [c for c in _commands() if f"| `kubemoot {c}" not in readme]
+    assert missing == [], f"README's command table lacks {missing}"
+
+
 def test_crds_prints_yaml_by_default_as_the_readme_says() -> None:
     done = kubemoot("crds")
     assert done.returncode == 0

@@ -150,3 +150,65 @@ def test_cli_bad_flags_exit_2_with_a_message(args: list[str], words: str) -> Non
                           timeout=60)
     assert done.returncode == 2, done.stderr
     assert words in done.stderr and "Traceback" not in done.stderr
+
+
+def test_help_names_what_each_flag_takes_as_the_doc_does() -> None:
+    """``gateway --help`` used to show ``<list[Path]>``, ``<str>`` and ``<path>`` where a
+    reader expects a bundle, a duration and a file, and left ModelClass out of ``-f``."""
+    from typer.testing import CliRunner
+
+    from kubemoot.cli import app
+
+    done = CliRunner().invoke(app, ["gateway", "--help"], env={"COLUMNS": "100"})
+    assert done.exit_code == 0, done.output
+    assert "<" not in done.output.replace("<key>", "")
+    for shown in ("-f, --file BUNDLE", "--wait-limit DURATION", "--max-keep-alive DURATION",
+                  "--probe-interval DURATION", "--api-keys FILE", "ModelClass", "11435"):
+        assert shown in done.output, shown
+    doc = (Path(__file__).parents[2] / "docs" / "gateway.md").read_text()
+    for flag in ("--provider", "--listen", "--wait-limit", "--max-keep-alive", "--api-keys",
+                 "--allow-anonymous", "--nats"):
+        assert flag in doc and flag in done.output, flag
+
+
+def test_a_taken_address_names_the_listen_flag() -> None:
+    """The gateway has no --port: a taken address used to be blamed on one."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([*KUBEMOOT, "gateway", "--provider", "http://127.0.0.1:1",
+                               "--listen", f"127.0.0.1:{port}"], capture_output=True,
+                              text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "field --listen" in done.stderr and "--port" not in done.stderr
+    assert f"127.0.0.1:{port}" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_provider_that_does_not_answer_is_named_at_start_up() -> None:
+    """A dead server used to show only as 'model not found' on the first call."""
+    import signal
+
+    from kubemoot.testing.nats_server import free_port
+
+    dead = free_port()  # nothing listens there
+    process = subprocess.Popen(
+        [*KUBEMOOT, "gateway", "--provider", f"gpu=http://127.0.0.1:{dead},vramMiB=1000",
+         "--listen", f"127.0.0.1:{free_port()}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        seen = []
+        for line in process.stderr:  # up to the banner, which follows the first probe
+            seen.append(line)
+            if line.startswith("gateway: "):
+                break
+        said = "".join(seen)
+        assert f"provider gpu (http://127.0.0.1:{dead}) did not answer its first probe" \
+            in said, said
+        assert "Traceback" not in said
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)

@@ -297,3 +297,37 @@ async def test_engine_options_num_ctx_and_keep_alive(client: ollama.AsyncClient,
             for entry in (await http.get(f"{emulator.url}/api/ps")).json()["models"]:
                 expires = datetime.fromisoformat(entry["expires_at"].replace("Z", "+00:00"))
                 assert expires <= datetime.now(UTC) + timedelta(seconds=cap + 5)
+
+
+async def test_an_engine_refusal_names_the_context_or_says_it_is_unknown(
+        make_emulator: Callable[..., OllamaEmulator]) -> None:
+    """A provider given without contextLength: the gateway cannot refuse before loading,
+    the engine refuses, and the message says how to tell the gateway the context (it used
+    to print ``context of gpu-a: None``). Once the copy is loaded its context is known and
+    the second refusal names it."""
+    from kubemoot.clock import SystemClock
+    from kubemoot.gateway import GatewayServer, ProviderSource
+    from kubemoot.runtime.settings import GatewaySettings
+    from kubemoot.store.memory import MemoryKV
+
+    emulator = make_emulator(chars_per_token=1.0)
+    gateway = GatewayServer(
+        MemoryKV(SystemClock()), port=0, settings=GatewaySettings(wait_limit_seconds=5.0),
+        providers=[ProviderSource("gpu-a", emulator.url, total_vram_mib=8192)])
+    await gateway.start()
+    try:
+        client = ollama.AsyncClient(host=gateway.url)
+        long = [{"role": "user", "content": "word " * 400}]
+        with pytest.raises(ollama.ResponseError) as unknown:
+            await client.chat(model="small:1b", messages=long)
+        assert unknown.value.status_code == 400
+        assert "None" not in unknown.value.error
+        assert "provider gpu-a has no known context length" in unknown.value.error
+        assert "contextLength" in unknown.value.error
+        await client.chat(model="small:1b", messages=HELLO)  # loads the copy
+        with pytest.raises(ollama.ResponseError) as known:
+            await client.chat(model="small:1b", messages=long)
+        assert known.value.status_code == 400
+        assert "context of small:1b on gpu-a: 1024 tokens" in known.value.error
+    finally:
+        await gateway.stop()

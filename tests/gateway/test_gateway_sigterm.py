@@ -42,9 +42,19 @@ async def test_sigterm_releases_the_ticket_of_a_call_in_flight(
             assert await _tickets(nats.url), "the call never claimed a ticket"
             process.send_signal(signal.SIGTERM)
             _out, err = await asyncio.to_thread(process.communicate, timeout=60)
-            call.cancel()
+            cut = await call
+        # the client learns why, in Ollama's shape (was uvicorn's text "Internal Server
+        # Error", a 500)
+        assert cut.status_code == 503, cut.text
+        assert "shutting down" in cut.json()["error"]
+        assert cut.headers["retry-after"] == "1"
         assert process.returncode == 128 + signal.SIGTERM, err
         assert "terminated" in err.decode()
+        # the call cut short by the shutdown is one line, not uvicorn's traceback
+        assert "Traceback" not in err.decode() and "CancelledError" not in err.decode()
+        assert "cut short by the shutdown" in err.decode()
+        assert "never retrieved" not in err.decode()
+        assert f"store: {nats.url};" in err.decode()  # was spelled out a character apiece
         assert await _tickets(nats.url) == []
     finally:
         if process.poll() is None:

@@ -83,3 +83,23 @@ async def test_classes_are_listed_and_served(
         assert reply.model in ("medium:7b", "small:1b")
     finally:
         await gateway.stop()
+
+
+async def test_a_refusal_names_the_class_the_client_asked_for(
+        book: ModelClassBook, make_emulator: Callable[..., OllamaEmulator]) -> None:
+    """A refused call for a class used to name only the class's first model, a name the
+    client never sent."""
+    gateway = await start_gateway({"gpu-a": make_emulator()}, virtual=book)
+    try:
+        client = ollama.AsyncClient(host=gateway.url)
+        with pytest.raises(ollama.ResponseError) as long:
+            await client.chat(model="smart",
+                              messages=[{"role": "user", "content": "word " * 5000}])
+        assert long.value.status_code == 400
+        assert 'model "smart" (medium:7b)' in long.value.error
+        with pytest.raises(ollama.ResponseError) as plain:
+            await client.chat(model="small:1b",
+                              messages=[{"role": "user", "content": "word " * 5000}])
+        assert 'for model "small:1b" (1024 tokens)' in plain.value.error  # just its name
+    finally:
+        await gateway.stop()

@@ -112,10 +112,13 @@ def check_host(host: str, *, flag: str = "--host") -> None:
 _HOST_ERRNOS = frozenset({errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT, errno.EINVAL})
 
 
-def listen_error(host: str, port: int, error: OSError) -> InputError:
-    """A failed bind as bad input, naming ``--host`` or ``--port`` by its cause."""
-    flag = "--host" if error.errno in _HOST_ERRNOS or isinstance(error, socket.gaierror) \
-        else "--port"
+def listen_error(host: str, port: int, error: OSError, *,
+                 flag: str | None = None) -> InputError:
+    """A failed bind as bad input, naming ``--host`` or ``--port`` by its cause, or
+    ``flag`` for a command that takes both in one (``--listen HOST:PORT``)."""
+    if flag is None:
+        flag = "--host" if error.errno in _HOST_ERRNOS or isinstance(error, socket.gaierror) \
+            else "--port"
     return InputError(f"cannot listen on {host}:{port}: {error.strerror or error}", field=flag)
 
 

@@ -84,21 +84,23 @@ def gateway_command(
              "does not report its card's memory: give vramMiB (and numParallel, "
              "contextLength, reserveMiB as set on that Ollama) so models can be loaded."),
     file: list[Path] = typer.Option(
-        [], "-f", "--file", help="A bundle of ModelProvider and Model resources."),
+        [], "-f", "--file", metavar="BUNDLE",
+        help="A YAML bundle of ModelProvider, Model and ModelClass resources; repeatable."),
     listen: str = typer.Option(_DEFAULTS.listen, "--listen", metavar="HOST:PORT",
                                help="Where to listen; loopback by default."),
     wait_limit: str = typer.Option(
-        f"{_DEFAULTS.wait_limit_seconds:g}s", "--wait-limit",
+        f"{_DEFAULTS.wait_limit_seconds:g}s", "--wait-limit", metavar="DURATION",
         help="How long a busy call waits for a GPU unless the client sends "
              "X-Kubemoot-Wait-Budget."),
     max_keep_alive: str = typer.Option(
-        f"{_DEFAULTS.max_keep_alive_seconds / 60:g}m", "--max-keep-alive",
-        help="The longest keep_alive a client may ask for."),
+        f"{_DEFAULTS.max_keep_alive_seconds / 60:g}m", "--max-keep-alive", metavar="DURATION",
+        help="The longest keep_alive a client may ask for (90s, 30m, 1h)."),
     probe_interval: str = typer.Option(
-        f"{_DEFAULTS.probe_interval_seconds:g}s", "--probe-interval",
+        f"{_DEFAULTS.probe_interval_seconds:g}s", "--probe-interval", metavar="DURATION",
         help="How often the gateway probes its providers."),
     api_keys: Path | None = typer.Option(
-        None, "--api-keys", help="A file of 'name: key' lines; turns on bearer tokens."),
+        None, "--api-keys", metavar="FILE",
+        help="A file of 'name: key' lines; turns on bearer tokens."),
     allow_anonymous: bool = typer.Option(
         False, "--allow-anonymous",
         help="Allow a non-loopback address without --api-keys."),
@@ -113,12 +115,19 @@ def gateway_command(
     nats_reconnect_attempts: NatsReconnectAttempts = None,
     nats_reconnect_wait: NatsReconnectWait = None,
 ) -> None:
-    """Serve the Ollama and OpenAI APIs; every call is placed on a GPU by kubemoot."""
+    """Serve the Ollama and OpenAI APIs; every call is placed on a GPU by kubemoot.
+
+    Point clients at the --listen address, http://127.0.0.1:11435 by default (OpenAI
+    clients at .../v1). Give at least one --provider, a -f bundle, or --nats with
+    providers published by others.
+    docs/gateway.md has the client settings, statuses and headers.
+    """
     from dataclasses import replace
 
-    from kubemoot.cli._common import check_host, listen_error
+    from kubemoot.cli._common import check_host, install_log_lines, listen_error
     from kubemoot.gateway.keys import load_api_keys
 
+    install_log_lines()  # the gateway's warnings, one line each
     host, port = parse_listen(listen)
     check_host(host, flag="--listen")
     keys = load_api_keys(api_keys) if api_keys is not None else None
@@ -168,11 +177,10 @@ def gateway_command(
             try:
                 await server.start()
             except OSError as error:
-                raise listen_error(host, port, error) from None
+                raise listen_error(host, port, error, flag="--listen") from None
             try:
                 names = ", ".join(s.name for s in sources) or "none of its own"
-                store = (", ".join(mask_servers(nats_settings.servers)) if nats_settings
-                         else "embedded")
+                store = mask_servers(nats_settings.servers) if nats_settings else "embedded"
                 err_console.print(
                     f"gateway: {server.url} (providers: {names}; store: {store}; "
                     f"{'API keys: ' + str(len(keys)) if keys else 'no API keys'}); "

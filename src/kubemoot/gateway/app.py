@@ -273,6 +273,7 @@ class GatewayApp:
                     return
 
         watcher = asyncio.ensure_future(watch_disconnect())
+        opening: asyncio.Future[httpx.Response] | None = None
         try:
             call = await self.desk.place(req, candidates, caller=request.state.caller,
                                          budget=budget, left=left)
@@ -287,6 +288,14 @@ class GatewayApp:
                 raise GatewayError(499, "the client went away before the engine answered")
             opening.result()
             return call
+        except asyncio.CancelledError:
+            # the handler itself was cancelled (a shutdown past its grace period): the
+            # upstream request must not outlive it, nor fail later with nobody to hear
+            if opening is not None and not opening.done():
+                opening.cancel()
+                with contextlib.suppress(asyncio.CancelledError, GatewayError):
+                    await opening
+            raise
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -146,7 +146,7 @@ class CallDesk:
             raise GatewayError(499, "the client went away while its call waited")
         if not placement.placed:
             raise await self._refusal(placement, candidates, prompt_tokens, budget,
-                                      num_ctx=request.num_ctx)
+                                      num_ctx=request.num_ctx, asked=request.model)
         action = placement.action.value
         if signals.joined and placement.action in (Action.WARM, Action.LOADING):
             action = Action.QUEUE.value  # it waited in line for a slot of a warm copy
@@ -163,17 +163,18 @@ class CallDesk:
 
     async def _refusal(self, placement: Placement, candidates: Sequence[Candidate],
                        prompt_tokens: int | None, budget: float, *,
-                       num_ctx: int | None = None) -> GatewayError:
+                       asked: str, num_ctx: int | None = None) -> GatewayError:
         model = candidates[0].model
+        name = _as_asked(asked, candidates)
         if placement.reason == Reason.MODEL_UNKNOWN.value:
             return unknown_model(model)
         if placement.reason == Reason.MODEL_TOO_LARGE.value:
-            return GatewayError(400, f'model "{model}" is larger than the usable memory of '
+            return GatewayError(400, f"model {name} is larger than the usable memory of "
                                 "every GPU in the fleet", code="model_too_large")
         if placement.reason == Reason.PROMPT_TOO_LARGE.value:
             fleet = await self.stack.view.snapshot()
             largest = largest_context(fleet, [c.model for c in candidates])
-            error = _prompt_too_large(prompt_tokens or 0, largest, f'model "{model}"')
+            error = _prompt_too_large(prompt_tokens or 0, largest, f"model {name}")
             if num_ctx is not None and (largest is None or num_ctx > largest):
                 # a copy loaded at the client's num_ctx would take a KV cache no ticket
                 # sized, so the option cannot open a larger context than the fleet runs
@@ -184,7 +185,7 @@ class CallDesk:
         estimate = placement.options[0].seconds if placement.options else budget or 1.0
         retry = max(1, math.ceil(estimate))
         return GatewayError(
-            503, f'every GPU that can run "{model}" is busy; waited {waited:.1f} s of a '
+            503, f"every GPU that can run {name} is busy; waited {waited:.1f} s of a "
             f"{budget:g} s budget (X-Kubemoot-Wait-Budget); retry in about {retry} s",
             code="gpu_busy", headers={"Retry-After": str(retry)})
 
@@ -203,6 +204,14 @@ class CallDesk:
                 listener(record)
             except Exception:  # attribution must never fail a call
                 log.exception("call listener failed")
+
+
+def _as_asked(asked: str, candidates: Sequence[Candidate]) -> str:
+    """The model as the client named it; a ModelClass also lists what it stands for."""
+    models = [c.model for c in candidates]
+    if asked in models:
+        return f'"{asked}"'
+    return f'"{asked}" ({", ".join(models)})'
 
 
 def _prompt_too_large(tokens: int, largest: int | None, where: str) -> GatewayError:
@@ -379,6 +388,18 @@ class PlacedCall:
             desk.record(self, ok=bool(ok))
 
 
+def _context_facts(call: PlacedCall) -> str:
+    """What the gateway knew when the engine refused a prompt as too long."""
+    p = call.placement
+    estimate = ("no estimate of the prompt" if call.prompt_tokens is None
+                else f"estimated prompt: {call.prompt_tokens} tokens")
+    if p.context_length is not None:
+        return f"{estimate}; context of {p.model} on {p.provider}: {p.context_length} tokens"
+    # Nothing told the gateway this context: a cold load on a provider given without one.
+    return (f"{estimate}; provider {p.provider} has no known context length: give "
+            "contextLength in --provider or in its ModelProvider")
+
+
 def _upstream_error(status: int, text: str, call: PlacedCall) -> GatewayError:
     try:
         said = json.loads(text).get("error")
@@ -390,8 +411,7 @@ def _upstream_error(status: int, text: str, call: PlacedCall) -> GatewayError:
         return GatewayError(404, message, code="model_not_found")
     lowered = message.lower()
     if status == 400 and any(w in lowered for w in ("context", "too long", "truncat")):
-        return GatewayError(400, f"{message} (estimated prompt: {call.prompt_tokens} tokens; "
-                            f"context of {provider}: {call.placement.context_length})",
+        return GatewayError(400, f"{message} ({_context_facts(call)})",
                             code="context_length_exceeded")
     if status >= 500:
         return GatewayError(502, f"provider {provider} failed: {message}",

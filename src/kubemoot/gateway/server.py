@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import httpx
 import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kubemoot.agent.pool import CallSettings
 from kubemoot.agent.runtime import CallRecord
@@ -24,6 +25,7 @@ from kubemoot.agent.wiring import RuntimeStack, build_stack
 from kubemoot.clock import Clock, SystemClock
 from kubemoot.gateway.app import GatewayApp, VirtualModels
 from kubemoot.gateway.calls import CallDesk
+from kubemoot.gateway.errors import GatewayError, error_response
 from kubemoot.gateway.keys import ApiKeys
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import KVStatePublisher, Prober
@@ -48,6 +50,24 @@ class ProviderSource:
     num_parallel: int = 1
     reserve_mib: int = 1024
     total_vram_mib: int | None = None
+
+
+class _ShutdownCuts(logging.Filter):
+    """uvicorn's words for the calls a shutdown cuts short, made one plain line.
+
+    When the grace period ends, uvicorn cancels the requests still running and logs
+    each cancellation as "Exception in ASGI application" with a traceback. A call cut
+    short by SIGTERM is expected, not a bug: say so once, without the traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
+            return False  # one cancellation a request: already said by the line below
+        if str(record.msg).startswith("Cancel %s running task"):
+            record.msg = ("%s call(s) still running when the grace period ended were cut "
+                          "short by the shutdown")
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
 
 
 class _QuietServer(uvicorn.Server):
@@ -117,9 +137,11 @@ class GatewayServer:
             assert self.desk is not None
             app = GatewayApp(self.desk, self.clients, declared=frozenset(self.declared),
                              keys=self.keys, virtual=self.virtual, reprobe=self._reprobe)
-            config = uvicorn.Config(app.app, log_level="warning", access_log=False,
+            config = uvicorn.Config(_answer_when_cut(app.app), log_level="warning",
+                                    access_log=False,
                                     lifespan="off", timeout_graceful_shutdown=2)
             self._server = _QuietServer(config)
+            _install_once(logging.getLogger("uvicorn.error"), _ShutdownCuts)
             self._serving = asyncio.get_running_loop().create_task(
                 self._server.serve([sock]))
             while not self._server.started:
@@ -141,7 +163,13 @@ class GatewayServer:
         states = await self.kv.bucket(PROVIDER_STATE_BUCKET)
         self.prober = Prober(list(self.clients.values()), clock=self.clock,
                              publish=NewestStatePublisher(states))
-        await self.prober.probe_all()
+        for state in await self.prober.probe_all():
+            if not state.ready:
+                # said once here: otherwise a dead server shows only as "model not found"
+                log.warning("provider %s (%s) did not answer its first probe: %s; the "
+                            "gateway probes it again every %g s and uses it once it "
+                            "answers", state.provider, state.endpoint, state.reason,
+                            self.settings.probe_interval_seconds)
 
         def factory(provider: str, endpoint: str, settings: CallSettings) -> OllamaProvider:
             # the agent runtime's chat pool; the gateway forwards with its own client
@@ -205,6 +233,42 @@ class GatewayServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def _answer_when_cut(app: ASGIApp) -> ASGIApp:
+    """``app``, answering 503 in its route family's shape to a request the shutdown cuts.
+
+    uvicorn cancels the requests still running when its grace period ends — nothing else
+    cancels a handler — and would answer a bare text 500. A client (or the load
+    balancer in front of several replicas) should rather learn that this replica is
+    going away and that retrying elsewhere is fine.
+    """
+    cut = GatewayError(503, "the gateway is shutting down; retry the call", code="shutdown",
+                       headers={"Retry-After": "1"})
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if scope["type"] == "http" and not started:
+                answer = error_response(cut, openai=str(scope["path"]).startswith("/v1/"))
+                with contextlib.suppress(Exception):
+                    await answer(scope, receive, send)
+            raise
+
+    return guarded
+
+
+def _install_once(logger: logging.Logger, kind: type[logging.Filter]) -> None:
+    if not any(isinstance(f, kind) for f in logger.filters):
+        logger.addFilter(kind())
 
 
 def _bind(host: str, port: int) -> socket.socket:

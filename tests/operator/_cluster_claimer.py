@@ -5,7 +5,9 @@ per footprint; each claims ``ROUNDS`` tickets one after another, holds each brie
 releases it. A claim or release the store could not confirm (a server died under it) is
 retried; a claim whose answer was lost is reconciled by releasing any ticket of its own
 holder id it does not know it holds, so nothing leaks. It prints ``running`` after its
-first grant, then one JSON line: the (granted, released, footprint) intervals.
+first grant, then one JSON line: the (granted, released, footprint) intervals. Until its
+first grant it tells on stderr which server it talks to and every new reason it was
+not granted, so a stalled claimer explains itself in the test's failure message.
 """
 
 from __future__ import annotations
@@ -37,10 +39,21 @@ async def main(argv: list[str]) -> None:
             break
         except StoreError:
             await asyncio.sleep(PAUSE)
+    url = kv.connection.connected_url
+    print(f"connected to {url.geturl() if url else None}", file=sys.stderr, flush=True)
     manager = TicketManager(tickets, states, clock=SystemClock(), rng=random.Random(seed),
                             max_attempts=100, ttl_seconds=600)
     intervals: list[tuple[float, float, int]] = []
     announced = False
+    told: set[str] = set()
+
+    def not_granted(error: Exception) -> None:
+        # Before the first grant only, and each distinct reason once: bounded output.
+        reason = error.reason if isinstance(error, ClaimRejected) else str(error)
+        what = f"{type(error).__name__}: {reason}"
+        if not announced and what not in told and len(told) < 50:
+            told.add(what)
+            print(f"{time.time():.3f} not granted: {what}", file=sys.stderr, flush=True)
 
     async def forget_unconfirmed(holder: str) -> None:
         while True:
@@ -60,9 +73,11 @@ async def main(argv: list[str]) -> None:
                 try:
                     ticket = await manager.claim(PROVIDER, "m", footprint, holder)
                     break
-                except (ClaimRejected, ClaimConflict):
+                except (ClaimRejected, ClaimConflict) as error:
+                    not_granted(error)
                     await asyncio.sleep(PAUSE)
-                except StoreError:  # unconfirmed: it may or may not have been written
+                except StoreError as error:  # unconfirmed: it may or may not have been written
+                    not_granted(error)
                     await forget_unconfirmed(holder)
                     await asyncio.sleep(PAUSE)
             granted = time.time()

@@ -348,6 +348,7 @@ class TicketManager:
     async def _serve(self, provider: str, lane: _Lane) -> None:
         key = encode_token(provider)
         conflicts = 0
+        outages = 0  # store failures in a row (no leader, timeouts): back off longer
         while lane.pending:
             batch = list(lane.pending)
             cached, lane.cached = lane.cached, None
@@ -395,7 +396,11 @@ class TicketManager:
                     continue  # the cached copy was stale: read and decide again, no penalty
                 conflicts += 1
                 self._count_attempt(lane, batch, provider, error)
-                await self._clock.sleep(self._backoff(conflicts))
+                if isinstance(error, StoreUnavailable):
+                    outages += 1
+                    await self._clock.sleep(self._outage_backoff(outages))
+                else:
+                    await self._clock.sleep(self._backoff(conflicts))
                 continue
             except Exception as error:  # a bad document or a bug: fail this batch, not the lane
                 faults.noted(
@@ -405,6 +410,7 @@ class TicketManager:
                 for op in batch:
                     self._finish(lane, op, error=error)
                 continue
+            outages = 0
             for op in batch:
                 if id(op) not in retry:
                     self._finish(lane, op, result=results.get(id(op)))
@@ -446,6 +452,14 @@ class TicketManager:
         # Jittered so losers do not collide again in lockstep, and *shorter* the more a
         # lane has lost in a row: the longest waiter gets the next turn, not the newest.
         ceiling = min(self._backoff_cap, self._backoff_base * 4 / max(1, conflicts))
+        return self._rng.uniform(0.0, ceiling)
+
+    def _outage_backoff(self, outages: int) -> float:
+        # Unlike a lost race, an unavailable store (a stream electing its leader answers
+        # "temporarily unavailable" at once) is not helped by trying sooner: a shrinking
+        # wait would spin hundreds of requests a second at a cluster busy electing. The
+        # ceiling doubles with each failure in a row, up to the cap; jittered.
+        ceiling = min(self._backoff_cap, self._backoff_base * 2 ** min(outages, 30))
         return self._rng.uniform(0.0, ceiling)
 
     def _count_attempt(

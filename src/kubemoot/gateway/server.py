@@ -139,7 +139,8 @@ class GatewayServer:
                              keys=self.keys, virtual=self.virtual, reprobe=self._reprobe)
             config = uvicorn.Config(_answer_when_cut(app.app), log_level="warning",
                                     access_log=False,
-                                    lifespan="off", timeout_graceful_shutdown=2)
+                                    lifespan="off",
+                                    timeout_graceful_shutdown=self.settings.drain_seconds)
             self._server = _QuietServer(config)
             _install_once(logging.getLogger("uvicorn.error"), _ShutdownCuts)
             self._serving = asyncio.get_running_loop().create_task(

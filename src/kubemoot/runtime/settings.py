@@ -197,3 +197,6 @@ class GatewaySettings:
     #: Connections the gateway keeps open to its providers, all together; more
     #: concurrent calls wait for a free connection.
     upstream_connections: int = 64
+    #: On SIGTERM or Ctrl-C, how long replies still streaming may finish before their
+    #: calls are cut (a cut call gets a 503 and its ticket back).
+    drain_seconds: int = 2  # whole seconds: uvicorn takes an int

@@ -38,6 +38,11 @@ async def _still_serves(http: httpx.AsyncClient) -> None:
      400, "options.num_ctx"),
     ("/api/chat", b'{"model": "small:1b", "messages": [], "keep_alive": "soon"}', 400,
      "keep_alive"),
+    # the emulator's rules too (one parser): past what Ollama's durations can hold
+    ("/api/chat", b'{"model": "small:1b", "messages": [], "keep_alive": 1' + b"0" * 400
+     + b"}", 400, "keep_alive is out of range"),
+    ("/api/chat", b'{"model": "small:1b", "messages": [], "keep_alive": "nan"}', 400,
+     "keep_alive is out of range"),
     ("/api/generate", b'{"model": "small:1b", "prompt": 5}', 400, "prompt must be a string"),
     ("/api/embed", b'{"model": "small:1b", "input": [1]}', 400, "input"),
     ("/api/show", b'{}', 400, "model is required"),

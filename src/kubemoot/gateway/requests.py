@@ -7,7 +7,6 @@ names the field, so bad input never reaches the planner or an engine.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from starlette.requests import Request
 
 from kubemoot.gateway.errors import GatewayError
+from kubemoot.providers.durations import DurationError, duration_seconds
 
 __all__ = [
     "InferenceRequest",
@@ -116,26 +116,13 @@ def _prompt_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def keep_alive_seconds(value: object) -> float | None:
-    """Ollama's ``keep_alive``: seconds or a ``"5m"``-style duration; negative = forever."""
+    """Ollama's ``keep_alive`` in seconds (negative: forever); a bad one is a 400."""
     if value is None:
         return None
-    if isinstance(value, bool):
-        raise GatewayError(400, "keep_alive must be a number of seconds or a duration")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
-        units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-        text = value.strip()
-        unit = next((u for u in ("ms", "s", "m", "h") if text.endswith(u)), "")
-        try:
-            seconds = float(text[: len(text) - len(unit)]) * units.get(unit, 1.0)
-        except ValueError:
-            raise GatewayError(400, f"keep_alive {value[:40]!r} is not a duration") from None
-    else:
-        raise GatewayError(400, "keep_alive must be a number of seconds or a duration")
-    if math.isnan(seconds):
-        raise GatewayError(400, "keep_alive must be a number of seconds or a duration")
-    return math.inf if seconds < 0 else seconds
+    try:
+        return duration_seconds(value)
+    except DurationError as error:
+        raise GatewayError(400, str(error)) from None
 
 
 def embed_inputs(body: Mapping[str, Any], field: str) -> list[str]:

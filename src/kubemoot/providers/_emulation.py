@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from kubemoot.clock import Clock
+from kubemoot.providers.durations import DurationError, duration_seconds
 from kubemoot.runtime.settings import DEFAULTS
 
 MIB = 1024 * 1024
@@ -137,39 +138,15 @@ class Slot(NamedTuple):
     loaded: bool  # this caller loaded the copy (and paid the load time)
 
 
-#: The longest duration Ollama can hold (Go's ``time.Duration`` is int64 nanoseconds);
-#: a longer keep_alive is an error there, so it is one here too.
-MAX_DURATION_S = (2**63 - 1) / 1e9
-
-
 def parse_keep_alive(value: object, default: float) -> float:
-    """Ollama's keep_alive: seconds, or ``"5m"``-style durations; negative = forever.
-
-    Anything that is not a finite duration Ollama could represent (``"nan"``, ``"inf"``,
-    a 400-digit number) is a 400, never a value that poisons the expiry books.
-    """
+    """Ollama's keep_alive (:func:`~kubemoot.providers.durations.duration_seconds`); a
+    bad one is a 400."""
     if value is None:
         return default
-    if isinstance(value, bool):
-        raise EmulatorError(400, "keep_alive must be a number or a duration")
-    if isinstance(value, int | float):
-        try:
-            seconds = float(value)
-        except OverflowError:  # an int too large for a float
-            raise EmulatorError(400, "keep_alive is out of range") from None
-    elif isinstance(value, str):
-        units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-        text = value.strip()
-        unit = next((u for u in ("ms", "s", "m", "h") if text.endswith(u)), "")
-        try:
-            seconds = float(text[: len(text) - len(unit)]) * units.get(unit, 1.0)
-        except ValueError:
-            raise EmulatorError(400, f"invalid keep_alive {value[:40]!r}") from None
-    else:
-        raise EmulatorError(400, "keep_alive must be a number or a duration")
-    if not math.isfinite(seconds) or abs(seconds) > MAX_DURATION_S:
-        raise EmulatorError(400, "keep_alive is out of range")
-    return math.inf if seconds < 0 else seconds
+    try:
+        return duration_seconds(value)
+    except DurationError as error:
+        raise EmulatorError(400, str(error)) from None
 
 
 def embedding_vector(model: str, text: str, dimensions: int) -> list[float]:

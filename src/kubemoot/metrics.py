@@ -137,7 +137,7 @@ STATE_ERRORS = Counter(
     "kubemoot_state_errors",
     "Shared-state documents that could not be read or written where the runtime went "
     "on without them, by site (e.g. provider-state, tickets, demand, intent) and kind "
-    "(unreadable, store).",
+    "(unreadable, store, cleanup, bug).",
     ["site", "kind"],
     registry=REGISTRY,
 )

@@ -9,6 +9,7 @@ import pytest
 
 from kubemoot import metrics
 from kubemoot.clock import LoopClock
+from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.runtime.tickets import ClaimRejected, TicketManager
 from kubemoot.sim.vloop import run_virtual
 from kubemoot.store.keys import encode_token
@@ -19,7 +20,7 @@ from tests.store.test_tickets import PROVIDER
 
 
 async def _two_managers(
-    store: StoreUnderTest, usable_mib: int, *, line_seconds: float | None = None
+    store: StoreUnderTest, usable_mib: int, *, line_seconds: float = DEFAULTS.claim_line_seconds
 ) -> tuple[TicketManager, TicketManager]:
     tickets = await store.bucket("tickets")
     states = await store.bucket("states")

@@ -23,7 +23,7 @@ from kubemoot.clock import Clock
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
 from kubemoot.runtime.circuit import CircuitBreakers
-from kubemoot.runtime.demand import DEMAND_MAX_AGE_SECONDS, DemandBoard
+from kubemoot.runtime.demand import DemandBoard
 from kubemoot.runtime.latency import LatencyTracker
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.planner import CallPlanner
@@ -35,6 +35,7 @@ from kubemoot.runtime.view import ProviderView
 from kubemoot.runtime.waiting import CapacityWaiter
 from kubemoot.store.documents import (
     MODEL_DEMAND_BUCKET,
+    MODEL_DEMAND_MAX_AGE_SECONDS,
     PROVIDER_STATE_BUCKET,
     PROVIDER_TICKETS_BUCKET,
 )
@@ -110,7 +111,7 @@ async def build_runtime(
     settings = settings or RuntimeSettings()
     states = await kv.bucket(PROVIDER_STATE_BUCKET)
     tickets_bucket = await kv.bucket(PROVIDER_TICKETS_BUCKET)
-    demand_bucket = await kv.bucket(MODEL_DEMAND_BUCKET, max_age=DEMAND_MAX_AGE_SECONDS)
+    demand_bucket = await kv.bucket(MODEL_DEMAND_BUCKET, max_age=MODEL_DEMAND_MAX_AGE_SECONDS)
     latency = LatencyTracker(
         alpha=settings.latency_ema_alpha, default_seconds=settings.default_latency_seconds
     )

@@ -89,9 +89,9 @@ class CapacityWatch:
         try:
             document = ProviderTickets.from_json(value)
         except ValueError as error:
-            # Its expiries stay as last known: an unreadable document frees nothing.
-            faults.noted("tickets", faults.UNREADABLE,
-                         f"capacity watch cannot read the ticket document {key}", error)
+            # Its expiries stay as last known: an unreadable document frees nothing. The
+            # provider view reports (logs and counts) the same document once; not again.
+            log.debug("capacity watch cannot read the ticket document %s: %s", key, error)
             return
         live = [t.expires_at for t in document.tickets if t.expires_at > now]
         if live:

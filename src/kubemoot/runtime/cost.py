@@ -38,7 +38,6 @@ from kubemoot.runtime.settings import MIB_PER_GIB, RuntimeSettings
 from kubemoot.runtime.snapshot import (
     DemandSnapshot,
     FleetSnapshot,
-    ModelDemand,
     ProviderSnapshot,
 )
 
@@ -164,9 +163,6 @@ class CostModel:
     def needs(self) -> DemandSnapshot:
         """The demand this round was priced with."""
         return self._need
-
-    def need(self, model: str) -> ModelDemand:
-        return self._need.of(model)
 
     def demand(self, model: str) -> float:
         return self._need.of(model).demand

@@ -26,13 +26,12 @@ from kubemoot.clock import Clock
 from kubemoot.runtime import faults
 from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.runtime.snapshot import DemandSnapshot, ModelDemand
-from kubemoot.store.documents import MODEL_DEMAND_MAX_AGE_SECONDS, DemandEntry, SelectionEntry
+from kubemoot.store.documents import DemandEntry, SelectionEntry
 from kubemoot.store.keys import decode_token, join_key
 from kubemoot.store.protocol import Bucket
 
-__all__ = ["DEMAND_MAX_AGE_SECONDS", "DemandBoard"]
+__all__ = ["DemandBoard"]
 
-DEMAND_MAX_AGE_SECONDS = MODEL_DEMAND_MAX_AGE_SECONDS  # the bucket's max age (DESIGN §6)
 
 WAIT = "wait"
 INTENT = "intent"

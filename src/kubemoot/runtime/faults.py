@@ -23,6 +23,7 @@ log = logging.getLogger("kubemoot.runtime")
 UNREADABLE = "unreadable"  # a document that does not parse
 STORE = "store"  # the store did not do what was asked
 CLEANUP = "cleanup"  # closing a watch or a task failed
+BUG = "bug"  # our own code failed; the runtime went on without that step
 
 
 def noted(site: str, kind: str, what: str, error: BaseException) -> None:

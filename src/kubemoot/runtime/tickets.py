@@ -152,12 +152,10 @@ class TicketManager:
         rng: random.Random | None = None,
         backoff_base_seconds: float = 0.001,
         backoff_cap_seconds: float = 0.05,
-        line_seconds: float | None = None,
+        line_seconds: float = DEFAULTS.claim_line_seconds,
     ) -> None:
         self._tickets = tickets
-        self.line_seconds = (
-            line_seconds if line_seconds is not None else DEFAULTS.claim_line_seconds
-        )
+        self.line_seconds = line_seconds
         self._states = states
         self._clock = clock
         self.ttl_seconds = ttl_seconds
@@ -404,7 +402,7 @@ class TicketManager:
                 continue
             except Exception as error:  # a bad document or a bug: fail this batch, not the lane
                 faults.noted(
-                    "tickets", faults.UNREADABLE if isinstance(error, ValueError) else "bug",
+                    "tickets", faults.UNREADABLE if isinstance(error, ValueError) else faults.BUG,
                     f"ticket operations on {provider} failed", error,
                 )
                 for op in batch:

@@ -43,6 +43,7 @@ from typing import Literal, Protocol
 
 from kubemoot import metrics
 from kubemoot.clock import Clock
+from kubemoot.runtime import faults
 from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
 from kubemoot.runtime.cost import load_seconds, unload_floor_seconds
 from kubemoot.runtime.faults import tolerated
@@ -261,7 +262,7 @@ class CapacityWaiter:
                 await self._round()
         except Exception:  # a bug must not leave every waiter hanging until its limit
             log.exception("capacity dispatcher failed")
-            metrics.STATE_ERRORS.labels(site="capacity-dispatcher", kind="bug").inc()
+            metrics.STATE_ERRORS.labels(site="capacity-dispatcher", kind=faults.BUG).inc()
             for line in list(self._lines.values()):
                 for waiter in list(line):
                     _settle(waiter.future, None)

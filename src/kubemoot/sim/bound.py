@@ -46,7 +46,7 @@ import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.sim.scenario import Scenario
 from kubemoot.sim.workload import CallSpec, Trace, Turn
 
@@ -56,7 +56,7 @@ __all__ = ["LowerBound", "lower_bound", "pooled_busy_time", "spt_total_wait"]
 #: traces at quadratic cost; it never affects validity.
 SEGMENT_TURNS = 10
 #: The runtime's default candidate tolerance: the simulator runs it with defaults.
-DEFAULT_TOLERANCE = RuntimeSettings().candidate_tolerance
+DEFAULT_TOLERANCE = DEFAULTS.candidate_tolerance
 #: Above this many turns the segments shrink so the bound stays a fraction of a run.
 SEGMENT_BUDGET = 40_000
 

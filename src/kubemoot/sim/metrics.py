@@ -91,7 +91,7 @@ class Recorder(GpuEvents):
         for c in self.calls:
             if c.outcome.status != FINISHED:
                 continue
-            wait = (c.outcome.started or c.issued) - c.issued
+            wait = _wait(c)
             result[c.call_id] = (wait, _split(c, wait))
         return result
 
@@ -99,11 +99,11 @@ class Recorder(GpuEvents):
         self, *, policy: str, discussions: dict[int, float], busy_seconds: float,
         gpu_count: int, end: float, vram_checks: int, wall_seconds: float,
         cpu_seconds: float = 0.0,
+        by_call: dict[int, tuple[float, dict[WaitSource, float]]] | None = None,
     ) -> PolicyReport:
         finished = [c for c in self.calls if c.outcome.status == FINISHED]
-        waits = sorted(
-            (c.outcome.started or c.issued) - c.issued for c in finished
-        )
+        by_call = self.waits_by_call() if by_call is None else by_call
+        waits = sorted(wait for wait, _parts in by_call.values())
         e2e = sorted(c.ended - c.issued for c in finished)
         last: dict[int, float] = {}
         for c in self.calls:
@@ -115,8 +115,8 @@ class Recorder(GpuEvents):
                           if c.outcome.status == REFUSED)
         evictions = sum(1 for u in self.unloads if u[3] in ("evicted", "unloaded"))
         parts = dict.fromkeys(WaitSource, 0.0)
-        for c in finished:
-            for name, seconds in _split(c, (c.outcome.started or c.issued) - c.issued).items():
+        for _wait_seconds, split in by_call.values():
+            for name, seconds in split.items():
                 parts[name] += seconds
         return PolicyReport(
             policy=policy,
@@ -139,6 +139,11 @@ class Recorder(GpuEvents):
             waits=waits,
             wait_parts={k: _r(v / max(len(finished), 1)) for k, v in parts.items()},
         )
+
+
+def _wait(call: _CallRecord) -> float:
+    """Issue → start of inference."""
+    return (call.outcome.started or call.issued) - call.issued
 
 
 def _split(call: _CallRecord, wait: float) -> dict[WaitSource, float]:

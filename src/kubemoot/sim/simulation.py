@@ -192,10 +192,12 @@ async def _run(scenario: Scenario, trace: Trace, policy_name: str, seed: int) ->
         busy += gpu.busy_seconds
         await gpu.close()
     arrivals = {d.discussion_id: d.arrival for d in trace.discussions}
+    by_call = recorder.waits_by_call()
     report = recorder.report(
         policy=policy_name, discussions=arrivals, busy_seconds=busy, gpu_count=len(gpus),
         end=end, vram_checks=sum(g.vram_checks for g in gpus.values()),
         wall_seconds=time.perf_counter() - wall, cpu_seconds=time.process_time() - cpu,
+        by_call=by_call,
     )
     statuses: dict[int, str] = {}
     for record in recorder.calls:
@@ -206,7 +208,7 @@ async def _run(scenario: Scenario, trace: Trace, policy_name: str, seed: int) ->
         report, recorder.loads, recorder.unloads, recorder.vram_samples,
         {g.name: g.usable_mib for g in plotted}, end, statuses,
         {g.name: g.peak_mib for g in gpus.values()}, {g.name: g.usable_mib for g in gpus.values()},
-        waits_by_call=recorder.waits_by_call(),
+        waits_by_call=by_call,
     )
 
 

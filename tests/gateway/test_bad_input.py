@@ -217,3 +217,22 @@ def test_a_provider_that_does_not_answer_is_named_at_start_up() -> None:
     finally:
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=60)
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-5", "soon", ""])
+def test_a_duration_flag_must_be_a_finite_duration(text: str) -> None:
+    # --wait-limit nan used to pass (nan < 0 is false) and made every wait endless.
+    from kubemoot.api.errors import InputError
+    from kubemoot.cli.gateway import parse_duration
+
+    with pytest.raises(InputError) as caught:
+        parse_duration(text, "--wait-limit")
+    assert caught.value.field == "--wait-limit"
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90.0), ("90s", 90.0), ("30m", 1800.0),
+                                               ("1h", 3600.0), ("250ms", 0.25)])
+def test_a_duration_flag_reads_like_ollama(text: str, seconds: float) -> None:
+    from kubemoot.cli.gateway import parse_duration
+
+    assert parse_duration(text, "--wait-limit") == seconds

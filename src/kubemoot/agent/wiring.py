@@ -19,7 +19,6 @@ from kubemoot.agent.toolloop import ToolLoopLimits
 from kubemoot.clock import Clock
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime.builder import Runtime, build_runtime
-from kubemoot.runtime.capacity import CapacityWatch
 from kubemoot.runtime.demand import DemandBoard
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.settings import RuntimeSettings
@@ -45,10 +44,6 @@ class RuntimeStack:
     agents: AgentRuntime
 
     @property
-    def kv(self) -> KV:
-        return self.runtime.kv
-
-    @property
     def clock(self) -> Clock:
         return self.runtime.clock
 
@@ -57,16 +52,8 @@ class RuntimeStack:
         return self.runtime.settings
 
     @property
-    def states(self) -> Bucket:
-        return self.runtime.states
-
-    @property
     def tickets_bucket(self) -> Bucket:
         return self.runtime.tickets_bucket
-
-    @property
-    def demand_bucket(self) -> Bucket:
-        return self.runtime.demand_bucket
 
     @property
     def view(self) -> ProviderView:
@@ -83,10 +70,6 @@ class RuntimeStack:
     @property
     def board(self) -> DemandBoard:
         return self.runtime.board
-
-    @property
-    def watch(self) -> CapacityWatch | None:
-        return self.runtime.waking
 
     async def close(self) -> None:
         """Stop the watch and close the pool's clients (the store stays the caller's)."""

@@ -10,6 +10,7 @@ default; a non-loopback address needs ``--api-keys`` or an explicit
 from __future__ import annotations
 
 import ipaddress
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,7 +34,7 @@ from kubemoot.cli._nats import (
     open_shared_store,
     resolve_nats,
 )
-from kubemoot.runtime.settings import GatewaySettings
+from kubemoot.runtime.settings import DEFAULTS, GatewaySettings
 
 if TYPE_CHECKING:
     from kubemoot.gateway import ProviderSource
@@ -61,17 +62,16 @@ def is_loopback(host: str) -> bool:
 
 
 def parse_duration(text: str, flag: str) -> float:
-    """``90``, ``90s``, ``30m``, ``1h`` → seconds."""
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
-    value = text.strip()
-    unit = value[-1] if value and value[-1] in units else "s"
-    number = value[:-1] if value and value[-1] in units else value
+    """``90``, ``90s``, ``30m``, ``1h`` → seconds (Ollama's duration syntax, but a flag
+    may be neither negative nor endless)."""
+    from kubemoot.providers.durations import DurationError, duration_seconds
+
     try:
-        seconds = float(number) * units[unit]
-    except ValueError:
+        seconds = duration_seconds(text, field=flag)
+    except DurationError:
         raise InputError(f"expected a duration such as 90s, 30m or 1h, got {text!r}",
                          field=flag) from None
-    if seconds < 0:
+    if seconds == math.inf:  # a negative duration means "forever" to Ollama
         raise InputError(f"must not be negative, got {text!r}", field=flag)
     return seconds
 
@@ -240,7 +240,7 @@ def _providers(
         sources[name] = ProviderSource(
             name, url, context_length=values.get("contextLength"),
             num_parallel=values.get("numParallel", 1),
-            reserve_mib=values.get("reserveMiB", 1024),
+            reserve_mib=values.get("reserveMiB", DEFAULTS.reserve_mib),
             total_vram_mib=values.get("vramMiB"))
     return list(sources.values()), declared, virtual
 

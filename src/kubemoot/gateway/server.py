@@ -30,7 +30,7 @@ from kubemoot.gateway.keys import ApiKeys
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import KVStatePublisher, Prober
 from kubemoot.providers.protocol import ProviderState
-from kubemoot.runtime.settings import GatewaySettings, RuntimeSettings
+from kubemoot.runtime.settings import DEFAULTS, GatewaySettings, RuntimeSettings
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import KV, KeyExists, RevisionMismatch
@@ -48,7 +48,7 @@ class ProviderSource:
     endpoint: str
     context_length: int | None = None
     num_parallel: int = 1
-    reserve_mib: int = 1024
+    reserve_mib: int = DEFAULTS.reserve_mib
     total_vram_mib: int | None = None
 
 

@@ -155,3 +155,13 @@ async def test_a_refused_connection_is_retried_once_and_says_nothing_was_sent(
             await client.chat("m", [{"role": "user", "content": "hi"}])
     assert caught.value.sent is False
     assert caught.value.provider_fault
+
+
+def test_the_deployment_s_deadline_applies_where_none_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # docs/runtime.md lists KUBEMOOT_PROVIDER_CALL_DEADLINE_SECONDS; every client made
+    # without an explicit deadline (gateway, agent, demo, chat pools) must honour it.
+    monkeypatch.setenv("KUBEMOOT_PROVIDER_CALL_DEADLINE_SECONDS", "42")
+    assert OllamaProvider("p", "http://127.0.0.1:1").deadline == 42.0
+    assert OllamaProvider("p", "http://127.0.0.1:1", deadline=5.0).deadline == 5.0

@@ -234,7 +234,10 @@ class OllamaProvider:
         self.reserve_mib = reserve_mib
         self.total_vram_mib = total_vram_mib
         self.timeout = timeout
-        self.deadline = (RuntimeSettings().provider_call_deadline_seconds
+        # Without an explicit deadline the deployment's applies
+        # (KUBEMOOT_PROVIDER_CALL_DEADLINE_SECONDS): clients are made in many places
+        # (gateway, agent, demo, chat pools), and each must honour it.
+        self.deadline = (RuntimeSettings.from_env().provider_call_deadline_seconds
                          if deadline is None else deadline)
         if not self.deadline > 0:
             raise InputError(f"provider {name}: the call deadline must be positive, got "

@@ -74,7 +74,8 @@ class DashboardServer:
     async def start(self) -> None:
         await self.view.start()
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP: asyncio turns Nagle off only for sockets that say TCP
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self._host, self._port))

@@ -38,9 +38,9 @@ def test_waiters_ahead_count_in_the_queue(
         latency_seconds=20,
     )
     cost = CostModel(FleetSnapshot.of(NOW, [p]), settings=RuntimeSettings(),
-                     occupancy=OccupancyBook(), need=DemandSnapshot())
+                     occupancy=OccupancyBook(), demand=DemandSnapshot())
     assert cost.queue(p, "m", ahead=ahead) == pytest.approx(expected, abs=1e-9)
-    assert cost.has_free_slot(p, "m", ahead=ahead) is (len(ages) + ahead < slots)
+    assert p.has_free_slot("m", ahead=ahead) is (len(ages) + ahead < slots)
 
 
 def _busy_home(h_tickets: int = 1) -> dict[str, Any]:

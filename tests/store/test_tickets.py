@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubemoot.runtime.budget import budget_allows
+from kubemoot.runtime.snapshot import ProviderSnapshot
 from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketGone, TicketManager
 from kubemoot.store.documents import (
     ProviderState,
@@ -77,14 +78,45 @@ async def test_a_failing_check_rejects_the_claim(store: StoreUnderTest) -> None:
     manager, _, _ = await setup(store, 10 * GIB)
     seen: list[int] = []
 
-    def no_more_than_one(state: ProviderState | None, tickets: list[Ticket], now: float) -> bool:
-        seen.append(len(tickets))
-        return len(tickets) < 1
+    def no_more_than_one(provider: ProviderSnapshot) -> bool:
+        seen.append(len(provider.tickets))
+        return len(provider.tickets) < 1
 
     await manager.claim(PROVIDER, "a", GIB, "h1", check=no_more_than_one)
     with pytest.raises(ClaimRejected, match="check"):
         await manager.claim(PROVIDER, "a", GIB, "h2", check=no_more_than_one)
     assert seen[-1] == 1
+
+
+async def test_a_claim_counts_the_headroom_once(
+    store: StoreUnderTest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Refusals with a line ahead need the headroom, the ceiling and the line's promise;
+    # each decision derives the provider's headroom once (it took five passes before).
+    manager, _, _ = await setup(store, 10 * GIB)
+    decisions: list[int] = []
+    headrooms: list[int] = []
+    decide, headroom = TicketManager._refusal, ProviderSnapshot.headroom_mib
+
+    def counted_decide(self: TicketManager, *args: object) -> object:
+        decisions.append(1)
+        return decide(self, *args)  # type: ignore[arg-type]
+
+    def counted_headroom(self: ProviderSnapshot, evicts: object = ()) -> int | None:
+        headrooms.append(1)
+        return headroom(self, evicts)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(TicketManager, "_refusal", counted_decide)
+    monkeypatch.setattr(ProviderSnapshot, "headroom_mib", counted_headroom)
+    first = await manager.claim(PROVIDER, "a", 8 * GIB, "h1")
+    for holder in ("h2", "h3"):  # refused for memory: both wait in the line
+        with pytest.raises(ClaimRejected):
+            await manager.claim(PROVIDER, "b", 4 * GIB, holder)
+    await manager.release(PROVIDER, first.ticket_id)
+    with pytest.raises(ClaimRejected, match="promised"):  # h2 is ahead in the line
+        await manager.claim(PROVIDER, "b", 8 * GIB, "h3")
+    assert len(decisions) >= 4
+    assert len(headrooms) == len(decisions)
 
 
 async def test_renew_mark_running_and_state_changes(store: StoreUnderTest) -> None:

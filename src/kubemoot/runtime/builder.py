@@ -28,7 +28,6 @@ from kubemoot.runtime.latency import LatencyTracker
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.selection import SelectionPlanner
-from kubemoot.runtime.selector import ProviderSelector
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
@@ -128,7 +127,7 @@ async def build_runtime(
     board = DemandBoard(demand_bucket, clock=clock)
     occupancy = OccupancyBook(settings=settings, declared=declared)
     planner = CallPlanner(
-        ProviderSelector(view, tickets), states=states, settings=settings,
+        view, tickets, states=states, settings=settings,
         occupancy=occupancy, demand=board, clients=clients,
     )
     watch = CapacityWatch(states, tickets_bucket, clock=clock)

@@ -54,14 +54,7 @@ seen = {
         (default(CircuitBreakers, "cooldown_seconds"), d.circuit_cooldown_seconds),
     "TicketManager.ttl_seconds": (default(TicketManager, "ttl_seconds"), d.ticket_ttl_seconds),
     "TicketManager.max_attempts": (default(TicketManager, "max_attempts"), d.claim_attempts),
-    "DemandBoard.wait_ttl_seconds":
-        (default(DemandBoard, "wait_ttl_seconds"), d.demand_wait_ttl_seconds),
-    "DemandBoard.intent_ttl_seconds":
-        (default(DemandBoard, "intent_ttl_seconds"), d.demand_intent_ttl_seconds),
-    "DemandBoard.use_window_seconds":
-        (default(DemandBoard, "use_window_seconds"), d.demand_use_window_seconds),
-    "DemandBoard.selection_ttl_seconds":
-        (default(DemandBoard, "selection_ttl_seconds"), d.selection_window_seconds),
+    "DemandBoard.settings": (default(DemandBoard, "settings") is d, True),
     "ProviderSnapshot.latency_seconds":
         (default(ProviderSnapshot, "latency_seconds"), d.default_latency_seconds),
     "OllamaProvider.reserve_mib": (default(OllamaProvider, "reserve_mib"), 777),
@@ -95,7 +88,7 @@ def test_every_copy_of_a_default_follows_its_home() -> None:
     )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
-    assert len(seen) == 23
+    assert len(seen) == 20
     drifted = {name: pair for name, pair in seen.items() if pair[0] != pair[1]}
     assert drifted == {}, f"defaults that do not read their home: {drifted}"
 

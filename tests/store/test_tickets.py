@@ -13,7 +13,6 @@ from kubemoot.runtime.budget import budget_allows
 from kubemoot.runtime.snapshot import ProviderSnapshot
 from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketGone, TicketManager
 from kubemoot.store.documents import (
-    ProviderState,
     ProviderTickets,
     Ticket,
     TicketState,

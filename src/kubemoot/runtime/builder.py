@@ -124,7 +124,7 @@ async def build_runtime(
                             ttl_seconds=settings.ticket_ttl_seconds,
                             max_attempts=settings.claim_attempts, rng=rng,
                             line_seconds=settings.claim_line_seconds)
-    board = DemandBoard(demand_bucket, clock=clock)
+    board = DemandBoard(demand_bucket, clock=clock, settings=settings)
     occupancy = OccupancyBook(settings=settings, declared=declared)
     planner = CallPlanner(
         view, tickets, states=states, settings=settings,

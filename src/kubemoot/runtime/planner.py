@@ -170,11 +170,6 @@ class CallPlanner:
         models = [c.model for c in acceptable]
         for _ in range(self._max_rounds):
             rnd = await self.new_round(prompt_tokens)
-            if not len(rnd.fleet.index) and self.view.static_endpoint is not None:
-                return Placement(
-                    Action.STATIC, endpoint=self.view.static_endpoint, model=models[0],
-                    reason="no provider state and no prober",
-                )
             options.spread(rnd, models, ahead)
             placement = await self._place_round(rnd, models, holder_id, ticket_state, explain)
             if placement is not None and not await self.admit(placement):

@@ -14,6 +14,10 @@ free room, and unload plans for it. Ties: warm, then cold, then unload; then pro
 name. A queue decision claims nothing: the caller waits for the next capacity change
 and places again, so a better option that appears meanwhile wins. With no option at
 all the refusal is classified (busy, model too large, prompt too large).
+
+Each step prices with :mod:`kubemoot.runtime.options` (pure) and claims the pick with
+:class:`kubemoot.runtime.claims.Claims`; a claim the state no longer allows falls to
+the next choice, and a round whose final pick is refused is priced again afresh.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ from __future__ import annotations
 from kubemoot.runtime import options
 from kubemoot.runtime.claims import Claims
 from kubemoot.runtime.cost import OptionKind
+from kubemoot.runtime.held_plans import SelectionPlanner
 from kubemoot.runtime.placement import Action
-from kubemoot.runtime.selection import SelectionPlanner
 from kubemoot.store.documents import TicketState
 from kubemoot.store.keys import join_key
 from kubemoot.testing.state import gpu, ticket

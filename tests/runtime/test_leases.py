@@ -14,8 +14,8 @@ from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient
+from kubemoot.runtime.held_plans import SelectionPlanner
 from kubemoot.runtime.placement import Action, Candidate
-from kubemoot.runtime.selection import SelectionPlanner
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.sim.vloop import run_virtual
 from kubemoot.store.documents import (

@@ -30,10 +30,10 @@ from kubemoot.agent.signals import Signal, SignalMetadata, SignalSink, SignalTyp
 from kubemoot.agent.tokens import TokenEstimator
 from kubemoot.agent.toolloop import Tool, ToolLoopLimits, ToolLoopResult, run_tool_loop
 from kubemoot.clock import Clock
+from kubemoot.runtime.held_plans import SelectionPlanner
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.refusals import Reason
-from kubemoot.runtime.selection import SelectionPlanner
 from kubemoot.runtime.waiting import CapacityWaiter
 from kubemoot.store.protocol import StoreError
 

@@ -375,7 +375,14 @@ class FleetSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class ModelDemand:
-    """How much one model is wanted in the near future (DESIGN §5)."""
+    """How much one model is wanted in the near future (DESIGN §5).
+
+    ``waiters`` are agents waiting for capacity for it now, ``intents`` agents selected
+    for a thread that plan to call it. ``recent_use`` counts its recent calls, decayed
+    over the use window, and ``prediction`` is the selection forecast: the selection
+    frequencies of the agents that name it, summed. ``last_used_at`` only orders victims
+    that are otherwise equally wanted (the least recently used goes first).
+    """
 
     waiters: int = 0
     intents: int = 0

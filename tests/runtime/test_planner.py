@@ -186,3 +186,26 @@ async def test_models_with_waiters_are_evicted_only_when_nothing_else_makes_room
     await h.board.add_waiter("waited", "crew/agent")
     placement = await h.place("new")
     assert set(placement.evicted) == {"p", "q"}
+
+
+async def test_a_queued_call_takes_a_ticket_on_the_copy_it_queues_at(make) -> None:
+    # The agent runtime's queue path: sharing the busy copy spends no memory, and the
+    # ticket makes the copy busy (never a victim) while the call waits there.
+    h = await make(
+        [gpu("a", 24, residents={"qwen3:14b": 12}), gpu("b", 12, residents={"other": 11})],
+        tickets={"a": [ticket("qwen3:14b", age=5)]},
+        latency={"a": 20},
+    )
+    queued = await h.place("qwen3:14b")
+    assert (queued.action, queued.provider, queued.ticket) == (Action.QUEUE, "a", None)
+
+    taken = await h.planner.take_queue(queued, "me", prompt_tokens=None)
+
+    assert taken.ticket is not None and taken.ticket.model_footprint_mib == 0
+    assert (taken.provider, taken.endpoint) == ("a", "http://a:11434")
+    assert len(await h.active("a")) == 2
+
+    # The copy went away meanwhile: nothing is taken, the queue decision stands.
+    await h.set_state(gpu("a", 24))
+    again = await h.planner.take_queue(queued, "me-too", prompt_tokens=None)
+    assert again is queued

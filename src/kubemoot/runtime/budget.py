@@ -28,27 +28,7 @@ from collections.abc import Mapping, Sequence
 from kubemoot.runtime.snapshot import ProviderSnapshot
 from kubemoot.store.documents import ProviderState, Ticket
 
-__all__ = [
-    "budget_allows",
-    "committed_mib",
-    "eviction_credit_mib",
-    "fits",
-    "headroom_mib",
-]
-
-
-def committed_mib(state: ProviderState | None, tickets: Sequence[Ticket], now: float) -> int:
-    """Footprints of active tickets whose model the provider does not list resident yet."""
-    p = ProviderSnapshot.of_documents(state, tickets, now)
-    return 0 if p is None else p.loading_mib
-
-
-def eviction_credit_mib(
-    state: ProviderState | None, tickets: Sequence[Ticket], now: float
-) -> int:
-    """Each distinct planned victim once, only while the state still lists it resident."""
-    p = ProviderSnapshot.of_documents(state, tickets, now)
-    return 0 if p is None else p.credit_mib(p.planned_victims())
+__all__ = ["budget_allows", "fits", "headroom_mib"]
 
 
 def headroom_mib(

@@ -183,7 +183,7 @@ class CostModel:
         An in-flight call ends one latency after it starts; it starts when it was
         claimed or when the copy became ready, whichever is later.
         """
-        in_flight = len(p.calls_on(model))
+        in_flight = len(p.in_flight(model))
         slots = p.slots
         backlog = in_flight + ahead
         if backlog < slots:

@@ -160,12 +160,12 @@ class ProviderSnapshot:
         """Models some active ticket here plans to unload."""
         return self._victims
 
-    def in_flight(self, model: str) -> list[Ticket]:
+    def in_flight(self, model: str) -> tuple[Ticket, ...]:
         """Calls running (or waiting for their load) on this provider's copy of ``model``.
 
         A held plan is not a call yet, so it takes no slot.
         """
-        return list(self._in_flight.get(model, ()))
+        return self._in_flight.get(model, ())
 
     def first_call_started(self, model: str) -> float | None:
         """When the earliest call in flight on the copy of ``model`` was claimed."""
@@ -183,10 +183,6 @@ class ProviderSnapshot:
         loading ticket written by hand without one, for a model nothing else sizes).
         """
         return self._load_mib.get(model)
-
-    def calls_on(self, model: str) -> tuple[Ticket, ...]:
-        """:meth:`in_flight` without the copy (for the cost model's hot path)."""
-        return self._in_flight.get(model, ())
 
     def loading_tickets(self, model: str) -> list[Ticket]:
         """Tickets whose memory is a copy of ``model`` not yet reported resident."""

@@ -224,3 +224,17 @@ def test_the_record_takes_standing_from_the_gates_rule(
     context_result = record.candidates["a/m"].gate(filters.CONTEXT)
     assert context_result is not None
     assert context_result.admits_unknown is (context is None)
+
+
+@pytest.mark.parametrize("module", ["options", "cost", "snapshot", "eviction", "filters"])
+def test_pricing_modules_never_wait(module: str) -> None:
+    # Pricing is one pure pass over values (the import contract keeps the store, the
+    # tickets and the clock out); nothing in it may await, so it cannot do I/O either.
+    import ast
+    import importlib
+    import inspect
+
+    tree = ast.parse(inspect.getsource(importlib.import_module(f"kubemoot.runtime.{module}")))
+    waiting = [type(node).__name__ for node in ast.walk(tree)
+               if isinstance(node, ast.AsyncFunctionDef | ast.Await | ast.AsyncFor | ast.AsyncWith)]
+    assert waiting == [], module

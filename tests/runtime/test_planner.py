@@ -7,6 +7,7 @@ import pytest
 from kubemoot.runtime.cost import OptionKind
 from kubemoot.runtime.placement import Action
 from kubemoot.store.documents import TicketState
+from kubemoot.store.keys import encode_token
 from kubemoot.testing.state import gpu, ticket
 
 # -- what falls out -------------------------------------------------------------------
@@ -209,3 +210,7 @@ async def test_a_queued_call_takes_a_ticket_on_the_copy_it_queues_at(make) -> No
     await h.set_state(gpu("a", 24))
     again = await h.planner.take_queue(queued, "me-too", prompt_tokens=None)
     assert again is queued
+    # Its provider left the fleet: still the decision, not a LookupError.
+    await h.states.delete(encode_token("a"))
+    h.view.invalidate()
+    assert await h.planner.take_queue(queued, "me-three", prompt_tokens=None) is queued

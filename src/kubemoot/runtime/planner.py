@@ -23,6 +23,7 @@ the next choice, and a round whose final pick is refused is priced again afresh.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -191,20 +192,15 @@ class CallPlanner:
     ) -> Placement | None:
         """Price, pick, claim: the cheap cases in DESIGN §5's order, then the comparison."""
         priced = options.comparison(rnd, models, explain=True) if explain else []
-        claim = None
-        for model in models:  # steps 1 and 2: a warm copy with a free slot
-            claim = await self._first_claim(rnd, options.warm_options(rnd, model), holder_id,
-                                            state)
+        cheap_cases = itertools.chain(  # priced one model at a time, only while unclaimed
+            (options.warm_options(rnd, m) for m in models),  # steps 1 and 2
+            (options.joinable_loading(rnd, m) for m in models),  # step 3, a free slot
+        )
+        for choices in cheap_cases:
+            claim = await self._first_claim(rnd, choices, holder_id, state)
             if claim is not None:
-                break
-        for model in models:  # step 3: join a copy another call is loading
-            if claim is not None:
-                break
-            claim = await self._first_claim(rnd, options.joinable_loading(rnd, model),
-                                            holder_id, state)
-        if claim is not None:
-            return self._placed(rnd, claim, priced or [claim.option],
-                                "a warm or loading copy had room")
+                return self._placed(rnd, claim, priced or [claim.option],
+                                    "a warm or loading copy had room")
         loading = options.loading_queue(rnd, models)
         if not explain:
             priced = options.comparison(rnd, models, explain=False)
@@ -244,12 +240,15 @@ class CallPlanner:
 
         Sharing a copy spends no memory; the ticket makes the copy count as busy (never
         an eviction victim) while the call waits there. Returns ``placement`` unchanged
-        when the copy went away meanwhile or a half-open circuit's one trial is taken.
+        when the copy (or its provider) went away meanwhile, or a half-open circuit's one
+        trial is taken.
         """
         option = placement.options[0] if placement.options else None
         if option is None:
             return placement
         rnd = await self.new_round(prompt_tokens)
+        if rnd.fleet.provider(option.provider) is None:
+            return placement  # its provider left the fleet meanwhile
         claim = await self.claims.claim(rnd, option, holder_id, state=TicketState.RUNNING)
         if claim is None:
             return placement

@@ -572,6 +572,8 @@ class TicketManager:
         ticket = op.ticket
         assert ticket is not None
         footprint = ticket.model_footprint_mib
+        if footprint <= 0 and op.check is None:
+            return None, False  # spends nothing and asks nothing: nothing to judge
         p = ProviderSnapshot.of_documents(state, tickets, now)
         headroom = ceiling = None
         if p is not None and footprint > 0:

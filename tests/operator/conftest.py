@@ -35,7 +35,7 @@ from kubemoot.store.documents import PROVIDER_STATE_BUCKET, ProviderState
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
 from kubemoot.store.protocol import Bucket
-from kubemoot.testing.waiting import wait_until
+from kubemoot.testing.waiting import until_idle, wait_until
 
 from ._rbac import allowed, grants
 
@@ -240,13 +240,13 @@ async def _through_the_lock(cluster: Cluster) -> None:
     """Wait for every scheduling pass that holds or awaits the reconciler's lock to end.
 
     ``reconcile_agents`` takes the lock even for a key that names no Agent, and asyncio's
-    lock is first come, first served; a few loop turns first let a task that has just
-    observed an event reach the lock before this call does.
+    lock is first come, first served; waiting until the operator's loop has nothing
+    ready first lets a task that has just observed an event reach the lock before this
+    call does.
     """
 
     async def barrier() -> None:
-        for _ in range(10):
-            await asyncio.sleep(0)
+        await until_idle()
         await cluster.reconciler.reconcile_agents({"kubemoot-test/no-such-agent"},
                                                   trigger="test-barrier")
 

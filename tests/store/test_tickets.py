@@ -376,7 +376,7 @@ async def test_racing_claimers_never_overcommit_nats(
                     continue
                 held += footprint
                 overcommits += held > usable
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0.001)  # the workload: hold the memory a moment
                 held -= footprint
                 await pool[index % 3].release(PROVIDER, ticket.ticket_id)
 

@@ -10,6 +10,10 @@ by a timeout, and a failure names what never happened instead of hanging or raci
 
     await wait_until(lambda: server.listening, timeout=20, what="the gateway serving")
 
+When a test must check that something did *not* happen (a waiter stayed in line), it
+first waits until nothing in its loop can run any more: :func:`until_idle`, asyncio's
+counterpart of trio's ``wait_all_tasks_blocked``.
+
 The timeout is an upper bound for a stuck test, never a measured threshold: a fast
 machine returns as soon as the condition holds.
 """
@@ -23,7 +27,7 @@ from typing import TypeVar
 
 from kubemoot.store.protocol import Bucket
 
-__all__ = ["NeverHappened", "until_stored", "wait_until"]
+__all__ = ["NeverHappened", "until_idle", "until_stored", "wait_until"]
 
 T = TypeVar("T")
 
@@ -103,3 +107,31 @@ async def until_stored(
     finally:
         await watch.aclose()
     raise NeverHappened(f"{what}: the watch on {bucket.name} ended before it happened")
+
+
+#: Loop turns :func:`until_idle` allows before it calls the loop busy for ever.
+IDLE_TURNS = 100_000
+
+
+async def until_idle(*, turns: int = IDLE_TURNS) -> None:
+    """Return once every other task of this loop waits on something (an event, a
+    clock, I/O), so no callback is ready to run.
+
+    Unlike yielding a fixed number of times, this does not guess how many turns the
+    code under test needs. A loop that stays busy for ``turns`` turns (a task that
+    spins) fails with :class:`NeverHappened`. Reads the ready queue of asyncio's own
+    loop (``BaseEventLoop._ready``); another loop implementation is refused clearly.
+    """
+    loop = asyncio.get_running_loop()
+    ready = getattr(loop, "_ready", None)
+    if ready is None:
+        raise RuntimeError(f"until_idle needs asyncio's own event loop, not {type(loop)}")
+    quiet = 0
+    for _ in range(turns):
+        await asyncio.sleep(0)
+        # Nothing ready after this task's turn: everyone else waits. Twice in a row, so
+        # the loop has also polled for I/O and due timers once in between.
+        quiet = quiet + 1 if not ready else 0
+        if quiet == 2:
+            return
+    raise NeverHappened(f"the event loop still had work ready after {turns} turns")

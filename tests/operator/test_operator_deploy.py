@@ -223,6 +223,7 @@ def _local_conf(conf: str, store: Path, port: int) -> str:
     return text.replace("store_dir: /data", f"store_dir: {store}")
 
 
+@pytest.mark.nats
 async def test_operator_nats_refuses_clients_without_the_secrets_credentials(
     tmp_path: Path,
 ) -> None:
@@ -303,6 +304,7 @@ def test_operator_network_policies_admit_only_kubemoot_components() -> None:
                for peer in rule["from"])
 
 
+@pytest.mark.nats
 def test_operator_prod_runs_a_three_node_cluster_with_three_replicas(tmp_path: Path) -> None:
     from kubemoot.testing.nats_server import find_nats_server
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 from kubemoot.store.protocol import Bucket
 
@@ -39,21 +39,39 @@ class NeverHappened(AssertionError):
     """A condition a test waited for did not hold within its timeout."""
 
 
-async def _holds(condition: Callable[[], T | Awaitable[T]]) -> T:
+#: A plain or an async function of no arguments.
+Condition = Callable[[], Any]
+
+
+async def _holds(condition: Condition) -> Any:
     value = condition()
     if inspect.isawaitable(value):
         return await value
     return value
 
 
+@overload
 async def wait_until(
-    condition: Callable[[], T | Awaitable[T]],
+    condition: Callable[[], Awaitable[T]], *, timeout: float, what: str,
+    ignoring: tuple[type[Exception], ...] = (), interval: float = ...,
+) -> T: ...
+
+
+@overload
+async def wait_until(
+    condition: Callable[[], T], *, timeout: float, what: str,
+    ignoring: tuple[type[Exception], ...] = (), interval: float = ...,
+) -> T: ...
+
+
+async def wait_until(
+    condition: Condition,
     *,
     timeout: float,
     what: str,
     ignoring: tuple[type[Exception], ...] = (),
     interval: float = INTERVAL_SECONDS,
-) -> T:
+) -> Any:
     """Return ``condition()``'s first truthy value; fail after ``timeout`` real seconds.
 
     ``condition`` may be a plain or an async function. An exception of a type in
@@ -64,7 +82,6 @@ async def wait_until(
     end = loop.time() + timeout
     last_error: Exception | None = None
     while True:
-        value: T | None
         try:
             value = await _holds(condition)
         except ignoring as error:
@@ -77,13 +94,25 @@ async def wait_until(
         await asyncio.sleep(interval)
 
 
+@overload
+async def until_stored(
+    bucket: Bucket, condition: Callable[[], Awaitable[T]], *, timeout: float, what: str,
+) -> T: ...
+
+
+@overload
+async def until_stored(
+    bucket: Bucket, condition: Callable[[], T], *, timeout: float, what: str,
+) -> T: ...
+
+
 async def until_stored(
     bucket: Bucket,
-    condition: Callable[[], T | Awaitable[T]],
+    condition: Condition,
     *,
     timeout: float,
     what: str,
-) -> T:
+) -> Any:
     """Return ``condition()``'s first truthy value, looking again at each change of ``bucket``.
 
     The watch starts before the first look, so a write between the look and the wait

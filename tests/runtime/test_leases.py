@@ -33,6 +33,10 @@ SHORT_TTL = RuntimeSettings().with_values({
 })
 
 
+# The two tests below run on a virtual-time loop (run_virtual): their asyncio sleeps are
+# the time passing that the test is about, and cost nothing real.
+
+
 def test_a_plan_held_longer_than_the_ticket_ttl_is_taken_with_a_fresh_expiry() -> None:
     async def main() -> tuple[Action, float, float, int]:
         clock = LoopClock(epoch=NOW)

@@ -21,6 +21,7 @@ from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryBucket
 from kubemoot.store.protocol import Bucket, Entry
 from kubemoot.testing.state import GIB, provider_state
+from kubemoot.testing.waiting import until_stored
 from tests.store.conftest import StoreUnderTest, make_store
 
 PROVIDER = "gpu-a"
@@ -208,17 +209,18 @@ async def test_ttl_layer_alone_returns_memory_after_the_ttl_and_not_before(
 
 
 async def test_a_cancelled_claim_leaves_no_ticket(store: StoreUnderTest) -> None:
-    manager, _, _ = await setup(store, 8 * GIB)
+    manager, tickets, _ = await setup(store, 8 * GIB)
     claims = [asyncio.create_task(manager.claim(PROVIDER, "a", GIB, f"h{i}")) for i in range(5)]
     await asyncio.sleep(0)
     for claim in claims:
         claim.cancel()
     await asyncio.gather(*claims, return_exceptions=True)
-    for _ in range(100):  # orphan releases run in the background
-        if not await manager.active(PROVIDER):
-            break
-        await asyncio.sleep(0.01)
-    assert await manager.active(PROVIDER) == []
+
+    async def none_left() -> bool:
+        return not await manager.active(PROVIDER)
+
+    # Orphan releases run in the background; each one is a write of the document.
+    await until_stored(tickets, none_left, timeout=30, what="the orphans' release")
 
 
 async def test_one_process_batches_its_claims_into_few_writes(store: StoreUnderTest) -> None:
@@ -229,13 +231,16 @@ async def test_one_process_batches_its_claims_into_few_writes(store: StoreUnderT
                                      for i in range(20)))
     assert len({t.ticket_id for t in granted}) == 20
     assert len(await manager.active(PROVIDER)) == 20
+    # Count the writes up to the last one (its revision is the document's now), not
+    # until a quiet spell: a slow machine cannot make a quiet spell come early.
+    final = await tickets.get(encode_token(PROVIDER))
+    assert final is not None
     writes = 0
-    while True:
-        try:
-            await asyncio.wait_for(watch.__anext__(), 0.3)
-        except TimeoutError:
-            break
-        writes += 1
+    async with asyncio.timeout(30):
+        async for change in watch:
+            writes += 1
+            if change.revision >= final.revision:
+                break
     assert 1 <= writes < 20
     await watch.aclose()
 
@@ -289,6 +294,7 @@ async def race(store: StoreUnderTest, usable: int, footprints: list[int], manage
     held = 0
     overcommits = 0
     last_seen = 0  # the newest revision the checker has looked at
+    seen = asyncio.Condition()  # notified at each revision the checker takes
 
     async def claimer(index: int, footprint: int) -> None:
         nonlocal held, overcommits
@@ -310,7 +316,9 @@ async def race(store: StoreUnderTest, usable: int, footprints: list[int], manage
     async def check_every_revision() -> None:
         nonlocal overcommits, last_seen
         async for change in watch:
-            last_seen = max(last_seen, change.revision)
+            async with seen:
+                last_seen = max(last_seen, change.revision)
+                seen.notify_all()
             if change.value is None:
                 continue
             document = ProviderTickets.from_json(change.value)
@@ -324,17 +332,28 @@ async def race(store: StoreUnderTest, usable: int, footprints: list[int], manage
             ):
                 overcommits += 1
 
-    checker = asyncio.create_task(check_every_revision())
+    ended = False  # the checker stopped (its watch ended, or it failed)
+
+    async def check_then_say_so() -> None:
+        nonlocal ended
+        try:
+            await check_every_revision()
+        finally:
+            async with seen:
+                ended = True
+                seen.notify_all()
+
+    checker = asyncio.create_task(check_then_say_so())
     await asyncio.gather(*(claimer(i, f) for i, f in enumerate(footprints)))
     # Close the watch only once the checker has seen the document's final revision: a
     # fixed pause could close it before late revisions arrive on a loaded machine.
     final = await tickets.get(encode_token(PROVIDER))
     if final is not None:
-        for _ in range(3000):  # up to 30 s
-            if last_seen >= final.revision or checker.done():
-                break
-            await asyncio.sleep(0.01)
-        assert checker.done() or last_seen >= final.revision, "watch missed final revision"
+        try:
+            async with seen, asyncio.timeout(30):
+                await seen.wait_for(lambda: last_seen >= final.revision or ended)
+        except TimeoutError:
+            raise AssertionError("the watch missed the final revision") from None
     await watch.aclose()
     await checker
     assert await TicketManager(tickets, states, clock=store.clock).active(PROVIDER) == []
@@ -391,7 +410,7 @@ async def test_racing_claimers_never_overcommit_nats(
                     continue
                 held += footprint
                 overcommits += held > usable
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0.001)  # the workload: hold the memory a moment
                 held -= footprint
                 await pool[index % 3].release(PROVIDER, ticket.ticket_id)
 

@@ -13,7 +13,10 @@
 4. report the provider's new state (the copy it just loaded is now resident) and
    release the ticket in a ``finally``;
 5. record the call's attribution: the provider it really ran on, the model it really
-   ran, what was evicted for it and how long it waited.
+   ran, what was evicted for it and how long it waited;
+6. if the provider refused the connection before any byte was sent (and no engine
+   answered yet), place the call once more with that provider excluded and run it
+   there (DESIGN §5); nothing else is ever retried.
 """
 
 from __future__ import annotations
@@ -240,25 +243,64 @@ class AgentRuntime:
         placement: Placement | None = None
         if held_plan:
             placement = await self.selection.take(agent, thread_id, prompt_tokens=prompt_tokens)
-        if placement is None and wait:
+        if placement is None:
+            placement = await self._place(
+                agent, thread_id, phase, candidates, prompt_tokens, wait=wait, done=done,
+                sink=sink, static=static, fallbacks=fallbacks,
+            )
+        if not placement.placed:
+            return self._refused(placement, candidates)
+        outcome = await self._run(
+            agent, thread_id, phase, placement, messages, tools, settings, started,
+            prompt_tokens,
+        )
+        if not _refused_before_sending(outcome) or placement.provider is None:
+            return outcome
+        # DESIGN §5: a connection refused before any byte left is tried once more, and
+        # elsewhere. The refused provider's ticket is back and its circuit has seen the
+        # fault (``_run`` released it); it is left out of this placement altogether.
+        log.info("%s: %s refused the connection; placing the call once more elsewhere",
+                 agent, placement.provider)
+        again = await self._place(
+            agent, thread_id, phase, candidates, prompt_tokens, wait=wait, done=done,
+            sink=sink, static=None, fallbacks=fallbacks, exclude=(placement.provider,),
+        )
+        if not again.placed:
+            return self._refused(again, candidates)
+        return await self._run(
+            agent, thread_id, phase, again, messages, tools, settings, started,
+            prompt_tokens,
+        )
+
+    async def _place(
+        self,
+        agent: str,
+        thread_id: str,
+        phase: str,
+        candidates: Sequence[Candidate],
+        prompt_tokens: int,
+        *,
+        wait: bool,
+        done: asyncio.Event | None,
+        sink: SignalSink | None,
+        static: StaticTarget | None,
+        fallbacks: Sequence[Candidate],
+        exclude: Sequence[str] = (),
+    ) -> Placement:
+        """Place through the capacity waiter, or at once for a call that cannot wait."""
+        if wait:
             signals = (
                 SignalWaitSink(sink, agent=agent, thread_id=thread_id, phase=phase,
                                clock=self.clock)
                 if sink is not None else None
             )
-            placement = await self.waiter.place(
+            return await self.waiter.place(
                 candidates, agent=agent, holder_id=self._holder(agent, thread_id, phase),
-                prompt_tokens=prompt_tokens, signals=signals, done=done,
+                prompt_tokens=prompt_tokens, signals=signals, done=done, exclude=exclude,
             )
-        elif placement is None:
-            placement = await self._place_now(
-                agent, thread_id, phase, candidates, prompt_tokens, static, fallbacks
-            )
-        if not placement.placed:
-            return self._refused(placement, candidates)
-        return await self._run(
-            agent, thread_id, phase, placement, messages, tools, settings, started,
-            prompt_tokens,
+        return await self._place_now(
+            agent, thread_id, phase, candidates, prompt_tokens, static, fallbacks,
+            exclude=exclude,
         )
 
     async def _place_now(
@@ -270,6 +312,8 @@ class AgentRuntime:
         prompt_tokens: int,
         static: StaticTarget | None,
         fallbacks: Sequence[Candidate],
+        *,
+        exclude: Sequence[str] = (),
     ) -> Placement:
         """A placement for a call that must not wait for capacity.
 
@@ -283,7 +327,7 @@ class AgentRuntime:
         first: Placement | None = None
         for group in (list(candidates), *([c] for c in fallbacks)):
             placement = await self.planner.place(
-                group, holder_id=holder, prompt_tokens=prompt_tokens
+                group, holder_id=holder, prompt_tokens=prompt_tokens, exclude=exclude
             )
             first = first or placement
             if placement.placed:
@@ -406,6 +450,20 @@ class AgentRuntime:
         for listener in self._books.listeners:
             listener(record)
         return outcome
+
+
+def _refused_before_sending(outcome: CallOutcome) -> bool:
+    """Whether the call's only request was refused before any byte of it left.
+
+    Then no engine saw it and no tool ran, so placing it again repeats nothing. A
+    static placement is not retried: it is already the last resort, with no elsewhere.
+    """
+    result, placement = outcome.result, outcome.placement
+    return (
+        result is not None and result.failure is not None and result.failure.never_sent
+        and result.model_calls == 0 and result.tool_calls == 0
+        and placement is not None and placement.action is not Action.STATIC
+    )
 
 
 def _verdict(result: ToolLoopResult | None) -> bool | None:

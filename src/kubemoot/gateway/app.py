@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from kubemoot import __version__, metrics
 from kubemoot.gateway import openai as oai
-from kubemoot.gateway.calls import CallDesk, PlacedCall
+from kubemoot.gateway.calls import CallDesk, PlacedCall, RefusedBeforeSending
 from kubemoot.gateway.catalogue import known_models, resolve_name, unknown_model
 from kubemoot.gateway.errors import GatewayError, error_response
 from kubemoot.gateway.keys import ANONYMOUS, ApiKeys
@@ -274,20 +274,33 @@ class GatewayApp:
 
         watcher = asyncio.ensure_future(watch_disconnect())
         opening: asyncio.Future[httpx.Response] | None = None
+        clock = self.desk.stack.clock
+        began = clock.now()
+        exclude: tuple[str, ...] = ()
         try:
-            call = await self.desk.place(req, candidates, caller=request.state.caller,
-                                         budget=budget, left=left)
-            opening = asyncio.ensure_future(
-                call.open(path, call.upstream_body(legacy_embeddings=legacy_embeddings)))
-            await asyncio.wait({opening, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if not opening.done():
-                opening.cancel()
-                with contextlib.suppress(asyncio.CancelledError, GatewayError):
-                    await opening
-                await call.close(ok=None)
-                raise GatewayError(499, "the client went away before the engine answered")
-            opening.result()
-            return call
+            while True:
+                call = await self.desk.place(
+                    req, candidates, caller=request.state.caller, left=left,
+                    budget=max(0.0, budget - (clock.now() - began)), exclude=exclude)
+                opening = asyncio.ensure_future(
+                    call.open(path, call.upstream_body(legacy_embeddings=legacy_embeddings)))
+                await asyncio.wait({opening, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if not opening.done():
+                    opening.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, GatewayError):
+                        await opening
+                    await call.close(ok=None)
+                    raise GatewayError(499, "the client went away before the engine answered")
+                try:
+                    opening.result()
+                except RefusedBeforeSending as refused:
+                    if exclude:
+                        raise  # once only (DESIGN §5): the second refusal is the answer
+                    # the engine never saw the request: place it once more, elsewhere
+                    log.info("gateway: %s; placing the call once more elsewhere", refused)
+                    exclude = (refused.provider,)
+                    continue
+                return call
         except asyncio.CancelledError:
             # the handler itself was cancelled (a shutdown past its grace period): the
             # upstream request must not outlive it, nor fail later with nobody to hear

@@ -33,7 +33,7 @@ from kubemoot.runtime.refusals import Reason
 from kubemoot.runtime.settings import GatewaySettings
 from kubemoot.store.protocol import StoreError
 
-__all__ = ["AfterLoad", "CallDesk", "PlacedCall"]
+__all__ = ["AfterLoad", "CallDesk", "PlacedCall", "RefusedBeforeSending"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,19 @@ class _WaitEnds:
                 await self._task
 
 
+class RefusedBeforeSending(GatewayError):
+    """The placed provider refused the connection before any byte of the request left.
+
+    The call's ticket is back and the provider's circuit has counted the fault; the
+    caller may place the call once more with ``provider`` excluded (DESIGN §5). Left
+    uncaught it is the 502 it would have been anyway.
+    """
+
+    def __init__(self, provider: str, message: str) -> None:
+        super().__init__(502, message, code="provider_error")
+        self.provider = provider
+
+
 @dataclass(slots=True)
 class CallDesk:
     """Places, forwards and releases gateway calls over one runtime stack."""
@@ -114,12 +127,13 @@ class CallDesk:
         caller: str,
         budget: float,
         left: asyncio.Event,
+        exclude: Sequence[str] = (),
     ) -> PlacedCall:
         """A call holding a ticket, or a :class:`GatewayError` saying why not.
 
         A busy call waits until the budget is spent or ``left`` is set (the client
         went away); either ends the wait the waiter's own way, so a ticket granted at
-        that moment is never lost.
+        that moment is never lost. ``exclude``: providers this call must not go to.
         """
         clock = self.stack.clock
         started = clock.now()
@@ -136,7 +150,7 @@ class CallDesk:
         try:
             placement = await self.stack.agents.waiter.place(
                 candidates, agent=caller, holder_id=holder, prompt_tokens=prompt_tokens,
-                signals=signals, done=signals.done,
+                signals=signals, done=signals.done, exclude=exclude,
             )
         finally:
             await signals.close()
@@ -296,6 +310,13 @@ class PlacedCall:
         try:
             request = self.desk.http.build_request("POST", url, json=body)
             response = await self.desk.http.send(request, stream=True)
+        except httpx.ConnectError as error:
+            # no connection, so not a byte of the request left: the one failure that
+            # may be placed again (elsewhere); the circuit still counts it
+            await self.close(ok=False)
+            raise RefusedBeforeSending(
+                self.placement.provider or "", f"provider {self.placement.provider} "
+                f"refused the connection: {error}") from None
         except httpx.HTTPError as error:
             await self.close(ok=False)
             raise GatewayError(502, f"provider {self.placement.provider} did not answer: "

@@ -45,6 +45,9 @@ class Round:
     gates: dict[str, list[GateResult]] = field(default_factory=dict)
     #: waiters queued before this call, per copy ``(provider, model)`` (see :func:`spread`)
     ahead: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: the fleet before any provider was excluded (``None``: nothing was); a refusal is
+    #: judged on it, since an excluded provider still shows what would fit and where
+    whole: FleetSnapshot | None = None
     _priced: dict[tuple[str, str, int], Option] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -56,9 +59,25 @@ class Round:
         settings: RuntimeSettings,
         occupancy: OccupancyBook,
         prompt_tokens: int | None,
+        exclude: Iterable[str] = (),
     ) -> Round:
-        cost = CostModel(fleet, settings=settings, occupancy=occupancy, demand=demand)
-        return cls(fleet=fleet, cost=cost, prompt_tokens=prompt_tokens)
+        """A round over ``fleet`` less the ``exclude`` providers: they are filtered out
+        before anything is priced, so no price has to know about them."""
+        seen = fleet.without(exclude)
+        if seen is not fleet:
+            # what the left-out providers show about model sizes is still true
+            occupancy.observe(fleet)
+        cost = CostModel(seen, settings=settings, occupancy=occupancy, demand=demand)
+        return cls(fleet=seen, cost=cost, prompt_tokens=prompt_tokens,
+                   whole=fleet if seen is not fleet else None)
+
+    def judged(self) -> tuple[FleetSnapshot, CostModel]:
+        """The fleet and cost model a refusal is classified on (the whole fleet)."""
+        if self.whole is None:
+            return self.fleet, self.cost
+        c = self.cost
+        return self.whole, CostModel(self.whole, settings=c.settings,
+                                     occupancy=c.occupancy_book, demand=c.demand)
 
     def record(self, provider: str, model: str, results: list[GateResult]) -> bool:
         self.gates[f"{provider}/{model}"] = results

@@ -377,8 +377,10 @@ class AgentRuntime:
             await self.planner.finish(placement, seconds=seconds, ok=_verdict(result))
         except StoreError as error:
             ticket = placement.ticket.ticket_id if placement.ticket is not None else "-"
-            _survived("release", f"releasing ticket {ticket} ({placement.model} on "
-                      f"{placement.provider}) failed; its TTL will reclaim it: {error}")
+            metrics.survived("agent", "release", metrics.STORE,
+                             f"releasing ticket {ticket} ({placement.model} on "
+                             f"{placement.provider}) failed; its TTL will reclaim it",
+                             error, logger=log)
 
     @staticmethod
     def _refused(placement: Placement, candidates: Sequence[Candidate]) -> CallOutcome:
@@ -420,8 +422,11 @@ class AgentRuntime:
                     try:
                         await self._after_call(placement.provider)
                     except (StoreError, OSError) as error:
-                        _survived("after-call", f"reporting the state of "
-                                  f"{placement.provider} after a call failed: {error}")
+                        kind = (metrics.STORE if isinstance(error, StoreError)
+                                else metrics.PROVIDER)
+                        metrics.survived("agent", "after-call", kind,
+                                         f"reporting the state of {placement.provider} "
+                                         "after a call failed", error, logger=log)
             finally:
                 # The release must happen even when the call is cancelled during the
                 # probe above or during the release's own compare-and-set: the shield
@@ -431,8 +436,9 @@ class AgentRuntime:
                 try:
                     await self._board.record_use(placement.model)
                 except StoreError as error:
-                    _survived("record-use", f"recording the use of {placement.model} "
-                              f"failed: {error}")
+                    metrics.survived("agent", "record-use", metrics.STORE,
+                                     f"recording the use of {placement.model} failed",
+                                     error, logger=log)
         outcome = CallOutcome(placement=placement, result=result, model=placement.model)
         failure = result.failure
         record = CallRecord(
@@ -479,8 +485,3 @@ def _verdict(result: ToolLoopResult | None) -> bool | None:
         return False
     return True if result.model_calls else None
 
-
-def _survived(operation: str, message: str) -> None:
-    """An error worked around instead of raised: one log line and one count."""
-    log.warning("%s", message)
-    metrics.ERRORS_SURVIVED.labels(component="agent", operation=operation).inc()

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from kubemoot import metrics
 from kubemoot.agent.runtime import CallRecord
 from kubemoot.agent.wiring import RuntimeStack
 from kubemoot.clock import Clock
@@ -390,8 +391,12 @@ class PlacedCall:
                 await self._upstream.aclose()  # a client that left cancels the engine too
             if (p.action in _CHANGES_MEMORY and desk.after_load is not None
                     and p.provider is not None):
-                with contextlib.suppress(StoreError, OSError):
+                try:
                     await desk.after_load(p.provider)
+                except (StoreError, OSError) as error:
+                    kind = metrics.STORE if isinstance(error, StoreError) else metrics.PROVIDER
+                    metrics.survived("gateway", "after-load", kind, f"re-probing "
+                                     f"{p.provider} after a load failed", error, logger=log)
         finally:
             try:
                 if ok is None:
@@ -401,11 +406,17 @@ class PlacedCall:
                                                ok=ok)
             except (StoreError, OSError) as error:
                 # the TTL reclaims it; an answer already given is never turned into an error
-                log.warning("releasing the ticket of %s failed: %s", self.holder, error)
+                metrics.survived("gateway", "release", metrics.STORE, f"releasing the "
+                                 f"ticket of {self.holder} failed; its TTL will reclaim it",
+                                 error, logger=log)
             desk.in_flight.discard(self)
             if ok and p.model is not None:
-                with contextlib.suppress(StoreError):
+                try:
                     await stack.board.record_use(p.model)
+                except StoreError as error:
+                    metrics.survived("gateway", "record-use", metrics.STORE,
+                                     f"recording the use of {p.model} failed", error,
+                                     logger=log)
             desk.record(self, ok=bool(ok))
 
 

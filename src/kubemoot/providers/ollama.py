@@ -449,8 +449,9 @@ class OllamaProvider:
             self.last_dcgm_error = error
             fallback = ("the VRAM total stays unknown" if self.total_vram_mib is None
                         else f"using the configured VRAM total ({self.total_vram_mib} MiB)")
-            log.warning("%s: DCGM unavailable, %s: %s", self.name, fallback, error)
-            metrics.ERRORS_SURVIVED.labels(component="provider", operation="dcgm").inc()
+            metrics.survived("provider", "dcgm", metrics.PROVIDER,
+                             f"{self.name}: DCGM unavailable, {fallback}", error,
+                             logger=log)
             return None
         self.last_dcgm_error = None
         return reading

@@ -43,7 +43,6 @@ from typing import Literal, Protocol
 
 from kubemoot import metrics
 from kubemoot.clock import Clock
-from kubemoot.runtime import faults
 from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
 from kubemoot.runtime.faults import tolerated
 from kubemoot.runtime.options import could_help
@@ -267,8 +266,8 @@ class CapacityWaiter:
                 self._planner.invalidate()
                 await self._round()
         except Exception:  # a bug must not leave every waiter hanging until its limit
-            log.exception("capacity dispatcher failed")
-            metrics.STATE_ERRORS.labels(site="capacity-dispatcher", kind=faults.BUG).inc()
+            metrics.survived("runtime", "capacity-dispatcher", metrics.BUG,
+                             "capacity dispatcher failed", logger=log, exc_info=True)
             for line in list(self._lines.values()):
                 for waiter in list(line):
                     _settle(waiter.future, None)

@@ -382,7 +382,7 @@ class GatewayApp:
         req = InferenceRequest.parse("chat", native)
         call = await self._start(request, req, "/api/chat")
         call_id = oai.new_id()
-        model = req.model
+        model = _answered_by(call, req)
         if not req.stream:
             reply = await call.json()
             if not isinstance(reply, dict):
@@ -421,8 +421,18 @@ class GatewayApp:
         reply = await call.json()
         if not isinstance(reply, dict):
             raise GatewayError(502, "the provider's answer is not an object")
-        return JSONResponse(oai.embeddings_reply(reply, model=req.model),
+        return JSONResponse(oai.embeddings_reply(reply, model=_answered_by(call, req)),
                             headers=call.headers())
+
+
+def _answered_by(call: PlacedCall, req: InferenceRequest) -> str:
+    """A reply's ``model``: the model that really answered, on every route.
+
+    The engine's own replies (the Ollama routes) name the model it ran, so the OpenAI
+    routes say the same, as OpenAI itself answers an alias with the model behind it. A
+    client that asked for a ModelClass thus learns which model wrote the answer.
+    """
+    return call.placement.model or req.model
 
 
 def _sse(value: object) -> bytes:

@@ -29,6 +29,7 @@ from kubemoot.clock import Clock
 from kubemoot.gateway.catalogue import largest_context, unknown_model
 from kubemoot.gateway.errors import GatewayError
 from kubemoot.gateway.requests import InferenceRequest
+from kubemoot.runtime import options
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.refusals import Reason
 from kubemoot.runtime.settings import GatewaySettings
@@ -184,8 +185,7 @@ class CallDesk:
         if placement.reason == Reason.MODEL_UNKNOWN.value:
             return unknown_model(model)
         if placement.reason == Reason.MODEL_TOO_LARGE.value:
-            return GatewayError(400, f"model {name} is larger than the usable memory of "
-                                "every GPU in the fleet", code="model_too_large")
+            return await self._too_large(model, name)
         if placement.reason == Reason.PROMPT_TOO_LARGE.value:
             fleet = await self.stack.view.snapshot()
             largest = largest_context(fleet, [c.model for c in candidates])
@@ -197,12 +197,41 @@ class CallDesk:
                                   "copy with a larger context than its provider runs")
             return error
         waited = placement.waited_seconds
-        estimate = placement.options[0].seconds if placement.options else budget or 1.0
-        retry = max(1, math.ceil(estimate))
+        retry = await self._retry_after(candidates, prompt_tokens)
         return GatewayError(
             503, f"every GPU that can run {name} is busy; waited {waited:.1f} s of a "
             f"{budget:g} s budget (X-Kubemoot-Wait-Budget); retry in about {retry} s",
             code="gpu_busy", headers={"Retry-After": str(retry)})
+
+    async def _too_large(self, model: str, name: str) -> GatewayError:
+        """model-too-large with the sizes that prove it: the model's footprint against
+        the largest usable memory (VRAM total less reserve) of any card."""
+        fleet = await self.stack.view.snapshot()
+        need = self.stack.planner.occupancy.occupancy(model, fleet)
+        cards = [(p.usable_mib, p.name) for p in fleet.providers if p.usable_mib is not None]
+        message = f"model {name} is larger than the usable memory of every GPU in the fleet"
+        if need is not None and cards:
+            usable, card = min(cards, key=lambda c: (-c[0], c[1]))  # ties: by name
+            message += (f": it needs {need} MiB, and the largest usable memory in the "
+                        f"fleet is {usable} MiB on {card} (its VRAM total less its reserve)")
+        return GatewayError(400, message, code="model_too_large")
+
+    async def _retry_after(self, candidates: Sequence[Candidate],
+                           prompt_tokens: int | None) -> int:
+        """Whole seconds until the call could probably start, priced afresh now.
+
+        The wait's last options were priced at its last capacity change and may name an
+        unload plan that was never claimable; what counts is when work in flight ends
+        (:func:`~kubemoot.runtime.options.start_estimate`). With nothing in flight to
+        go by, the next probe is the next news.
+        """
+        planner = self.stack.planner
+        rnd = await planner.new_round(prompt_tokens)
+        models = [c.model for c in planner.in_tolerance(candidates)]
+        estimate = options.start_estimate(rnd, models)
+        if estimate is None:
+            estimate = self.settings.probe_interval_seconds
+        return max(1, math.ceil(estimate))
 
     def record(self, call: PlacedCall, *, ok: bool) -> None:
         p = call.placement

@@ -8,10 +8,14 @@ in: the per-slot context (``OLLAMA_CONTEXT_LENGTH``), the parallel slots
 
 Every httpx or ollama exception is mapped to :mod:`kubemoot.providers.protocol` errors
 here, at the edge. Every public call has a deadline for the whole of it, because the
-HTTP timeout bounds one read only. A call is retried at most ``max_retries`` times
-(default once) and only when the connection was refused before anything was sent; a
-timeout, a reset or any answer is final, since the engine may already be working on the
-request, so a slow engine surfaces as one failed call instead of a silent chain.
+HTTP timeout bounds one read only. Only the probe's reads (``/api/ps``, ``/api/tags``,
+``/api/version``) are retried on the same endpoint, at most ``max_retries`` times
+(default once) and only when the connection was refused before anything was sent: they
+change nothing, and a refusal during an engine restart should not mark the provider
+down. Inference and load/unload requests are never repeated here: a refused one goes up
+as :class:`ProviderUnavailable` with ``sent`` false, and the runtime places the call
+once more *elsewhere* (DESIGN §5). A timeout, a reset or any answer is final, since the
+engine may already be working on the request.
 """
 
 from __future__ import annotations
@@ -322,8 +326,12 @@ class OllamaProvider:
             return ProviderBadResponse(f"{prefix}: {detail}", status=status, **where)
         return ProviderError(f"{prefix}: {detail}", **where)
 
-    async def _call(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
-        attempts = 1 + self.max_retries
+    async def _call(
+        self, what: str, op: Callable[[], Awaitable[T]], *, retry: bool = False
+    ) -> T:
+        """Run one request, mapping its errors; ``retry`` (probe reads only) repeats a
+        request whose connection was refused, on this same endpoint."""
+        attempts = 1 + (self.max_retries if retry else 0)
         for attempt in range(1, attempts + 1):
             try:
                 return await op()
@@ -362,8 +370,8 @@ class OllamaProvider:
     async def probe(self) -> ProviderState:
         """Ask ``/api/ps`` and ``/api/tags`` (and DCGM) what the engine holds now."""
         async with self._within_deadline("probe"):
-            ps = await self._call("GET /api/ps", self._client.ps)
-            tags = await self._call("GET /api/tags", self._client.list)
+            ps = await self._call("GET /api/ps", self._client.ps, retry=True)
+            tags = await self._call("GET /api/tags", self._client.list, retry=True)
             try:
                 state = await self._state(ps, tags)
             except ProviderError as error:
@@ -377,6 +385,7 @@ class OllamaProvider:
             response = await self._call(
                 "GET /api/version",
                 lambda: self._client._request_raw("GET", "/api/version"),  # type: ignore[no-untyped-call]
+                retry=True,
             )
             data = response.json()
         except (ProviderError, ValueError):
@@ -440,8 +449,9 @@ class OllamaProvider:
             self.last_dcgm_error = error
             fallback = ("the VRAM total stays unknown" if self.total_vram_mib is None
                         else f"using the configured VRAM total ({self.total_vram_mib} MiB)")
-            log.warning("%s: DCGM unavailable, %s: %s", self.name, fallback, error)
-            metrics.ERRORS_SURVIVED.labels(component="provider", operation="dcgm").inc()
+            metrics.survived("provider", "dcgm", metrics.PROVIDER,
+                             f"{self.name}: DCGM unavailable, {fallback}", error,
+                             logger=log)
             return None
         self.last_dcgm_error = None
         return reading

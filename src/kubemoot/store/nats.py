@@ -141,12 +141,6 @@ def _edge(what: str) -> Iterator[None]:
         raise StoreError(f"{what}: {type(error).__name__}: {error}") from error
 
 
-def _survived(what: str, operation: str, error: Exception) -> None:
-    """A teardown error worked around: one log line and one count, never silence."""
-    log.warning("%s failed: %s: %s", what, type(error).__name__, error)
-    metrics.ERRORS_SURVIVED.labels(component="store", operation=operation).inc()
-
-
 def _is_removal(headers: dict[str, str] | None) -> bool:
     if not headers:
         return False
@@ -249,7 +243,9 @@ class NatsBucket:
                 try:
                     await subscription.unsubscribe()
                 except Exception as error:  # the watch ends either way
-                    _survived(f"unsubscribing the watch of {self.name}", "unwatch", error)
+                    metrics.survived("store", "unwatch", metrics.CLEANUP,
+                                     f"unsubscribing the watch of {self.name} failed",
+                                     error, logger=log)
 
         watch = QueueWatch(start=start, stop=stop)
         self._owner._watches.add(watch)
@@ -354,4 +350,5 @@ class NatsKV:
         try:
             await self._nc.close()
         except Exception as error:  # the connection is going away either way
-            _survived("closing the NATS connection", "close", error)
+            metrics.survived("store", "close", metrics.CLEANUP,
+                             "closing the NATS connection failed", error, logger=log)

@@ -52,7 +52,7 @@ READY_DEADLINE = 60.0  # seconds for the cluster to elect a JetStream leader
 LISTEN_DEADLINE = 20.0  # seconds for a started server to bind its ports
 START_ATTEMPTS = 3  # fresh ports when one picked was taken before the server bound it
 GRANT_DEADLINE = 60.0  # seconds for a claimer's first grant
-FINISH_DEADLINE = 180.0  # seconds for the claimers' rounds after the kill
+FINISH_DEADLINE = 120.0  # seconds for the claimers' rounds after the kill
 ROUNDS_AFTER_KILL = 6  # claims each claimer task makes once the server is dead
 T = TypeVar("T")
 

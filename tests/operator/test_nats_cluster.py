@@ -53,6 +53,7 @@ LISTEN_DEADLINE = 20.0  # seconds for a started server to bind its ports
 START_ATTEMPTS = 3  # fresh ports when one picked was taken before the server bound it
 GRANT_DEADLINE = 60.0  # seconds for a claimer's first grant
 FINISH_DEADLINE = 120.0  # seconds for the claimers' rounds after the kill
+SERVER_LOG_LINES = 20  # of each server's log in a failure report
 ROUNDS_AFTER_KILL = 6  # claims each claimer task makes once the server is dead
 T = TypeVar("T")
 
@@ -205,6 +206,9 @@ async def stall_report(what: str, kv: NatsKV, cluster: Cluster, tickets_name: st
         except StoreError as error:
             lines.append(f"{name}/{key}: unreadable: {error}")
     lines += [f"--- {log.name}\n{log.read_text()}" for log in logs]
+    for index in range(3):  # leader elections and lagging replicas show up here
+        tail = cluster.log(index).read_text(errors="replace").splitlines()[-SERVER_LOG_LINES:]
+        lines += [f"--- n{index}.log (last {SERVER_LOG_LINES} lines)", *tail]
     return "\n".join(lines)
 
 

@@ -13,6 +13,8 @@ Facts about nats-py 2.16 / nats-server 2.15 that shape this adapter:
   resets after a reconnect may otherwise replay from the start).
 * Per-key TTL exists only on create (``msg_ttl``, whole seconds); we round up.
 * An expired key can read back as an entry whose value is ``None``: that is absent.
+* nats-py opens a bucket for direct gets when its stream allows them, and keeps that
+  choice: once the stream stops allowing them, such a get finds no responders.
 """
 
 from __future__ import annotations
@@ -161,7 +163,14 @@ class NatsBucket:
     async def get(self, key: str) -> Entry | None:
         with _edge(f"get {self.name}/{key}"):
             try:
-                found = await self._kv.get(key)
+                try:
+                    found = await self._kv.get(key)
+                except nats.errors.NoRespondersError:
+                    # Opened for direct gets, but a client that wants more replicas has
+                    # since replicated the bucket and turned them off: nobody answers
+                    # them any more. Open it again (now read through the leader).
+                    self._kv = await self._js.key_value(self.name)
+                    found = await self._kv.get(key)
             except nats.js.errors.KeyNotFoundError:
                 return None
         if found.value is None:  # a limit marker left by expiry
@@ -335,9 +344,30 @@ class NatsKV:
                     )
                 except nats.js.errors.BadRequestError:
                     kv = await self._js.key_value(name)  # another process created it first
+            kv = await self._replicate(name, kv)
         bucket = NatsBucket(name, kv, self._js, self)
         self._buckets[name] = bucket
         return bucket
+
+    async def _replicate(self, name: str, kv: Any) -> Any:
+        """Raise an existing bucket to this client's replica count, leader reads only.
+
+        Any client may be first to create a bucket, with its own count: an agent without
+        ``KUBEMOOT_NATS_REPLICAS`` makes a one-copy bucket that the operator, set to three,
+        would otherwise open and leave so. A client never lowers the count.
+        """
+        wanted = self._settings.replicas
+        if wanted == 1:
+            return kv
+        config = (await self._js.stream_info(f"KV_{name}")).config
+        if (config.num_replicas or 1) >= wanted and not config.allow_direct:
+            return kv
+        log.info("bucket %s: %s replica(s) and direct gets %s; now %s and leader reads",
+                 name, config.num_replicas, "on" if config.allow_direct else "off", wanted)
+        config.num_replicas = max(wanted, config.num_replicas or 1)
+        config.allow_direct = False
+        await self._js.update_stream(config)
+        return await self._js.key_value(name)
 
     @property
     def connection(self) -> Any:

@@ -17,12 +17,10 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from kubemoot.api.errors import InputError
 from kubemoot.cli import main
-from kubemoot.cli._nats import NatsFlags, export_nats_env, merge_nats, resolve_nats
+from kubemoot.cli._nats import NatsFlags, merge_nats, resolve_nats
 from kubemoot.store import open_store
 from kubemoot.store.nats import NatsKV, NatsSettings
 from kubemoot.testing.nats_server import NatsServer, free_port
@@ -159,24 +157,6 @@ def test_without_nats_the_connection_flags_are_refused() -> None:
     with pytest.raises(InputError) as caught:
         resolve_nats(NatsFlags(token="t", tls_ca="x"), use_nats=False)
     assert caught.value.field == "--nats-token"
-
-
-_text = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=12)
-
-
-@settings(max_examples=40, deadline=None)
-@given(servers=st.lists(st.from_regex(r"(nats|tls)://[a-z]{1,8}:[1-9][0-9]{0,3}",
-                                      fullmatch=True), min_size=1, max_size=3),
-       auth=st.one_of(st.none(), st.tuples(_text, _text), _text))
-def test_exported_variables_read_back_as_the_same_settings(
-        servers: list[str], auth: tuple[str, str] | str | None) -> None:
-    user, password = auth if isinstance(auth, tuple) else (None, None)
-    token = auth if isinstance(auth, str) else None
-    merged = merge_nats(NatsFlags(url=",".join(servers), user=user, password=password,
-                                  token=token), environ={"KUBEMOOT_NATS_TOKEN": "old"})
-    environ: dict[str, str] = {"KUBEMOOT_NATS_CREDS": "/stale.creds"}
-    export_nats_env(merged, environ)
-    assert NatsSettings.from_env(environ) == merged
 
 
 # -- through the CLI -------------------------------------------------------------------

@@ -26,7 +26,7 @@ import asyncio
 import dataclasses
 import os
 import ssl
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -55,7 +55,6 @@ __all__ = [
     "NatsUrl",
     "NatsUrlOrEnv",
     "NatsUser",
-    "export_nats_env",
     "mask_secrets",
     "mask_servers",
     "mask_url",
@@ -339,22 +338,6 @@ def mask_secrets(text: str, settings: NatsSettings) -> str:
         if secret:
             text = text.replace(secret, "***")
     return text
-
-
-def export_nats_env(settings: NatsSettings, environ: MutableMapping[str, str]) -> None:
-    """Write ``settings`` as the ``KUBEMOOT_NATS_*`` variables (unset ones removed).
-
-    For code that opens the store from the environment alone (the operator takes only a
-    URL): ``NatsSettings.from_env(environ)`` then gives these settings back. The
-    reconnect settings have no variable and do not travel this way.
-    """
-    environ[URL_ENV] = ",".join(settings.servers)
-    for name, _attr, _flag, variable in _OPTIONS:
-        value = getattr(settings, name)
-        if value is None:
-            environ.pop(variable, None)
-        else:
-            environ[variable] = value
 
 
 # -- checks ----------------------------------------------------------------------------

@@ -109,7 +109,6 @@ def operator_command(
     )
     options = OperatorOptions(
         namespaces=tuple(dict.fromkeys(namespaces)),
-        store_url=None if settings is None else ",".join(settings.servers),
         probe_interval=probe_interval or tunables.probe_interval_seconds,
         probe_timeout=probe_timeout or tunables.probe_timeout_seconds,
         shutdown_grace_seconds=tunables.shutdown_grace_seconds,

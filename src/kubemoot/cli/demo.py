@@ -79,9 +79,6 @@ if TYPE_CHECKING:
 # The default bundle is package data, so the demo runs from any directory after any
 # kind of install; the repository's examples/homelab is a link to the same files.
 DEFAULT_BUNDLE_PARTS = ("examples", "homelab")
-# How long an interrupted run lets the runtime's own helpers (ticket releases, call-log
-# writes, preloads) finish before they are cancelled too.
-SHUTDOWN_GRACE_SECONDS = 2.0
 # Emulated seconds per call: a fixed part plus a part per generated token (8–31 tokens).
 CALL_BASE_SECONDS = 2.0
 CALL_PER_TOKEN_SECONDS = 0.3
@@ -229,7 +226,7 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
     result = schedule_bundle(resources, now=datetime.now(UTC))
     clock = SystemClock()
     books = _Books()
-    run = _Running()
+    run = _Running(straggler_grace=tunables.straggler_grace_seconds)
     try:
         await _start_emulators(resources, time_scale, into=run.emulators)
         emulators = run.emulators
@@ -237,7 +234,9 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
                                               connect_wait=tunables.connect_wait_seconds)
         clients = run.clients
         for p in resources.providers:
-            clients[p.metadata.name] = _counting_provider(p, emulators[p.metadata.name].url)
+            clients[p.metadata.name] = _counting_provider(
+                p, emulators[p.metadata.name].url,
+                timeout=tunables.provider_read_timeout_seconds)
         states = await kv.bucket(PROVIDER_STATE_BUCKET)
         prober = Prober(list(clients.values()), clock=clock, publish=publish_to_kv(states))
         if nats is not None:
@@ -327,7 +326,8 @@ async def _tell_store_health(health: StoreHealth, where: str) -> None:
 class _Running:
     """What a run has started so far, and how to stop it in the one safe order."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, straggler_grace: float) -> None:
+        self.straggler_grace = straggler_grace
         self.emulators: dict[str, OllamaEmulator] = {}
         self.clients: dict[str, OllamaProvider] = {}
         self.kv: KV | None = None
@@ -353,8 +353,8 @@ class _Running:
         #    cancelled as well. Then the planner's clients, so no connection stays open.
         if self.calllog is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.calllog.flush(), SHUTDOWN_GRACE_SECONDS)
-        await _finish_stragglers(SHUTDOWN_GRACE_SECONDS)
+                await asyncio.wait_for(self.calllog.flush(), self.straggler_grace)
+        await _finish_stragglers(self.straggler_grace)
         for client in self.clients.values():
             with contextlib.suppress(Exception):
                 await client.close()
@@ -435,7 +435,7 @@ async def _start_emulators(resources: Any, time_scale: float, *,
     await asyncio.gather(*(asyncio.to_thread(e.start) for e in into.values()))
 
 
-def _counting_provider(provider: Any, url: str) -> OllamaProvider:
+def _counting_provider(provider: Any, url: str, *, timeout: float) -> OllamaProvider:
     """The planner's client for a provider; it remembers each model it unloaded."""
     from kubemoot.providers.ollama import OllamaProvider
 
@@ -450,7 +450,7 @@ def _counting_provider(provider: Any, url: str) -> OllamaProvider:
     client = Counting(
         provider.metadata.name, url, context_length=provider.spec.context_length,
         num_parallel=provider.spec.num_parallel or 1, reserve_mib=provider.spec.reserve_mib,
-        total_vram_mib=capacity.vram_total_mib if capacity else None, timeout=30.0,
+        total_vram_mib=capacity.vram_total_mib if capacity else None, timeout=timeout,
     )
     client.unloads = []
     return client
@@ -501,7 +501,7 @@ class _InferenceStarts:
 
         self._client_type = Timed
 
-    def client(self, provider: str, endpoint: str, *, timeout: float) -> OllamaProvider:
+    def client(self, provider: str, endpoint: str, *, timeout: float | None) -> OllamaProvider:
         return self._client_type(provider, endpoint, timeout=timeout, clock=self._clock)
 
     def _replied(self, eval_count: int | None, prompt_tokens: int | None) -> None:

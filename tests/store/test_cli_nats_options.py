@@ -354,3 +354,54 @@ def test_every_command_documents_the_same_reconnect_default() -> None:
     [text] = set(helps.values())
     assert f"default {NatsSettings().max_reconnect_attempts}," in text
     assert f"after {RuntimeSettings().connect_wait_seconds:g} s" in text
+
+
+# -- declared once ---------------------------------------------------------------------
+
+
+def test_nats_options_hand_the_command_what_was_given() -> None:
+    """The options typer sees become one NatsFlags; the command's own options stay put."""
+    import typer
+    from typer.testing import CliRunner
+
+    from kubemoot.cli._nats import NO_NATS_FLAGS, nats_options
+
+    seen: list[tuple[NatsFlags, int]] = []
+    tool = typer.Typer(add_completion=False)
+
+    @tool.command()
+    @nats_options(url_from_env=True, reconnect=False)
+    def watch(before: int = typer.Option(1, "--before"),
+              nats: NatsFlags = NO_NATS_FLAGS,
+              after: int = typer.Option(2, "--after")) -> None:
+        seen.append((nats, before + after))
+
+    done = CliRunner().invoke(tool, ["--nats", "nats://a:1", "--nats-user", "u",
+                                     "--nats-password", "p", "--after", "5"])
+    assert done.exit_code == 0, done.output
+    assert seen == [(NatsFlags(url="nats://a:1", user="u", password="p"), 6)]
+    import typer.main
+
+    options = [p.name for p in typer.main.get_command(tool).params]
+    assert options == ["before", "nats", "nats_user", "nats_password", "nats_token",
+                       "nats_creds", "nats_tls_ca", "nats_tls_cert", "nats_tls_key", "after"]
+    assert "KUBEMOOT_NATS_URL" in CliRunner().invoke(tool, ["--help"]).output
+
+
+def test_nats_options_need_a_nats_parameter() -> None:
+    from kubemoot.cli._nats import nats_options
+
+    def command(other: int = 1) -> None: ...
+
+    with pytest.raises(TypeError, match="no parameter nats"):
+        nats_options()(command)
+
+
+@pytest.mark.parametrize(
+    ("url", "environ", "named"),
+    [(None, {}, False), (None, {"KUBEMOOT_NATS_URL": "  "}, False),
+     (None, {"KUBEMOOT_NATS_URL": "nats://a:1"}, True), ("nats://b:2", {}, True)],
+)
+def test_servers_are_named_by_the_flag_or_the_variable(
+        url: str | None, environ: dict[str, str], named: bool) -> None:
+    assert NatsFlags(url=url).names_servers(environ) is named

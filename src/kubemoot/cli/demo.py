@@ -44,18 +44,10 @@ from kubemoot.cli._common import (
     resolve_format,
 )
 from kubemoot.cli._nats import (
-    NatsCA,
-    NatsCert,
-    NatsCreds,
+    NO_NATS_FLAGS,
     NatsFlags,
-    NatsKey,
-    NatsPassword,
-    NatsReconnectAttempts,
-    NatsReconnectWait,
-    NatsToken,
-    NatsUrl,
-    NatsUser,
     mask_servers,
+    nats_options,
     open_shared_store,
     resolve_nats,
 )
@@ -88,17 +80,9 @@ SAMPLE_INTERVAL_SECONDS = 0.01
 
 
 @app.command("demo")
+@nats_options()
 def demo_command(
-    nats: NatsUrl = None,
-    nats_user: NatsUser = None,
-    nats_password: NatsPassword = None,
-    nats_token: NatsToken = None,
-    nats_creds: NatsCreds = None,
-    nats_tls_ca: NatsCA = None,
-    nats_tls_cert: NatsCert = None,
-    nats_tls_key: NatsKey = None,
-    nats_reconnect_attempts: NatsReconnectAttempts = None,
-    nats_reconnect_wait: NatsReconnectWait = None,
+    nats: NatsFlags = NO_NATS_FLAGS,
     discussions: int = typer.Option(8, "--discussions", min=1, max=40,
                                     help="How many discussions to run at once."),
     seed: int = typer.Option(7, "--seed", help="Chooses questions, members and start times."),
@@ -123,13 +107,7 @@ def demo_command(
     """Run crews on emulated GPUs through the scheduler and show where each call ran."""
     fmt = resolve_format(output)
     # --nats picks NATS over the embedded store; the other flags only tune the connection.
-    nats_settings = resolve_nats(
-        NatsFlags(url=nats, user=nats_user, password=nats_password, token=nats_token,
-                  creds=nats_creds, tls_ca=nats_tls_ca, tls_cert=nats_tls_cert,
-                  tls_key=nats_tls_key, reconnect_attempts=nats_reconnect_attempts,
-                  reconnect_wait=nats_reconnect_wait),
-        use_nats=nats is not None,
-    )
+    nats_settings = resolve_nats(nats, use_nats=nats.url is not None)
     from kubemoot.cli._shutdown import run_until_stopped
     from kubemoot.runtime.settings import RuntimeSettings
 

@@ -19,18 +19,10 @@ import typer
 from kubemoot.api.errors import InputError
 from kubemoot.cli._common import app, err_console
 from kubemoot.cli._nats import (
-    NatsCA,
-    NatsCert,
-    NatsCreds,
+    NO_NATS_FLAGS,
     NatsFlags,
-    NatsKey,
-    NatsPassword,
-    NatsReconnectAttempts,
-    NatsReconnectWait,
-    NatsToken,
-    NatsUrl,
-    NatsUser,
     mask_servers,
+    nats_options,
     open_shared_store,
     resolve_nats,
 )
@@ -77,6 +69,7 @@ def parse_duration(text: str, flag: str) -> float:
 
 
 @app.command("gateway")
+@nats_options()
 def gateway_command(
     provider: list[str] = typer.Option(
         [], "--provider", metavar="[NAME=]URL[,vramMiB=N][,numParallel=N]…",
@@ -104,16 +97,7 @@ def gateway_command(
     allow_anonymous: bool = typer.Option(
         False, "--allow-anonymous",
         help="Allow a non-loopback address without --api-keys."),
-    nats: NatsUrl = None,
-    nats_user: NatsUser = None,
-    nats_password: NatsPassword = None,
-    nats_token: NatsToken = None,
-    nats_creds: NatsCreds = None,
-    nats_tls_ca: NatsCA = None,
-    nats_tls_cert: NatsCert = None,
-    nats_tls_key: NatsKey = None,
-    nats_reconnect_attempts: NatsReconnectAttempts = None,
-    nats_reconnect_wait: NatsReconnectWait = None,
+    nats: NatsFlags = NO_NATS_FLAGS,
 ) -> None:
     """Serve the Ollama and OpenAI APIs; every call is placed on a GPU by kubemoot.
 
@@ -146,17 +130,11 @@ def gateway_command(
     )
     sources, declared, virtual = _providers(provider, file,
                                             tolerance=tunables.candidate_tolerance)
-    if not sources and nats is None:
+    if not sources and nats.url is None:
         raise InputError("no provider: give --provider URL, -f BUNDLE.yaml with a "
                          "ModelProvider, or --nats to use the providers others publish",
                          field="--provider")
-    nats_settings = resolve_nats(
-        NatsFlags(url=nats, user=nats_user, password=nats_password, token=nats_token,
-                  creds=nats_creds, tls_ca=nats_tls_ca, tls_cert=nats_tls_cert,
-                  tls_key=nats_tls_key, reconnect_attempts=nats_reconnect_attempts,
-                  reconnect_wait=nats_reconnect_wait),
-        use_nats=nats is not None,
-    )
+    nats_settings = resolve_nats(nats, use_nats=nats.url is not None)
 
     for source in sources:
         if source.total_vram_mib is None:

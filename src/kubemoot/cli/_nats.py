@@ -29,16 +29,17 @@ import functools
 import inspect
 import os
 import ssl
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import typer
 
 from kubemoot.api.errors import InputError
 from kubemoot.runtime.settings import DEFAULTS, ENV_VARIABLES
+from kubemoot.store.masking import mask_servers, mask_url
 
 if TYPE_CHECKING:
     from kubemoot.clock import Clock
@@ -59,7 +60,6 @@ __all__ = [
     "NatsUrl",
     "NatsUrlOrEnv",
     "NatsUser",
-    "mask_secrets",
     "mask_servers",
     "mask_url",
     "merge_nats",
@@ -348,7 +348,8 @@ async def open_shared_store(
     try:
         kv = attempt.result()
     except StoreUnavailable as error:
-        raise StoreUnavailable(mask_secrets(str(error), settings) + _CHECK) from None
+        # the store wrote its servers masked (kubemoot.store.masking)
+        raise StoreUnavailable(str(error) + _CHECK) from None
     tell(f"connected to NATS at {where}")
     return kv
 
@@ -370,36 +371,6 @@ def _say(line: str) -> None:
     from kubemoot.cli._common import err_console
 
     err_console.print(line, highlight=False, soft_wrap=True, markup=False)
-
-
-def mask_url(url: str) -> str:
-    """``url`` with its password (or a token in the user's place) shown as ``***``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    if "@" not in parts.netloc:
-        return url
-    userinfo, _, host = parts.netloc.rpartition("@")
-    user, colon, _password = userinfo.partition(":")
-    # nats://TOKEN@host carries a token where a user name would be: hide it whole.
-    shown = f"{user}:***" if colon else "***"
-    return urlunsplit(parts._replace(netloc=f"{shown}@{host}"))
-
-
-def mask_servers(servers: Sequence[str]) -> str:
-    """The server list for a message, passwords masked."""
-    return ", ".join(mask_url(server) for server in servers)
-
-
-def mask_secrets(text: str, settings: NatsSettings) -> str:
-    """``text`` with every server URL masked and every password or token hidden."""
-    for server in settings.servers:
-        text = text.replace(server, mask_url(server))
-    for secret in (settings.password, settings.token):
-        if secret:
-            text = text.replace(secret, "***")
-    return text
 
 
 # -- checks ----------------------------------------------------------------------------

@@ -21,9 +21,8 @@ import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from kubemoot import __version__, metrics
 from kubemoot.gateway import openai as oai
@@ -34,6 +33,7 @@ from kubemoot.gateway.keys import ANONYMOUS, ApiKeys
 from kubemoot.gateway.requests import InferenceRequest, model_name, read_json
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime.placement import Candidate
+from kubemoot.serving import StreamWithCleanup
 
 __all__ = ["GatewayApp", "VirtualModels"]
 
@@ -322,8 +322,7 @@ class GatewayApp:
             return await self._unload(req)
         call = await self._start(request, req, path, legacy_embeddings=legacy_embeddings)
         if req.stream:
-            return _CallStream(call, call.lines(), media_type="application/x-ndjson",
-                               headers=call.headers())
+            return _call_stream(call, call.lines(), media_type="application/x-ndjson")
         return JSONResponse(await call.json(), headers=call.headers())
 
     async def _chat(self, request: Request) -> Response:
@@ -411,8 +410,7 @@ class GatewayApp:
                     yield _sse(oai.usage_chunk(line, model=model, call_id=call_id))
             yield b"data: [DONE]\n\n"
 
-        return _CallStream(call, events(), media_type="text/event-stream",
-                           headers=call.headers())
+        return _call_stream(call, events(), media_type="text/event-stream")
 
     async def _v1_embeddings(self, request: Request) -> Response:
         body = await read_json(request, limit=self.desk.settings.max_body_bytes)
@@ -446,17 +444,13 @@ def _virtual_tag(name: str) -> dict[str, Any]:
                                       "quantization_level": ""}}
 
 
-class _CallStream(StreamingResponse):
+def _call_stream(call: PlacedCall, content: AsyncIterator[bytes], *,
+                 media_type: str) -> Response:
     """A streamed reply that releases its call however the response ends — including
-    a client that leaves before the first byte (the body iterator never starts then)."""
+    a client that leaves before the first byte."""
 
-    def __init__(self, call: PlacedCall, content: AsyncIterator[bytes], *,
-                 media_type: str, headers: Mapping[str, str]) -> None:
-        super().__init__(content, media_type=media_type, headers=headers)
-        self._call = call
+    async def release() -> None:
+        await call.close(ok=None)  # a no-op when the stream already closed it
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._call.close(ok=None)  # a no-op when the stream already closed it
+    return StreamWithCleanup(content, cleanup=release, media_type=media_type,
+                             headers=call.headers())

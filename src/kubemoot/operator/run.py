@@ -55,7 +55,6 @@ class OperatorOptions:
     """
 
     namespaces: tuple[str, ...] = ()
-    store_url: str | None = None  # None: the embedded store (one process only)
     probe_interval: float = DEFAULT_PROBE_INTERVAL
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
     # After SIGTERM or Ctrl-C, kopf's stop may take this long before the process is killed.
@@ -143,7 +142,8 @@ async def run_operator(
 ) -> None:
     """Check the credentials, open the shared store, then serve until interrupted.
 
-    The store comes from ``open_kv`` when given, else from ``options.store_url``.
+    The store comes from ``open_kv`` (the CLI's connects to NATS with the user's
+    credentials and TLS); without it, the embedded store serves one process only.
     SIGTERM and SIGINT stop kopf gracefully (kopf handles both); the store closes last.
     """
     from kubemoot.store import open_store
@@ -154,7 +154,7 @@ async def run_operator(
         raise InputError(f"cannot read Kubernetes credentials: {error}") from None
     clock = clock or SystemClock()
     store: KV = (await open_kv(clock) if open_kv is not None
-                 else await open_store(options.store_url, clock=clock))
+                 else await open_store(clock=clock))
     try:
         bucket = await open_shared_buckets(store)
         kube = KubeClient(login)

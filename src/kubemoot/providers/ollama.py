@@ -222,7 +222,7 @@ class OllamaProvider:
         num_parallel: int = 1,
         reserve_mib: int = DEFAULTS.reserve_mib,
         total_vram_mib: int | None = None,
-        timeout: float = 120.0,
+        timeout: float | None = None,
         deadline: float | None = None,
         max_retries: int = 1,
         retry_delay: float = 0.5,
@@ -237,12 +237,16 @@ class OllamaProvider:
         self.num_parallel = num_parallel
         self.reserve_mib = reserve_mib
         self.total_vram_mib = total_vram_mib
-        self.timeout = timeout
-        # Without an explicit deadline the deployment's applies
-        # (KUBEMOOT_PROVIDER_CALL_DEADLINE_SECONDS): clients are made in many places
-        # (gateway, agent, demo, chat pools), and each must honour it.
-        self.deadline = (RuntimeSettings.from_env().provider_call_deadline_seconds
-                         if deadline is None else deadline)
+        # Without an explicit read timeout or deadline the deployment's apply
+        # (KUBEMOOT_PROVIDER_READ_TIMEOUT_SECONDS, KUBEMOOT_PROVIDER_CALL_DEADLINE_SECONDS):
+        # clients are made in many places (gateway, agent, demo, chat pools), and each
+        # must honour them.
+        deployment = (RuntimeSettings.from_env() if timeout is None or deadline is None
+                      else DEFAULTS)
+        self.timeout: float = (deployment.provider_read_timeout_seconds if timeout is None
+                               else timeout)
+        self.deadline: float = (deployment.provider_call_deadline_seconds if deadline is None
+                                else deadline)
         if not self.deadline > 0:
             raise InputError(f"provider {name}: the call deadline must be positive, got "
                              f"{self.deadline!r}", field="deadline")
@@ -253,7 +257,7 @@ class OllamaProvider:
         self.last_dcgm_error: ProviderError | None = None
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._client = ollama.AsyncClient(
-            host=self.endpoint, timeout=timeout,
+            host=self.endpoint, timeout=self.timeout,
             transport=_CappedTransport(max_response_bytes),
         )
 

@@ -36,6 +36,7 @@ import nats.js.errors
 from kubemoot import metrics
 from kubemoot.api.errors import InputError
 from kubemoot.store._watch import QueueWatch
+from kubemoot.store.masking import mask_servers
 from kubemoot.store.protocol import (
     Change,
     Entry,
@@ -277,6 +278,7 @@ class NatsKV:
         settings = settings if settings is not None else NatsSettings.from_env()
 
         connected = False
+        where = mask_servers(settings.servers)  # a message is no place for a password
 
         async def quiet(error: Exception) -> None:
             # nats-py reports reconnect noise here; operations surface real failures.
@@ -288,9 +290,7 @@ class NatsKV:
                 and "authorization violation" in str(error).lower()
             )
             if not connected and refused:
-                raise StoreUnavailable(
-                    f"NATS at {', '.join(settings.servers)} refused the credentials: {error}"
-                )
+                raise StoreUnavailable(f"NATS at {where} refused the credentials: {error}")
             return None
 
         options: dict[str, Any] = {
@@ -312,7 +312,6 @@ class NatsKV:
         tls = settings.tls_context()
         if tls is not None:
             options["tls"] = tls
-        where = ", ".join(settings.servers)
         try:
             connection = await nats.connect(**options)
         except StoreUnavailable:

@@ -57,6 +57,24 @@ async def test_until_stored_looks_again_at_each_change_of_the_bucket() -> None:
     await kv.close()
 
 
+async def test_until_stored_looks_again_when_the_watch_stays_quiet() -> None:
+    # a listing that lagged the last change (NATS keys() under load) is looked at again
+    kv = MemoryKV(ManualClock(1_700_000_000.0))
+    bucket = await kv.bucket("b")
+    listing: list[str] = []
+    looks: list[int] = []
+
+    def listed() -> list[str] | None:
+        looks.append(1)
+        if len(looks) == 2:
+            listing.append("k")  # the store had it all along; the first look missed it
+        return list(listing) or None
+
+    assert await until_stored(bucket, listed, timeout=30, what="k", recheck=0.01) == ["k"]
+    assert len(looks) >= 2
+    await kv.close()
+
+
 async def test_until_stored_fails_naming_the_bucket() -> None:
     kv = MemoryKV(ManualClock(1_700_000_000.0))
     bucket = await kv.bucket("tickets")

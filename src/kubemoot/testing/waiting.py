@@ -97,12 +97,14 @@ async def wait_until(
 @overload
 async def until_stored(
     bucket: Bucket, condition: Callable[[], Awaitable[T]], *, timeout: float, what: str,
+    recheck: float = ...,
 ) -> T: ...
 
 
 @overload
 async def until_stored(
     bucket: Bucket, condition: Callable[[], T], *, timeout: float, what: str,
+    recheck: float = ...,
 ) -> T: ...
 
 
@@ -112,12 +114,16 @@ async def until_stored(
     *,
     timeout: float,
     what: str,
+    recheck: float = 1.0,
 ) -> Any:
     """Return ``condition()``'s first truthy value, looking again at each change of ``bucket``.
 
     The watch starts before the first look, so a write between the look and the wait
     is still seen; whoever writes (this process or another one sharing the store),
-    nothing is polled.
+    nothing is polled while changes arrive. One exception: a NATS key listing is read
+    from a consumer of its own and may end before the newest writes under heavy load,
+    so once the watch has been quiet for ``recheck`` seconds the condition is looked
+    at again (a listing that lagged the last change is not trusted for ever).
     """
     watch = bucket.watch()
     try:
@@ -126,7 +132,14 @@ async def until_stored(
             value = await _holds(condition)
             if value:
                 return value
-            async for _change in watch:
+            changes = aiter(watch)
+            while True:
+                try:
+                    await asyncio.wait_for(anext(changes), recheck)
+                except TimeoutError:
+                    pass  # quiet: look again in case the last look lagged the store
+                except StopAsyncIteration:
+                    break
                 value = await _holds(condition)
                 if value:
                     return value

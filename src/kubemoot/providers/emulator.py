@@ -25,7 +25,7 @@ import json
 import math
 import socket
 import threading
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from kubemoot.clock import Clock, SystemClock
+from kubemoot.clock import Clock
 from kubemoot.providers._emulated_calls import (
     EmbeddingCall,
     Generation,
@@ -56,12 +56,12 @@ from kubemoot.providers._emulation import (
     EmulatorConfig,
     EmulatorEngine,
     EmulatorError,
-    LoadedCopy,
     RecordedRequest,
     parse_keep_alive,
 )
 from kubemoot.providers._emulator_openai import openai_routes
 from kubemoot.providers._emulator_stream import ReleasingStream, run_unless_abandoned
+from kubemoot.providers.engine import EngineCopy
 
 __all__ = [
     "DEFAULT_MODELS",
@@ -150,7 +150,7 @@ class OllamaEmulator:
         log_level: str = "error",
     ) -> None:
         self.config = config if config is not None else EmulatorConfig()
-        self.engine = EmulatorEngine(self.config, clock=clock or SystemClock())
+        self.engine = EmulatorEngine(self.config, clock=clock)
         self.host = host
         self.port = port
         self.log_level = log_level
@@ -186,6 +186,12 @@ class OllamaEmulator:
     def records(self) -> list[RecordedRequest]:
         """Every generation request received, oldest first."""
         return self.engine.records
+
+    async def until(self, predicate: Callable[[EmulatorEngine], bool], *,
+                    timeout: float = 30.0) -> None:
+        """Return once ``predicate(engine)`` holds, woken by the engine's changes (a
+        test's event to wait on; ``timeout`` real seconds only guards a hung test)."""
+        await asyncio.to_thread(self.engine.wait_until, predicate, timeout)
 
     def bind(self) -> None:
         """Take the listening socket now (``OSError`` if the port is taken); then
@@ -329,19 +335,20 @@ class OllamaEmulator:
             for m in self.engine.catalogue.values()
         ]})
 
-    def _ps_entry(self, copy: LoadedCopy) -> dict[str, Any]:
-        model = copy.model
+    def _ps_entry(self, model: EmulatedModel, copy: EngineCopy) -> dict[str, Any]:
+        # a copy in use has no expiry yet; it shows when it would expire if idle now
+        expires = copy.expires_at if copy.refs == 0 \
+            else self.engine.clock.now() + copy.keep_alive
         return {"name": model.name, "model": model.name, "size": copy.footprint_mib * MIB,
                 "digest": model.manifest_digest, "details": self._details(model),
-                "expires_at": _iso(copy.expires_at), "size_vram": copy.footprint_mib * MIB,
+                "expires_at": _iso(expires), "size_vram": copy.footprint_mib * MIB,
                 "context_length": copy.context_length}
 
     async def _ps(self, request: Request) -> Any:
         if (faulted := await self.injected_fault(request)) is not None:
             return faulted
-        self.engine.expire()
-        return JSONResponse({"models": [self._ps_entry(c)
-                                        for c in self.engine.copies.values()]})
+        return JSONResponse({"models": [self._ps_entry(m, c)
+                                        for m, c in self.engine.copies()]})
 
     async def read_body(self, request: Request) -> dict[str, Any]:
         """The request's JSON object, or a 400 (never a traceback) for anything else."""
@@ -460,7 +467,7 @@ class OllamaEmulator:
         engine, model = self.engine, call.model
         created = _iso(engine.clock.now())
         if call.keep_alive == 0:
-            await engine.unload(model)
+            engine.unload(model)
             payload = self._done(model, chat, created, "", "unload")
         else:
             got = await engine.acquire(model, call.context, keep_alive=call.keep_alive,

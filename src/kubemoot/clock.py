@@ -100,6 +100,13 @@ class ScaledClock:
             return self._origin
         return self._origin + (time.monotonic() - self._real_origin) / self.scale
 
+    def wall_time(self, emulated: float) -> float:
+        """The Unix time at which emulated instant ``emulated`` happens (what answers
+        shown to clients carry); with time standing still, the present."""
+        if self.scale == 0:
+            return time.time()
+        return self._origin + (emulated - self._origin) * self.scale
+
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds) * self.scale)
 

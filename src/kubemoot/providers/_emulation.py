@@ -353,6 +353,15 @@ class EmulatorEngine:
 
     # -- the card: loads, slots, keep-alive --------------------------------------
 
+    def wall_time(self, emulated: float | None = None) -> float:
+        """An instant of the engine's clock (now by default) as the Unix time clients
+        are shown, in wall-clock terms however fast emulated time runs."""
+        if emulated is None:
+            emulated = self.clock.now()
+        if isinstance(self.clock, ScaledClock):
+            return self.clock.wall_time(emulated)
+        return emulated
+
     def footprint_mib(self, model: EmulatedModel, context_length: int) -> int:
         return model.footprint_mib(context_length, self.config.num_parallel)
 

@@ -266,6 +266,10 @@ class OllamaEmulator:
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.stop)
 
+    def stamp(self, emulated: float | None = None) -> str:
+        """:meth:`EmulatorEngine.wall_time` as the ISO time Ollama's answers carry."""
+        return _iso(self.engine.wall_time(emulated))
+
     # -- fault injection ----------------------------------------------------------
 
     def _inject(self, fault: _Fault) -> None:
@@ -341,7 +345,7 @@ class OllamaEmulator:
             else self.engine.clock.now() + copy.keep_alive
         return {"name": model.name, "model": model.name, "size": copy.footprint_mib * MIB,
                 "digest": model.manifest_digest, "details": self._details(model),
-                "expires_at": _iso(expires), "size_vram": copy.footprint_mib * MIB,
+                "expires_at": self.stamp(expires), "size_vram": copy.footprint_mib * MIB,
                 "context_length": copy.context_length}
 
     async def _ps(self, request: Request) -> Any:
@@ -455,7 +459,7 @@ class OllamaEmulator:
             generation = await start_generation(self.engine, call)
         except EmulatorError as error:
             return _error(error)
-        created = _iso(self.engine.clock.now())
+        created = self.stamp()
         if not stream:
             if await run_unless_abandoned(request, generation) is None:
                 return Response(status_code=499)  # nobody is listening any more
@@ -465,7 +469,7 @@ class OllamaEmulator:
 
     async def _preload(self, call: GenerationCall, *, chat: bool, stream: bool) -> Response:
         engine, model = self.engine, call.model
-        created = _iso(engine.clock.now())
+        created = self.stamp()
         if call.keep_alive == 0:
             engine.unload(model)
             payload = self._done(model, chat, created, "", "unload")
@@ -481,9 +485,9 @@ class OllamaEmulator:
     async def _ndjson(self, generation: Generation, chat: bool) -> AsyncIterator[bytes]:
         model = generation.model
         async for piece in generation.pieces():
-            chunk = self._part(model, chat, _iso(self.engine.clock.now()), piece)
+            chunk = self._part(model, chat, self.stamp(), piece)
             yield json.dumps(chunk).encode() + b"\n"
-        created = _iso(self.engine.clock.now())
+        created = self.stamp()
         if chat and generation.tool_calls:  # Ollama sends the calls before the final chunk
             chunk = self._part(model, chat, created, "")
             chunk["message"]["tool_calls"] = generation.tool_calls

@@ -106,6 +106,18 @@ class CardSpec:
     keep_alive_seconds: float = OLLAMA_KEEP_ALIVE_SECONDS
     max_queue: int | None = None  # None: the line is unbounded
 
+    def __post_init__(self) -> None:
+        if self.reserve_mib < 0:
+            raise ValueError(f"card reserve_mib must be 0 or more, got {self.reserve_mib}")
+        if self.usable_mib <= 0:
+            raise ValueError(f"card reserve_mib ({self.reserve_mib}) must be less than "
+                             f"vram_mib ({self.vram_mib})")
+        if self.num_parallel < 1:
+            raise ValueError(f"card num_parallel must be 1 or more, got {self.num_parallel}")
+        if not self.load_rate_mibps > 0:
+            raise ValueError(f"card load_rate_mibps must be positive, "
+                             f"got {self.load_rate_mibps}")
+
     @property
     def usable_mib(self) -> int:
         return self.vram_mib - self.reserve_mib

@@ -212,7 +212,7 @@ class EmulatorEngine:
             num_parallel=config.num_parallel, load_rate_mibps=config.load_rate_mibps,
             unload_seconds=config.unload_seconds, keep_alive_seconds=config.keep_alive_s,
             max_queue=config.max_queue), clock=self.clock, events=self._engine_books)
-        self.card.on_residency_change(self._tell)
+        self.card.on_change(self._tell)
         self._records: list[RecordedRequest] = []
         self.truncations = 0  # requests whose prompt the engine cut
         self.peak_busy: dict[str, int] = {}
@@ -241,7 +241,8 @@ class EmulatorEngine:
 
     def wait_until(self, predicate: Callable[[EmulatorEngine], bool], timeout: float) -> None:
         """Block (another thread than the server's) until ``predicate(self)`` holds; it
-        is checked again after each load, unload, slot change and recorded request.
+        is checked again after each change of the card (a request joining or leaving
+        its line, a slot taken or given back, a copy loaded or gone) and each record.
         ``TimeoutError`` after ``timeout`` real seconds, a guard against a hung test."""
         with self._changed:
             if not self._changed.wait_for(lambda: predicate(self), timeout):
@@ -406,7 +407,6 @@ class EmulatorEngine:
         """Give back the slot :meth:`acquire` took; idle, the copy's keep-alive starts."""
         self.card.give_slot(copy)
         self.card.release(copy)
-        self._tell()
 
     def unload(self, model: EmulatedModel) -> None:
         """``keep_alive: 0``: gone now if idle, else as soon as its calls finish."""

@@ -185,13 +185,14 @@ class OllamaEngine:
         self.name = name
         self.card = card
         self.clock = clock
-        self._events = events or EngineEvents()
+        self._events: list[EngineEvents] = [events] if events is not None else []
         self.copies: dict[str, EngineCopy] = {}
         self._pending: deque[_Request] = deque()
         self._changed: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listeners: list[Callable[[], None]] = []
+        self._watchers: list[Callable[[], None]] = []
         self._blocked_passes = 0
         self.used_mib = 0
         self.peak_mib = 0
@@ -215,9 +216,22 @@ class OllamaEngine:
     def free_mib(self) -> int:
         return self.usable_mib - self.used_mib
 
+    def observe(self, events: EngineEvents) -> None:
+        """Tell ``events`` too about every load and unload from now on."""
+        self._events.append(events)
+
     def on_residency_change(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` whenever the set of offered copies changes."""
         self._listeners.append(listener)
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after any change a watcher may wait for: a request joining
+        or leaving, a slot taken or given back, a copy loaded or gone."""
+        self._watchers.append(listener)
+
+    def _changed_now(self) -> None:
+        for watcher in self._watchers:
+            watcher()
 
     def waiting(self) -> int:
         """Requests in line for a copy or for a slot of one."""
@@ -266,6 +280,7 @@ class OllamaEngine:
     def _notify(self) -> None:
         if self._changed is not None:
             self._changed.set()
+        self._changed_now()
 
     def _residency_changed(self) -> None:
         for listener in self._listeners:
@@ -343,7 +358,8 @@ class OllamaEngine:
         self.copies[copy.model] = copy
         self._vram(size)
         self._busy(+1)
-        self._events.load_started(copy.model, size, self.clock.now())
+        for events in self._events:
+            events.load_started(copy.model, size, self.clock.now())
         asyncio.get_running_loop().create_task(self._load(copy))
         return copy
 
@@ -371,7 +387,8 @@ class OllamaEngine:
         self._activity()
         del self.copies[copy.model]
         self._vram(-copy.footprint_mib)
-        self._events.unloaded(copy.model, reason, self.clock.now())
+        for events in self._events:
+            events.unloaded(copy.model, reason, self.clock.now())
         copy.gone.set()
         self._residency_changed()
         self._notify()
@@ -453,11 +470,13 @@ class OllamaEngine:
                     self._hand_over_slot(copy)  # handed over, then cancelled: pass it on
                 raise
         self._busy(+1)
+        self._changed_now()
         return waited
 
     def give_slot(self, copy: EngineCopy) -> None:
         self._busy(-1)
         self._hand_over_slot(copy)
+        self._changed_now()
 
     @staticmethod
     def _hand_over_slot(copy: EngineCopy) -> None:

@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -159,46 +158,45 @@ def _assert_clean_interrupt(code: int, err: str) -> None:
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def test_ctrl_c_mid_run_shuts_down_quietly(tmp_path: Path) -> None:
-    # A forced terminal makes the live progress view draw on stderr; its first row
-    # naming a placed call ("→") proves the discussions are running, whatever the
-    # machine's speed, so the interrupt never lands while the CLI is still importing.
+def _demo_on_a_terminal(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
+    """``kubemoot demo`` as if on a terminal: its live progress view draws on stderr."""
     env = {k: v for k, v in os.environ.items() if k not in {"NO_COLOR", "TTY_COMPATIBLE"}}
     env.update(FORCE_COLOR="1", TERM="xterm", COLUMNS="120")
-    process = subprocess.Popen(
-        [KUBEMOOT, "demo", "--discussions", "8"], cwd=tmp_path, text=True, env=env,
+    return subprocess.Popen(
+        [KUBEMOOT, "demo", "--discussions", "8", *extra], cwd=tmp_path, text=True, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
+
+
+def _read_until(process: subprocess.Popen[str], needle: str, what: str) -> list[str]:
+    """The stderr lines up to the first that contains ``needle`` (colours removed)."""
     assert process.stderr is not None
     seen = []
     for line in process.stderr:
         seen.append(line)
-        if "→" in line:
-            break
-    else:
-        raise AssertionError(f"the demo never showed a placed call: {''.join(seen)}")
+        if needle in _ANSI.sub("", line):
+            return seen
+    raise AssertionError(f"the demo never {what}: {''.join(seen)}")
+
+
+def test_ctrl_c_mid_run_shuts_down_quietly(tmp_path: Path) -> None:
+    # The progress view's first row naming a placed call ("→") proves the discussions
+    # are running, whatever the machine's speed, so the interrupt never lands while the
+    # CLI is still importing.
+    process = _demo_on_a_terminal(tmp_path)
+    seen = _read_until(process, "→", "showed a placed call")
     code, err = _interrupt(process)
     _assert_clean_interrupt(code, _ANSI.sub("", "".join(seen) + err))
 
 
 def test_ctrl_c_while_discussions_run_with_the_dashboard(tmp_path: Path) -> None:
-    # The dashboard's announcement comes right before the discussions start, so the
-    # interrupt surely lands among calls in flight, whatever the machine's speed.
-    process = subprocess.Popen(
-        [KUBEMOOT, "demo", "--discussions", "8", "--dashboard", "--dashboard-port", "0"],
-        cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
-    assert process.stderr is not None
-    seen = []
-    for line in process.stderr:
-        seen.append(line)
-        if line.startswith("dashboard: "):
-            break
-    else:
-        raise AssertionError(f"the demo never announced its dashboard: {''.join(seen)}")
-    time.sleep(1.0)
+    # The dashboard is announced before the discussions start; the first placed call
+    # after it shows the interrupt lands among calls in flight.
+    process = _demo_on_a_terminal(tmp_path, "--dashboard", "--dashboard-port", "0")
+    seen = _read_until(process, "dashboard: ", "announced its dashboard")
+    seen += _read_until(process, "→", "showed a placed call")
     code, err = _interrupt(process)
-    _assert_clean_interrupt(code, "".join(seen) + err)
+    _assert_clean_interrupt(code, _ANSI.sub("", "".join(seen) + err))
 
 
 # -- NATS that is not there ------------------------------------------------------------

@@ -8,7 +8,7 @@ from kubemoot.agent.process import AgentIdentity, profile_from_env
 from kubemoot.agent.remote import CrewRef
 from kubemoot.api.errors import InputError
 from kubemoot.runtime.placement import Candidate
-from kubemoot.store.documents import ProviderState
+from kubemoot.testing.state import provider_state
 
 ME = AgentIdentity("kubectl-agent", "crew-a", CrewRef("crew-a", "pilot"), "tooler")
 LIST = '[{"model":"qwen3:14b","score":70},{"model":"qwen3:8b","score":60}]'
@@ -22,8 +22,7 @@ def test_the_bound_model_leads_and_the_bound_endpoints_become_static_targets() -
         "KUBEMOOT_TRIAGE_MODEL_MODEL_ID": "phi3:mini",
         "KUBEMOOT_TRIAGE_MODEL_ENDPOINT": "http://nowhere:11434",
     }
-    states = {"gpu-b": ProviderState(provider="gpu-b", endpoint="http://gpu-b:11434",
-                                     ready=True, context_length=8192)}
+    states = {"gpu-b": provider_state("gpu-b", context=8192)}
     profile = profile_from_env(env, ME, providers=states)
     assert profile.id == "crew-a/kubectl-agent" and profile.role == "tooler"
     assert profile.mulling == (Candidate("qwen3:8b", 60.0), Candidate("qwen3:14b", 70.0))

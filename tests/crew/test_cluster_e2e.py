@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -38,8 +38,10 @@ from kubemoot.store.documents import (
     Ticket,
 )
 from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.store.protocol import Bucket
 from kubemoot.testing.emulators import emulator_factory
 from kubemoot.testing.nats_server import NatsServer, running_nats_server
+from kubemoot.testing.waiting import until_stored
 from tests.operator.conftest import (
     Cluster,
     OperatorThread,
@@ -305,16 +307,10 @@ async def test_an_agent_process_killed_mid_discussion_costs_its_tickets_ttl_only
         asking = asyncio.ensure_future(path.ask())
         victim = "kubectl-agent"
 
-        def holds_a_ticket() -> list[Any]:
-            return [t for t in held if f"/{victim}@" in t.holder_id]
+        def victim_holds(tickets: list[Ticket]) -> bool:
+            return any(f"/{victim}@" in t.holder_id for t in tickets)
 
-        held: list[Any] = []
-
-        async def victim_holds() -> bool:
-            held[:] = await _tickets(nats_url)
-            return bool(holds_a_ticket())
-
-        await _until(victim_holds, what="the victim holding a ticket")
+        await _until_tickets(nats_url, victim_holds, what="the victim holding a ticket")
         killed_at = time.time()
         path.agents[victim].process.kill()  # SIGKILL: no goodbye, tickets left behind
         first = await asking
@@ -343,25 +339,35 @@ async def test_an_agent_process_killed_mid_discussion_costs_its_tickets_ttl_only
         f"{NS}/kubectl-agent", f"{NS}/log-analyst"}
 
 
-async def _until(check: Callable[[], Awaitable[bool]], *, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + 30.0
-    while not await check():
-        if loop.time() > end:
-            raise AssertionError(f"{what} never happened")
-        await asyncio.sleep(0.01)
+async def _read_tickets(bucket: Bucket) -> list[Ticket]:
+    found: list[Ticket] = []
+    for key in await bucket.keys():
+        entry = await bucket.get(key)
+        if entry is not None:
+            found += ProviderTickets.from_json(entry.value).tickets
+    return found
 
 
 async def _tickets(nats_url: str) -> list[Ticket]:
     """Every ticket in the shared state, expired or not."""
     kv = await NatsKV.connect(NatsSettings(servers=[nats_url]))
     try:
+        return await _read_tickets(await kv.bucket(PROVIDER_TICKETS_BUCKET))
+    finally:
+        await kv.close()
+
+
+async def _until_tickets(nats_url: str, check: Callable[[list[Ticket]], bool], *,
+                         what: str) -> None:
+    """Wait, on a watch of the shared tickets the agent processes write, until ``check``
+    holds for them."""
+    kv = await NatsKV.connect(NatsSettings(servers=[nats_url]))
+    try:
         bucket = await kv.bucket(PROVIDER_TICKETS_BUCKET)
-        found: list[Ticket] = []
-        for key in await bucket.keys():
-            entry = await bucket.get(key)
-            if entry is not None:
-                found += ProviderTickets.from_json(entry.value).tickets
-        return found
+
+        async def reached() -> bool:
+            return check(await _read_tickets(bucket))
+
+        await until_stored(bucket, reached, timeout=30, what=what)
     finally:
         await kv.close()

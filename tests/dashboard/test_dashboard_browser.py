@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kubemoot.clock import SystemClock
 from kubemoot.dashboard.server import DashboardServer
 from kubemoot.store.memory import MemoryKV
+from kubemoot.testing.waiting import wait_until
 from tests.dashboard.conftest import Writers, call, state
 
 KUBEMOOT = Path(sys.executable).with_name("kubemoot")
@@ -33,13 +34,13 @@ READ_TOTALS = """() => Object.fromEntries(
 async def until(page: Any, expression: str) -> None:
     """Wait until ``expression`` holds in the page.
 
+    The browser is a process of its own and tells this one nothing, so this asks again.
     Not ``page.wait_for_function``: it evaluates its predicate from a string inside the
     page, which the dashboard's content security policy rightly forbids; an evaluation
     driven from outside (``page.evaluate``) is not subject to it.
     """
-    async with asyncio.timeout(60):
-        while not await page.evaluate(expression):
-            await asyncio.sleep(0.05)
+    await wait_until(lambda: page.evaluate(expression), timeout=60,
+                     what=f"the page's {expression}")
 
 
 async def test_dashboard_page_updates_without_reload(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -58,10 +57,9 @@ def test_dashboard_cli_serves_embedded_store() -> None:
             assert httpx.post(f"{url}/api/state", timeout=10).status_code == 405
         finally:
             proc.terminate()
-            deadline = time.monotonic() + 20
-            while proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if proc.poll() is None:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
                 proc.kill()
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from kubemoot.clock import ManualClock
@@ -17,14 +15,14 @@ from kubemoot.store.documents import (
 )
 from kubemoot.store.keys import join_key
 from kubemoot.store.memory import MemoryKV
+from kubemoot.testing.waiting import until_idle
 from tests.dashboard.conftest import T0, Writers, call, state, ticket
 
 LOADING, RUNNING, HELD = TicketState.LOADING, TicketState.RUNNING, TicketState.HELD
 
 
 async def settle() -> None:
-    for _ in range(5):  # let the watch tasks deliver what was written
-        await asyncio.sleep(0)
+    await until_idle()  # the watch tasks delivered what was written
 
 
 @pytest.mark.parametrize(

@@ -59,17 +59,19 @@ async def test_dashboard_over_nats_shows_another_process(nats_url: str) -> None:
     try:
         async with asyncio.timeout(60):
             url = await announced_url(dashboard.stderr)
-            states = await kv.bucket(PROVIDER_STATE_BUCKET)
-            doc = state("rtx5090", loaded={"qwen3:32b": 27648}, probed=SystemClock().now())
-            await states.put(encode_token("rtx5090"), doc.to_json())
-            writer = await CallLogWriter.open(kv)
-            await writer.publish(call("crew-a/kubectl-agent", 1, provider="rtx5090",
-                                      model="qwen3:32b", evicted=("qwen3:8b",)))
-            snapshot: dict[str, Any] = {}
             async with httpx.AsyncClient(base_url=url) as client:
-                while not (snapshot.get("agents") and snapshot.get("providers")):
-                    await asyncio.sleep(0.05)
-                    snapshot = (await client.get("/api/state")).json()
+                stream = events(client)  # the page's own news of each change
+                assert not (await anext(stream))["providers"]
+                states = await kv.bucket(PROVIDER_STATE_BUCKET)
+                doc = state("rtx5090", loaded={"qwen3:32b": 27648},
+                            probed=SystemClock().now())
+                await states.put(encode_token("rtx5090"), doc.to_json())
+                writer = await CallLogWriter.open(kv)
+                await writer.publish(call("crew-a/kubectl-agent", 1, provider="rtx5090",
+                                          model="qwen3:32b", evicted=("qwen3:8b",)))
+                await _first(stream, lambda s: bool(s["agents"] and s["providers"]))
+                await stream.aclose()
+                snapshot = (await client.get("/api/state")).json()
     finally:
         await kv.close()
         dashboard.terminate()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
 
+from kubemoot.agent.runtime import CallRecord
 from kubemoot.clock import SystemClock
 from kubemoot.gateway import GatewayServer, ProviderSource
 from kubemoot.gateway.keys import ApiKeys
@@ -38,6 +40,7 @@ def make_emulator() -> Iterator[Callable[..., OllamaEmulator]]:
 class Fleet:
     gateway: GatewayServer
     emulators: dict[str, OllamaEmulator]
+    finished: Finished
 
     @property
     def url(self) -> str:
@@ -68,7 +71,7 @@ async def fleet(make_emulator: Callable[..., OllamaEmulator]) -> AsyncIterator[F
     emulators = {"gpu-a": make_emulator(), "gpu-b": make_emulator()}
     gateway = await start_gateway(emulators)
     try:
-        yield Fleet(gateway, emulators)
+        yield Fleet(gateway, emulators, finished_calls(gateway))
     finally:
         await gateway.stop()
 
@@ -78,20 +81,43 @@ async def keyed(make_emulator: Callable[..., OllamaEmulator]) -> AsyncIterator[F
     emulators = {"gpu-a": make_emulator()}
     gateway = await start_gateway(emulators, keys=ApiKeys({"alice": "sk-alice-secret"}))
     try:
-        yield Fleet(gateway, emulators)
+        yield Fleet(gateway, emulators, finished_calls(gateway))
     finally:
         await gateway.stop()
 
 
-async def until(condition: Callable[[], object], *, timeout: float = 30.0) -> None:
-    """Wait until ``condition()`` holds (a state to reach, not a time to pass)."""
-    import asyncio
+class Finished:
+    """The calls a gateway has finished, in order, and a way to wait for the n-th.
 
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.005)
+    A desk listener: the desk tells its listeners about a call after it released the
+    call's ticket and left ``in_flight``, so "n calls finished" is the event to wait on
+    before looking for leftovers.
+    """
 
-    await asyncio.wait_for(poll(), timeout)
+    def __init__(self) -> None:
+        self.records: list[CallRecord] = []
+        self._changed = asyncio.Event()
+
+    def __call__(self, record: CallRecord) -> None:
+        self.records.append(record)
+        self._changed.set()
+
+    async def until(self, count: int, *, timeout: float = 30.0) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                while len(self.records) < count:
+                    self._changed.clear()
+                    await self._changed.wait()
+        except TimeoutError:
+            raise AssertionError(f"{len(self.records)} of {count} calls finished") from None
+
+
+def finished_calls(gateway: GatewayServer) -> Finished:
+    """Follow the calls ``gateway`` finishes from now on."""
+    assert gateway.desk is not None
+    finished = Finished()
+    gateway.desk.listeners.append(finished)
+    return finished
 
 
 async def live_tickets(gateway: GatewayServer) -> list[str]:

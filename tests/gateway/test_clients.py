@@ -13,7 +13,8 @@ import openai
 import pytest
 
 from kubemoot.providers.emulator import OllamaEmulator
-from tests.gateway.conftest import Fleet, live_tickets, start_gateway, until
+from kubemoot.testing.waiting import until_stored
+from tests.gateway.conftest import Fleet, finished_calls, live_tickets, start_gateway
 
 HELLO = [{"role": "user", "content": "hello there"}]
 WEATHER_TOOL = {"type": "function", "function": {
@@ -57,7 +58,8 @@ async def test_chat_non_streaming_and_streaming(client: ollama.AsyncClient,
     parts = [p async for p in await client.chat(model="small:1b", messages=HELLO,
                                                  stream=True)]
     assert parts[-1].done and "small:1b" in "".join(p.message.content or "" for p in parts)
-    await until(lambda: fleet.tickets_left() == 0)
+    await fleet.finished.until(2)
+    assert fleet.tickets_left() == 0
     assert await live_tickets(fleet.gateway) == []
 
 
@@ -179,14 +181,20 @@ async def test_busy_gpus_answer_503_with_retry_after_and_leaving_releases(
     ticket (the upstream requests are cancelled with them)."""
     emulator = make_emulator()
     gateway = await start_gateway({"gpu-a": emulator})
-    assert gateway.desk is not None
+    assert gateway.desk is not None and gateway.stack is not None
     desk = gateway.desk
+    finished = finished_calls(gateway)
     emulator.stall_next(60.0, count=2, path="/api/chat")
     body = {"model": "medium:7b", "messages": HELLO, "stream": True}
     try:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
             held = [asyncio.create_task(http.post("/api/chat", json=body)) for _ in range(2)]
-            await until(lambda: len(desk.in_flight) == 2)
+
+            async def both_held() -> bool:
+                return len(await live_tickets(gateway)) == 2
+
+            await until_stored(gateway.stack.tickets_bucket, both_held, timeout=30,
+                               what="both streams holding a ticket")
             busy = await http.post("/api/chat", json=body,
                                    headers={"X-Kubemoot-Wait-Budget": "0"})
             assert busy.status_code == 503
@@ -195,7 +203,8 @@ async def test_busy_gpus_answer_503_with_retry_after_and_leaving_releases(
             for task in held:
                 task.cancel()
             await asyncio.gather(*held, return_exceptions=True)
-        await until(lambda: not desk.in_flight)
+        await finished.until(2)
+        assert not desk.in_flight
         assert await live_tickets(gateway) == []
     finally:
         await gateway.stop()
@@ -210,20 +219,16 @@ async def test_embeddings_through_both_apis(client: ollama.AsyncClient,
     vectors = await oai.embeddings.create(model="small:1b", input=["one", "two"])
     assert [d.index for d in vectors.data] == [0, 1]
     assert vectors.data[0].embedding == pytest.approx(list(embedded.embeddings[0]))
-    await until(lambda: fleet.tickets_left() == 0)
+    await fleet.finished.until(3)
+    assert fleet.tickets_left() == 0
 
 
 async def test_every_call_is_attributed_to_its_caller(keyed: Fleet) -> None:
-    from kubemoot.agent.runtime import CallRecord
-
-    records: list[CallRecord] = []
-    assert keyed.gateway.desk is not None
-    keyed.gateway.desk.listeners.append(records.append)
     client = ollama.AsyncClient(host=keyed.url,
                                 headers={"Authorization": "Bearer sk-alice-secret"})
     await client.chat(model="small:1b", messages=HELLO)
-    await until(lambda: len(records) == 1)
-    record = records[0]
+    await keyed.finished.until(1)
+    [record] = keyed.finished.records
     assert (record.agent, record.model, record.provider, record.phase, record.ok) == (
         "alice", "small:1b", "gpu-a", "chat", True)
     assert record.action == "cold-load" and record.waited_seconds >= 0
@@ -268,10 +273,8 @@ async def test_a_provider_that_misses_a_probe_keeps_its_models_known(
                 fleet = await view.snapshot()
                 return all(not p.state.ready for p in fleet.providers)
 
-            for _ in range(3000):
-                if await not_ready():
-                    break
-                await asyncio.sleep(0.01)
+            view.invalidate("gpu-a")  # read the state the probe just published, not a cache
+            assert await not_ready()
             busy = await http.post("/api/chat", json=body,
                                    headers={"X-Kubemoot-Wait-Budget": "0"})
             assert busy.status_code == 503, busy.text

@@ -14,7 +14,13 @@ import pytest
 
 from kubemoot.providers.emulator import OllamaEmulator
 from kubemoot.testing.nats_server import NatsServer, free_port
-from tests.gateway.test_replicas import KUBEMOOT, _serving, _tickets, nats  # noqa: F401
+from tests.gateway.test_replicas import (  # noqa: F401
+    KUBEMOOT,
+    _serving,
+    _tickets,
+    _until_tickets,
+    nats,
+)
 
 pytestmark = pytest.mark.nats
 
@@ -35,11 +41,7 @@ async def test_sigterm_releases_the_ticket_of_a_call_in_flight(
         async with httpx.AsyncClient(timeout=120) as http:
             call = asyncio.create_task(http.post(f"{url}/api/generate", json={
                 "model": "small:1b", "prompt": "hello", "stream": False}))
-            for _ in range(3000):  # until the call holds its ticket
-                if await _tickets(nats.url):
-                    break
-                await asyncio.sleep(0.01)
-            assert await _tickets(nats.url), "the call never claimed a ticket"
+            await _until_tickets(nats.url, held=True, what="the call claiming its ticket")
             process.send_signal(signal.SIGTERM)
             _out, err = await asyncio.to_thread(process.communicate, timeout=60)
             cut = await call

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from kubemoot.clock import SystemClock
 from kubemoot.gateway.server import NewestStatePublisher
-from kubemoot.providers.protocol import LoadedModel, ProviderState
+from kubemoot.providers.protocol import ProviderState
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 from kubemoot.store.memory import MemoryKV
+from kubemoot.testing.state import provider_state
 
 
 def _state(probed_at: float, *loaded: str) -> ProviderState:
-    return ProviderState(provider="gpu-a", endpoint="http://gpu-a:11434", ready=True,
-                         last_probed_at=probed_at, total_vram_mib=8192,
-                         loaded_models=[LoadedModel(name=m, size_mib=1000) for m in loaded])
+    return provider_state("gpu-a", total_mib=8192, probed_at=probed_at,
+                          loaded={m: 1000 for m in loaded})
 
 
 async def test_a_probe_that_began_earlier_is_not_published_over_a_later_one() -> None:

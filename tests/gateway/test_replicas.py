@@ -22,7 +22,9 @@ from kubemoot.dashboard.calllog import CALL_LOG_BUCKET, CALL_LOG_MAX_AGE_SECONDS
 from kubemoot.providers.emulator import OllamaEmulator
 from kubemoot.store import open_store
 from kubemoot.store.documents import PROVIDER_TICKETS_BUCKET, ProviderTickets
+from kubemoot.store.protocol import Entry
 from kubemoot.testing.nats_server import NatsServer, free_port
+from kubemoot.testing.waiting import until_stored, wait_until
 
 pytestmark = pytest.mark.nats
 
@@ -41,47 +43,62 @@ async def nats() -> AsyncIterator[NatsServer]:
 
 
 async def _serving(url: str, process: subprocess.Popen[bytes]) -> None:
+    """Wait until the gateway process answers on ``url`` (it sends no other signal)."""
     async with httpx.AsyncClient(base_url=url) as http:
         async def up() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"the gateway exited with {process.returncode}")
             try:
                 return (await http.get("/")).status_code == 200
             except httpx.HTTPError:
                 return False
 
-        for _ in range(2000):
-            if process.poll() is not None:
-                raise AssertionError(f"the gateway exited with {process.returncode}")
-            if await up():
-                return
-            await asyncio.sleep(0.01)
-    raise AssertionError("the gateway never started serving")
+        await wait_until(up, timeout=60, what=f"the gateway serving on {url}")
+
+
+def _holders(entry: Entry | None) -> list[str]:
+    return [] if entry is None else [
+        t.holder_id for t in ProviderTickets.from_json(entry.value).tickets]
 
 
 async def _tickets(nats_url: str) -> list[str]:
+    """The holders of every ticket in the shared state, expired or not."""
     kv = await open_store(nats_url)
     try:
         bucket = await kv.bucket(PROVIDER_TICKETS_BUCKET)
-        found: list[str] = []
-        for key in await bucket.keys():
-            entry = await bucket.get(key)
-            if entry is not None:
-                found += [t.holder_id for t in ProviderTickets.from_json(entry.value).tickets]
-        return found
+        return [h for key in await bucket.keys() for h in _holders(await bucket.get(key))]
+    finally:
+        await kv.close()
+
+
+async def _until_tickets(nats_url: str, *, held: bool, what: str) -> None:
+    """Wait, on a watch of the shared tickets, until some are held (or none are)."""
+    kv = await open_store(nats_url)
+    try:
+        bucket = await kv.bucket(PROVIDER_TICKETS_BUCKET)
+
+        async def reached() -> bool:
+            holders = [h for key in await bucket.keys() for h in _holders(await bucket.get(key))]
+            return bool(holders) == held
+
+        await until_stored(bucket, reached, timeout=30, what=what)
     finally:
         await kv.close()
 
 
 async def _call_log(nats_url: str, *, at_least: int) -> list[CallEntry]:
-    """The call-log entries once ``at_least`` are in (the writers flush in the
+    """The call-log entries once ``at_least`` are in (the gateways write them in the
     background)."""
     kv = await open_store(nats_url)
     try:
         bucket = await kv.bucket(CALL_LOG_BUCKET, max_age=CALL_LOG_MAX_AGE_SECONDS)
-        for _ in range(3000):
+
+        async def written() -> list[str] | None:
             keys = await bucket.keys()
-            if len(keys) >= at_least:
-                break
-            await asyncio.sleep(0.01)
+            return keys if len(keys) >= at_least else None
+
+        keys = await until_stored(bucket, written, timeout=30,
+                                  what=f"{at_least} entries in the call log")
         entries = []
         for key in keys:
             entry = await bucket.get(key)

@@ -35,6 +35,7 @@ from kubemoot.store.documents import PROVIDER_STATE_BUCKET, ProviderState
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
 from kubemoot.store.protocol import Bucket
+from kubemoot.testing.waiting import until_idle, wait_until
 
 from ._rbac import allowed, grants
 
@@ -207,19 +208,13 @@ class Cluster:
 
 
 async def eventually(check: Callable[[], Any], *, what: str = "condition") -> Any:
-    """Poll ``check`` until it returns something truthy (fail after :data:`DEADLINE`)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + DEADLINE
-    last_error: Exception | None = None
-    while loop.time() < end:
-        try:
-            value = check()
-        except (KeyError, ValueError, AssertionError, TypeError) as error:
-            last_error, value = error, None
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{what} never happened (last error: {last_error!r})")
+    """Look at ``check`` until it returns something truthy (fail after :data:`DEADLINE`).
+
+    The operator runs in a thread and loop of its own and kmock records what it did;
+    neither sends this loop an event, so this looks again at a short interval.
+    """
+    return await wait_until(check, timeout=DEADLINE, what=what,
+                            ignoring=(KeyError, ValueError, AssertionError, TypeError))
 
 
 def _observed_everything(cluster: Cluster) -> bool:
@@ -246,13 +241,13 @@ async def _through_the_lock(cluster: Cluster) -> None:
     """Wait for every scheduling pass that holds or awaits the reconciler's lock to end.
 
     ``reconcile_agents`` takes the lock even for a key that names no Agent, and asyncio's
-    lock is first come, first served; a few loop turns first let a task that has just
-    observed an event reach the lock before this call does.
+    lock is first come, first served; waiting until the operator's loop has nothing
+    ready first lets a task that has just observed an event reach the lock before this
+    call does.
     """
 
     async def barrier() -> None:
-        for _ in range(10):
-            await asyncio.sleep(0)
+        await until_idle()
         await cluster.reconciler.reconcile_agents({"kubemoot-test/no-such-agent"},
                                                   trigger="test-barrier")
 
@@ -266,22 +261,20 @@ async def settle(cluster: Cluster) -> None:
     lock completes, and across that pass the API server got no request at all, twice in
     a row. A slow machine makes this take longer; it cannot make it return early.
     """
-    loop = asyncio.get_running_loop()
-    end = loop.time() + SETTLE_DEADLINE
     calm = 0
-    while calm < 2:
-        if loop.time() > end:
-            raise AssertionError("the operator never became idle")
+
+    async def idle_twice() -> bool:
+        nonlocal calm
         before = len(list(cluster.server))
         if not _observed_everything(cluster):
             calm = 0
-            await asyncio.sleep(0.02)
-            continue
+            return False
         await _through_the_lock(cluster)
-        calm = calm + 1 if (
-            len(list(cluster.server)) == before and _observed_everything(cluster)
-        ) else 0
-        await asyncio.sleep(0.02)
+        quiet = len(list(cluster.server)) == before and _observed_everything(cluster)
+        calm = calm + 1 if quiet else 0
+        return calm >= 2
+
+    await wait_until(idle_twice, timeout=SETTLE_DEADLINE, what="the operator becoming idle")
 
 
 async def _watches_open(server: Any) -> None:

@@ -223,15 +223,15 @@ def _local_conf(conf: str, store: Path, port: int) -> str:
     return text.replace("store_dir: /data", f"store_dir: {store}")
 
 
+@pytest.mark.nats
 async def test_operator_nats_refuses_clients_without_the_secrets_credentials(
     tmp_path: Path,
 ) -> None:
     """The base's nats.conf, run by a real nats-server: anonymous clients are refused."""
-    import asyncio
 
     from kubemoot.store.nats import NatsKV, NatsSettings
     from kubemoot.store.protocol import StoreUnavailable
-    from kubemoot.testing.nats_server import find_nats_server, free_port
+    from kubemoot.testing.nats_server import find_nats_server, free_port, until_listening
 
     docs = render("dev")
     statefulset = _by(docs, "StatefulSet", "nats")
@@ -245,23 +245,15 @@ async def test_operator_nats_refuses_clients_without_the_secrets_credentials(
     port = free_port()
     conf = tmp_path / "nats.conf"
     conf.write_text(_local_conf(_nats_conf(docs), tmp_path, port))
-    log = (tmp_path / "server.log").open("ab")
-    server = subprocess.Popen(
-        [find_nats_server(), "--config", str(conf)], stdout=log, stderr=subprocess.STDOUT,
-        env={"NATS_USER": "kubemoot", "NATS_PASSWORD": "s3cr3t-for-the-test"},
-    )
+    log_path = tmp_path / "server.log"
+    with log_path.open("ab") as log:
+        server = subprocess.Popen(
+            [find_nats_server(), "--config", str(conf)], stdout=log, stderr=subprocess.STDOUT,
+            env={"NATS_USER": "kubemoot", "NATS_PASSWORD": "s3cr3t-for-the-test"},
+        )
     try:
         url = f"nats://127.0.0.1:{port}"
-        loop = asyncio.get_running_loop()
-        end = loop.time() + 20
-        while True:  # wait until it listens
-            try:
-                _reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                break
-            except OSError:
-                assert loop.time() < end and server.poll() is None, "nats-server did not start"
-                await asyncio.sleep(0.05)
+        await until_listening(server, port, log_path, timeout=20)
         with pytest.raises(StoreUnavailable):
             await NatsKV.connect(NatsSettings(servers=[url], max_reconnect_attempts=1))
         with pytest.raises(StoreUnavailable, match="refused the credentials"):
@@ -312,6 +304,7 @@ def test_operator_network_policies_admit_only_kubemoot_components() -> None:
                for peer in rule["from"])
 
 
+@pytest.mark.nats
 def test_operator_prod_runs_a_three_node_cluster_with_three_replicas(tmp_path: Path) -> None:
     from kubemoot.testing.nats_server import find_nats_server
 

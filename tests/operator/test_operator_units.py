@@ -22,8 +22,9 @@ from kubemoot.operator.view import (
     affected_by_provider,
 )
 from kubemoot.scheduling.snapshot import ClusterSnapshot
-from kubemoot.store.documents import LoadedModel, ProviderState
+from kubemoot.store.documents import ProviderState
 from kubemoot.testing import builders as b
+from kubemoot.testing.state import provider_state
 
 NOW = datetime(2026, 5, 15, 12, 0, tzinfo=UTC)
 LATER = datetime(2026, 5, 15, 12, 5, tzinfo=UTC)
@@ -159,16 +160,15 @@ def test_operator_deployment_name_defaults_to_the_agent() -> None:
 # ---------------------------------------------------------------------------- probe → status
 
 def _state(**overrides: Any) -> ProviderState:
-    data: dict[str, Any] = {
-        "provider": "gpu-a", "endpoint": "http://a:11434", "ready": True,
-        "last_probed_at": NOW.timestamp(), "total_vram_mib": None, "used_vram_mib": 5000,
-        "max_parallel": 2, "context_length": 8192,
-        "loaded_models": [LoadedModel(name="qwen3:8b", size_mib=5000, digest="sha256:1")],
-        "loaded_model_footprints": {"qwen3:8b": 5000},
+    """gpu-a with qwen3:8b resident and two models on disk (kubemoot.testing.state)."""
+    fields: dict[str, Any] = {
+        "endpoint": "http://a:11434", "probed_at": NOW.timestamp(), "used_vram_mib": 5000,
+        "slots": 2, "context": 8192, "loaded": {"qwen3:8b": 5000},
+        "digests": {"qwen3:8b": "sha256:1"}, "loaded_model_footprints": {"qwen3:8b": 5000},
         "disk_sizes_mib": {"qwen3:8b": 4800, "qwen3:14b": 9000},
     }
-    data.update(overrides)
-    return ProviderState(**data)
+    fields.update(overrides)
+    return provider_state("gpu-a", **fields)
 
 
 def test_operator_provider_status_from_a_probe_keeps_a_declared_total() -> None:
@@ -186,7 +186,7 @@ def test_operator_provider_status_from_a_probe_keeps_a_declared_total() -> None:
 
 
 def test_operator_provider_status_of_a_failed_probe() -> None:
-    state = _state(ready=False, reason="cannot connect", loaded_models=[])
+    state = _state(ready=False, reason="cannot connect", loaded={})
     status = provider_status(state, b.provider("gpu-a"), agent_count=0, now=NOW)
     assert status["ready"] is False
     assert (status["conditions"][0]["status"], status["conditions"][0]["message"]) == (

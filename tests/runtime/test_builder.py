@@ -63,12 +63,18 @@ async def test_the_settings_reach_tickets_circuits_and_the_waiter() -> None:
     clock = ManualClock(NOW)
     kv = MemoryKV(clock=clock)
     settings = RuntimeSettings(ticket_ttl_seconds=42.0, claim_attempts=3,
-                               claim_line_seconds=2.0, circuit_failure_threshold=2)
+                               claim_line_seconds=2.0, circuit_failure_threshold=2,
+                               demand_wait_ttl_seconds=7.0, demand_intent_ttl_seconds=8.0,
+                               demand_use_window_seconds=9.0, selection_window_seconds=10.0)
     runtime = await build_runtime(kv, clock=clock, settings=settings,
                                   declared={"qwen3:8b": 6 * GIB})
     await runtime.states.put(encode_token("gpu-a"), gpu("gpu-a", 24).to_json())
     assert (runtime.tickets.ttl_seconds, runtime.tickets.max_attempts,
             runtime.tickets.line_seconds) == (42.0, 3, 2.0)
+    # The demand board's windows were the defaults whatever the settings said.
+    board = runtime.board
+    assert (board.wait_ttl_seconds, board.intent_ttl_seconds, board.use_window_seconds,
+            board.selection_ttl_seconds) == (7.0, 8.0, 9.0, 10.0)
     assert runtime.planner.view is runtime.view and runtime.planner.tickets is runtime.tickets
 
     # Two faults open gpu-a's circuit: the next call is not sent there.

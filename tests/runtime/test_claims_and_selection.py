@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from kubemoot.runtime.claims import claim_with_evictions
+from kubemoot.runtime import options
+from kubemoot.runtime.claims import Claims
 from kubemoot.runtime.cost import OptionKind
+from kubemoot.runtime.held_plans import SelectionPlanner
 from kubemoot.runtime.placement import Action
-from kubemoot.runtime.selection import SelectionPlanner
 from kubemoot.store.documents import TicketState
 from kubemoot.store.keys import join_key
 from kubemoot.testing.state import gpu, ticket
@@ -15,14 +16,13 @@ from tests.runtime.builders import candidates
 async def test_a_victim_that_picks_up_a_call_meanwhile_voids_the_claim(make) -> None:
     h = await make([gpu("a", 17, residents={"victim": 16})], declared={"new": 8})
     rnd = await h.planner.new_round(None)
-    plan = h.planner.selector.plan_eviction(rnd, "new")[0]
+    plan = options.unload_options(rnd, "new")[0]
     assert plan.victims == ("victim",)
     # Between planning and claiming, another call starts on the victim.
     await h.set_tickets("a", [ticket("victim", ident="late-call")])
 
-    claim = await claim_with_evictions(
-        h.planner.selector, rnd, plan, "me", states=h.states, clients={}
-    )
+    claims = Claims(h.view, h.tickets, states=h.states, clients={})
+    claim = await claims.claim(rnd, plan, "me", state=TicketState.RUNNING)
 
     assert claim is None
     assert [t.ticket_id for t in await h.active("a")] == ["late-call"]
@@ -42,22 +42,21 @@ async def test_the_cheaper_unload_plan_wins_across_providers(make) -> None:
 async def test_two_planners_cannot_spend_one_victim_twice(make) -> None:
     h = await make([gpu("a", 17, residents={"victim": 16})], declared={"new": 8, "other": 8})
     rnd = await h.planner.new_round(None)
-    plan_new = h.planner.selector.plan_eviction(rnd, "new")[0]
-    plan_other = h.planner.selector.plan_eviction(rnd, "other")[0]
+    plan_new = options.unload_options(rnd, "new")[0]
+    plan_other = options.unload_options(rnd, "other")[0]
     # Claim both against the same (stale) round, without unloading in between.
-    first = await h.planner.selector.claim_ticket(
-        plan_new, "x", state=TicketState.LOADING, check=lambda *_: True, evicts=plan_new.evicts
+    claims = Claims(h.view, h.tickets, states=h.states, clients={})
+    first = await claims.claim_ticket(
+        plan_new, "x", state=TicketState.LOADING, check=lambda _p: True
     )
-    second = await h.planner.selector.claim_ticket(
-        plan_other, "y", state=TicketState.LOADING, check=lambda *_: True,
-        evicts=plan_other.evicts,
+    second = await claims.claim_ticket(
+        plan_other, "y", state=TicketState.LOADING, check=lambda _p: True
     )
     assert first is not None
     # 16 GiB of credit holds 8 + 8 GiB: both fit; a third 8 GiB would not.
     assert second is not None
-    third = await h.planner.selector.claim_ticket(
-        plan_other, "z", state=TicketState.LOADING, check=lambda *_: True,
-        evicts=plan_other.evicts,
+    third = await claims.claim_ticket(
+        plan_other, "z", state=TicketState.LOADING, check=lambda _p: True
     )
     assert third is None
 

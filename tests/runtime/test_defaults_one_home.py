@@ -39,6 +39,10 @@ from kubemoot.runtime.what_if import SnapshotSettings
 from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.scenario import ProviderSpec, ScenarioSettings
 from kubemoot.store.documents import ProviderState
+from kubemoot.agent.discussion import Coordinator
+from kubemoot.dashboard.app import DashboardSettings
+from kubemoot.operator.reconciler import Reconciler
+from kubemoot.operator.run import OperatorOptions
 
 def default(obj, name):
     return inspect.signature(obj).parameters[name].default
@@ -54,14 +58,7 @@ seen = {
         (default(CircuitBreakers, "cooldown_seconds"), d.circuit_cooldown_seconds),
     "TicketManager.ttl_seconds": (default(TicketManager, "ttl_seconds"), d.ticket_ttl_seconds),
     "TicketManager.max_attempts": (default(TicketManager, "max_attempts"), d.claim_attempts),
-    "DemandBoard.wait_ttl_seconds":
-        (default(DemandBoard, "wait_ttl_seconds"), d.demand_wait_ttl_seconds),
-    "DemandBoard.intent_ttl_seconds":
-        (default(DemandBoard, "intent_ttl_seconds"), d.demand_intent_ttl_seconds),
-    "DemandBoard.use_window_seconds":
-        (default(DemandBoard, "use_window_seconds"), d.demand_use_window_seconds),
-    "DemandBoard.selection_ttl_seconds":
-        (default(DemandBoard, "selection_ttl_seconds"), d.selection_window_seconds),
+    "DemandBoard.settings": (default(DemandBoard, "settings") is d, True),
     "ProviderSnapshot.latency_seconds":
         (default(ProviderSnapshot, "latency_seconds"), d.default_latency_seconds),
     "OllamaProvider.reserve_mib": (default(OllamaProvider, "reserve_mib"), 777),
@@ -83,6 +80,22 @@ seen = {
          "default_latency_seconds": d.default_latency_seconds, "reserve_mib": 777,
          "candidate_tolerance": d.candidate_tolerance},
     ),
+    "Reconciler.probe_interval":
+        (default(Reconciler, "probe_interval"), d.probe_interval_seconds),
+    "Reconciler.probe_timeout": (default(Reconciler, "probe_timeout"), d.probe_timeout_seconds),
+    "OperatorOptions": (
+        [OperatorOptions().probe_interval, OperatorOptions().probe_timeout,
+         OperatorOptions().shutdown_grace_seconds],
+        [d.probe_interval_seconds, d.probe_timeout_seconds, d.shutdown_grace_seconds],
+    ),
+    "Coordinator.deadline_seconds":
+        (default(Coordinator, "deadline_seconds"), d.gpu_wait_limit_seconds),
+    "DashboardSettings": (
+        [DashboardSettings().coalesce_seconds, DashboardSettings().refresh_seconds,
+         DashboardSettings().max_clients, DashboardSettings().store_check_seconds],
+        [d.dashboard_coalesce_seconds, d.dashboard_refresh_seconds, d.dashboard_max_clients,
+         d.store_check_seconds],
+    ),
 }
 print(json.dumps({name: [got, want] for name, (got, want) in seen.items()}))
 """
@@ -95,7 +108,7 @@ def test_every_copy_of_a_default_follows_its_home() -> None:
     )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
-    assert len(seen) == 23
+    assert len(seen) == 25
     drifted = {name: pair for name, pair in seen.items() if pair[0] != pair[1]}
     assert drifted == {}, f"defaults that do not read their home: {drifted}"
 

@@ -3,8 +3,8 @@ equally cheap copies go to the one with fewer calls in flight before the name.""
 
 from __future__ import annotations
 
+from kubemoot.runtime.held_plans import SelectionPlanner
 from kubemoot.runtime.placement import Action
-from kubemoot.runtime.selection import SelectionPlanner
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.store.documents import SelectionEntry, TicketState
 from kubemoot.store.keys import join_key

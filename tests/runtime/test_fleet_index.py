@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,6 +9,7 @@ from kubemoot.runtime.snapshot import FleetIndex, ProviderSnapshot
 from kubemoot.store.documents import TicketState
 from kubemoot.store.keys import encode_token
 from kubemoot.testing.state import gpu, ticket
+from kubemoot.testing.waiting import until_idle
 
 MODELS = ("a", "b", "c")
 
@@ -66,8 +65,7 @@ async def test_a_following_view_sees_changes_without_being_told(make) -> None:
     before = await h.view.snapshot()
     generation = h.view.generation
     await h.states.put(encode_token("b"), gpu("b", 24, residents={"m": 8}).to_json())
-    for _ in range(5):
-        await asyncio.sleep(0)  # the watch delivers the change
+    await until_idle()  # the watch delivered the change; nothing told the view
     after = await h.view.snapshot()
     assert before.provider("b") is not None and not before.provider("b").is_resident("m")
     b = after.provider("b")

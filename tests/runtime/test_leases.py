@@ -14,8 +14,8 @@ from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient
+from kubemoot.runtime.held_plans import SelectionPlanner
 from kubemoot.runtime.placement import Action, Candidate
-from kubemoot.runtime.selection import SelectionPlanner
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.sim.vloop import run_virtual
 from kubemoot.store.documents import (
@@ -31,6 +31,10 @@ from tests.runtime.builders import candidates, harness
 SHORT_TTL = RuntimeSettings().with_values({
     "ticket_ttl_seconds": 30.0, "held_plan_ttl_seconds": 180.0,
 })
+
+
+# The two tests below run on a virtual-time loop (run_virtual): their asyncio sleeps are
+# the time passing that the test is about, and cost nothing real.
 
 
 def test_a_plan_held_longer_than_the_ticket_ttl_is_taken_with_a_fresh_expiry() -> None:

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import pytest
 
 from kubemoot import metrics
+from kubemoot.runtime.held_plans import SelectionPlanner
 from kubemoot.runtime.placement import Action
-from kubemoot.runtime.selection import SelectionPlanner
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import StoreUnavailable
 from kubemoot.testing.state import gpu, ticket

@@ -7,6 +7,7 @@ import pytest
 from kubemoot.runtime.cost import OptionKind
 from kubemoot.runtime.placement import Action
 from kubemoot.store.documents import TicketState
+from kubemoot.store.keys import encode_token
 from kubemoot.testing.state import gpu, ticket
 
 # -- what falls out -------------------------------------------------------------------
@@ -128,7 +129,7 @@ async def test_a_copy_planned_for_unload_does_not_count_as_warm(make) -> None:
     )
     placement = await h.place("qwen3:8b")
     assert (placement.action, placement.provider) == (Action.COLD_LOAD, "b")
-    assert h.planner.selector  # the gate says why "a" was passed over
+    # the gate says why "a" was passed over
     assert placement.decision is not None
     assert placement.decision.candidates["a/qwen3:8b"].failures[0].gate == "warm"
 
@@ -186,3 +187,30 @@ async def test_models_with_waiters_are_evicted_only_when_nothing_else_makes_room
     await h.board.add_waiter("waited", "crew/agent")
     placement = await h.place("new")
     assert set(placement.evicted) == {"p", "q"}
+
+
+async def test_a_queued_call_takes_a_ticket_on_the_copy_it_queues_at(make) -> None:
+    # The agent runtime's queue path: sharing the busy copy spends no memory, and the
+    # ticket makes the copy busy (never a victim) while the call waits there.
+    h = await make(
+        [gpu("a", 24, residents={"qwen3:14b": 12}), gpu("b", 12, residents={"other": 11})],
+        tickets={"a": [ticket("qwen3:14b", age=5)]},
+        latency={"a": 20},
+    )
+    queued = await h.place("qwen3:14b")
+    assert (queued.action, queued.provider, queued.ticket) == (Action.QUEUE, "a", None)
+
+    taken = await h.planner.take_queue(queued, "me", prompt_tokens=None)
+
+    assert taken.ticket is not None and taken.ticket.model_footprint_mib == 0
+    assert (taken.provider, taken.endpoint) == ("a", "http://a:11434")
+    assert len(await h.active("a")) == 2
+
+    # The copy went away meanwhile: nothing is taken, the queue decision stands.
+    await h.set_state(gpu("a", 24))
+    again = await h.planner.take_queue(queued, "me-too", prompt_tokens=None)
+    assert again is queued
+    # Its provider left the fleet: still the decision, not a LookupError.
+    await h.states.delete(encode_token("a"))
+    h.view.invalidate()
+    assert await h.planner.take_queue(queued, "me-three", prompt_tokens=None) is queued

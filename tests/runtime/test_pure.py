@@ -26,7 +26,7 @@ from kubemoot.testing.state import NOW, gpu, ticket
 def _cost(*providers: ProviderSnapshot, declared: dict[str, int] | None = None) -> CostModel:
     fleet = FleetSnapshot.of(NOW, list(providers))
     return CostModel(fleet, settings=RuntimeSettings(),
-                     occupancy=OccupancyBook(declared=declared), need=DemandSnapshot())
+                     occupancy=OccupancyBook(declared=declared), demand=DemandSnapshot())
 
 
 @pytest.mark.parametrize(
@@ -54,10 +54,9 @@ def test_usable_resident_and_free_count_loading_tickets() -> None:
         state=gpu("p", 32, residents={"a": 10}),
         tickets=(ticket("b", footprint_gib=6, state=TicketState.LOADING),),
     )
-    cost = _cost(p)
     assert p.usable_mib == 31 * 1024
-    assert cost.resident(p) == 16 * 1024
-    assert cost.free(p) == 15 * 1024
+    assert p.resident_total + p.loading_mib == 16 * 1024
+    assert p.free_mib == 15 * 1024
 
 
 def test_unknown_total_has_no_usable() -> None:
@@ -225,3 +224,17 @@ def test_the_record_takes_standing_from_the_gates_rule(
     context_result = record.candidates["a/m"].gate(filters.CONTEXT)
     assert context_result is not None
     assert context_result.admits_unknown is (context is None)
+
+
+@pytest.mark.parametrize("module", ["options", "cost", "snapshot", "eviction", "filters"])
+def test_pricing_modules_never_wait(module: str) -> None:
+    # Pricing is one pure pass over values (the import contract keeps the store, the
+    # tickets and the clock out); nothing in it may await, so it cannot do I/O either.
+    import ast
+    import importlib
+    import inspect
+
+    tree = ast.parse(inspect.getsource(importlib.import_module(f"kubemoot.runtime.{module}")))
+    waiting = [type(node).__name__ for node in ast.walk(tree)
+               if isinstance(node, ast.AsyncFunctionDef | ast.Await | ast.AsyncFor | ast.AsyncWith)]
+    assert waiting == [], module

@@ -15,6 +15,7 @@ from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ProviderSna
 from kubemoot.runtime.waiting import CapacityWaiter
 from kubemoot.store.documents import TicketState
 from kubemoot.testing.state import NOW, gpu, ticket
+from kubemoot.testing.waiting import until_idle
 from tests.runtime.builders import Harness, candidates
 
 
@@ -38,9 +39,9 @@ def test_waiters_ahead_count_in_the_queue(
         latency_seconds=20,
     )
     cost = CostModel(FleetSnapshot.of(NOW, [p]), settings=RuntimeSettings(),
-                     occupancy=OccupancyBook(), need=DemandSnapshot())
+                     occupancy=OccupancyBook(), demand=DemandSnapshot())
     assert cost.queue(p, "m", ahead=ahead) == pytest.approx(expected, abs=1e-9)
-    assert cost.has_free_slot(p, "m", ahead=ahead) is (len(ages) + ahead < slots)
+    assert p.has_free_slot("m", ahead=ahead) is (len(ages) + ahead < slots)
 
 
 def _busy_home(h_tickets: int = 1) -> dict[str, Any]:
@@ -68,15 +69,14 @@ async def test_a_fresh_call_counts_the_calls_waiting_before_it(make) -> None:
 
 async def _join(waiter: CapacityWaiter, holder: str) -> asyncio.Task[Placement]:
     task = asyncio.create_task(waiter.place(candidates("m"), agent=holder))
-    for _ in range(20):  # let it place, find no room and join the line
-        await asyncio.sleep(0)
+    await until_idle()  # it placed, found no room and waits in line
     assert not task.done()
     return task
 
 
 async def _settle() -> None:
-    for _ in range(50):
-        await asyncio.sleep(0)
+    """Until every waiter and the dispatcher wait again: what a change did is done."""
+    await until_idle()
 
 
 async def test_a_freed_slot_goes_to_the_oldest_waiter(make) -> None:

@@ -19,18 +19,18 @@ from kubemoot.testing.state import NOW, gpu
 from tests.runtime.test_tie_order_and_loading_copies import ago, place, state
 
 
-def _cost(need: ModelDemand, *, weight: float = 1.0) -> CostModel:
+def _cost(wanted: ModelDemand, *, weight: float = 1.0) -> CostModel:
     p = ProviderSnapshot(state=gpu("p", 24, residents={"m": 8}, slots=1))
     return CostModel(FleetSnapshot.of(NOW, [p]),
                      settings=RuntimeSettings(queue_demand_weight=weight),
-                     occupancy=OccupancyBook(), need=DemandSnapshot({"m": need}))
+                     occupancy=OccupancyBook(), demand=DemandSnapshot({"m": wanted}))
 
 
 QUEUE = Option(OptionKind.QUEUE, "p", "m", 10.0)
 
 
 @pytest.mark.parametrize(
-    ("need", "weight", "seconds"),
+    ("wanted", "weight", "seconds"),
     [
         (ModelDemand(), 1.0, 10.0),  # nobody else wants the model: its own wait only
         (ModelDemand(waiters=1), 1.0, 10.0),  # the one waiter is this call itself
@@ -40,8 +40,8 @@ QUEUE = Option(OptionKind.QUEUE, "p", "m", 10.0)
         (ModelDemand(waiters=3), 0.5, 20.0),
     ],
 )
-def test_priced_queue(need: ModelDemand, weight: float, seconds: float) -> None:
-    assert _cost(need, weight=weight).priced_queue(QUEUE).seconds == pytest.approx(seconds)
+def test_priced_queue(wanted: ModelDemand, weight: float, seconds: float) -> None:
+    assert _cost(wanted, weight=weight).priced_queue(QUEUE).seconds == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("kind", [OptionKind.WARM, OptionKind.COLD_LOAD, OptionKind.UNLOAD])

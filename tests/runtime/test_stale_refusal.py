@@ -39,6 +39,7 @@ async def test_a_free_card_is_not_refused_on_the_copy_this_process_last_wrote(ma
 def test_racing_processes_get_fair_shares_of_a_card_that_fits_one_at_a_time() -> None:
     # Two processes, five claimers each, all wanting the whole card for a second at a
     # time; a refused claimer looks again a second later. Both processes must be served.
+    # The seconds are virtual (run_virtual): asyncio's sleeps cost nothing real here.
     async def main() -> list[int]:
         clock = LoopClock(epoch=NOW)
         kv = MemoryKV(clock=clock)

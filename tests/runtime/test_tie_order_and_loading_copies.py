@@ -82,7 +82,7 @@ def test_equally_cheap_warm_copies_go_to_the_idler_one_before_the_name() -> None
                               tickets=(ticket("m", age=3),))
     idle_b = ProviderSnapshot(state=gpu("p-b", 24, residents={"m": 8}, slots=2))
     cost = CostModel(FleetSnapshot.of(NOW, [idle_b, busy_a]), settings=RuntimeSettings(),
-                     occupancy=OccupancyBook(), need=DemandSnapshot())
+                     occupancy=OccupancyBook(), demand=DemandSnapshot())
     copies = sorted((cost.copy_option(p, "m") for p in (idle_b, busy_a)), key=Option.sort_key)
     assert [(o.kind, o.provider, o.seconds) for o in copies] == [
         (OptionKind.WARM, "p-b", 0.0), (OptionKind.WARM, "p-a", 0.0)
@@ -200,7 +200,7 @@ def test_remaining_comes_from_the_load_not_the_declared_size() -> None:
     )
     book = OccupancyBook(declared={"m": 6 * 1024})
     cost = CostModel(FleetSnapshot.of(NOW, [loading]), settings=RuntimeSettings(),
-                     occupancy=book, need=DemandSnapshot())
+                     occupancy=book, demand=DemandSnapshot())
     assert cost.remaining(loading, "m") == pytest.approx(8.0)
 
 

@@ -41,10 +41,10 @@ async def main(argv: list[str]) -> None:
             try:
                 ticket = await manager.claim(PROVIDER, "m", footprint, f"p{seed}")
             except ClaimRejected:
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0.001)  # the workload: look again shortly
                 continue
             granted = time.time()
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(0.002)  # the workload: hold the memory a moment
             intervals.append((granted, time.time(), footprint))
             await manager.release(PROVIDER, ticket.ticket_id)
 

@@ -32,6 +32,21 @@ def nats_url() -> Iterator[str]:
             thread.submit(asyncio.run, server.close()).result()
 
 
+class MovableWallClock(SystemClock):
+    """The wall clock, plus however far a test has moved it ahead.
+
+    What a ticket manager or demand board decides from its clock (a TTL lapsed, a line
+    place expired) then happens when the test says, with no real wait, while the
+    NATS server and every real sleep keep the wall clock's time.
+    """
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def now(self) -> float:
+        return super().now() + self.ahead
+
+
 @dataclass
 class StoreUnderTest:
     """A store plus how time passes for it: virtual for memory, real for NATS."""
@@ -39,7 +54,11 @@ class StoreUnderTest:
     kind: str
     kv: KV
     clock: Clock
-    age: Callable[[float], Awaitable[None]]  # let this many seconds pass for expiry
+    #: Let this many seconds pass on the clock the code under test reads.
+    age: Callable[[float], Awaitable[None]]
+    #: Let this many seconds pass for the store itself (a key's TTL, a bucket's max
+    #: age): on NATS the server expires keys in its own real time, so that is a real wait.
+    age_on_server: Callable[[float], Awaitable[None]]
 
     def name(self, base: str) -> str:
         return f"{base}_{next(_names)}"
@@ -55,14 +74,18 @@ async def make_store(kind: str, nats_url: str | None) -> StoreUnderTest:
         async def advance(seconds: float) -> None:
             clock.advance(seconds)
 
-        return StoreUnderTest("memory", MemoryKV(clock), clock, advance)
+        return StoreUnderTest("memory", MemoryKV(clock), clock, advance, advance)
     assert nats_url is not None
     kv = await NatsKV.connect(NatsSettings(servers=[nats_url]))
+    wall = MovableWallClock()
+
+    async def move(seconds: float) -> None:
+        wall.ahead += seconds
 
     async def sleep(seconds: float) -> None:
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(seconds)  # the server's expiry is the behaviour under test
 
-    return StoreUnderTest("nats", kv, SystemClock(), sleep)
+    return StoreUnderTest("nats", kv, wall, move, sleep)
 
 
 @pytest.fixture(params=["memory", "nats"])

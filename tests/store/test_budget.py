@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kubemoot.runtime.budget import (
-    budget_allows,
-    committed_mib,
-    eviction_credit_mib,
-    headroom_mib,
-)
+from kubemoot.runtime.budget import budget_allows, headroom_mib
+from kubemoot.runtime.snapshot import ProviderSnapshot
 from kubemoot.store.documents import ProviderState, Ticket, TicketState
 from kubemoot.testing.state import GIB, NOW, provider_state
 from kubemoot.testing.state import ticket as ticket_of
@@ -76,7 +72,9 @@ def test_parts_of_the_budget() -> None:
         ticket("z", 2, evicts={"v": 8, "gone": 3}),
         ticket("x", 4),  # x is resident already
     ]
-    assert committed_mib(provider, tickets, NOW) == 8 * GIB
-    assert eviction_credit_mib(provider, tickets, NOW) == 8 * GIB
+    p = ProviderSnapshot.of_documents(provider, tickets, NOW)
+    assert p is not None
+    assert p.loading_mib == 8 * GIB  # committed: y and z, whose models are not resident
+    assert p.credit_mib(p.planned_victims()) == 8 * GIB  # v once; "gone" is not resident
     assert headroom_mib(provider, tickets, NOW) == (24 - 12 + 8 - 8) * GIB
     assert headroom_mib(state(None), tickets, NOW) is None

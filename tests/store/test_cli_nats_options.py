@@ -6,11 +6,12 @@ password shows the flags reaching the server from a ``kubemoot`` subprocess.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from kubemoot.cli import main
 from kubemoot.cli._nats import NatsFlags, export_nats_env, merge_nats, resolve_nats
 from kubemoot.store import open_store
 from kubemoot.store.nats import NatsKV, NatsSettings
-from kubemoot.testing.nats_server import find_nats_server, free_port
+from kubemoot.testing.nats_server import NatsServer, free_port
 from tests.operator.test_operator_cli import KUBECONFIG
 
 KUBEMOOT = Path(sys.executable).with_name("kubemoot")
@@ -221,50 +222,16 @@ async def test_open_store_takes_settings_over_the_environment(
 
 
 @pytest.fixture(scope="module")
-def guarded_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def guarded_url() -> Iterator[str]:
     """A ``nats-server -js`` that admits only user ``kube`` with password ``moot``."""
-    store = tmp_path_factory.mktemp("nats-auth")
-    for attempt in range(3):  # a free port may be taken before the server binds it
-        port = free_port()
-        log = (store / "server.log").open("wb")
-        server = subprocess.Popen(
-            [find_nats_server(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store),
-             "--user", "kube", "--pass", "moot"], stdout=log, stderr=subprocess.STDOUT)
+    server = NatsServer(extra_args=("--user", "kube", "--pass", "moot"))
+    # A thread of its own: a test using it may already run inside an event loop.
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(asyncio.run, server.start()).result()
         try:
-            _wait_listening(port, server, store / "server.log")
-        except RuntimeError:
-            server.kill()
-            server.wait(timeout=20)
-            log.close()
-            if attempt == 2:
-                raise
-            continue
-        break
-    try:
-        yield f"nats://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=20)
-        log.close()
-
-
-def _wait_listening(port: int, server: subprocess.Popen[bytes], log: Path) -> None:
-    """Wait until *our* server listens: alive and logging the bind, not just any listener."""
-    import socket
-
-    bound = f"Listening for client connections on 127.0.0.1:{port}"
-    for _ in range(500):
-        if server.poll() is not None:
-            raise RuntimeError(f"nats-server exited: {log.read_text(errors='replace')[-300:]}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        except OSError:
-            time.sleep(0.02)
-            continue
-        if server.poll() is None and bound in log.read_text(errors="replace"):
-            return
-        time.sleep(0.02)
-    raise RuntimeError("nats-server did not start")
+            yield server.url
+        finally:
+            thread.submit(asyncio.run, server.close()).result()
 
 
 def _env(**extra: str) -> dict[str, str]:

@@ -152,9 +152,9 @@ async def test_per_key_ttl_expires_the_key(store: StoreUnderTest) -> None:
     bucket = await store.bucket("c")
     await bucket.create("short", b"x", ttl=1)
     await bucket.create("long", b"y")
-    await store.age(0.3)
+    await store.age_on_server(0.3)
     assert await bucket.get("short") is not None
-    await store.age(1.7)
+    await store.age_on_server(1.7)
     assert await bucket.get("short") is None
     assert await bucket.keys() == ["long"]
     await bucket.create("short", b"again")  # expired counts as absent
@@ -164,7 +164,7 @@ async def test_bucket_max_age_expires_old_writes(store: StoreUnderTest) -> None:
     bucket = await store.bucket("c", max_age=1.0)
     await bucket.put("k", b"x")
     assert await bucket.get("k") is not None
-    await store.age(2.0)
+    await store.age_on_server(2.0)
     assert await bucket.get("k") is None
 
 

@@ -7,12 +7,14 @@ import math
 import pytest
 
 from kubemoot.runtime.demand import DemandBoard
+from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import ModelDemand
 from tests.store.conftest import StoreUnderTest
 
 
 async def board(store: StoreUnderTest, **ttl: float) -> DemandBoard:
-    return DemandBoard(await store.bucket("demand"), clock=store.clock, **ttl)
+    return DemandBoard(await store.bucket("demand"), clock=store.clock,
+                       settings=RuntimeSettings(**ttl))
 
 
 async def test_an_empty_board_has_no_demand(store: StoreUnderTest) -> None:
@@ -42,7 +44,7 @@ async def test_waiters_intents_and_selections_add_up(store: StoreUnderTest) -> N
 
 
 async def test_recent_use_counts_calls_and_decays(store: StoreUnderTest) -> None:
-    demand = await board(store, use_window_seconds=100.0)
+    demand = await board(store, demand_use_window_seconds=100.0)
     await demand.record_use("qwen3:14b")
     await demand.record_use("qwen3:14b")
     use = (await demand.snapshot()).of("qwen3:14b")
@@ -55,8 +57,8 @@ async def test_recent_use_counts_calls_and_decays(store: StoreUnderTest) -> None
 
 
 async def test_readers_ignore_expired_entries(store: StoreUnderTest) -> None:
-    demand = await board(store, wait_ttl_seconds=1.0, intent_ttl_seconds=1.0,
-                         selection_ttl_seconds=1.0)
+    demand = await board(store, demand_wait_ttl_seconds=1.0, demand_intent_ttl_seconds=1.0,
+                         selection_window_seconds=1.0)
     await demand.add_waiter("m", "a")
     await demand.add_intent("m", "a")
     await demand.record_selection("a", ["m"], 1.0)

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from kubemoot.clock import SystemClock
+from kubemoot.clock import ManualClock, SystemClock
 from kubemoot.runtime.capacity import CapacityWatch
 from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketManager
 from kubemoot.store.keys import encode_token
@@ -59,33 +59,37 @@ async def test_clients_reconnect_claims_continue_and_watchers_resume(
 
         phase = {"name": "before"}
         successes = {"before": 0, "down": 0, "after": 0}
+        # Set by the claimers: one claim before the restart, five after it.
+        served = {"before": asyncio.Event(), "after": asyncio.Event()}
+        enough = {"before": 1, "after": 5}
         stop = asyncio.Event()
 
         async def claimer(manager: TicketManager, index: int) -> None:
             while not stop.is_set():
                 try:
                     ticket = await manager.claim(PROVIDER, "m", 2 * GIB, f"h{index}")
-                    successes[phase["name"]] += 1
+                    name = phase["name"]
+                    successes[name] += 1
+                    if name in served and successes[name] >= enough[name]:
+                        served[name].set()
                     await manager.release(PROVIDER, ticket.ticket_id)
                 except (StoreError, ClaimConflict, ClaimRejected):
-                    await asyncio.sleep(0.05)  # the store is away: try again shortly
+                    # A client's own back-off while the store is away (part of the load).
+                    await asyncio.sleep(0.05)
+
+        async def until_served(name: str) -> None:
+            try:  # generous: a loaded machine may be slow to the first claim
+                await asyncio.wait_for(served[name].wait(), 30)
+            except TimeoutError:
+                raise AssertionError(f"claims {name} the restart: {successes[name]} of the "
+                                     f"{enough[name]} awaited") from None
 
         workers = [asyncio.create_task(claimer(m, i)) for i, m in enumerate(managers * 2)]
-        for _ in range(600):  # up to 30 s: a loaded machine may be slow to the first claim
-            if successes["before"] > 0:
-                break
-            await asyncio.sleep(0.05)
-        assert successes["before"] > 0, "no claim succeeded before the restart"
+        await until_served("before")
         phase["name"] = "down"
         await own_server.restart(down_for=1.0)
         phase["name"] = "after"
-        await asyncio.sleep(0.2)
-        for _ in range(150):  # claims continue once the clients are back
-            if successes["after"] >= 5:
-                break
-            await asyncio.sleep(0.1)
-        assert successes["before"] > 0
-        assert successes["after"] >= 5
+        await until_served("after")  # claims continue once the clients are back
         stop.set()
         await asyncio.gather(*workers)
 
@@ -104,9 +108,11 @@ async def test_clients_reconnect_claims_continue_and_watchers_resume(
             pytest.fail("the capacity watch did not resume after the restart")
         await watch.close()
 
-        # no ticket outlives its TTL, whatever a write cut off by the restart left behind
-        await asyncio.sleep(ttl + 0.2)
-        assert await managers[0].active(PROVIDER) == []
+        # No ticket outlives its TTL, whatever a write cut off by the restart left behind:
+        # read the document as a manager would a TTL from now (every claimer has stopped,
+        # so nothing writes it any more).
+        later = ManualClock(clock.now() + ttl + 0.2)
+        assert await TicketManager(tickets, states, clock=later).active(PROVIDER) == []
         document, _ = await managers[0].read(PROVIDER)
         assert all(t.expires_at - t.started_at <= ttl + 1e-6 for t in document.tickets)
     finally:

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubemoot.runtime.budget import budget_allows
+from kubemoot.runtime.snapshot import ProviderSnapshot
 from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketGone, TicketManager
 from kubemoot.store.documents import (
-    ProviderState,
     ProviderTickets,
     Ticket,
     TicketState,
@@ -21,6 +21,7 @@ from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryBucket
 from kubemoot.store.protocol import Bucket, Entry
 from kubemoot.testing.state import GIB, provider_state
+from kubemoot.testing.waiting import until_stored
 from tests.store.conftest import StoreUnderTest, make_store
 
 PROVIDER = "gpu-a"
@@ -77,14 +78,45 @@ async def test_a_failing_check_rejects_the_claim(store: StoreUnderTest) -> None:
     manager, _, _ = await setup(store, 10 * GIB)
     seen: list[int] = []
 
-    def no_more_than_one(state: ProviderState | None, tickets: list[Ticket], now: float) -> bool:
-        seen.append(len(tickets))
-        return len(tickets) < 1
+    def no_more_than_one(provider: ProviderSnapshot) -> bool:
+        seen.append(len(provider.tickets))
+        return len(provider.tickets) < 1
 
     await manager.claim(PROVIDER, "a", GIB, "h1", check=no_more_than_one)
     with pytest.raises(ClaimRejected, match="check"):
         await manager.claim(PROVIDER, "a", GIB, "h2", check=no_more_than_one)
     assert seen[-1] == 1
+
+
+async def test_a_claim_counts_the_headroom_once(
+    store: StoreUnderTest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Refusals with a line ahead need the headroom, the ceiling and the line's promise;
+    # each decision derives the provider's headroom once (it took five passes before).
+    manager, _, _ = await setup(store, 10 * GIB)
+    decisions: list[int] = []
+    headrooms: list[int] = []
+    decide, headroom = TicketManager._refusal, ProviderSnapshot.headroom_mib
+
+    def counted_decide(self: TicketManager, *args: object) -> object:
+        decisions.append(1)
+        return decide(self, *args)  # type: ignore[arg-type]
+
+    def counted_headroom(self: ProviderSnapshot, evicts: object = ()) -> int | None:
+        headrooms.append(1)
+        return headroom(self, evicts)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(TicketManager, "_refusal", counted_decide)
+    monkeypatch.setattr(ProviderSnapshot, "headroom_mib", counted_headroom)
+    first = await manager.claim(PROVIDER, "a", 8 * GIB, "h1")
+    for holder in ("h2", "h3"):  # refused for memory: both wait in the line
+        with pytest.raises(ClaimRejected):
+            await manager.claim(PROVIDER, "b", 4 * GIB, holder)
+    await manager.release(PROVIDER, first.ticket_id)
+    with pytest.raises(ClaimRejected, match="promised"):  # h2 is ahead in the line
+        await manager.claim(PROVIDER, "b", 8 * GIB, "h3")
+    assert len(decisions) >= 4
+    assert len(headrooms) == len(decisions)
 
 
 async def test_renew_mark_running_and_state_changes(store: StoreUnderTest) -> None:
@@ -177,17 +209,18 @@ async def test_ttl_layer_alone_returns_memory_after_the_ttl_and_not_before(
 
 
 async def test_a_cancelled_claim_leaves_no_ticket(store: StoreUnderTest) -> None:
-    manager, _, _ = await setup(store, 8 * GIB)
+    manager, tickets, _ = await setup(store, 8 * GIB)
     claims = [asyncio.create_task(manager.claim(PROVIDER, "a", GIB, f"h{i}")) for i in range(5)]
     await asyncio.sleep(0)
     for claim in claims:
         claim.cancel()
     await asyncio.gather(*claims, return_exceptions=True)
-    for _ in range(100):  # orphan releases run in the background
-        if not await manager.active(PROVIDER):
-            break
-        await asyncio.sleep(0.01)
-    assert await manager.active(PROVIDER) == []
+
+    async def none_left() -> bool:
+        return not await manager.active(PROVIDER)
+
+    # Orphan releases run in the background; each one is a write of the document.
+    await until_stored(tickets, none_left, timeout=30, what="the orphans' release")
 
 
 async def test_one_process_batches_its_claims_into_few_writes(store: StoreUnderTest) -> None:
@@ -198,13 +231,16 @@ async def test_one_process_batches_its_claims_into_few_writes(store: StoreUnderT
                                      for i in range(20)))
     assert len({t.ticket_id for t in granted}) == 20
     assert len(await manager.active(PROVIDER)) == 20
+    # Count the writes up to the last one (its revision is the document's now), not
+    # until a quiet spell: a slow machine cannot make a quiet spell come early.
+    final = await tickets.get(encode_token(PROVIDER))
+    assert final is not None
     writes = 0
-    while True:
-        try:
-            await asyncio.wait_for(watch.__anext__(), 0.3)
-        except TimeoutError:
-            break
-        writes += 1
+    async with asyncio.timeout(30):
+        async for change in watch:
+            writes += 1
+            if change.revision >= final.revision:
+                break
     assert 1 <= writes < 20
     await watch.aclose()
 
@@ -258,6 +294,7 @@ async def race(store: StoreUnderTest, usable: int, footprints: list[int], manage
     held = 0
     overcommits = 0
     last_seen = 0  # the newest revision the checker has looked at
+    seen = asyncio.Condition()  # notified at each revision the checker takes
 
     async def claimer(index: int, footprint: int) -> None:
         nonlocal held, overcommits
@@ -279,7 +316,9 @@ async def race(store: StoreUnderTest, usable: int, footprints: list[int], manage
     async def check_every_revision() -> None:
         nonlocal overcommits, last_seen
         async for change in watch:
-            last_seen = max(last_seen, change.revision)
+            async with seen:
+                last_seen = max(last_seen, change.revision)
+                seen.notify_all()
             if change.value is None:
                 continue
             document = ProviderTickets.from_json(change.value)
@@ -293,17 +332,28 @@ async def race(store: StoreUnderTest, usable: int, footprints: list[int], manage
             ):
                 overcommits += 1
 
-    checker = asyncio.create_task(check_every_revision())
+    ended = False  # the checker stopped (its watch ended, or it failed)
+
+    async def check_then_say_so() -> None:
+        nonlocal ended
+        try:
+            await check_every_revision()
+        finally:
+            async with seen:
+                ended = True
+                seen.notify_all()
+
+    checker = asyncio.create_task(check_then_say_so())
     await asyncio.gather(*(claimer(i, f) for i, f in enumerate(footprints)))
     # Close the watch only once the checker has seen the document's final revision: a
     # fixed pause could close it before late revisions arrive on a loaded machine.
     final = await tickets.get(encode_token(PROVIDER))
     if final is not None:
-        for _ in range(3000):  # up to 30 s
-            if last_seen >= final.revision or checker.done():
-                break
-            await asyncio.sleep(0.01)
-        assert checker.done() or last_seen >= final.revision, "watch missed final revision"
+        try:
+            async with seen, asyncio.timeout(30):
+                await seen.wait_for(lambda: last_seen >= final.revision or ended)
+        except TimeoutError:
+            raise AssertionError("the watch missed the final revision") from None
     await watch.aclose()
     await checker
     assert await TicketManager(tickets, states, clock=store.clock).active(PROVIDER) == []
@@ -360,7 +410,7 @@ async def test_racing_claimers_never_overcommit_nats(
                     continue
                 held += footprint
                 overcommits += held > usable
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0.001)  # the workload: hold the memory a moment
                 held -= footprint
                 await pool[index % 3].release(PROVIDER, ticket.ticket_id)
 

@@ -39,6 +39,7 @@ from kubemoot.agent.signals import (
 from kubemoot.agent.toolloop import Tool
 from kubemoot.api import Phase
 from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.settings import DEFAULTS
 
 __all__ = [
     "AgentProfile",
@@ -135,7 +136,7 @@ class Coordinator:
         profile: AgentProfile,
         *,
         sink: SignalSink | None = None,
-        deadline_seconds: float = 90.0,
+        deadline_seconds: float = DEFAULTS.gpu_wait_limit_seconds,
         evaluate: Evaluate | None = None,
     ) -> None:
         """``evaluate`` runs a member's part elsewhere (its own process); that member

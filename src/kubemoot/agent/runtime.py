@@ -30,12 +30,11 @@ from kubemoot.agent.signals import Signal, SignalMetadata, SignalSink, SignalTyp
 from kubemoot.agent.tokens import TokenEstimator
 from kubemoot.agent.toolloop import Tool, ToolLoopLimits, ToolLoopResult, run_tool_loop
 from kubemoot.clock import Clock
+from kubemoot.runtime.held_plans import SelectionPlanner
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.refusals import Reason
-from kubemoot.runtime.selection import SelectionPlanner
 from kubemoot.runtime.waiting import CapacityWaiter
-from kubemoot.store.documents import TicketState
 from kubemoot.store.protocol import StoreError
 
 __all__ = [
@@ -292,7 +291,9 @@ class AgentRuntime:
             if placement.action is Action.QUEUE:
                 # Sharing a warm copy spends no memory; hold a ticket so the copy counts
                 # as busy (never an eviction victim) while this call is in line there.
-                claimed = await self._claim_queue(placement, holder, prompt_tokens)
+                claimed = await self.planner.take_queue(
+                    placement, holder, prompt_tokens=prompt_tokens
+                )
                 if claimed.placed:
                     return claimed
         assert first is not None
@@ -316,22 +317,6 @@ class AgentRuntime:
             return True  # no shared state at all: the static endpoint is all there is
         provider = fleet.provider(static.provider)
         return provider is not None and provider.is_resident(static.model)
-
-    async def _claim_queue(
-        self, placement: Placement, holder: str, prompt_tokens: int
-    ) -> Placement:
-        option = placement.options[0] if placement.options else None
-        if option is None:
-            return placement
-        rnd = await self.planner.new_round(prompt_tokens)
-        claim = await self.planner.selector.claim(rnd, option, holder, state=TicketState.RUNNING)
-        if claim is None:
-            return placement  # the copy went away meanwhile
-        claimed = replace(placement, ticket=claim.ticket, endpoint=claim.endpoint,
-                          context_length=claim.context_length)
-        if not await self.planner.admit(claimed):
-            return placement  # a half-open provider's one trial went to another call
-        return claimed
 
     async def _finish(
         self, placement: Placement, result: ToolLoopResult | None, began: float

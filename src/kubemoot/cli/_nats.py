@@ -35,7 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 import typer
 
 from kubemoot.api.errors import InputError
-from kubemoot.runtime.settings import ENV_VARIABLES, RuntimeSettings
+from kubemoot.runtime.settings import DEFAULTS, ENV_VARIABLES
 
 if TYPE_CHECKING:
     from kubemoot.clock import Clock
@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 PANEL = "NATS connection"
-_CONNECT_WAIT = RuntimeSettings().connect_wait_seconds
+_CONNECT_WAIT = DEFAULTS.connect_wait_seconds
 _CONNECT_WAIT_ENV = ENV_VARIABLES["connect_wait_seconds"]
 URL_ENV = "KUBEMOOT_NATS_URL"
 NATS_SCHEMES = ("nats", "tls")

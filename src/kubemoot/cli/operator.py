@@ -28,9 +28,9 @@ from kubemoot.cli._nats import (
     open_shared_store,
     resolve_nats,
 )
-from kubemoot.runtime.settings import ENV_VARIABLES, RuntimeSettings
+from kubemoot.runtime.settings import DEFAULTS, ENV_VARIABLES, RuntimeSettings
 
-_DEFAULTS = RuntimeSettings()
+_DEFAULTS = DEFAULTS
 
 
 @app.command("operator")

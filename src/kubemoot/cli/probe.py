@@ -93,8 +93,6 @@ def probe_command(
     from kubemoot.clock import SystemClock
     from kubemoot.providers.ollama import OllamaProvider, parse_endpoint
     from kubemoot.providers.prober import Prober
-    from kubemoot.runtime.settings import RuntimeSettings
-
     texts = [*(endpoints or []), *providers]
     if not texts:
         raise InputError("name at least one endpoint: URL or NAME=URL (or --provider)",
@@ -113,7 +111,7 @@ def probe_command(
     slots = per_provider("--num-parallel", num_parallel, names, _count(1), 1)
     totals = per_provider("--vram-mib", vram_mib, names, _count(1), None)
     reserves = per_provider("--reserve-mib", reserve_mib, names, _count(0),
-                            RuntimeSettings().reserve_mib)
+                            DEFAULTS.reserve_mib)
     exporters = _dcgm_urls(dcgm, names)
 
     async def run() -> list[ProviderState]:

@@ -46,14 +46,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.dashboard.fleet import FleetView
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
 
 __all__ = ["CONTENT_SECURITY_POLICY", "DashboardSettings", "GuardMiddleware", "create_app"]
 
 _STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 
 
-_DEFAULTS = RuntimeSettings()
+_DEFAULTS = DEFAULTS
 
 # The page loads only its own script and style sheet and talks only to its own origin.
 CONTENT_SECURITY_POLICY = (

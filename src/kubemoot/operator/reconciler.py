@@ -58,6 +58,7 @@ from kubemoot.operator.view import (
 from kubemoot.operator.watch import DeploymentWatch
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
+from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.scheduling.candidate import stale_age
 from kubemoot.scheduling.scheduler import SchedulingPass
 from kubemoot.scheduling.snapshot import ClusterSnapshot
@@ -100,8 +101,8 @@ class Reconciler:
         *,
         clock: Clock,
         bucket: Bucket | None = None,
-        probe_interval: float = 30.0,
-        probe_timeout: float = 10.0,
+        probe_interval: float = DEFAULTS.probe_interval_seconds,
+        probe_timeout: float = DEFAULTS.probe_timeout_seconds,
     ) -> None:
         self.kube = kube
         self.clock = clock

@@ -14,7 +14,7 @@ from kubemoot.clock import Clock, SystemClock
 from kubemoot.operator.handlers import build_registry
 from kubemoot.operator.kube import KubeClient
 from kubemoot.operator.reconciler import Reconciler
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 from kubemoot.store.protocol import KV
 
@@ -32,8 +32,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # The defaults live in RuntimeSettings (KUBEMOOT_PROBE_INTERVAL_SECONDS, …).
-DEFAULT_PROBE_INTERVAL = RuntimeSettings().probe_interval_seconds
-DEFAULT_PROBE_TIMEOUT = RuntimeSettings().probe_timeout_seconds
+DEFAULT_PROBE_INTERVAL = DEFAULTS.probe_interval_seconds
+DEFAULT_PROBE_TIMEOUT = DEFAULTS.probe_timeout_seconds
 
 Login = Callable[[], Awaitable[kopf.ConnectionInfo]]
 #: Opens the shared store (the CLI's says where it connects and masks passwords).
@@ -53,7 +53,7 @@ class OperatorOptions:
     probe_interval: float = DEFAULT_PROBE_INTERVAL
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
     # After SIGTERM or Ctrl-C, kopf's stop may take this long before the process is killed.
-    shutdown_grace_seconds: float = RuntimeSettings().shutdown_grace_seconds
+    shutdown_grace_seconds: float = DEFAULTS.shutdown_grace_seconds
 
 
 def kopf_settings(*, shutdown_grace_seconds: float | None = None) -> kopf.OperatorSettings:
@@ -62,7 +62,7 @@ def kopf_settings(*, shutdown_grace_seconds: float | None = None) -> kopf.Operat
     # kopf answers SIGTERM and SIGINT itself while it serves; its last-resort exit
     # (10 minutes by default) gets the same bound as every other command's shutdown.
     settings.process.ultimate_exiting_timeout = (
-        RuntimeSettings().shutdown_grace_seconds if shutdown_grace_seconds is None
+        DEFAULTS.shutdown_grace_seconds if shutdown_grace_seconds is None
         else shutdown_grace_seconds)
     # The CRDs ship with the operator (deploy/base); rescanning the API for new
     # resources and namespaces is not needed and would need cluster-wide list rights.

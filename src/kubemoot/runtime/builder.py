@@ -24,11 +24,10 @@ from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
 from kubemoot.runtime.circuit import CircuitBreakers
 from kubemoot.runtime.demand import DemandBoard
+from kubemoot.runtime.held_plans import SelectionPlanner
 from kubemoot.runtime.latency import LatencyTracker
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.planner import CallPlanner
-from kubemoot.runtime.selection import SelectionPlanner
-from kubemoot.runtime.selector import ProviderSelector
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
@@ -125,10 +124,10 @@ async def build_runtime(
                             ttl_seconds=settings.ticket_ttl_seconds,
                             max_attempts=settings.claim_attempts, rng=rng,
                             line_seconds=settings.claim_line_seconds)
-    board = DemandBoard(demand_bucket, clock=clock)
+    board = DemandBoard(demand_bucket, clock=clock, settings=settings)
     occupancy = OccupancyBook(settings=settings, declared=declared)
     planner = CallPlanner(
-        ProviderSelector(view, tickets), states=states, settings=settings,
+        view, tickets, states=states, settings=settings,
         occupancy=occupancy, demand=board, clients=clients,
     )
     watch = CapacityWatch(states, tickets_bucket, clock=clock)

@@ -15,11 +15,11 @@ stands aside instead of waiting without a wake source.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
+from kubemoot.runtime.watching import Followers
 from kubemoot.store.documents import ProviderTickets
 from kubemoot.store.protocol import Bucket, Change, StoreError, Watch
 
@@ -41,8 +41,7 @@ class CapacityWatch:
         self._clock = clock
         self._counter = 0
         self._changed = asyncio.Event()
-        self._watches: list[Watch] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self._followers = Followers("capacity-watch", "capacity")
         self._expiries: dict[str, list[float]] = {}  # ticket key → live tickets' expiries
         self._started = False
         self._ended: str | None = None
@@ -62,17 +61,13 @@ class CapacityWatch:
         if self._started:
             return
         try:
-            for bucket in self._buckets:
-                watch = bucket.watch()
-                self._watches.append(watch)
-                await watch.ready()
+            await self._followers.open(self._buckets)
             await self._seed_expiries()
         except StoreError as error:
             await self.close()
             raise WatchUnavailable(f"cannot watch capacity: {error}") from error
         self._started = True
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._follow(w)) for w in self._watches]
+        self._followers.start(self._follow)
 
     async def _seed_expiries(self) -> None:
         tickets = self._buckets[1]
@@ -168,15 +163,5 @@ class CapacityWatch:
     async def close(self) -> None:
         """Stop watching; waiters get :class:`WatchUnavailable`."""
         self._ended = self._ended or "the capacity watch was closed"
-        for watch in self._watches:
-            try:
-                await watch.aclose()
-            except Exception as error:  # being dropped anyway; say so all the same
-                faults.noted("capacity-watch", faults.CLEANUP, "closing a capacity watch",
-                             error)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await self._followers.close()
         self._changed.set()

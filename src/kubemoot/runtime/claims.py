@@ -1,29 +1,38 @@
-"""Claim first, then release: taking memory that idle models hold.
+"""Claiming a priced option: a VRAM ticket by compare-and-set, then any unloads.
 
-The ticket is claimed *before* anything is unloaded and names its victims
-(``evicts``), so the budget can count their memory as credit exactly once across all
-planners. Inside the compare-and-set the claim is refused when a victim picked up a
-ticket of its own in the meantime (someone started using it) or is no longer
-resident. Only after the claim holds are the victims unloaded through the provider
-client and their residency entries dropped from the provider-state document.
+:class:`Claims` turns an :class:`~kubemoot.runtime.cost.Option` of a
+:class:`~kubemoot.runtime.options.Round` into a ticket through the
+:class:`~kubemoot.runtime.tickets.TicketManager`. Every claim carries a check that
+re-judges the option inside the compare-and-set, against the documents being updated,
+so an option that went away between pricing and claiming is refused (``None``), never
+overcommitted: a copy must still be there, usable, and (unless the call queues) have
+a free slot; a cold load's provider must still be ready with a context that holds the
+prompt (the memory itself is the budget's to judge).
+
+Claim first, then release. An unload plan's ticket is claimed *before* anything is
+unloaded and names its victims (``evicts``), so the budget counts their memory as
+credit exactly once across all planners. Inside the compare-and-set the claim is
+refused when a victim picked up a ticket of its own in the meantime (someone started
+using it) or is no longer resident. Only after the claim holds are the victims
+unloaded through the provider client and their residency entries dropped from the
+provider-state document; an unload that fails releases the ticket and counts against
+the provider's circuit.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from kubemoot import metrics
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime import faults, filters
 from kubemoot.runtime.cost import Option, OptionKind
-from kubemoot.runtime.selector import (
-    Claim,
-    ClaimCheck,
-    ProviderSelector,
-    Round,
-    fresh_provider,
-)
+from kubemoot.runtime.options import Round
+from kubemoot.runtime.snapshot import ProviderSnapshot
+from kubemoot.runtime.tickets import Check, ClaimConflict, ClaimRejected, TicketManager
+from kubemoot.runtime.view import ProviderView
 from kubemoot.store.documents import ProviderState, Ticket, TicketState
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import Bucket, RevisionMismatch
@@ -33,69 +42,144 @@ log = logging.getLogger(__name__)
 _RESIDENCY_ATTEMPTS = 5
 
 
-class EvictionFailed(Exception):
-    """A victim could not be unloaded; the claim was released and the call re-plans."""
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A ticket held on a provider for an option."""
+
+    option: Option
+    ticket: Ticket
+    endpoint: str
+    context_length: int | None
 
 
-def victims_idle_check(option: Option, prompt_tokens: int | None) -> ClaimCheck:
-    """Inside the CAS: every victim still resident and without a ticket of its own."""
+class Claims:
+    """Claims options for this process's calls and keeps its provider view in step."""
 
-    def check(state: ProviderState | None, tickets: list[Ticket], now: float) -> bool:
-        if state is None:
+    def __init__(
+        self,
+        view: ProviderView,
+        tickets: TicketManager,
+        *,
+        states: Bucket,
+        clients: Mapping[str, ProviderClient],
+    ) -> None:
+        self.view = view
+        self.tickets = tickets
+        self._states = states
+        self._clients = clients
+
+    async def claim(
+        self, rnd: Round, option: Option, holder_id: str, *, state: TicketState
+    ) -> Claim | None:
+        """Claim ``option``; ``None`` when it went away (the caller prices again).
+
+        A load (cold, or after unloads) starts its ticket ``loading`` unless it is held.
+        """
+        p = rnd.provider_of(option)
+        if option.kind in (OptionKind.COLD_LOAD, OptionKind.UNLOAD) and (
+            state is TicketState.RUNNING
+        ):
+            state = TicketState.LOADING
+        ticket = await self.claim_ticket(
+            option, holder_id, state=state, check=_check_for(rnd, option),
+            provider_state=p.state,
+        )
+        if ticket is None:
+            return None
+        if option.victims and not await self._unload_victims(option, ticket):
+            return None
+        return Claim(option, ticket, p.state.endpoint, p.context_for(option.model))
+
+    async def claim_ticket(
+        self,
+        option: Option,
+        holder_id: str,
+        *,
+        state: TicketState,
+        check: Check,
+        provider_state: ProviderState | None = None,
+    ) -> Ticket | None:
+        """The ticket of ``option`` (its footprint and victims), or ``None`` if refused.
+
+        ``provider_state`` is the round's copy, so the claim need not read it again.
+        """
+        try:
+            ticket = await self.tickets.claim(
+                option.provider, option.model, option.footprint_mib, holder_id,
+                state=state, evicts=dict(option.evicts) or None, check=check,
+                provider_state=provider_state,
+            )
+        except (ClaimRejected, ClaimConflict):
+            self.view.invalidate(option.provider)  # the state moved: read it again
+            return None
+        self.view.note_claimed(option.provider, ticket)
+        return ticket
+
+    async def _unload_victims(self, option: Option, ticket: Ticket) -> bool:
+        """Unload the claimed plan's victims; False (ticket released) when one fails."""
+        client = self._clients.get(option.provider)
+        try:
+            for victim in option.victims:
+                if client is not None:
+                    await client.unload(victim)
+                await drop_residency(self._states, option.provider, victim)
+        except ProviderError as error:
+            await self.tickets.release(option.provider, ticket.ticket_id)
+            self.view.invalidate(option.provider)
+            log.warning("eviction on %s failed: %s", option.provider, error)
+            circuits = self.view.circuits
+            if circuits is not None:
+                circuits.record_failure(option.provider)
             return False
-        p = fresh_provider(state, tickets, now)
-        busy = {t.model for t in p.tickets}
-        if any(v in busy or not p.is_resident(v) for v in option.victims):
+        self.view.invalidate(option.provider)
+        metrics.EVICTIONS.labels(provider=option.provider).inc(len(option.victims))
+        log.info("unloaded %s from %s for %s", ", ".join(option.victims), option.provider,
+                 option.model)
+        return True
+
+
+# -- the checks made inside the compare-and-set ------------------------------------
+
+
+def _check_for(rnd: Round, option: Option) -> Check:
+    if option.kind is OptionKind.UNLOAD:
+        return victims_idle_check(option, rnd.prompt_tokens)
+    if option.kind is OptionKind.COLD_LOAD:
+        return _cold_check(option.model, rnd.prompt_tokens)
+    return _copy_check(option, rnd.prompt_tokens, free_slot=option.kind is not OptionKind.QUEUE,
+                       ahead=rnd.ahead_of(option.provider, option.model))
+
+
+def _copy_check(option: Option, prompt_tokens: int | None, *, free_slot: bool,
+                ahead: int) -> Check:
+    def check(p: ProviderSnapshot) -> bool:
+        if not p.has_copy(option.model):
             return False
-        gates = [filters.ready_gate(p), filters.context_gate(p, option.model, prompt_tokens)]
-        return filters.feasible(gates)
+        if not filters.feasible(filters.warm_gates(p, option.model, prompt_tokens)):
+            return False
+        return not free_slot or p.has_free_slot(option.model, ahead=ahead)
 
     return check
 
 
-async def claim_with_evictions(
-    selector: ProviderSelector,
-    rnd: Round,
-    option: Option,
-    holder_id: str,
-    *,
-    states: Bucket,
-    clients: Mapping[str, ProviderClient],
-    state: TicketState = TicketState.LOADING,
-) -> Claim | None:
-    """Claim ``option`` (an unload plan), then unload its victims.
+def _cold_check(model: str, prompt_tokens: int | None) -> Check:
+    def check(p: ProviderSnapshot) -> bool:
+        gates = [filters.ready_gate(p), filters.context_gate(p, model, prompt_tokens)]
+        return filters.feasible(gates)  # the memory itself is the budget's to judge
 
-    Returns ``None`` when the claim was refused (the caller re-plans). Raises
-    :class:`EvictionFailed` when an unload failed; the ticket is released first.
-    """
-    if option.kind is not OptionKind.UNLOAD:
-        raise ValueError(f"not an unload plan: {option.kind}")
-    if state is TicketState.RUNNING:
-        state = TicketState.LOADING
-    provider = rnd.fleet.provider(option.provider)
-    assert provider is not None  # the option was made from this round
-    ticket = await selector.claim_ticket(
-        option, holder_id, state=state,
-        check=victims_idle_check(option, rnd.prompt_tokens), evicts=option.evicts,
-        provider_state=provider.state,
-    )
-    if ticket is None:
-        return None
-    client = clients.get(option.provider)
-    try:
-        for victim in option.victims:
-            if client is not None:
-                await client.unload(victim)
-            await drop_residency(states, option.provider, victim)
-    except ProviderError as error:
-        await selector.tickets.release(option.provider, ticket.ticket_id)
-        selector.view.invalidate(option.provider)
-        raise EvictionFailed(str(error)) from error
-    selector.view.invalidate(option.provider)
-    metrics.EVICTIONS.labels(provider=option.provider).inc(len(option.victims))
-    log.info("unloaded %s from %s for %s", ", ".join(option.victims), option.provider,
-             option.model)
-    return Claim(option, ticket, provider.state.endpoint, provider.context_for(option.model))
+    return check
+
+
+def victims_idle_check(option: Option, prompt_tokens: int | None) -> Check:
+    """Inside the CAS: every victim still resident and without a ticket of its own."""
+
+    def check(p: ProviderSnapshot) -> bool:
+        busy = {t.model for t in p.tickets}
+        if any(v in busy or not p.is_resident(v) for v in option.victims):
+            return False
+        return _cold_check(option.model, prompt_tokens)(p)
+
+    return check
 
 
 async def drop_residency(states: Bucket, provider: str, model: str) -> bool:

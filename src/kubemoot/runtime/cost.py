@@ -127,22 +127,13 @@ class CostModel:
         *,
         settings: RuntimeSettings,
         occupancy: OccupancyBook,
-        need: DemandSnapshot,
+        demand: DemandSnapshot,
     ) -> None:
         self.fleet = fleet
         self.settings = settings
         self._occupancy = occupancy
-        self._need = need
-
-    # -- per provider ----------------------------------------------------------------
-
-    @staticmethod
-    def resident(p: ProviderSnapshot) -> int:
-        """Resident footprints plus the footprints of copies tickets are still loading."""
-        return p.resident_total + p.loading_mib
-
-    def free(self, p: ProviderSnapshot) -> int | None:
-        return p.free_mib
+        #: The demand this round is priced with (victims' reloads, queues' company).
+        self.demand = demand
 
     # -- per model -------------------------------------------------------------------
 
@@ -158,14 +149,6 @@ class CostModel:
         """The cheapest unload plan for the model can cost (:func:`unload_floor_seconds`)."""
         occupancy = self.occupancy(model)
         return None if occupancy is None else unload_floor_seconds(occupancy, self.settings)
-
-    @property
-    def needs(self) -> DemandSnapshot:
-        """The demand this round was priced with."""
-        return self._need
-
-    def demand(self, model: str) -> float:
-        return self._need.of(model).demand
 
     # -- per (provider, model) -------------------------------------------------------
 
@@ -192,10 +175,6 @@ class CostModel:
         ends = self.load_ends_at(p, model)
         return 0.0 if ends is None else max(0.0, ends - self.fleet.now)
 
-    def has_free_slot(self, p: ProviderSnapshot, model: str, *, ahead: int = 0) -> bool:
-        """A slot is free for this call once ``ahead`` earlier calls have taken theirs."""
-        return len(p.calls_on(model)) + ahead < p.slots
-
     def queue(self, p: ProviderSnapshot, model: str, *, ahead: int = 0) -> float:
         """Wait for a slot on the provider's copy, counted from when the copy is ready.
 
@@ -204,7 +183,7 @@ class CostModel:
         An in-flight call ends one latency after it starts; it starts when it was
         claimed or when the copy became ready, whichever is later.
         """
-        in_flight = len(p.calls_on(model))
+        in_flight = len(p.in_flight(model))
         slots = p.slots
         backlog = in_flight + ahead
         if backlog < slots:
@@ -231,7 +210,7 @@ class CostModel:
         """Use the warm or loading copy of ``model`` on ``p`` (behind ``ahead`` waiters)."""
         queue = self.queue(p, model, ahead=ahead)
         remaining = self.remaining(p, model)
-        if queue > 0 or not self.has_free_slot(p, model, ahead=ahead):
+        if queue > 0 or not p.has_free_slot(model, ahead=ahead):
             kind = OptionKind.QUEUE
         elif p.is_resident(model):
             kind = OptionKind.WARM
@@ -252,15 +231,14 @@ class CostModel:
         weight = self.settings.queue_demand_weight
         if option.kind is not OptionKind.QUEUE or option.seconds <= 0 or weight <= 0:
             return option
-        n = self._need.of(option.model)
-        others = n.demand_besides_one_waiter
+        others = self.demand.of(option.model).demand_besides_one_waiter
         if others <= 0:
             return option
         return replace(option, seconds=option.seconds * (1.0 + weight * others))
 
     def cold_option(self, p: ProviderSnapshot, model: str, occupancy: int) -> Option:
         """Load ``model`` onto free room on ``p`` (the caller checked it fits)."""
-        free = self.free(p) or 0
+        free = p.free_mib or 0
         free_after_gib = (free - occupancy) / MIB_PER_GIB
         seconds = load_seconds(occupancy, self.settings)
         seconds += BEST_FIT_SECONDS_PER_GIB * free_after_gib
@@ -276,7 +254,7 @@ class CostModel:
             # An unloaded model reloads from disk at the same rate as any load.
             size = self.occupancy(victim) or residents[victim]
             reload = load_seconds(size, self.settings)
-            seconds += self.settings.unload_seconds + reload * self.demand(victim)
+            seconds += self.settings.unload_seconds + reload * self.demand.demand(victim)
         return Option(
             OptionKind.UNLOAD,
             p.name,

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot, ModelDemand
 from kubemoot.store.documents import DemandEntry, SelectionEntry
 from kubemoot.store.keys import decode_token, join_key
@@ -49,21 +49,15 @@ class DemandBoard:
     """Reads and writes the demand bucket for one process."""
 
     def __init__(
-        self,
-        bucket: Bucket,
-        *,
-        clock: Clock,
-        wait_ttl_seconds: float = DEFAULTS.demand_wait_ttl_seconds,
-        intent_ttl_seconds: float = DEFAULTS.demand_intent_ttl_seconds,
-        use_window_seconds: float = DEFAULTS.demand_use_window_seconds,
-        selection_ttl_seconds: float = DEFAULTS.selection_window_seconds,
+        self, bucket: Bucket, *, clock: Clock, settings: RuntimeSettings = DEFAULTS
     ) -> None:
         self._bucket = bucket
         self._clock = clock
-        self.wait_ttl_seconds = wait_ttl_seconds
-        self.intent_ttl_seconds = intent_ttl_seconds
-        self.use_window_seconds = use_window_seconds
-        self.selection_ttl_seconds = selection_ttl_seconds
+        # How long each kind of entry lives, and how fast recent use decays.
+        self.wait_ttl_seconds = settings.demand_wait_ttl_seconds
+        self.intent_ttl_seconds = settings.demand_intent_ttl_seconds
+        self.use_window_seconds = settings.demand_use_window_seconds
+        self.selection_ttl_seconds = settings.selection_window_seconds
 
     # -- writers ---------------------------------------------------------------------
 

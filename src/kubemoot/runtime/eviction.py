@@ -31,17 +31,17 @@ def idle_residents(p: ProviderSnapshot, *, exclude: str | None = None) -> dict[s
     }
 
 
-def need_key(model: str, need: ModelDemand) -> tuple[int, int, float, float, str]:
-    """Least needed sorts first; a model never used counts as least recently used."""
-    last = need.last_used_at if need.last_used_at is not None else float("-inf")
-    return (need.waiters, need.intents, need.recent_use + need.prediction, last, model)
+def demand_key(model: str, wanted: ModelDemand) -> tuple[int, int, float, float, str]:
+    """Least wanted sorts first; a model never used counts as least recently used."""
+    last = wanted.last_used_at if wanted.last_used_at is not None else float("-inf")
+    return (wanted.waiters, wanted.intents, wanted.recent_use + wanted.prediction, last, model)
 
 
 class EvictionPlanner:
     """Picks victims on one provider."""
 
-    def __init__(self, need: DemandSnapshot) -> None:
-        self._need = need
+    def __init__(self, demand: DemandSnapshot) -> None:
+        self._demand = demand
 
     def choose_victims(
         self, candidates: Mapping[str, int], needed_mib: int
@@ -52,8 +52,8 @@ class EvictionPlanner:
         """
         if needed_mib <= 0:
             return ()
-        keys = {m: need_key(m, self._need.of(m)) for m in candidates}
-        unwaited = {m: mib for m, mib in candidates.items() if self._need.of(m).waiters == 0}
+        keys = {m: demand_key(m, self._demand.of(m)) for m in candidates}
+        unwaited = {m: mib for m, mib in candidates.items() if self._demand.of(m).waiters == 0}
         for pool in (unwaited, dict(candidates)):
             chosen = self._fewest_least_needed(pool, needed_mib, keys)
             if chosen is not None:

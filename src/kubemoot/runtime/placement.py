@@ -21,7 +21,7 @@ class Action(StrEnum):
     QUEUE = "queue"  # the cheapest option is to wait for a slot on a warm copy
     WAIT = "wait"  # no option now: wait for capacity (reason gpu-busy)
     REFUSE = "refuse"  # waiting cannot help (model-too-large, prompt-too-large)
-    STATIC = "static"  # no shared state and no prober: the static endpoint
+    STATIC = "static"  # the agent's static endpoint: no shared state, or it cannot wait
 
 
 CLAIMING_ACTIONS = frozenset({Action.WARM, Action.LOADING, Action.COLD_LOAD, Action.UNLOAD})

@@ -14,27 +14,33 @@ free room, and unload plans for it. Ties: warm, then cold, then unload; then pro
 name. A queue decision claims nothing: the caller waits for the next capacity change
 and places again, so a better option that appears meanwhile wins. With no option at
 all the refusal is classified (busy, model too large, prompt too large).
+
+Each step prices with :mod:`kubemoot.runtime.options` (pure) and claims the pick with
+:class:`kubemoot.runtime.claims.Claims`; a claim the state no longer allows falls to
+the next choice, and a round whose final pick is refused is priced again afresh.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from kubemoot import metrics
 from kubemoot.gates.results import Outcome
 from kubemoot.providers.protocol import ProviderClient
-from kubemoot.runtime import faults
-from kubemoot.runtime.claims import EvictionFailed, claim_with_evictions
-from kubemoot.runtime.cost import CostModel, Option, OptionKind
+from kubemoot.runtime import faults, options
+from kubemoot.runtime.claims import Claim, Claims
+from kubemoot.runtime.cost import Option, OptionKind
 from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.occupancy import OccupancyBook
+from kubemoot.runtime.options import Round
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.record import build_record
 from kubemoot.runtime.refusals import Reason, classify
-from kubemoot.runtime.selector import Claim, ProviderSelector, Round
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot
 from kubemoot.runtime.tickets import TicketManager
@@ -59,26 +65,13 @@ class DemandSource(Protocol):
     async def snapshot(self) -> DemandSnapshot: ...
 
 
-def _second_copy_pays(cost: CostModel, loading: Option, options: Sequence[Option]) -> bool:
-    """Whether other calls' expected waits pay for another copy of the model loading.
-
-    Step 3 keeps a call from loading a *second model* while a candidate is on its way,
-    and a call alone always converges on the coming copy. When other calls want the
-    same model too (:meth:`CostModel.priced_queue` raises the queue's price) and the one
-    comparison then loads another copy of that very model, the comparison decides.
-    """
-    best = options[0] if options else None
-    return (best is not None and best.model == loading.model
-            and best.kind in (OptionKind.COLD_LOAD, OptionKind.UNLOAD)
-            and cost.priced_queue(loading).seconds > loading.seconds)
-
-
 class CallPlanner:
     """Places calls; one instance per process, shared by all its agents."""
 
     def __init__(
         self,
-        selector: ProviderSelector,
+        view: ProviderView,
+        tickets: TicketManager,
         *,
         states: Bucket,
         settings: RuntimeSettings | None = None,
@@ -87,18 +80,17 @@ class CallPlanner:
         clients: Mapping[str, ProviderClient] | None = None,
         max_rounds: int = 4,
     ) -> None:
-        self.selector = selector
-        self.view: ProviderView = selector.view  # the fleet this planner reads
-        self.tickets: TicketManager = selector.tickets  # where its claims go
+        self.view = view  # the fleet this planner reads
+        self.tickets = tickets  # where its claims go
         self.settings = settings or RuntimeSettings()
         self.occupancy = occupancy or OccupancyBook(settings=self.settings)
-        self._states = states
         self._demand = demand
         # ``is None``, not ``or``: an empty live mapping (a directory filled later) is kept.
         self.clients: Mapping[str, ProviderClient] = clients if clients is not None else {}
+        self.claims = Claims(view, tickets, states=states, clients=self.clients)
         self._max_rounds = max_rounds
-        self._need: DemandSnapshot | None = None
-        self._need_read_at = float("-inf")
+        self._demand_seen: DemandSnapshot | None = None
+        self._demand_read_at = float("-inf")
 
     def invalidate(self) -> None:
         """Forget cached provider state (after a capacity change another process made).
@@ -113,15 +105,16 @@ class CallPlanner:
     async def _demand_view(self) -> DemandSnapshot:
         # Demand changes slowly and only orders victims, so it shares the state cache window.
         now = self.view.clock.now()
-        if self._need is None or now - self._need_read_at >= self.settings.demand_cache_seconds:
-            need = DemandSnapshot()
+        seen = self._demand_seen
+        if seen is None or now - self._demand_read_at >= self.settings.demand_cache_seconds:
+            seen = DemandSnapshot()
             if self._demand is not None:
                 try:
-                    need = await self._demand.snapshot()
+                    seen = await self._demand.snapshot()
                 except StoreError as error:  # demand only orders victims; go on without it
                     faults.noted("demand", faults.STORE, "demand board unreadable", error)
-            self._need, self._need_read_at = need, now
-        return self._need
+            self._demand_seen, self._demand_read_at = seen, now
+        return seen
 
     def in_tolerance(self, candidates: Sequence[Candidate]) -> list[Candidate]:
         """The preferred model, then the others within tolerance, highest score first."""
@@ -131,10 +124,11 @@ class CallPlanner:
         return [preferred, *sorted(close, key=lambda c: -c.score)]
 
     async def new_round(self, prompt_tokens: int | None) -> Round:
+        """A round over the fleet and the demand as they are now."""
         fleet = await self.view.snapshot()
-        need = await self._demand_view()
-        cost = CostModel(fleet, settings=self.settings, occupancy=self.occupancy, need=need)
-        return Round(fleet=fleet, cost=cost, prompt_tokens=prompt_tokens)
+        demand = await self._demand_view()
+        return Round.of(fleet, demand, settings=self.settings, occupancy=self.occupancy,
+                        prompt_tokens=prompt_tokens)
 
     async def place(
         self,
@@ -181,12 +175,7 @@ class CallPlanner:
         models = [c.model for c in acceptable]
         for _ in range(self._max_rounds):
             rnd = await self.new_round(prompt_tokens)
-            if not len(rnd.fleet.index) and self.view.static_endpoint is not None:
-                return Placement(
-                    Action.STATIC, endpoint=self.view.static_endpoint, model=models[0],
-                    reason="no provider state and no prober",
-                )
-            self.selector.spread(rnd, models, ahead)
+            options.spread(rnd, models, ahead)
             placement = await self._place_round(rnd, models, holder_id, ticket_state, explain)
             if placement is not None and not await self.admit(placement):
                 continue  # a half-open provider's one trial went to another call
@@ -194,94 +183,92 @@ class CallPlanner:
                 return placement
         # Every round lost its claim to a concurrent change: treat it as busy.
         rnd = await self.new_round(prompt_tokens)
-        self.selector.spread(rnd, models, ahead)
-        return self._unplaced(rnd, models, self._options(rnd, models, explain=True),
+        options.spread(rnd, models, ahead)
+        return self._unplaced(rnd, models, options.comparison(rnd, models, explain=True),
                               Reason.GPU_BUSY)
 
     async def _place_round(
         self, rnd: Round, models: list[str], holder_id: str, state: TicketState, explain: bool
     ) -> Placement | None:
-        preferred = models[0]
-        options = self._options(rnd, models, explain=True) if explain else []
-        claim = await self.selector.pick_and_claim_warm(rnd, preferred, holder_id, state=state)
-        for model in models[1:]:
+        """Price, pick, claim: the cheap cases in DESIGN §5's order, then the comparison."""
+        priced = options.comparison(rnd, models, explain=True) if explain else []
+        cheap_cases = itertools.chain(  # priced one model at a time, only while unclaimed
+            (options.warm_options(rnd, m) for m in models),  # steps 1 and 2
+            (options.joinable_loading(rnd, m) for m in models),  # step 3, a free slot
+        )
+        for choices in cheap_cases:
+            claim = await self._first_claim(rnd, choices, holder_id, state)
             if claim is not None:
-                break
-            claim = await self.selector.pick_and_claim_warm(rnd, model, holder_id, state=state)
-        for model in models:
-            if claim is not None:
-                break
-            claim = await self.selector.pick_and_claim_loading(rnd, model, holder_id, state=state)
-        if claim is not None:
-            return self._placed(rnd, claim, options or [claim.option],
-                                "a warm or loading copy had room")
-        loading = self.selector.loading_queue(rnd, models)
+                return self._placed(rnd, claim, priced or [claim.option],
+                                    "a warm or loading copy had room")
+        loading = options.loading_queue(rnd, models)
         if not explain:
-            options = self._options(rnd, models, explain=False)
-        if loading is not None and not _second_copy_pays(rnd.cost, loading, options):
+            priced = options.comparison(rnd, models, explain=False)
+        if loading is not None and not options.second_copy_pays(rnd.cost, loading, priced):
             # Step 3 without a free slot: wait for the copy that is already coming
             # rather than load a second model (DESIGN §5).
-            return self._queued(rnd, loading, [loading, *(o for o in options if o != loading)],
+            return self._queued(rnd, loading, [loading, *(o for o in priced if o != loading)],
                                 why="converging on the copy another call is loading")
-        if not options:
+        if not priced:
             reason = classify(
-                rnd.fleet, rnd.cost, preferred=preferred, acceptable=models,
+                rnd.fleet, rnd.cost, preferred=models[0], acceptable=models,
                 prompt_tokens=rnd.prompt_tokens,
             )
-            return self._unplaced(rnd, models, options, reason)
-        best = options[0]
+            return self._unplaced(rnd, models, priced, reason)
+        best = priced[0]
         if best.kind is OptionKind.QUEUE:
-            return self._queued(rnd, best, options)
-        if best.kind is OptionKind.UNLOAD:
-            try:
-                claim = await claim_with_evictions(
-                    self.selector, rnd, best, holder_id, states=self._states,
-                    clients=self.clients,
-                    state=TicketState.HELD if state is TicketState.HELD else TicketState.LOADING,
-                )
-            except EvictionFailed as error:
-                log.warning("eviction on %s failed: %s", best.provider, error)
-                circuits = self.view.circuits
-                if circuits is not None:
-                    circuits.record_failure(best.provider)
-                return None
-        else:
-            claim = await self.selector.claim(rnd, best, holder_id, state=state)
+            return self._queued(rnd, best, priced)
+        claim = await self.claims.claim(rnd, best, holder_id, state=state)
         if claim is None:
             return None  # the state moved under us: decide again on fresh state
-        return self._placed(rnd, claim, options, f"cheapest option: {best.kind.value}")
+        return self._placed(rnd, claim, priced, f"cheapest option: {best.kind.value}")
 
-    def _options(self, rnd: Round, models: list[str], *, explain: bool) -> list[Option]:
-        """Every option of the one comparison, cheapest first.
+    async def _first_claim(
+        self, rnd: Round, choices: list[Option], holder_id: str, state: TicketState
+    ) -> Claim | None:
+        """The first of ``choices`` (cheapest first) that can still be claimed."""
+        for option in choices:
+            claim = await self.claims.claim(rnd, option, holder_id, state=state)
+            if claim is not None:
+                return claim
+        return None
 
-        Without ``explain`` only options that can win are priced: a few tightest cold
-        fits (all cold loads of a model cost the same load time), and unload plans only
-        when nothing cheaper than their floor — load(M) plus one unload — was found.
+    async def take_queue(
+        self, placement: Placement, holder_id: str, *, prompt_tokens: int | None
+    ) -> Placement:
+        """Hold a ticket on the copy a *queue* decision named, as a call in its line.
+
+        Sharing a copy spends no memory; the ticket makes the copy count as busy (never
+        an eviction victim) while the call waits there. Returns ``placement`` unchanged
+        when the copy (or its provider) went away meanwhile, or a half-open circuit's one
+        trial is taken.
         """
-        preferred = models[0]
-        limit = None if explain else self.settings.copy_shortlist
-        options = [
-            rnd.cost.priced_queue(o) for m in models
-            for o in self.selector.copy_options(rnd, m, free_slot=False, limit=limit)
-        ]
-        options += self.selector.cold_options(rnd, preferred, limit=limit)
-        floor = rnd.cost.unload_floor(preferred)
-        cheapest = min((o.seconds for o in options), default=None)
-        if explain or cheapest is None or floor is None or cheapest > floor:
-            options += self.selector.plan_eviction(rnd, preferred)
-        return sorted(options, key=lambda o: o.sort_key(models))
+        option = placement.options[0] if placement.options else None
+        if option is None:
+            return placement
+        rnd = await self.new_round(prompt_tokens)
+        if rnd.fleet.provider(option.provider) is None:
+            return placement  # its provider left the fleet meanwhile
+        claim = await self.claims.claim(rnd, option, holder_id, state=TicketState.RUNNING)
+        if claim is None:
+            return placement
+        claimed = replace(placement, ticket=claim.ticket, endpoint=claim.endpoint,
+                          context_length=claim.context_length)
+        if not await self.admit(claimed):
+            return placement
+        return claimed
 
     def _placed(
-        self, rnd: Round, claim: Claim, options: list[Option], why: str
+        self, rnd: Round, claim: Claim, priced: list[Option], why: str
     ) -> Placement:
         option = claim.option
         chosen = next(
-            (o for o in options if (o.provider, o.model, o.kind) ==
+            (o for o in priced if (o.provider, o.model, o.kind) ==
              (option.provider, option.model, option.kind)),
             option,
         )
         record = build_record(
-            subject=f"call:{option.model}", gates=rnd.gates, options=options, chosen=chosen,
+            subject=f"call:{option.model}", gates=rnd.gates, options=priced, chosen=chosen,
             outcome=Outcome.PLACE, reason=f"{why}; {option.provider} for {option.model} "
             f"at {option.seconds:.3f} s",
         )
@@ -292,18 +279,18 @@ class CallPlanner:
             model=option.model,
             ticket=claim.ticket,
             evicted=option.victims,
-            options=tuple(options),
+            options=tuple(priced),
             decision=record,
             context_length=claim.context_length,
         )
 
     def _queued(
-        self, rnd: Round, best: Option, options: list[Option],
+        self, rnd: Round, best: Option, priced: list[Option],
         why: str = "the cheapest option",
     ) -> Placement:
         p = rnd.fleet.provider(best.provider)
         record = build_record(
-            subject=f"call:{best.model}", gates=rnd.gates, options=options, chosen=best,
+            subject=f"call:{best.model}", gates=rnd.gates, options=priced, chosen=best,
             outcome=Outcome.DEFER,
             reason=f"queueing for a slot on {best.provider} ({best.seconds:.3f} s) is {why}; "
             "the call waits for the next capacity change and places again",
@@ -313,22 +300,22 @@ class CallPlanner:
             provider=best.provider,
             endpoint=p.state.endpoint if p is not None else None,
             model=best.model,
-            options=tuple(options),
+            options=tuple(priced),
             decision=record,
             context_length=p.context_for(best.model) if p is not None else None,
         )
 
     def _unplaced(
-        self, rnd: Round, models: list[str], options: list[Option], reason: Reason
+        self, rnd: Round, models: list[str], priced: list[Option], reason: Reason
     ) -> Placement:
         action = Action.REFUSE if reason.final else Action.WAIT
         outcome = Outcome.UNSCHEDULABLE if reason.final else Outcome.DEFER
         record = build_record(
-            subject=f"call:{models[0]}", gates=rnd.gates, options=options, chosen=None,
+            subject=f"call:{models[0]}", gates=rnd.gates, options=priced, chosen=None,
             outcome=outcome, reason=_REASON_TEXT[reason].format(model=models[0]),
         )
         return Placement(
-            action, reason=reason.value, options=tuple(options), decision=record
+            action, reason=reason.value, options=tuple(priced), decision=record
         )
 
     async def admit(self, placement: Placement) -> bool:

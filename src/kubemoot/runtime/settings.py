@@ -181,8 +181,9 @@ class GatewaySettings:
     #: Where the gateway listens: loopback, one port above Ollama's 11434.
     listen: str = "127.0.0.1:11435"
     #: How long a busy call waits for a GPU when the client sets no
-    #: ``X-Kubemoot-Wait-Budget``; a client may ask for up to ``max_wait_budget_seconds``.
-    wait_limit_seconds: float = 90.0
+    #: ``X-Kubemoot-Wait-Budget`` (the agents' limit); a client may ask for up to
+    #: ``max_wait_budget_seconds``.
+    wait_limit_seconds: float = DEFAULTS.gpu_wait_limit_seconds
     max_wait_budget_seconds: float = 600.0
     #: The longest ``keep_alive`` a client may ask for (the scheduler decides eviction).
     max_keep_alive_seconds: float = 1800.0

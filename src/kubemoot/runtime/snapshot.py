@@ -11,19 +11,39 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from kubemoot.runtime.budget import usable_mib
 from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.store.documents import ProviderState, Ticket, TicketState
 
 
 @dataclass(frozen=True, slots=True)
 class ProviderSnapshot:
-    """One provider: its published state, its live tickets, its latency and circuit."""
+    """One provider: its published state, its live tickets, its latency and circuit.
+
+    This is the one home of a provider's memory arithmetic (DESIGN §5)::
+
+        usable   = totalVram − reserve
+        resident = Σ footprints the engine reports loaded
+        loading  = Σ footprints of tickets whose model is not resident yet
+        free     = usable − resident − loading
+
+    The pricing reads it from the view's snapshots, the ticket budget from a snapshot
+    of the documents a claim is deciding on (:meth:`of_documents`), so both agree.
+    """
 
     state: ProviderState
     tickets: tuple[Ticket, ...] = ()  # active (unexpired) at the snapshot's time
     latency_seconds: float = DEFAULTS.default_latency_seconds
     circuit_open: bool = False
+    #: Σ footprints of the resident models, in MiB (derived).
+    resident_total: int = field(default=0, init=False, compare=False)
+    #: Σ footprints of tickets whose model is not resident yet: copies still loading.
+    loading_mib: int = field(default=0, init=False, compare=False)
+    #: ``totalVram − reserve``; ``None`` when the total is unknown.
+    usable_mib: int | None = field(default=None, init=False, compare=False)
+    #: ``usable − resident − loading``; ``None`` when the total is unknown.
+    free_mib: int | None = field(default=None, init=False, compare=False)
+    #: Calls the provider serves at once per model (at least one).
+    slots: int = field(default=1, init=False, compare=False)
     # Derived once: a placement asks these questions for every provider and model.
     _residents: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     _tickets_by_model: dict[str, list[Ticket]] = field(
@@ -37,8 +57,6 @@ class ProviderSnapshot:
     _first_call: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
     _load_started: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
     _load_mib: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
-    _resident_total: int = field(default=0, repr=False, compare=False)
-    _loading_mib: int = field(default=0, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         residents: dict[str, int] = {}
@@ -54,29 +72,44 @@ class ProviderSnapshot:
         loading_mib = sum(
             t.model_footprint_mib for t in self.tickets if t.model not in residents
         )
-        object.__setattr__(self, "_residents", residents)
-        object.__setattr__(self, "_tickets_by_model", by_model)
+        resident_total = sum(residents.values())
+        total = self.state.total_vram_mib
+        usable = None if total is None else total - self.state.reserve_mib
+        derived: dict[str, object] = {
+            "_residents": residents,
+            "_tickets_by_model": by_model,
+            "resident_total": resident_total,
+            "loading_mib": loading_mib,
+            "usable_mib": usable,
+            "free_mib": None if usable is None else usable - resident_total - loading_mib,
+            "slots": max(1, self.state.max_parallel),
+        }
         in_flight = {
             m: calls for m, ts in by_model.items()
             if (calls := tuple(t for t in ts if t.state is not TicketState.HELD))
         }
-        object.__setattr__(self, "_in_flight", in_flight)
-        object.__setattr__(self, "_first_call", {
+        derived["_in_flight"] = in_flight
+        derived["_first_call"] = {
             m: min(t.started_at for t in calls) for m, calls in in_flight.items()
-        })
-        object.__setattr__(self, "_load_started", {
-            m: ts[0].started_at for m, ts in loaders.items()
-        })
-        object.__setattr__(self, "_load_mib", {
+        }
+        derived["_load_started"] = {m: ts[0].started_at for m, ts in loaders.items()}
+        derived["_load_mib"] = {
             m: ts[0].model_footprint_mib for m, ts in loaders.items()
             if ts[0].model_footprint_mib > 0
-        })
-        object.__setattr__(
-            self, "_victims", frozenset(v for t in self.tickets for v in t.evicts)
-        )
-        object.__setattr__(self, "_copies", frozenset(residents) | frozenset(loaders))
-        object.__setattr__(self, "_resident_total", sum(residents.values()))
-        object.__setattr__(self, "_loading_mib", loading_mib)
+        }
+        derived["_victims"] = frozenset(v for t in self.tickets for v in t.evicts)
+        derived["_copies"] = frozenset(residents) | frozenset(loaders)
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def of_documents(
+        cls, state: ProviderState | None, tickets: Iterable[Ticket], now: float
+    ) -> ProviderSnapshot | None:
+        """The provider as a claim sees it: its documents, tickets active at ``now``."""
+        if state is None:
+            return None
+        return cls(state=state, tickets=tuple(t for t in tickets if t.expires_at > now))
 
     @property
     def name(self) -> str:
@@ -88,35 +121,37 @@ class ProviderSnapshot:
         return dict(self._residents)
 
     @property
-    def resident_total(self) -> int:
-        """Σ footprints of the resident models, in MiB."""
-        return self._resident_total
-
-    @property
-    def loading_mib(self) -> int:
-        """Σ footprints of tickets whose model is not resident yet (copies still loading)."""
-        return self._loading_mib
-
-    @property
-    def usable_mib(self) -> int | None:
-        """``totalVram − reserve``; ``None`` when the total is unknown."""
-        return usable_mib(self.state)
-
-    @property
-    def slots(self) -> int:
-        """Calls the provider serves at once per model (at least one)."""
-        return max(1, self.state.max_parallel)
-
-    @property
-    def free_mib(self) -> int | None:
-        """``usable − resident − loading``; ``None`` when the total is unknown."""
-        usable = self.usable_mib
-        return None if usable is None else usable - self._resident_total - self._loading_mib
-
-    @property
     def copies(self) -> frozenset[str]:
         """Models resident here or being loaded here by a ticket."""
         return self._copies
+
+    def credit_mib(self, victims: Iterable[str]) -> int:
+        """Memory the distinct ``victims`` free, counting only those still resident."""
+        residents = self._residents
+        return sum(residents[v] for v in set(victims) if v in residents)
+
+    def headroom_mib(self, evicts: Iterable[str] = ()) -> int | None:
+        """What a new ticket planning ``evicts`` may still spend; ``None``: total unknown.
+
+        ``free`` plus each distinct victim planned here (by a live ticket or by the new
+        one) once, while it is still resident: two plans that pick the same victim share
+        its memory, and a victim already unloaded shows up as lower residency instead.
+        """
+        free = self.free_mib
+        if free is None:
+            return None
+        return free + self.credit_mib(self._victims | set(evicts))
+
+    def ceiling_mib(self, evicts: Iterable[str] = ()) -> int | None:
+        """What a ticket planning ``evicts`` could ever get here, were every ticket gone."""
+        usable = self.usable_mib
+        if usable is None:
+            return None
+        return usable - self.resident_total + self.credit_mib(evicts)
+
+    def has_free_slot(self, model: str, *, ahead: int = 0) -> bool:
+        """A slot on the copy of ``model`` is free once ``ahead`` earlier calls took theirs."""
+        return len(self._in_flight.get(model, ())) + ahead < self.slots
 
     def is_resident(self, model: str) -> bool:
         return model in self._residents
@@ -125,12 +160,12 @@ class ProviderSnapshot:
         """Models some active ticket here plans to unload."""
         return self._victims
 
-    def in_flight(self, model: str) -> list[Ticket]:
+    def in_flight(self, model: str) -> tuple[Ticket, ...]:
         """Calls running (or waiting for their load) on this provider's copy of ``model``.
 
         A held plan is not a call yet, so it takes no slot.
         """
-        return list(self._in_flight.get(model, ()))
+        return self._in_flight.get(model, ())
 
     def first_call_started(self, model: str) -> float | None:
         """When the earliest call in flight on the copy of ``model`` was claimed."""
@@ -148,10 +183,6 @@ class ProviderSnapshot:
         loading ticket written by hand without one, for a model nothing else sizes).
         """
         return self._load_mib.get(model)
-
-    def calls_on(self, model: str) -> tuple[Ticket, ...]:
-        """:meth:`in_flight` without the copy (for the cost model's hot path)."""
-        return self._in_flight.get(model, ())
 
     def loading_tickets(self, model: str) -> list[Ticket]:
         """Tickets whose memory is a copy of ``model`` not yet reported resident."""
@@ -340,7 +371,14 @@ class FleetSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class ModelDemand:
-    """How much one model is wanted in the near future (DESIGN §5)."""
+    """How much one model is wanted in the near future (DESIGN §5).
+
+    ``waiters`` are agents waiting for capacity for it now, ``intents`` agents selected
+    for a thread that plan to call it. ``recent_use`` counts its recent calls, decayed
+    over the use window, and ``prediction`` is the selection forecast: the selection
+    frequencies of the agents that name it, summed. ``last_used_at`` only orders victims
+    that are otherwise equally wanted (the least recently used goes first).
+    """
 
     waiters: int = 0
     intents: int = 0

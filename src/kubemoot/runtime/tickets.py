@@ -2,7 +2,7 @@
 
 All tickets of one provider live in one document (``kubemoot_provider_tickets/<provider>``)
 so one compare-and-set covers the provider's whole budget. A claim reads the ticket
-document and the provider state, decides with :func:`~kubemoot.runtime.budget.budget_allows`,
+document and the provider state, decides with the budget of :mod:`kubemoot.runtime.budget`,
 and writes with the revision it read; a lost race re-reads and decides again.
 
 Round trips. The compare-and-set guards only the ticket document, so the claim need not
@@ -45,13 +45,15 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TypedDict, Unpack
 
 from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
-from kubemoot.runtime.budget import budget_allows, headroom_mib
+from kubemoot.runtime.budget import fits
 from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.runtime.snapshot import ProviderSnapshot
 from kubemoot.store.documents import (
     LineEntry,
     ProviderState,
@@ -72,6 +74,7 @@ from kubemoot.store.protocol import (
 __all__ = [
     "Check",
     "ClaimConflict",
+    "ClaimOptions",
     "ClaimRejected",
     "TicketGone",
     "TicketManager",
@@ -81,8 +84,21 @@ log = logging.getLogger(__name__)
 
 _RELEASE_PATIENCE = 16  # a release may lose this many times more races than a claim
 
-Check = Callable[[ProviderState | None, list[Ticket], float], bool]
-"""An extra condition a claim must meet against the same read (e.g. victims still idle)."""
+Check = Callable[[ProviderSnapshot], bool]
+"""An extra condition a claim must meet against the same read (e.g. victims still idle).
+
+It sees the provider as the claim is deciding on it (its state and active tickets); a
+claim on a provider without a state fails its check.
+"""
+
+
+class ClaimOptions(TypedDict, total=False):
+    """The optional arguments of :meth:`TicketManager.claim`, for callers that pass them on."""
+
+    state: TicketState
+    evicts: Mapping[str, int] | None
+    check: Check | None
+    provider_state: ProviderState | None
 
 
 class ClaimConflict(StoreError):
@@ -282,22 +298,11 @@ class TicketManager:
 
     @contextlib.asynccontextmanager
     async def claimed(
-        self,
-        provider: str,
-        model: str,
-        footprint_mib: int,
-        holder_id: str,
-        *,
-        state: TicketState = TicketState.RUNNING,
-        evicts: Mapping[str, int] | None = None,
-        check: Check | None = None,
-        provider_state: ProviderState | None = None,
+        self, provider: str, model: str, footprint_mib: int, holder_id: str,
+        **options: Unpack[ClaimOptions],
     ) -> AsyncIterator[Ticket]:
-        """Claim for the duration of a block; the ticket is released when it ends."""
-        ticket = await self.claim(
-            provider, model, footprint_mib, holder_id, state=state, evicts=evicts,
-            check=check, provider_state=provider_state,
-        )
+        """:meth:`claim` for the duration of a block; the ticket is released when it ends."""
+        ticket = await self.claim(provider, model, footprint_mib, holder_id, **options)
         try:
             yield ticket
         finally:
@@ -518,13 +523,12 @@ class TicketManager:
                     continue
                 if op.abandoned:
                     continue  # nobody is waiting for it any more
-                reason = self._refusal(state, tickets, line, now, op)
+                reason, line_changed = self._refusal(state, tickets, line, now, op)
                 if reason is not None:
                     results[id(op)] = ClaimRejected(
                         provider, op.ticket.model, op.ticket.model_footprint_mib, reason
                     )
-                    if reason is not _CHECK_FAILED:
-                        changed = self._keep_place(line, state, now, op.ticket) or changed
+                    changed = line_changed or changed
                     continue
                 tickets.append(op.ticket)
                 results[id(op)] = op.ticket
@@ -555,34 +559,45 @@ class TicketManager:
                 changed = True
         return tickets, line, changed, results
 
-    @staticmethod
     def _refusal(
+        self,
         state: ProviderState | None,
         tickets: list[Ticket],
         line: list[LineEntry],
         now: float,
         op: _Op,
-    ) -> str | None:
-        assert op.ticket is not None
-        footprint = op.ticket.model_footprint_mib
-        if not budget_allows(state, tickets, now, footprint_mib=footprint,
-                             evicts=op.ticket.evicts):
-            return _NO_ROOM
-        ahead = _reserved_ahead(state, tickets, line, now, op.ticket)
-        if ahead and not budget_allows(state, tickets, now, footprint_mib=footprint + ahead,
-                                       evicts=op.ticket.evicts):
-            return _LINE_AHEAD
-        if op.check is not None and not op.check(state, list(tickets), now):
-            return _CHECK_FAILED
-        return None
+    ) -> tuple[str | None, bool]:
+        """Why the claim cannot be granted (None: it can), and whether a refusal for
+        memory changed the line. The provider's headroom is counted once per claim."""
+        ticket = op.ticket
+        assert ticket is not None
+        footprint = ticket.model_footprint_mib
+        if footprint <= 0 and op.check is None:
+            return None, False  # spends nothing and asks nothing: nothing to judge
+        p = ProviderSnapshot.of_documents(state, tickets, now)
+        headroom = ceiling = None
+        if p is not None and footprint > 0:
+            headroom = p.headroom_mib(ticket.evicts)
+            ceiling = p.ceiling_mib(ticket.evicts)
+        reason = None
+        if not fits(footprint, headroom):
+            reason = _NO_ROOM
+        else:
+            ahead = _reserved_ahead(line, ticket, headroom, ceiling)
+            if ahead and not fits(footprint + ahead, headroom):
+                reason = _LINE_AHEAD
+        if reason is None:
+            if op.check is not None and (p is None or not op.check(p)):
+                return _CHECK_FAILED, False
+            return None, False
+        return reason, self._keep_place(line, now, ticket, ceiling)
 
     def _keep_place(
-        self, line: list[LineEntry], state: ProviderState | None, now: float, ticket: Ticket
+        self, line: list[LineEntry], now: float, ticket: Ticket, ceiling: int | None
     ) -> bool:
         """Put a claimer refused for memory in the line, or keep its place; changed?"""
         if ticket.model_footprint_mib <= 0:
             return False
-        ceiling = headroom_mib(state, [], now, evicts=ticket.evicts)
         if ceiling is None or ticket.model_footprint_mib > ceiling:
             return False  # it could never be served here: it holds nobody up
         for i, entry in enumerate(line):
@@ -607,24 +622,16 @@ _CHECK_FAILED = "the claim's check failed"
 
 
 def _reserved_ahead(
-    state: ProviderState | None,
-    tickets: list[Ticket],
-    line: list[LineEntry],
-    now: float,
-    ticket: Ticket,
+    line: list[LineEntry], ticket: Ticket, headroom: int | None, ceiling: int | None
 ) -> int:
     """Memory promised to claimers in line before this one (all of them if not in line).
 
     In line order, each earlier claimer is promised what it wants out of the headroom
     left; the first one that does not fully fit is promised all that is left, so memory
     freed later drains to it rather than to claims that came after it. A claimer that
-    wants more than the provider could ever free holds nobody up.
+    wants more than the provider could ever free (``ceiling``) holds nobody up.
     """
-    if ticket.model_footprint_mib <= 0:
-        return 0
-    ceiling = headroom_mib(state, [], now, evicts=ticket.evicts)
-    headroom = headroom_mib(state, tickets, now, evicts=ticket.evicts)
-    if ceiling is None or headroom is None:
+    if ticket.model_footprint_mib <= 0 or ceiling is None or headroom is None:
         return 0
     reserved = 0
     for entry in line:

@@ -16,20 +16,17 @@ This process's own claims and releases are applied to the documents at once (a r
 claim or an eviction drops the provider's entry for a re-read), so its own decisions
 always see its own tickets. Only providers whose documents, latency or circuit changed
 are rebuilt; the rest of the :class:`FleetIndex` is shared with the previous snapshot.
-
-With no provider state published at all, the view asks a :class:`Prober` to look at
-the providers directly; without a prober it reports the static endpoint, if any.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, TypeVar
 
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
@@ -37,6 +34,7 @@ from kubemoot.runtime.circuit import CircuitBreakers
 from kubemoot.runtime.latency import LatencyTracker
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import FleetIndex, FleetSnapshot, ProviderSnapshot
+from kubemoot.runtime.watching import Followers
 from kubemoot.store.documents import ProviderState, ProviderTickets, Ticket
 from kubemoot.store.keys import decode_token, encode_token
 from kubemoot.store.protocol import Bucket, Change, StoreError, Watch
@@ -46,17 +44,37 @@ log = logging.getLogger(__name__)
 _LOG_LENGTH = 4096  # index changes remembered for changed_since
 
 
-class Prober(Protocol):
-    """Looks at every known provider directly (used when no state is published)."""
-
-    async def probe_all(self) -> list[ProviderState]: ...
+class _Skip:
+    """A parse that found an older revision than the one already held."""
 
 
-@dataclass(slots=True)
-class _Parsed:
-    revision: int
-    state: ProviderState | None = None
-    tickets: ProviderTickets | None = None
+_SKIP = _Skip()
+
+
+_T = TypeVar("_T")
+
+
+class _ParsedOnce(Generic[_T]):
+    """Documents by key, each parsed once per revision; an older revision is skipped."""
+
+    def __init__(self, parse: Callable[[str, bytes | None], _T | None]) -> None:
+        self._parse = parse
+        self._held: dict[str, tuple[int, _T | None]] = {}
+
+    def of(self, key: str, revision: int, value: bytes | None) -> _T | _Skip | None:
+        held = self._held.get(key)
+        if held is not None and held[0] == revision:
+            return held[1]
+        if held is not None and held[0] > revision:
+            return _SKIP  # an older version than the one we hold
+        document = self._parse(key, value)
+        self._held[key] = (revision, document)
+        return document
+
+    def known(self, key: str) -> _T | None:
+        """The newest document parsed for ``key`` (None: none, or it did not parse)."""
+        held = self._held.get(key)
+        return held[1] if held is not None else None
 
 
 @dataclass(slots=True)
@@ -81,29 +99,23 @@ class ProviderView:
         tickets: Bucket,
         *,
         clock: Clock,
-        settings: RuntimeSettings | None = None,
-        latency: LatencyTracker | None = None,
+        settings: RuntimeSettings,
+        latency: LatencyTracker,
         circuits: CircuitBreakers | None = None,
-        prober: Prober | None = None,
-        static_endpoint: str | None = None,
     ) -> None:
-        self._states = states
-        self._tickets = tickets
-        self._clock = clock
-        self._settings = settings or RuntimeSettings()
-        self._latency = latency or LatencyTracker(
-            alpha=self._settings.latency_ema_alpha,
-            default_seconds=self._settings.default_latency_seconds,
-        )
-        self._circuits = circuits
-        self._prober = prober
-        self.static_endpoint = static_endpoint
+        self._states, self._tickets = states, tickets
+        self.clock = clock
+        self._settings = settings
+        #: Each endpoint's call latency (the queue price), fed by finished calls.
+        self.latency = latency
+        #: The providers' circuit breakers, when calls report their faults.
+        self.circuits = circuits
         self._read_at = float("-inf")
         self._stale: set[str] = set()
         self._keys: list[str] | None = None
         self._listed_at = float("-inf")
-        self._parsed_states: dict[str, _Parsed] = {}
-        self._parsed_tickets: dict[str, _Parsed] = {}
+        self._states_parsed = _ParsedOnce(self._parse_state)
+        self._tickets_parsed = _ParsedOnce(self._parse_tickets)
         self._docs: dict[str, tuple[ProviderState, ProviderTickets | None]] = {}
         # What the current index was built from, and which providers must be rebuilt.
         self._built: dict[str, _Built] = {}
@@ -116,26 +128,13 @@ class ProviderView:
         # be free, so they are shown not ready until a readable version arrives.
         self._unreadable: set[str] = set()
         # Following: the watches and the changes they delivered but nobody applied yet.
-        self._watches: list[Watch] = []
-        self._followers: list[asyncio.Task[None]] = []
+        self._followers = Followers("view-watch", "provider-view")
         self._pending: dict[tuple[str, str], Change] = {}
         self._following = False
         # Which providers each new index changed: (from generation, to generation, names;
         # None names = everything was rebuilt). Bounded: a reader too far behind is told
         # that everything may have changed.
         self._log: deque[tuple[int, int, frozenset[str] | None]] = deque(maxlen=_LOG_LENGTH)
-
-    @property
-    def clock(self) -> Clock:
-        return self._clock
-
-    @property
-    def latency(self) -> LatencyTracker:
-        return self._latency
-
-    @property
-    def circuits(self) -> CircuitBreakers | None:
-        return self._circuits
 
     @property
     def following(self) -> bool:
@@ -169,17 +168,12 @@ class ProviderView:
         if self._following:
             return True
         try:
-            for bucket in (self._states, self._tickets):
-                watch = bucket.watch()
-                self._watches.append(watch)
-                await watch.ready()
+            await self._followers.open((self._states, self._tickets))
         except StoreError as error:
             faults.noted("view-watch", faults.STORE,
                          "provider view cannot watch; it reads instead", error)
-            await self.close()
             return False
-        loop = asyncio.get_running_loop()
-        self._followers = [loop.create_task(self._follow(w)) for w in self._watches]
+        self._followers.start(self._follow)
         self._following = True
         self.invalidate()  # one full read after the watches began: nothing is missed
         return True
@@ -199,18 +193,7 @@ class ProviderView:
     async def close(self) -> None:
         """Stop following (the view keeps working by reading)."""
         self._following = False
-        for watch in self._watches:
-            try:
-                await watch.aclose()
-            except Exception as error:  # being dropped anyway; say so all the same
-                faults.noted("view-watch", faults.CLEANUP, "closing a provider-view watch",
-                             error)
-        for task in self._followers:
-            task.cancel()
-        for task in self._followers:
-            with contextlib.suppress(BaseException):
-                await task
-        self._watches, self._followers = [], []
+        await self._followers.close()
 
     def _apply_pending(self) -> None:
         pending, self._pending = self._pending, {}
@@ -219,7 +202,7 @@ class ProviderView:
             if name is None:
                 continue
             if bucket == self._states.name:
-                state = self._parse_state(key, change.revision, change.value)
+                state = self._states_parsed.of(key, change.revision, change.value)
                 if isinstance(state, _Skip):
                     continue
                 if state is None:
@@ -228,9 +211,9 @@ class ProviderView:
                     continue
                 current = self._docs.get(name)
                 self._docs[name] = (state, current[1] if current is not None else
-                                    self._known_tickets(key))
+                                    self._tickets_parsed.known(key))
             else:
-                doc = self._parse_tickets(key, change.revision, change.value)
+                doc = self._tickets_parsed.of(key, change.revision, change.value)
                 if isinstance(doc, _Skip):
                     continue
                 current = self._docs.get(name)
@@ -238,10 +221,6 @@ class ProviderView:
                     continue  # tickets of a provider without state: kept for later
                 self._docs[name] = (current[0], doc)
             self._dirty.add(name)
-
-    def _known_tickets(self, key: str) -> ProviderTickets | None:
-        parsed = self._parsed_tickets.get(key)
-        return parsed.tickets if parsed is not None else None
 
     # -- own changes -----------------------------------------------------------------
 
@@ -280,17 +259,17 @@ class ProviderView:
 
     def observe_latency(self, provider: str, endpoint: str, seconds: float) -> None:
         """Fold a finished call into the endpoint's latency, and rebuild only its provider."""
-        in_step = self._latency.revision == self._latency_revision
-        self._latency.observe(endpoint, seconds)
+        in_step = self.latency.revision == self._latency_revision
+        self.latency.observe(endpoint, seconds)
         if in_step:
-            self._latency_revision = self._latency.revision
+            self._latency_revision = self.latency.revision
         self._dirty.add(provider)
 
     # -- snapshots -------------------------------------------------------------------
 
     async def snapshot(self) -> FleetSnapshot:
         """The fleet now; only what changed since the last snapshot is rebuilt."""
-        now = self._clock.now()
+        now = self.clock.now()
         if self._following and self._read_at > float("-inf"):
             self._apply_pending()
             if self._stale:
@@ -305,16 +284,6 @@ class ProviderView:
             for provider in sorted(self._stale):
                 await self._read_provider(provider)
             self._stale.clear()
-        if not self._docs and self._prober is not None:
-            probed = await self._prober.probe_all()
-            return FleetSnapshot.of(now, [
-                ProviderSnapshot(
-                    state=s, latency_seconds=self._latency.latency(s.endpoint),
-                    circuit_open=self._circuits is not None
-                    and not self._circuits.allows(s.provider),
-                )
-                for s in probed
-            ])
         return FleetSnapshot(now, self._current_index(now))
 
     def _current_index(self, now: float) -> FleetIndex:
@@ -322,12 +291,12 @@ class ProviderView:
         self._dirty = set()
         while self._lapses and self._lapses[0][0] <= now:
             dirty.add(heapq.heappop(self._lapses)[1])
-        if self._latency.revision != self._latency_revision:
+        if self.latency.revision != self._latency_revision:
             dirty.update(self._docs)  # someone else fed the tracker: look at every provider
-            self._latency_revision = self._latency.revision
-        if self._circuits is not None:
-            for name in self._circuits.tracked() | self._open:
-                if name in self._docs and (not self._circuits.allows(name)) != (
+            self._latency_revision = self.latency.revision
+        if self.circuits is not None:
+            for name in self.circuits.tracked() | self._open:
+                if name in self._docs and (not self.circuits.allows(name)) != (
                     name in self._open
                 ):
                     dirty.add(name)
@@ -360,8 +329,8 @@ class ProviderView:
     ) -> ProviderSnapshot | None:
         """The provider's snapshot; ``None`` when the one in the index still holds."""
         name = state.provider
-        circuit_open = self._circuits is not None and not self._circuits.allows(name)
-        latency = self._latency.latency(state.endpoint)
+        circuit_open = self.circuits is not None and not self.circuits.allows(name)
+        latency = self.latency.latency(state.endpoint)
         unreadable = name in self._unreadable
         cached = self._built.get(name)
         if (
@@ -398,7 +367,7 @@ class ProviderView:
     async def _read_all(self) -> None:
         # Reads go out together: on a networked store one refresh costs about one round
         # trip per bucket, not one per provider.
-        now = self._clock.now()
+        now = self.clock.now()
         if self._keys is None or now - self._listed_at >= self._settings.discovery_seconds:
             self._keys = sorted(await self._states.keys())
             self._listed_at = now
@@ -428,58 +397,42 @@ class ProviderView:
         entry = await self._states.get(key)
         if entry is None:
             return None
-        parsed = self._parse_state(key, entry.revision, entry.value)
+        parsed = self._states_parsed.of(key, entry.revision, entry.value)
         if isinstance(parsed, _Skip):  # a newer version arrived through the watch already
-            cached = self._parsed_states.get(key)
-            return cached.state if cached is not None else None
+            return self._states_parsed.known(key)
         return parsed
 
     async def _tickets_doc(self, key: str) -> ProviderTickets | None:
         entry = await self._tickets.get(key)
         if entry is None:
             return None
-        parsed = self._parse_tickets(key, entry.revision, entry.value)
+        parsed = self._tickets_parsed.of(key, entry.revision, entry.value)
         if isinstance(parsed, _Skip):
-            return self._known_tickets(key)
+            return self._tickets_parsed.known(key)
         return parsed
 
     # -- parsing, once per revision ---------------------------------------------------
 
-    def _parse_state(
-        self, key: str, revision: int, value: bytes | None
-    ) -> ProviderState | _Skip | None:
-        cached = self._parsed_states.get(key)
-        if cached is not None and cached.revision == revision:
-            return cached.state
-        if cached is not None and cached.revision > revision:
-            return _SKIP  # an older version than the one we hold
-        state: ProviderState | None = None
-        if value is not None:
-            try:
-                state = ProviderState.from_json(value)
-            except ValueError as error:
-                # Without a readable state there is no endpoint to send a call to; the
-                # provider is left out, and the log and the count say why.
-                faults.noted("provider-state", faults.UNREADABLE,
-                             f"provider state {key} unreadable; provider left out", error)
-            if state is not None and state.provider != _decode(key):
-                faults.noted("provider-state", faults.UNREADABLE,
-                             f"provider state {key} left out",
-                             ValueError(f"it names provider {state.provider!r}"))
-                state = None
-        self._parsed_states[key] = _Parsed(revision, state=state)
+    def _parse_state(self, key: str, value: bytes | None) -> ProviderState | None:
+        if value is None:
+            return None
+        try:
+            state = ProviderState.from_json(value)
+        except ValueError as error:
+            # Without a readable state there is no endpoint to send a call to; the
+            # provider is left out, and the log and the count say why.
+            faults.noted("provider-state", faults.UNREADABLE,
+                         f"provider state {key} unreadable; provider left out", error)
+            return None
+        if state.provider != _decode(key):
+            faults.noted("provider-state", faults.UNREADABLE,
+                         f"provider state {key} left out",
+                         ValueError(f"it names provider {state.provider!r}"))
+            return None
         return state
 
-    def _parse_tickets(
-        self, key: str, revision: int, value: bytes | None
-    ) -> ProviderTickets | _Skip | None:
-        cached = self._parsed_tickets.get(key)
-        if cached is not None and cached.revision == revision:
-            return cached.tickets
-        if cached is not None and cached.revision > revision:
-            return _SKIP
+    def _parse_tickets(self, key: str, value: bytes | None) -> ProviderTickets | None:
         doc: ProviderTickets | None = None
-        name = _decode(key)
         unreadable = False
         if value is not None:
             try:
@@ -489,21 +442,14 @@ class ProviderView:
                 faults.noted("tickets", faults.UNREADABLE,
                              f"ticket document {key} unreadable; its provider is shown "
                              "not ready", error)
+        name = _decode(key)
         if name is not None and unreadable != (name in self._unreadable):
             if unreadable:
                 self._unreadable.add(name)
             else:
                 self._unreadable.discard(name)
             self._dirty.add(name)
-        self._parsed_tickets[key] = _Parsed(revision, tickets=doc)
         return doc
-
-
-class _Skip:
-    """A parse that found an older revision than the one already held."""
-
-
-_SKIP = _Skip()
 
 
 def _decode(key: str) -> str | None:

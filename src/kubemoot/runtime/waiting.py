@@ -45,8 +45,8 @@ from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
 from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
-from kubemoot.runtime.cost import load_seconds, unload_floor_seconds
 from kubemoot.runtime.faults import tolerated
+from kubemoot.runtime.options import could_help
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.refusals import Reason
@@ -292,37 +292,18 @@ class CapacityWaiter:
         self, key: LineKey, line: deque[_Waiter], fleet: FleetSnapshot,
         changed: frozenset[str],
     ) -> bool:
-        """Whether a change on ``changed`` providers can give this line a better option.
-
-        A queued call gains from a slot or copy of a model it accepts, from room to load
-        its preferred model when the queue costs more than that load, and from a card
-        that could take it after unloads when the queue costs more than the cheapest
-        possible unload plan (load + one unload). Nothing else helps, so nothing else
-        wakes the line.
-        """
+        """Whether a change on ``changed`` providers can give this line a better option
+        (:func:`~kubemoot.runtime.options.could_help`); nothing else wakes the line."""
         if not changed:
-            return False
+            return False  # before occupancy is looked up: that observes the fleet
         planner = self._planner
         models = [c.model for c in planner.in_tolerance(key[0])]
-        options = line[-1].last.options  # the longest backlog decides what could help
-        best = options[0].seconds if options else float("inf")
-        occupancy = planner.occupancy.occupancy(models[0], fleet)
-        if occupancy is None:
-            return True  # nothing to judge the room by
-        load = load_seconds(occupancy, planner.settings)
-        unload_floor = unload_floor_seconds(occupancy, planner.settings)
-        for name in changed:
-            p = fleet.provider(name)
-            if p is None:
-                continue
-            if any(p.has_copy(m) for m in models):
-                return True
-            usable, free = p.usable_mib, p.free_mib
-            if best > load and free is not None and free >= occupancy:
-                return True
-            if best > unload_floor and usable is not None and usable >= occupancy:
-                return True
-        return False
+        queued = line[-1].last.options  # the longest backlog decides what could help
+        return could_help(
+            fleet, models, changed, best=queued[0].seconds if queued else float("inf"),
+            occupancy=planner.occupancy.occupancy(models[0], fleet),
+            settings=planner.settings,
+        )
 
     async def _try(self, waiter: _Waiter) -> bool:
         """Place ``waiter`` again; True when it left the line (placed, refused or gone)."""

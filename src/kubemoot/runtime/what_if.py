@@ -153,14 +153,14 @@ class PlacementState(_Part):
                         "providers", index, "tickets", t_index, "startedAt",
                     )
         entries = 0
-        for model, need in self.demand.items():
-            entries += need.waiters + need.intents
+        for model, wanted in self.demand.items():
+            entries += wanted.waiters + wanted.intents
             if entries > MAX_DEMAND_ENTRIES:
                 raise _invalid(
                     f"waiters and intents of all models add up to more than "
                     f"{MAX_DEMAND_ENTRIES:,}", "demand", model,
                 )
-            if need.last_used_at is not None and now - _epoch(need.last_used_at) > \
+            if wanted.last_used_at is not None and now - _epoch(wanted.last_used_at) > \
                     MAX_USE_AGE_SECONDS:
                 raise _invalid(
                     f"must be at most {MAX_USE_AGE_SECONDS:g} seconds (a day) before now; "
@@ -360,19 +360,19 @@ def _size_loading_tickets(
 async def _write_demand(
     board: DemandBoard, bucket: Bucket, state: PlacementState, now: float
 ) -> None:
-    for model, need in sorted(state.demand.items()):
-        for i in range(need.waiters):
+    for model, wanted in sorted(state.demand.items()):
+        for i in range(wanted.waiters):
             await board.add_waiter(model, f"snapshot/waiter-{i}")
-        for i in range(need.intents):
+        for i in range(wanted.intents):
             await board.add_intent(model, f"snapshot/intent-{i}")
-        if need.recent_use > 0 or need.last_used_at is not None:
-            last = _epoch(need.last_used_at) if need.last_used_at is not None else now
+        if wanted.recent_use > 0 or wanted.last_used_at is not None:
+            last = _epoch(wanted.last_used_at) if wanted.last_used_at is not None else now
             # Stored so that the board's decay brings it back to exactly recentUse now.
-            count = need.recent_use * math.exp((now - last) / board.use_window_seconds)
+            count = wanted.recent_use * math.exp((now - last) / board.use_window_seconds)
             entry = DemandEntry(expires_at=now + board.selection_ttl_seconds, count=count,
                                 last_used_at=last)
             await bucket.put(join_key("use", model), entry.to_json())
-        if need.prediction > 0:
+        if wanted.prediction > 0:
             selection = SelectionEntry(expires_at=now + board.selection_ttl_seconds, models=[model],
-                                       frequency=need.prediction)
+                                       frequency=wanted.prediction)
             await bucket.put(join_key("sel", f"snapshot/forecast-{model}"), selection.to_json())

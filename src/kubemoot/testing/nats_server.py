@@ -23,14 +23,19 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-__all__ = ["NatsServer", "NatsServerError", "find_nats_server", "free_port", "running_nats_server"]
+from kubemoot.testing.waiting import NeverHappened, wait_until
+
+__all__ = [
+    "NatsServer", "NatsServerError", "find_nats_server", "free_port", "running_nats_server",
+    "until_listening",
+]
 
 
 class NatsServerError(RuntimeError):
     """The server binary is missing or did not come up."""
 
 
-class _ExitedAtStart(Exception):
+class _ExitedAtStart(NatsServerError):
     """The server process ended before it listened; carries the tail of its log."""
 
 
@@ -58,6 +63,41 @@ def _read_from(path: Path, offset: int) -> bytes:
         return log.read()
 
 
+async def until_listening(
+    process: subprocess.Popen[bytes],
+    port: int,
+    log_path: Path,
+    *,
+    log_start: int = 0,
+    timeout: float = 10.0,
+) -> None:
+    """Wait until the nats-server ``process`` listens on ``127.0.0.1:port``.
+
+    Something accepting connections on the port is not enough: it is this server only
+    if the process still runs and its log (``log_path``, from ``log_start`` on) says it
+    bound the port; one that lost the port to another listener logs a bind error and
+    exits. Raises :class:`NatsServerError` when it does not listen within ``timeout``.
+    """
+    bound = f"Listening for client connections on 127.0.0.1:{port}".encode()
+
+    async def ours_listens() -> bool:
+        if process.poll() is not None:
+            tail = _read_from(log_path, log_start).decode(errors="replace").strip()[-500:]
+            raise _ExitedAtStart(tail)
+        try:
+            _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return False
+        writer.close()
+        return process.poll() is None and bound in _read_from(log_path, log_start)
+
+    try:
+        await wait_until(ours_listens, timeout=timeout, what=f"nats-server listening on {port}")
+    except NeverHappened:
+        raise NatsServerError(f"nats-server did not listen on 127.0.0.1:{port} "
+                              f"within {timeout:g} s") from None
+
+
 class NatsServer:
     """One ``nats-server -js`` process on loopback; start, stop and restart it."""
 
@@ -68,6 +108,7 @@ class NatsServer:
         store_dir: str | None = None,
         startup_timeout: float = 10.0,
         start_attempts: int = 5,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         # A port picked here may be taken by someone else before the server binds it; only
         # then may start() move to another one (never for a caller's port or a restart).
@@ -77,6 +118,7 @@ class NatsServer:
         self.store_dir = store_dir if store_dir is not None else tempfile.mkdtemp(prefix="nats-")
         self.startup_timeout = startup_timeout
         self.start_attempts = max(1, start_attempts)
+        self.extra_args = extra_args  # e.g. ("--user", "u", "--pass", "p")
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -111,36 +153,23 @@ class NatsServer:
     async def _start_once(self) -> None:
         command = [
             find_nats_server(), "-js", "-a", "127.0.0.1", "-p", str(self.port),
-            "-sd", self.store_dir,
+            "-sd", self.store_dir, *self.extra_args,
         ]  # fmt: skip
         # The log goes to a file: a pipe nobody reads would fill up and stall the server.
         log_path = Path(self.store_dir) / "nats-server.log"
         with log_path.open("ab") as log:
             log_start = log.tell()  # restarts append: look only at this run's lines
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        bound = f"Listening for client connections on 127.0.0.1:{self.port}".encode()
         self._process = process
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.startup_timeout
-        while loop.time() < deadline:
-            if process.poll() is not None:
-                self._process = None
-                tail = _read_from(log_path, log_start).decode(errors="replace").strip()[-500:]
-                raise _ExitedAtStart(tail)
-            try:
-                _reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-            except OSError:
-                await asyncio.sleep(0.02)
-                continue
-            writer.close()
-            # Something listens on the port, but it is ours only if the server still runs
-            # and has said it bound the port: one that lost the port to another listener
-            # logs a bind error and exits instead.
-            if process.poll() is None and bound in _read_from(log_path, log_start):
-                return
-            await asyncio.sleep(0.02)
-        await self.stop(kill=True)
-        raise NatsServerError(f"nats-server did not listen on {self.url} in time")
+        try:
+            await until_listening(process, self.port, log_path, log_start=log_start,
+                                  timeout=self.startup_timeout)
+        except _ExitedAtStart:
+            self._process = None
+            raise
+        except NatsServerError:
+            await self.stop(kill=True)
+            raise
 
     async def stop(self, *, kill: bool = False) -> None:
         """Stop the server: SIGTERM (clean) or SIGKILL (a crash); keeps the store."""
@@ -148,11 +177,9 @@ class NatsServer:
         if process is None or process.poll() is not None:
             return
         process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10.0
-        while process.poll() is None and loop.time() < deadline:
-            await asyncio.sleep(0.02)
-        if process.poll() is None:
+        try:
+            await asyncio.to_thread(process.wait, 10.0)
+        except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
 

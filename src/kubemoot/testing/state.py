@@ -32,6 +32,7 @@ def provider_state(
     usable_mib: int | None = None,
     loaded: Mapping[str, int] | None = None,
     loaded_context: Mapping[str, int] | None = None,
+    digests: Mapping[str, str] | None = None,
     ready: bool = True,
     reason: str | None = None,
     slots: int = 1,
@@ -44,13 +45,14 @@ def provider_state(
 
     ``usable_mib`` is the total less the default reserve (give one or neither of
     ``total_mib`` and ``usable_mib``; neither leaves the total unknown). ``loaded``
-    maps resident models to their size; ``extra`` sets any other field.
+    maps resident models to their size (``loaded_context`` and ``digests`` add their
+    context and digest); ``extra`` sets any other field.
     """
     if total_mib is not None and usable_mib is not None:
         raise ValueError("give total_mib or usable_mib, not both")
     if usable_mib is not None:
         total_mib = usable_mib + DEFAULTS.reserve_mib
-    contexts = loaded_context or {}
+    contexts, digest = loaded_context or {}, digests or {}
     return ProviderState(
         provider=name,
         endpoint=endpoint or f"http://{name}:11434",
@@ -61,7 +63,8 @@ def provider_state(
         max_parallel=slots,
         context_length=context,
         loaded_models=[
-            LoadedModel(name=m, size_mib=size, context_length=contexts.get(m))
+            LoadedModel(name=m, size_mib=size, context_length=contexts.get(m),
+                        digest=digest.get(m))
             for m, size in (loaded or {}).items()
         ],
         **extra,

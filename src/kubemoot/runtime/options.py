@@ -1,0 +1,346 @@
+"""The options of one planning round, priced: what a call could do, and what it costs.
+
+Pure: everything here reads a :class:`~kubemoot.runtime.snapshot.FleetSnapshot`, the
+demand, the cost model and occupancy, and returns values. No store, no tickets, no
+clock, nothing async; claiming an option is :mod:`kubemoot.runtime.claims`' work, and
+:class:`~kubemoot.runtime.planner.CallPlanner` composes the two: price, pick, claim.
+
+The options of a model (DESIGN §5), each an :class:`~kubemoot.runtime.cost.Option`
+priced by :class:`~kubemoot.runtime.cost.CostModel` after the hard filters:
+
+* a **copy** — share a warm or loading copy, with a free slot or by queueing;
+* a **cold load** onto free room;
+* an **unload plan** — unload idle models to make room, then load.
+
+A :class:`Round` carries one snapshot with its cost model, the prompt, the calls
+queued before this one (``ahead``) and the gate evidence of every pair looked at, for
+the decision record.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kubemoot.gates.results import GateResult
+from kubemoot.runtime import filters
+from kubemoot.runtime.cost import CostModel, Option, OptionKind, load_seconds, unload_floor_seconds
+from kubemoot.runtime.eviction import EvictionPlanner, idle_residents
+from kubemoot.runtime.occupancy import OccupancyBook
+from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ProviderSnapshot
+
+VICTIMS = "victims"
+
+
+@dataclass(slots=True)
+class Round:
+    """One planning round: a snapshot, its cost model, the prompt, and gate evidence."""
+
+    fleet: FleetSnapshot
+    cost: CostModel
+    prompt_tokens: int | None = None
+    #: gate results per candidate id ``provider/model`` (filled as options are listed)
+    gates: dict[str, list[GateResult]] = field(default_factory=dict)
+    #: waiters queued before this call, per copy ``(provider, model)`` (see :func:`spread`)
+    ahead: dict[tuple[str, str], int] = field(default_factory=dict)
+    _priced: dict[tuple[str, str, int], Option] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(
+        cls,
+        fleet: FleetSnapshot,
+        demand: DemandSnapshot,
+        *,
+        settings: RuntimeSettings,
+        occupancy: OccupancyBook,
+        prompt_tokens: int | None,
+    ) -> Round:
+        cost = CostModel(fleet, settings=settings, occupancy=occupancy, demand=demand)
+        return cls(fleet=fleet, cost=cost, prompt_tokens=prompt_tokens)
+
+    def record(self, provider: str, model: str, results: list[GateResult]) -> bool:
+        self.gates[f"{provider}/{model}"] = results
+        return filters.feasible(results)
+
+    def ahead_of(self, provider: str, model: str) -> int:
+        return self.ahead.get((provider, model), 0)
+
+    def copy_option(self, p: ProviderSnapshot, model: str, ahead: int | None = None) -> Option:
+        """The cost model's copy option, priced once per round (it is asked often)."""
+        if ahead is None:
+            ahead = self.ahead_of(p.name, model)
+        key = (p.name, model, ahead)
+        option = self._priced.get(key)
+        if option is None:
+            option = self._priced[key] = self.cost.copy_option(p, model, ahead=ahead)
+        return option
+
+    def provider_of(self, option: Option) -> ProviderSnapshot:
+        p = self.fleet.provider(option.provider)
+        if p is None:  # options are only ever made from the round's own providers
+            raise LookupError(option.provider)
+        return p
+
+
+# -- copies ---------------------------------------------------------------------------
+
+
+def _usable_copies(rnd: Round, model: str) -> list[ProviderSnapshot]:
+    """Providers whose warm or loading copy of ``model`` passes the warm filter.
+
+    A copy passed over keeps its gate evidence, so the record says why.
+    """
+    usable: list[ProviderSnapshot] = []
+    for p in rnd.fleet.index.copies_of(model):
+        if filters.warm_ok(p, model, rnd.prompt_tokens):
+            usable.append(p)
+        else:
+            rnd.record(p.name, model, filters.warm_gates(p, model, rnd.prompt_tokens))
+    return usable
+
+
+def _record_warm(rnd: Round, options: Iterable[Option]) -> None:
+    for o in options:
+        p = rnd.provider_of(o)
+        rnd.record(p.name, o.model, filters.warm_gates(p, o.model, rnd.prompt_tokens))
+
+
+def spread(rnd: Round, models: Sequence[str], ahead: int) -> None:
+    """Put ``ahead`` earlier waiters on the copies they would take, one at a time.
+
+    Calls queued before this one hold no ticket, yet they will take slots before it
+    does: each goes to the copy that would start it soonest, as it would itself decide.
+    What is left is this call's view of every copy's backlog (``rnd.ahead``). Only the
+    ``ahead`` cheapest copies of each model can ever be picked (a copy outside them
+    always has a cheaper one still unpicked), so only they are priced further.
+    """
+    rnd.ahead.clear()
+    if ahead <= 0:
+        return
+    heap: list[tuple[float, int, str, str]] = []
+    for order, model in enumerate(models):
+        priced = sorted(
+            (rnd.copy_option(p, model, 0).seconds, p.name) for p in _usable_copies(rnd, model)
+        )
+        heap.extend((seconds, order, name, model) for seconds, name in priced[:ahead])
+    heapq.heapify(heap)
+    for _ in range(ahead):
+        if not heap:
+            return
+        _seconds, order, name, model = heapq.heappop(heap)
+        key = (name, model)
+        rnd.ahead[key] = rnd.ahead.get(key, 0) + 1
+        p = rnd.fleet.provider(name)
+        assert p is not None
+        option = rnd.copy_option(p, model, rnd.ahead[key])
+        heapq.heappush(heap, (option.seconds, order, name, model))
+
+
+def copy_options(
+    rnd: Round, model: str, *, free_slot: bool, limit: int | None = None
+) -> list[Option]:
+    """Warm or loading copies of ``model`` that pass the warm filter, cheapest first.
+
+    With ``limit`` only that many are listed, and only their gate evidence is kept;
+    without it every copy's gates are recorded (for an explanation).
+    """
+    if limit is None:
+        for p in rnd.fleet.index.copies_of(model):
+            rnd.record(p.name, model, filters.warm_gates(p, model, rnd.prompt_tokens))
+    options: list[Option] = []
+    for p in _usable_copies(rnd, model):
+        ahead = rnd.ahead_of(p.name, model)
+        if free_slot and not p.has_free_slot(model, ahead=ahead):
+            continue
+        options.append(rnd.copy_option(p, model, ahead))
+    options.sort(key=Option.sort_key)
+    if limit is not None:
+        del options[limit:]
+        _record_warm(rnd, options)
+    return options
+
+
+def warm_options(rnd: Round, model: str) -> list[Option]:
+    """Step 1 and 2: the cheapest few warm or loading copies with a free slot."""
+    return copy_options(rnd, model, free_slot=True, limit=rnd.cost.settings.copy_shortlist)
+
+
+def loading_options(rnd: Round, model: str) -> list[Option]:
+    """Copies of ``model`` another call is loading right now (any slot state)."""
+    options = [
+        rnd.copy_option(p, model)
+        for p in _usable_copies(rnd, model) if not p.is_resident(model)
+    ]
+    _record_warm(rnd, options)
+    return sorted(options, key=Option.sort_key)
+
+
+def joinable_loading(rnd: Round, model: str) -> list[Option]:
+    """Step 3 with a free slot: loading copies of ``model`` the call can join now.
+
+    A loading copy whose slots are all taken is not among them: the call queues there
+    instead (:func:`loading_queue`), still converging on the copy.
+    """
+    return [o for o in loading_options(rnd, model) if o.kind is not OptionKind.QUEUE]
+
+
+def loading_queue(rnd: Round, models: Sequence[str]) -> Option | None:
+    """Step 3 without a free slot: the loading copy to queue at.
+
+    Candidates in order (preferred first), cheapest copy of each: the call converges on
+    a model that is already coming instead of loading a second one.
+    """
+    for model in models:
+        queues = [o for o in loading_options(rnd, model) if o.kind is OptionKind.QUEUE]
+        if queues:
+            return min(queues, key=Option.sort_key)
+    return None
+
+
+# -- loads ----------------------------------------------------------------------------
+
+
+def cold_options(rnd: Round, model: str, *, limit: int | None = None) -> list[Option]:
+    """Loads of ``model`` onto free room, on providers where it has no copy.
+
+    With ``limit`` only that many of the tightest fits are listed (they are the
+    cheapest: every cold load of a model costs the same load time plus the best-fit
+    term), found through the room index; without it every provider is judged and its
+    gates recorded (for an explanation).
+    """
+    occupancy = rnd.cost.occupancy(model)
+    if limit is not None:
+        if occupancy is None:
+            return []
+        providers: Iterable[ProviderSnapshot] = rnd.fleet.index.with_room(occupancy)
+    else:
+        providers = rnd.fleet.providers
+    options: list[Option] = []
+    for p in providers:
+        if p.has_copy(model):
+            continue
+        gates = filters.cold_gates(
+            p, model, occupancy=occupancy, usable=p.usable_mib,
+            resident=p.resident_total + p.loading_mib, prompt_tokens=rnd.prompt_tokens,
+        )
+        if rnd.record(p.name, model, gates) and occupancy is not None:
+            options.append(rnd.cost.cold_option(p, model, occupancy))
+            if limit is not None and len(options) >= limit:
+                break
+    return sorted(options, key=Option.sort_key)
+
+
+def unload_options(rnd: Round, model: str) -> list[Option]:
+    """Per provider that could hold ``model`` once idle residents leave, its plan."""
+    occupancy = rnd.cost.occupancy(model)
+    if occupancy is None:
+        return []
+    planner = EvictionPlanner(rnd.cost.demand)
+    options: list[Option] = []
+    for p in rnd.fleet.providers:
+        usable, free = p.usable_mib, p.free_mib
+        if usable is None or free is None or free >= occupancy or occupancy > usable:
+            continue  # a cold load needs no victims; a too-small card no plan
+        if p.has_copy(model):
+            continue
+        gates = [
+            filters.ready_gate(p),
+            filters.circuit_gate(p),
+            filters.context_gate(p, model, rnd.prompt_tokens),
+        ]
+        if not filters.feasible(gates):
+            rnd.gates[f"{p.name}/{model} (unload)"] = gates
+            continue
+        needed = occupancy - free
+        victims = planner.choose_victims(idle_residents(p, exclude=model), needed)
+        if victims:
+            gates.append(GateResult.pass_(
+                VICTIMS, "idle residents make room", victims=list(victims), neededMiB=needed,
+            ))
+        else:
+            gates.append(GateResult.fail(
+                VICTIMS, "idle residents cannot make room (models with live work stay)",
+                neededMiB=needed,
+            ))
+        rnd.gates[f"{p.name}/{model} (unload)"] = gates
+        if victims:
+            options.append(rnd.cost.unload_option(p, model, occupancy, victims))
+    return sorted(options, key=Option.sort_key)
+
+
+# -- the one comparison ---------------------------------------------------------------
+
+
+def comparison(rnd: Round, models: Sequence[str], *, explain: bool) -> list[Option]:
+    """Every option of the one comparison (step 4), cheapest first.
+
+    Queues at any usable copy of a tolerated model (priced with the calls behind them),
+    cold loads of the preferred model and its unload plans. Without ``explain`` only
+    options that can win are priced: a few tightest cold fits (all cold loads of a model
+    cost the same load time), and unload plans only when nothing cheaper than their
+    floor — load(M) plus one unload — was found.
+    """
+    preferred = models[0]
+    limit = None if explain else rnd.cost.settings.copy_shortlist
+    options = [
+        rnd.cost.priced_queue(o) for m in models
+        for o in copy_options(rnd, m, free_slot=False, limit=limit)
+    ]
+    options += cold_options(rnd, preferred, limit=limit)
+    floor = rnd.cost.unload_floor(preferred)
+    cheapest = min((o.seconds for o in options), default=None)
+    if explain or cheapest is None or floor is None or cheapest > floor:
+        options += unload_options(rnd, preferred)
+    return sorted(options, key=lambda o: o.sort_key(models))
+
+
+def second_copy_pays(cost: CostModel, loading: Option, options: Sequence[Option]) -> bool:
+    """Whether other calls' expected waits pay for another copy of the model loading.
+
+    Step 3 keeps a call from loading a *second model* while a candidate is on its way,
+    and a call alone always converges on the coming copy. When other calls want the
+    same model too (:meth:`CostModel.priced_queue` raises the queue's price) and the one
+    comparison then loads another copy of that very model, the comparison decides.
+    """
+    best = options[0] if options else None
+    return (best is not None and best.model == loading.model
+            and best.kind in (OptionKind.COLD_LOAD, OptionKind.UNLOAD)
+            and cost.priced_queue(loading).seconds > loading.seconds)
+
+
+def could_help(
+    fleet: FleetSnapshot,
+    models: Sequence[str],
+    changed: frozenset[str],
+    *,
+    best: float,
+    occupancy: int | None,
+    settings: RuntimeSettings,
+) -> bool:
+    """Whether a change on ``changed`` providers can beat a queue that costs ``best``.
+
+    A queued call gains from a slot or copy of a model it accepts, from room to load
+    its preferred model (of ``occupancy``) when the queue costs more than that load,
+    and from a card that could take it after unloads when the queue costs more than
+    the cheapest possible unload plan. Nothing else can give it a better option.
+    """
+    if not changed:
+        return False
+    if occupancy is None:
+        return True  # nothing to judge the room by
+    load = load_seconds(occupancy, settings)
+    unload_floor = unload_floor_seconds(occupancy, settings)
+    for name in changed:
+        p = fleet.provider(name)
+        if p is None:
+            continue
+        if any(p.has_copy(m) for m in models):
+            return True
+        usable, free = p.usable_mib, p.free_mib
+        if best > load and free is not None and free >= occupancy:
+            return True
+        if best > unload_floor and usable is not None and usable >= occupancy:
+            return True
+    return False

@@ -5,10 +5,11 @@ It speaks the parts of Ollama's HTTP API that Kubemoot and common clients use
 ``keep_alive: 0`` unload and ``truncate: false``; ``/api/embed``, ``/api/embeddings``,
 ``/api/ps``, ``/api/tags``, ``/api/show``, ``/api/version``) and the OpenAI-compatible
 subset Ollama serves under ``/v1`` (see :mod:`kubemoot.providers._emulator_openai`),
-over an emulated GPU: VRAM accounting with eviction of idle models, load time from a
-load rate, ``num_parallel`` slots per loaded model with a FIFO line behind them, and
-the engine's silent truncation of an over-long prompt. Replies and embeddings are
-deterministic; no model runs.
+over an emulated GPU: the engine model the simulator runs too
+(:mod:`kubemoot.providers.engine`: memory less a reserve, one line per card, loads one
+at a time, unloads that take time, ``num_parallel`` slots per copy, keep-alive in
+emulated seconds), and the engine's silent truncation of an over-long prompt. Replies
+and embeddings are deterministic; no model runs.
 
 Every request that reaches the engine is recorded (:attr:`OllamaEmulator.records`),
 ``GET /emulator/stats`` (and :meth:`OllamaEmulator.stats`) tells loads, evictions the

@@ -235,9 +235,11 @@ class OllamaEngine:
 
     def waiting(self) -> int:
         """Requests in line for a copy or for a slot of one."""
-        in_line = sum(1 for r in self._pending if not r.future.done())
-        return in_line + sum(sum(1 for w in c.slot_waiters if not w.done())
-                             for c in self.copies.values())
+        # list() copies in one step, so another thread (a test watching the emulator)
+        # may ask while the card's own thread changes the line
+        in_line = sum(1 for r in list(self._pending) if not r.future.done())
+        return in_line + sum(sum(1 for w in list(c.slot_waiters) if not w.done())
+                             for c in list(self.copies.values()))
 
     def queue_depth(self) -> int:
         """Requests in line or assigned to a copy (what a router polling the card sees)."""

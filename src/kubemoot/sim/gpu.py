@@ -130,10 +130,6 @@ class EmulatedGpu:
         """Call ``listener`` whenever the set of resident models changes."""
         self.engine.on_residency_change(listener)
 
-    def resident(self) -> dict[str, str]:
-        """model → state (loading, ready, unloading)."""
-        return {m: c.state.value for m, c in self.engine.copies.items()}
-
     def is_warm(self, model: str) -> bool:
         copy = self.engine.copies.get(model)
         return copy is not None and copy.state != "unloading"

@@ -110,6 +110,14 @@ class ProviderSpec(_Spec):
     context_length: ContextTokens | None = None
     count: int = Field(default=1, ge=1, le=MAX_PROVIDERS)
 
+    @model_validator(mode="after")
+    def _memory_left(self) -> ProviderSpec:
+        if self.reserve_mib >= self.vram_mib:  # the engine would offer nothing
+            raise ValueError(
+                f"reserveMiB ({self.reserve_mib}) must be less than vramMiB ({self.vram_mib})"
+            )
+        return self
+
 
 class LatencySpec(_Spec):
     """Call duration: lognormal with this mean and coefficient of variation."""

@@ -22,8 +22,8 @@ from kubemoot.providers.engine import (
     OLLAMA_KEEP_ALIVE_SECONDS,
     CardSpec,
     EngineCopy,
+    EngineError,
     EngineEvents,
-    ModelTooLarge,
     OllamaEngine,
     UnloadReason,
     VramOvercommit,
@@ -79,52 +79,22 @@ class EmulatedGpu:
         self.name = name
         self.epoch = epoch  # Unix time of loop time 0, for the documents' timestamps
         self.endpoint = f"sim://{name}"
+        self.vram_mib = vram_mib
+        self.reserve_mib = reserve_mib
+        self.usable_mib = vram_mib - reserve_mib
+        self.max_parallel = max_parallel
         self.context_length = context_length
         self._sizes = dict(sizes_mib)
         self._events = events or GpuEvents()
         card = CardSpec(vram_mib=vram_mib, reserve_mib=reserve_mib, num_parallel=max_parallel,
                         load_rate_mibps=load_rate_mibps, unload_seconds=unload_seconds,
                         keep_alive_seconds=keep_alive_seconds)
-        # the engine counts in loop seconds (virtual under the simulator), from loop time 0
+        # the engine counts in loop seconds; its books (used_mib, peak_mib, vram_checks,
+        # busy_seconds) are read from it directly (virtual under the simulator), from loop time 0
         self.engine = OllamaEngine(name, card, clock=LoopClock(epoch=0.0, anchor=0.0),
                                    events=_CardEvents(name, self._events))
 
     # -- observation -----------------------------------------------------------------
-
-    @property
-    def vram_mib(self) -> int:
-        return self.engine.card.vram_mib
-
-    @property
-    def reserve_mib(self) -> int:
-        return self.engine.card.reserve_mib
-
-    @property
-    def usable_mib(self) -> int:
-        return self.engine.usable_mib
-
-    @property
-    def max_parallel(self) -> int:
-        return self.engine.card.num_parallel
-
-    @property
-    def used_mib(self) -> int:
-        return self.engine.used_mib
-
-    @property
-    def peak_mib(self) -> int:
-        return self.engine.peak_mib
-
-    @property
-    def vram_checks(self) -> int:
-        return self.engine.vram_checks
-
-    @property
-    def busy_seconds(self) -> float:
-        return self.engine.busy_seconds
-
-    def finish_busy(self, at: float) -> None:
-        self.engine.finish_busy(at)
 
     def on_residency_change(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` whenever the set of resident models changes."""
@@ -148,7 +118,7 @@ class EmulatedGpu:
             raise ProviderError(f"unknown model {model}", provider=self.name)
         try:
             got = await self.engine.acquire(model, self._sizes[model])
-        except ModelTooLarge as error:
+        except EngineError as error:  # the card refuses it (a model larger than the card)
             raise ProviderError(str(error), provider=self.name) from None
         phases = CURRENT_CALL.get()
         if phases is not None:
@@ -199,7 +169,7 @@ class EmulatedGpu:
         return ProviderState(
             provider=self.name, endpoint=self.endpoint, ready=True,
             last_probed_at=probed_at, total_vram_mib=self.vram_mib,
-            used_vram_mib=self.used_mib, reserve_mib=self.reserve_mib,
+            used_vram_mib=self.engine.used_mib, reserve_mib=self.reserve_mib,
             max_parallel=self.max_parallel, context_length=self.context_length,
             loaded_models=loaded, loaded_model_footprints=dict(self.engine.footprints),
         )

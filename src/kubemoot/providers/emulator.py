@@ -139,7 +139,11 @@ def _hostile_response(kind: str) -> Response | _RawTruncated:
 
 
 class OllamaEmulator:
-    """The emulator's HTTP server, in a background thread or in the caller's loop."""
+    """The emulator's HTTP server, in a background thread or in the caller's loop.
+
+    ``clock`` is the engine's clock, in emulated seconds; by default wall time scaled by
+    ``config.time_scale`` (:class:`~kubemoot.clock.ScaledClock`).
+    """
 
     def __init__(
         self,

@@ -24,10 +24,14 @@ from kubemoot.sim.vloop import run_virtual
 
 SIZES = {"a:1b": 3000, "b:1b": 3000, "c:1b": 2000, "d:1b": 5000, "e:1b": 7000}
 VRAM, RESERVE = 8192, 1024  # the card offers 7168 MiB
-CALL_SECONDS = 200.0  # every chat; long enough that the line forms behind a busy one
 KEEP_ALIVE = 30_000.0
-HI = [{"role": "user", "content": "hi"}]
-CALL = {"simDurationSeconds": CALL_SECONDS}  # the simulator's call length; ignored by HTTP
+# A call lasts about as long as its prompt (the emulator takes PER_PROMPT_TOKEN seconds a
+# token); the simulator is told the same length. The long one gives the line time to form.
+PER_PROMPT_TOKEN = 0.5
+HI = [{"role": "user", "content": "hi"}]  # 5 tokens: about 2.5 s
+LONG = [{"role": "user", "content": "x" * 4000}]  # 1004 tokens: about 500 s
+SHORT_CALL = {"simDurationSeconds": 2.5}  # the simulator's call lengths; HTTP ignores them
+LONG_CALL = {"simDurationSeconds": 500.0}
 
 Snapshot = tuple[str, str, int, tuple[tuple[str, str], ...]]
 
@@ -63,17 +67,17 @@ async def _requests(side: _Side) -> None:
     client = side.client
     await client.preload("a:1b")
     await client.preload("b:1b")
-    await client.chat("a:1b", HI, options=CALL)  # a used last: b's keep-alive ends first
+    await client.chat("a:1b", HI, options=SHORT_CALL)  # a used last: b's keep-alive ends first
     await client.preload("c:1b")  # fits 8192 − 6000 but not the 7168 offered: b goes
     await client.preload("d:1b")  # a goes, and that is enough
     await client.preload("e:1b")  # c, then d: one at a time
     # Head of line: e is busy; a needs e's memory and waits; a second call for the warm
     # e waits behind a, in the card's one line, instead of taking e's slot next.
-    first = asyncio.ensure_future(client.chat("e:1b", HI, options=CALL))
+    first = asyncio.ensure_future(client.chat("e:1b", LONG, options=LONG_CALL))
     await side.until(lambda engine: engine.copies["e:1b"].active == 1)
     load_a = asyncio.ensure_future(client.preload("a:1b"))
     await side.until(lambda engine: engine.waiting() == 1)
-    second = asyncio.ensure_future(client.chat("e:1b", HI, options=CALL))
+    second = asyncio.ensure_future(client.chat("e:1b", HI, options=SHORT_CALL))
     await side.until(lambda engine: engine.waiting() == 2)
     await asyncio.gather(first, load_a, second)
 
@@ -82,7 +86,8 @@ def _through_http() -> list[Snapshot]:
     config = EmulatorConfig(
         models=tuple(EmulatedModel(name, mib) for name, mib in SIZES.items()),
         vram_mib=VRAM, reserve_mib=RESERVE, num_parallel=1, load_rate_mibps=1000.0,
-        unload_seconds=1.0, base_latency_s=CALL_SECONDS, per_token_s=0.0,
+        unload_seconds=1.0, base_latency_s=0.0, per_token_s=0.0,
+        prompt_per_token_s=PER_PROMPT_TOKEN,
         keep_alive_s=KEEP_ALIVE, time_scale=0.005)
 
     async def main(emulator: OllamaEmulator) -> list[Snapshot]:

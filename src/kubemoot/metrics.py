@@ -12,6 +12,8 @@ describe the simulated run.
 
 from __future__ import annotations
 
+import logging
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -24,8 +26,10 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 __all__ = [
+    "BUG",
     "CAS_CONFLICTS",
     "CLAIMS",
+    "CLEANUP",
     "CONTENT_TYPE",
     "DECISIONS",
     "ERRORS_SURVIVED",
@@ -34,14 +38,17 @@ __all__ = [
     "LEASE_RENEWALS",
     "PLACEMENT_SECONDS",
     "PROBE_ERRORS",
+    "PROVIDER",
     "RECONCILES",
     "REFUSALS",
     "REGISTRY",
-    "STATE_ERRORS",
+    "STORE",
+    "UNREADABLE",
     "WAITS",
     "WAIT_SECONDS",
     "render",
     "serve_metrics",
+    "survived",
 ]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -120,9 +127,10 @@ PROBE_ERRORS = Counter(
 )
 ERRORS_SURVIVED = Counter(
     "kubemoot_errors_survived",
-    "Store or provider errors that were logged and worked around instead of raised, by "
-    "component (agent, prober, store) and operation (release, publish, read-state, ...).",
-    ["component", "operation"],
+    "Errors that were logged and worked around instead of raised, by component (runtime, "
+    "agent, prober, provider, store), operation (release, publish, tickets, demand, ...) "
+    "and kind (store, unreadable, provider, cleanup, bug). Count them with survived().",
+    ["component", "operation", "kind"],
     registry=REGISTRY,
 )
 LEASE_RENEWALS = Counter(
@@ -131,14 +139,6 @@ LEASE_RENEWALS = Counter(
     "failed (the store did not answer; tried again at the next turn) or lost (the "
     "ticket was gone).",
     ["result"],
-    registry=REGISTRY,
-)
-STATE_ERRORS = Counter(
-    "kubemoot_state_errors",
-    "Shared-state documents that could not be read or written where the runtime went "
-    "on without them, by site (e.g. provider-state, tickets, demand, intent) and kind "
-    "(unreadable, store, cleanup, bug).",
-    ["site", "kind"],
     registry=REGISTRY,
 )
 RECONCILES = Counter(
@@ -169,3 +169,34 @@ def serve_metrics(port: int, *, host: str = "127.0.0.1") -> None:
     from prometheus_client import start_http_server
 
     start_http_server(port, addr=host, registry=REGISTRY)
+
+
+# What an error that was worked around was: the ``kind`` label of ERRORS_SURVIVED.
+STORE = "store"  # the store did not do what was asked
+UNREADABLE = "unreadable"  # a document that does not parse
+PROVIDER = "provider"  # a provider (or its exporter) did not answer as it should
+CLEANUP = "cleanup"  # closing a watch, a connection or a task failed
+BUG = "bug"  # our own code failed; the process went on without that step
+
+
+def survived(
+    component: str,
+    operation: str,
+    kind: str,
+    what: str,
+    error: BaseException | None = None,
+    *,
+    logger: logging.Logger | None = None,
+    exc_info: bool = False,
+) -> None:
+    """The one way to go on past an error: one warning line and one count.
+
+    Nothing is swallowed in silence (DESIGN §5): the line says ``what`` failed and why,
+    and the count (``kubemoot_errors_survived{component,operation,kind}``) lets an
+    operator see a store or provider that keeps failing. ``logger`` defaults to
+    ``kubemoot.<component>``; ``exc_info`` adds the traceback (for ``BUG``).
+    """
+    ERRORS_SURVIVED.labels(component=component, operation=operation, kind=kind).inc()
+    said = what if error is None else f"{what}: {error} ({type(error).__name__})"
+    (logger or logging.getLogger(f"kubemoot.{component}")).warning(
+        "%s", said, exc_info=exc_info)

@@ -192,7 +192,8 @@ async def test_a_failed_release_after_an_answer_is_logged_not_raised(
 
     fleet = await make_fleet(after_call=store_goes_away)
     kv_box.append(fleet.kv)
-    before = _sample(metrics.ERRORS_SURVIVED, component="agent", operation="release")
+    before = _sample(metrics.ERRORS_SURVIVED, component="agent", operation="release",
+                    kind="store")
     try:
         with caplog.at_level(logging.WARNING, logger="kubemoot.agent.runtime"):
             outcome = await _call(fleet, "hello")
@@ -201,7 +202,8 @@ async def test_a_failed_release_after_an_answer_is_logged_not_raised(
         assert outcome.record is not None and outcome.record.ok
         assert any("releasing ticket" in r.getMessage() and "TTL" in r.getMessage()
                    for r in caplog.records)
-        after = _sample(metrics.ERRORS_SURVIVED, component="agent", operation="release")
+        after = _sample(metrics.ERRORS_SURVIVED, component="agent", operation="release",
+                    kind="store")
         assert after == before + 1
     finally:
         await fleet.stack.close()
@@ -242,11 +244,12 @@ async def test_a_pool_that_cannot_close_is_logged_and_counted(
     fleet = await make_fleet(
         chats=lambda provider, endpoint, settings: _StuckClose(provider, endpoint))
     assert (await _call(fleet, "hello")).result.ok
-    before = _sample(metrics.ERRORS_SURVIVED, component="agent", operation="close-pool")
+    before = _sample(metrics.ERRORS_SURVIVED, component="agent", operation="close-pool",
+                     kind="cleanup")
     with caplog.at_level(logging.WARNING, logger="kubemoot.agent.wiring"):
         await _close(fleet)
     assert _sample(metrics.ERRORS_SURVIVED, component="agent",
-                   operation="close-pool") == before + 1
+                   operation="close-pool", kind="cleanup") == before + 1
     assert any("connection reset while closing" in r.getMessage() for r in caplog.records)
 
 
@@ -267,7 +270,8 @@ async def test_a_plan_that_cannot_be_released_is_logged_and_counted(
         id="crew/coordinator", role="coordinator", mulling=(Candidate(SMALL.name, 70.0),),
     ), deadline_seconds=10)
     fleet.emulator.fail_next(500, path="/api/chat")  # the triage fails: the plan stays held
-    before = _sample(metrics.ERRORS_SURVIVED, component="agent", operation="release-plan")
+    before = _sample(metrics.ERRORS_SURVIVED, component="agent", operation="release-plan",
+                     kind="store")
     try:
         with caplog.at_level(logging.WARNING, logger="kubemoot.agent.discussion"):
             await coordinator.discuss(Thread("t1", "is the cluster healthy?"), [member])
@@ -275,7 +279,7 @@ async def test_a_plan_that_cannot_be_released_is_logged_and_counted(
         await fleet.stack.close()
         await fleet.client.close()
     assert _sample(metrics.ERRORS_SURVIVED, component="agent",
-                   operation="release-plan") == before + 1
+                   operation="release-plan", kind="store") == before + 1
     assert any("releasing the plan of crew/a" in r.getMessage() for r in caplog.records)
 
 

@@ -46,6 +46,8 @@ def test_every_agent_has_a_deployment_running_kubemoot_agent() -> None:
         assert env["KUBEMOOT_AGENT_ROLE"]["value"] == agent["spec"]["discussRole"]
         assert env["KUBEMOOT_NATS_URL"]["value"].startswith("nats://nats.kubemoot-system")
         assert not any(k.startswith("KUBEMOOT_MODEL") for k in env)  # the operator's part
+        # NATS refuses anonymous clients: the Pod waits for the credentials' Secret
+        assert container["envFrom"] == [{"secretRef": {"name": "kubemoot-nats"}}]
         assert pod["automountServiceAccountToken"] is False  # no Kubernetes API access
         assert pod["securityContext"]["runAsNonRoot"] is True
         # The NetworkPolicy admits only labelled pods to NATS.

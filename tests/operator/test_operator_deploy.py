@@ -337,3 +337,23 @@ def test_operator_tls_overlay_turns_tls_on_for_server_and_operator() -> None:
     assert env["KUBEMOOT_NATS_URL"].startswith("tls://")
     assert env["KUBEMOOT_NATS_TLS_CA"] == "/etc/nats-tls/ca.crt"
     assert env["KUBEMOOT_NATS_REPLICAS"] == "3"  # still the prod cluster underneath
+
+
+def test_operator_tls_overlay_turns_tls_on_for_every_nats_client() -> None:
+    """The server speaks only TLS: a client left on nats:// could never connect."""
+    docs = render("prod-tls")
+    clients = [d for d in docs if d["kind"] == "Deployment" and d["spec"]["template"][
+        "metadata"]["labels"].get("kubemoot.ai/nats-client") == "true"]
+    assert {d["metadata"]["name"] for d in clients} >= {
+        "kubemoot-operator", "coordinator", "kubectl-agent", "log-analyst"}
+    for deployment in clients:
+        pod = deployment["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        name = deployment["metadata"]["name"]
+        assert env["KUBEMOOT_NATS_URL"] == "tls://nats.kubemoot-system.svc:4222", name
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "nats-tls")
+        assert env["KUBEMOOT_NATS_TLS_CA"] == f"{mount['mountPath']}/ca.crt", name
+        volume = next(v for v in pod["volumes"] if v["name"] == "nats-tls")
+        # the Secret of the pod's own namespace (a copy in each crew's namespace)
+        assert volume["secret"]["secretName"] == "kubemoot-nats-tls", name

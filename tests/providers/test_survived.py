@@ -17,10 +17,13 @@ from kubemoot.store.memory import MemoryKV
 
 
 def _survived(component: str, operation: str) -> float:
-    value = metrics.REGISTRY.get_sample_value(
-        "kubemoot_errors_survived_total", {"component": component, "operation": operation}
+    """The count of one component's operation, whatever the kind of error."""
+    return sum(
+        sample.value for family in metrics.REGISTRY.collect()
+        if family.name == "kubemoot_errors_survived" for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels.get("component") == component
+        and sample.labels.get("operation") == operation
     )
-    return 0.0 if value is None else value
 
 
 def _client(emulator: OllamaEmulator, **extra: object) -> OllamaProvider:

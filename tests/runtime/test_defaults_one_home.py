@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 _SRC = Path(__file__).resolve().parents[2] / "src"
 
 _PROBE = r"""
@@ -118,3 +120,19 @@ def test_runtime_reserve_is_the_resource_api_default() -> None:
     from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
 
     assert RuntimeSettings().reserve_mib == DEFAULTS.reserve_mib == DEFAULT_RESERVE_MIB
+
+
+def test_provider_clients_take_the_deployments_read_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chat pool's client (CallSettings without a timeout) and a bare OllamaProvider
+    read KUBEMOOT_PROVIDER_READ_TIMEOUT_SECONDS; an explicit timeout still wins."""
+    from kubemoot.agent.pool import CallSettings
+    from kubemoot.providers.ollama import OllamaProvider
+    from kubemoot.runtime.settings import DEFAULTS, ENV_VARIABLES
+
+    url = "http://127.0.0.1:1"
+    assert OllamaProvider("p", url).timeout == DEFAULTS.provider_read_timeout_seconds
+    monkeypatch.setenv(ENV_VARIABLES["provider_read_timeout_seconds"], "7.5")
+    assert OllamaProvider("p", url, timeout=CallSettings().timeout).timeout == 7.5
+    assert OllamaProvider("p", url).timeout == 7.5
+    assert OllamaProvider("p", url, timeout=3.0).timeout == 3.0

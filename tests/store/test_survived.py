@@ -11,9 +11,8 @@ from kubemoot.store.nats import NatsKV, NatsSettings
 
 
 def _survived(operation: str) -> float:
-    value = metrics.REGISTRY.get_sample_value(
-        "kubemoot_errors_survived_total", {"component": "store", "operation": operation}
-    )
+    labels = {"component": "store", "operation": operation, "kind": "cleanup"}
+    value = metrics.REGISTRY.get_sample_value("kubemoot_errors_survived_total", labels)
     return 0.0 if value is None else value
 
 

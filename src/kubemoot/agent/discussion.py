@@ -163,8 +163,9 @@ class Coordinator:
             try:
                 await selection.commit_to_thread(member.id, thread.id, member.mulling)
             except Exception as error:  # planning ahead is an optimisation, never fatal
-                log.warning("planning at selection failed for %s: %s", member.id, error)
-                metrics.ERRORS_SURVIVED.labels(component="agent", operation="plan").inc()
+                metrics.survived("agent", "plan", metrics.STORE,
+                                 f"planning at selection failed for {member.id}", error,
+                                 logger=log)
         done = asyncio.Event()
         evaluate = self._remote or self.evaluate
         tasks = [
@@ -236,8 +237,9 @@ class Coordinator:
             )
             self._signal_outcome(agent, thread, outcome, sink, MULLING)
         except Exception as error:  # a bug or a store outage: a failure, not a crash
-            log.exception("agent %s failed in thread %s", agent.id, thread.id)
-            metrics.ERRORS_SURVIVED.labels(component="agent", operation="evaluate").inc()
+            metrics.survived("agent", "evaluate", metrics.BUG,
+                             f"agent {agent.id} failed in thread {thread.id}",
+                             logger=log, exc_info=True)
             sink.emit(Signal(
                 SignalType.FAILURE, agent.id, thread.id, clock.now(), phase=MULLING,
                 metadata=SignalMetadata(failure_type=FailureType.AGENT_ERROR.value,
@@ -249,11 +251,10 @@ class Coordinator:
             try:
                 await self.runtime.selection.release(agent.id, thread.id)
             except Exception as error:
-                log.warning("releasing the plan of %s for thread %s failed; its TTL "
-                            "will free it: %s: %s", agent.id, thread.id,
-                            type(error).__name__, error)
-                metrics.ERRORS_SURVIVED.labels(component="agent",
-                                               operation="release-plan").inc()
+                metrics.survived("agent", "release-plan", metrics.STORE,
+                                 f"releasing the plan of {agent.id} for thread "
+                                 f"{thread.id} failed; its TTL will free it", error,
+                                 logger=log)
 
     async def _triage(self, agent: AgentProfile, thread: Thread, sink: SignalSink) -> str | None:
         """A short call on the bound triage model; ``None`` when the agent is done."""

@@ -26,7 +26,9 @@ class CallSettings:
 
     temperature: float | None = None
     max_tokens: int | None = None  # the output cap: a reply past the context ends early
-    timeout: float = 120.0
+    #: Per-read timeout of the client; None: the deployment's
+    #: (``KUBEMOOT_PROVIDER_READ_TIMEOUT_SECONDS``).
+    timeout: float | None = None
     think: bool | None = None
 
     def options(self) -> dict[str, Any]:

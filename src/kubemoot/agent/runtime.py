@@ -13,7 +13,10 @@
 4. report the provider's new state (the copy it just loaded is now resident) and
    release the ticket in a ``finally``;
 5. record the call's attribution: the provider it really ran on, the model it really
-   ran, what was evicted for it and how long it waited.
+   ran, what was evicted for it and how long it waited;
+6. if the provider refused the connection before any byte was sent (and no engine
+   answered yet), place the call once more with that provider excluded and run it
+   there (DESIGN §5); nothing else is ever retried.
 """
 
 from __future__ import annotations
@@ -240,25 +243,64 @@ class AgentRuntime:
         placement: Placement | None = None
         if held_plan:
             placement = await self.selection.take(agent, thread_id, prompt_tokens=prompt_tokens)
-        if placement is None and wait:
+        if placement is None:
+            placement = await self._place(
+                agent, thread_id, phase, candidates, prompt_tokens, wait=wait, done=done,
+                sink=sink, static=static, fallbacks=fallbacks,
+            )
+        if not placement.placed:
+            return self._refused(placement, candidates)
+        outcome = await self._run(
+            agent, thread_id, phase, placement, messages, tools, settings, started,
+            prompt_tokens,
+        )
+        if not _refused_before_sending(outcome) or placement.provider is None:
+            return outcome
+        # DESIGN §5: a connection refused before any byte left is tried once more, and
+        # elsewhere. The refused provider's ticket is back and its circuit has seen the
+        # fault (``_run`` released it); it is left out of this placement altogether.
+        log.info("%s: %s refused the connection; placing the call once more elsewhere",
+                 agent, placement.provider)
+        again = await self._place(
+            agent, thread_id, phase, candidates, prompt_tokens, wait=wait, done=done,
+            sink=sink, static=None, fallbacks=fallbacks, exclude=(placement.provider,),
+        )
+        if not again.placed:
+            return self._refused(again, candidates)
+        return await self._run(
+            agent, thread_id, phase, again, messages, tools, settings, started,
+            prompt_tokens,
+        )
+
+    async def _place(
+        self,
+        agent: str,
+        thread_id: str,
+        phase: str,
+        candidates: Sequence[Candidate],
+        prompt_tokens: int,
+        *,
+        wait: bool,
+        done: asyncio.Event | None,
+        sink: SignalSink | None,
+        static: StaticTarget | None,
+        fallbacks: Sequence[Candidate],
+        exclude: Sequence[str] = (),
+    ) -> Placement:
+        """Place through the capacity waiter, or at once for a call that cannot wait."""
+        if wait:
             signals = (
                 SignalWaitSink(sink, agent=agent, thread_id=thread_id, phase=phase,
                                clock=self.clock)
                 if sink is not None else None
             )
-            placement = await self.waiter.place(
+            return await self.waiter.place(
                 candidates, agent=agent, holder_id=self._holder(agent, thread_id, phase),
-                prompt_tokens=prompt_tokens, signals=signals, done=done,
+                prompt_tokens=prompt_tokens, signals=signals, done=done, exclude=exclude,
             )
-        elif placement is None:
-            placement = await self._place_now(
-                agent, thread_id, phase, candidates, prompt_tokens, static, fallbacks
-            )
-        if not placement.placed:
-            return self._refused(placement, candidates)
-        return await self._run(
-            agent, thread_id, phase, placement, messages, tools, settings, started,
-            prompt_tokens,
+        return await self._place_now(
+            agent, thread_id, phase, candidates, prompt_tokens, static, fallbacks,
+            exclude=exclude,
         )
 
     async def _place_now(
@@ -270,6 +312,8 @@ class AgentRuntime:
         prompt_tokens: int,
         static: StaticTarget | None,
         fallbacks: Sequence[Candidate],
+        *,
+        exclude: Sequence[str] = (),
     ) -> Placement:
         """A placement for a call that must not wait for capacity.
 
@@ -283,7 +327,7 @@ class AgentRuntime:
         first: Placement | None = None
         for group in (list(candidates), *([c] for c in fallbacks)):
             placement = await self.planner.place(
-                group, holder_id=holder, prompt_tokens=prompt_tokens
+                group, holder_id=holder, prompt_tokens=prompt_tokens, exclude=exclude
             )
             first = first or placement
             if placement.placed:
@@ -333,8 +377,10 @@ class AgentRuntime:
             await self.planner.finish(placement, seconds=seconds, ok=_verdict(result))
         except StoreError as error:
             ticket = placement.ticket.ticket_id if placement.ticket is not None else "-"
-            _survived("release", f"releasing ticket {ticket} ({placement.model} on "
-                      f"{placement.provider}) failed; its TTL will reclaim it: {error}")
+            metrics.survived("agent", "release", metrics.STORE,
+                             f"releasing ticket {ticket} ({placement.model} on "
+                             f"{placement.provider}) failed; its TTL will reclaim it",
+                             error, logger=log)
 
     @staticmethod
     def _refused(placement: Placement, candidates: Sequence[Candidate]) -> CallOutcome:
@@ -376,8 +422,11 @@ class AgentRuntime:
                     try:
                         await self._after_call(placement.provider)
                     except (StoreError, OSError) as error:
-                        _survived("after-call", f"reporting the state of "
-                                  f"{placement.provider} after a call failed: {error}")
+                        kind = (metrics.STORE if isinstance(error, StoreError)
+                                else metrics.PROVIDER)
+                        metrics.survived("agent", "after-call", kind,
+                                         f"reporting the state of {placement.provider} "
+                                         "after a call failed", error, logger=log)
             finally:
                 # The release must happen even when the call is cancelled during the
                 # probe above or during the release's own compare-and-set: the shield
@@ -387,8 +436,9 @@ class AgentRuntime:
                 try:
                     await self._board.record_use(placement.model)
                 except StoreError as error:
-                    _survived("record-use", f"recording the use of {placement.model} "
-                              f"failed: {error}")
+                    metrics.survived("agent", "record-use", metrics.STORE,
+                                     f"recording the use of {placement.model} failed",
+                                     error, logger=log)
         outcome = CallOutcome(placement=placement, result=result, model=placement.model)
         failure = result.failure
         record = CallRecord(
@@ -408,6 +458,20 @@ class AgentRuntime:
         return outcome
 
 
+def _refused_before_sending(outcome: CallOutcome) -> bool:
+    """Whether the call's only request was refused before any byte of it left.
+
+    Then no engine saw it and no tool ran, so placing it again repeats nothing. A
+    static placement is not retried: it is already the last resort, with no elsewhere.
+    """
+    result, placement = outcome.result, outcome.placement
+    return (
+        result is not None and result.failure is not None and result.failure.never_sent
+        and result.model_calls == 0 and result.tool_calls == 0
+        and placement is not None and placement.action is not Action.STATIC
+    )
+
+
 def _verdict(result: ToolLoopResult | None) -> bool | None:
     """What a finished call says about its provider (for the circuit breaker).
 
@@ -421,8 +485,3 @@ def _verdict(result: ToolLoopResult | None) -> bool | None:
         return False
     return True if result.model_calls else None
 
-
-def _survived(operation: str, message: str) -> None:
-    """An error worked around instead of raised: one log line and one count."""
-    log.warning("%s", message)
-    metrics.ERRORS_SURVIVED.labels(component="agent", operation=operation).inc()

@@ -29,7 +29,12 @@ from typing import Any, Protocol
 
 from kubemoot.agent.signals import FailureType
 from kubemoot.agent.tokens import TokenEstimator, prompt_chars
-from kubemoot.providers.protocol import ChatResult, ProviderError, ProviderTimeout
+from kubemoot.providers.protocol import (
+    ChatResult,
+    ProviderError,
+    ProviderTimeout,
+    ProviderUnavailable,
+)
 
 __all__ = [
     "ChatTarget",
@@ -91,12 +96,15 @@ class ToolLoopLimits:
 @dataclass(frozen=True, slots=True)
 class LoopFailure:
     """Why a loop stopped; ``provider_fault`` when the engine (not a tool, not the
-    prompt's size) was to blame, which is what counts against its circuit."""
+    prompt's size) was to blame, which is what counts against its circuit;
+    ``never_sent`` when its connection was refused before any byte of the request left
+    (the one failure a call may try again, elsewhere)."""
 
     failure_type: FailureType
     last_error: str
     failed_tool: str | None = None
     provider_fault: bool = False
+    never_sent: bool = False
 
 
 @dataclass(slots=True)
@@ -214,8 +222,10 @@ async def run_tool_loop(
                                          provider_fault=True)
             return result
         except ProviderError as error:
+            refused = isinstance(error, ProviderUnavailable) and not error.sent
             result.failure = LoopFailure(FailureType.PROVIDER_ERROR, str(error),
-                                         provider_fault=error.provider_fault)
+                                         provider_fault=error.provider_fault,
+                                         never_sent=refused)
             return result
         result.model_calls += 1
         truncated = guard.record(history, reply)

@@ -77,9 +77,8 @@ class RuntimeStack:
         try:
             await self.agents.pool.close()
         except Exception as error:  # closing connections must not stop the shutdown
-            log.warning("closing the chat pool's clients failed: %s: %s",
-                        type(error).__name__, error)
-            metrics.ERRORS_SURVIVED.labels(component="agent", operation="close-pool").inc()
+            metrics.survived("agent", "close-pool", metrics.CLEANUP,
+                             "closing the chat pool's clients failed", error, logger=log)
 
 
 async def build_stack(

@@ -1,13 +1,14 @@
 """NATS connection options, shared by every command that talks to NATS.
 
-A command declares the options with the ``Annotated`` aliases below (one parameter
-each), packs them into :class:`NatsFlags`, and turns them into
-:class:`~kubemoot.store.nats.NatsSettings` with :func:`resolve_nats`::
+A command declares all of them with :func:`nats_options`, which puts the options in
+the place of one ``nats: NatsFlags`` parameter and hands the command what was given as
+a :class:`NatsFlags`; :func:`resolve_nats` turns that into
+:class:`~kubemoot.store.nats.NatsSettings`::
 
     @app.command("watch")
-    def watch(nats: NatsUrl = None, nats_user: NatsUser = None, …) -> None:
-        flags = NatsFlags(url=nats, user=nats_user, …)
-        settings = resolve_nats(flags, use_nats=nats is not None)
+    @nats_options()
+    def watch(nats: NatsFlags = NO_NATS_FLAGS, other: int = typer.Option(…)) -> None:
+        settings = resolve_nats(nats, use_nats=nats.url is not None)
 
 Precedence: a flag wins over its ``KUBEMOOT_NATS_*`` variable, which wins over the
 default. Authentication is one of three ways (user and password, token, credentials
@@ -24,18 +25,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import inspect
 import os
 import ssl
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
-from urllib.parse import urlsplit, urlunsplit
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
+from urllib.parse import urlsplit
 
 import typer
 
 from kubemoot.api.errors import InputError
 from kubemoot.runtime.settings import DEFAULTS, ENV_VARIABLES
+from kubemoot.store.masking import mask_servers, mask_url
 
 if TYPE_CHECKING:
     from kubemoot.clock import Clock
@@ -43,6 +47,7 @@ if TYPE_CHECKING:
     from kubemoot.store.protocol import KV
 
 __all__ = [
+    "NO_NATS_FLAGS",
     "NatsCA",
     "NatsCert",
     "NatsCreds",
@@ -55,11 +60,10 @@ __all__ = [
     "NatsUrl",
     "NatsUrlOrEnv",
     "NatsUser",
-    "export_nats_env",
-    "mask_secrets",
     "mask_servers",
     "mask_url",
     "merge_nats",
+    "nats_options",
     "open_shared_store",
     "resolve_nats",
 ]
@@ -141,19 +145,76 @@ class NatsFlags:
         """The flags given besides ``--nats``, by name, in the order of ``--help``."""
         return [flag for attr, flag in _CONNECTION_FLAGS if getattr(self, attr) is not None]
 
+    def names_servers(self, environ: Mapping[str, str] | None = None) -> bool:
+        """Whether ``--nats`` or, failing that, ``KUBEMOOT_NATS_URL`` names a server."""
+        env = os.environ if environ is None else environ
+        return bool((self.url or env.get(URL_ENV, "")).strip())
 
-# (NatsFlags attribute, flag) for everything but the URL
-_CONNECTION_FLAGS = (
-    ("user", "--nats-user"),
-    ("password", "--nats-password"),
-    ("token", "--nats-token"),
-    ("creds", "--nats-creds"),
-    ("tls_ca", "--nats-tls-ca"),
-    ("tls_cert", "--nats-tls-cert"),
-    ("tls_key", "--nats-tls-key"),
-    ("reconnect_attempts", "--nats-reconnect-attempts"),
-    ("reconnect_wait", "--nats-reconnect-wait"),
+
+#: What a command's ``nats`` parameter defaults to; :func:`nats_options` replaces it.
+NO_NATS_FLAGS = NatsFlags()
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+# (parameter, NatsFlags attribute, option) of everything but the URL, in --help's order
+_PARAMETERS: tuple[tuple[str, str, Any], ...] = (
+    ("nats_user", "user", NatsUser),
+    ("nats_password", "password", NatsPassword),
+    ("nats_token", "token", NatsToken),
+    ("nats_creds", "creds", NatsCreds),
+    ("nats_tls_ca", "tls_ca", NatsCA),
+    ("nats_tls_cert", "tls_cert", NatsCert),
+    ("nats_tls_key", "tls_key", NatsKey),
 )
+_RECONNECT_PARAMETERS: tuple[tuple[str, str, Any], ...] = (
+    ("nats_reconnect_attempts", "reconnect_attempts", NatsReconnectAttempts),
+    ("nats_reconnect_wait", "reconnect_wait", NatsReconnectWait),
+)
+# (NatsFlags attribute, flag): a parameter's flag is its name with dashes
+_CONNECTION_FLAGS = tuple((attr, "--" + name.replace("_", "-"))
+                          for name, attr, _ in (*_PARAMETERS, *_RECONNECT_PARAMETERS))
+
+
+def nats_options(*, url_from_env: bool = False,
+                 reconnect: bool = True) -> Callable[[_Command], _Command]:
+    """Give a command the ``--nats*`` options in place of its ``nats: NatsFlags`` parameter.
+
+    ``url_from_env``: the command always uses NATS, ``KUBEMOOT_NATS_URL`` naming the
+    servers when ``--nats`` does not (its help says so); otherwise ``--nats`` alone
+    chooses NATS over the embedded store. ``reconnect``: also ``--nats-reconnect-*``
+    (for commands that keep a connection for long). The command is called with a
+    :class:`NatsFlags` of what was given; typer sees the options, one parameter each.
+    """
+    declared = (("nats", "url", NatsUrlOrEnv if url_from_env else NatsUrl), *_PARAMETERS,
+                *(_RECONNECT_PARAMETERS if reconnect else ()))
+
+    def decorate(command: _Command) -> _Command:
+        signature = inspect.signature(command, eval_str=True)
+        if "nats" not in signature.parameters:
+            raise TypeError(f"{command.__name__} has no parameter nats: NatsFlags to replace")
+        parameters: list[inspect.Parameter] = []
+        for parameter in signature.parameters.values():
+            if parameter.name != "nats":
+                parameters.append(parameter)
+                continue
+            parameters.extend(
+                inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                  default=None, annotation=option)
+                for name, _attr, option in declared)
+
+        @functools.wraps(command)
+        def with_flags(**given: Any) -> Any:
+            flags = NatsFlags(**{attr: given.pop(name) for name, attr, _ in declared})
+            return command(**given, nats=flags)
+
+        # typer reads the options from the signature, and their types from these
+        with_flags.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=parameters)
+        with_flags.__annotations__ = {p.name: p.annotation for p in parameters}
+        return cast(_Command, with_flags)
+
+    return decorate
+
 
 # (NatsSettings field, NatsFlags attribute, flag, variable) for the string options
 _OPTIONS = (
@@ -287,7 +348,8 @@ async def open_shared_store(
     try:
         kv = attempt.result()
     except StoreUnavailable as error:
-        raise StoreUnavailable(mask_secrets(str(error), settings) + _CHECK) from None
+        # the store wrote its servers masked (kubemoot.store.masking)
+        raise StoreUnavailable(str(error) + _CHECK) from None
     tell(f"connected to NATS at {where}")
     return kv
 
@@ -309,52 +371,6 @@ def _say(line: str) -> None:
     from kubemoot.cli._common import err_console
 
     err_console.print(line, highlight=False, soft_wrap=True, markup=False)
-
-
-def mask_url(url: str) -> str:
-    """``url`` with its password (or a token in the user's place) shown as ``***``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    if "@" not in parts.netloc:
-        return url
-    userinfo, _, host = parts.netloc.rpartition("@")
-    user, colon, _password = userinfo.partition(":")
-    # nats://TOKEN@host carries a token where a user name would be: hide it whole.
-    shown = f"{user}:***" if colon else "***"
-    return urlunsplit(parts._replace(netloc=f"{shown}@{host}"))
-
-
-def mask_servers(servers: Sequence[str]) -> str:
-    """The server list for a message, passwords masked."""
-    return ", ".join(mask_url(server) for server in servers)
-
-
-def mask_secrets(text: str, settings: NatsSettings) -> str:
-    """``text`` with every server URL masked and every password or token hidden."""
-    for server in settings.servers:
-        text = text.replace(server, mask_url(server))
-    for secret in (settings.password, settings.token):
-        if secret:
-            text = text.replace(secret, "***")
-    return text
-
-
-def export_nats_env(settings: NatsSettings, environ: MutableMapping[str, str]) -> None:
-    """Write ``settings`` as the ``KUBEMOOT_NATS_*`` variables (unset ones removed).
-
-    For code that opens the store from the environment alone (the operator takes only a
-    URL): ``NatsSettings.from_env(environ)`` then gives these settings back. The
-    reconnect settings have no variable and do not travel this way.
-    """
-    environ[URL_ENV] = ",".join(settings.servers)
-    for name, _attr, _flag, variable in _OPTIONS:
-        value = getattr(settings, name)
-        if value is None:
-            environ.pop(variable, None)
-        else:
-            environ[variable] = value
 
 
 # -- checks ----------------------------------------------------------------------------

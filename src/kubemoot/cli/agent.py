@@ -18,18 +18,10 @@ import typer
 from kubemoot.api.errors import InputError
 from kubemoot.cli._common import app, err_console, install_log_lines
 from kubemoot.cli._nats import (
-    NatsCA,
-    NatsCert,
-    NatsCreds,
+    NO_NATS_FLAGS,
     NatsFlags,
-    NatsKey,
-    NatsPassword,
-    NatsReconnectAttempts,
-    NatsReconnectWait,
-    NatsToken,
-    NatsUrlOrEnv,
-    NatsUser,
     mask_servers,
+    nats_options,
     open_shared_store,
     resolve_nats,
 )
@@ -53,6 +45,7 @@ def _given(flag_value: str | None, variable: str, flag: str, *, default: str | N
 
 
 @app.command("agent")
+@nats_options(url_from_env=True)
 def agent_command(
     name: str | None = typer.Option(None, "--name", metavar="NAME",
                                     help="The Agent's name (env KUBEMOOT_AGENT_NAME)."),
@@ -66,16 +59,7 @@ def agent_command(
         None, "--role", metavar="ROLE",
         help="The Agent's discussRole; coordinator answers questions (env "
         "KUBEMOOT_AGENT_ROLE, default member)."),
-    nats: NatsUrlOrEnv = None,
-    nats_user: NatsUser = None,
-    nats_password: NatsPassword = None,
-    nats_token: NatsToken = None,
-    nats_creds: NatsCreds = None,
-    nats_tls_ca: NatsCA = None,
-    nats_tls_cert: NatsCert = None,
-    nats_tls_key: NatsKey = None,
-    nats_reconnect_attempts: NatsReconnectAttempts = None,
-    nats_reconnect_wait: NatsReconnectWait = None,
+    nats: NatsFlags = NO_NATS_FLAGS,
 ) -> None:
     """Run one Agent of a crew: join its discussions over NATS, place every call."""
     from kubemoot.agent.process import (
@@ -95,17 +79,10 @@ def agent_command(
                      _given(crew, ENV_CREW, "--crew")),
         role=_given(role, ENV_AGENT_ROLE, "--role", default="member"),
     )
-    url = nats or os.environ.get("KUBEMOOT_NATS_URL") or None
-    if not url:
+    if not nats.names_servers():
         raise InputError("a crew talks over NATS: give --nats nats://HOST:PORT (or set "
                          "KUBEMOOT_NATS_URL)", field="--nats")
-    settings = resolve_nats(
-        NatsFlags(url=nats, user=nats_user, password=nats_password, token=nats_token,
-                  creds=nats_creds, tls_ca=nats_tls_ca, tls_cert=nats_tls_cert,
-                  tls_key=nats_tls_key, reconnect_attempts=nats_reconnect_attempts,
-                  reconnect_wait=nats_reconnect_wait),
-        use_nats=True,
-    )
+    settings = resolve_nats(nats, use_nats=True)
     assert settings is not None
     profile_from_env(os.environ, identity)  # a malformed binding is exit 2, before connecting
     from kubemoot.cli._shutdown import run_until_stopped

@@ -11,7 +11,6 @@ could not (no GPU, no member, a failed synthesis: the message says which).
 from __future__ import annotations
 
 import json
-import os
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -27,16 +26,10 @@ from kubemoot.cli._common import (
     resolve_format,
 )
 from kubemoot.cli._nats import (
-    NatsCA,
-    NatsCert,
-    NatsCreds,
+    NO_NATS_FLAGS,
     NatsFlags,
-    NatsKey,
-    NatsPassword,
-    NatsToken,
-    NatsUrlOrEnv,
-    NatsUser,
     mask_servers,
+    nats_options,
     open_shared_store,
     resolve_nats,
 )
@@ -50,6 +43,7 @@ MAX_QUESTION_CHARS = 100_000  # a question, not a document
 
 
 @app.command("ask")
+@nats_options(url_from_env=True, reconnect=False)
 def ask_command(
     question: str = typer.Argument(..., metavar="QUESTION", help="What to ask the crew."),
     crew: str = typer.Option(..., "--crew", metavar="NAMESPACE/CREW",
@@ -59,14 +53,7 @@ def ask_command(
         help="How long to wait for the answer (default: the discussion's deadline, "
         "KUBEMOOT_DISCUSS_GPU_WAIT_LIMIT_SECONDS, plus the crew's grace and a margin)."),
     output: OutputFormat | None = typer.Option(None, "-o", "--output", help=OUTPUT_OPTION_HELP),
-    nats: NatsUrlOrEnv = None,
-    nats_user: NatsUser = None,
-    nats_password: NatsPassword = None,
-    nats_token: NatsToken = None,
-    nats_creds: NatsCreds = None,
-    nats_tls_ca: NatsCA = None,
-    nats_tls_cert: NatsCert = None,
-    nats_tls_key: NatsKey = None,
+    nats: NatsFlags = NO_NATS_FLAGS,
 ) -> None:
     """Ask a crew a question; print its answer and where every call ran."""
     from kubemoot.agent.remote import CrewRef
@@ -83,15 +70,10 @@ def ask_command(
     if len(text) > MAX_QUESTION_CHARS:
         raise InputError(f"has {len(text)} characters; at most {MAX_QUESTION_CHARS}",
                          field="QUESTION")
-    if not (nats or os.environ.get("KUBEMOOT_NATS_URL", "").strip()):
+    if not nats.names_servers():
         raise InputError("a crew is asked over NATS: give --nats nats://HOST:PORT (or set "
                          "KUBEMOOT_NATS_URL)", field="--nats")
-    settings = resolve_nats(
-        NatsFlags(url=nats, user=nats_user, password=nats_password, token=nats_token,
-                  creds=nats_creds, tls_ca=nats_tls_ca, tls_cert=nats_tls_cert,
-                  tls_key=nats_tls_key),
-        use_nats=True,
-    )
+    settings = resolve_nats(nats, use_nats=True)
     assert settings is not None
     tunables = RuntimeSettings.from_env()
     wait = timeout if timeout is not None else (

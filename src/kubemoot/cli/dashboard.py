@@ -16,35 +16,19 @@ import typer
 from kubemoot.api.errors import InputError
 from kubemoot.cli._common import app, err_console
 from kubemoot.cli._nats import (
-    NatsCA,
-    NatsCert,
-    NatsCreds,
+    NO_NATS_FLAGS,
     NatsFlags,
-    NatsKey,
-    NatsPassword,
-    NatsReconnectAttempts,
-    NatsReconnectWait,
-    NatsToken,
-    NatsUrl,
-    NatsUser,
     mask_servers,
+    nats_options,
     open_shared_store,
     resolve_nats,
 )
 
 
 @app.command("dashboard")
+@nats_options()
 def dashboard_command(
-    nats: NatsUrl = None,
-    nats_user: NatsUser = None,
-    nats_password: NatsPassword = None,
-    nats_token: NatsToken = None,
-    nats_creds: NatsCreds = None,
-    nats_tls_ca: NatsCA = None,
-    nats_tls_cert: NatsCert = None,
-    nats_tls_key: NatsKey = None,
-    nats_reconnect_attempts: NatsReconnectAttempts = None,
-    nats_reconnect_wait: NatsReconnectWait = None,
+    nats: NatsFlags = NO_NATS_FLAGS,
     embedded: bool = typer.Option(
         False, "--embedded",
         help="Watch an embedded store of this process (the default; it starts empty).",
@@ -70,15 +54,9 @@ def dashboard_command(
     from kubemoot.dashboard.app import DashboardSettings
     from kubemoot.runtime.settings import RuntimeSettings
 
-    if nats is not None and embedded:
+    if nats.url is not None and embedded:
         raise InputError("--nats and --embedded exclude each other", field="--nats")
-    settings = resolve_nats(
-        NatsFlags(url=nats, user=nats_user, password=nats_password, token=nats_token,
-                  creds=nats_creds, tls_ca=nats_tls_ca, tls_cert=nats_tls_cert,
-                  tls_key=nats_tls_key, reconnect_attempts=nats_reconnect_attempts,
-                  reconnect_wait=nats_reconnect_wait),
-        use_nats=nats is not None,
-    )
+    settings = resolve_nats(nats, use_nats=nats.url is not None)
     check_host(host)  # before connecting to NATS: a typo here should not wait on a store
     tunables = RuntimeSettings.from_env()
     install_log_lines()  # "shared state unreachable", "answers again": one line each

@@ -44,18 +44,10 @@ from kubemoot.cli._common import (
     resolve_format,
 )
 from kubemoot.cli._nats import (
-    NatsCA,
-    NatsCert,
-    NatsCreds,
+    NO_NATS_FLAGS,
     NatsFlags,
-    NatsKey,
-    NatsPassword,
-    NatsReconnectAttempts,
-    NatsReconnectWait,
-    NatsToken,
-    NatsUrl,
-    NatsUser,
     mask_servers,
+    nats_options,
     open_shared_store,
     resolve_nats,
 )
@@ -79,9 +71,6 @@ if TYPE_CHECKING:
 # The default bundle is package data, so the demo runs from any directory after any
 # kind of install; the repository's examples/homelab is a link to the same files.
 DEFAULT_BUNDLE_PARTS = ("examples", "homelab")
-# How long an interrupted run lets the runtime's own helpers (ticket releases, call-log
-# writes, preloads) finish before they are cancelled too.
-SHUTDOWN_GRACE_SECONDS = 2.0
 # Emulated seconds per call: a fixed part plus a part per generated token (8–31 tokens).
 CALL_BASE_SECONDS = 2.0
 CALL_PER_TOKEN_SECONDS = 0.3
@@ -91,17 +80,9 @@ SAMPLE_INTERVAL_SECONDS = 0.01
 
 
 @app.command("demo")
+@nats_options()
 def demo_command(
-    nats: NatsUrl = None,
-    nats_user: NatsUser = None,
-    nats_password: NatsPassword = None,
-    nats_token: NatsToken = None,
-    nats_creds: NatsCreds = None,
-    nats_tls_ca: NatsCA = None,
-    nats_tls_cert: NatsCert = None,
-    nats_tls_key: NatsKey = None,
-    nats_reconnect_attempts: NatsReconnectAttempts = None,
-    nats_reconnect_wait: NatsReconnectWait = None,
+    nats: NatsFlags = NO_NATS_FLAGS,
     discussions: int = typer.Option(8, "--discussions", min=1, max=40,
                                     help="How many discussions to run at once."),
     seed: int = typer.Option(7, "--seed", help="Chooses questions, members and start times."),
@@ -126,13 +107,7 @@ def demo_command(
     """Run crews on emulated GPUs through the scheduler and show where each call ran."""
     fmt = resolve_format(output)
     # --nats picks NATS over the embedded store; the other flags only tune the connection.
-    nats_settings = resolve_nats(
-        NatsFlags(url=nats, user=nats_user, password=nats_password, token=nats_token,
-                  creds=nats_creds, tls_ca=nats_tls_ca, tls_cert=nats_tls_cert,
-                  tls_key=nats_tls_key, reconnect_attempts=nats_reconnect_attempts,
-                  reconnect_wait=nats_reconnect_wait),
-        use_nats=nats is not None,
-    )
+    nats_settings = resolve_nats(nats, use_nats=nats.url is not None)
     from kubemoot.cli._shutdown import run_until_stopped
     from kubemoot.runtime.settings import RuntimeSettings
 
@@ -229,7 +204,7 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
     result = schedule_bundle(resources, now=datetime.now(UTC))
     clock = SystemClock()
     books = _Books()
-    run = _Running()
+    run = _Running(straggler_grace=tunables.straggler_grace_seconds)
     try:
         await _start_emulators(resources, time_scale, into=run.emulators)
         emulators = run.emulators
@@ -237,7 +212,9 @@ async def _run(path: Path, *, nats: NatsSettings | None, discussions: int, seed:
                                               connect_wait=tunables.connect_wait_seconds)
         clients = run.clients
         for p in resources.providers:
-            clients[p.metadata.name] = _counting_provider(p, emulators[p.metadata.name].url)
+            clients[p.metadata.name] = _counting_provider(
+                p, emulators[p.metadata.name].url,
+                timeout=tunables.provider_read_timeout_seconds)
         states = await kv.bucket(PROVIDER_STATE_BUCKET)
         prober = Prober(list(clients.values()), clock=clock, publish=publish_to_kv(states))
         if nats is not None:
@@ -327,7 +304,8 @@ async def _tell_store_health(health: StoreHealth, where: str) -> None:
 class _Running:
     """What a run has started so far, and how to stop it in the one safe order."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, straggler_grace: float) -> None:
+        self.straggler_grace = straggler_grace
         self.emulators: dict[str, OllamaEmulator] = {}
         self.clients: dict[str, OllamaProvider] = {}
         self.kv: KV | None = None
@@ -353,8 +331,8 @@ class _Running:
         #    cancelled as well. Then the planner's clients, so no connection stays open.
         if self.calllog is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.calllog.flush(), SHUTDOWN_GRACE_SECONDS)
-        await _finish_stragglers(SHUTDOWN_GRACE_SECONDS)
+                await asyncio.wait_for(self.calllog.flush(), self.straggler_grace)
+        await _finish_stragglers(self.straggler_grace)
         for client in self.clients.values():
             with contextlib.suppress(Exception):
                 await client.close()
@@ -436,7 +414,7 @@ async def _start_emulators(resources: Any, time_scale: float, *,
     await asyncio.gather(*(asyncio.to_thread(e.start) for e in into.values()))
 
 
-def _counting_provider(provider: Any, url: str) -> OllamaProvider:
+def _counting_provider(provider: Any, url: str, *, timeout: float) -> OllamaProvider:
     """The planner's client for a provider; it remembers each model it unloaded."""
     from kubemoot.providers.ollama import OllamaProvider
 
@@ -451,7 +429,7 @@ def _counting_provider(provider: Any, url: str) -> OllamaProvider:
     client = Counting(
         provider.metadata.name, url, context_length=provider.spec.context_length,
         num_parallel=provider.spec.num_parallel or 1, reserve_mib=provider.spec.reserve_mib,
-        total_vram_mib=capacity.vram_total_mib if capacity else None, timeout=30.0,
+        total_vram_mib=capacity.vram_total_mib if capacity else None, timeout=timeout,
     )
     client.unloads = []
     return client
@@ -498,7 +476,7 @@ class _InferenceStarts:
 
         self._client_type = Timed
 
-    def client(self, provider: str, endpoint: str, *, timeout: float) -> OllamaProvider:
+    def client(self, provider: str, endpoint: str, *, timeout: float | None) -> OllamaProvider:
         return self._client_type(provider, endpoint, timeout=timeout, clock=self._clock)
 
     def _replied(self, eval_count: int | None, prompt_tokens: int | None) -> None:

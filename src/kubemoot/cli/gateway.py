@@ -19,22 +19,14 @@ import typer
 from kubemoot.api.errors import InputError
 from kubemoot.cli._common import app, err_console
 from kubemoot.cli._nats import (
-    NatsCA,
-    NatsCert,
-    NatsCreds,
+    NO_NATS_FLAGS,
     NatsFlags,
-    NatsKey,
-    NatsPassword,
-    NatsReconnectAttempts,
-    NatsReconnectWait,
-    NatsToken,
-    NatsUrl,
-    NatsUser,
     mask_servers,
+    nats_options,
     open_shared_store,
     resolve_nats,
 )
-from kubemoot.runtime.settings import DEFAULTS, GatewaySettings
+from kubemoot.runtime.settings import DEFAULTS, GatewaySettings, RuntimeSettings
 
 if TYPE_CHECKING:
     from kubemoot.gateway import ProviderSource
@@ -77,6 +69,7 @@ def parse_duration(text: str, flag: str) -> float:
 
 
 @app.command("gateway")
+@nats_options()
 def gateway_command(
     provider: list[str] = typer.Option(
         [], "--provider", metavar="[NAME=]URL[,vramMiB=N][,numParallel=N]…",
@@ -104,16 +97,7 @@ def gateway_command(
     allow_anonymous: bool = typer.Option(
         False, "--allow-anonymous",
         help="Allow a non-loopback address without --api-keys."),
-    nats: NatsUrl = None,
-    nats_user: NatsUser = None,
-    nats_password: NatsPassword = None,
-    nats_token: NatsToken = None,
-    nats_creds: NatsCreds = None,
-    nats_tls_ca: NatsCA = None,
-    nats_tls_cert: NatsCert = None,
-    nats_tls_key: NatsKey = None,
-    nats_reconnect_attempts: NatsReconnectAttempts = None,
-    nats_reconnect_wait: NatsReconnectWait = None,
+    nats: NatsFlags = NO_NATS_FLAGS,
 ) -> None:
     """Serve the Ollama and OpenAI APIs; every call is placed on a GPU by kubemoot.
 
@@ -128,6 +112,9 @@ def gateway_command(
     from kubemoot.gateway.keys import load_api_keys
 
     install_log_lines()  # the gateway's warnings, one line each
+    # Read once: the runtime, the ModelClasses' tolerance and the shutdown all see the
+    # same values (and a malformed variable is exit 2 before anything starts).
+    tunables = RuntimeSettings.from_env()
     host, port = parse_listen(listen)
     check_host(host, flag="--listen")
     keys = load_api_keys(api_keys) if api_keys is not None else None
@@ -141,18 +128,13 @@ def gateway_command(
         max_keep_alive_seconds=parse_duration(max_keep_alive, "--max-keep-alive"),
         probe_interval_seconds=parse_duration(probe_interval, "--probe-interval"),
     )
-    sources, declared, virtual = _providers(provider, file)
-    if not sources and nats is None:
+    sources, declared, virtual = _providers(provider, file,
+                                            tolerance=tunables.candidate_tolerance)
+    if not sources and nats.url is None:
         raise InputError("no provider: give --provider URL, -f BUNDLE.yaml with a "
                          "ModelProvider, or --nats to use the providers others publish",
                          field="--provider")
-    nats_settings = resolve_nats(
-        NatsFlags(url=nats, user=nats_user, password=nats_password, token=nats_token,
-                  creds=nats_creds, tls_ca=nats_tls_ca, tls_cert=nats_tls_cert,
-                  tls_key=nats_tls_key, reconnect_attempts=nats_reconnect_attempts,
-                  reconnect_wait=nats_reconnect_wait),
-        use_nats=nats is not None,
-    )
+    nats_settings = resolve_nats(nats, use_nats=nats.url is not None)
 
     for source in sources:
         if source.total_vram_mib is None:
@@ -172,7 +154,8 @@ def gateway_command(
         try:
             calllog = await CallLogWriter.open(kv)
             server = GatewayServer(kv, providers=sources, host=host, port=port,
-                                   settings=settings, declared=declared, keys=keys,
+                                   settings=settings, runtime=tunables,
+                                   declared=declared, keys=keys,
                                    virtual=virtual, clock=clock, on_call=[calllog.record])
             try:
                 await server.start()
@@ -193,22 +176,20 @@ def gateway_command(
             await kv.close()
 
     from kubemoot.cli._shutdown import run_until_stopped
-    from kubemoot.runtime.settings import RuntimeSettings
 
     # SIGTERM (what Kubernetes sends) and Ctrl-C cancel run(): replies end, tickets are
     # released and the store closes before the process exits (143 or 130).
-    run_until_stopped(run(), grace_seconds=RuntimeSettings.from_env().shutdown_grace_seconds)
+    run_until_stopped(run(), grace_seconds=tunables.shutdown_grace_seconds)
 
 
 def _providers(
-    urls: list[str], files: list[Path]
+    urls: list[str], files: list[Path], *, tolerance: float
 ) -> tuple[list[ProviderSource], dict[str, int | None], VirtualModels | None]:
     """The providers, declared model sizes and ModelClasses of ``--provider`` and ``-f``."""
     from kubemoot.api.loader import load_bundle
     from kubemoot.gateway import ProviderSource
     from kubemoot.gateway.classes import ModelClassBook
     from kubemoot.providers.ollama import parse_endpoint
-    from kubemoot.runtime.settings import RuntimeSettings
 
     sources: dict[str, ProviderSource] = {}
     declared: dict[str, int | None] = {}
@@ -226,7 +207,7 @@ def _providers(
         if bundle.model_classes:
             virtual = ModelClassBook(
                 bundle.model_classes, bundle.models, bundle.providers,
-                runtime_tolerance=RuntimeSettings.from_env().candidate_tolerance)
+                runtime_tolerance=tolerance)
     for text in urls:
         endpoint, *settings = text.split(",")
         try:

@@ -8,23 +8,15 @@ of one process, to the embedded store (``--embedded``).
 
 from __future__ import annotations
 
-import os
-
 import typer
 
 from kubemoot.api.errors import InputError
 from kubemoot.cli._common import app, err_console
 from kubemoot.cli._nats import (
-    NatsCA,
-    NatsCert,
-    NatsCreds,
+    NO_NATS_FLAGS,
     NatsFlags,
-    NatsKey,
-    NatsPassword,
-    NatsToken,
-    NatsUrlOrEnv,
-    NatsUser,
     mask_servers,
+    nats_options,
     open_shared_store,
     resolve_nats,
 )
@@ -34,6 +26,7 @@ _DEFAULTS = DEFAULTS
 
 
 @app.command("operator")
+@nats_options(url_from_env=True, reconnect=False)
 def operator_command(
     namespaces: list[str] = typer.Option(
         [], "--namespace", "-n", metavar="NAMESPACE",
@@ -42,14 +35,7 @@ def operator_command(
     all_namespaces: bool = typer.Option(
         False, "--all-namespaces", "-A", help="Watch every namespace (the default)."
     ),
-    nats: NatsUrlOrEnv = None,
-    nats_user: NatsUser = None,
-    nats_password: NatsPassword = None,
-    nats_token: NatsToken = None,
-    nats_creds: NatsCreds = None,
-    nats_tls_ca: NatsCA = None,
-    nats_tls_cert: NatsCert = None,
-    nats_tls_key: NatsKey = None,
+    nats: NatsFlags = NO_NATS_FLAGS,
     embedded: bool = typer.Option(
         False, "--embedded",
         help="Keep the shared state in this process (agents elsewhere cannot read it).",
@@ -77,22 +63,17 @@ def operator_command(
     """Run the Kubemoot operator: probe providers, bind Agents, patch their Deployments."""
     if namespaces and all_namespaces:
         raise InputError("give --namespace or --all-namespaces, not both", field="--namespace")
-    url = nats or os.environ.get("KUBEMOOT_NATS_URL") or None
-    if url and embedded:
+    named = nats.names_servers()
+    if named and embedded:
         raise InputError("give --nats (or KUBEMOOT_NATS_URL) or --embedded, not both",
                          field="--embedded")
-    if not url and not embedded:
+    if not named and not embedded:
         raise InputError(
             "no shared store: give --nats nats://HOST:PORT (or set KUBEMOOT_NATS_URL), "
             "or --embedded for a single-process setup",
             field="--nats",
         )
-    settings = resolve_nats(
-        NatsFlags(url=nats, user=nats_user, password=nats_password, token=nats_token,
-                  creds=nats_creds, tls_ca=nats_tls_ca, tls_cert=nats_tls_cert,
-                  tls_key=nats_tls_key),
-        use_nats=not embedded,
-    )
+    settings = resolve_nats(nats, use_nats=not embedded)
     tunables = RuntimeSettings.from_env()
 
     import logging
@@ -109,7 +90,6 @@ def operator_command(
     )
     options = OperatorOptions(
         namespaces=tuple(dict.fromkeys(namespaces)),
-        store_url=None if settings is None else ",".join(settings.servers),
         probe_interval=probe_interval or tunables.probe_interval_seconds,
         probe_timeout=probe_timeout or tunables.probe_timeout_seconds,
         shutdown_grace_seconds=tunables.shutdown_grace_seconds,

@@ -38,7 +38,6 @@ from starlette.responses import (
     JSONResponse,
     PlainTextResponse,
     Response,
-    StreamingResponse,
 )
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -47,6 +46,7 @@ from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.dashboard.fleet import FleetView
 from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
+from kubemoot.serving import StreamWithCleanup
 
 __all__ = ["CONTENT_SECURITY_POLICY", "DashboardSettings", "GuardMiddleware", "create_app"]
 
@@ -235,8 +235,14 @@ def create_app(
                 headers={"Retry-After": str(round(tune.refresh_seconds))})
         # Counted here, not when the stream starts, so a burst cannot overshoot the cap.
         clients[0] += 1
-        return _CountedStream(
-            _stream(view, clock=clock, settings=tune, done=done), clients,
+
+        async def leave() -> None:
+            clients[0] -= 1
+
+        # Left in the stream's cleanup, not the generator's ``finally``: a browser that
+        # goes away before the first chunk leaves the generator unstarted.
+        return StreamWithCleanup(
+            _stream(view, clock=clock, settings=tune, done=done), cleanup=leave,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -261,24 +267,6 @@ def create_app(
         Route("/healthz", health, methods=["GET"]),
     ])
     return GuardMiddleware(app, tune)
-
-
-class _CountedStream(StreamingResponse):
-    """An event stream that leaves the client count when it ends, however it ends.
-
-    A generator's own ``finally`` would not do: a client that goes away before the
-    first chunk leaves the generator unstarted, and its ``finally`` never runs.
-    """
-
-    def __init__(self, content: AsyncIterator[str], clients: list[int], **kwargs: Any) -> None:
-        super().__init__(content, **kwargs)
-        self._clients = clients
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._clients[0] -= 1
 
 
 def _event(snapshot: dict[str, Any]) -> str:

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from kubemoot.clock import Clock
 from kubemoot.dashboard.calllog import CALL_LOG_BUCKET, CALL_LOG_MAX_AGE_SECONDS, CallEntry
+from kubemoot.runtime.snapshot import ProviderSnapshot
 from kubemoot.store.documents import (
     MODEL_DEMAND_BUCKET,
     MODEL_DEMAND_MAX_AGE_SECONDS,
@@ -39,6 +40,7 @@ from kubemoot.store.documents import (
     ProviderState,
     ProviderTickets,
     SelectionEntry,
+    Ticket,
     TicketState,
 )
 from kubemoot.store.health import StoreHealth
@@ -229,34 +231,35 @@ class FleetView:
     def snapshot(self) -> dict[str, Any]:
         """Everything the page shows, JSON-ready and camelCase."""
         now = self._clock.now()
-        tickets = self._tickets(now)
+        tickets = self._active_tickets(now)
         return {
             "now": now,
             "version": self.version,
             "freshnessSeconds": self.freshness_seconds,
             "store": self.store_status(),
             "providers": self._providers(now, tickets),
-            "tickets": [t for ts in tickets.values() for t in ts],
+            "tickets": [
+                {"provider": provider, **t.model_dump(by_alias=True, mode="json")}
+                for provider, ts in tickets.items() for t in ts
+            ],
             "demand": self._demand(now),
             "agents": self._agents(),
         }
 
-    def _tickets(self, now: float) -> dict[str, list[dict[str, Any]]]:
-        out: dict[str, list[dict[str, Any]]] = {}
+    def _active_tickets(self, now: float) -> dict[str, list[Ticket]]:
+        """Each provider's unexpired tickets, oldest first."""
+        out: dict[str, list[Ticket]] = {}
         for key, raw in sorted(self._docs(PROVIDER_TICKETS_BUCKET).items()):
             try:
                 doc = ProviderTickets.from_json(raw)
             except ValidationError:
                 log.warning("ticket document %s unreadable", key)
                 continue
-            out[doc.provider] = [
-                {"provider": doc.provider, **t.model_dump(by_alias=True, mode="json")}
-                for t in sorted(doc.active(now), key=lambda t: t.started_at)
-            ]
+            out[doc.provider] = sorted(doc.active(now), key=lambda t: t.started_at)
         return out
 
     def _providers(
-        self, now: float, tickets: dict[str, list[dict[str, Any]]]
+        self, now: float, tickets: dict[str, list[Ticket]]
     ) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for key, raw in sorted(self._docs(PROVIDER_STATE_BUCKET).items()):
@@ -269,27 +272,28 @@ class FleetView:
         return out
 
     def _provider(
-        self, state: ProviderState, tickets: list[dict[str, Any]], now: float
+        self, state: ProviderState, tickets: list[Ticket], now: float
     ) -> dict[str, Any]:
-        resident = {m.name: m.size_mib for m in state.loaded_models}
+        # The runtime's own arithmetic (usable, resident, loading, free), so the page
+        # shows the memory the planner sees; tickets are already the active ones.
+        snap = ProviderSnapshot(state=state, tickets=tuple(tickets))
+        resident = snap.residents
         # A ticket with a footprint spends new VRAM for a copy the last probe did not see
         # resident yet (held for a plan, loading, or running before the next probe).
         loading = [
-            {"model": t["model"], "mib": t["modelFootprintMiB"], "state": t["state"]}
+            {"model": t.model, "mib": t.model_footprint_mib, "state": t.state.value}
             for t in tickets
-            if t["modelFootprintMiB"] > 0 and t["model"] not in resident
+            if t.model_footprint_mib > 0 and t.model not in resident
         ]
-        resident_mib = sum(resident.values())
-        loading_mib = sum(int(item["mib"]) for item in loading)
         total = state.total_vram_mib
-        free = None if total is None else max(
-            0, total - state.reserve_mib - resident_mib - loading_mib
-        )
+        # An unload plan in flight counts its new model before its victims leave, so
+        # free can dip below zero for a moment; the page draws that as none free.
+        free = None if snap.free_mib is None else max(0, snap.free_mib)
         age = None if state.last_probed_at is None else max(0.0, now - state.last_probed_at)
         running: dict[str, int] = defaultdict(int)
         for t in tickets:
-            if t["state"] in (TicketState.RUNNING.value, TicketState.LOADING.value):
-                running[t["model"]] += 1
+            if t.state in (TicketState.RUNNING, TicketState.LOADING):
+                running[t.model] += 1
         models = [
             {"name": name, "sizeMiB": mib, "inUse": running.get(name, 0)}
             for name, mib in sorted(resident.items())
@@ -304,8 +308,8 @@ class FleetView:
             "stale": age is not None and age > self.freshness_seconds,
             "totalVramMiB": total,
             "reserveMiB": state.reserve_mib,
-            "residentMiB": resident_mib,
-            "loadingMiB": loading_mib,
+            "residentMiB": snap.resident_total,
+            "loadingMiB": snap.loading_mib,
             "freeMiB": free,
             "maxParallel": state.max_parallel,
             "slotsInUse": sum(running.values()),

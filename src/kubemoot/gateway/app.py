@@ -21,19 +21,19 @@ import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from kubemoot import __version__, metrics
 from kubemoot.gateway import openai as oai
-from kubemoot.gateway.calls import CallDesk, PlacedCall
+from kubemoot.gateway.calls import CallDesk, PlacedCall, RefusedBeforeSending
 from kubemoot.gateway.catalogue import known_models, resolve_name, unknown_model
 from kubemoot.gateway.errors import GatewayError, error_response
 from kubemoot.gateway.keys import ANONYMOUS, ApiKeys
 from kubemoot.gateway.requests import InferenceRequest, model_name, read_json
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime.placement import Candidate
+from kubemoot.serving import StreamWithCleanup
 
 __all__ = ["GatewayApp", "VirtualModels"]
 
@@ -274,20 +274,33 @@ class GatewayApp:
 
         watcher = asyncio.ensure_future(watch_disconnect())
         opening: asyncio.Future[httpx.Response] | None = None
+        clock = self.desk.stack.clock
+        began = clock.now()
+        exclude: tuple[str, ...] = ()
         try:
-            call = await self.desk.place(req, candidates, caller=request.state.caller,
-                                         budget=budget, left=left)
-            opening = asyncio.ensure_future(
-                call.open(path, call.upstream_body(legacy_embeddings=legacy_embeddings)))
-            await asyncio.wait({opening, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if not opening.done():
-                opening.cancel()
-                with contextlib.suppress(asyncio.CancelledError, GatewayError):
-                    await opening
-                await call.close(ok=None)
-                raise GatewayError(499, "the client went away before the engine answered")
-            opening.result()
-            return call
+            while True:
+                call = await self.desk.place(
+                    req, candidates, caller=request.state.caller, left=left,
+                    budget=max(0.0, budget - (clock.now() - began)), exclude=exclude)
+                opening = asyncio.ensure_future(
+                    call.open(path, call.upstream_body(legacy_embeddings=legacy_embeddings)))
+                await asyncio.wait({opening, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if not opening.done():
+                    opening.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, GatewayError):
+                        await opening
+                    await call.close(ok=None)
+                    raise GatewayError(499, "the client went away before the engine answered")
+                try:
+                    opening.result()
+                except RefusedBeforeSending as refused:
+                    if exclude:
+                        raise  # once only (DESIGN §5): the second refusal is the answer
+                    # the engine never saw the request: place it once more, elsewhere
+                    log.info("gateway: %s; placing the call once more elsewhere", refused)
+                    exclude = (refused.provider,)
+                    continue
+                return call
         except asyncio.CancelledError:
             # the handler itself was cancelled (a shutdown past its grace period): the
             # upstream request must not outlive it, nor fail later with nobody to hear
@@ -309,8 +322,7 @@ class GatewayApp:
             return await self._unload(req)
         call = await self._start(request, req, path, legacy_embeddings=legacy_embeddings)
         if req.stream:
-            return _CallStream(call, call.lines(), media_type="application/x-ndjson",
-                               headers=call.headers())
+            return _call_stream(call, call.lines(), media_type="application/x-ndjson")
         return JSONResponse(await call.json(), headers=call.headers())
 
     async def _chat(self, request: Request) -> Response:
@@ -369,7 +381,7 @@ class GatewayApp:
         req = InferenceRequest.parse("chat", native)
         call = await self._start(request, req, "/api/chat")
         call_id = oai.new_id()
-        model = req.model
+        model = _answered_by(call, req)
         if not req.stream:
             reply = await call.json()
             if not isinstance(reply, dict):
@@ -398,8 +410,7 @@ class GatewayApp:
                     yield _sse(oai.usage_chunk(line, model=model, call_id=call_id))
             yield b"data: [DONE]\n\n"
 
-        return _CallStream(call, events(), media_type="text/event-stream",
-                           headers=call.headers())
+        return _call_stream(call, events(), media_type="text/event-stream")
 
     async def _v1_embeddings(self, request: Request) -> Response:
         body = await read_json(request, limit=self.desk.settings.max_body_bytes)
@@ -408,8 +419,18 @@ class GatewayApp:
         reply = await call.json()
         if not isinstance(reply, dict):
             raise GatewayError(502, "the provider's answer is not an object")
-        return JSONResponse(oai.embeddings_reply(reply, model=req.model),
+        return JSONResponse(oai.embeddings_reply(reply, model=_answered_by(call, req)),
                             headers=call.headers())
+
+
+def _answered_by(call: PlacedCall, req: InferenceRequest) -> str:
+    """A reply's ``model``: the model that really answered, on every route.
+
+    The engine's own replies (the Ollama routes) name the model it ran, so the OpenAI
+    routes say the same, as OpenAI itself answers an alias with the model behind it. A
+    client that asked for a ModelClass thus learns which model wrote the answer.
+    """
+    return call.placement.model or req.model
 
 
 def _sse(value: object) -> bytes:
@@ -423,17 +444,13 @@ def _virtual_tag(name: str) -> dict[str, Any]:
                                       "quantization_level": ""}}
 
 
-class _CallStream(StreamingResponse):
+def _call_stream(call: PlacedCall, content: AsyncIterator[bytes], *,
+                 media_type: str) -> Response:
     """A streamed reply that releases its call however the response ends — including
-    a client that leaves before the first byte (the body iterator never starts then)."""
+    a client that leaves before the first byte."""
 
-    def __init__(self, call: PlacedCall, content: AsyncIterator[bytes], *,
-                 media_type: str, headers: Mapping[str, str]) -> None:
-        super().__init__(content, media_type=media_type, headers=headers)
-        self._call = call
+    async def release() -> None:
+        await call.close(ok=None)  # a no-op when the stream already closed it
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._call.close(ok=None)  # a no-op when the stream already closed it
+    return StreamWithCleanup(content, cleanup=release, media_type=media_type,
+                             headers=call.headers())

@@ -22,18 +22,20 @@ from typing import Any
 
 import httpx
 
+from kubemoot import metrics
 from kubemoot.agent.runtime import CallRecord
 from kubemoot.agent.wiring import RuntimeStack
 from kubemoot.clock import Clock
 from kubemoot.gateway.catalogue import largest_context, unknown_model
 from kubemoot.gateway.errors import GatewayError
 from kubemoot.gateway.requests import InferenceRequest
+from kubemoot.runtime import options
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.refusals import Reason
 from kubemoot.runtime.settings import GatewaySettings
 from kubemoot.store.protocol import StoreError
 
-__all__ = ["AfterLoad", "CallDesk", "PlacedCall"]
+__all__ = ["AfterLoad", "CallDesk", "PlacedCall", "RefusedBeforeSending"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,19 @@ class _WaitEnds:
                 await self._task
 
 
+class RefusedBeforeSending(GatewayError):
+    """The placed provider refused the connection before any byte of the request left.
+
+    The call's ticket is back and the provider's circuit has counted the fault; the
+    caller may place the call once more with ``provider`` excluded (DESIGN §5). Left
+    uncaught it is the 502 it would have been anyway.
+    """
+
+    def __init__(self, provider: str, message: str) -> None:
+        super().__init__(502, message, code="provider_error")
+        self.provider = provider
+
+
 @dataclass(slots=True)
 class CallDesk:
     """Places, forwards and releases gateway calls over one runtime stack."""
@@ -114,12 +129,13 @@ class CallDesk:
         caller: str,
         budget: float,
         left: asyncio.Event,
+        exclude: Sequence[str] = (),
     ) -> PlacedCall:
         """A call holding a ticket, or a :class:`GatewayError` saying why not.
 
         A busy call waits until the budget is spent or ``left`` is set (the client
         went away); either ends the wait the waiter's own way, so a ticket granted at
-        that moment is never lost.
+        that moment is never lost. ``exclude``: providers this call must not go to.
         """
         clock = self.stack.clock
         started = clock.now()
@@ -136,7 +152,7 @@ class CallDesk:
         try:
             placement = await self.stack.agents.waiter.place(
                 candidates, agent=caller, holder_id=holder, prompt_tokens=prompt_tokens,
-                signals=signals, done=signals.done,
+                signals=signals, done=signals.done, exclude=exclude,
             )
         finally:
             await signals.close()
@@ -169,8 +185,7 @@ class CallDesk:
         if placement.reason == Reason.MODEL_UNKNOWN.value:
             return unknown_model(model)
         if placement.reason == Reason.MODEL_TOO_LARGE.value:
-            return GatewayError(400, f"model {name} is larger than the usable memory of "
-                                "every GPU in the fleet", code="model_too_large")
+            return await self._too_large(model, name)
         if placement.reason == Reason.PROMPT_TOO_LARGE.value:
             fleet = await self.stack.view.snapshot()
             largest = largest_context(fleet, [c.model for c in candidates])
@@ -182,12 +197,41 @@ class CallDesk:
                                   "copy with a larger context than its provider runs")
             return error
         waited = placement.waited_seconds
-        estimate = placement.options[0].seconds if placement.options else budget or 1.0
-        retry = max(1, math.ceil(estimate))
+        retry = await self._retry_after(candidates, prompt_tokens)
         return GatewayError(
             503, f"every GPU that can run {name} is busy; waited {waited:.1f} s of a "
             f"{budget:g} s budget (X-Kubemoot-Wait-Budget); retry in about {retry} s",
             code="gpu_busy", headers={"Retry-After": str(retry)})
+
+    async def _too_large(self, model: str, name: str) -> GatewayError:
+        """model-too-large with the sizes that prove it: the model's footprint against
+        the largest usable memory (VRAM total less reserve) of any card."""
+        fleet = await self.stack.view.snapshot()
+        need = self.stack.planner.occupancy.occupancy(model, fleet)
+        cards = [(p.usable_mib, p.name) for p in fleet.providers if p.usable_mib is not None]
+        message = f"model {name} is larger than the usable memory of every GPU in the fleet"
+        if need is not None and cards:
+            usable, card = min(cards, key=lambda c: (-c[0], c[1]))  # ties: by name
+            message += (f": it needs {need} MiB, and the largest usable memory in the "
+                        f"fleet is {usable} MiB on {card} (its VRAM total less its reserve)")
+        return GatewayError(400, message, code="model_too_large")
+
+    async def _retry_after(self, candidates: Sequence[Candidate],
+                           prompt_tokens: int | None) -> int:
+        """Whole seconds until the call could probably start, priced afresh now.
+
+        The wait's last options were priced at its last capacity change and may name an
+        unload plan that was never claimable; what counts is when work in flight ends
+        (:func:`~kubemoot.runtime.options.start_estimate`). With nothing in flight to
+        go by, the next probe is the next news.
+        """
+        planner = self.stack.planner
+        rnd = await planner.new_round(prompt_tokens)
+        models = [c.model for c in planner.in_tolerance(candidates)]
+        estimate = options.start_estimate(rnd, models)
+        if estimate is None:
+            estimate = self.settings.probe_interval_seconds
+        return max(1, math.ceil(estimate))
 
     def record(self, call: PlacedCall, *, ok: bool) -> None:
         p = call.placement
@@ -296,6 +340,13 @@ class PlacedCall:
         try:
             request = self.desk.http.build_request("POST", url, json=body)
             response = await self.desk.http.send(request, stream=True)
+        except httpx.ConnectError as error:
+            # no connection, so not a byte of the request left: the one failure that
+            # may be placed again (elsewhere); the circuit still counts it
+            await self.close(ok=False)
+            raise RefusedBeforeSending(
+                self.placement.provider or "", f"provider {self.placement.provider} "
+                f"refused the connection: {error}") from None
         except httpx.HTTPError as error:
             await self.close(ok=False)
             raise GatewayError(502, f"provider {self.placement.provider} did not answer: "
@@ -369,8 +420,12 @@ class PlacedCall:
                 await self._upstream.aclose()  # a client that left cancels the engine too
             if (p.action in _CHANGES_MEMORY and desk.after_load is not None
                     and p.provider is not None):
-                with contextlib.suppress(StoreError, OSError):
+                try:
                     await desk.after_load(p.provider)
+                except (StoreError, OSError) as error:
+                    kind = metrics.STORE if isinstance(error, StoreError) else metrics.PROVIDER
+                    metrics.survived("gateway", "after-load", kind, f"re-probing "
+                                     f"{p.provider} after a load failed", error, logger=log)
         finally:
             try:
                 if ok is None:
@@ -380,11 +435,17 @@ class PlacedCall:
                                                ok=ok)
             except (StoreError, OSError) as error:
                 # the TTL reclaims it; an answer already given is never turned into an error
-                log.warning("releasing the ticket of %s failed: %s", self.holder, error)
+                metrics.survived("gateway", "release", metrics.STORE, f"releasing the "
+                                 f"ticket of {self.holder} failed; its TTL will reclaim it",
+                                 error, logger=log)
             desk.in_flight.discard(self)
             if ok and p.model is not None:
-                with contextlib.suppress(StoreError):
+                try:
                     await stack.board.record_use(p.model)
+                except StoreError as error:
+                    metrics.survived("gateway", "record-use", metrics.STORE,
+                                     f"recording the use of {p.model} failed", error,
+                                     logger=log)
             desk.record(self, ok=bool(ok))
 
 

@@ -11,12 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import httpx
-import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kubemoot.agent.pool import CallSettings
@@ -31,6 +29,7 @@ from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import KVStatePublisher, Prober
 from kubemoot.providers.protocol import ProviderState
 from kubemoot.runtime.settings import DEFAULTS, GatewaySettings, RuntimeSettings
+from kubemoot.serving import HttpServer
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import KV, KeyExists, RevisionMismatch
@@ -38,6 +37,9 @@ from kubemoot.store.protocol import KV, KeyExists, RevisionMismatch
 __all__ = ["GatewayServer", "ProviderSource"]
 
 log = logging.getLogger(__name__)
+
+# Connections the kernel queues before the gateway accepts them: calls come in bursts.
+_LISTEN_BACKLOG = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,14 +70,6 @@ class _ShutdownCuts(logging.Filter):
                           "short by the shutdown")
             record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True
-
-
-class _QuietServer(uvicorn.Server):
-    """uvicorn without its signal handlers: the host program owns Ctrl-C."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):  # type: ignore[no-untyped-def]
-        yield
 
 
 class GatewayServer:
@@ -117,39 +111,25 @@ class GatewayServer:
         self.prober: Prober | None = None
         self._http: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._server: uvicorn.Server | None = None
-        self._serving: asyncio.Task[None] | None = None
-        self._socket: socket.socket | None = None
+        self._web = HttpServer(host, port, drain_seconds=self.settings.drain_seconds,
+                               backlog=_LISTEN_BACKLOG)
 
     @property
     def url(self) -> str:
-        if self._socket is None:
+        if not self._web.bound:
             raise RuntimeError("the gateway is not running")
-        host, port = self._socket.getsockname()[:2]
-        return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        return self._web.url
 
     async def start(self) -> None:
         """Bind (``OSError`` when the address is taken), probe, wire, serve."""
-        sock = _bind(self.host, self.port)
-        self._socket = sock
+        self._web.bind()
         try:
             await self._wire()
             assert self.desk is not None
             app = GatewayApp(self.desk, self.clients, declared=frozenset(self.declared),
                              keys=self.keys, virtual=self.virtual, reprobe=self._reprobe)
-            config = uvicorn.Config(_answer_when_cut(app.app), log_level="warning",
-                                    access_log=False,
-                                    lifespan="off",
-                                    timeout_graceful_shutdown=self.settings.drain_seconds)
-            self._server = _QuietServer(config)
             _install_once(logging.getLogger("uvicorn.error"), _ShutdownCuts)
-            self._serving = asyncio.get_running_loop().create_task(
-                self._server.serve([sock]))
-            while not self._server.started:
-                if self._serving.done():
-                    await self._serving
-                    raise RuntimeError("the gateway stopped during startup")
-                await asyncio.sleep(0.01)
+            await self._web.start(_answer_when_cut(app.app))
         except BaseException:
             await self.stop()
             raise
@@ -201,16 +181,11 @@ class GatewayServer:
 
     async def wait(self) -> None:
         """Serve until the server stops (Ctrl-C in the host program cancels this)."""
-        if self._serving is not None:
-            await asyncio.shield(self._serving)
+        await self._web.wait()
 
     async def stop(self) -> None:
         """Stop serving, then release what the calls still hold, then close clients."""
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._serving is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._serving
+        await self._web.stop()
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -225,8 +200,6 @@ class GatewayServer:
         for client in self.clients.values():
             with contextlib.suppress(Exception):
                 await client.close()
-        if self._socket is not None:
-            self._socket.close()
 
     async def __aenter__(self) -> GatewayServer:
         await self.start()
@@ -270,23 +243,6 @@ def _answer_when_cut(app: ASGIApp) -> ASGIApp:
 def _install_once(logger: logging.Logger, kind: type[logging.Filter]) -> None:
     if not any(isinstance(f, kind) for f in logger.filters):
         logger.addFilter(kind())
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    # IPPROTO_TCP, not 0: asyncio turns Nagle off (TCP_NODELAY) only on connections
-    # of a socket that says it is TCP; with Nagle on, every keep-alive reply waits for
-    # the client's delayed ACK (about 40 ms a request).
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
-                         socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.listen(1024)
-    sock.setblocking(False)
-    return sock
 
 
 class NewestStatePublisher(KVStatePublisher):

@@ -15,8 +15,13 @@ from kubemoot.operator.handlers import build_registry
 from kubemoot.operator.kube import KubeClient
 from kubemoot.operator.reconciler import Reconciler
 from kubemoot.runtime.settings import DEFAULTS
-from kubemoot.store.documents import PROVIDER_STATE_BUCKET
-from kubemoot.store.protocol import KV
+from kubemoot.store.documents import (
+    MODEL_DEMAND_BUCKET,
+    MODEL_DEMAND_MAX_AGE_SECONDS,
+    PROVIDER_STATE_BUCKET,
+    PROVIDER_TICKETS_BUCKET,
+)
+from kubemoot.store.protocol import KV, Bucket
 
 __all__ = [
     "DEFAULT_PROBE_INTERVAL",
@@ -25,6 +30,7 @@ __all__ = [
     "OperatorOptions",
     "cluster_login",
     "kopf_settings",
+    "open_shared_buckets",
     "run_operator",
     "serve",
 ]
@@ -49,7 +55,6 @@ class OperatorOptions:
     """
 
     namespaces: tuple[str, ...] = ()
-    store_url: str | None = None  # None: the embedded store (one process only)
     probe_interval: float = DEFAULT_PROBE_INTERVAL
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
     # After SIGTERM or Ctrl-C, kopf's stop may take this long before the process is killed.
@@ -117,13 +122,28 @@ async def serve(
         await reconciler.close()
 
 
+async def open_shared_buckets(store: KV) -> Bucket:
+    """Open every bucket the runtime shares; the provider-state bucket is returned.
+
+    The operator writes only provider state, but it opens the ticket and demand buckets
+    too: it is the one component a cluster configures with ``KUBEMOOT_NATS_REPLICAS``,
+    and opening a bucket creates it with (or raises it to) that many copies. Left to the
+    agents, the first to start would create the ticket bucket with one copy.
+    """
+    states = await store.bucket(PROVIDER_STATE_BUCKET)
+    await store.bucket(PROVIDER_TICKETS_BUCKET)
+    await store.bucket(MODEL_DEMAND_BUCKET, max_age=MODEL_DEMAND_MAX_AGE_SECONDS)
+    return states
+
+
 async def run_operator(
     options: OperatorOptions, *, clock: Clock | None = None, login: Login = cluster_login,
     open_kv: OpenStore | None = None,
 ) -> None:
     """Check the credentials, open the shared store, then serve until interrupted.
 
-    The store comes from ``open_kv`` when given, else from ``options.store_url``.
+    The store comes from ``open_kv`` (the CLI's connects to NATS with the user's
+    credentials and TLS); without it, the embedded store serves one process only.
     SIGTERM and SIGINT stop kopf gracefully (kopf handles both); the store closes last.
     """
     from kubemoot.store import open_store
@@ -134,9 +154,9 @@ async def run_operator(
         raise InputError(f"cannot read Kubernetes credentials: {error}") from None
     clock = clock or SystemClock()
     store: KV = (await open_kv(clock) if open_kv is not None
-                 else await open_store(options.store_url, clock=clock))
+                 else await open_store(clock=clock))
     try:
-        bucket = await store.bucket(PROVIDER_STATE_BUCKET)
+        bucket = await open_shared_buckets(store)
         kube = KubeClient(login)
         reconciler = Reconciler(
             kube,

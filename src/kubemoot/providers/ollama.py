@@ -8,10 +8,14 @@ in: the per-slot context (``OLLAMA_CONTEXT_LENGTH``), the parallel slots
 
 Every httpx or ollama exception is mapped to :mod:`kubemoot.providers.protocol` errors
 here, at the edge. Every public call has a deadline for the whole of it, because the
-HTTP timeout bounds one read only. A call is retried at most ``max_retries`` times
-(default once) and only when the connection was refused before anything was sent; a
-timeout, a reset or any answer is final, since the engine may already be working on the
-request, so a slow engine surfaces as one failed call instead of a silent chain.
+HTTP timeout bounds one read only. Only the probe's reads (``/api/ps``, ``/api/tags``,
+``/api/version``) are retried on the same endpoint, at most ``max_retries`` times
+(default once) and only when the connection was refused before anything was sent: they
+change nothing, and a refusal during an engine restart should not mark the provider
+down. Inference and load/unload requests are never repeated here: a refused one goes up
+as :class:`ProviderUnavailable` with ``sent`` false, and the runtime places the call
+once more *elsewhere* (DESIGN §5). A timeout, a reset or any answer is final, since the
+engine may already be working on the request.
 """
 
 from __future__ import annotations
@@ -218,7 +222,7 @@ class OllamaProvider:
         num_parallel: int = 1,
         reserve_mib: int = DEFAULTS.reserve_mib,
         total_vram_mib: int | None = None,
-        timeout: float = 120.0,
+        timeout: float | None = None,
         deadline: float | None = None,
         max_retries: int = 1,
         retry_delay: float = 0.5,
@@ -233,12 +237,16 @@ class OllamaProvider:
         self.num_parallel = num_parallel
         self.reserve_mib = reserve_mib
         self.total_vram_mib = total_vram_mib
-        self.timeout = timeout
-        # Without an explicit deadline the deployment's applies
-        # (KUBEMOOT_PROVIDER_CALL_DEADLINE_SECONDS): clients are made in many places
-        # (gateway, agent, demo, chat pools), and each must honour it.
-        self.deadline = (RuntimeSettings.from_env().provider_call_deadline_seconds
-                         if deadline is None else deadline)
+        # Without an explicit read timeout or deadline the deployment's apply
+        # (KUBEMOOT_PROVIDER_READ_TIMEOUT_SECONDS, KUBEMOOT_PROVIDER_CALL_DEADLINE_SECONDS):
+        # clients are made in many places (gateway, agent, demo, chat pools), and each
+        # must honour them.
+        deployment = (RuntimeSettings.from_env() if timeout is None or deadline is None
+                      else DEFAULTS)
+        self.timeout: float = (deployment.provider_read_timeout_seconds if timeout is None
+                               else timeout)
+        self.deadline: float = (deployment.provider_call_deadline_seconds if deadline is None
+                                else deadline)
         if not self.deadline > 0:
             raise InputError(f"provider {name}: the call deadline must be positive, got "
                              f"{self.deadline!r}", field="deadline")
@@ -249,7 +257,7 @@ class OllamaProvider:
         self.last_dcgm_error: ProviderError | None = None
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._client = ollama.AsyncClient(
-            host=self.endpoint, timeout=timeout,
+            host=self.endpoint, timeout=self.timeout,
             transport=_CappedTransport(max_response_bytes),
         )
 
@@ -322,8 +330,12 @@ class OllamaProvider:
             return ProviderBadResponse(f"{prefix}: {detail}", status=status, **where)
         return ProviderError(f"{prefix}: {detail}", **where)
 
-    async def _call(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
-        attempts = 1 + self.max_retries
+    async def _call(
+        self, what: str, op: Callable[[], Awaitable[T]], *, retry: bool = False
+    ) -> T:
+        """Run one request, mapping its errors; ``retry`` (probe reads only) repeats a
+        request whose connection was refused, on this same endpoint."""
+        attempts = 1 + (self.max_retries if retry else 0)
         for attempt in range(1, attempts + 1):
             try:
                 return await op()
@@ -362,8 +374,8 @@ class OllamaProvider:
     async def probe(self) -> ProviderState:
         """Ask ``/api/ps`` and ``/api/tags`` (and DCGM) what the engine holds now."""
         async with self._within_deadline("probe"):
-            ps = await self._call("GET /api/ps", self._client.ps)
-            tags = await self._call("GET /api/tags", self._client.list)
+            ps = await self._call("GET /api/ps", self._client.ps, retry=True)
+            tags = await self._call("GET /api/tags", self._client.list, retry=True)
             try:
                 state = await self._state(ps, tags)
             except ProviderError as error:
@@ -377,6 +389,7 @@ class OllamaProvider:
             response = await self._call(
                 "GET /api/version",
                 lambda: self._client._request_raw("GET", "/api/version"),  # type: ignore[no-untyped-call]
+                retry=True,
             )
             data = response.json()
         except (ProviderError, ValueError):
@@ -440,8 +453,9 @@ class OllamaProvider:
             self.last_dcgm_error = error
             fallback = ("the VRAM total stays unknown" if self.total_vram_mib is None
                         else f"using the configured VRAM total ({self.total_vram_mib} MiB)")
-            log.warning("%s: DCGM unavailable, %s: %s", self.name, fallback, error)
-            metrics.ERRORS_SURVIVED.labels(component="provider", operation="dcgm").inc()
+            metrics.survived("provider", "dcgm", metrics.PROVIDER,
+                             f"{self.name}: DCGM unavailable, {fallback}", error,
+                             logger=log)
             return None
         self.last_dcgm_error = None
         return reading

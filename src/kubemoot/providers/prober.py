@@ -55,9 +55,9 @@ class KVStatePublisher:
             return ProviderState.from_json(entry.value)
         except ValueError as error:
             # the footprints it held are lost; say so rather than forget them quietly
-            log.warning("stored state of %s is unreadable; starting afresh: %s",
-                        provider, error)
-            metrics.ERRORS_SURVIVED.labels(component="prober", operation="read-state").inc()
+            metrics.survived("prober", "read-state", metrics.UNREADABLE,
+                             f"stored state of {provider} is unreadable; starting afresh",
+                             error, logger=log)
             return None
 
 
@@ -121,8 +121,9 @@ class Prober:
             try:
                 await self._publish(state)
             except (StoreError, OSError) as error:
-                log.warning("publishing the state of %s failed: %s", client.name, error)
-                metrics.ERRORS_SURVIVED.labels(component="prober", operation="publish").inc()
+                metrics.survived("prober", "publish", metrics.STORE,
+                                 f"publishing the state of {client.name} failed", error,
+                                 logger=log)
         return state
 
     def _not_ready(self, client: ProviderClient, reason: str) -> ProviderState:
@@ -147,9 +148,9 @@ class Prober:
             try:
                 stored = await self._previous(provider)
             except (StoreError, OSError) as error:
-                log.warning("reading the stored state of %s failed: %s", provider, error)
-                metrics.ERRORS_SURVIVED.labels(component="prober",
-                                               operation="read-state").inc()
+                metrics.survived("prober", "read-state", metrics.STORE,
+                                 f"reading the stored state of {provider} failed", error,
+                                 logger=log)
                 stored = None
             if stored is not None:
                 for model, mib in stored.loaded_model_footprints.items():

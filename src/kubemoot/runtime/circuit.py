@@ -60,6 +60,11 @@ class CircuitBreakers:
             return CircuitState.HALF_OPEN
         return CircuitState.OPEN
 
+    def failures(self, provider: str) -> int:
+        """Provider faults counted since the provider last succeeded."""
+        circuit = self._circuits.get(provider)
+        return 0 if circuit is None else circuit.failures
+
     def tracked(self) -> frozenset[str]:
         """Providers with failures on record (every other one is closed)."""
         return frozenset(self._circuits)

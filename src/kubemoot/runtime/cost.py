@@ -137,6 +137,10 @@ class CostModel:
 
     # -- per model -------------------------------------------------------------------
 
+    @property
+    def occupancy_book(self) -> OccupancyBook:
+        return self._occupancy
+
     def occupancy(self, model: str) -> int | None:
         return self._occupancy.occupancy(model, self.fleet)
 

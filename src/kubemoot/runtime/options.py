@@ -30,6 +30,7 @@ from kubemoot.runtime.eviction import EvictionPlanner, idle_residents
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ProviderSnapshot
+from kubemoot.store.documents import TicketState
 
 VICTIMS = "victims"
 
@@ -45,6 +46,9 @@ class Round:
     gates: dict[str, list[GateResult]] = field(default_factory=dict)
     #: waiters queued before this call, per copy ``(provider, model)`` (see :func:`spread`)
     ahead: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: the fleet before any provider was excluded (``None``: nothing was); a refusal is
+    #: judged on it, since an excluded provider still shows what would fit and where
+    whole: FleetSnapshot | None = None
     _priced: dict[tuple[str, str, int], Option] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -56,9 +60,25 @@ class Round:
         settings: RuntimeSettings,
         occupancy: OccupancyBook,
         prompt_tokens: int | None,
+        exclude: Iterable[str] = (),
     ) -> Round:
-        cost = CostModel(fleet, settings=settings, occupancy=occupancy, demand=demand)
-        return cls(fleet=fleet, cost=cost, prompt_tokens=prompt_tokens)
+        """A round over ``fleet`` less the ``exclude`` providers: they are filtered out
+        before anything is priced, so no price has to know about them."""
+        seen = fleet.without(exclude)
+        if seen is not fleet:
+            # what the left-out providers show about model sizes is still true
+            occupancy.observe(fleet)
+        cost = CostModel(seen, settings=settings, occupancy=occupancy, demand=demand)
+        return cls(fleet=seen, cost=cost, prompt_tokens=prompt_tokens,
+                   whole=fleet if seen is not fleet else None)
+
+    def judged(self) -> tuple[FleetSnapshot, CostModel]:
+        """The fleet and cost model a refusal is classified on (the whole fleet)."""
+        if self.whole is None:
+            return self.fleet, self.cost
+        c = self.cost
+        return self.whole, CostModel(self.whole, settings=c.settings,
+                                     occupancy=c.occupancy_book, demand=c.demand)
 
     def record(self, provider: str, model: str, results: list[GateResult]) -> bool:
         self.gates[f"{provider}/{model}"] = results
@@ -294,6 +314,38 @@ def comparison(rnd: Round, models: Sequence[str], *, explain: bool) -> list[Opti
     if explain or cheapest is None or floor is None or cheapest > floor:
         options += unload_options(rnd, preferred)
     return sorted(options, key=lambda o: o.sort_key(models))
+
+
+def start_estimate(rnd: Round, models: Sequence[str]) -> float | None:
+    """Seconds until a busy call could probably start: what ``Retry-After`` says.
+
+    The soonest of: a slot for it on a usable copy of an acceptable model (the copy's
+    remaining load included, :meth:`CostModel.copy_option`), and the end of work in
+    flight on a ready card that could hold the preferred model (a call ends one latency
+    after it starts, and it starts when its copy has loaded). An unload plan or a cold
+    load priced a moment ago is no such estimate: a call that could take one would have
+    been placed. ``None`` when nothing in flight says (every card idle, down or shut off
+    by its circuit). Held plans are not counted: no call runs on them yet.
+    """
+    cost, now = rnd.cost, rnd.fleet.now
+    occupancy = cost.occupancy(models[0])
+    times: list[float] = []
+    for p in rnd.fleet.providers:
+        if not p.state.ready or p.circuit_open:
+            continue
+        for model in models:
+            if p.has_copy(model) and filters.warm_ok(p, model, rnd.prompt_tokens):
+                times.append(cost.copy_option(p, model).seconds)
+        usable = p.usable_mib
+        if occupancy is not None and usable is not None and usable < occupancy:
+            continue  # its work ending frees nothing this call could use
+        for t in p.tickets:
+            if t.model in models or t.state is TicketState.HELD:
+                continue  # a copy of an acceptable model was counted above
+            loaded = cost.load_ends_at(p, t.model)
+            starts = t.started_at if loaded is None else max(t.started_at, loaded)
+            times.append(max(0.0, starts + p.latency_seconds - now))
+    return min(times) if times else None
 
 
 def second_copy_pays(cost: CostModel, loading: Option, options: Sequence[Option]) -> bool:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -123,12 +123,14 @@ class CallPlanner:
         close = [c for c in rest if c.score >= floor and c.model != preferred.model]
         return [preferred, *sorted(close, key=lambda c: -c.score)]
 
-    async def new_round(self, prompt_tokens: int | None) -> Round:
-        """A round over the fleet and the demand as they are now."""
+    async def new_round(
+        self, prompt_tokens: int | None, *, exclude: Collection[str] = ()
+    ) -> Round:
+        """A round over the fleet and the demand as they are now, less ``exclude``."""
         fleet = await self.view.snapshot()
         demand = await self._demand_view()
         return Round.of(fleet, demand, settings=self.settings, occupancy=self.occupancy,
-                        prompt_tokens=prompt_tokens)
+                        prompt_tokens=prompt_tokens, exclude=exclude)
 
     async def place(
         self,
@@ -139,6 +141,7 @@ class CallPlanner:
         ticket_state: TicketState = TicketState.RUNNING,
         explain: bool = False,
         ahead: int = 0,
+        exclude: Collection[str] = (),
     ) -> Placement:
         """Place one call of the first (preferred) candidate or a tolerated alternative.
 
@@ -147,12 +150,14 @@ class CallPlanner:
         they count in every copy's queue. With ``explain`` every option is priced even
         when a warm copy wins at once (for ``kubemoot place``); otherwise the cheap
         cases skip the full comparison and options that cannot win are not listed.
+        ``exclude`` names providers this call must not go to (its connection was refused
+        there before any byte was sent): they are left out of every round.
         """
         clock = self.view.clock
         began = clock.now()
         placement = await self._place(candidates, holder_id=holder_id,
                                       prompt_tokens=prompt_tokens, ticket_state=ticket_state,
-                                      explain=explain, ahead=ahead)
+                                      explain=explain, ahead=ahead, exclude=exclude)
         metrics.PLACEMENT_SECONDS.observe(max(0.0, clock.now() - began))
         metrics.DECISIONS.labels(action=placement.action.value).inc()
         if placement.action is Action.REFUSE and placement.reason is not None:
@@ -168,13 +173,14 @@ class CallPlanner:
         ticket_state: TicketState,
         explain: bool,
         ahead: int,
+        exclude: Collection[str],
     ) -> Placement:
         if not candidates:
             raise ValueError("a call needs at least one candidate model")
         acceptable = self.in_tolerance(candidates)
         models = [c.model for c in acceptable]
         for _ in range(self._max_rounds):
-            rnd = await self.new_round(prompt_tokens)
+            rnd = await self.new_round(prompt_tokens, exclude=exclude)
             options.spread(rnd, models, ahead)
             placement = await self._place_round(rnd, models, holder_id, ticket_state, explain)
             if placement is not None and not await self.admit(placement):
@@ -182,7 +188,7 @@ class CallPlanner:
             if placement is not None:
                 return placement
         # Every round lost its claim to a concurrent change: treat it as busy.
-        rnd = await self.new_round(prompt_tokens)
+        rnd = await self.new_round(prompt_tokens, exclude=exclude)
         options.spread(rnd, models, ahead)
         return self._unplaced(rnd, models, options.comparison(rnd, models, explain=True),
                               Reason.GPU_BUSY)
@@ -210,8 +216,9 @@ class CallPlanner:
             return self._queued(rnd, loading, [loading, *(o for o in priced if o != loading)],
                                 why="converging on the copy another call is loading")
         if not priced:
+            fleet, cost = rnd.judged()
             reason = classify(
-                rnd.fleet, rnd.cost, preferred=models[0], acceptable=models,
+                fleet, cost, preferred=models[0], acceptable=models,
                 prompt_tokens=rnd.prompt_tokens,
             )
             return self._unplaced(rnd, models, priced, reason)

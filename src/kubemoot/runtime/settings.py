@@ -75,6 +75,9 @@ class RuntimeSettings:
     #: read and retry included: a per-read timeout alone never ends a call to a server
     #: that drips a byte now and then.
     provider_call_deadline_seconds: float = 300.0
+    #: How long one read of a provider's answer may take (a reply's first byte may wait
+    #: behind a model load); the deadline above still bounds the call as a whole.
+    provider_read_timeout_seconds: float = 120.0
     #: Consecutive failures that open a provider's circuit, and how long it stays open.
     circuit_failure_threshold: int = 3
     circuit_cooldown_seconds: float = 30.0
@@ -101,6 +104,10 @@ class RuntimeSettings:
     #: After SIGTERM or Ctrl-C, the time a command has to release its tickets and
     #: withdraw its intents before it exits anyway (Kubernetes waits 30 s by default).
     shutdown_grace_seconds: float = 10.0
+    #: Of that grace, how long the runtime's own leftover work (ticket releases, call-log
+    #: writes, preloads) may go on before it is cancelled, so the store still closes in
+    #: time.
+    straggler_grace_seconds: float = 2.0
     #: Seconds between two probes of every ModelProvider, and how long one may take.
     probe_interval_seconds: float = 30.0
     probe_timeout_seconds: float = 10.0

@@ -368,6 +368,14 @@ class FleetSnapshot:
     def provider(self, name: str) -> ProviderSnapshot | None:
         return self.index.provider(name)
 
+    def without(self, names: Iterable[str]) -> FleetSnapshot:
+        """The same instant with the ``names`` providers left out (``self`` when none is
+        here), for a call that must not go back where its connection was refused."""
+        gone = [name for name in set(names) if self.index.provider(name) is not None]
+        if not gone:
+            return self
+        return FleetSnapshot(self.now, self.index.replaced((), removed=gone))
+
 
 @dataclass(frozen=True, slots=True)
 class ModelDemand:

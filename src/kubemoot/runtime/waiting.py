@@ -37,13 +37,12 @@ import itertools
 import logging
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from kubemoot import metrics
 from kubemoot.clock import Clock
-from kubemoot.runtime import faults
 from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
 from kubemoot.runtime.faults import tolerated
 from kubemoot.runtime.options import could_help
@@ -72,7 +71,8 @@ class WaiterBoard(Protocol):
     async def remove_waiter(self, model: str, agent: str) -> None: ...
 
 
-LineKey = tuple[tuple[Candidate, ...], int | None, TicketState]
+LineKey = tuple[tuple[Candidate, ...], int | None, TicketState, frozenset[str]]
+"""Candidates, prompt tokens, ticket state and the providers the call must avoid."""
 
 
 @dataclass(eq=False, slots=True)
@@ -133,10 +133,15 @@ class CapacityWaiter:
         signals: WaitSignals | None = None,
         done: asyncio.Event | None = None,
         ticket_state: TicketState = TicketState.RUNNING,
+        exclude: Collection[str] = (),
     ) -> Placement:
-        """A placement that holds a ticket, or the reason the agent stands aside."""
+        """A placement that holds a ticket, or the reason the agent stands aside.
+
+        ``exclude``: providers the call must not go to (see :meth:`CallPlanner.place`).
+        """
         holder = holder_id or agent
-        key: LineKey = (tuple(candidates), prompt_tokens, ticket_state)
+        avoid = frozenset(exclude)
+        key: LineKey = (tuple(candidates), prompt_tokens, ticket_state, avoid)
         model = candidates[0].model
         started = self._clock.now()
         # A watch that never started (the store cannot watch) is no wake source.
@@ -144,7 +149,7 @@ class CapacityWaiter:
         counter = watch.counter if watch is not None else 0
         placement = await self._planner.place(
             candidates, holder_id=holder, prompt_tokens=prompt_tokens,
-            ticket_state=ticket_state, ahead=self.waiting_for(model),
+            ticket_state=ticket_state, ahead=self.waiting_for(model), exclude=avoid,
         )
         # The fleet this answer saw, unless something changed while it was made (then
         # the line looks at everything once more).
@@ -261,8 +266,8 @@ class CapacityWaiter:
                 self._planner.invalidate()
                 await self._round()
         except Exception:  # a bug must not leave every waiter hanging until its limit
-            log.exception("capacity dispatcher failed")
-            metrics.STATE_ERRORS.labels(site="capacity-dispatcher", kind=faults.BUG).inc()
+            metrics.survived("runtime", "capacity-dispatcher", metrics.BUG,
+                             "capacity dispatcher failed", logger=log, exc_info=True)
             for line in list(self._lines.values()):
                 for waiter in list(line):
                     _settle(waiter.future, None)
@@ -310,10 +315,10 @@ class CapacityWaiter:
         if waiter.future.done():
             self._leave(waiter)
             return True
-        model_candidates, prompt_tokens, ticket_state = waiter.key
+        model_candidates, prompt_tokens, ticket_state, avoid = waiter.key
         placement = await self._planner.place(
             model_candidates, holder_id=waiter.holder, prompt_tokens=prompt_tokens,
-            ticket_state=ticket_state, ahead=self._ahead(waiter),
+            ticket_state=ticket_state, ahead=self._ahead(waiter), exclude=avoid,
         )
         if placement.placed or placement.action is Action.REFUSE:
             self._leave(waiter)

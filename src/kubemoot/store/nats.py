@@ -13,6 +13,8 @@ Facts about nats-py 2.16 / nats-server 2.15 that shape this adapter:
   resets after a reconnect may otherwise replay from the start).
 * Per-key TTL exists only on create (``msg_ttl``, whole seconds); we round up.
 * An expired key can read back as an entry whose value is ``None``: that is absent.
+* nats-py opens a bucket for direct gets when its stream allows them, and keeps that
+  choice: once the stream stops allowing them, such a get finds no responders.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import nats.js.errors
 from kubemoot import metrics
 from kubemoot.api.errors import InputError
 from kubemoot.store._watch import QueueWatch
+from kubemoot.store.masking import mask_servers
 from kubemoot.store.protocol import (
     Change,
     Entry,
@@ -141,12 +144,6 @@ def _edge(what: str) -> Iterator[None]:
         raise StoreError(f"{what}: {type(error).__name__}: {error}") from error
 
 
-def _survived(what: str, operation: str, error: Exception) -> None:
-    """A teardown error worked around: one log line and one count, never silence."""
-    log.warning("%s failed: %s: %s", what, type(error).__name__, error)
-    metrics.ERRORS_SURVIVED.labels(component="store", operation=operation).inc()
-
-
 def _is_removal(headers: dict[str, str] | None) -> bool:
     if not headers:
         return False
@@ -167,7 +164,14 @@ class NatsBucket:
     async def get(self, key: str) -> Entry | None:
         with _edge(f"get {self.name}/{key}"):
             try:
-                found = await self._kv.get(key)
+                try:
+                    found = await self._kv.get(key)
+                except nats.errors.NoRespondersError:
+                    # Opened for direct gets, but a client that wants more replicas has
+                    # since replicated the bucket and turned them off: nobody answers
+                    # them any more. Open it again (now read through the leader).
+                    self._kv = await self._js.key_value(self.name)
+                    found = await self._kv.get(key)
             except nats.js.errors.KeyNotFoundError:
                 return None
         if found.value is None:  # a limit marker left by expiry
@@ -249,7 +253,9 @@ class NatsBucket:
                 try:
                     await subscription.unsubscribe()
                 except Exception as error:  # the watch ends either way
-                    _survived(f"unsubscribing the watch of {self.name}", "unwatch", error)
+                    metrics.survived("store", "unwatch", metrics.CLEANUP,
+                                     f"unsubscribing the watch of {self.name} failed",
+                                     error, logger=log)
 
         watch = QueueWatch(start=start, stop=stop)
         self._owner._watches.add(watch)
@@ -272,6 +278,7 @@ class NatsKV:
         settings = settings if settings is not None else NatsSettings.from_env()
 
         connected = False
+        where = mask_servers(settings.servers)  # a message is no place for a password
 
         async def quiet(error: Exception) -> None:
             # nats-py reports reconnect noise here; operations surface real failures.
@@ -283,9 +290,7 @@ class NatsKV:
                 and "authorization violation" in str(error).lower()
             )
             if not connected and refused:
-                raise StoreUnavailable(
-                    f"NATS at {', '.join(settings.servers)} refused the credentials: {error}"
-                )
+                raise StoreUnavailable(f"NATS at {where} refused the credentials: {error}")
             return None
 
         options: dict[str, Any] = {
@@ -307,7 +312,6 @@ class NatsKV:
         tls = settings.tls_context()
         if tls is not None:
             options["tls"] = tls
-        where = ", ".join(settings.servers)
         try:
             connection = await nats.connect(**options)
         except StoreUnavailable:
@@ -339,9 +343,30 @@ class NatsKV:
                     )
                 except nats.js.errors.BadRequestError:
                     kv = await self._js.key_value(name)  # another process created it first
+            kv = await self._replicate(name, kv)
         bucket = NatsBucket(name, kv, self._js, self)
         self._buckets[name] = bucket
         return bucket
+
+    async def _replicate(self, name: str, kv: Any) -> Any:
+        """Raise an existing bucket to this client's replica count, leader reads only.
+
+        Any client may be first to create a bucket, with its own count: an agent without
+        ``KUBEMOOT_NATS_REPLICAS`` makes a one-copy bucket that the operator, set to three,
+        would otherwise open and leave so. A client never lowers the count.
+        """
+        wanted = self._settings.replicas
+        if wanted == 1:
+            return kv
+        config = (await self._js.stream_info(f"KV_{name}")).config
+        if (config.num_replicas or 1) >= wanted and not config.allow_direct:
+            return kv
+        log.info("bucket %s: %s replica(s) and direct gets %s; now %s and leader reads",
+                 name, config.num_replicas, "on" if config.allow_direct else "off", wanted)
+        config.num_replicas = max(wanted, config.num_replicas or 1)
+        config.allow_direct = False
+        await self._js.update_stream(config)
+        return await self._js.key_value(name)
 
     @property
     def connection(self) -> Any:
@@ -354,4 +379,5 @@ class NatsKV:
         try:
             await self._nc.close()
         except Exception as error:  # the connection is going away either way
-            _survived("closing the NATS connection", "close", error)
+            metrics.survived("store", "close", metrics.CLEANUP,
+                             "closing the NATS connection failed", error, logger=log)

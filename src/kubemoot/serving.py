@@ -1,0 +1,166 @@
+"""One way to serve HTTP: the listening socket, uvicorn on the running loop, cleanup streams.
+
+Every web server of ours (the gateway, the dashboard, the Ollama emulator) wants the same
+things from uvicorn, and each once wrote them out anew:
+
+* the socket is bound *before* serving starts, so a port in use fails at once with
+  ``OSError`` and port 0 is turned into the port actually taken (:func:`bind_socket`,
+  :func:`socket_url`);
+* uvicorn is quiet (warnings only, no access log, no lifespan) and its graceful drain is
+  bounded (:func:`server_config`);
+* in a host program uvicorn leaves the signals alone: Ctrl-C and SIGTERM belong to
+  :func:`kubemoot.cli._shutdown.run_until_stopped` (:class:`HttpServer`);
+* a streamed reply that holds something (a ticket, an engine slot, a place among the
+  live pages) gives it back however the response ends (:class:`StreamWithCleanup`).
+
+This module imports nothing else of ours, so every adapter may use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterator, Mapping
+
+import uvicorn
+from starlette.responses import StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+__all__ = ["HttpServer", "StreamWithCleanup", "bind_socket", "server_config", "socket_url"]
+
+#: How often :meth:`HttpServer.start` looks whether uvicorn is accepting yet.
+_STARTUP_POLL_SECONDS = 0.01
+
+
+def bind_socket(host: str, port: int, *, backlog: int = 128) -> socket.socket:
+    """A listening, non-blocking TCP socket on ``host:port`` (``OSError`` when taken).
+
+    Port 0 picks a free port; :func:`socket_url` tells which.
+    """
+    # IPPROTO_TCP, not 0: asyncio turns Nagle off (TCP_NODELAY) only on connections of a
+    # socket that says it is TCP; with Nagle on, every keep-alive reply waits for the
+    # client's delayed ACK (about 40 ms a request).
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                         socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        # a restarted server may take its port back while old connections linger
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def socket_url(sock: socket.socket) -> str:
+    """``http://host:port`` of a bound socket, the port it really got, IPv6 in brackets."""
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def server_config(app: ASGIApp, *, drain_seconds: int,
+                  log_level: str = "warning") -> uvicorn.Config:
+    """uvicorn's settings for one of our servers: quiet, no lifespan, a bounded drain.
+
+    ``drain_seconds`` is how long replies still running may finish once the server is
+    told to stop (uvicorn takes whole seconds).
+    """
+    return uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
+                          timeout_graceful_shutdown=drain_seconds)
+
+
+class _HostedServer(uvicorn.Server):
+    """uvicorn without its signal handlers: the host program owns Ctrl-C and SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class HttpServer:
+    """An ASGI app served by uvicorn on the running event loop, on a socket bound first.
+
+    :meth:`bind` takes the socket (so the caller learns of a port in use before it
+    wires anything else, and :attr:`url` is known); :meth:`start` serves and returns
+    once connections are accepted; :meth:`stop` drains, stops and closes the socket.
+    """
+
+    def __init__(self, host: str, port: int, *, drain_seconds: int, backlog: int = 128,
+                 log_level: str = "warning") -> None:
+        self.host, self.port = host, port
+        self.drain_seconds = drain_seconds
+        self.backlog = backlog
+        self.log_level = log_level
+        self._socket: socket.socket | None = None
+        self._server: uvicorn.Server | None = None
+        self._serving: asyncio.Task[None] | None = None
+
+    @property
+    def bound(self) -> bool:
+        return self._socket is not None
+
+    @property
+    def url(self) -> str:
+        if self._socket is None:
+            raise RuntimeError(f"nothing listens on {self.host}:{self.port} yet")
+        return socket_url(self._socket)
+
+    def bind(self) -> None:
+        """Take the listening socket now (``OSError`` when the address is taken)."""
+        if self._socket is None:
+            self._socket = bind_socket(self.host, self.port, backlog=self.backlog)
+
+    async def start(self, app: ASGIApp) -> None:
+        """Serve ``app``; returns once uvicorn accepts, raises what stopped its startup."""
+        self.bind()
+        assert self._socket is not None
+        server = self._server = _HostedServer(
+            server_config(app, drain_seconds=self.drain_seconds, log_level=self.log_level))
+        self._serving = asyncio.get_running_loop().create_task(server.serve([self._socket]))
+        # uvicorn says it has started only through this flag
+        while not server.started:
+            if self._serving.done():
+                await self._serving  # surfaces the startup error
+                raise RuntimeError(f"the server on {self.url} stopped during startup")
+            await asyncio.sleep(_STARTUP_POLL_SECONDS)
+
+    async def wait(self) -> None:
+        """Serve until the server stops (cancelling this leaves the server running)."""
+        if self._serving is not None:
+            await asyncio.shield(self._serving)
+
+    async def stop(self) -> None:
+        """Let replies drain (up to ``drain_seconds``), stop serving, close the socket."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._serving is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._serving
+        if self._socket is not None:
+            self._socket.close()
+
+
+class StreamWithCleanup(StreamingResponse):
+    """A streamed response that awaits ``cleanup`` however it ends.
+
+    Finished, left by its client, failed (the body raised) or cut (the server cancels
+    requests still running when its drain ends). The body's own ``finally`` is not
+    enough: a body that never started (the client left before the first byte) never
+    runs it; and Starlette's ``background`` task is skipped when the body raises or the
+    request is cancelled.
+    """
+
+    def __init__(self, content: AsyncIterable[str | bytes], *,
+                 cleanup: Callable[[], Awaitable[None]], media_type: str,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(content, media_type=media_type, headers=headers)
+        self._cleanup = cleanup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._cleanup()

@@ -1,0 +1,139 @@
+"""One way to serve HTTP (kubemoot.serving), against a real uvicorn and a real client."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from kubemoot.serving import HttpServer, StreamWithCleanup, bind_socket, socket_url
+
+
+def _app(*, cleaned: asyncio.Event, hold: asyncio.Event) -> Starlette:
+    async def hello(request: Request) -> Response:
+        return PlainTextResponse("hello")
+
+    async def broken(request: Request) -> Response:
+        async def body() -> AsyncIterator[bytes]:
+            yield b"first\n"
+            raise RuntimeError("the upstream went away mid-reply")
+
+        async def cleanup() -> None:
+            cleaned.set()
+
+        return StreamWithCleanup(body(), cleanup=cleanup, media_type="text/plain")
+
+    async def stream(request: Request) -> Response:
+        async def body() -> AsyncIterator[bytes]:
+            yield b"first\n"
+            await hold.wait()  # the client decides how this response ends
+            yield b"last\n"
+
+        async def cleanup() -> None:
+            cleaned.set()
+
+        return StreamWithCleanup(body(), cleanup=cleanup, media_type="text/plain")
+
+    return Starlette(routes=[Route("/", hello), Route("/stream", stream),
+                             Route("/broken", broken)])
+
+
+async def test_port_zero_serves_on_the_port_it_got() -> None:
+    server = HttpServer("127.0.0.1", 0, drain_seconds=1)
+    server.bind()
+    url = server.url
+    assert not url.endswith(":0")
+    await server.start(_app(cleaned=asyncio.Event(), hold=asyncio.Event()))
+    try:
+        async with httpx.AsyncClient() as client:
+            reply = await client.get(url + "/")
+        assert reply.text == "hello"
+    finally:
+        await server.stop()
+
+
+def test_a_port_in_use_fails_when_bound_not_later() -> None:
+    taken = bind_socket("127.0.0.1", 0)
+    try:
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError):
+            HttpServer("127.0.0.1", port, drain_seconds=1).bind()
+    finally:
+        taken.close()
+
+
+def test_the_socket_says_tcp_so_asyncio_turns_nagle_off() -> None:
+    sock = bind_socket("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR)
+        assert not sock.getblocking()
+    finally:
+        sock.close()
+
+
+def test_an_ipv6_url_has_its_host_in_brackets() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    try:
+        sock = bind_socket("::1", 0)
+    except OSError:
+        pytest.skip("::1 cannot be bound here")
+    try:
+        assert socket_url(sock) == f"http://[::1]:{sock.getsockname()[1]}"
+    finally:
+        sock.close()
+
+
+async def test_a_finished_stream_runs_its_cleanup() -> None:
+    cleaned, hold = asyncio.Event(), asyncio.Event()
+    hold.set()
+    server = HttpServer("127.0.0.1", 0, drain_seconds=1)
+    await server.start(_app(cleaned=cleaned, hold=hold))
+    try:
+        async with httpx.AsyncClient() as client:
+            reply = await client.get(server.url + "/stream")
+        assert reply.text == "first\nlast\n"
+        async with asyncio.timeout(10):
+            await cleaned.wait()
+    finally:
+        await server.stop()
+
+
+async def test_a_client_that_leaves_mid_stream_still_runs_the_cleanup() -> None:
+    cleaned, hold = asyncio.Event(), asyncio.Event()  # hold never set: the body waits
+    server = HttpServer("127.0.0.1", 0, drain_seconds=1)
+    await server.start(_app(cleaned=cleaned, hold=hold))
+    try:
+        async with (httpx.AsyncClient() as client,
+                    client.stream("GET", server.url + "/stream") as reply):
+            async for line in reply.aiter_lines():
+                assert line == "first"
+                break  # leave: the connection closes with the body unread
+        async with asyncio.timeout(10):
+            await cleaned.wait()
+        assert not hold.is_set()
+    finally:
+        await server.stop()
+
+
+async def test_a_stream_whose_body_fails_still_runs_the_cleanup() -> None:
+    cleaned = asyncio.Event()
+    server = HttpServer("127.0.0.1", 0, drain_seconds=1)
+    await server.start(_app(cleaned=cleaned, hold=asyncio.Event()))
+    try:
+        async with httpx.AsyncClient() as client:
+            with pytest.raises(httpx.HTTPError):  # the reply ends without its last chunk
+                await client.get(server.url + "/broken")
+        async with asyncio.timeout(10):
+            await cleaned.wait()
+    finally:
+        await server.stop()
+

@@ -180,8 +180,9 @@ def test_the_demo_reports_waits_and_says_how_long_the_page_stays() -> None:
 @pytest.fixture
 def cards() -> Iterator[dict[str, OllamaEmulator]]:
     small = tuple(m for m in DEFAULT_MODELS if m.name != "qwen3:32b")
+    # keep-alive is in emulated seconds: five real minutes
     with emulator_factory({"num_parallel": 2, "context_length": 8192,
-                           "time_scale": 0.001}) as make:
+                           "time_scale": 0.001, "keep_alive_s": 300_000.0}) as make:
         found = {"workstation-a6000": make(vram_mib=49152),
                  "gaming-rig": make(vram_mib=24576, models=small)}
         for name, model in (("workstation-a6000", "qwen3:32b"), ("gaming-rig", "qwen3:14b")):

@@ -68,8 +68,9 @@ def commands(block: Block) -> list[str]:
 def servers() -> Iterator[dict[str, str]]:
     """rig-a: a 32 GiB card with three qwen3 sizes; rig-b: 24 GiB with a warm qwen3:14b."""
     small_models = tuple(m for m in DEFAULT_MODELS if m.name != "qwen3:32b")
+    # keep-alive is in emulated seconds: five real minutes
     with emulator_factory({"num_parallel": 2, "context_length": 8192,
-                           "time_scale": 0.001}) as make:
+                           "time_scale": 0.001, "keep_alive_s": 300_000.0}) as make:
         rig_a: OllamaEmulator = make(vram_mib=32768)
         rig_b: OllamaEmulator = make(vram_mib=24576, models=small_models)
         httpx.post(f"{rig_b.url}/api/generate", json={"model": "qwen3:14b"}, timeout=30)

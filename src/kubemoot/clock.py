@@ -56,9 +56,10 @@ class LoopClock:
     tracks the wall clock.
     """
 
-    def __init__(self, *, epoch: float | None = None) -> None:
+    def __init__(self, *, epoch: float | None = None, anchor: float | None = None) -> None:
         self._epoch = time.time() if epoch is None else epoch
-        self._anchor: float | None = None
+        # the loop time that ``epoch`` stands for; by default the first reading
+        self._anchor: float | None = anchor
 
     def _loop_time(self) -> float:
         loop_time = asyncio.get_running_loop().time()
@@ -77,6 +78,41 @@ class LoopClock:
 
     async def wait_for(self, awaitable: Awaitable[T], timeout: float | None) -> T:
         return await asyncio.wait_for(awaitable, timeout)
+
+
+class ScaledClock:
+    """Emulated time that runs ``1 / scale`` times as fast as the wall clock.
+
+    The Ollama-API emulator counts every duration (loads, unloads, keep-alive, token
+    pacing) in emulated seconds; ``scale`` 0.01 makes one emulated second cost ten real
+    milliseconds. Scale 0 makes every wait instantaneous and stops emulated time.
+    """
+
+    def __init__(self, scale: float = 1.0) -> None:
+        if not scale >= 0:
+            raise ValueError(f"the time scale must be 0 or more, got {scale!r}")
+        self.scale = scale
+        self._origin = time.time()
+        self._real_origin = time.monotonic()
+
+    def now(self) -> float:
+        if self.scale == 0:
+            return self._origin
+        return self._origin + (time.monotonic() - self._real_origin) / self.scale
+
+    def wall_time(self, emulated: float) -> float:
+        """The Unix time at which emulated instant ``emulated`` happens (what answers
+        shown to clients carry); with time standing still, the present."""
+        if self.scale == 0:
+            return time.time()
+        return self._origin + (emulated - self._origin) * self.scale
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds) * self.scale)
+
+    async def wait_for(self, awaitable: Awaitable[T], timeout: float | None) -> T:
+        return await asyncio.wait_for(
+            awaitable, None if timeout is None else max(0.0, timeout) * self.scale)
 
 
 class ManualClock:

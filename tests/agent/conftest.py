@@ -17,8 +17,11 @@ TINY = EmulatedModel("tiny:1b", 1000)
 
 #: A small emulated card whose waits are a thousandth of the emulated seconds.
 FAST_CARD: dict[str, object] = {
-    "models": (TINY,), "vram_mib": 8192, "num_parallel": 2, "context_length": 1024,
+    # the card keeps the reserve the tests declare to the runtime
+    "models": (TINY,), "vram_mib": 8192, "reserve_mib": 512, "num_parallel": 2,
+    "context_length": 1024,
     "base_latency_s": 0.5, "per_token_s": 0.0, "time_scale": 0.001,
+    "keep_alive_s": 300_000.0,
 }
 
 

@@ -34,7 +34,7 @@ OTHER = EmulatedModel("llama3.1:8b", 5120)
 CARD: dict[str, object] = {
     "models": (SMALL, MEDIUM, OTHER), "vram_mib": 8192, "num_parallel": 1, "context_length": 4096,
     "load_rate_mibps": 100000.0, "base_latency_s": 0.5, "per_token_s": 0.0,
-    "time_scale": 0.01,
+    "time_scale": 0.01, "keep_alive_s": 30_000.0,
 }
 CREW = CrewRef("crew-a", "pilot")
 #: The runtime's costs match the fast cards; a silent member is given up after 2 s.

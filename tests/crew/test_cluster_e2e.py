@@ -63,7 +63,7 @@ QWEN3 = EmulatedModel("qwen3:8b", 5120)
 CARD: dict[str, object] = {
     "models": (PHI3, QWEN3), "vram_mib": 7400, "num_parallel": 2, "context_length": 4096,
     "load_rate_mibps": 100000.0, "base_latency_s": 0.5, "per_token_s": 0.0,
-    "time_scale": 0.01,
+    "time_scale": 0.01, "keep_alive_s": 30_000.0,
 }
 #: The runtime's settings for fast cards, as a Deployment would set them in KUBEMOOT_*.
 FAST_ENV = {

@@ -24,9 +24,11 @@ HUGE = EmulatedModel("huge:70b", 40000, family="huge")
 
 #: A small emulated card; waits are a thousandth of the emulated seconds.
 CARD: dict[str, object] = {
-    "models": (SMALL, MEDIUM, LATEST, HUGE), "vram_mib": 8192, "num_parallel": 2,
+    # the card keeps the reserve the providers below declare to the runtime
+    "models": (SMALL, MEDIUM, LATEST, HUGE), "vram_mib": 8192, "reserve_mib": 512,
+    "num_parallel": 2,
     "context_length": 1024, "base_latency_s": 0.5, "per_token_s": 0.0,
-    "time_scale": 0.001,
+    "time_scale": 0.001, "keep_alive_s": 300_000.0,
 }
 
 

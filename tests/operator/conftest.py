@@ -51,6 +51,7 @@ def fast_emulator(**overrides: Any) -> OllamaEmulator:
     settings: dict[str, Any] = {
         "models": (SMALL, MEDIUM, LARGE), "vram_mib": 16384, "num_parallel": 1,
         "context_length": 4096, "load_rate_mibps": 100000.0, "time_scale": 0.01,
+        "keep_alive_s": 30_000.0,
     }
     settings.update(overrides)
     return OllamaEmulator(EmulatorConfig(**settings)).start()

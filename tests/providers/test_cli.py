@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -83,13 +82,15 @@ def test_emulate_serves_in_the_foreground() -> None:
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(600):  # wait until it accepts connections (or dies)
-            try:
-                version = httpx.get(f"{url}/api/version").json()["version"]
-                break
-            except httpx.HTTPError:
-                assert process.poll() is None, process.communicate()
-                time.sleep(0.05)
+        assert process.stderr is not None
+        announced = ""  # it announces itself once it serves (wrapped over a few lines)
+        while "stops it" not in announced:
+            line = process.stderr.readline()
+            assert line, (announced, process.communicate(timeout=20))
+            announced += line
+        announced = " ".join(announced.split())
+        assert f"on {url}" in announced, announced
+        version = httpx.get(f"{url}/api/version").json()["version"]
         assert version == EMULATOR_VERSION
         tags = httpx.get(f"{url}/api/tags").json()["models"]
         assert [(m["name"], m["size"]) for m in tags] == [("tiny:1b", 512 * 1024 * 1024)]
@@ -98,4 +99,5 @@ def test_emulate_serves_in_the_foreground() -> None:
     finally:
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=20)
-    assert "not Ollama" in stderr and "Traceback" not in stderr
+    assert "not Ollama" in announced and "1024 MiB reserved" in announced
+    assert "Traceback" not in stderr

@@ -104,8 +104,7 @@ async def test_a_load_waits_while_every_resident_model_is_busy(
     await post(emulator, "/api/generate", {"model": MEDIUM.name})
     chat = {"messages": [{"role": "user", "content": "go"}], "stream": False}
     busy = asyncio.create_task(post(emulator, "/api/chat", {"model": MEDIUM.name, **chat}))
-    while not emulator.engine.peak_busy.get(MEDIUM.name):
-        await asyncio.sleep(0.005)
+    await emulator.until(lambda engine: MEDIUM.name in engine.peak_busy)
     waiting = await post(emulator, "/api/chat", {"model": SMALL.name, **chat})
     assert (await busy).status_code == 200 and waiting.status_code == 200
     by_model = {r.model: r for r in emulator.records}

@@ -250,14 +250,11 @@ async def test_a_client_that_leaves_mid_stream_frees_its_slot(
             async for line in reply.aiter_lines():
                 assert '"done": false' in line
                 break  # the first word arrived; the rest would take hours
-            copy = emulator.engine.copies[SMALL.name]
-            assert copy.busy == 1  # still streaming: the slot is taken
+            copy = emulator.engine.card.copies[SMALL.name]
+            assert copy.active == 1  # still streaming: the slot is taken
 
-        async def released() -> None:
-            while copy.busy:  # the server notices the hang-up and gives the slot back
-                await asyncio.sleep(0.01)
-
-        await asyncio.wait_for(released(), timeout=30)
+        # the server notices the hang-up and gives the slot back
+        await emulator.until(lambda _: copy.active == 0)
     assert (await stats(emulator))["waiting"] == 0
 
 
@@ -271,18 +268,10 @@ async def test_a_client_that_leaves_a_whole_answer_frees_its_slot(
     async with httpx.AsyncClient(timeout=None) as http:
         asking = asyncio.create_task(http.post(f"{emulator.url}{path}", json=body))
 
-        async def busy() -> None:
-            while not emulator.engine.peak_busy.get(SMALL.name):
-                await asyncio.sleep(0.01)
-
-        await asyncio.wait_for(busy(), timeout=30)
+        await emulator.until(lambda engine: SMALL.name in engine.peak_busy)
         asking.cancel()  # the client hangs up mid-answer
         with pytest.raises(asyncio.CancelledError):
             await asking
-    copy = emulator.engine.copies[SMALL.name]
-
-    async def released() -> None:
-        while copy.busy:  # the server notices and cancels the generation, as Ollama does
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(released(), timeout=30)
+    copy = emulator.engine.card.copies[SMALL.name]
+    # the server notices and cancels the generation, as Ollama does
+    await emulator.until(lambda _: copy.active == 0)

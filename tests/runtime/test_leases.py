@@ -90,7 +90,8 @@ def make_emulator() -> Iterator[Callable[..., OllamaEmulator]]:
     # A call lasts a minute of real time: far longer than the ticket's TTL below; the
     # test cancels it once it has seen the renewal.
     card: dict[str, object] = {
-        "models": (LONG,), "vram_mib": 8192, "num_parallel": 2, "context_length": 1024,
+        "models": (LONG,), "vram_mib": 8192, "reserve_mib": 512, "num_parallel": 2,
+        "context_length": 1024,
         "base_latency_s": 60.0, "per_token_s": 0.0, "time_scale": 1.0,
     }
     with emulator_factory(card) as make:

@@ -82,7 +82,7 @@ def test_unload_waits_until_the_memory_is_back() -> None:
         gpu = _gpu(log)
         await gpu.preload("mid")
         await gpu.unload("mid")
-        return gpu.used_mib, asyncio.get_running_loop().time()
+        return gpu.engine.used_mib, asyncio.get_running_loop().time()
 
     assert run_virtual(main()) == (0, 11.0)
 
@@ -113,5 +113,5 @@ def test_vram_never_exceeds_usable_memory_at_any_event(
         return gpu
 
     gpu = run_virtual(main())  # VramOvercommit would fail the run at the offending event
-    assert gpu.vram_checks == len(log.loads) + len(log.unloads)  # every change was checked
-    assert gpu.peak_mib <= gpu.usable_mib
+    assert gpu.engine.vram_checks == len(log.loads) + len(log.unloads)  # every change was checked
+    assert gpu.engine.peak_mib <= gpu.usable_mib

@@ -66,6 +66,7 @@ def _base(scenarios: Path) -> dict[str, Any]:
         (lambda d: d["spec"]["crews"][0]["phases"][0]["latency"].update(meanSeconds=0),
          "spec.crews[0].phases[0].latency.meanSeconds"),
         (lambda d: d["spec"]["crews"][0].update(agentsPerDiscussion=9), "spec.crews[0]"),
+        (lambda d: d["spec"]["providers"][0].update(reserveMiB=10**6), "spec.providers[0]"),
         (lambda d: d["spec"]["crews"][0]["phases"][0]["candidates"][0].update(model="x"),
          "spec"),
     ],
@@ -128,7 +129,8 @@ BOUNDS: list[tuple[str, Any, Any, dict[str, Any]]] = [
     ("spec.settings.sampleSeconds", MAX_SECONDS, MAX_SECONDS * 1.0001, {}),
     ("spec.models[0].vramMiB", MAX_MIB, MAX_MIB + 1, {}),
     ("spec.providers[0].vramMiB", MAX_MIB, MAX_MIB + 1, {}),
-    ("spec.providers[0].reserveMiB", MAX_MIB, MAX_MIB + 1, {}),
+    ("spec.providers[0].reserveMiB", MAX_MIB - 1, MAX_MIB + 1,
+     {"spec.providers[0].vramMiB": MAX_MIB}),  # a card keeps some memory to offer
     ("spec.providers[0].maxParallel", MAX_PARALLEL, MAX_PARALLEL + 1, {}),
     ("spec.providers[0].loadRateMiBps", MAX_RATE, MAX_RATE * 1.0001, {}),
     ("spec.providers[0].unloadSeconds", MAX_SECONDS, MAX_SECONDS * 1.0001, {}),
@@ -186,7 +188,7 @@ def test_scenario_infinity_and_nan_are_refused(
     ("values", "needle"),
     [
         ({"spec.providers[0].count": MAX_PROVIDERS // 2 + 1,
-          "spec.providers[1]": {"name": "b", "vramMiB": 1024, "count": MAX_PROVIDERS // 2}},
+          "spec.providers[1]": {"name": "b", "vramMiB": 2048, "count": MAX_PROVIDERS // 2}},
          f"the limit is {MAX_PROVIDERS:,}"),
         ({"spec.crews[0].count": 100, "spec.crews[0].agents": MAX_AGENTS},
          f"the limit is {MAX_TOTAL_AGENTS:,}"),

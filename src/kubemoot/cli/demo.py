@@ -403,6 +403,7 @@ async def _start_emulators(resources: Any, time_scale: float, *,
         vram = capacity.vram_total_mib if capacity and capacity.vram_total_mib else 24576
         config = EmulatorConfig(
             models=tuple(catalogue.values()), vram_mib=vram,
+            reserve_mib=provider.spec.reserve_mib,  # the engine keeps what the runtime does
             num_parallel=provider.spec.num_parallel or 1,
             context_length=provider.spec.context_length or 4096,
             base_latency_s=CALL_BASE_SECONDS, per_token_s=CALL_PER_TOKEN_SECONDS,
@@ -441,11 +442,7 @@ async def _sample(emulators: dict[str, OllamaEmulator], resources: Any, books: _
     reserve = {p.metadata.name: p.spec.reserve_mib for p in resources.providers}
     while True:
         for name, emulator in emulators.items():
-            try:
-                used = sum(c.footprint_mib for c in list(emulator.engine.copies.values()))
-            except RuntimeError:  # the engine's thread changed its books mid-read
-                continue
-            books.sample(name, used, usable[name] - reserve[name])
+            books.sample(name, emulator.engine.card.used_mib, usable[name] - reserve[name])
         await asyncio.sleep(SAMPLE_INTERVAL_SECONDS)
 
 

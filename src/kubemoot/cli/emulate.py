@@ -24,6 +24,9 @@ def emulate_command(
     port: int = typer.Option(11434, "--port", min=0, max=65535, help="TCP port (0: any)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     vram_mib: int = typer.Option(24576, "--vram-mib", min=1, help="Emulated GPU memory."),
+    reserve_mib: int = typer.Option(
+        DEFAULTS.reserve_mib, "--reserve-mib", min=0,
+        help="Memory the card keeps back; it offers --vram-mib less this."),
     num_parallel: int = typer.Option(1, "--num-parallel", min=1,
                                      help="Parallel slots per loaded model."),
     context_length: int = typer.Option(4096, "--context-length", min=1,
@@ -31,7 +34,7 @@ def emulate_command(
     load_rate_mibps: float = typer.Option(DEFAULTS.load_rate_mibps, "--load-rate-mibps", min=0.001,
                                           help="Model load speed in MiB/s."),
     time_scale: float = typer.Option(1.0, "--time-scale", min=0.0,
-                                     help="Multiplies every emulated delay."),
+                                     help="Real seconds per emulated second."),
     models: list[str] = typer.Option(
         [], "--model", metavar="NAME=MiB",
         help="A model in the catalogue (repeatable); default: qwen3 8b/14b/32b.",
@@ -49,10 +52,13 @@ def emulate_command(
     )
 
     check_host(host)
+    if reserve_mib >= vram_mib:
+        raise InputError(f"--reserve-mib {reserve_mib} must be less than --vram-mib {vram_mib}")
     parsed = [parse_model_option(_checked_model_option(text)) for text in models]
     config = EmulatorConfig(
         models=catalogue(parsed) if parsed else DEFAULT_MODELS,
-        vram_mib=vram_mib, num_parallel=num_parallel, context_length=context_length,
+        vram_mib=vram_mib, reserve_mib=reserve_mib, num_parallel=num_parallel,
+        context_length=context_length,
         load_rate_mibps=load_rate_mibps, time_scale=time_scale,
     )
     emulator = OllamaEmulator(config, host=host, port=port, log_level="warning")
@@ -63,7 +69,8 @@ def emulate_command(
     names = ", ".join(f"{m.name} ({m.size_mib} MiB)" for m in config.models)
     announcement = (
         f"Ollama-API emulator {EMULATOR_VERSION} (not Ollama) on {emulator.url}: "
-        f"{vram_mib} MiB VRAM, {num_parallel} slot(s), context {context_length}, "
+        f"{vram_mib} MiB VRAM ({reserve_mib} MiB reserved), {num_parallel} slot(s), "
+        f"context {context_length}, "
         f"models: {names}. Ctrl-C or SIGTERM stops it."
     )
     run_until_stopped(_serve(emulator, announcement))

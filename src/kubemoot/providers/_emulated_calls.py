@@ -10,7 +10,6 @@ slot at once, as Ollama does.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,11 +19,11 @@ from kubemoot.providers._emulation import (
     EmulatedModel,
     EmulatorEngine,
     EmulatorError,
-    LoadedCopy,
     RecordedRequest,
     embedding_vector,
     normalised,
 )
+from kubemoot.providers.engine import EngineCopy
 
 #: Ollama's answer when ``truncate: false`` meets a prompt longer than the context.
 TOO_LONG = "the input length exceeds the context length"
@@ -133,7 +132,7 @@ class Generation:
     """
 
     def __init__(self, engine: EmulatorEngine, call: GenerationCall, *,
-                 copy: LoadedCopy, loaded: bool, kept: Sequence[Mapping[str, Any]],
+                 copy: EngineCopy, loaded: bool, kept: Sequence[Mapping[str, Any]],
                  evaluated: int) -> None:
         self._engine = engine
         self._call = call
@@ -193,9 +192,7 @@ class Generation:
         if self._closed:
             return
         self._closed = True
-        # shielded: a cancelled request must still give its slot back and wake the line
-        await asyncio.shield(self._engine.release(self._copy,
-                                                  keep_alive=self._call.keep_alive))
+        self._engine.release(self._copy)
 
 
 def _split_words(content: str) -> list[str]:
@@ -304,7 +301,7 @@ async def embed(engine: EmulatorEngine, call: EmbeddingCall) -> Embeddings:
     try:
         await engine.sleep(seconds)
     finally:
-        await asyncio.shield(engine.release(got.copy, keep_alive=call.keep_alive))
+        engine.release(got.copy)
     vectors = [embedding_vector(call.model.name, text, dims)[:call.dimensions or dims]
                for text in kept]
     if call.normalise:

@@ -1,26 +1,39 @@
-"""The emulated engine behind :mod:`kubemoot.providers.emulator` (no HTTP here).
+"""The emulator's side of the engine (no HTTP here).
 
-It keeps the books an Ollama server keeps: which models occupy how much VRAM, how
-long a load takes, how many parallel slots each loaded copy has and who waits in
-line for them, when an idle copy expires, and how an over-long prompt is silently cut.
-Everything is deterministic: durations are computed from the configuration (then
-multiplied by ``time_scale`` for real waiting), replies are a hash of the question.
+Memory, the card's line, loads, unloads, slots and keep-alive are the shared engine
+model, :class:`kubemoot.providers.engine.OllamaEngine`, which the simulator runs too.
+Around it this module keeps what only the emulator needs: the catalogue and each
+model's footprint for a context, the deterministic tokenizer and the silent cut of an
+over-long prompt, deterministic replies and embeddings, and the books a test reads
+(every request, loads, evictions, truncations). Durations are emulated seconds on the
+engine's clock; ``time_scale`` sets how many real seconds one of them costs.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import math
 import threading
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from kubemoot.clock import Clock
+from kubemoot.clock import Clock, ScaledClock
 from kubemoot.providers.durations import DurationError, duration_seconds
+from kubemoot.providers.engine import (
+    OLLAMA_KEEP_ALIVE_SECONDS,
+    CardSpec,
+    EngineCopy,
+    EngineEvents,
+    ModelTooLarge,
+    OllamaEngine,
+    QueueFull,
+    UnloadReason,
+    fit_to_context,
+)
 from kubemoot.runtime.settings import DEFAULTS
 
 MIB = 1024 * 1024
@@ -68,23 +81,23 @@ DEFAULT_MODELS: tuple[EmulatedModel, ...] = (
 )
 
 
-#: Ollama's default keep-alive: an idle model stays loaded this long.
-OLLAMA_KEEP_ALIVE_SECONDS = 300.0
-
-
 @dataclass(slots=True)
 class EmulatorConfig:
     """Everything the emulated engine does is decided by these numbers."""
 
     models: Sequence[EmulatedModel] = DEFAULT_MODELS
     vram_mib: int = 24576
+    # what the card keeps back, as the runtime assumes by default: the engine offers
+    # vram_mib − reserve_mib
+    reserve_mib: int = DEFAULTS.reserve_mib
     num_parallel: int = 1
     context_length: int = 4096
     load_rate_mibps: float = DEFAULTS.load_rate_mibps  # what the runtime assumes, too
+    unload_seconds: float = DEFAULTS.unload_seconds  # memory stays held meanwhile
     base_latency_s: float = 0.5  # per generation, before tokens
     per_token_s: float = 0.02  # per generated token
     prompt_per_token_s: float = 0.0  # per prompt token evaluated
-    time_scale: float = 1.0  # multiplies every real wait (0.01 makes tests fast)
+    time_scale: float = 1.0  # real seconds per emulated second (0.01 makes tests fast)
     keep_alive_s: float = OLLAMA_KEEP_ALIVE_SECONDS
     max_queue: int = 512  # Ollama's OLLAMA_MAX_QUEUE default
     chars_per_token: float = 4.0  # the emulator's deterministic tokenizer
@@ -112,28 +125,10 @@ class RecordedRequest:
     error: str | None = None
 
 
-@dataclass(eq=False)
-class LoadedCopy:
-    """One model resident (or loading) in emulated VRAM."""
-
-    model: EmulatedModel
-    context_length: int
-    footprint_mib: int
-    load_seconds: float
-    expires_at: float
-    loading: bool = True
-    busy: int = 0
-    line: deque[object] = field(default_factory=deque)  # FIFO of callers for a slot
-
-    @property
-    def idle(self) -> bool:
-        return not self.loading and self.busy == 0 and not self.line
-
-
 class Slot(NamedTuple):
     """What :meth:`EmulatorEngine.acquire` got for its caller."""
 
-    copy: LoadedCopy
+    copy: EngineCopy
     waited: bool  # waited for a slot, a load by someone else, or memory
     loaded: bool  # this caller loaded the copy (and paid the load time)
 
@@ -174,29 +169,85 @@ def _text_of(message: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
-class EmulatorEngine:
-    """VRAM, load time, slots and queue, truncation, deterministic replies."""
+class _Books(EngineEvents):
+    """The engine's loads and unloads, as the emulator's stats count them."""
 
-    MESSAGE_OVERHEAD_TOKENS = 4  # role markers and template per message
-
-    def __init__(self, config: EmulatorConfig, *, clock: Clock) -> None:
-        self.config = config
-        self.clock = clock
-        self.catalogue = {m.name: m for m in config.models}
-        self.copies: dict[str, LoadedCopy] = {}
-        self._cond: asyncio.Condition | None = None
-        self._cond_loop: asyncio.AbstractEventLoop | None = None
-        self._books = threading.Lock()  # records and counters are read from other threads
-        self._records: list[RecordedRequest] = []
+    def __init__(self, lock: AbstractContextManager[object]) -> None:
+        self._lock = lock
         self.loads: list[str] = []
         self.evictions: list[str] = []  # pushed out by the engine because memory ran short
         self.reloads: list[str] = []  # unloaded to load again with another num_ctx
+
+    def load_started(self, model: str, mib: int, at: float) -> None:
+        with self._lock:
+            self.loads.append(model)
+
+    def unloaded(self, model: str, reason: UnloadReason, at: float) -> None:
+        books = {UnloadReason.EVICTED: self.evictions, UnloadReason.RELOAD: self.reloads}
+        if reason in books:
+            with self._lock:
+                books[reason].append(model)
+
+
+class EmulatorEngine:
+    """The shared engine model on one card, with the emulator's books around it:
+    footprints, truncation, deterministic replies, records and stats."""
+
+    MESSAGE_OVERHEAD_TOKENS = 4  # role markers and template per message
+
+    def __init__(self, config: EmulatorConfig, *, clock: Clock | None = None) -> None:
+        """``clock`` counts emulated seconds; by default wall time scaled by
+        ``config.time_scale``."""
+        self.config = config
+        self.clock = clock if clock is not None else ScaledClock(config.time_scale)
+        self.catalogue = {m.name: m for m in config.models}
+        # records and counters are read from other threads; re-entrant so that a
+        # predicate of wait_until may read them
+        self._books = threading.RLock()
+        # notified on every change a test may wait for, from the server's thread
+        self._changed = threading.Condition(self._books)
+        self._engine_books = _Books(self._books)
+        self.card = OllamaEngine("emulator", CardSpec(
+            vram_mib=config.vram_mib, reserve_mib=config.reserve_mib,
+            num_parallel=config.num_parallel, load_rate_mibps=config.load_rate_mibps,
+            unload_seconds=config.unload_seconds, keep_alive_seconds=config.keep_alive_s,
+            max_queue=config.max_queue), clock=self.clock, events=self._engine_books)
+        self.card.on_change(self._tell)
+        self._records: list[RecordedRequest] = []
         self.truncations = 0  # requests whose prompt the engine cut
-        self.peak_vram_mib = 0
         self.peak_busy: dict[str, int] = {}
-        self.waiting = 0
+
+    @property
+    def loads(self) -> list[str]:
+        with self._books:
+            return list(self._engine_books.loads)
+
+    @property
+    def evictions(self) -> list[str]:
+        """Models the engine pushed out because a load did not fit."""
+        with self._books:
+            return list(self._engine_books.evictions)
+
+    @property
+    def reloads(self) -> list[str]:
+        with self._books:
+            return list(self._engine_books.reloads)
 
     # -- bookkeeping readable from any thread -----------------------------------
+
+    def _tell(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_until(self, predicate: Callable[[EmulatorEngine], bool], timeout: float) -> None:
+        """Block (another thread than the server's) until ``predicate(self)`` holds; it
+        is checked again after each change of the card (a request joining or leaving
+        its line, a slot taken or given back, a copy loaded or gone) and each record.
+        ``TimeoutError`` after ``timeout`` real seconds, a guard against a hung test."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: predicate(self), timeout):
+                raise TimeoutError(f"the emulator's state did not change as awaited "
+                                   f"within {timeout:g} s")
 
     @property
     def records(self) -> list[RecordedRequest]:
@@ -208,6 +259,7 @@ class EmulatorEngine:
             self._records.append(entry)
             if entry.truncated:
                 self.truncations += 1
+            self._changed.notify_all()
 
     def stats(self) -> dict[str, Any]:
         """What ``GET /emulator/stats`` answers: proof of what the engine had to do.
@@ -216,19 +268,22 @@ class EmulatorEngine:
         load did not fit; expiries, ``keep_alive: 0`` unloads and ``num_ctx`` reloads
         are not evictions. A scheduler that never overcommits a card keeps it at 0.
         """
+        card = self.card
         with self._books:
+            books = self._engine_books
             return {
                 "vramMiB": self.config.vram_mib,
-                "usedVramMiB": self.used_mib(),
-                "peakVramMiB": self.peak_vram_mib,
-                "loads": len(self.loads), "loadsByModel": dict(Counter(self.loads)),
-                "evictions": len(self.evictions),
-                "evictionsByModel": dict(Counter(self.evictions)),
-                "reloads": len(self.reloads),
+                "reserveMiB": self.config.reserve_mib,
+                "usedVramMiB": card.used_mib,
+                "peakVramMiB": card.peak_mib,
+                "loads": len(books.loads), "loadsByModel": dict(Counter(books.loads)),
+                "evictions": len(books.evictions),
+                "evictionsByModel": dict(Counter(books.evictions)),
+                "reloads": len(books.reloads),
                 "truncations": self.truncations,
                 "requests": len(self._records),
                 "peakBusy": dict(self.peak_busy),
-                "waiting": self.waiting,
+                "waiting": card.waiting(),
             }
 
     def clear_records(self) -> None:
@@ -247,26 +302,16 @@ class EmulatorEngine:
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
         context_length: int,
     ) -> tuple[list[Mapping[str, Any]], int, int, int]:
-        """Cut a prompt the way the engine does, without telling anyone.
-
-        System messages and the newest message stay; the oldest others go first. When
-        even that does not fit, the oldest tokens are cut. Returns the kept messages,
-        tokens before, tokens evaluated, and how many messages were dropped.
+        """Cut a prompt the way the engine does (:func:`~kubemoot.providers.engine.
+        fit_to_context`), counted by the emulator's tokenizer. Returns the kept
+        messages, tokens before, tokens evaluated, and how many messages were dropped.
         """
         tool_tokens = self.tokens(json.dumps(list(tools), sort_keys=True, default=str)) \
             if tools else 0
-        sizes = [self.message_tokens(m) for m in messages]
-        before = tool_tokens + sum(sizes)
-        kept = list(range(len(messages)))
-        total = before
-        droppable = [i for i in kept[:-1] if messages[i].get("role") != "system"]
-        dropped = 0
-        while total > context_length and droppable:
-            victim = droppable.pop(0)
-            kept.remove(victim)
-            total -= sizes[victim]
-            dropped += 1
-        return [messages[i] for i in kept], before, min(total, context_length), dropped
+        kept, before, evaluated = fit_to_context(
+            [self.message_tokens(m) for m in messages],
+            [m.get("role") == "system" for m in messages], tool_tokens, context_length)
+        return [messages[i] for i in kept], before, evaluated, len(messages) - len(kept)
 
     # -- deterministic replies --------------------------------------------------
 
@@ -307,149 +352,65 @@ class EmulatorEngine:
                          "function": {"index": 0, "name": name, "arguments": arguments}}]
         return []
 
-    # -- VRAM, loads, slots -----------------------------------------------------
+    # -- the card: loads, slots, keep-alive --------------------------------------
 
-    def condition(self) -> asyncio.Condition:
-        loop = asyncio.get_running_loop()
-        if self._cond is None or self._cond_loop is not loop:
-            self._cond, self._cond_loop = asyncio.Condition(), loop
-        return self._cond
+    def wall_time(self, emulated: float | None = None) -> float:
+        """An instant of the engine's clock (now by default) as the Unix time clients
+        are shown, in wall-clock terms however fast emulated time runs."""
+        if emulated is None:
+            emulated = self.clock.now()
+        if isinstance(self.clock, ScaledClock):
+            return self.clock.wall_time(emulated)
+        return emulated
 
-    def used_mib(self) -> int:
-        return sum(c.footprint_mib for c in list(self.copies.values()))
+    def footprint_mib(self, model: EmulatedModel, context_length: int) -> int:
+        return model.footprint_mib(context_length, self.config.num_parallel)
 
-    def expire(self) -> None:
-        """Drop idle copies whose keep-alive has run out (Ollama unloads them)."""
-        now = self.clock.now()
-        for name, copy in list(self.copies.items()):
-            if copy.idle and copy.expires_at <= now:
-                del self.copies[name]
-
-    def _evict(self, copy: LoadedCopy, *, books: list[str]) -> None:
-        del self.copies[copy.model.name]
-        with self._books:
-            books.append(copy.model.name)
-
-    def _make_room(self, need: int) -> bool:
-        """Evict idle copies, shortest remaining keep-alive first, if that suffices."""
-        free = self.config.vram_mib - self.used_mib()
-        if need <= free:
-            return True
-        idle = sorted((c for c in self.copies.values() if c.idle),
-                      key=lambda c: (c.expires_at, c.model.name))
-        if free + sum(c.footprint_mib for c in idle) < need:
-            return False  # evicting would not help: wait for busy copies instead
-        for copy in idle:
-            if free >= need:
-                break
-            self._evict(copy, books=self.evictions)
-            free += copy.footprint_mib
-        return True
+    def copies(self) -> list[tuple[EmulatedModel, EngineCopy]]:
+        """The copies ``/api/ps`` lists: loading or ready, not on their way out."""
+        return [(self.catalogue[c.model], c) for c in list(self.card.copies.values())
+                if c.state != "unloading"]
 
     async def acquire(self, model: EmulatedModel, context_length: int, *,
                       keep_alive: float, slot: bool = True) -> Slot:
-        """A slot on a loaded copy of ``model`` (loading it first if needed).
+        """A slot on a ready copy of ``model`` (loading it first if needed).
 
-        Returns the copy, whether the caller had to wait and whether it loaded the
-        copy. With ``slot=False`` it only makes sure the copy is loaded (a preload) and
-        takes no slot.
+        With ``slot=False`` it only makes sure the copy is loaded (a preload) and takes
+        no slot. The caller gives a slot back with :meth:`release`.
         """
-        me = object()
+        need = self.footprint_mib(model, context_length)
         try:
-            return await self._acquire(me, model, context_length,
-                                       keep_alive=keep_alive, slot=slot)
+            got = await self.card.acquire(model.name, need, context_length=context_length,
+                                          keep_alive=keep_alive)
+        except ModelTooLarge:
+            raise EmulatorError(
+                500, f"model {model.name} needs {need} MiB but the emulated GPU offers "
+                f"{self.card.usable_mib} MiB ({self.config.vram_mib} MiB less a "
+                f"{self.config.reserve_mib} MiB reserve)") from None
+        except QueueFull:
+            raise EmulatorError(503, "server busy, please try again") from None
+        copy = got.copy
+        if not slot:
+            self.card.release(copy)
+            return Slot(copy, got.waited, got.loaded)
+        try:
+            waited = await self.card.take_slot(copy)
         except BaseException:
-            # a caller that gives up must not hold its place in line forever
-            for copy in self.copies.values():
-                if me in copy.line:
-                    copy.line.remove(me)
-            if self._cond is not None and self._cond_loop is asyncio.get_running_loop():
-                async with self._cond:
-                    self._cond.notify_all()
+            self.card.release(copy)
             raise
+        with self._changed:
+            self.peak_busy[model.name] = max(self.peak_busy.get(model.name, 0), copy.active)
+            self._changed.notify_all()
+        return Slot(copy, got.waited or waited, got.loaded)
 
-    async def _acquire(self, me: object, model: EmulatedModel, context_length: int, *,
-                       keep_alive: float, slot: bool) -> Slot:
-        cond = self.condition()
-        waited = loaded = False
-        parallel = self.config.num_parallel
-        while True:
-            async with cond:
-                while True:
-                    self.expire()
-                    copy = self.copies.get(model.name)
-                    if copy is not None and copy.context_length != context_length:
-                        if copy.idle:  # a different num_ctx means a reload, as in Ollama
-                            self._evict(copy, books=self.reloads)
-                            continue
-                    elif copy is None:
-                        need = model.footprint_mib(context_length, parallel)
-                        if need > self.config.vram_mib:
-                            raise EmulatorError(
-                                500, f"model {model.name} needs {need} MiB but the emulated "
-                                f"GPU has {self.config.vram_mib} MiB")
-                        if self._make_room(need):
-                            copy = LoadedCopy(model, context_length, need,
-                                              need / self.config.load_rate_mibps,
-                                              expires_at=self.clock.now() + keep_alive)
-                            copy.line.append(me)  # the loader is first in line
-                            loaded = True
-                            self.copies[model.name] = copy
-                            with self._books:
-                                self.loads.append(model.name)
-                                self.peak_vram_mib = max(self.peak_vram_mib,
-                                                         self.used_mib())
-                            break
-                    elif not copy.loading and not slot:
-                        copy.expires_at = max(copy.expires_at, self.clock.now() + keep_alive)
-                        return Slot(copy, waited, loaded)
-                    elif not copy.loading:
-                        if me not in copy.line:
-                            if len(copy.line) >= self.config.max_queue:
-                                raise EmulatorError(503, "server busy, please try again")
-                            copy.line.append(me)
-                        if copy.line[0] is me and copy.busy < parallel:
-                            copy.line.popleft()
-                            copy.busy += 1
-                            with self._books:
-                                self.peak_busy[model.name] = max(
-                                    self.peak_busy.get(model.name, 0), copy.busy)
-                            return Slot(copy, waited, loaded)
-                    waited = True
-                    self.waiting += 1
-                    try:
-                        await cond.wait()
-                    finally:
-                        self.waiting -= 1
-            # load outside the lock so other models keep serving meanwhile
-            try:
-                await self.sleep(copy.load_seconds)
-            finally:
-                async with cond:
-                    copy.loading = False
-                    if not slot and me in copy.line:
-                        copy.line.remove(me)
-                    cond.notify_all()
-            if not slot:
-                return Slot(copy, waited, loaded)
+    def release(self, copy: EngineCopy) -> None:
+        """Give back the slot :meth:`acquire` took; idle, the copy's keep-alive starts."""
+        self.card.give_slot(copy)
+        self.card.release(copy)
 
-    async def release(self, copy: LoadedCopy, *, keep_alive: float) -> None:
-        cond = self.condition()
-        async with cond:
-            copy.busy -= 1
-            copy.expires_at = self.clock.now() + keep_alive
-            self.expire()
-            cond.notify_all()
-
-    async def unload(self, model: EmulatedModel) -> None:
+    def unload(self, model: EmulatedModel) -> None:
         """``keep_alive: 0``: gone now if idle, else as soon as its calls finish."""
-        cond = self.condition()
-        async with cond:
-            copy = self.copies.get(model.name)
-            if copy is not None:
-                copy.expires_at = self.clock.now()
-                self.expire()
-            cond.notify_all()
+        self.card.unload(model.name)
 
     async def sleep(self, emulated_seconds: float) -> None:
-        await self.clock.sleep(emulated_seconds * self.config.time_scale)
+        await self.clock.sleep(emulated_seconds)

@@ -90,7 +90,7 @@ class _OpenAIRoutes:
         self._ids = itertools.count(1)
 
     def _created(self) -> int:
-        return int(self.emulator.engine.clock.now())
+        return int(self.emulator.engine.wall_time())
 
     async def models(self, request: Request) -> Response:
         if (faulted := await self.emulator.injected_fault(request)) is not None:

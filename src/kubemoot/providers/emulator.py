@@ -5,10 +5,11 @@ It speaks the parts of Ollama's HTTP API that Kubemoot and common clients use
 ``keep_alive: 0`` unload and ``truncate: false``; ``/api/embed``, ``/api/embeddings``,
 ``/api/ps``, ``/api/tags``, ``/api/show``, ``/api/version``) and the OpenAI-compatible
 subset Ollama serves under ``/v1`` (see :mod:`kubemoot.providers._emulator_openai`),
-over an emulated GPU: VRAM accounting with eviction of idle models, load time from a
-load rate, ``num_parallel`` slots per loaded model with a FIFO line behind them, and
-the engine's silent truncation of an over-long prompt. Replies and embeddings are
-deterministic; no model runs.
+over an emulated GPU: the engine model the simulator runs too
+(:mod:`kubemoot.providers.engine`: memory less a reserve, one line per card, loads one
+at a time, unloads that take time, ``num_parallel`` slots per copy, keep-alive in
+emulated seconds), and the engine's silent truncation of an over-long prompt. Replies
+and embeddings are deterministic; no model runs.
 
 Every request that reaches the engine is recorded (:attr:`OllamaEmulator.records`),
 ``GET /emulator/stats`` (and :meth:`OllamaEmulator.stats`) tells loads, evictions the
@@ -25,7 +26,7 @@ import json
 import math
 import socket
 import threading
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -37,7 +38,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from kubemoot.clock import Clock, SystemClock
+from kubemoot.clock import Clock
 from kubemoot.providers._emulated_calls import (
     EmbeddingCall,
     Generation,
@@ -56,12 +57,12 @@ from kubemoot.providers._emulation import (
     EmulatorConfig,
     EmulatorEngine,
     EmulatorError,
-    LoadedCopy,
     RecordedRequest,
     parse_keep_alive,
 )
 from kubemoot.providers._emulator_openai import openai_routes
 from kubemoot.providers._emulator_stream import ReleasingStream, run_unless_abandoned
+from kubemoot.providers.engine import EngineCopy
 
 __all__ = [
     "DEFAULT_MODELS",
@@ -138,7 +139,11 @@ def _hostile_response(kind: str) -> Response | _RawTruncated:
 
 
 class OllamaEmulator:
-    """The emulator's HTTP server, in a background thread or in the caller's loop."""
+    """The emulator's HTTP server, in a background thread or in the caller's loop.
+
+    ``clock`` is the engine's clock, in emulated seconds; by default wall time scaled by
+    ``config.time_scale`` (:class:`~kubemoot.clock.ScaledClock`).
+    """
 
     def __init__(
         self,
@@ -150,7 +155,7 @@ class OllamaEmulator:
         log_level: str = "error",
     ) -> None:
         self.config = config if config is not None else EmulatorConfig()
-        self.engine = EmulatorEngine(self.config, clock=clock or SystemClock())
+        self.engine = EmulatorEngine(self.config, clock=clock)
         self.host = host
         self.port = port
         self.log_level = log_level
@@ -186,6 +191,12 @@ class OllamaEmulator:
     def records(self) -> list[RecordedRequest]:
         """Every generation request received, oldest first."""
         return self.engine.records
+
+    async def until(self, predicate: Callable[[EmulatorEngine], bool], *,
+                    timeout: float = 30.0) -> None:
+        """Return once ``predicate(engine)`` holds, woken by the engine's changes (a
+        test's event to wait on; ``timeout`` real seconds only guards a hung test)."""
+        await asyncio.to_thread(self.engine.wait_until, predicate, timeout)
 
     def bind(self) -> None:
         """Take the listening socket now (``OSError`` if the port is taken); then
@@ -260,6 +271,10 @@ class OllamaEmulator:
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.stop)
 
+    def stamp(self, emulated: float | None = None) -> str:
+        """:meth:`EmulatorEngine.wall_time` as the ISO time Ollama's answers carry."""
+        return _iso(self.engine.wall_time(emulated))
+
     # -- fault injection ----------------------------------------------------------
 
     def _inject(self, fault: _Fault) -> None:
@@ -329,19 +344,20 @@ class OllamaEmulator:
             for m in self.engine.catalogue.values()
         ]})
 
-    def _ps_entry(self, copy: LoadedCopy) -> dict[str, Any]:
-        model = copy.model
+    def _ps_entry(self, model: EmulatedModel, copy: EngineCopy) -> dict[str, Any]:
+        # a copy in use has no expiry yet; it shows when it would expire if idle now
+        expires = copy.expires_at if copy.refs == 0 \
+            else self.engine.clock.now() + copy.keep_alive
         return {"name": model.name, "model": model.name, "size": copy.footprint_mib * MIB,
                 "digest": model.manifest_digest, "details": self._details(model),
-                "expires_at": _iso(copy.expires_at), "size_vram": copy.footprint_mib * MIB,
+                "expires_at": self.stamp(expires), "size_vram": copy.footprint_mib * MIB,
                 "context_length": copy.context_length}
 
     async def _ps(self, request: Request) -> Any:
         if (faulted := await self.injected_fault(request)) is not None:
             return faulted
-        self.engine.expire()
-        return JSONResponse({"models": [self._ps_entry(c)
-                                        for c in self.engine.copies.values()]})
+        return JSONResponse({"models": [self._ps_entry(m, c)
+                                        for m, c in self.engine.copies()]})
 
     async def read_body(self, request: Request) -> dict[str, Any]:
         """The request's JSON object, or a 400 (never a traceback) for anything else."""
@@ -448,7 +464,7 @@ class OllamaEmulator:
             generation = await start_generation(self.engine, call)
         except EmulatorError as error:
             return _error(error)
-        created = _iso(self.engine.clock.now())
+        created = self.stamp()
         if not stream:
             if await run_unless_abandoned(request, generation) is None:
                 return Response(status_code=499)  # nobody is listening any more
@@ -458,9 +474,9 @@ class OllamaEmulator:
 
     async def _preload(self, call: GenerationCall, *, chat: bool, stream: bool) -> Response:
         engine, model = self.engine, call.model
-        created = _iso(engine.clock.now())
+        created = self.stamp()
         if call.keep_alive == 0:
-            await engine.unload(model)
+            engine.unload(model)
             payload = self._done(model, chat, created, "", "unload")
         else:
             got = await engine.acquire(model, call.context, keep_alive=call.keep_alive,
@@ -474,9 +490,9 @@ class OllamaEmulator:
     async def _ndjson(self, generation: Generation, chat: bool) -> AsyncIterator[bytes]:
         model = generation.model
         async for piece in generation.pieces():
-            chunk = self._part(model, chat, _iso(self.engine.clock.now()), piece)
+            chunk = self._part(model, chat, self.stamp(), piece)
             yield json.dumps(chunk).encode() + b"\n"
-        created = _iso(self.engine.clock.now())
+        created = self.stamp()
         if chat and generation.tool_calls:  # Ollama sends the calls before the final chunk
             chunk = self._part(model, chat, created, "")
             chunk["message"]["tool_calls"] = generation.tool_calls

@@ -49,7 +49,7 @@ from kubemoot.api.bounds import (
 )
 from kubemoot.api.errors import InputError
 from kubemoot.api.loader import validate_document
-from kubemoot.providers._emulation import OLLAMA_KEEP_ALIVE_SECONDS
+from kubemoot.providers.engine import OLLAMA_KEEP_ALIVE_SECONDS
 from kubemoot.runtime.settings import DEFAULTS
 
 __all__ = [
@@ -109,6 +109,14 @@ class ProviderSpec(_Spec):
     unload_seconds: Seconds | None = None
     context_length: ContextTokens | None = None
     count: int = Field(default=1, ge=1, le=MAX_PROVIDERS)
+
+    @model_validator(mode="after")
+    def _memory_left(self) -> ProviderSpec:
+        if self.reserve_mib >= self.vram_mib:  # the engine would offer nothing
+            raise ValueError(
+                f"reserveMiB ({self.reserve_mib}) must be less than vramMiB ({self.vram_mib})"
+            )
+        return self
 
 
 class LatencySpec(_Spec):

@@ -154,7 +154,7 @@ async def _run_turn(
 async def _sample_vram(gpus: list[EmulatedGpu], every: float, recorder: Recorder) -> None:
     loop = asyncio.get_running_loop()
     while True:
-        recorder.vram_samples.append((loop.time(), {g.name: g.used_mib for g in gpus}))
+        recorder.vram_samples.append((loop.time(), {g.name: g.engine.used_mib for g in gpus}))
         await asyncio.sleep(every)
 
 
@@ -188,14 +188,14 @@ async def _run(scenario: Scenario, trace: Trace, policy_name: str, seed: int) ->
     await policy.stop()
     busy = 0.0
     for gpu in gpus.values():
-        gpu.finish_busy(end)
-        busy += gpu.busy_seconds
+        gpu.engine.finish_busy(end)
+        busy += gpu.engine.busy_seconds
         await gpu.close()
     arrivals = {d.discussion_id: d.arrival for d in trace.discussions}
     by_call = recorder.waits_by_call()
     report = recorder.report(
         policy=policy_name, discussions=arrivals, busy_seconds=busy, gpu_count=len(gpus),
-        end=end, vram_checks=sum(g.vram_checks for g in gpus.values()),
+        end=end, vram_checks=sum(g.engine.vram_checks for g in gpus.values()),
         wall_seconds=time.perf_counter() - wall, cpu_seconds=time.process_time() - cpu,
         by_call=by_call,
     )
@@ -207,7 +207,8 @@ async def _run(scenario: Scenario, trace: Trace, policy_name: str, seed: int) ->
     return PolicyRun(
         report, recorder.loads, recorder.unloads, recorder.vram_samples,
         {g.name: g.usable_mib for g in plotted}, end, statuses,
-        {g.name: g.peak_mib for g in gpus.values()}, {g.name: g.usable_mib for g in gpus.values()},
+        {g.name: g.engine.peak_mib for g in gpus.values()},
+        {g.name: g.usable_mib for g in gpus.values()},
         waits_by_call=by_call,
     )
 

@@ -1,0 +1,537 @@
+"""One model of an Ollama engine on one card, driven by an injected clock.
+
+Both the Ollama-API emulator (:mod:`kubemoot.providers.emulator`, over HTTP) and the
+simulator's emulated GPUs (:mod:`kubemoot.sim.gpu`, in virtual time) run this model, so
+the demo and the simulator mean the same thing by "load", "evict" and "queue". It keeps
+the books Ollama's scheduler keeps:
+
+* **Memory.** The card offers ``vram − reserve``. Loading, ready and unloading copies
+  all hold their footprint; every change is checked and a card that would hold more
+  than it offers raises :class:`VramOvercommit` (a bug, never a result).
+* **One line per card.** Requests are placed in arrival order by one scheduler. The
+  head request blocks the ones behind it while its model cannot be placed, as in
+  Ollama, and a full line (``max_queue``) refuses new requests with :class:`QueueFull`.
+* **Loads one at a time**, at the load rate (footprint / rate seconds). When the head's
+  model does not fit, idle copies are unloaded one at a time, the one whose keep-alive
+  ends soonest first, and the scheduler waits for the memory to come back.
+* **Unloading takes time:** ``unload_seconds``, memory held meanwhile, and the copy is
+  no longer offered.
+* **Slots:** each ready copy has ``num_parallel`` slots; a finishing call hands its slot
+  to the longest-waiting call of that copy.
+* **Keep-alive** comes with each request (the card's default otherwise); an idle copy
+  leaves when the keep-alive of its latest request runs out (never for ``inf``, at once
+  for 0). A request for another context length reloads an idle copy.
+
+All waiting goes through the clock, so the same code runs in virtual time (the
+simulator's loop) and in scaled real time (the emulator). Callers learn what happened
+to a request from the returned :class:`Assignment` and from :class:`EngineEvents`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from kubemoot.clock import Clock
+from kubemoot.runtime.settings import DEFAULTS
+
+__all__ = [
+    "OLLAMA_KEEP_ALIVE_SECONDS",
+    "Assignment",
+    "CardSpec",
+    "CopyState",
+    "EngineCopy",
+    "EngineError",
+    "EngineEvents",
+    "ModelTooLarge",
+    "OllamaEngine",
+    "QueueFull",
+    "UnloadReason",
+    "VramOvercommit",
+    "fit_to_context",
+]
+
+#: Ollama's default keep-alive: an idle model stays loaded this long.
+OLLAMA_KEEP_ALIVE_SECONDS = 300.0
+
+
+class VramOvercommit(AssertionError):
+    """The engine would hold more memory than the card offers: a bug in the engine or in
+    whoever drives it, never a result to report."""
+
+
+class EngineError(Exception):
+    """A request the engine refuses."""
+
+
+class ModelTooLarge(EngineError):
+    """The model's footprint exceeds everything the card offers."""
+
+    def __init__(self, model: str, need_mib: int, usable_mib: int) -> None:
+        super().__init__(f"model {model} needs {need_mib} MiB, the card has "
+                         f"{usable_mib} MiB usable")
+        self.model, self.need_mib, self.usable_mib = model, need_mib, usable_mib
+
+
+class QueueFull(EngineError):
+    """The card's line holds ``max_queue`` requests already (Ollama answers 503)."""
+
+
+class CopyState(StrEnum):
+    LOADING = "loading"
+    READY = "ready"
+    UNLOADING = "unloading"
+
+
+class UnloadReason(StrEnum):
+    EVICTED = "evicted"  # pushed out by the engine because the head request needed room
+    EXPIRED = "expired"  # its keep-alive ran out
+    UNLOADED = "unloaded"  # asked for (keep_alive 0, or an unload request)
+    RELOAD = "reload"  # to load again with another context length
+
+
+@dataclass(frozen=True, slots=True)
+class CardSpec:
+    """The numbers that decide what one card's engine does."""
+
+    vram_mib: int
+    reserve_mib: int = DEFAULTS.reserve_mib
+    num_parallel: int = 1
+    load_rate_mibps: float = DEFAULTS.load_rate_mibps
+    unload_seconds: float = DEFAULTS.unload_seconds
+    keep_alive_seconds: float = OLLAMA_KEEP_ALIVE_SECONDS
+    max_queue: int | None = None  # None: the line is unbounded
+
+    def __post_init__(self) -> None:
+        if self.reserve_mib < 0:
+            raise ValueError(f"card reserve_mib must be 0 or more, got {self.reserve_mib}")
+        if self.usable_mib <= 0:
+            raise ValueError(f"card reserve_mib ({self.reserve_mib}) must be less than "
+                             f"vram_mib ({self.vram_mib})")
+        if self.num_parallel < 1:
+            raise ValueError(f"card num_parallel must be 1 or more, got {self.num_parallel}")
+        if not self.load_rate_mibps > 0:
+            raise ValueError(f"card load_rate_mibps must be positive, "
+                             f"got {self.load_rate_mibps}")
+
+    @property
+    def usable_mib(self) -> int:
+        return self.vram_mib - self.reserve_mib
+
+
+class EngineEvents:
+    """What an observer of the card hears; the default hears nothing."""
+
+    def load_started(self, model: str, mib: int, at: float) -> None: ...
+
+    def unloaded(self, model: str, reason: UnloadReason, at: float) -> None: ...
+
+
+@dataclass(slots=True, eq=False)
+class EngineCopy:
+    """One model resident on the card (loading, ready or unloading)."""
+
+    model: str
+    footprint_mib: int
+    context_length: int | None
+    load_seconds: float
+    keep_alive: float
+    state: CopyState = CopyState.LOADING
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+    refs: int = 0  # requests assigned to this copy and not yet released
+    active: int = 0  # requests computing in a slot
+    slot_waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
+    expires_at: float = math.inf  # while in use it never expires
+    last_used: float = 0.0
+    idle_token: int = 0  # a keep-alive timer fires only if the copy stayed idle since
+    unload_when_idle: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """What the card did with one request, in clock seconds."""
+
+    copy: EngineCopy
+    requested_at: float  # it joined the card's line
+    assigned_at: float  # the scheduler gave it a copy
+    ready_at: float  # that copy's model was ready
+    queue_evicting: float  # time in line while the card was unloading
+    queue_loading: float  # time in line while the card was loading another model
+    loaded: bool  # this request started the copy's load
+    waited: bool  # it waited in line, for memory, or for someone else's load
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    model: str
+    footprint_mib: int
+    context_length: int | None
+    keep_alive: float
+    future: asyncio.Future[EngineCopy]
+    blocked_passes: int  # the card's count of blocked passes when it joined
+    loaded: bool = False
+
+
+class OllamaEngine:
+    """One card's engine (see the module docstring)."""
+
+    def __init__(self, name: str, card: CardSpec, *, clock: Clock,
+                 events: EngineEvents | None = None) -> None:
+        self.name = name
+        self.card = card
+        self.clock = clock
+        self._events: list[EngineEvents] = [events] if events is not None else []
+        self.copies: dict[str, EngineCopy] = {}
+        self._pending: deque[_Request] = deque()
+        self._changed: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listeners: list[Callable[[], None]] = []
+        self._watchers: list[Callable[[], None]] = []
+        self._blocked_passes = 0
+        self.used_mib = 0
+        self.peak_mib = 0
+        self.vram_checks = 0
+        self.footprints: dict[str, int] = {}  # model → footprint when first ready
+        self._busy_count = 0
+        self._busy_since = 0.0
+        self.busy_seconds = 0.0  # time the card was loading or computing
+        # Running totals of time spent unloading / loading (unloading counts first), so
+        # a request can tell what its time in line was spent on.
+        self._activity_at = 0.0
+        self.evicting_seconds = 0.0
+        self.loading_seconds = 0.0
+
+    # -- observation -------------------------------------------------------------------
+
+    @property
+    def usable_mib(self) -> int:
+        return self.card.usable_mib
+
+    def free_mib(self) -> int:
+        return self.usable_mib - self.used_mib
+
+    def observe(self, events: EngineEvents) -> None:
+        """Tell ``events`` too about every load and unload from now on."""
+        self._events.append(events)
+
+    def on_residency_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` whenever the set of offered copies changes."""
+        self._listeners.append(listener)
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after any change a watcher may wait for: a request joining
+        or leaving, a slot taken or given back, a copy loaded or gone."""
+        self._watchers.append(listener)
+
+    def _changed_now(self) -> None:
+        for watcher in self._watchers:
+            watcher()
+
+    def waiting(self) -> int:
+        """Requests in line for a copy or for a slot of one."""
+        # list() copies in one step, so another thread (a test watching the emulator)
+        # may ask while the card's own thread changes the line
+        in_line = sum(1 for r in list(self._pending) if not r.future.done())
+        return in_line + sum(sum(1 for w in list(c.slot_waiters) if not w.done())
+                             for c in list(self.copies.values()))
+
+    def queue_depth(self) -> int:
+        """Requests in line or assigned to a copy (what a router polling the card sees)."""
+        return len(self._pending) + sum(c.refs for c in self.copies.values())
+
+    def finish_busy(self, at: float) -> None:
+        if self._busy_count > 0:
+            self.busy_seconds += at - self._busy_since
+            self._busy_since = at
+
+    def _busy(self, delta: int) -> None:
+        now = self.clock.now()
+        if self._busy_count == 0 and delta > 0:
+            self._busy_since = now
+        self._busy_count += delta
+        if self._busy_count == 0:
+            self.busy_seconds += now - self._busy_since
+
+    def _activity(self) -> tuple[float, float]:
+        """Bring the unloading/loading totals up to now and return them."""
+        now = self.clock.now()
+        elapsed = now - self._activity_at
+        if elapsed > 0:
+            states = [c.state for c in self.copies.values()]
+            if CopyState.UNLOADING in states:
+                self.evicting_seconds += elapsed
+            elif CopyState.LOADING in states:
+                self.loading_seconds += elapsed
+        self._activity_at = now
+        return self.evicting_seconds, self.loading_seconds
+
+    def _vram(self, delta: int) -> None:
+        self.used_mib += delta
+        self.vram_checks += 1
+        if self.used_mib > self.usable_mib or self.used_mib < 0:
+            raise VramOvercommit(
+                f"{self.name}: {self.used_mib} MiB in use of {self.usable_mib} MiB usable")
+        self.peak_mib = max(self.peak_mib, self.used_mib)
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+        self._changed_now()
+
+    def _residency_changed(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+    # -- the scheduler -----------------------------------------------------------------
+
+    def _ensure_scheduler(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._loop is not loop:
+            self._loop = loop
+            self._changed = asyncio.Event()
+            self._task = loop.create_task(self._schedule())
+
+    async def _schedule(self) -> None:
+        assert self._changed is not None
+        while True:
+            self._changed.clear()
+            while self._pending and self._place_head():
+                pass
+            if self._pending:
+                self._blocked_passes += 1
+            await self._changed.wait()
+
+    def _place_head(self) -> bool:
+        """Try to give the head request a copy; False when it must wait for a change."""
+        request = self._pending[0]
+        if request.future.done():  # cancelled by its caller
+            self._pending.popleft()
+            return True
+        copy = self.copies.get(request.model)
+        if copy is not None:
+            if copy.state == CopyState.UNLOADING:
+                return False
+            if request.context_length is not None \
+                    and copy.context_length != request.context_length:
+                if copy.state == CopyState.READY and copy.refs == 0:
+                    self._start_unload(copy, UnloadReason.RELOAD)
+                return False  # another context: reload once its calls are done
+            self._assign(request, copy)
+            return True
+        if request.footprint_mib > self.usable_mib:
+            self._pending.popleft()
+            request.future.set_exception(
+                ModelTooLarge(request.model, request.footprint_mib, self.usable_mib))
+            return True
+        if any(c.state == CopyState.LOADING for c in self.copies.values()):
+            return False  # loads happen one at a time
+        if request.footprint_mib <= self.free_mib():
+            copy = self._start_load(request)
+            request.loaded = True
+            self._assign(request, copy)
+            return True
+        if any(c.state == CopyState.UNLOADING for c in self.copies.values()):
+            return False  # memory is on its way back
+        idle = [c for c in self.copies.values() if c.state == CopyState.READY and c.refs == 0]
+        if idle:
+            victim = min(idle, key=lambda c: (c.expires_at, c.last_used, c.model))
+            self._start_unload(victim, UnloadReason.EVICTED)
+        return False
+
+    def _assign(self, request: _Request, copy: EngineCopy) -> None:
+        copy.refs += 1
+        copy.idle_token += 1
+        copy.keep_alive = request.keep_alive  # the latest request's keep-alive counts
+        self._pending.popleft()
+        request.future.set_result(copy)
+
+    def _start_load(self, request: _Request) -> EngineCopy:
+        self._activity()
+        size = request.footprint_mib
+        copy = EngineCopy(request.model, size, request.context_length,
+                          load_seconds=size / self.card.load_rate_mibps,
+                          keep_alive=request.keep_alive)
+        self.copies[copy.model] = copy
+        self._vram(size)
+        self._busy(+1)
+        for events in self._events:
+            events.load_started(copy.model, size, self.clock.now())
+        asyncio.get_running_loop().create_task(self._load(copy))
+        return copy
+
+    async def _load(self, copy: EngineCopy) -> None:
+        await self.clock.sleep(copy.load_seconds)
+        self._activity()
+        copy.state = CopyState.READY
+        copy.last_used = self.clock.now()
+        self.footprints.setdefault(copy.model, copy.footprint_mib)
+        self._busy(-1)
+        copy.ready.set()
+        self._residency_changed()
+        self._notify()
+        if copy.refs == 0:
+            self._became_idle(copy)
+
+    def _start_unload(self, copy: EngineCopy, reason: UnloadReason) -> None:
+        self._activity()
+        copy.state = CopyState.UNLOADING
+        asyncio.get_running_loop().create_task(self._unload(copy, reason))
+
+    async def _unload(self, copy: EngineCopy, reason: UnloadReason) -> None:
+        self._residency_changed()  # it stops being offered at once
+        await self.clock.sleep(self.card.unload_seconds)
+        self._activity()
+        del self.copies[copy.model]
+        self._vram(-copy.footprint_mib)
+        for events in self._events:
+            events.unloaded(copy.model, reason, self.clock.now())
+        copy.gone.set()
+        self._residency_changed()
+        self._notify()
+
+    def _became_idle(self, copy: EngineCopy) -> None:
+        now = self.clock.now()
+        copy.last_used = now
+        if copy.unload_when_idle or copy.keep_alive <= 0:
+            self._start_unload(copy, UnloadReason.UNLOADED)
+            return
+        copy.expires_at = now + copy.keep_alive
+        copy.idle_token += 1
+        if math.isfinite(copy.keep_alive):
+            asyncio.get_running_loop().create_task(
+                self._expire_after(copy, copy.keep_alive, copy.idle_token))
+        self._notify()
+
+    async def _expire_after(self, copy: EngineCopy, seconds: float, token: int) -> None:
+        await self.clock.sleep(seconds)
+        if copy.state == CopyState.READY and copy.refs == 0 and copy.idle_token == token:
+            self._start_unload(copy, UnloadReason.EXPIRED)
+
+    # -- requests ----------------------------------------------------------------------
+
+    async def acquire(self, model: str, footprint_mib: int, *,
+                      context_length: int | None = None,
+                      keep_alive: float | None = None) -> Assignment:
+        """Join the card's line for a copy of ``model`` and return once it is ready.
+
+        The caller holds the copy (it cannot be unloaded) until :meth:`release`.
+        ``context_length`` None takes the copy whatever its context; ``keep_alive`` None
+        is the card's default.
+        """
+        self._ensure_scheduler()
+        limit = self.card.max_queue
+        if limit is not None and self.waiting() >= limit:
+            raise QueueFull(f"{self.name}: {limit} requests wait already")
+        requested = self.clock.now()
+        evicting, loading = self._activity()
+        future: asyncio.Future[EngineCopy] = asyncio.get_running_loop().create_future()
+        request = _Request(model, footprint_mib, context_length,
+                           self.card.keep_alive_seconds if keep_alive is None else keep_alive,
+                           future, self._blocked_passes)
+        self._pending.append(request)
+        self._notify()
+        try:
+            copy = await future
+        except BaseException:
+            # cancelled after the scheduler assigned it: give the copy back
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.release(future.result())
+            raise
+        evicting_after, loading_after = self._activity()
+        assigned = self.clock.now()
+        was_ready = copy.state == CopyState.READY
+        try:
+            await copy.ready.wait()
+        except BaseException:
+            self.release(copy)
+            raise
+        blocked = self._blocked_passes != request.blocked_passes
+        return Assignment(copy, requested, assigned, self.clock.now(),
+                          evicting_after - evicting, loading_after - loading,
+                          loaded=request.loaded,
+                          waited=blocked or not (was_ready or request.loaded))
+
+    async def take_slot(self, copy: EngineCopy) -> bool:
+        """Wait for one of the copy's slots; True when the caller had to wait."""
+        waited = copy.active >= self.card.num_parallel
+        if not waited:
+            copy.active += 1
+        else:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            copy.slot_waiters.append(waiter)
+            try:
+                await waiter  # the finishing call hands its slot over (active unchanged)
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._hand_over_slot(copy)  # handed over, then cancelled: pass it on
+                raise
+        self._busy(+1)
+        self._changed_now()
+        return waited
+
+    def give_slot(self, copy: EngineCopy) -> None:
+        self._busy(-1)
+        self._hand_over_slot(copy)
+        self._changed_now()
+
+    @staticmethod
+    def _hand_over_slot(copy: EngineCopy) -> None:
+        while copy.slot_waiters:
+            waiter = copy.slot_waiters.popleft()
+            if not waiter.done():  # a waiter that gave up is skipped
+                waiter.set_result(None)
+                return
+        copy.active -= 1
+
+    def release(self, copy: EngineCopy) -> None:
+        """The request is done with ``copy``; idle, the copy's keep-alive starts."""
+        copy.refs -= 1
+        if copy.refs == 0 and copy.state == CopyState.READY:
+            self._became_idle(copy)
+        self._notify()
+
+    def unload(self, model: str) -> asyncio.Event | None:
+        """Unload ``model`` now if idle, else once its calls finish (``keep_alive: 0``).
+
+        Returns the event set when its memory is back, or None if it is not resident.
+        """
+        copy = self.copies.get(model)
+        if copy is None:
+            return None
+        if copy.state == CopyState.READY and copy.refs == 0:
+            self._start_unload(copy, UnloadReason.UNLOADED)
+        elif copy.state != CopyState.UNLOADING:
+            copy.unload_when_idle = True
+        return copy.gone
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+
+def fit_to_context(sizes: Sequence[int], system: Sequence[bool], fixed_tokens: int,
+                   context_length: int) -> tuple[list[int], int, int]:
+    """The engine's silent cut of an over-long prompt, on token counts.
+
+    ``sizes`` are the messages' tokens, ``system`` marks system messages and
+    ``fixed_tokens`` is what cannot be dropped (tool definitions). System messages and
+    the newest message stay; the oldest others go first; when even that does not fit,
+    the oldest tokens are cut. Returns the kept indexes, the tokens before and the
+    tokens evaluated.
+    """
+    before = fixed_tokens + sum(sizes)
+    kept = list(range(len(sizes)))
+    droppable = [i for i in kept[:-1] if not system[i]]
+    total = before
+    while total > context_length and droppable:
+        victim = droppable.pop(0)
+        kept.remove(victim)
+        total -= sizes[victim]
+    return kept, before, min(total, context_length)

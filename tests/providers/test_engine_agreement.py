@@ -1,0 +1,143 @@
+"""The HTTP emulator and the simulator's GPU run one engine model, so they agree.
+
+The same requests go once through the official ``ollama`` client (inside
+:class:`~kubemoot.providers.ollama.OllamaProvider`) to a real emulator server and once
+to the simulator's :class:`~kubemoot.sim.gpu.EmulatedGpu` in virtual time. Both cards
+must load, evict and queue in the same order: the reserve is kept, loads happen one at
+a time, an unloading model holds its memory until it is gone, idle models go one at a
+time (soonest keep-alive end first) and a request whose model cannot be placed holds
+up the ones behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from kubemoot.providers.emulator import EmulatedModel, EmulatorConfig, OllamaEmulator
+from kubemoot.providers.engine import CopyState, EngineEvents, OllamaEngine, UnloadReason
+from kubemoot.providers.ollama import OllamaProvider
+from kubemoot.providers.protocol import ProviderClient
+from kubemoot.sim.gpu import EmulatedGpu
+from kubemoot.sim.vloop import run_virtual
+
+SIZES = {"a:1b": 3000, "b:1b": 3000, "c:1b": 2000, "d:1b": 5000, "e:1b": 7000}
+VRAM, RESERVE = 8192, 1024  # the card offers 7168 MiB
+KEEP_ALIVE = 30_000.0
+# A call lasts about as long as its prompt (the emulator takes PER_PROMPT_TOKEN seconds a
+# token); the simulator is told the same length. The long one gives the line time to form.
+PER_PROMPT_TOKEN = 0.5
+HI = [{"role": "user", "content": "hi"}]  # 5 tokens: about 2.5 s
+LONG = [{"role": "user", "content": "x" * 4000}]  # 1004 tokens: about 500 s
+SHORT_CALL = {"simDurationSeconds": 2.5}  # the simulator's call lengths; HTTP ignores them
+LONG_CALL = {"simDurationSeconds": 500.0}
+
+Snapshot = tuple[str, str, int, tuple[tuple[str, str], ...]]
+
+
+class _Log(EngineEvents):
+    """Each load and unload with the card's memory and copies right after it."""
+
+    def __init__(self, engine: OllamaEngine) -> None:
+        self._engine = engine
+        self.entries: list[Snapshot] = []
+        engine.observe(self)
+
+    def _card(self, event: str, model: str) -> None:
+        copies = tuple(sorted((c.model, c.state.value) for c in self._engine.copies.values()))
+        self.entries.append((event, model, self._engine.used_mib, copies))
+
+    def load_started(self, model: str, mib: int, at: float) -> None:
+        self._card("load", model)
+
+    def unloaded(self, model: str, reason: UnloadReason, at: float) -> None:
+        self._card(reason.value, model)
+
+
+@dataclass
+class _Side:
+    client: ProviderClient
+    engine: OllamaEngine
+    until: Callable[[Callable[[OllamaEngine], bool]], Awaitable[None]]
+
+
+async def _requests(side: _Side) -> None:
+    """The one sequence both cards receive."""
+    client = side.client
+    await client.preload("a:1b")
+    await client.preload("b:1b")
+    await client.chat("a:1b", HI, options=SHORT_CALL)  # a used last: b's keep-alive ends first
+    await client.preload("c:1b")  # fits 8192 − 6000 but not the 7168 offered: b goes
+    await client.preload("d:1b")  # a goes, and that is enough
+    await client.preload("e:1b")  # c, then d: one at a time
+    # Head of line: e is busy; a needs e's memory and waits; a second call for the warm
+    # e waits behind a, in the card's one line, instead of taking e's slot next.
+    first = asyncio.ensure_future(client.chat("e:1b", LONG, options=LONG_CALL))
+    await side.until(lambda engine: engine.copies["e:1b"].active == 1)
+    load_a = asyncio.ensure_future(client.preload("a:1b"))
+    await side.until(lambda engine: engine.waiting() == 1)
+    second = asyncio.ensure_future(client.chat("e:1b", HI, options=SHORT_CALL))
+    await side.until(lambda engine: engine.waiting() == 2)
+    await asyncio.gather(first, load_a, second)
+
+
+def _through_http() -> list[Snapshot]:
+    config = EmulatorConfig(
+        models=tuple(EmulatedModel(name, mib) for name, mib in SIZES.items()),
+        vram_mib=VRAM, reserve_mib=RESERVE, num_parallel=1, load_rate_mibps=1000.0,
+        unload_seconds=1.0, base_latency_s=0.0, per_token_s=0.0,
+        prompt_per_token_s=PER_PROMPT_TOKEN,
+        keep_alive_s=KEEP_ALIVE, time_scale=0.005)
+
+    async def main(emulator: OllamaEmulator) -> list[Snapshot]:
+        log = _Log(emulator.engine.card)
+
+        async def until(predicate: Callable[[OllamaEngine], bool]) -> None:
+            await emulator.until(lambda engine: predicate(engine.card))
+
+        async with OllamaProvider("emu", emulator.url, timeout=60) as client:
+            await _requests(_Side(client, emulator.engine.card, until))
+        return log.entries
+
+    with OllamaEmulator(config) as emulator:
+        return asyncio.run(main(emulator))
+
+
+def _in_the_simulator() -> list[Snapshot]:
+    async def main() -> list[Snapshot]:
+        gpu = EmulatedGpu("g", vram_mib=VRAM, reserve_mib=RESERVE, sizes_mib=SIZES,
+                          max_parallel=1, load_rate_mibps=1000.0, unload_seconds=1.0,
+                          keep_alive_seconds=KEEP_ALIVE)
+        log = _Log(gpu.engine)
+        changed = asyncio.Event()
+        gpu.engine.on_change(changed.set)
+
+        async def until(predicate: Callable[[OllamaEngine], bool]) -> None:
+            while not predicate(gpu.engine):
+                changed.clear()
+                await changed.wait()
+
+        await _requests(_Side(gpu, gpu.engine, until))
+        await gpu.close()
+        return log.entries
+
+    return run_virtual(main())
+
+
+def test_the_emulator_and_the_simulator_load_evict_and_queue_alike() -> None:
+    simulated = _in_the_simulator()
+    assert _through_http() == simulated
+    assert [(event, model) for event, model, _, _ in simulated] == [
+        ("load", "a:1b"), ("load", "b:1b"),
+        ("evicted", "b:1b"), ("load", "c:1b"),
+        ("evicted", "a:1b"), ("load", "d:1b"),
+        ("evicted", "c:1b"), ("evicted", "d:1b"), ("load", "e:1b"),
+        ("evicted", "e:1b"), ("load", "a:1b"),  # a went first: it was ahead in line
+        ("evicted", "a:1b"), ("load", "e:1b"),
+    ]
+    for event, model, used, copies in simulated:
+        assert used <= VRAM - RESERVE  # the reserve is never lent out
+        if event == "load":  # one load at a time, and never into memory still unloading
+            others = [state for name, state in copies if name != model]
+            assert CopyState.LOADING not in others and CopyState.UNLOADING not in others

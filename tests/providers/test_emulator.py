@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,24 @@ async def test_it_says_it_is_an_emulator(emulator: OllamaEmulator) -> None:
         root = (await http.get(emulator.url)).text
     assert version == EMULATOR_VERSION and "emulator" in version
     assert "emulator" in root and "not Ollama" in root
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+async def test_on_ipv6_its_url_brackets_the_address() -> None:
+    with OllamaEmulator(fast_config(), host="::1") as emulator:
+        assert emulator.url.startswith("http://[::1]:")
+        async with httpx.AsyncClient(timeout=10) as http:
+            version = (await http.get(f"{emulator.url}/api/version")).json()["version"]
+    assert version == EMULATOR_VERSION
 
 
 async def test_the_official_client_streams_from_it(emulator: OllamaEmulator) -> None:

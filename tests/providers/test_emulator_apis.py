@@ -240,15 +240,20 @@ async def test_stats_count_only_evictions_the_engine_forced(
     assert after["vramMiB"] == 7000
 
 
+@pytest.mark.parametrize(("path", "first_chunk"), [
+    ("/api/chat", '"done": false'),  # NDJSON
+    ("/v1/chat/completions", '"chat.completion.chunk"'),  # server-sent events
+])
 async def test_a_client_that_leaves_mid_stream_frees_its_slot(
-    make_emulator: Callable[..., OllamaEmulator],
+    make_emulator: Callable[..., OllamaEmulator], path: str, first_chunk: str,
 ) -> None:
     emulator = make_emulator(per_token_s=100_000.0)  # 1000 s of real time per word
-    body = {"model": SMALL.name, "messages": [{"role": "user", "content": "hi"}]}
+    body = {"model": SMALL.name, "messages": [{"role": "user", "content": "hi"}],
+            "stream": True}
     async with httpx.AsyncClient(timeout=10) as http:
-        async with http.stream("POST", f"{emulator.url}/api/chat", json=body) as reply:
+        async with http.stream("POST", f"{emulator.url}{path}", json=body) as reply:
             async for line in reply.aiter_lines():
-                assert '"done": false' in line
+                assert first_chunk in line
                 break  # the first word arrived; the rest would take hours
             copy = emulator.engine.card.copies[SMALL.name]
             assert copy.active == 1  # still streaming: the slot is taken

@@ -30,7 +30,8 @@ from kubemoot.providers._emulated_calls import (
     start_generation,
 )
 from kubemoot.providers._emulation import EmulatorError
-from kubemoot.providers._emulator_stream import ReleasingStream, run_unless_abandoned
+from kubemoot.providers._emulator_stream import run_unless_abandoned
+from kubemoot.serving import StreamWithCleanup
 
 if TYPE_CHECKING:
     from kubemoot.providers.emulator import OllamaEmulator
@@ -143,7 +144,8 @@ class _OpenAIRoutes:
                              "finish_reason": _finish(generation)}],
                 "usage": _usage(generation)})
         events = self._events(ident, generation, bool(stream_options.get("include_usage")))
-        return ReleasingStream(events, generation, media_type="text/event-stream")
+        return StreamWithCleanup(events, cleanup=generation.close,
+                                 media_type="text/event-stream")
 
     async def _events(self, ident: str, generation: Generation,
                       include_usage: bool) -> AsyncIterator[bytes]:

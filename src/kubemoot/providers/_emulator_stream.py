@@ -1,39 +1,21 @@
-"""Emulator answers that always give their engine slot back, streamed or whole.
+"""A whole (unstreamed) emulator answer that gives its engine slot back when the client
+leaves.
 
 Ollama cancels a generation whose client hung up; so does the emulator, so a test of a
 client that goes away sees the slot free at once instead of after the emulated answer.
+Streamed answers get the same from :class:`kubemoot.serving.StreamWithCleanup`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
 
 from kubemoot.providers._emulated_calls import Generation
 
-__all__ = ["ReleasingStream", "run_unless_abandoned"]
-
-
-class ReleasingStream(StreamingResponse):
-    """Streams ``body`` and then closes ``generation`` however the stream ended:
-    finished, failed, or dropped by a client that left before the first byte (then
-    the body's own ``finally`` never runs, so the slot would otherwise stay taken)."""
-
-    def __init__(self, body: AsyncIterator[bytes], generation: Generation, *,
-                 media_type: str) -> None:
-        super().__init__(body, media_type=media_type)
-        self._generation = generation
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._generation.close()
+__all__ = ["run_unless_abandoned"]
 
 
 async def _hung_up(request: Request) -> None:

@@ -61,8 +61,9 @@ from kubemoot.providers._emulation import (
     parse_keep_alive,
 )
 from kubemoot.providers._emulator_openai import openai_routes
-from kubemoot.providers._emulator_stream import ReleasingStream, run_unless_abandoned
+from kubemoot.providers._emulator_stream import run_unless_abandoned
 from kubemoot.providers.engine import EngineCopy
+from kubemoot.serving import StreamWithCleanup, bind_socket, server_config, socket_url
 
 __all__ = [
     "DEFAULT_MODELS",
@@ -163,7 +164,7 @@ class OllamaEmulator:
         self._faults_lock = threading.Lock()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
-        self._bound_port: int | None = None
+        self._url: str | None = None
         self._sock: socket.socket | None = None
         self.app = Starlette(routes=[
             Route("/", self._root, methods=["GET", "HEAD"]),
@@ -183,9 +184,9 @@ class OllamaEmulator:
 
     @property
     def url(self) -> str:
-        if self._bound_port is None:
+        if self._url is None:
             raise RuntimeError("the emulator is not running")
-        return f"http://{self.host}:{self._bound_port}"
+        return self._url
 
     @property
     def records(self) -> list[RecordedRequest]:
@@ -203,19 +204,9 @@ class OllamaEmulator:
         :attr:`url` is known before serving starts. Port 0 picks a free port."""
         if self._sock is not None:
             return
-        # IPPROTO_TCP explicitly: asyncio turns Nagle off only for sockets that say TCP,
-        # and with Nagle on every keep-alive request waits for a delayed ACK (~40 ms).
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET,
-                             socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
-            sock.listen(128)
-        except OSError:
-            sock.close()
-            raise
+        sock = bind_socket(self.host, self.port)
         self._sock = sock
-        self._bound_port = sock.getsockname()[1]
+        self._url = socket_url(sock)
 
     def _take_socket(self) -> socket.socket:
         self.bind()
@@ -224,9 +215,10 @@ class OllamaEmulator:
         return sock
 
     def _make_server(self) -> uvicorn.Server:
-        config = uvicorn.Config(self.app, log_level=self.log_level, lifespan="off",
-                                access_log=False, timeout_graceful_shutdown=1)
-        return uvicorn.Server(config)
+        # a plain uvicorn.Server, signal handlers included: run in a thread, uvicorn
+        # cannot install them and leaves the process's signals to its host
+        return uvicorn.Server(server_config(self.app, drain_seconds=1,
+                                            log_level=self.log_level))
 
     def start(self) -> OllamaEmulator:
         """Serve from a background thread; returns once it accepts connections."""
@@ -235,7 +227,7 @@ class OllamaEmulator:
         sock = self._take_socket()
         server = self._server = self._make_server()
         self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
-                                        name=f"ollama-emulator-{self._bound_port}",
+                                        name=f"ollama-emulator-{sock.getsockname()[1]}",
                                         daemon=True)
         self._thread.start()
         started = threading.Event()
@@ -252,12 +244,6 @@ class OllamaEmulator:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._server = self._thread = None
-
-    async def serve(self) -> None:
-        """Serve in the running event loop until interrupted (the CLI's foreground mode)."""
-        sock = self._take_socket()
-        self._server = self._make_server()
-        await self._server.serve(sockets=[sock])
 
     def __enter__(self) -> OllamaEmulator:
         return self.start()
@@ -469,8 +455,8 @@ class OllamaEmulator:
             if await run_unless_abandoned(request, generation) is None:
                 return Response(status_code=499)  # nobody is listening any more
             return JSONResponse(self._final(generation, chat, created, with_content=True))
-        return ReleasingStream(self._ndjson(generation, chat), generation,
-                               media_type="application/x-ndjson")
+        return StreamWithCleanup(self._ndjson(generation, chat), cleanup=generation.close,
+                                 media_type="application/x-ndjson")
 
     async def _preload(self, call: GenerationCall, *, chat: bool, stream: bool) -> Response:
         engine, model = self.engine, call.model

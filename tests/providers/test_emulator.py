@@ -101,6 +101,39 @@ async def test_bad_requests_get_ollama_style_errors(
     assert isinstance(response.json()["error"], str)
 
 
+_FAULTABLE = [("GET", "/api/version"), ("GET", "/api/tags"), ("GET", "/api/ps"),
+              ("POST", "/api/show"), ("POST", "/api/generate"), ("POST", "/api/chat"),
+              ("POST", "/api/embed"), ("POST", "/api/embeddings"), ("GET", "/v1/models"),
+              ("POST", "/v1/chat/completions"), ("POST", "/v1/embeddings")]
+
+
+@pytest.mark.parametrize(("method", "path"), _FAULTABLE)
+async def test_an_injected_failure_answers_once_on_each_api_route(
+    emulator: OllamaEmulator, method: str, path: str,
+) -> None:
+    emulator.fail_next(503, path=path)
+    body = {"model": SMALL.name, "prompt": "hi", "input": "hi",
+            "messages": [{"role": "user", "content": "hi"}], "stream": False}
+    async with httpx.AsyncClient(timeout=10) as http:
+        faulted = await http.request(method, f"{emulator.url}{path}",
+                                     json=body if method == "POST" else None)
+        served = await http.request(method, f"{emulator.url}{path}",
+                                    json=body if method == "POST" else None)
+    assert faulted.status_code == 503 and "injected" in faulted.json()["error"]
+    assert served.status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/", "/emulator/stats", f"/v1/models/{SMALL.name}"])
+async def test_an_injected_failure_spares_the_routes_outside_the_api(
+    emulator: OllamaEmulator, path: str,
+) -> None:
+    emulator.fail_next(503)  # whichever request comes next, except these
+    async with httpx.AsyncClient(timeout=10) as http:
+        spared = await http.get(f"{emulator.url}{path}")
+        version = await http.get(f"{emulator.url}/api/version")
+    assert spared.status_code == 200 and version.status_code == 503
+
+
 async def test_keep_alive_zero_on_a_chat_unloads_after_it(emulator: OllamaEmulator) -> None:
     body = {"model": SMALL.name, "messages": [{"role": "user", "content": "x"}],
             "keep_alive": 0, "stream": False}

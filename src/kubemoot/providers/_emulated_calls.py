@@ -20,6 +20,7 @@ from kubemoot.providers._emulation import (
     EmulatorEngine,
     EmulatorError,
     RecordedRequest,
+    Slot,
     embedding_vector,
     normalised,
 )
@@ -208,20 +209,45 @@ async def start_generation(engine: EmulatorEngine, call: GenerationCall) -> Gene
     """Check the prompt against the context, take a slot (loading if needed), record."""
     kept, before, evaluated, dropped = engine.truncate(call.messages, call.tools,
                                                        call.context)
+    got = await _admit(engine, call, _Prompt(
+        messages=[dict(m) for m in call.messages], tokens=before, evaluated=evaluated,
+        dropped=dropped, tools=len(call.tools),
+        refused=not call.truncate and before > call.context))
+    return Generation(engine, call, copy=got.copy, loaded=got.loaded, kept=kept,
+                      evaluated=evaluated)
+
+
+# -- admission, shared by generations and embeddings -------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _Prompt:
+    """A call's prompt as the engine measured it, for the record of the request."""
+
+    messages: list[dict[str, Any]]  # as received (embedding inputs as user messages)
+    tokens: int  # the whole prompt as sent
+    evaluated: int  # what is left after truncation
+    dropped: int  # whole messages truncation left out
+    tools: int
+    refused: bool  # over the context with truncation off
+
+
+async def _admit(engine: EmulatorEngine, call: GenerationCall | EmbeddingCall,
+                 prompt: _Prompt) -> Slot:
+    """A slot for ``call`` (loading its model if needed), or Ollama's 400 for a refused
+    prompt; the request is recorded once, with how its admission ended."""
     received = engine.clock.now()
-    refused = not call.truncate and before > call.context
 
     def record(queued: bool, error: str | None = None) -> None:
+        refused = prompt.refused
         engine.record(RecordedRequest(
-            path=call.path, model=call.model.name,
-            messages=[dict(m) for m in call.messages], num_ctx=call.num_ctx,
-            context_length=call.context, prompt_tokens=before,
-            prompt_tokens_evaluated=0 if refused else evaluated,
-            truncated=not refused and evaluated < before,
-            dropped_messages=0 if refused else dropped, tools=len(call.tools),
+            path=call.path, model=call.model.name, messages=prompt.messages,
+            num_ctx=call.num_ctx, context_length=call.context, prompt_tokens=prompt.tokens,
+            prompt_tokens_evaluated=0 if refused else prompt.evaluated,
+            truncated=not refused and prompt.evaluated < prompt.tokens,
+            dropped_messages=0 if refused else prompt.dropped, tools=prompt.tools,
             queued=queued, received_at=received, error=error))
 
-    if refused:
+    if prompt.refused:
         record(False, TOO_LONG)
         raise EmulatorError(400, TOO_LONG)
     try:
@@ -230,8 +256,7 @@ async def start_generation(engine: EmulatorEngine, call: GenerationCall) -> Gene
         record(False, error.message)
         raise
     record(got.waited)
-    return Generation(engine, call, copy=got.copy, loaded=got.loaded, kept=kept,
-                      evaluated=evaluated)
+    return got
 
 
 # -- embeddings -------------------------------------------------------------------
@@ -273,30 +298,13 @@ async def embed(engine: EmulatorEngine, call: EmbeddingCall) -> Embeddings:
         return Embeddings([], 0, load_ns, load_ns)
     sizes = [engine.tokens(text) for text in call.inputs]
     too_long = [size > call.context for size in sizes]
-    received = engine.clock.now()
-    refused = any(too_long) and not call.truncate
     kept = [text[:math.floor(call.context * config.chars_per_token)] if long else text
             for text, long in zip(call.inputs, too_long, strict=True)]
     evaluated = sum(min(size, call.context) for size in sizes)
-
-    def record(queued: bool, error: str | None = None) -> None:
-        engine.record(RecordedRequest(
-            path=call.path, model=call.model.name,
-            messages=[{"role": "user", "content": text} for text in call.inputs],
-            num_ctx=call.num_ctx, context_length=call.context, prompt_tokens=sum(sizes),
-            prompt_tokens_evaluated=0 if refused else evaluated,
-            truncated=not refused and any(too_long), dropped_messages=0, tools=0,
-            queued=queued, received_at=received, error=error))
-
-    if refused:
-        record(False, TOO_LONG)
-        raise EmulatorError(400, TOO_LONG)
-    try:
-        got = await engine.acquire(call.model, call.context, keep_alive=call.keep_alive)
-    except EmulatorError as error:
-        record(False, error.message)
-        raise
-    record(got.waited)
+    got = await _admit(engine, call, _Prompt(
+        messages=[{"role": "user", "content": text} for text in call.inputs],
+        tokens=sum(sizes), evaluated=evaluated, dropped=0, tools=0,
+        refused=any(too_long) and not call.truncate))
     seconds = config.embed_latency_s + config.prompt_per_token_s * evaluated
     try:
         await engine.sleep(seconds)

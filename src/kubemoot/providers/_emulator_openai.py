@@ -43,12 +43,12 @@ _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error"}
 
 
 def openai_routes(emulator: OllamaEmulator) -> list[Route]:
-    routes = _OpenAIRoutes(emulator)
+    routes, faulty = _OpenAIRoutes(emulator), emulator.with_faults
     return [
-        Route("/v1/models", routes.models, methods=["GET"]),
+        Route("/v1/models", faulty(routes.models), methods=["GET"]),
         Route("/v1/models/{model:path}", routes.model, methods=["GET"]),
-        Route("/v1/chat/completions", routes.chat, methods=["POST"]),
-        Route("/v1/embeddings", routes.embeddings, methods=["POST"]),
+        Route("/v1/chat/completions", faulty(routes.chat), methods=["POST"]),
+        Route("/v1/embeddings", faulty(routes.embeddings), methods=["POST"]),
     ]
 
 
@@ -94,8 +94,6 @@ class _OpenAIRoutes:
         return int(self.emulator.engine.wall_time())
 
     async def models(self, request: Request) -> Response:
-        if (faulted := await self.emulator.injected_fault(request)) is not None:
-            return faulted  # type: ignore[return-value]
         return JSONResponse({"object": "list", "data": [
             self._entry(name) for name in self.emulator.engine.catalogue]})
 
@@ -113,8 +111,6 @@ class _OpenAIRoutes:
 
     async def chat(self, request: Request) -> Response:
         emulator = self.emulator
-        if (faulted := await emulator.injected_fault(request)) is not None:
-            return faulted  # type: ignore[return-value]
         try:
             body = await emulator.read_body(request)
             model = emulator.find_model(body.get("model"))
@@ -170,8 +166,6 @@ class _OpenAIRoutes:
 
     async def embeddings(self, request: Request) -> Response:
         emulator = self.emulator
-        if (faulted := await emulator.injected_fault(request)) is not None:
-            return faulted  # type: ignore[return-value]
         try:
             body = await emulator.read_body(request)
             model = emulator.find_model(body.get("model"))

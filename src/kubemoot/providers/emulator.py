@@ -22,11 +22,12 @@ Malformed bodies are answered 400 with ``{"error": …}``, as Ollama's decoder d
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import socket
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -166,16 +167,17 @@ class OllamaEmulator:
         self._thread: threading.Thread | None = None
         self._url: str | None = None
         self._sock: socket.socket | None = None
+        faulty = self.with_faults
         self.app = Starlette(routes=[
             Route("/", self._root, methods=["GET", "HEAD"]),
-            Route("/api/version", self._version, methods=["GET", "HEAD"]),
-            Route("/api/tags", self._tags, methods=["GET"]),
-            Route("/api/ps", self._ps, methods=["GET"]),
-            Route("/api/show", self._show, methods=["POST"]),
-            Route("/api/generate", self._generate, methods=["POST"]),
-            Route("/api/chat", self._chat, methods=["POST"]),
-            Route("/api/embed", self._embed, methods=["POST"]),
-            Route("/api/embeddings", self._embeddings, methods=["POST"]),
+            Route("/api/version", faulty(self._version), methods=["GET", "HEAD"]),
+            Route("/api/tags", faulty(self._tags), methods=["GET"]),
+            Route("/api/ps", faulty(self._ps), methods=["GET"]),
+            Route("/api/show", faulty(self._show), methods=["POST"]),
+            Route("/api/generate", faulty(self._generate), methods=["POST"]),
+            Route("/api/chat", faulty(self._chat), methods=["POST"]),
+            Route("/api/embed", faulty(self._embed), methods=["POST"]),
+            Route("/api/embeddings", faulty(self._embeddings), methods=["POST"]),
             *openai_routes(self),
             Route("/emulator/stats", self._stats, methods=["GET"]),
         ])
@@ -295,7 +297,18 @@ class OllamaEmulator:
                     return fault
         return None
 
-    async def injected_fault(self, request: Request) -> Response | _RawTruncated | None:
+    def with_faults(self, endpoint: Callable[[Request], Awaitable[Any]],
+                    ) -> Callable[[Request], Awaitable[Any]]:
+        """``endpoint`` behind fault injection: a pending fault answers in its place (a
+        stall first waits, then lets the endpoint answer)."""
+        @functools.wraps(endpoint)
+        async def answer(request: Request) -> Any:
+            if (faulted := await self._injected_fault(request)) is not None:
+                return faulted
+            return await endpoint(request)
+        return answer
+
+    async def _injected_fault(self, request: Request) -> Response | _RawTruncated | None:
         """The injected fault's answer for this request, if one is pending."""
         fault = self._take_fault(request.url.path)
         if fault is None:
@@ -314,15 +327,13 @@ class OllamaEmulator:
         return PlainTextResponse("Ollama-API emulator (kubemoot) is running; not Ollama")
 
     async def _version(self, request: Request) -> Any:
-        return await self.injected_fault(request) or JSONResponse({"version": EMULATOR_VERSION})
+        return JSONResponse({"version": EMULATOR_VERSION})
 
     def _details(self, model: EmulatedModel) -> dict[str, Any]:
         return {"format": "gguf", "family": model.family, "families": [model.family],
                 "parameter_size": f"{model.size_mib} MiB", "quantization_level": "emulated"}
 
     async def _tags(self, request: Request) -> Any:
-        if (faulted := await self.injected_fault(request)) is not None:
-            return faulted
         return JSONResponse({"models": [
             {"name": m.name, "model": m.name, "modified_at": _MODIFIED_AT,
              "size": m.size_mib * MIB, "digest": m.manifest_digest,
@@ -340,8 +351,6 @@ class OllamaEmulator:
                 "context_length": copy.context_length}
 
     async def _ps(self, request: Request) -> Any:
-        if (faulted := await self.injected_fault(request)) is not None:
-            return faulted
         return JSONResponse({"models": [self._ps_entry(m, c)
                                         for m, c in self.engine.copies()]})
 
@@ -372,8 +381,6 @@ class OllamaEmulator:
         return model
 
     async def _show(self, request: Request) -> Any:
-        if (faulted := await self.injected_fault(request)) is not None:
-            return faulted
         try:
             model = self._model(await self.read_body(request))
         except EmulatorError as error:
@@ -431,8 +438,6 @@ class OllamaEmulator:
         return await self._serve_generation(request, chat=True)
 
     async def _serve_generation(self, request: Request, *, chat: bool) -> Any:
-        if (faulted := await self.injected_fault(request)) is not None:
-            return faulted
         try:
             body = await self.read_body(request)
             model = self._model(body)
@@ -530,8 +535,6 @@ class OllamaEmulator:
 
     async def _embed(self, request: Request) -> Any:
         """``/api/embed``: ``input`` is a string or a list of them; unit vectors."""
-        if (faulted := await self.injected_fault(request)) is not None:
-            return faulted
         try:
             body = await self.read_body(request)
             model = self._model(body)
@@ -549,8 +552,6 @@ class OllamaEmulator:
 
     async def _embeddings(self, request: Request) -> Any:
         """``/api/embeddings`` (the older call): one ``prompt``, one raw vector."""
-        if (faulted := await self.injected_fault(request)) is not None:
-            return faulted
         try:
             body = await self.read_body(request)
             prompt = body.get("prompt")

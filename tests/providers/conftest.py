@@ -12,6 +12,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from kubemoot.providers.emulator import EmulatedModel, EmulatorConfig, OllamaEmulator
+from kubemoot.serving import bind_socket, server_config, socket_url
 from kubemoot.testing.emulators import emulator_factory
 
 SMALL = EmulatedModel("small:1b", 1000, kv_mib_per_1k_tokens=8.0)
@@ -57,18 +58,16 @@ def closed_port() -> int:
 @contextmanager
 def serve_app(app: ASGIApp) -> Iterator[str]:
     """Serve any ASGI app on a free loopback port for the duration of the block."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off"))
+    sock = bind_socket("127.0.0.1", 0)
+    # bounded drain: a misbehaving test server cannot hold the test's teardown
+    server = uvicorn.Server(server_config(app, drain_seconds=1, log_level="critical"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     ready = threading.Event()
     while not server.started and thread.is_alive():
         ready.wait(0.01)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield socket_url(sock)
     finally:
         server.should_exit = True
         thread.join(timeout=10)

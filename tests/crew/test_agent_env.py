@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kubemoot.agent.process import AgentIdentity, profile_from_env
+from kubemoot.agent.process import AgentIdentity, profile_from_env, sizes_from_env
 from kubemoot.agent.remote import CrewRef
 from kubemoot.api.errors import InputError
 from kubemoot.runtime.placement import Candidate
@@ -61,6 +61,35 @@ def test_a_malformed_candidate_list_names_the_variable(value: str, field: str,
                                                        says: str) -> None:
     with pytest.raises(InputError) as caught:
         profile_from_env({"KUBEMOOT_MODEL_CANDIDATES_MULLING": value}, ME)
+    assert caught.value.field == field
+    assert says in caught.value.describe()
+
+
+def test_declared_sizes_are_read_per_model_and_absent_means_none() -> None:
+    env = {"KUBEMOOT_MODEL_SIZES_MIB": ' {"qwen3:14b":9216, "qwen3:8b":5120} '}
+    assert sizes_from_env(env) == {"qwen3:14b": 9216, "qwen3:8b": 5120}
+    assert sizes_from_env({}) == {}
+    assert sizes_from_env({"KUBEMOOT_MODEL_SIZES_MIB": "{}"}) == {}
+
+
+@pytest.mark.parametrize(
+    ("value", "field", "says"),
+    [
+        ("qwen3:8b=5120", "KUBEMOOT_MODEL_SIZES_MIB", "is not JSON"),
+        ('[{"model":"a"}]', "KUBEMOOT_MODEL_SIZES_MIB", "must be a JSON object"),
+        ('{" ":1}', "KUBEMOOT_MODEL_SIZES_MIB", "empty name"),
+        ('{"a":"5120"}', "KUBEMOOT_MODEL_SIZES_MIB['a']", "whole MiB"),
+        ('{"a":51.5}', "KUBEMOOT_MODEL_SIZES_MIB['a']", "whole MiB"),
+        ('{"a":-1}', "KUBEMOOT_MODEL_SIZES_MIB['a']", "whole MiB"),
+        ('{"a":true}', "KUBEMOOT_MODEL_SIZES_MIB['a']", "whole MiB"),
+        ('{"a":99999999999}', "KUBEMOOT_MODEL_SIZES_MIB['a']", "whole MiB"),
+        ("{" + ",".join(f'"m{i}":1' for i in range(300)) + "}", "KUBEMOOT_MODEL_SIZES_MIB",
+         "at most"),
+    ],
+)
+def test_malformed_sizes_name_the_variable(value: str, field: str, says: str) -> None:
+    with pytest.raises(InputError) as caught:
+        sizes_from_env({"KUBEMOOT_MODEL_SIZES_MIB": value})
     assert caught.value.field == field
     assert says in caught.value.describe()
 

@@ -222,7 +222,12 @@ class ClusterPath:
         """`kubemoot agent` with the env of the Deployment the operator patched."""
         env = container_env(self.cluster, name)
         assert env[ENV_AGENT_NAME] == name
-        assert json.loads(env["KUBEMOOT_MODEL_CANDIDATES_MULLING"])
+        listed = {c["model"] for c in json.loads(env["KUBEMOOT_MODEL_CANDIDATES_MULLING"])}
+        assert listed
+        # The Models' vramMib travel with the binding, for the agent's cold loads.
+        sizes = json.loads(env["KUBEMOOT_MODEL_SIZES_MIB"])
+        assert listed <= set(sizes) and sizes.items() <= {"phi3:mini": 2048,
+                                                         "qwen3:8b": 5120}.items()
         env["KUBEMOOT_NATS_URL"] = self.nats_url  # the Service, as seen from outside
         agent = await AgentProcess.start({**self.base, **env, **FAST_ENV})
         self.agents[name] = agent

@@ -1,11 +1,13 @@
 """One Agent as a process: what its Deployment's env says, and the process's life.
 
 The operator writes the binding into the Deployment's env (``KUBEMOOT_MODEL_MODEL``,
-``KUBEMOOT_MODEL_CANDIDATES_MULLING``, the triage model, the bound endpoints); the
+``KUBEMOOT_MODEL_CANDIDATES_MULLING``, the triage model, the bound endpoints, and the
+declared sizes of the listed models in ``KUBEMOOT_MODEL_SIZES_MIB``); the
 crew's chart adds who the agent is (``KUBEMOOT_AGENT_NAME``, ``KUBEMOOT_AGENT_NAMESPACE``
 from the downward API, ``KUBEMOOT_CREW``, ``KUBEMOOT_AGENT_ROLE``).
 :func:`profile_from_env` turns that into the engine's
-:class:`~kubemoot.agent.discussion.AgentProfile`; a malformed variable is an
+:class:`~kubemoot.agent.discussion.AgentProfile`, and :func:`sizes_from_env` turns the
+sizes into the runtime's declarations; a malformed variable is an
 :class:`~kubemoot.api.errors.InputError` naming it.
 
 :func:`serve_agent` runs the agent: the per-call runtime over the shared state, a
@@ -31,6 +33,7 @@ from kubemoot.agent.pool import ClientFactory
 from kubemoot.agent.remote import CrewCoordinator, CrewMember, CrewRef
 from kubemoot.agent.runtime import StaticTarget
 from kubemoot.agent.wiring import build_stack
+from kubemoot.api.bounds import MAX_MIB
 from kubemoot.api.errors import InputError
 from kubemoot.clock import Clock
 from kubemoot.providers.prober import Prober, publish_to_kv
@@ -46,10 +49,12 @@ __all__ = [
     "ENV_AGENT_NAMESPACE",
     "ENV_AGENT_ROLE",
     "ENV_CREW",
+    "ENV_MODEL_SIZES",
     "AgentIdentity",
     "ProviderDirectory",
     "profile_from_env",
     "serve_agent",
+    "sizes_from_env",
 ]
 
 log = logging.getLogger(__name__)
@@ -66,6 +71,7 @@ ENV_TRIAGE_MODEL_ID = "KUBEMOOT_TRIAGE_MODEL_MODEL_ID"
 ENV_TRIAGE_ENDPOINT = "KUBEMOOT_TRIAGE_MODEL_ENDPOINT"
 ENV_CANDIDATES_MULLING = "KUBEMOOT_MODEL_CANDIDATES_MULLING"
 ENV_CANDIDATES_TRIAGE = "KUBEMOOT_MODEL_CANDIDATES_TRIAGE"
+ENV_MODEL_SIZES = "KUBEMOOT_MODEL_SIZES_MIB"
 
 MAX_CANDIDATES = 256  # far more than a Model bundle holds; bounds a malformed variable
 
@@ -116,6 +122,35 @@ def _candidates(env: Mapping[str, str], variable: str) -> tuple[Candidate, ...]:
             raise InputError(f"must be a finite number, got {score!r}", field=f"{where}.score")
         out.append(Candidate(model.strip(), float(score)))
     return tuple(out)
+
+
+def sizes_from_env(env: Mapping[str, str]) -> dict[str, int]:
+    """The declared ``vramMib`` of each listed model, from ``KUBEMOOT_MODEL_SIZES_MIB``.
+
+    The runtime sizes a model no provider has loaded yet by these, as the demo and the
+    gateway do from their Model resources; unset or empty declares nothing.
+    """
+    text = env.get(ENV_MODEL_SIZES, "").strip()
+    if not text:
+        return {}
+    try:
+        items = json.loads(text)
+    except ValueError as error:
+        raise InputError(f"is not JSON: {error}", field=ENV_MODEL_SIZES) from None
+    if not isinstance(items, dict):
+        raise InputError('must be a JSON object like {"qwen3:8b":5120}', field=ENV_MODEL_SIZES)
+    if len(items) > MAX_CANDIDATES:
+        raise InputError(f"declares {len(items)} models; at most {MAX_CANDIDATES}",
+                         field=ENV_MODEL_SIZES)
+    sizes: dict[str, int] = {}
+    for model, mib in items.items():
+        if not model.strip():
+            raise InputError("names a model with an empty name", field=ENV_MODEL_SIZES)
+        if isinstance(mib, bool) or not isinstance(mib, int) or not 0 <= mib <= MAX_MIB:
+            raise InputError(f"must be whole MiB from 0 to {MAX_MIB}, got {mib!r}",
+                             field=f"{ENV_MODEL_SIZES}[{model!r}]")
+        sizes[model.strip()] = mib
+    return sizes
 
 
 def profile_from_env(
@@ -247,6 +282,7 @@ async def serve_agent(
     directory = ProviderDirectory(states, make_client)
     await directory.refresh()
     profile = profile_from_env(env, identity, providers=directory.states)
+    declared = sizes_from_env(env)
     prober = Prober([], clock=clock, publish=publish_to_kv(states))
 
     async def after_call(provider: str) -> None:
@@ -255,7 +291,7 @@ async def serve_agent(
             await prober.probe_one(client)
 
     stack = await build_stack(kv, clients=directory, client_factory=chat_factory, clock=clock,
-                              settings=settings, after_call=after_call)
+                              settings=settings, declared=declared, after_call=after_call)
     part: CrewCoordinator | CrewMember
     if identity.coordinates:
         part = CrewCoordinator(bus, identity.crew, profile, stack.agents, settings)

@@ -69,6 +69,7 @@ def agent_command(
         ENV_CREW,
         AgentIdentity,
         profile_from_env,
+        sizes_from_env,
     )
     from kubemoot.agent.remote import CrewRef
 
@@ -85,6 +86,7 @@ def agent_command(
     settings = resolve_nats(nats, use_nats=True)
     assert settings is not None
     profile_from_env(os.environ, identity)  # a malformed binding is exit 2, before connecting
+    sizes_from_env(os.environ)
     from kubemoot.cli._shutdown import run_until_stopped
     from kubemoot.runtime.settings import RuntimeSettings
 

@@ -20,6 +20,7 @@ from kubemoot.scheduling.bind import (
     ENV_CANDIDATES,
     ENV_MODEL,
     ENV_MODEL_ENDPOINT,
+    ENV_MODEL_SIZES,
     ENV_TRIAGE_ENDPOINT,
     ENV_TRIAGE_MODEL_ID,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "ENV_CANDIDATES",
     "ENV_MODEL",
     "ENV_MODEL_ENDPOINT",
+    "ENV_MODEL_SIZES",
     "ENV_TRIAGE_ENDPOINT",
     "ENV_TRIAGE_MODEL_ID",
     "SCHEDULER_VERSION",

@@ -6,6 +6,10 @@ or the bias term), which ranks models rather than placements. Order: the bound m
 then score, then identifier. Whether a provider is up or has room is deliberately left
 to the per-call runtime, which reads it fresh; keeping it out here means the list, and
 the Deployment env that carries it, does not churn when providers come and go.
+
+Beside the lists, the env carries the declared ``vramMib`` of every identifier they
+name (:data:`ENV_MODEL_SIZES`): an agent process has no Model resources of its own, and
+without them it would size a model nobody has loaded yet from its size on disk.
 """
 
 from __future__ import annotations
@@ -20,12 +24,15 @@ __all__ = [
     "ENV_CANDIDATES",
     "ENV_MODEL",
     "ENV_MODEL_ENDPOINT",
+    "ENV_MODEL_SIZES",
     "ENV_TRIAGE_ENDPOINT",
     "ENV_TRIAGE_MODEL_ID",
     "CandidateList",
     "candidate_list",
     "candidates_json",
+    "declared_sizes",
     "env_score",
+    "sizes_json",
     "with_bound_first",
 ]
 
@@ -33,6 +40,8 @@ ENV_MODEL = "KUBEMOOT_MODEL_MODEL"
 ENV_MODEL_ENDPOINT = "KUBEMOOT_MODEL_ENDPOINT"
 ENV_TRIAGE_MODEL_ID = "KUBEMOOT_TRIAGE_MODEL_MODEL_ID"
 ENV_TRIAGE_ENDPOINT = "KUBEMOOT_TRIAGE_MODEL_ENDPOINT"
+#: The declared vramMib of the identifiers the candidate lists name, as a JSON object.
+ENV_MODEL_SIZES = "KUBEMOOT_MODEL_SIZES_MIB"
 #: Candidate-list env var per phase.
 ENV_CANDIDATES: dict[str, str] = {
     Phase.MULLING: "KUBEMOOT_MODEL_CANDIDATES_MULLING",
@@ -72,3 +81,24 @@ def candidates_json(candidates: Sequence[tuple[str, float]]) -> str:
         [{"model": model, "score": env_score(score)} for model, score in candidates],
         separators=(",", ":"),
     )
+
+
+def declared_sizes(admitted: Iterable[Placement]) -> dict[str, int]:
+    """Each identifier's declared ``vramMib``; Models that declare none are left out.
+
+    Where Models on several providers share an identifier and declare different sizes,
+    the largest wins: a cold load claimed too small is the costlier mistake (the engine
+    itself then evicts or refuses), one claimed too large only waits a little longer.
+    """
+    sizes: dict[str, int] = {}
+    for placement in admitted:
+        declared = placement.model.spec.vram_mib
+        if declared is not None:
+            model_id = placement.model_id
+            sizes[model_id] = max(declared, sizes.get(model_id, 0))
+    return sizes
+
+
+def sizes_json(sizes: Mapping[str, int]) -> str:
+    """Compact JSON like ``{"qwen3:14b":9216,"qwen3:8b":5120}``, keys sorted."""
+    return json.dumps(dict(sorted(sizes.items())), separators=(",", ":"))

@@ -17,7 +17,7 @@ Agents allocates one small object per Agent.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -29,9 +29,11 @@ from kubemoot.scheduling.bind import (
     ENV_CANDIDATES,
     ENV_MODEL,
     ENV_MODEL_ENDPOINT,
+    ENV_MODEL_SIZES,
     ENV_TRIAGE_ENDPOINT,
     ENV_TRIAGE_MODEL_ID,
     CandidateList,
+    sizes_json,
 )
 from kubemoot.scheduling.plugins import SpreadContext
 from kubemoot.scheduling.result import PhaseResult
@@ -66,6 +68,8 @@ class GroupContext(Protocol):
     def candidates(self, ranking: Ranking, bound: str | None) -> CandidateList: ...
 
     def candidates_json(self, candidates: CandidateList) -> str: ...
+
+    def declared_sizes(self, ranking: Ranking) -> Mapping[str, int]: ...
 
     def decision(
         self, ranking: Ranking, subject: str, position: int, spread: SpreadContext | None
@@ -179,6 +183,7 @@ class BindingGroup:
         if triage is not None and triage.chosen is not None:
             env[ENV_TRIAGE_MODEL_ID] = triage.chosen.placement.model_id
             env[ENV_TRIAGE_ENDPOINT] = triage.endpoint or ""
+        sizes: dict[str, int] = {}
         for phase, variable in ENV_CANDIDATES.items():
             plan = by_phase.get(phase)
             # An unbound phase writes neither its model nor its candidates: the agent
@@ -188,6 +193,12 @@ class BindingGroup:
                 bound = plan.chosen.placement.model_id
                 candidates = self.context.candidates(plan.ranking, bound)
                 env[variable] = self.context.candidates_json(candidates)
+                for model, mib in self.context.declared_sizes(plan.ranking).items():
+                    sizes[model] = max(mib, sizes.get(model, 0))
+        if env:
+            # Written with every binding, "{}" included: a Deployment patch only sets
+            # variables, so a size a Model stops declaring must be overwritten, not dropped.
+            env[ENV_MODEL_SIZES] = sizes_json(sizes)
         return env
 
     def _build_conditions(self) -> list[Condition]:

@@ -10,6 +10,7 @@ binding is *assumed* at once, so the parallelism gate of later agents sees it.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -31,6 +32,7 @@ from kubemoot.scheduling.bind import (
     CandidateList,
     candidate_list,
     candidates_json,
+    declared_sizes,
     with_bound_first,
 )
 from kubemoot.scheduling.candidate import Placement
@@ -98,6 +100,7 @@ class SchedulingPass:
         self._lists: dict[tuple[object, ...], CandidateList] = {}
         self._ordered: dict[tuple[tuple[object, ...], str | None], CandidateList] = {}
         self._json: dict[int, str] = {}  # candidate list id → its JSON (lists are kept alive)
+        self._sizes: dict[tuple[object, ...], dict[str, int]] = {}
         self._events: dict[tuple[str, str], SchedulingEvent] = {}
         self._unschedulable: dict[str, list[str]] = {}
         self._agents: list[AgentResult] = []
@@ -324,6 +327,13 @@ class SchedulingPass:
         found = self._json.get(id(candidates))
         if found is None:
             found = self._json[id(candidates)] = candidates_json(candidates)
+        return found
+
+    def declared_sizes(self, ranking: Ranking) -> Mapping[str, int]:
+        """The declared vramMib of the identifiers a phase's candidate list names."""
+        found = self._sizes.get(ranking.signature)
+        if found is None:
+            found = self._sizes[ranking.signature] = declared_sizes(ranking.table.admitted)
         return found
 
     def _unplaced(self, table: RuleTable, context: SpreadContext | None) -> _Unplaced:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import kmock
 
 from kubemoot.testing import builders as b
@@ -53,3 +55,27 @@ async def test_operator_watches_deployments_only_in_namespaces_with_agents(
     ]
     assert any(r.action == kmock.action.WATCH for r in deployment_requests)
     assert {r.namespace for r in deployment_requests} == {NS}
+
+
+async def test_operator_deployment_env_carries_the_declared_sizes_and_follows_them(
+    cluster: Cluster, emulators: Emulators
+) -> None:
+    """The agent process has no Model resources: the env must say what they declare."""
+    await _crew(cluster, emulators())
+    await cluster.create_deployment(NS, "sized")
+    await cluster.apply(b.agent("sized", NS, crew="crew-a", capabilities=["tool-calling"]))
+    sizes = await eventually(
+        lambda: env_of(cluster, "sized").get("KUBEMOOT_MODEL_SIZES_MIB"), what="sizes env")
+    assert json.loads(sizes) == {"qwen3:14b": 9216, "qwen3:8b": 5120}
+
+    # A Model's new vramMib reaches the Deployment without touching the Agent ...
+    await cluster.patch("Model", "qwen3-14b", {"spec": {"vramMib": 10240}})
+    await eventually(
+        lambda: json.loads(env_of(cluster, "sized")["KUBEMOOT_MODEL_SIZES_MIB"])
+        == {"qwen3:14b": 10240, "qwen3:8b": 5120}, what="the new size in the env")
+    # ... and a size no longer declared leaves it (a patch only sets variables, so the
+    # operator must overwrite the value rather than drop the variable).
+    await cluster.patch("Model", "qwen3-8b", {"spec": {"vramMib": None}})
+    await eventually(
+        lambda: json.loads(env_of(cluster, "sized")["KUBEMOOT_MODEL_SIZES_MIB"])
+        == {"qwen3:14b": 10240}, what="the undeclared size gone from the env")

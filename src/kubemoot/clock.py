@@ -102,9 +102,11 @@ class ScaledClock:
 
     def wall_time(self, emulated: float) -> float:
         """The Unix time at which emulated instant ``emulated`` happens (what answers
-        shown to clients carry); with time standing still, the present."""
+        shown to clients carry). With time standing still, the present plus how far
+        ahead the instant lies, as if it ran at the wall clock's pace (a keep-alive
+        shows as five minutes away, never as already over)."""
         if self.scale == 0:
-            return time.time()
+            return time.time() + (emulated - self._origin)
         return self._origin + (emulated - self._origin) * self.scale
 
     async def sleep(self, seconds: float) -> None:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Callable, Coroutine
+from datetime import datetime
 from typing import Any, TypeVar
 
 import httpx
 import pytest
 
 from kubemoot.clock import LoopClock, ScaledClock
-from kubemoot.providers.emulator import OllamaEmulator
+from kubemoot.providers.emulator import EmulatorConfig, OllamaEmulator
 from kubemoot.providers.engine import (
     CardSpec,
     EngineEvents,
@@ -172,8 +174,31 @@ def test_a_scaled_clock_shows_emulated_instants_in_wall_time() -> None:
     assert clock.wall_time(start + 100.0) - clock.wall_time(start) == pytest.approx(1.0)
     still = ScaledClock(0.0)
     assert still.now() == still.now()  # at scale 0 emulated time stands still
+    assert still.wall_time(still.now() + 300.0) - time.time() == pytest.approx(300.0, abs=5)
     with pytest.raises(ValueError, match="time scale"):
         ScaledClock(-1.0)
+
+
+async def test_at_time_scale_0_a_model_stays_loaded_after_its_call() -> None:
+    # Work is instantaneous at scale 0, but no later instant comes, so a keep-alive
+    # never runs out (the gateway bench's emulator: every call was a cold load when it did).
+    emulator = OllamaEmulator(EmulatorConfig(models=(SMALL,), vram_mib=24576, time_scale=0.0))
+    emulator.start()
+    try:
+        async with httpx.AsyncClient(timeout=10) as http:
+            answered = await http.post(f"{emulator.url}/api/chat", json={
+                "model": SMALL.name, "stream": False,
+                "messages": [{"role": "user", "content": "hi"}]})
+            assert answered.status_code == 200
+            listed = (await http.get(f"{emulator.url}/api/ps")).json()["models"]
+            again = await http.post(f"{emulator.url}/api/generate", json={
+                "model": SMALL.name, "prompt": "hi", "stream": False})
+            assert again.status_code == 200
+        assert [m["name"] for m in listed] == [SMALL.name]
+        assert datetime.fromisoformat(listed[0]["expires_at"]).timestamp() > time.time() + 60
+        assert emulator.stats()["loads"] == 1  # the second call found it warm
+    finally:
+        emulator.stop()
 
 
 async def test_the_emulator_keeps_the_reserve_and_says_so(

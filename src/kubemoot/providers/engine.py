@@ -409,7 +409,12 @@ class OllamaEngine:
         self._notify()
 
     async def _expire_after(self, copy: EngineCopy, seconds: float, token: int) -> None:
+        idle_since = self.clock.now()
         await self.clock.sleep(seconds)
+        if self.clock.now() <= idle_since:
+            # Time stands still (an emulator at time scale 0 finishes work at once, but
+            # no instant after now ever comes): a keep-alive that never ran out.
+            return
         if copy.state == CopyState.READY and copy.refs == 0 and copy.idle_token == token:
             self._start_unload(copy, UnloadReason.EXPIRED)
 

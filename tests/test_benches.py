@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
         ("quality.py", [],
          {"meanWaitRatioToBestBaseline", "coldLoadRatioToRoundRobin",
           "meanWaitRatioToLowerBound", "simSecondsFor100kCalls"}),
+        ("bound.py", [], {"homelabBound", "homelabBoundAllCandidates"}),
     ],
 )
 def test_bench_prints_its_figures_as_the_last_line(

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from kubemoot.sim.bound import lower_bound  # noqa: E402
-from kubemoot.sim.scenario import Scenario, load_scenario, parse_scenario  # noqa: E402
+from kubemoot.sim.scenario import Scenario, load_scenario  # noqa: E402
 from kubemoot.sim.simulation import simulate  # noqa: E402
 from kubemoot.sim.workload import build_trace  # noqa: E402
 
@@ -34,25 +34,8 @@ STARVED_SEEDS = (1, 2, 3)
 
 
 def _starved() -> Scenario:
-    # The same trace as tests/sim/test_bound.py: the waits there are slot queueing.
-    return parse_scenario({
-        "apiVersion": "kubemoot.ai/v1alpha1", "kind": "SimulationScenario",
-        "metadata": {"name": "starved"},
-        "spec": {
-            "durationSeconds": 900, "seed": 5,
-            "settings": {"keepAliveSeconds": 3600, "gpuWaitLimitSeconds": 100000},
-            "models": [{"name": "m", "vramMiB": 4096}],
-            "providers": [{"name": "gpu", "vramMiB": 24576, "maxParallel": 2}],
-            "crews": [{
-                "name": "crew", "agents": 4, "discussionsPerHour": 40,
-                "agentsPerDiscussion": 2,
-                "phases": [{"name": "mulling", "candidates": [{"model": "m", "score": 50}],
-                            "steps": 2, "latency": {"meanSeconds": 10, "cv": 0.5},
-                            "fanOut": {"probability": 0.5, "width": 3},
-                            "thinkSeconds": 1}],
-            }],
-        },
-    })
+    # The trace tests/sim/test_bound.py checks: its waits are slot queueing.
+    return load_scenario(ROOT / "examples" / "scenarios" / "slot-starved.yaml")
 
 
 def _homelab() -> dict[str, float]:

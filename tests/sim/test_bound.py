@@ -148,26 +148,9 @@ def test_only_candidates_within_tolerance_add_capacity() -> None:
         assert run.report.wait["mean"] + 1e-3 >= within.mean_wait, run.report.policy
 
 
-def _starved(seconds: float = 900) -> Scenario:
+def _starved() -> Scenario:
     # One card with two slots, bursts of three: the waits are slot queueing.
-    return parse_scenario({
-        "apiVersion": "kubemoot.ai/v1alpha1", "kind": "SimulationScenario",
-        "metadata": {"name": "starved"},
-        "spec": {
-            "durationSeconds": seconds, "seed": 5,
-            "settings": {"keepAliveSeconds": 3600, "gpuWaitLimitSeconds": 100000},
-            "models": [{"name": "m", "vramMiB": 4096}],
-            "providers": [{"name": "gpu", "vramMiB": 24576, "maxParallel": 2}],
-            "crews": [{
-                "name": "crew", "agents": 4, "discussionsPerHour": 40,
-                "agentsPerDiscussion": 2,
-                "phases": [{"name": "mulling", "candidates": [{"model": "m", "score": 50}],
-                            "steps": 2, "latency": {"meanSeconds": 10, "cv": 0.5},
-                            "fanOut": {"probability": 0.5, "width": 3},
-                            "thinkSeconds": 1}],
-            }],
-        },
-    })
+    return load_scenario(SCENARIOS / "slot-starved.yaml")
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

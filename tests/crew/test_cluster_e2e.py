@@ -293,7 +293,10 @@ async def test_a_crew_of_agent_processes_answers_through_the_cluster_path(
         assert call["ok"] and call["model"] in ("phi3:mini", "qwen3:8b")
         assert call["action"] in ("warm", "queue", "loading", "cold-load", "unload")
         assert isinstance(call["evicted"], list)
-    assert evictions == {"gpu-a": [], "gpu-b": []}  # every eviction was the scheduler's
+    # every eviction was the scheduler's; a failure tells each card's story and the calls
+    assert evictions == {"gpu-a": [], "gpu-b": []}, "\n".join(
+        [f"{name}:\n{gpu.engine.story()}" for name, gpu in path.gpus.items()]
+        + [json.dumps(calls, indent=1)])
     # SIGTERM: each agent shut down cleanly (128 + SIGTERM) ...
     assert set(path.codes.values()) == {128 + signal.SIGTERM}, path.codes
     # ... and left no ticket behind in the shared state.

@@ -212,3 +212,17 @@ async def test_the_emulator_keeps_the_reserve_and_says_so(
     assert refused.status_code == 500 and "1024 MiB reserve" in refused.json()["error"]
     assert loaded.status_code == 200
     assert (stats["vramMiB"], stats["reserveMiB"], stats["loads"]) == (7000, 1024, 1)
+
+
+async def test_the_emulator_tells_its_story_in_order(emulator: OllamaEmulator) -> None:
+    # what a failing end-to-end test prints: loads, unloads with their reason, requests
+    async with httpx.AsyncClient(timeout=10) as http:
+        await http.post(f"{emulator.url}/api/generate", json={
+            "model": SMALL.name, "prompt": "hi", "stream": False})
+        await http.post(f"{emulator.url}/api/generate", json={
+            "model": SMALL.name, "keep_alive": 0})
+    await emulator.until(lambda engine: f"unloaded {SMALL.name}" in engine.story())
+    lines = [line.split(maxsplit=1)[1] for line in emulator.engine.story().splitlines()]
+    # the request as received, the load it started, the keep_alive 0 unload
+    assert lines == [f"request /api/generate {SMALL.name}", f"load {SMALL.name}",
+                     f"unloaded {SMALL.name}"]

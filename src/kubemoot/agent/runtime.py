@@ -33,6 +33,7 @@ from kubemoot.agent.signals import Signal, SignalMetadata, SignalSink, SignalTyp
 from kubemoot.agent.tokens import TokenEstimator
 from kubemoot.agent.toolloop import Tool, ToolLoopLimits, ToolLoopResult, run_tool_loop
 from kubemoot.clock import Clock
+from kubemoot.runtime.filters import warm_ok
 from kubemoot.runtime.held_plans import SelectionPlanner
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.planner import CallPlanner
@@ -360,7 +361,11 @@ class AgentRuntime:
         if not fleet.providers:
             return True  # no shared state at all: the static endpoint is all there is
         provider = fleet.provider(static.provider)
-        return provider is not None and provider.is_resident(static.model)
+        # Resident is not enough: a copy another call's ticket plans to unload may be gone
+        # by the time this call reaches the engine, which would then load it again and
+        # push out whatever the planner put there (an eviction no ticket budgeted).
+        return (provider is not None and provider.is_resident(static.model)
+                and warm_ok(provider, static.model, prompt_tokens))
 
     async def _finish(
         self, placement: Placement, result: ToolLoopResult | None, began: float

@@ -177,15 +177,20 @@ class _Books(EngineEvents):
         self.loads: list[str] = []
         self.evictions: list[str] = []  # pushed out by the engine because memory ran short
         self.reloads: list[str] = []  # unloaded to load again with another num_ctx
+        #: (emulated time, "load" or the unload reason, model), oldest first: the story
+        #: a failing test prints when the engine did something it should not have
+        self.history: list[tuple[float, str, str]] = []
 
     def load_started(self, model: str, mib: int, at: float) -> None:
         with self._lock:
             self.loads.append(model)
+            self.history.append((at, "load", model))
 
     def unloaded(self, model: str, reason: UnloadReason, at: float) -> None:
         books = {UnloadReason.EVICTED: self.evictions, UnloadReason.RELOAD: self.reloads}
-        if reason in books:
-            with self._lock:
+        with self._lock:
+            self.history.append((at, str(reason), model))
+            if reason in books:
                 books[reason].append(model)
 
 
@@ -232,6 +237,19 @@ class EmulatorEngine:
     def reloads(self) -> list[str]:
         with self._books:
             return list(self._engine_books.reloads)
+
+    def story(self) -> str:
+        """Loads, unloads (with their reason) and requests in the order they happened,
+        one per line: what a failing test prints to show how the card got where it is."""
+        with self._books:
+            lines = [(at, f"{what} {model}") for at, what, model in self._engine_books.history]
+            lines += [(r.received_at, f"request {r.path} {r.model}"
+                       + (" (queued)" if r.queued else "") + (f" error {r.error}" if r.error
+                                                               else ""))
+                      for r in self._records]
+        start = min((at for at, _ in lines), default=0.0)
+        return "\n".join(f"{at - start:9.3f} {text}" for at, text in sorted(lines,
+                                                                          key=lambda x: x[0]))
 
     # -- bookkeeping readable from any thread -----------------------------------
 

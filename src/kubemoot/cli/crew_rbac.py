@@ -13,10 +13,12 @@ from kubemoot.cli._common import app
 def crew_rbac_command(
     namespaces: list[str] = typer.Argument(..., help="The crews' namespaces."),
     operator_namespace: str = typer.Option(
-        "kubemoot-system", "--operator-namespace", help="Where the operator runs."
+        "kubemoot-system", "--operator-namespace", metavar="NAMESPACE",
+        help="Where the operator runs."
     ),
     service_account: str = typer.Option(
-        "kubemoot-operator", "--service-account", help="The operator's ServiceAccount."
+        "kubemoot-operator", "--service-account", metavar="NAME",
+        help="The operator's ServiceAccount."
     ),
 ) -> None:
     """Print the RBAC that lets the operator patch the Deployments of these namespaces."""

@@ -34,9 +34,11 @@ def dashboard_command(
         help="Watch an embedded store of this process (the default; it starts empty).",
     ),
     host: str = typer.Option(
-        "127.0.0.1", "--host", help="Address to bind; loopback by default (no login)."
+        "127.0.0.1", "--host", metavar="ADDRESS",
+        help="Address to bind; loopback by default (no login)."
     ),
-    port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port (0: any free)."),
+    port: int = typer.Option(8765, "--port", metavar="PORT", min=0, max=65535,
+        help="Port (0: any free)."),
     allow_hosts: list[str] = typer.Option(
         [], "--allow-host", metavar="NAME",
         help="A host name the page may be reached by, besides localhost and IP addresses "
@@ -44,7 +46,7 @@ def dashboard_command(
         "403, so a foreign web page cannot rebind its DNS name to this dashboard.",
     ),
     stale_after: float = typer.Option(
-        120.0, "--stale-after", min=0.0,
+        120.0, "--stale-after", metavar="SECONDS", min=0.0,
         help="Seconds after its last probe a provider shows as stale.",
     ),
 ) -> None:

@@ -45,6 +45,7 @@ def decide_command(
         ...,
         "-f",
         "--file",
+        metavar="FILE",
         help="PlacementRequest YAML file ('-' reads stdin).",
         show_default=False,
     ),

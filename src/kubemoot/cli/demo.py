@@ -83,24 +83,26 @@ SAMPLE_INTERVAL_SECONDS = 0.01
 @nats_options()
 def demo_command(
     nats: NatsFlags = NO_NATS_FLAGS,
-    discussions: int = typer.Option(8, "--discussions", min=1, max=40,
+    discussions: int = typer.Option(8, "--discussions", metavar="N", min=1, max=40,
                                     help="How many discussions to run at once."),
-    seed: int = typer.Option(7, "--seed", help="Chooses questions, members and start times."),
+    seed: int = typer.Option(7, "--seed", metavar="N",
+        help="Chooses questions, members and start times."),
     output: OutputFormat | None = typer.Option(None, "-o", "--output", help=OUTPUT_OPTION_HELP),
     dashboard: bool = typer.Option(False, "--dashboard", help="Also serve the dashboard."),
     dashboard_port: int = typer.Option(
-        8765, "--dashboard-port", min=0, max=65535, help="Dashboard port (0: any free)."
+        8765, "--dashboard-port", metavar="PORT", min=0, max=65535,
+        help="Dashboard port (0: any free)."
     ),
     dashboard_linger: float | None = typer.Option(
-        None, "--dashboard-linger", min=0.0,
+        None, "--dashboard-linger", metavar="SECONDS", min=0.0,
         help="Seconds the dashboard stays up after the demo (default: until Ctrl-C).",
     ),
     bundle: Path | None = typer.Option(
-        None, "-f", "--bundle",
+        None, "-f", "--bundle", metavar="FILE",
         help="Resources to run (default: the homelab bundle shipped with kubemoot).",
     ),
     time_scale: float = typer.Option(
-        0.08, "--time-scale", min=0.001, max=1.0,
+        0.08, "--time-scale", metavar="SCALE", min=0.001, max=1.0,
         help="Real seconds per emulated second (1 = as slow as real GPUs).",
     ),
 ) -> None:

@@ -21,20 +21,26 @@ if TYPE_CHECKING:
 
 @app.command("emulate-ollama")
 def emulate_command(
-    port: int = typer.Option(11434, "--port", min=0, max=65535, help="TCP port (0: any)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
-    vram_mib: int = typer.Option(24576, "--vram-mib", min=1, help="Emulated GPU memory."),
+    port: int = typer.Option(
+        11434, "--port", metavar="PORT", min=0, max=65535, help="TCP port (0: any)."),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", metavar="ADDRESS", help="Address to listen on."),
+    vram_mib: int = typer.Option(
+        24576, "--vram-mib", metavar="MIB", min=1, help="Emulated GPU memory."),
     reserve_mib: int = typer.Option(
-        DEFAULTS.reserve_mib, "--reserve-mib", min=0,
+        DEFAULTS.reserve_mib, "--reserve-mib", metavar="MIB", min=0,
         help="Memory the card keeps back; it offers --vram-mib less this."),
-    num_parallel: int = typer.Option(1, "--num-parallel", min=1,
-                                     help="Parallel slots per loaded model."),
-    context_length: int = typer.Option(4096, "--context-length", min=1,
-                                       help="Default per-slot context (tokens)."),
-    load_rate_mibps: float = typer.Option(DEFAULTS.load_rate_mibps, "--load-rate-mibps", min=0.001,
-                                          help="Model load speed in MiB/s."),
-    time_scale: float = typer.Option(1.0, "--time-scale", min=0.0,
-                                     help="Real seconds per emulated second."),
+    num_parallel: int = typer.Option(
+        1, "--num-parallel", metavar="N", min=1, help="Parallel slots per loaded model."),
+    context_length: int = typer.Option(
+        4096, "--context-length", metavar="TOKENS", min=1,
+        help="Default per-slot context (tokens)."),
+    load_rate_mibps: float = typer.Option(
+        DEFAULTS.load_rate_mibps, "--load-rate-mibps", metavar="MIB/S", min=0.001,
+        help="Model load speed in MiB/s."),
+    time_scale: float = typer.Option(
+        1.0, "--time-scale", metavar="SCALE", min=0.0,
+        help="Real seconds per emulated second."),
     models: list[str] = typer.Option(
         [], "--model", metavar="NAME=MiB",
         help="A model in the catalogue (repeatable); default: qwen3 8b/14b/32b.",

@@ -41,15 +41,17 @@ _ACTION_TEXT = {
 @app.command("place")
 def place_command(
     file: Path = typer.Option(
-        ..., "-f", "--file", help="PlacementState YAML file.", show_default=False
+        ..., "-f", "--file", metavar="FILE", help="PlacementState YAML file.", show_default=False
     ),
-    model: str = typer.Option(..., "--model", help="The preferred model of the call."),
+    model: str = typer.Option(..., "--model", metavar="MODEL",
+        help="The preferred model of the call."),
     candidates: str | None = typer.Option(
-        None, "--candidates",
+        None, "--candidates", metavar="JSON",
         help='Candidate list as JSON, preferred first: [{"model": "qwen3:32b", "score": 70}].',
     ),
     prompt_tokens: int | None = typer.Option(
-        None, "--prompt-tokens", help="Prompt size in tokens (for the context filter)."
+        None, "--prompt-tokens", metavar="TOKENS",
+        help="Prompt size in tokens (for the context filter)."
     ),
     output: OutputFormat | None = typer.Option(None, "-o", "--output", help=OUTPUT_OPTION_HELP),
 ) -> None:

@@ -78,7 +78,7 @@ def probe_command(
         help="DCGM exporter metrics URL: URL with one endpoint, NAME=URL with several.",
     ),
     timeout: float = typer.Option(
-        10.0, "--timeout", min=0.01,
+        10.0, "--timeout", metavar="SECONDS", min=0.01,
         help="Seconds one endpoint's probe may take in all (a slow trickle counts too).",
     ),
     output: ProbeFormat | None = typer.Option(

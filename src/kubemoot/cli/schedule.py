@@ -43,11 +43,13 @@ def schedule_command(
         show_default=False,
     ),
     now: str | None = typer.Option(
-        None, "--now", help="Schedule as of this RFC 3339 time (default: the current time)."
+        None, "--now", metavar="TIME",
+        help="Schedule as of this RFC 3339 time (default: the current time)."
     ),
     output: OutputFormat | None = typer.Option(None, "-o", "--output", help=OUTPUT_OPTION_HELP),
     explain: str | None = typer.Option(
-        None, "--explain", help="Print the decision records of one Agent: NAMESPACE/AGENT."
+        None, "--explain", metavar="NAMESPACE/AGENT",
+        help="Print the decision records of one Agent: NAMESPACE/AGENT."
     ),
 ) -> None:
     """Dry-run the operator's scheduler: filter, score, spread and bind every Agent."""

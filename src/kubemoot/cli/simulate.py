@@ -23,21 +23,24 @@ from kubemoot.cli._common import (
 
 @app.command("simulate")
 def simulate_command(
-    file: Path = typer.Option(..., "-f", "--file", help="Scenario YAML (kind SimulationScenario)."),
+    file: Path = typer.Option(..., "-f", "--file", metavar="FILE",
+        help="Scenario YAML (kind SimulationScenario)."),
     policy: list[str] = typer.Option(
         ["all"], "--policy", "-p",
         help="Policy to run (repeatable): all, kubemoot, static, round-robin, least-busy, "
              "random, herd-like.",
     ),
-    seed: int | None = typer.Option(None, "--seed", help="Workload seed (default: the file's)."),
+    seed: int | None = typer.Option(None, "--seed", metavar="N",
+        help="Workload seed (default: the file's)."),
     report: Path | None = typer.Option(
-        None, "--report", help="Write report.json and PNG plots into this directory."
+        None, "--report", metavar="DIR", help="Write report.json and PNG plots into this directory."
     ),
     scale_down: float | None = typer.Option(
-        None, "--scale-down", help="Keep this share (0–1] of every provider and crew group."
+        None, "--scale-down", metavar="SHARE",
+        help="Keep this share (0–1] of every provider and crew group."
     ),
     duration: float | None = typer.Option(
-        None, "--duration", help="Override the scenario's durationSeconds."
+        None, "--duration", metavar="SECONDS", help="Override the scenario's durationSeconds."
     ),
     output: OutputFormat | None = typer.Option(None, "-o", "--output", help=OUTPUT_OPTION_HELP),
 ) -> None:

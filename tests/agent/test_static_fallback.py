@@ -61,14 +61,25 @@ async def _no_wait_call(make_emulator: Callable[..., OllamaEmulator], *,
                                   clock=clock, settings=SETTINGS, declared={SMALL.name: 2000})
         try:
             before = len(emulator.records)
+            if not planned_victim:
+                # the copy is held for the call: a zero-footprint ticket, released after
+                held = await stack.planner.hold_copy("gpu-a", SMALL.name, "probe",
+                                                     prompt_tokens=10)
+                assert held is not None and held.model_footprint_mib == 0
+                assert not await stack.planner.hold_copy("gpu-a", OTHER.name, "probe",
+                                                         prompt_tokens=10)
+                await stack.tickets.release("gpu-a", held.ticket_id)
             outcome = await stack.agents.call(
                 agent="crew/coordinator", thread_id="t1", phase="synthesis",
                 messages=[{"role": "user", "content": "hello"}],
                 candidates=[Candidate(SMALL.name, 50.0)], wait=False,
                 static=StaticTarget("gpu-a", emulator.url, SMALL.name, 1024),
             )
+            document, _ = await stack.tickets.read("gpu-a")
+            left = sorted(t.holder_id for t in document.tickets)
         finally:
             await stack.close()
+        assert left == sorted(t.holder_id for t in busy)  # the call's own ticket went back
         return outcome.refusal, len(emulator.records) - before
     finally:
         await client.close()

@@ -33,7 +33,6 @@ from kubemoot.agent.signals import Signal, SignalMetadata, SignalSink, SignalTyp
 from kubemoot.agent.tokens import TokenEstimator
 from kubemoot.agent.toolloop import Tool, ToolLoopLimits, ToolLoopResult, run_tool_loop
 from kubemoot.clock import Clock
-from kubemoot.runtime.filters import warm_ok
 from kubemoot.runtime.held_plans import SelectionPlanner
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.planner import CallPlanner
@@ -344,28 +343,37 @@ class AgentRuntime:
         assert first is not None
         if first.action is Action.REFUSE:
             return first
-        if static is not None and await self._static_holds(static, prompt_tokens):
-            return Placement(
-                Action.STATIC, provider=static.provider, endpoint=static.endpoint,
-                model=static.model, reason="no GPU free now; the call cannot wait",
-                context_length=static.context_length,
-            )
+        if static is not None:
+            held = await self._static_placement(static, holder, prompt_tokens)
+            if held is not None:
+                return held
         return replace(first, action=Action.WAIT, reason=Reason.GPU_BUSY.value, ticket=None)
 
-    async def _static_holds(self, static: StaticTarget, prompt_tokens: int) -> bool:
-        """Whether the static endpoint can take the call without loading anything and
-        without cutting the prompt."""
+    async def _static_placement(
+        self, static: StaticTarget, holder: str, prompt_tokens: int
+    ) -> Placement | None:
+        """The static endpoint, when it can take the call without loading anything and
+        without cutting the prompt.
+
+        Its copy is held by a zero-footprint ticket for the length of the call: resident
+        is not enough, since a copy another call's ticket plans to unload may be gone by
+        the time this call reaches the engine, which would load it again and push out
+        whatever the planner put there (an eviction no ticket budgeted).
+        """
         if static.context_length is not None and prompt_tokens > static.context_length:
-            return False
+            return None
+        ticket = None
         fleet = await self.planner.view.snapshot()
-        if not fleet.providers:
-            return True  # no shared state at all: the static endpoint is all there is
-        provider = fleet.provider(static.provider)
-        # Resident is not enough: a copy another call's ticket plans to unload may be gone
-        # by the time this call reaches the engine, which would then load it again and
-        # push out whatever the planner put there (an eviction no ticket budgeted).
-        return (provider is not None and provider.is_resident(static.model)
-                and warm_ok(provider, static.model, prompt_tokens))
+        if fleet.providers:  # with no shared state the static endpoint is all there is
+            ticket = await self.planner.hold_copy(
+                static.provider, static.model, holder, prompt_tokens=prompt_tokens)
+            if ticket is None:
+                return None
+        return Placement(
+            Action.STATIC, provider=static.provider, endpoint=static.endpoint,
+            model=static.model, reason="no GPU free now; the call cannot wait",
+            context_length=static.context_length, ticket=ticket,
+        )
 
     async def _finish(
         self, placement: Placement, result: ToolLoopResult | None, began: float

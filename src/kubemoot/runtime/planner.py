@@ -45,7 +45,7 @@ from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
-from kubemoot.store.documents import TicketState
+from kubemoot.store.documents import Ticket, TicketState
 from kubemoot.store.protocol import Bucket, StoreError
 
 log = logging.getLogger(__name__)
@@ -264,6 +264,25 @@ class CallPlanner:
         if not await self.admit(claimed):
             return placement
         return claimed
+
+    async def hold_copy(
+        self, provider: str, model: str, holder_id: str, *, prompt_tokens: int | None
+    ) -> Ticket | None:
+        """Hold a zero-footprint ticket on the loaded copy of ``model`` on ``provider``,
+        for a call sent there without a placement (a no-wait call's static fallback).
+
+        While the ticket is held the copy counts as busy, so no plan unloads it before
+        the call reaches the engine (which would load it again and evict on its own).
+        ``None`` when the copy is not loaded there, is planned for unloading, or its
+        context cannot hold the prompt: the check runs inside the ticket's CAS.
+        """
+        rnd = await self.new_round(prompt_tokens)
+        p = rnd.fleet.provider(provider)
+        if p is None or not p.is_resident(model):
+            return None
+        claim = await self.claims.claim(rnd, rnd.copy_option(p, model), holder_id,
+                                        state=TicketState.RUNNING)
+        return None if claim is None else claim.ticket
 
     def _placed(
         self, rnd: Round, claim: Claim, priced: list[Option], why: str

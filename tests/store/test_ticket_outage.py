@@ -58,16 +58,22 @@ class Unavailable:
         return await self._inner.put(key, value)
 
 
-async def test_consecutive_store_failures_back_off_longer_up_to_the_cap() -> None:
+async def _outage(failures: int) -> tuple[RecordingClock, Unavailable, TicketManager]:
+    """A manager whose provider-state reads fail ``failures`` times before they answer."""
     clock = RecordingClock()
     kv = MemoryKV(clock)
     tickets = await kv.bucket("tickets")
-    states = Unavailable(await kv.bucket("states"), failures=10)
+    states = Unavailable(await kv.bucket("states"), failures=failures)
     await states.put(encode_token(PROVIDER), provider_state(PROVIDER, usable_mib=8 * GIB).to_json())
     manager = TicketManager(
         tickets, states, clock=clock, rng=Ceiling(), max_attempts=20,  # type: ignore[arg-type]
         backoff_base_seconds=0.001, backoff_cap_seconds=0.05,
     )
+    return clock, states, manager
+
+
+async def test_consecutive_store_failures_back_off_longer_up_to_the_cap() -> None:
+    clock, _, manager = await _outage(10)
     ticket = await manager.claim(PROVIDER, "m", 2 * GIB, "holder")
     assert ticket.model_footprint_mib == 2 * GIB  # served once the store answered
     assert len(clock.sleeps) == 10  # one wait per failure
@@ -76,15 +82,7 @@ async def test_consecutive_store_failures_back_off_longer_up_to_the_cap() -> Non
 
 
 async def test_a_success_starts_the_outage_backoff_over() -> None:
-    clock = RecordingClock()
-    kv = MemoryKV(clock)
-    tickets = await kv.bucket("tickets")
-    states = Unavailable(await kv.bucket("states"), failures=8)
-    await states.put(encode_token(PROVIDER), provider_state(PROVIDER, usable_mib=8 * GIB).to_json())
-    manager = TicketManager(
-        tickets, states, clock=clock, rng=Ceiling(), max_attempts=20,  # type: ignore[arg-type]
-        backoff_base_seconds=0.001, backoff_cap_seconds=0.05,
-    )
+    clock, states, manager = await _outage(8)
     first = await manager.claim(PROVIDER, "m", 2 * GIB, "one")
     await manager.release(PROVIDER, first.ticket_id)
     before = list(clock.sleeps)

@@ -14,12 +14,12 @@ import ollama
 import pytest
 
 from kubemoot.clock import ManualClock
-from kubemoot.providers._emulation import (
+from kubemoot.emulation.card import (
     EmulatorEngine,
     EmulatorError,
     parse_keep_alive,
 )
-from kubemoot.providers.emulator import EMULATOR_VERSION, EmulatorConfig, OllamaEmulator
+from kubemoot.emulation.server import EMULATOR_VERSION, EmulatorConfig, OllamaEmulator
 from tests.providers.conftest import MEDIUM, SMALL, fast_config
 
 

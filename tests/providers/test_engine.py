@@ -13,8 +13,7 @@ import httpx
 import pytest
 
 from kubemoot.clock import LoopClock, ScaledClock
-from kubemoot.providers.emulator import EmulatorConfig, OllamaEmulator
-from kubemoot.providers.engine import (
+from kubemoot.emulation.engine import (
     CardSpec,
     EngineEvents,
     ModelTooLarge,
@@ -22,6 +21,7 @@ from kubemoot.providers.engine import (
     QueueFull,
     UnloadReason,
 )
+from kubemoot.emulation.server import EmulatorConfig, OllamaEmulator
 from kubemoot.sim.vloop import run_virtual
 from tests.providers.conftest import LARGE, SMALL
 

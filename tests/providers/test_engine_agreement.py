@@ -15,8 +15,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from kubemoot.providers.emulator import EmulatedModel, EmulatorConfig, OllamaEmulator
-from kubemoot.providers.engine import CopyState, EngineEvents, OllamaEngine, UnloadReason
+from kubemoot.emulation.engine import CopyState, EngineEvents, OllamaEngine, UnloadReason
+from kubemoot.emulation.server import EmulatedModel, EmulatorConfig, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.sim.gpu import EmulatedGpu

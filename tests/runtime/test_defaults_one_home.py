@@ -30,7 +30,7 @@ changed["reserve_mib"] = 777
 changed["latency_ema_alpha"] = 0.77
 settings.DEFAULTS = settings.RuntimeSettings(**changed)
 
-from kubemoot.providers._emulation import OLLAMA_KEEP_ALIVE_SECONDS, EmulatorConfig
+from kubemoot.emulation.card import OLLAMA_KEEP_ALIVE_SECONDS, EmulatorConfig
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.runtime.circuit import CircuitBreakers
 from kubemoot.runtime.demand import DemandBoard

@@ -1,6 +1,6 @@
 """Emulated GPUs for the simulator: the shared engine model as a provider client.
 
-Each :class:`EmulatedGpu` is one card running :class:`kubemoot.providers.engine.OllamaEngine`
+Each :class:`EmulatedGpu` is one card running :class:`kubemoot.emulation.engine.OllamaEngine`
 (the same model of an Ollama engine the HTTP emulator runs) on the simulator's virtual
 clock: memory with a reserve, one arrival-order line, loads one at a time, unloads that
 take time, ``max_parallel`` slots per copy and keep-alive. A violation of the memory
@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kubemoot.clock import LoopClock
-from kubemoot.providers.engine import (
+from kubemoot.emulation.engine import (
     OLLAMA_KEEP_ALIVE_SECONDS,
     CardSpec,
     EngineCopy,

@@ -1,6 +1,6 @@
 """One model of an Ollama engine on one card, driven by an injected clock.
 
-Both the Ollama-API emulator (:mod:`kubemoot.providers.emulator`, over HTTP) and the
+Both the Ollama-API emulator (:mod:`kubemoot.emulation.server`, over HTTP) and the
 simulator's emulated GPUs (:mod:`kubemoot.sim.gpu`, in virtual time) run this model, so
 the demo and the simulator mean the same thing by "load", "evict" and "queue". It keeps
 the books Ollama's scheduler keeps:

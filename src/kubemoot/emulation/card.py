@@ -1,7 +1,7 @@
 """The emulator's side of the engine (no HTTP here).
 
 Memory, the card's line, loads, unloads, slots and keep-alive are the shared engine
-model, :class:`kubemoot.providers.engine.OllamaEngine`, which the simulator runs too.
+model, :class:`kubemoot.emulation.engine.OllamaEngine`, which the simulator runs too.
 Around it this module keeps what only the emulator needs: the catalogue and each
 model's footprint for a context, the deterministic tokenizer and the silent cut of an
 over-long prompt, deterministic replies and embeddings, and the books a test reads
@@ -19,11 +19,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from kubemoot.clock import Clock, ScaledClock
-from kubemoot.providers.durations import DurationError, duration_seconds
-from kubemoot.providers.engine import (
+from kubemoot.emulation.engine import (
     OLLAMA_KEEP_ALIVE_SECONDS,
     CardSpec,
     EngineCopy,
@@ -34,9 +34,11 @@ from kubemoot.providers.engine import (
     UnloadReason,
     fit_to_context,
 )
+from kubemoot.providers.durations import DurationError, duration_seconds
 from kubemoot.runtime.settings import DEFAULTS
 
 MIB = 1024 * 1024
+_FAR_FUTURE = "2318-01-01T00:00:00Z"  # what Ollama shows for keep_alive < 0
 
 ToolRule = Callable[[str, Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]]],
                     list[dict[str, Any]] | None]
@@ -320,7 +322,7 @@ class EmulatorEngine:
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
         context_length: int,
     ) -> tuple[list[Mapping[str, Any]], int, int, int]:
-        """Cut a prompt the way the engine does (:func:`~kubemoot.providers.engine.
+        """Cut a prompt the way the engine does (:func:`~kubemoot.emulation.engine.
         fit_to_context`), counted by the emulator's tokenizer. Returns the kept
         messages, tokens before, tokens evaluated, and how many messages were dropped.
         """
@@ -381,6 +383,13 @@ class EmulatorEngine:
             return self.clock.wall_time(emulated)
         return emulated
 
+    def stamp(self, emulated: float | None = None) -> str:
+        """:meth:`wall_time` as the ISO time Ollama's answers carry."""
+        epoch = self.wall_time(emulated)
+        if not math.isfinite(epoch):  # keep_alive < 0: never expires
+            return _FAR_FUTURE
+        return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
+
     def footprint_mib(self, model: EmulatedModel, context_length: int) -> int:
         return model.footprint_mib(context_length, self.config.num_parallel)
 
@@ -432,3 +441,19 @@ class EmulatorEngine:
 
     async def sleep(self, emulated_seconds: float) -> None:
         await self.clock.sleep(emulated_seconds)
+
+
+def parse_model_option(text: str) -> EmulatedModel:
+    """``NAME=MiB`` (CLI ``--model``) → a catalogue entry; ``ValueError`` when malformed."""
+    name, sep, size = text.rpartition("=")
+    if not sep or not name:
+        raise ValueError(f"expected NAME=MiB, got {text!r}")
+    mib = int(size)
+    if mib <= 0:
+        raise ValueError(f"the size of {name} must be a positive number of MiB")
+    return EmulatedModel(name=name, size_mib=mib)
+
+
+def catalogue(models: Sequence[EmulatedModel]) -> tuple[EmulatedModel, ...]:
+    """A catalogue with unique names (the last definition of a name wins)."""
+    return tuple({m.name: m for m in models}.values())

@@ -1,11 +1,11 @@
 """One call to the emulated engine, whichever API it came in by (no HTTP here).
 
 The emulator's Ollama routes and its OpenAI-compatible routes turn a request body into
-a :class:`GenerationCall` or an :class:`EmbeddingCall`; this module checks the parts
-both APIs share, runs the call on :class:`~kubemoot.providers._emulation.EmulatorEngine`
-and hands back what to answer. A running generation holds its slot until its pieces
-have all been sent or it is closed, so a client that goes away mid-stream frees the
-slot at once, as Ollama does.
+a :class:`GenerationCall` or an :class:`EmbeddingCall` (:func:`generation_call`,
+:func:`embedding_call`); this module checks the parts both APIs share, runs the call on
+:class:`~kubemoot.emulation.card.EmulatorEngine` and hands back what to answer. A
+running generation holds its slot until its pieces have all been sent or it is closed,
+so a client that goes away mid-stream frees the slot at once, as Ollama does.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kubemoot.providers._emulation import (
+from kubemoot.emulation.card import (
     EmulatedModel,
     EmulatorEngine,
     EmulatorError,
@@ -23,8 +23,9 @@ from kubemoot.providers._emulation import (
     Slot,
     embedding_vector,
     normalised,
+    parse_keep_alive,
 )
-from kubemoot.providers.engine import EngineCopy
+from kubemoot.emulation.engine import EngineCopy
 
 #: Ollama's answer when ``truncate: false`` meets a prompt longer than the context.
 TOO_LONG = "the input length exceeds the context length"
@@ -108,6 +109,30 @@ def check_flag(value: object, field: str, *, default: bool) -> bool:
     return value
 
 
+def find_model(engine: EmulatorEngine, name: object) -> EmulatedModel:
+    """The catalogue entry for ``name``, or Ollama's 400/404."""
+    if not isinstance(name, str) or not name:
+        raise EmulatorError(400, "model is required")
+    model = engine.catalogue.get(name)
+    if model is None and ":" not in name:
+        model = engine.catalogue.get(f"{name}:latest")  # as Ollama resolves it
+    if model is None:
+        raise EmulatorError(404, f'model "{name}" not found, try pulling it first')
+    return model
+
+
+def check_options(options: object) -> dict[str, Any]:
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise EmulatorError(400, "options must be an object")
+    return options
+
+
+def _num_ctx(options: object) -> int | None:
+    return check_count(check_options(options).get("num_ctx"), "options.num_ctx", minimum=1)
+
+
 # -- generation -------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +148,20 @@ class GenerationCall:
     keep_alive: float
     truncate: bool = True  # False: an over-long prompt is a 400, never cut
     limit: int | None = None  # most tokens to generate (num_predict, max_tokens)
+
+
+def generation_call(engine: EmulatorEngine, path: str, body: Mapping[str, Any], *,
+                    model: EmulatedModel, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]], options: object, limit: int | None = None,
+                    truncate: bool = True) -> GenerationCall:
+    """The engine's view of a request; shared by the Ollama and OpenAI routes."""
+    num_ctx = _num_ctx(options)
+    config = engine.config
+    return GenerationCall(
+        path=path, model=model, messages=messages, tools=tools, num_ctx=num_ctx,
+        context=num_ctx or config.context_length,
+        keep_alive=parse_keep_alive(body.get("keep_alive"), config.keep_alive_s),
+        truncate=truncate, limit=limit)
 
 
 class Generation:
@@ -274,6 +313,19 @@ class EmbeddingCall:
     truncate: bool = True
     dimensions: int | None = None
     normalise: bool = True  # /api/embed and /v1 normalise; legacy /api/embeddings not
+
+
+def embedding_call(engine: EmulatorEngine, path: str, body: Mapping[str, Any], *,
+                   model: EmulatedModel, inputs: list[str], options: object,
+                   truncate: bool = True, dimensions: int | None = None,
+                   normalise: bool = True) -> EmbeddingCall:
+    num_ctx = _num_ctx(options)
+    config = engine.config
+    return EmbeddingCall(
+        path=path, model=model, inputs=inputs, num_ctx=num_ctx,
+        context=num_ctx or config.context_length,
+        keep_alive=parse_keep_alive(body.get("keep_alive"), config.keep_alive_s),
+        truncate=truncate, dimensions=dimensions, normalise=normalise)
 
 
 @dataclass(frozen=True, slots=True)

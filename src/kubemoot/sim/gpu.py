@@ -89,6 +89,7 @@ class EmulatedGpu:
         load_rate_mibps: float = DEFAULTS.load_rate_mibps,
         unload_seconds: float = DEFAULTS.unload_seconds,
         keep_alive_seconds: float = OLLAMA_KEEP_ALIVE_SECONDS,
+        prefill_seconds_per_token: float = DEFAULTS.prefill_seconds_per_token,
         context_length: int | None = None,
         events: GpuEvents | None = None,
         epoch: float = 0.0,
@@ -105,7 +106,8 @@ class EmulatedGpu:
         self._events = events or GpuEvents()
         card = CardSpec(vram_mib=vram_mib, reserve_mib=reserve_mib, num_parallel=max_parallel,
                         load_rate_mibps=load_rate_mibps, unload_seconds=unload_seconds,
-                        keep_alive_seconds=keep_alive_seconds)
+                        keep_alive_seconds=keep_alive_seconds,
+                        prefill_seconds_per_token=prefill_seconds_per_token)
         # the engine counts in loop seconds; its books (used_mib, peak_mib, vram_checks,
         # busy_seconds) are read from it directly (virtual under the simulator), from loop time 0
         self.engine = OllamaEngine(name, card, clock=LoopClock(epoch=0.0, anchor=0.0),

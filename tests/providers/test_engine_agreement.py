@@ -239,3 +239,60 @@ def test_the_emulator_and_the_simulator_agree_on_context_truncation_and_cached_p
         ("reload", KV_MODEL, 0),  # num_ctx 4096: unloaded, then loaded bigger
         ("load", KV_MODEL, 1512),
     ]
+
+
+# -- unloads --------------------------------------------------------------------------
+
+SLOW_UNLOAD = 600.0  # emulated seconds: 3 real ones at the emulator's time scale
+
+
+async def _unload_seen(client: ProviderClient, engine: OllamaEngine,
+                       until: Callable[[Callable[[OllamaEngine], bool]], Awaitable[None]],
+                       ) -> list[tuple[str | None, int, list[str]]]:
+    """The card right after the unload's answer, and once the memory is back."""
+    await client.preload("a:1b")
+    await client.unload("a:1b")
+    seen = []
+    for _ in range(2):
+        copy = engine.copies.get("a:1b")
+        listed = [m.name for m in (await client.probe()).loaded_models]
+        seen.append((None if copy is None else copy.state.value, engine.used_mib, listed))
+        await until(lambda card: not card.copies)
+    return seen
+
+
+def test_an_unload_is_answered_at_once_by_both_cards_and_holds_its_memory_meanwhile(
+) -> None:
+    config = EmulatorConfig(
+        models=(EmulatedModel("a:1b", SIZES["a:1b"]),), vram_mib=VRAM, reserve_mib=RESERVE,
+        load_rate_mibps=1000.0, unload_seconds=SLOW_UNLOAD, keep_alive_s=KEEP_ALIVE,
+        time_scale=0.005)
+
+    async def over_http(emulator: OllamaEmulator) -> list[tuple[str | None, int, list[str]]]:
+        async def until(predicate: Callable[[OllamaEngine], bool]) -> None:
+            await emulator.until(lambda engine: predicate(engine.card))
+
+        async with OllamaProvider("emu", emulator.url, timeout=60) as client:
+            return await _unload_seen(client, emulator.engine.card, until)
+
+    async def simulated() -> list[tuple[str | None, int, list[str]]]:
+        gpu = EmulatedGpu("g", vram_mib=VRAM, reserve_mib=RESERVE, sizes_mib=SIZES,
+                          load_rate_mibps=1000.0, unload_seconds=SLOW_UNLOAD,
+                          keep_alive_seconds=KEEP_ALIVE)
+        changed = asyncio.Event()
+        gpu.engine.on_change(changed.set)
+
+        async def until(predicate: Callable[[OllamaEngine], bool]) -> None:
+            while not predicate(gpu.engine):
+                changed.clear()
+                await changed.wait()
+
+        try:
+            return await _unload_seen(gpu, gpu.engine, until)
+        finally:
+            await gpu.close()
+
+    in_the_simulator = run_virtual(simulated())
+    with OllamaEmulator(config) as emulator:
+        assert asyncio.run(over_http(emulator)) == in_the_simulator
+    assert in_the_simulator == [("unloading", SIZES["a:1b"], []), (None, 0, [])]

@@ -222,15 +222,9 @@ class EmulatedGpu:
         self.engine.release(copy)
 
     async def unload(self, model: str) -> None:
-        """Returns once the model's memory is back (the simulator's policies count on it)."""
-        gone = self.engine.unload(model)
-        if gone is None:
-            return
-        phases = CURRENT_CALL.get()
-        began = self.engine.clock.now()
-        await gone.wait()
-        if phases is not None:
-            phases.policy_evicting += self.engine.clock.now() - began
+        """``keep_alive: 0``: answered at once, as Ollama does; the memory comes back
+        ``unload_seconds`` later, and a load that needs it waits in the card's line."""
+        self.engine.unload(model)
 
     async def chat(
         self,

@@ -28,7 +28,7 @@ from kubemoot.scheduling.messages import failed_scheduling_message
 from kubemoot.scheduling.result import AgentResult
 from kubemoot.scheduling.scheduler import PolicyPlan
 
-__all__ = ["AgentWriter", "policy_conditions"]
+__all__ = ["AgentWriter", "policy_conditions", "still_feasible"]
 
 _SHOWN = 5
 
@@ -49,6 +49,23 @@ def _same(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
     return all(old.get(key) == new.get(key) for key in keys)
 
 
+def still_feasible(kept: AgentResult, fresh: AgentResult) -> bool:
+    """Whether every phase of ``kept`` is bound to a Model ``fresh`` finds feasible.
+
+    A phase that was waiting (deferred or unschedulable) is never kept: the fresh pass
+    may bind it now. A bound Model that fails a gate now (gone, its provider not ready,
+    its footprint too large for the card) makes the Agent bind afresh.
+    """
+    if kept.phases.keys() != fresh.phases.keys():
+        return False
+    for phase, before in kept.phases.items():
+        if before.outcome is not Outcome.PLACE or before.model is None:
+            return False
+        if before.model not in fresh.phases[phase].decision.feasible:
+            return False
+    return True
+
+
 class AgentWriter:
     """Applies AgentResults: status subresource, Deployment env, events."""
 
@@ -59,7 +76,7 @@ class AgentWriter:
     async def write(self, agent: Agent, result: AgentResult, *, now: datetime) -> None:
         """Write what changed of ``result`` for ``agent``; raises :class:`KubeError`."""
         old = _status(agent)
-        scheduling = result.scheduling().model_dump(mode="json", by_alias=True,
+        scheduling = result.scheduling(summaries=True).model_dump(mode="json", by_alias=True,
                                                     exclude_none=True)
         old_scheduling = old.get("scheduling") or {}
         old_last = old_scheduling.get("lastUnschedulable")

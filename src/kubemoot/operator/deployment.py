@@ -7,9 +7,10 @@ of the Agent, else the Deployment named like the Agent, in the Agent's namespace
 the container named ``agent`` gets the env (else the first container).
 
 Only the variables a binding produces are written; every other env entry and every
-other field stays as the crew set it. A phase that becomes unschedulable leaves its last
-binding in place: like kube-scheduler never evicting a running Pod, the agent keeps
-working on its last model until a new binding exists (the Agent's status says why).
+other field stays as the crew set it. A phase that becomes unschedulable loses its
+binding variables and gets its ``…_UNSCHEDULABLE_REASON`` instead (the spec: no LLM call
+for a phase nothing can serve); a deferred phase keeps its last binding, since the
+evidence it waits for may come with the next probe.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubemoot.api import Agent
+from kubemoot.scheduling.bind import unset_variables
 
 __all__ = ["AGENT_CONTAINER", "deployment_name", "env_patch"]
 
@@ -52,8 +54,10 @@ def env_patch(deployment: Mapping[str, Any], env: Mapping[str, str]) -> dict[str
     if index is None:
         raise ValueError("the Deployment has no containers in spec.template.spec.containers")
     container = dict(containers[index])
-    current = [dict(item) for item in container.get("env") or [] if isinstance(item, Mapping)]
-    changed = False
+    unset = unset_variables(env)
+    listed = [dict(item) for item in container.get("env") or [] if isinstance(item, Mapping)]
+    current = [item for item in listed if str(item.get("name")) not in unset]
+    changed = len(current) != len(listed)
     seen: set[str] = set()
     for item in current:
         name = str(item.get("name"))

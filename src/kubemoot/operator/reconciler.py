@@ -37,7 +37,7 @@ from kubemoot.api import (
 )
 from kubemoot.clock import Clock
 from kubemoot.gates import Outcome
-from kubemoot.operator.binding import AgentWriter, policy_conditions
+from kubemoot.operator.binding import AgentWriter, policy_conditions, still_feasible
 from kubemoot.operator.deployment import deployment_name, env_patch
 from kubemoot.operator.events import EventRecorder, ObjectRef
 from kubemoot.operator.kube import KubeClient, KubeError, custom_path
@@ -60,6 +60,7 @@ from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.scheduling.candidate import stale_age
+from kubemoot.scheduling.result import AgentResult
 from kubemoot.scheduling.scheduler import SchedulingPass
 from kubemoot.scheduling.snapshot import ClusterSnapshot
 from kubemoot.scheduling.warnings import PROVIDER_NOT_FOUND
@@ -73,7 +74,12 @@ log = logging.getLogger(__name__)
 
 
 def _fingerprint(resource: Resource | None) -> Any:
-    """What scheduling reads of an object; status the operator writes itself is left out."""
+    """The *inputs* of scheduling an object holds: a change re-binds the Agents it affects.
+
+    Labels, spec and readiness (DESIGN §4 "Stable bindings"). What a probe reads of live
+    activity — loaded models, VRAM in use, observed footprints — is :func:`_evidence`
+    instead: it only rechecks that the current bindings still pass their gates.
+    """
     if resource is None:
         return None
     data = resource.to_manifest()
@@ -83,13 +89,25 @@ def _fingerprint(resource: Resource | None) -> Any:
     if isinstance(resource, Agent):
         base["annotations"] = meta.get("annotations")  # an annotation forces a reconcile
     elif isinstance(resource, Model):
-        base["status"] = {"ready": status.get("ready"), "footprint": status.get("footprintMiB")}
+        base["status"] = {"ready": status.get("ready")}
     elif isinstance(resource, ModelProvider):
-        capacity = dict(status.get("capacity") or {})
-        capacity.pop("agentCount", None)  # the operator's own bookkeeping
-        base["status"] = {"ready": status.get("ready"), "capacity": capacity}
+        base["status"] = {"ready": status.get("ready")}
         base["annotations"] = meta.get("annotations")
     return base
+
+
+def _evidence(resource: Resource | None) -> Any:
+    """What a probe observed of an object's live state; gates read it, bindings keep."""
+    if resource is None:
+        return None
+    status = resource.to_manifest().get("status") or {}
+    if isinstance(resource, Model):
+        return status.get("footprintMiB")
+    if isinstance(resource, ModelProvider):
+        capacity = dict(status.get("capacity") or {})
+        capacity.pop("agentCount", None)  # the operator's own bookkeeping
+        return capacity
+    return None
 
 
 class Reconciler:
@@ -128,6 +146,8 @@ class Reconciler:
         self._waiting: dict[str, bool] = {}
         #: The Deployment env of each Agent's last written result.
         self._envs: dict[str, dict[str, str]] = {}
+        #: Each Agent's last written result: what a recheck keeps while it stays feasible.
+        self._results: dict[str, AgentResult] = {}
         self.deployments = DeploymentWatch(kube, self.deployment_changed, clock=clock)
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
@@ -202,12 +222,15 @@ class Reconciler:
             freed = self.assumed.pop(gone, None)
             self._waiting.pop(gone, None)
             self._envs.pop(gone, None)
+            self._results.pop(gone, None)
             await self._slots_freed(bound_providers(old) if freed is None else freed)
         if _fingerprint(old) == _fingerprint(new):
             if isinstance(old, ModelProvider) and isinstance(new, ModelProvider) and (
                 _probed_at(old) != _probed_at(new)
             ):
                 await self._evidence_refreshed(old)
+            if old is not None and new is not None and _evidence(old) != _evidence(new):
+                await self._evidence_changed(kind, ref.name, [old, new])
             # Only status moved (often our own write): a policy's Scheduled condition
             # follows the statuses of the Agents it governs.
             if isinstance(new, CrewSchedulingPolicy):
@@ -244,8 +267,16 @@ class Reconciler:
 
     # ------------------------------------------------------------------ agents
 
-    async def reconcile_agents(self, keys: Collection[str], *, trigger: str) -> None:
-        """Schedule the Agents ``keys`` (``namespace/name``) in one pass and write results."""
+    async def reconcile_agents(
+        self, keys: Collection[str], *, trigger: str, keep_feasible: bool = False
+    ) -> None:
+        """Schedule the Agents ``keys`` (``namespace/name``) in one pass and write results.
+
+        With ``keep_feasible`` (a trigger that is no input of the Agents: live evidence,
+        their Deployment) an Agent whose every phase is still bound to a Model the new
+        pass finds feasible keeps the result written at its last bind, scores and all:
+        live activity never moves a binding (DESIGN §4 "Stable bindings").
+        """
         if not keys:
             return
         async with self._lock:
@@ -263,6 +294,9 @@ class Reconciler:
             for agent in agents:
                 key = agent_key(agent)
                 result = scheduling.schedule(agent)
+                kept = self._results.get(key) if keep_feasible else None
+                if kept is not None and still_feasible(kept, result):
+                    result = kept
                 self.reconciled.append((key, trigger))
                 before = self.assumed.get(key, frozenset(bound_providers(agent)))
                 try:
@@ -273,6 +307,7 @@ class Reconciler:
                     self.assumed.pop(key, None)
                     self._waiting.pop(key, None)
                     self._envs.pop(key, None)
+                    self._results.pop(key, None)
                 else:
                     bound = frozenset(
                         p.provider for p in result.phases.values() if p.provider is not None
@@ -283,6 +318,7 @@ class Reconciler:
                     )
                     freed |= before - bound
                     self._envs[key] = dict(result.env)
+                    self._results[key] = result
                 if result.policy is not None:
                     policies[result.policy.key] = result.policy
         await self.reconcile_policies(policies.values())
@@ -309,7 +345,26 @@ class Reconciler:
                 stale = True
             if event_type == "DELETED" or stale:
                 keys.add(key)
-        await self.reconcile_agents(keys, trigger=f"Deployment/{namespace}/{name}")
+        await self.reconcile_agents(keys, trigger=f"Deployment/{namespace}/{name}",
+                                    keep_feasible=True)
+
+    async def _evidence_changed(
+        self, kind: str, name: str, versions: list[Resource]
+    ) -> None:
+        """A probe saw other live state (loads, VRAM in use, a footprint): recheck only.
+
+        The Agents the object concerns are scheduled again so that a binding that now
+        fails a gate (a footprint that no longer fits the card) or a waiting phase that
+        can now bind is acted on; every other Agent keeps its binding as written.
+        """
+        view = self.view()
+        snapshot = view.snapshot()
+        if kind == "Model":
+            keys = affected_by_models(snapshot, versions)  # type: ignore[arg-type]
+        else:
+            keys = affected_by_provider(snapshot, name, view.models.values())
+        await self.reconcile_agents(keys, trigger=f"{kind}/{name} observed",
+                                    keep_feasible=True)
 
     async def _slots_freed(self, providers: Collection[str]) -> None:
         """Schedule again the waiting Agents that could use a slot an Agent gave up.

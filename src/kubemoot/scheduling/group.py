@@ -32,6 +32,7 @@ from kubemoot.scheduling.bind import (
     ENV_MODEL_SIZES,
     ENV_TRIAGE_ENDPOINT,
     ENV_TRIAGE_MODEL_ID,
+    ENV_UNSCHEDULABLE,
     CandidateList,
     sizes_json,
 )
@@ -183,10 +184,15 @@ class BindingGroup:
         if triage is not None and triage.chosen is not None:
             env[ENV_TRIAGE_MODEL_ID] = triage.chosen.placement.model_id
             env[ENV_TRIAGE_ENDPOINT] = triage.endpoint or ""
+        for plan in (mulling, triage):
+            if plan is not None and plan.outcome is Outcome.UNSCHEDULABLE:
+                # No call is made in a phase nothing can serve: the binding goes, the
+                # reason takes its place (the operator removes the binding variables).
+                env[ENV_UNSCHEDULABLE[plan.phase]] = plan.failure_message or plan.reason
         sizes: dict[str, int] = {}
         for phase, variable in ENV_CANDIDATES.items():
             plan = by_phase.get(phase)
-            # An unbound phase writes neither its model nor its candidates: the agent
+            # A deferred phase writes neither its model nor its candidates: the agent
             # keeps its last binding whole, so the list never contradicts the model
             # (a list without the model the agent still calls would).
             if plan is not None and plan.chosen is not None:
@@ -195,7 +201,7 @@ class BindingGroup:
                 env[variable] = self.context.candidates_json(candidates)
                 for model, mib in self.context.declared_sizes(plan.ranking).items():
                     sizes[model] = max(mib, sizes.get(model, 0))
-        if env:
+        if any(variable in env for variable in ENV_CANDIDATES.values()):
             # Written with every binding, "{}" included: a Deployment patch only sets
             # variables, so a size a Model stops declaring must be overwritten, not dropped.
             env[ENV_MODEL_SIZES] = sizes_json(sizes)

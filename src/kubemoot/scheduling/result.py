@@ -18,11 +18,14 @@ from kubemoot.api import (
     AgentScheduling,
     Condition,
     CrewSchedulingPolicy,
+    DecisionSummary,
+    GateFailure,
     LastUnschedulable,
     Phase,
     PhaseBinding,
 )
 from kubemoot.api import Candidate as ApiCandidate
+from kubemoot.api.agent import SUMMARY_FAILURES, SUMMARY_TEXT, SUMMARY_TRIGGERS
 from kubemoot.gates import DecisionRecord, Outcome
 from kubemoot.scheduling.bind import CandidateList, env_score
 from kubemoot.scheduling.candidate import Placement, rfc3339
@@ -36,6 +39,10 @@ __all__ = [
     "SchedulingEvent",
     "SharedBinding",
 ]
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= SUMMARY_TEXT else text[: SUMMARY_TEXT - 1] + "…"
 
 
 @dataclass(slots=True)
@@ -97,9 +104,36 @@ class PhaseResult:
             data["decision"] = self.decision.to_dict()
         return data
 
-    def binding(self) -> PhaseBinding:
+    def summary(self, *, policy_generation: int | None = None) -> DecisionSummary:
+        """The bounded summary of :attr:`decision` that ``Agent.status`` keeps."""
+        record = self.decision
+        by_gate: dict[str, tuple[int, str]] = {}
+        for cid in record.hard_failed:
+            failures = record.candidates[cid].failures
+            if not failures:
+                continue
+            first = failures[0]  # the gate that put the candidate out
+            count, reason = by_gate.get(first.gate, (0, first.reason))
+            by_gate[first.gate] = (count + 1, reason)
+        top = sorted(by_gate.items(), key=lambda item: (-item[1][0], item[0]))
+        return DecisionSummary(
+            feasible=len(record.feasible),
+            uncertain=len(record.uncertain),
+            failed=len(record.hard_failed),
+            top_failures=[
+                GateFailure(gate=gate, count=count, reason=_clip(reason))
+                for gate, (count, reason) in top[:SUMMARY_FAILURES]
+            ],
+            scheduler_version=record.scheduler_version,
+            scoring_policy_version=record.scoring_policy_version,
+            policy_generation=policy_generation,
+            recheck_triggers=[_clip(t) for t in record.recheck_triggers[:SUMMARY_TRIGGERS]],
+        )
+
+    def binding(self, *, summary: DecisionSummary | None = None) -> PhaseBinding:
         """The ``status.scheduling.phases[phase]`` entry."""
         return PhaseBinding(
+            decision=summary,
             model=self.model,
             model_id=self.model_id,
             provider=self.provider,
@@ -220,15 +254,25 @@ class AgentResult:
     def name(self) -> str:
         return self.agent.metadata.name
 
-    def scheduling(self) -> AgentScheduling:
-        """``Agent.status.scheduling``: the preferred (mulling) binding plus every phase."""
+    def scheduling(self, *, summaries: bool = False) -> AgentScheduling:
+        """``Agent.status.scheduling``: the preferred (mulling) binding plus every phase.
+
+        ``summaries`` adds each phase's bounded decision summary (what the operator
+        writes); building it replays the phase's full decision record.
+        """
         preferred = self.phases.get(self.preferred)
+        generation = None if self.policy is None else self.policy.metadata.generation
         return AgentScheduling(
             model=None if preferred is None else preferred.model,
             model_id=None if preferred is None else preferred.model_id,
             provider=None if preferred is None else preferred.provider,
             endpoint=None if preferred is None else preferred.endpoint,
-            phases={phase: result.binding() for phase, result in self.phases.items()},
+            phases={
+                phase: result.binding(
+                    summary=result.summary(policy_generation=generation) if summaries else None
+                )
+                for phase, result in self.phases.items()
+            },
             last_unschedulable=self.last_unschedulable,
         )
 

@@ -64,6 +64,12 @@ from kubemoot.scheduling.result import AgentResult
 from kubemoot.scheduling.scheduler import SchedulingPass
 from kubemoot.scheduling.snapshot import ClusterSnapshot
 from kubemoot.scheduling.warnings import PROVIDER_NOT_FOUND
+from kubemoot.store.declared import (
+    DeclaredSize,
+    declared_sizes,
+    publish_declared_sizes,
+    read_declared_sizes,
+)
 from kubemoot.store.documents import ProviderState
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import Bucket, StoreError
@@ -119,12 +125,16 @@ class Reconciler:
         *,
         clock: Clock,
         bucket: Bucket | None = None,
+        sizes: Bucket | None = None,
         probe_interval: float = DEFAULTS.probe_interval_seconds,
         probe_timeout: float = DEFAULTS.probe_timeout_seconds,
     ) -> None:
         self.kube = kube
         self.clock = clock
         self.bucket = bucket
+        #: ``kubemoot_model_sizes``: the declared sizes the operator publishes.
+        self.sizes = sizes
+        self._published: dict[str, DeclaredSize] | None = None
         self.probe_interval = probe_interval
         self.probe_timeout = probe_timeout
         self.events = EventRecorder(kube, clock=clock)
@@ -216,6 +226,8 @@ class Reconciler:
             await self._refresh_model(new)
         if isinstance(new, MootArchetype):
             await self._describe_archetype(new)
+        if isinstance(new, Model) or (new is None and isinstance(old, Model)):
+            await self.publish_sizes()
         if new is None and isinstance(old, Agent):
             # A deleted Agent frees its slots: Agents waiting for them may bind now.
             gone = agent_key(old)
@@ -405,6 +417,22 @@ class Reconciler:
             if deferred(agent) or stale_age(old, now, max_age) is not None:
                 keys.add(key)
         await self.reconcile_agents(keys, trigger=f"ModelProvider/{name} refreshed")
+
+    async def publish_sizes(self) -> None:
+        """Copy the Models' declared ``vramMib`` to the shared state when it changed.
+
+        Agents and gateways have no Model resources; they read the declaration from
+        ``kubemoot_model_sizes`` (docs/shared-state.md) to size a model nobody has
+        loaded yet. A failed write is retried with the next Model event.
+        """
+        if self.sizes is None:
+            return
+        models = [r for r in self.seen.values() if isinstance(r, Model)]
+        wanted = declared_sizes(models)
+        if wanted == self._published:
+            return
+        await publish_declared_sizes(self.sizes, wanted, now=self.clock.now())
+        self._published = wanted if await _holds(self.sizes, wanted) else None
 
     # ------------------------------------------------------------------ policies
 
@@ -599,6 +627,15 @@ class Reconciler:
             return
         valid = condition("Valid", True, "Valid", "the object is well-formed", now=self.now())
         await self._write_conditions(new, [valid])
+
+
+async def _holds(bucket: Bucket, wanted: Mapping[str, DeclaredSize]) -> bool:
+    """Whether the bucket now publishes exactly ``wanted`` (a write may have failed)."""
+    try:
+        held = await read_declared_sizes(bucket)
+    except StoreError:
+        return False
+    return held == {model: doc.vram_mib for model, doc in wanted.items()}
 
 
 def _probed_at(provider: ModelProvider) -> datetime | None:

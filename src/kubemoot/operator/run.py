@@ -15,6 +15,7 @@ from kubemoot.operator.handlers import build_registry
 from kubemoot.operator.kube import KubeClient
 from kubemoot.operator.reconciler import Reconciler
 from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.store.declared import MODEL_SIZES_BUCKET
 from kubemoot.store.documents import (
     MODEL_DEMAND_BUCKET,
     MODEL_DEMAND_MAX_AGE_SECONDS,
@@ -125,14 +126,16 @@ async def serve(
 async def open_shared_buckets(store: KV) -> Bucket:
     """Open every bucket the runtime shares; the provider-state bucket is returned.
 
-    The operator writes only provider state, but it opens the ticket and demand buckets
-    too: it is the one component a cluster configures with ``KUBEMOOT_NATS_REPLICAS``,
-    and opening a bucket creates it with (or raises it to) that many copies. Left to the
-    agents, the first to start would create the ticket bucket with one copy.
+    The operator writes only provider state and declared model sizes, but it opens the
+    ticket and demand buckets too: it is the one component a cluster configures with
+    ``KUBEMOOT_NATS_REPLICAS``, and opening a bucket creates it with (or raises it to)
+    that many copies. Left to the agents, the first to start would create the ticket
+    bucket with one copy.
     """
     states = await store.bucket(PROVIDER_STATE_BUCKET)
     await store.bucket(PROVIDER_TICKETS_BUCKET)
     await store.bucket(MODEL_DEMAND_BUCKET, max_age=MODEL_DEMAND_MAX_AGE_SECONDS)
+    await store.bucket(MODEL_SIZES_BUCKET)
     return states
 
 
@@ -162,6 +165,7 @@ async def run_operator(
             kube,
             clock=clock,
             bucket=bucket,
+            sizes=await store.bucket(MODEL_SIZES_BUCKET),
             probe_interval=options.probe_interval,
             probe_timeout=options.probe_timeout,
         )

@@ -57,7 +57,7 @@ def test_a_kubectl_list_of_agents_is_scheduled_like_the_documents(
         "apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
         "items": [_as_kubectl_prints(a, i) for i, a in enumerate(agents)],
     }))
-    from_list = run_cli(["schedule", *sum((["-f", f] for f in others), []), "-f", str(listed),
+    from_list = run_cli(["schedule", *[arg for f in others for arg in ("-f", f)], "-f", str(listed),
                          "--now", NOW, "-o", "json"], capsys)
     assert from_list.code == 0, from_list.stderr
     direct = run_cli(["schedule", "-f", str(HOMELAB), "--now", NOW, "-o", "json"], capsys)
@@ -68,7 +68,7 @@ def test_a_kubectl_list_of_agents_is_scheduled_like_the_documents(
 
     assert bindings(from_list.stdout) == bindings(direct.stdout)
     assert len(bindings(from_list.stdout)) == len(agents)
-    table = run_cli(["schedule", *sum((["-f", f] for f in others), []), "-f", str(listed),
+    table = run_cli(["schedule", *[arg for f in others for arg in ("-f", f)], "-f", str(listed),
                      "--now", NOW], capsys)
     assert table.code == 0 and "no Agents" not in table.stdout
 

@@ -73,9 +73,9 @@ class DecisionSummary(Strict):
     )
     scheduler_version: str = Field(alias="schedulerVersion")
     scoring_policy_version: str = Field(alias="scoringPolicyVersion")
-    policy_generation: int | None = Field(
-        default=None, alias="policyGeneration",
-        description="metadata.generation of the CrewSchedulingPolicy decided with.",
+    policy_version: str | None = Field(
+        default=None, alias="policyVersion",
+        description="Digest of the CrewSchedulingPolicy spec decided with (none: no policy).",
     )
     recheck_triggers: list[str] = Field(
         default_factory=list, alias="recheckTriggers", max_length=SUMMARY_TRIGGERS,

@@ -8,6 +8,8 @@ what it needs to build them, and they are identical either way.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -39,6 +41,17 @@ __all__ = [
     "SchedulingEvent",
     "SharedBinding",
 ]
+
+
+def policy_version(policy: CrewSchedulingPolicy) -> str:
+    """A digest of the policy's spec: which version of the policy a decision used.
+
+    Not ``metadata.generation``: a bundle given to ``kubemoot schedule`` has none, and
+    a digest also says whether two clusters decided with the same policy.
+    """
+    spec = policy.to_manifest().get("spec") or {}
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 
 def _clip(text: str) -> str:
@@ -104,7 +117,7 @@ class PhaseResult:
             data["decision"] = self.decision.to_dict()
         return data
 
-    def summary(self, *, policy_generation: int | None = None) -> DecisionSummary:
+    def summary(self, *, policy_version: str | None = None) -> DecisionSummary:
         """The bounded summary of :attr:`decision` that ``Agent.status`` keeps."""
         record = self.decision
         by_gate: dict[str, tuple[int, str]] = {}
@@ -126,7 +139,7 @@ class PhaseResult:
             ],
             scheduler_version=record.scheduler_version,
             scoring_policy_version=record.scoring_policy_version,
-            policy_generation=policy_generation,
+            policy_version=policy_version,
             recheck_triggers=[_clip(t) for t in record.recheck_triggers[:SUMMARY_TRIGGERS]],
         )
 
@@ -261,7 +274,7 @@ class AgentResult:
         writes); building it replays the phase's full decision record.
         """
         preferred = self.phases.get(self.preferred)
-        generation = None if self.policy is None else self.policy.metadata.generation
+        version = None if self.policy is None or not summaries else policy_version(self.policy)
         return AgentScheduling(
             model=None if preferred is None else preferred.model,
             model_id=None if preferred is None else preferred.model_id,
@@ -269,7 +282,7 @@ class AgentResult:
             endpoint=None if preferred is None else preferred.endpoint,
             phases={
                 phase: result.binding(
-                    summary=result.summary(policy_generation=generation) if summaries else None
+                    summary=result.summary(policy_version=version) if summaries else None
                 )
                 for phase, result in self.phases.items()
             },

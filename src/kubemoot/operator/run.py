@@ -60,6 +60,15 @@ class OperatorOptions:
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
     # After SIGTERM or Ctrl-C, kopf's stop may take this long before the process is killed.
     shutdown_grace_seconds: float = DEFAULTS.shutdown_grace_seconds
+    #: kopf's liveness endpoint ``http://HOST:PORT/healthz`` for the Pod's probes (0: off).
+    health_port: int = 0
+    health_host: str = "127.0.0.1"
+
+    @property
+    def liveness_endpoint(self) -> str | None:
+        if not self.health_port:
+            return None
+        return f"http://{self.health_host}:{self.health_port}/healthz"
 
 
 def kopf_settings(*, shutdown_grace_seconds: float | None = None) -> kopf.OperatorSettings:
@@ -99,8 +108,13 @@ async def serve(
     stop: asyncio.Event | None = None,
     ready: asyncio.Event | None = None,
     settings: kopf.OperatorSettings | None = None,
+    liveness_endpoint: str | None = None,
 ) -> None:
-    """Run kopf with our handlers and the probe loop until ``stop`` is set."""
+    """Run kopf with our handlers and the probe loop until ``stop`` is set.
+
+    ``liveness_endpoint`` (``http://HOST:PORT/healthz``) is kopf's own: it answers only
+    while kopf's loop runs, which is what a Pod's liveness and readiness probes ask.
+    """
     registry = build_registry(reconciler, login=login)
     probes = asyncio.create_task(reconciler.run_probes(), name="kubemoot-probes")
     try:
@@ -112,6 +126,7 @@ async def serve(
             standalone=True,
             stop_flag=stop,
             ready_flag=ready,
+            liveness_endpoint=liveness_endpoint,
         )
     finally:
         reconciler.stop_probes()
@@ -170,6 +185,7 @@ async def run_operator(
             probe_timeout=options.probe_timeout,
         )
         await serve(reconciler, login=login, namespaces=options.namespaces,
+                    liveness_endpoint=options.liveness_endpoint,
                     settings=kopf_settings(
                         shutdown_grace_seconds=options.shutdown_grace_seconds))
     finally:

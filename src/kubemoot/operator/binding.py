@@ -25,6 +25,7 @@ from kubemoot.operator.kube import (
 )
 from kubemoot.operator.status import condition, find_condition, merge_conditions, merge_patch
 from kubemoot.scheduling.messages import failed_scheduling_message
+from kubemoot.scheduling.plugins import TopologySpreadGate
 from kubemoot.scheduling.result import AgentResult
 from kubemoot.scheduling.scheduler import PolicyPlan
 
@@ -61,7 +62,18 @@ def still_feasible(kept: AgentResult, fresh: AgentResult) -> bool:
     for phase, before in kept.phases.items():
         if before.outcome is not Outcome.PLACE or before.model is None:
             return False
-        if before.model not in fresh.phases[phase].decision.feasible:
+        record = fresh.phases[phase].decision
+        if before.model in record.feasible:
+            continue
+        # Topology spread relates an Agent's own phases: the fresh pass judged this one
+        # against the fresh choices of the earlier phases, not the kept ones. The kept
+        # phases were spread when written, and stay so unless a provider's labels (an
+        # input, which re-binds) change; so spread alone does not unbind a phase.
+        candidate = record.candidates.get(before.model)
+        if candidate is None:
+            return False
+        against = candidate.failures + candidate.unresolved
+        if not against or any(g.gate != TopologySpreadGate.name for g in against):
             return False
     return True
 

@@ -301,8 +301,9 @@ class OperatorThread:
     loop to itself (as ``kopf.testing.KopfRunner`` does) and talks to kmock over HTTP.
     """
 
-    def __init__(self, server_url: str) -> None:
+    def __init__(self, server_url: str, *, liveness_endpoint: str | None = None) -> None:
         self.server_url = server_url
+        self.liveness_endpoint = liveness_endpoint
         self.loop = asyncio.new_event_loop()
         self.reconciler: Reconciler | None = None
         self.bucket: Bucket | None = None
@@ -339,7 +340,8 @@ class OperatorThread:
             settings = kopf_settings()
             # kopf waits for idle per-object workers when it stops; keep that short.
             settings.queueing.idle_timeout = 0.2
-            await serve(self.reconciler, login=self._login, stop=self._stop, settings=settings)
+            await serve(self.reconciler, login=self._login, stop=self._stop, settings=settings,
+                        liveness_endpoint=self.liveness_endpoint)
         finally:
             await store.close()
 

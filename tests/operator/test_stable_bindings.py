@@ -16,7 +16,7 @@ from kubemoot.store.declared import DeclaredSize
 from kubemoot.store.keys import encode_token
 from kubemoot.testing import builders as b
 
-from .conftest import Cluster, Emulators, eventually, settle
+from .conftest import Cluster, Emulators, OperatorThread, eventually, settle
 from .test_operator_kopf import TOOLS, env_of, provider_manifest
 
 NS, AGENT = "crew-a", "solo"
@@ -246,3 +246,56 @@ async def test_declared_sizes_are_published_and_follow_the_models(
     await settle(cluster)
     body = json.loads((await published())[encode_token("qwen3:8b")].to_json())
     assert set(body) == {"version", "model", "vramMiB", "declaredBy", "updatedAt"}
+
+
+async def test_a_restarted_operator_keeps_the_bindings_it_finds(
+    cluster: Cluster, emulators: Emulators
+) -> None:
+    """A restart is no input of any Agent: the new process keeps what the old one bound
+    while it stands, even though the live state now scores the other card higher."""
+    endpoints = await two_cards(cluster, emulators)
+    first = bound(cluster)
+    here = first["provider"]
+    env, versions = env_of(cluster, AGENT), deployment_versions(cluster)
+    # The API server stamps every object at creation; kmock does not, so do it here.
+    stamp = {"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"}}
+    for kind, name, namespace in (
+        [("ModelProvider", p, None) for p in endpoints]
+        + [("Model", f"qwen3-8b-{p}", None) for p in endpoints]
+        + [("Model", "phi3-mini", None), ("CrewSchedulingPolicy", "pilot", NS),
+           ("Agent", AGENT, NS)]
+    ):
+        await cluster.patch(kind, name, stamp, namespace=namespace)
+    # The bound card fills up and the old operator records it (and keeps the binding):
+    # the status the new process starts from now scores the other card higher.
+    await move(endpoints[here], load="qwen3:8b")
+    await probe_all(cluster)
+    await eventually(
+        lambda: cluster.status("ModelProvider", here)["capacity"]["loadedModels"],
+        what="the old operator recording the load")
+    await settle(cluster)
+    versions = deployment_versions(cluster)
+    assert env_of(cluster, AGENT) == env
+    await cluster.operator.stop()
+
+    restarted = OperatorThread(cluster.operator.server_url)
+    restarted.start()
+    try:
+        assert restarted.reconciler is not None and restarted.bucket is not None
+        again = Cluster(cluster.server, cluster.http, restarted.reconciler, restarted.bucket,
+                        restarted)
+        await eventually(lambda: any(key == f"{NS}/{AGENT}"
+                                     for key, _ in restarted.reconciler.reconciled),
+                         what="the new operator judging the Agent")
+        await settle(again)
+        assert deployment_versions(cluster) == versions
+        assert env_of(cluster, AGENT) == env
+        assert bound(cluster)["model"] == first["model"]
+
+        # Inputs still re-bind under the new process: the bound copy goes away.
+        await cluster.delete("Model", f"qwen3-8b-{here}")
+        there = next(name for name in endpoints if name != here)
+        await eventually(lambda: env_of(cluster, AGENT)["KUBEMOOT_MODEL_ENDPOINT"]
+                         == endpoints[there], what="a re-bind after the restart")
+    finally:
+        await restarted.stop()

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubemoot.api import Agent
-from kubemoot.scheduling.bind import unset_variables
+from kubemoot.scheduling.bind import ENV_BINDING, ENV_UNSCHEDULABLE, unset_variables
 
-__all__ = ["AGENT_CONTAINER", "deployment_name", "env_patch"]
+__all__ = ["AGENT_CONTAINER", "carries_binding", "deployment_name", "env_patch"]
 
 AGENT_CONTAINER = "agent"
 
@@ -36,6 +36,19 @@ def _container_index(containers: list[Any]) -> int | None:
         if isinstance(container, Mapping) and container.get("name") == AGENT_CONTAINER:
             return index
     return 0 if containers and isinstance(containers[0], Mapping) else None
+
+
+def carries_binding(deployment: Mapping[str, Any]) -> bool:
+    """Whether the agent container holds a binding's variables (a model or a reason)."""
+    pod = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
+    containers = list(pod.get("containers") or [])
+    index = _container_index(containers)
+    if index is None:
+        return False
+    names = {str(item.get("name")) for item in containers[index].get("env") or []
+             if isinstance(item, Mapping)}
+    marks = {binding[0] for binding in ENV_BINDING.values()} | set(ENV_UNSCHEDULABLE.values())
+    return bool(names & marks)
 
 
 def env_patch(deployment: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any] | None:

@@ -37,8 +37,13 @@ from kubemoot.api import (
 )
 from kubemoot.clock import Clock
 from kubemoot.gates import Outcome
-from kubemoot.operator.binding import AgentWriter, policy_conditions, still_feasible
-from kubemoot.operator.deployment import deployment_name, env_patch
+from kubemoot.operator.binding import (
+    AgentWriter,
+    policy_conditions,
+    status_binding_holds,
+    still_feasible,
+)
+from kubemoot.operator.deployment import carries_binding, deployment_name, env_patch
 from kubemoot.operator.events import EventRecorder, ObjectRef
 from kubemoot.operator.kube import KubeClient, KubeError, custom_path
 from kubemoot.operator.probe import client_for, model_status, provider_status
@@ -162,6 +167,8 @@ class Reconciler:
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._writer = AgentWriter(kube, self.events)
+        #: Objects created before this are not news when first seen (a restart).
+        self.started_at = self.now()
 
     async def close(self) -> None:
         """Close the Deployment watches, the provider clients and the API client."""
@@ -268,7 +275,11 @@ class Reconciler:
             affected = affected_by_archetype(snapshot, ref.name)
         elif kind == "KubemootConfig":
             affected = set(view.agents)
-        await self.reconcile_agents(affected, trigger=f"{kind}/{ref.name}")
+        # What this process sees first and that existed before it started is no change:
+        # an Agent bound by an earlier operator keeps that binding while it stands
+        # (a restart must not roll every crew). Any later change of an input re-binds.
+        adopt = old is None and (kind == "Agent" or _existed_before(new, self.started_at))
+        await self.reconcile_agents(affected, trigger=f"{kind}/{ref.name}", trust_status=adopt)
         if isinstance(new, CrewSchedulingPolicy):
             await self.reconcile_policies([new])
         elif new is None and isinstance(old, Agent):
@@ -280,7 +291,8 @@ class Reconciler:
     # ------------------------------------------------------------------ agents
 
     async def reconcile_agents(
-        self, keys: Collection[str], *, trigger: str, keep_feasible: bool = False
+        self, keys: Collection[str], *, trigger: str, keep_feasible: bool = False,
+        trust_status: bool = False,
     ) -> None:
         """Schedule the Agents ``keys`` (``namespace/name``) in one pass and write results.
 
@@ -288,6 +300,9 @@ class Reconciler:
         their Deployment) an Agent whose every phase is still bound to a Model the new
         pass finds feasible keeps the result written at its last bind, scores and all:
         live activity never moves a binding (DESIGN §4 "Stable bindings").
+        ``trust_status``: an Agent this process has not written yet (the operator
+        restarted) keeps the binding its status holds while that binding stands, and
+        nothing is written for it.
         """
         if not keys:
             return
@@ -306,9 +321,14 @@ class Reconciler:
             for agent in agents:
                 key = agent_key(agent)
                 result = scheduling.schedule(agent)
-                kept = self._results.get(key) if keep_feasible else None
-                if kept is not None and still_feasible(kept, result):
+                kept = self._results.get(key)
+                if keep_feasible and kept is not None and still_feasible(kept, result):
                     result = kept
+                elif trust_status and kept is None and status_binding_holds(agent, result):
+                    self.reconciled.append((key, trigger))
+                    self.assumed[key] = frozenset(bound_providers(agent))
+                    self._waiting[key] = False
+                    continue
                 self.reconciled.append((key, trigger))
                 before = self.assumed.get(key, frozenset(bound_providers(agent)))
                 try:
@@ -347,6 +367,7 @@ class Reconciler:
         """
         name = str((deployment.get("metadata") or {}).get("name") or "")
         keys: set[str] = set()
+        inherited: set[str] = set()  # bound by an earlier operator process: env in place
         for key, agent in self.view().agents.items():
             if agent.namespace != namespace or deployment_name(agent) != name:
                 continue
@@ -355,10 +376,18 @@ class Reconciler:
                 stale = env is None or env_patch(deployment, env) is not None
             except ValueError:  # no containers: the reconcile reports it
                 stale = True
-            if event_type == "DELETED" or stale:
+            if event_type == "DELETED":
                 keys.add(key)
-        await self.reconcile_agents(keys, trigger=f"Deployment/{namespace}/{name}",
-                                    keep_feasible=True)
+            elif not stale:
+                continue
+            elif env is None and carries_binding(deployment):
+                inherited.add(key)
+            else:
+                keys.add(key)
+        trigger = f"Deployment/{namespace}/{name}"
+        await self.reconcile_agents(keys, trigger=trigger, keep_feasible=True)
+        await self.reconcile_agents(inherited, trigger=trigger, keep_feasible=True,
+                                    trust_status=True)
 
     async def _evidence_changed(
         self, kind: str, name: str, versions: list[Resource]
@@ -376,7 +405,7 @@ class Reconciler:
         else:
             keys = affected_by_provider(snapshot, name, view.models.values())
         await self.reconcile_agents(keys, trigger=f"{kind}/{name} observed",
-                                    keep_feasible=True)
+                                    keep_feasible=True, trust_status=True)
 
     async def _slots_freed(self, providers: Collection[str]) -> None:
         """Schedule again the waiting Agents that could use a slot an Agent gave up.
@@ -636,6 +665,11 @@ async def _holds(bucket: Bucket, wanted: Mapping[str, DeclaredSize]) -> bool:
     except StoreError:
         return False
     return held == {model: doc.vram_mib for model, doc in wanted.items()}
+
+
+def _existed_before(resource: Resource | None, moment: datetime) -> bool:
+    created = None if resource is None else resource.metadata.creation_timestamp
+    return created is not None and created < moment
 
 
 def _probed_at(provider: ModelProvider) -> datetime | None:

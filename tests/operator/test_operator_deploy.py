@@ -304,10 +304,12 @@ def test_operator_network_policies_admit_only_kubemoot_components() -> None:
     metrics = _by(docs, "NetworkPolicy", "operator-metrics")
     assert metrics["spec"]["podSelector"] == {
         "matchLabels": {"app.kubernetes.io/name": "kubemoot-operator"}}
-    [rule] = metrics["spec"]["ingress"]
+    rule, health = metrics["spec"]["ingress"]
     assert rule["ports"] == [{"port": 8080, "protocol": "TCP"}]
     assert all(peer["podSelector"]["matchLabels"] == {"kubemoot.ai/metrics-scraper": "true"}
                for peer in rule["from"])
+    # the health port is open to the kubelet's probes, and it is the only open one
+    assert health == {"ports": [{"port": 8081, "protocol": "TCP"}]}
 
 
 @pytest.mark.nats

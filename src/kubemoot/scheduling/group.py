@@ -23,7 +23,14 @@ from datetime import datetime
 from functools import partial
 from typing import Protocol
 
-from kubemoot.api import Agent, Condition, CrewSchedulingPolicy, LastUnschedulable, Phase
+from kubemoot.api import (
+    Agent,
+    Condition,
+    CrewSchedulingPolicy,
+    DecisionSummary,
+    LastUnschedulable,
+    Phase,
+)
 from kubemoot.gates import DecisionRecord, Outcome
 from kubemoot.scheduling.bind import (
     ENV_CANDIDATES,
@@ -97,6 +104,7 @@ class BindingGroup:
     _env: dict[str, str] | None = None
     _conditions: list[Condition] | None = None
     _last: LastUnschedulable | None = None
+    _summaries: dict[str, DecisionSummary] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         chosen = [plan.chosen.provider for plan in self.phases if plan.chosen is not None]
@@ -129,6 +137,7 @@ class BindingGroup:
                     plan.reason,
                     decide,
                     failure_message=plan.failure_message,
+                    _summaries=self._summaries,
                 )
             else:
                 placement = chosen.placement
@@ -140,6 +149,7 @@ class BindingGroup:
                     context.candidates(plan.ranking, placement.model_id),
                     plan.reason,
                     decide,
+                    _summaries=self._summaries,
                 )
         return results
 

@@ -72,6 +72,8 @@ class PhaseResult:
     _record: DecisionRecord | None = field(default=None, repr=False)
     #: For UNSCHEDULABLE: the FailedScheduling message (``0/N models are available …``).
     failure_message: str | None = None
+    #: Summaries shared by the Agents of one binding group, by phase (see :meth:`summary`).
+    _summaries: dict[str, DecisionSummary] | None = field(default=None, repr=False)
 
     @property
     def decision(self) -> DecisionRecord:
@@ -118,7 +120,23 @@ class PhaseResult:
         return data
 
     def summary(self, *, policy_version: str | None = None) -> DecisionSummary:
-        """The bounded summary of :attr:`decision` that ``Agent.status`` keeps."""
+        """The bounded summary of :attr:`decision` that ``Agent.status`` keeps.
+
+        Agents that share a binding group (one policy, one effective bias, the same
+        bindings) share one summary: replaying the full record for each of thousands of
+        Agents would cost a decision per Agent for counts that differ, if at all, only
+        by the agent slots the Agents before it took.
+        """
+        cache = self._summaries
+        found = None if cache is None else cache.get(self.phase)
+        if found is not None and found.policy_version == policy_version:
+            return found
+        made = self._summarize(policy_version)
+        if cache is not None:
+            cache[self.phase] = made
+        return made
+
+    def _summarize(self, policy_version: str | None) -> DecisionSummary:
         record = self.decision
         by_gate: dict[str, tuple[int, str]] = {}
         for cid in record.hard_failed:

@@ -31,6 +31,7 @@ from kubemoot.operator.rbac import crew_rbac
 from kubemoot.operator.reconciler import Reconciler
 from kubemoot.operator.run import kopf_settings, serve
 from kubemoot.operator.view import INDEX_IDS
+from kubemoot.store.declared import MODEL_SIZES_BUCKET
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET, ProviderState
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
@@ -300,11 +301,13 @@ class OperatorThread:
     loop to itself (as ``kopf.testing.KopfRunner`` does) and talks to kmock over HTTP.
     """
 
-    def __init__(self, server_url: str) -> None:
+    def __init__(self, server_url: str, *, liveness_endpoint: str | None = None) -> None:
         self.server_url = server_url
+        self.liveness_endpoint = liveness_endpoint
         self.loop = asyncio.new_event_loop()
         self.reconciler: Reconciler | None = None
         self.bucket: Bucket | None = None
+        self.sizes: Bucket | None = None
         self._stop: asyncio.Event | None = None
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kubemoot-operator", daemon=True)
@@ -327,15 +330,18 @@ class OperatorThread:
         clock = SystemClock()
         store = MemoryKV(clock)
         self.bucket = await store.bucket(PROVIDER_STATE_BUCKET)
+        self.sizes = await store.bucket(MODEL_SIZES_BUCKET)
         self.reconciler = Reconciler(KubeClient(self._login), clock=clock, bucket=self.bucket,
-                                     probe_interval=3600.0, probe_timeout=5.0)
+                                     sizes=self.sizes, probe_interval=3600.0,
+                                     probe_timeout=5.0)
         self._stop = asyncio.Event()
         self._started.set()
         try:
             settings = kopf_settings()
             # kopf waits for idle per-object workers when it stops; keep that short.
             settings.queueing.idle_timeout = 0.2
-            await serve(self.reconciler, login=self._login, stop=self._stop, settings=settings)
+            await serve(self.reconciler, login=self._login, stop=self._stop, settings=settings,
+                        liveness_endpoint=self.liveness_endpoint)
         finally:
             await store.close()
 

@@ -54,9 +54,9 @@ def ours(docs: list[dict[str, Any]], kind: str | None = None) -> list[dict[str, 
 def test_operator_checked_in_crds_equal_kubemoot_crds_output() -> None:
     result = CliRunner().invoke(app, ["crds"])
     assert result.exit_code == 0, result.output
-    checked_in = (DEPLOY / "base" / "crds.yaml").read_text(encoding="utf-8")
+    checked_in = (DEPLOY / "crds" / "crds.yaml").read_text(encoding="utf-8")
     assert checked_in == result.stdout, (
-        "deploy/base/crds.yaml is stale: run kubemoot crds > deploy/base/crds.yaml"
+        "deploy/crds/crds.yaml is stale: run kubemoot crds > deploy/crds/crds.yaml"
     )
     assert list(yaml.safe_load_all(checked_in)) == crd_manifests()
 
@@ -64,9 +64,9 @@ def test_operator_checked_in_crds_equal_kubemoot_crds_output() -> None:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_operator_overlay_renders_and_every_custom_resource_validates(overlay: str) -> None:
     docs = render(overlay)
-    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
-    assert sorted(c["metadata"]["name"] for c in crds) == sorted(
-        c["metadata"]["name"] for c in crd_manifests())
+    # The CRDs are applied first from deploy/crds (test_deploy_render checks that);
+    # what the overlay installs must validate against them.
+    assert not [d for d in docs if d["kind"] == "CustomResourceDefinition"]
     resources = ours(docs)
     assert resources, "the overlay installs no custom resources"
     for doc in resources:
@@ -86,10 +86,16 @@ def test_operator_overlays_share_identical_agents_and_policy() -> None:
     assert ours(dev, "Model") != ours(prod, "Model")
 
 
-def test_operator_dev_bundle_is_cpu_only_phi3_and_prod_is_multi_gpu_qwen3() -> None:
-    dev_models = ours(render("dev"), "Model")
-    assert {m["metadata"]["labels"]["family"] for m in dev_models} == {"phi3"}
-    assert all(m["spec"]["vramMib"] == 0 for m in dev_models)
+def test_operator_dev_bundle_is_two_emulated_cards_and_prod_is_multi_gpu_qwen3() -> None:
+    dev = render("dev")
+    dev_models = ours(dev, "Model")
+    # the same two models on each emulated card: the runtime has a choice every call
+    assert len({m["spec"]["providerRef"] for m in dev_models}) == 2
+    by_provider: dict[str, set[str]] = {}
+    for m in dev_models:
+        by_provider.setdefault(m["spec"]["providerRef"], set()).add(m["spec"]["model"])
+    assert set(map(frozenset, by_provider.values())) == {frozenset({"phi3:mini", "qwen3:8b"})}
+    assert all(m["spec"]["vramMib"] > 0 for m in dev_models)
     prod = render("prod")
     prod_models = ours(prod, "Model")
     assert {m["metadata"]["labels"]["family"] for m in prod_models} == {"qwen3"}
@@ -298,10 +304,12 @@ def test_operator_network_policies_admit_only_kubemoot_components() -> None:
     metrics = _by(docs, "NetworkPolicy", "operator-metrics")
     assert metrics["spec"]["podSelector"] == {
         "matchLabels": {"app.kubernetes.io/name": "kubemoot-operator"}}
-    [rule] = metrics["spec"]["ingress"]
+    rule, health = metrics["spec"]["ingress"]
     assert rule["ports"] == [{"port": 8080, "protocol": "TCP"}]
     assert all(peer["podSelector"]["matchLabels"] == {"kubemoot.ai/metrics-scraper": "true"}
                for peer in rule["from"])
+    # the health port is open to the kubelet's probes, and it is the only open one
+    assert health == {"ports": [{"port": 8081, "protocol": "TCP"}]}
 
 
 @pytest.mark.nats

@@ -61,7 +61,13 @@ def test_a_binding_whose_models_declare_nothing_still_writes_the_variable() -> N
 def test_an_unbound_agent_gets_no_sizes_either() -> None:
     result = run(models=[], providers=[provider("gpu", vram_total_mib=32768)],
                  agents=[agent("a", crew="crew")], policies=[_policy()])
-    assert result.agents[0].env == {}
+    # Nothing can serve either phase: no binding, no sizes, only each phase's reason
+    # (the agent stands aside with it and makes no call).
+    assert result.agents[0].env == {
+        "KUBEMOOT_MODEL_UNSCHEDULABLE_REASON": "0/0 models are available for phase mulling.",
+        "KUBEMOOT_TRIAGE_MODEL_UNSCHEDULABLE_REASON":
+            "0/0 models are available for phase triage.",
+    }
 
 
 def test_one_identifier_on_two_providers_takes_the_larger_declaration() -> None:

@@ -14,6 +14,8 @@ from kubemoot.api.agent import (
     AgentSpec,
     AgentStatus,
     Candidate,
+    DecisionSummary,
+    GateFailure,
     LastUnschedulable,
     PhaseBinding,
 )
@@ -112,7 +114,9 @@ __all__ = [
     "ConfigSpec",
     "ConfigStatus",
     "CrewSchedulingPolicy",
+    "DecisionSummary",
     "Freshness",
+    "GateFailure",
     "InputError",
     "KubemootConfig",
     "LabelSelector",

@@ -16,6 +16,8 @@ __all__ = [
     "AgentSpec",
     "AgentStatus",
     "Candidate",
+    "DecisionSummary",
+    "GateFailure",
     "LastUnschedulable",
     "PhaseBinding",
 ]
@@ -45,6 +47,42 @@ class Candidate(Strict):
     score: Score
 
 
+#: Bounds of a decision summary: a status stays small however large the fleet.
+SUMMARY_FAILURES = 3
+SUMMARY_TRIGGERS = 8
+SUMMARY_TEXT = 240
+
+
+class GateFailure(Strict):
+    """One gate that put candidates out, with how many and one of its reasons."""
+
+    gate: str
+    count: int = Field(ge=0)
+    reason: str = Field(max_length=SUMMARY_TEXT)
+
+
+class DecisionSummary(Strict):
+    """The bounded part of a phase's decision record kept in ``status`` (DESIGN §4)."""
+
+    feasible: int = Field(ge=0, description="Candidates every gate passed.")
+    uncertain: int = Field(ge=0, description="Candidates left on UNKNOWN or STALE evidence.")
+    failed: int = Field(ge=0, description="Candidates a gate FAILed.")
+    top_failures: list[GateFailure] = Field(
+        default_factory=list, alias="topFailures", max_length=SUMMARY_FAILURES,
+        description="The gates that failed most candidates, most first.",
+    )
+    scheduler_version: str = Field(alias="schedulerVersion")
+    scoring_policy_version: str = Field(alias="scoringPolicyVersion")
+    policy_version: str | None = Field(
+        default=None, alias="policyVersion",
+        description="Digest of the CrewSchedulingPolicy spec decided with (none: no policy).",
+    )
+    recheck_triggers: list[str] = Field(
+        default_factory=list, alias="recheckTriggers", max_length=SUMMARY_TRIGGERS,
+        description="What would change this decision.",
+    )
+
+
 class PhaseBinding(BaseModel):
     """The binding of one phase; the scheduler may record more detail than these fields."""
 
@@ -58,6 +96,7 @@ class PhaseBinding(BaseModel):
     outcome: Literal["PLACE", "UNSCHEDULABLE", "DEFER"] | None = None
     reason: str | None = None
     candidates: list[Candidate] = Field(default_factory=list)
+    decision: DecisionSummary | None = None
 
 
 class LastUnschedulable(Strict):

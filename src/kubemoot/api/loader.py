@@ -172,11 +172,31 @@ def _yaml_problem(error: Exception) -> str:
     return f"YAML error: {error}"
 
 
+def _list_items(data: Any, *, file: str, document: int) -> list[Any]:
+    """The objects of a ``kind: List`` (what ``kubectl get … -o yaml`` prints), else the
+    document itself; a List's objects keep the List's document index."""
+    if not (isinstance(data, Mapping) and data.get("kind") == "List"
+            and data.get("apiVersion") in (None, "v1")):
+        return [data]
+    items = data.get("items")
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise InputError(f"a List's items must be a list, got {type(items).__name__}",
+                         file=file, document=document, field="items")
+    for position, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise InputError(f"must be a mapping, got {type(item).__name__}",
+                             file=file, document=document, field=f"items[{position}]")
+    return items
+
+
 def iter_documents(paths: Iterable[str | Path]) -> Iterator[SourceDocument]:
     """Every non-empty YAML document of ``paths`` (files, folders recursively, ``-`` = stdin).
 
     Folders contribute their ``*.yaml``/``*.yml`` files in sorted order. Empty documents
     (a stray ``---``) are skipped but still counted, so indices match what an editor shows.
+    A ``kind: List`` contributes each of its items, under the List's index.
     """
     for file in _expand(paths):
         text = _read(file)
@@ -187,7 +207,8 @@ def iter_documents(paths: Iterable[str | Path]) -> Iterator[SourceDocument]:
             for data in yaml.safe_load_all(text):
                 if data is not None:
                     _expanded_values(data, file=file, document=finished)
-                    yield SourceDocument(file=file, index=finished, data=data)
+                    for item in _list_items(data, file=file, document=finished):
+                        yield SourceDocument(file=file, index=finished, data=item)
                 finished += 1
         except InputError:
             raise

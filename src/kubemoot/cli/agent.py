@@ -100,6 +100,7 @@ async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: RuntimeSet
     from kubemoot.agent.discussion import AgentProfile
     from kubemoot.agent.pool import CallSettings
     from kubemoot.agent.process import describe, serve_agent
+    from kubemoot.cli._ready import clear_ready, mark_ready
     from kubemoot.clock import SystemClock
     from kubemoot.providers.ollama import OllamaProvider
     from kubemoot.providers.protocol import ProviderClient
@@ -107,6 +108,7 @@ async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: RuntimeSet
     from kubemoot.store.nats import NatsKV
     from kubemoot.store.natsbus import NatsBus
 
+    clear_ready()  # a file left by the previous run of this container vouches for nothing
     clock = SystemClock()
     kv = await open_shared_store(nats, clock=clock, connect_wait=tunables.connect_wait_seconds)
     assert isinstance(kv, NatsKV)
@@ -121,6 +123,7 @@ async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: RuntimeSet
         return OllamaProvider(provider, endpoint, timeout=settings.timeout, clock=clock)
 
     def ready(profile: AgentProfile) -> None:
+        mark_ready()  # the Pod's probes: joined the crew
         shown = describe(profile)
         err_console.print(
             f"{READY_LINE}: {shown['agent']} ({shown['role']}) in crew {identity.crew} on "
@@ -133,4 +136,5 @@ async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: RuntimeSet
                           make_client=make_client, chat_factory=chat_client, clock=clock,
                           ready=ready)
     finally:
+        clear_ready()
         await kv.close()

@@ -58,6 +58,11 @@ def operator_command(
         "127.0.0.1", "--metrics-host", metavar="ADDRESS",
         help="Address for --metrics-port (0.0.0.0 lets an in-cluster Prometheus scrape).",
     ),
+    health_port: int = typer.Option(
+        0, "--health-port", min=0, max=65535, metavar="PORT",
+        help="Answer liveness and readiness probes at /healthz on this port (0: off); "
+        "it listens on --metrics-host.",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at debug level."),
 ) -> None:
     """Run the Kubemoot operator: probe providers, bind Agents, patch their Deployments."""
@@ -93,6 +98,8 @@ def operator_command(
         probe_interval=probe_interval or tunables.probe_interval_seconds,
         probe_timeout=probe_timeout or tunables.probe_timeout_seconds,
         shutdown_grace_seconds=tunables.shutdown_grace_seconds,
+        health_port=health_port,
+        health_host=metrics_host,
     )
 
     async def open_kv(clock: Clock) -> KV:

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from kubemoot.api import Agent
-from kubemoot.gates import Outcome
+from kubemoot.gates import DecisionRecord, Outcome
 from kubemoot.operator.deployment import deployment_name, env_patch
 from kubemoot.operator.events import EventRecorder, ObjectRef
 from kubemoot.operator.kube import (
@@ -25,10 +25,11 @@ from kubemoot.operator.kube import (
 )
 from kubemoot.operator.status import condition, find_condition, merge_conditions, merge_patch
 from kubemoot.scheduling.messages import failed_scheduling_message
-from kubemoot.scheduling.result import AgentResult
+from kubemoot.scheduling.plugins import TopologySpreadGate
+from kubemoot.scheduling.result import AgentResult, policy_version
 from kubemoot.scheduling.scheduler import PolicyPlan
 
-__all__ = ["AgentWriter", "policy_conditions"]
+__all__ = ["AgentWriter", "policy_conditions", "status_binding_holds", "still_feasible"]
 
 _SHOWN = 5
 
@@ -49,6 +50,64 @@ def _same(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
     return all(old.get(key) == new.get(key) for key in keys)
 
 
+def _admits(model: str, record: DecisionRecord) -> bool:
+    """Whether the bound ``model`` may stay, judged by a fresh decision ``record``."""
+    if model in record.feasible:
+        return True
+    # Topology spread relates an Agent's own phases: the fresh pass judged this one
+    # against the fresh choices of the earlier phases, not the kept ones. The kept
+    # phases were spread when written, and stay so unless a provider's labels (an
+    # input, which re-binds) change; so spread alone does not unbind a phase.
+    candidate = record.candidates.get(model)
+    if candidate is None:
+        return False
+    against = candidate.failures + candidate.unresolved
+    return bool(against) and all(g.gate == TopologySpreadGate.name for g in against)
+
+
+def status_binding_holds(agent: Agent, fresh: AgentResult) -> bool:
+    """Whether the binding in the Agent's status, written by an earlier operator
+    process, may stand: same generation and policy version, every phase still admitted.
+
+    After a restart the operator has no result of its own to keep; without this every
+    restart would re-bind every Agent by the live state of that moment.
+    """
+    status = agent.status
+    if status is None or status.scheduling is None:
+        return False
+    if status.observed_generation != agent.metadata.generation:
+        return False  # the spec changed while no operator watched
+    phases = status.scheduling.phases
+    if phases.keys() != fresh.phases.keys():
+        return False
+    version = None if fresh.policy is None else policy_version(fresh.policy)
+    for phase, entry in phases.items():
+        if entry.outcome != Outcome.PLACE.value or entry.model is None:
+            return False
+        if entry.decision is None or entry.decision.policy_version != version:
+            return False  # decided before summaries, or under another policy
+        if not _admits(entry.model, fresh.phases[phase].decision):
+            return False
+    return True
+
+
+def still_feasible(kept: AgentResult, fresh: AgentResult) -> bool:
+    """Whether every phase of ``kept`` is bound to a Model ``fresh`` finds feasible.
+
+    A phase that was waiting (deferred or unschedulable) is never kept: the fresh pass
+    may bind it now. A bound Model that fails a gate now (gone, its provider not ready,
+    its footprint too large for the card) makes the Agent bind afresh.
+    """
+    if kept.phases.keys() != fresh.phases.keys():
+        return False
+    for phase, before in kept.phases.items():
+        if before.outcome is not Outcome.PLACE or before.model is None:
+            return False
+        if not _admits(before.model, fresh.phases[phase].decision):
+            return False
+    return True
+
+
 class AgentWriter:
     """Applies AgentResults: status subresource, Deployment env, events."""
 
@@ -59,7 +118,7 @@ class AgentWriter:
     async def write(self, agent: Agent, result: AgentResult, *, now: datetime) -> None:
         """Write what changed of ``result`` for ``agent``; raises :class:`KubeError`."""
         old = _status(agent)
-        scheduling = result.scheduling().model_dump(mode="json", by_alias=True,
+        scheduling = result.scheduling(summaries=True).model_dump(mode="json", by_alias=True,
                                                     exclude_none=True)
         old_scheduling = old.get("scheduling") or {}
         old_last = old_scheduling.get("lastUnschedulable")

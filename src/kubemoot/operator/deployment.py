@@ -7,9 +7,10 @@ of the Agent, else the Deployment named like the Agent, in the Agent's namespace
 the container named ``agent`` gets the env (else the first container).
 
 Only the variables a binding produces are written; every other env entry and every
-other field stays as the crew set it. A phase that becomes unschedulable leaves its last
-binding in place: like kube-scheduler never evicting a running Pod, the agent keeps
-working on its last model until a new binding exists (the Agent's status says why).
+other field stays as the crew set it. A phase that becomes unschedulable loses its
+binding variables and gets its ``…_UNSCHEDULABLE_REASON`` instead (the spec: no LLM call
+for a phase nothing can serve); a deferred phase keeps its last binding, since the
+evidence it waits for may come with the next probe.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubemoot.api import Agent
+from kubemoot.scheduling.bind import ENV_BINDING, ENV_UNSCHEDULABLE, unset_variables
 
-__all__ = ["AGENT_CONTAINER", "deployment_name", "env_patch"]
+__all__ = ["AGENT_CONTAINER", "carries_binding", "deployment_name", "env_patch"]
 
 AGENT_CONTAINER = "agent"
 
@@ -34,6 +36,19 @@ def _container_index(containers: list[Any]) -> int | None:
         if isinstance(container, Mapping) and container.get("name") == AGENT_CONTAINER:
             return index
     return 0 if containers and isinstance(containers[0], Mapping) else None
+
+
+def carries_binding(deployment: Mapping[str, Any]) -> bool:
+    """Whether the agent container holds a binding's variables (a model or a reason)."""
+    pod = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
+    containers = list(pod.get("containers") or [])
+    index = _container_index(containers)
+    if index is None:
+        return False
+    names = {str(item.get("name")) for item in containers[index].get("env") or []
+             if isinstance(item, Mapping)}
+    marks = {binding[0] for binding in ENV_BINDING.values()} | set(ENV_UNSCHEDULABLE.values())
+    return bool(names & marks)
 
 
 def env_patch(deployment: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any] | None:
@@ -52,8 +67,10 @@ def env_patch(deployment: Mapping[str, Any], env: Mapping[str, str]) -> dict[str
     if index is None:
         raise ValueError("the Deployment has no containers in spec.template.spec.containers")
     container = dict(containers[index])
-    current = [dict(item) for item in container.get("env") or [] if isinstance(item, Mapping)]
-    changed = False
+    unset = unset_variables(env)
+    listed = [dict(item) for item in container.get("env") or [] if isinstance(item, Mapping)]
+    current = [item for item in listed if str(item.get("name")) not in unset]
+    changed = len(current) != len(listed)
     seen: set[str] = set()
     for item in current:
         name = str(item.get("name"))

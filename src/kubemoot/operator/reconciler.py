@@ -37,8 +37,13 @@ from kubemoot.api import (
 )
 from kubemoot.clock import Clock
 from kubemoot.gates import Outcome
-from kubemoot.operator.binding import AgentWriter, policy_conditions
-from kubemoot.operator.deployment import deployment_name, env_patch
+from kubemoot.operator.binding import (
+    AgentWriter,
+    policy_conditions,
+    status_binding_holds,
+    still_feasible,
+)
+from kubemoot.operator.deployment import carries_binding, deployment_name, env_patch
 from kubemoot.operator.events import EventRecorder, ObjectRef
 from kubemoot.operator.kube import KubeClient, KubeError, custom_path
 from kubemoot.operator.probe import client_for, model_status, provider_status
@@ -60,9 +65,16 @@ from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.scheduling.candidate import stale_age
+from kubemoot.scheduling.result import AgentResult
 from kubemoot.scheduling.scheduler import SchedulingPass
 from kubemoot.scheduling.snapshot import ClusterSnapshot
 from kubemoot.scheduling.warnings import PROVIDER_NOT_FOUND
+from kubemoot.store.declared import (
+    DeclaredSize,
+    declared_sizes,
+    publish_declared_sizes,
+    read_declared_sizes,
+)
 from kubemoot.store.documents import ProviderState
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import Bucket, StoreError
@@ -73,7 +85,12 @@ log = logging.getLogger(__name__)
 
 
 def _fingerprint(resource: Resource | None) -> Any:
-    """What scheduling reads of an object; status the operator writes itself is left out."""
+    """The *inputs* of scheduling an object holds: a change re-binds the Agents it affects.
+
+    Labels, spec and readiness (DESIGN §4 "Stable bindings"). What a probe reads of live
+    activity — loaded models, VRAM in use, observed footprints — is :func:`_evidence`
+    instead: it only rechecks that the current bindings still pass their gates.
+    """
     if resource is None:
         return None
     data = resource.to_manifest()
@@ -83,13 +100,25 @@ def _fingerprint(resource: Resource | None) -> Any:
     if isinstance(resource, Agent):
         base["annotations"] = meta.get("annotations")  # an annotation forces a reconcile
     elif isinstance(resource, Model):
-        base["status"] = {"ready": status.get("ready"), "footprint": status.get("footprintMiB")}
+        base["status"] = {"ready": status.get("ready")}
     elif isinstance(resource, ModelProvider):
-        capacity = dict(status.get("capacity") or {})
-        capacity.pop("agentCount", None)  # the operator's own bookkeeping
-        base["status"] = {"ready": status.get("ready"), "capacity": capacity}
+        base["status"] = {"ready": status.get("ready")}
         base["annotations"] = meta.get("annotations")
     return base
+
+
+def _evidence(resource: Resource | None) -> Any:
+    """What a probe observed of an object's live state; gates read it, bindings keep."""
+    if resource is None:
+        return None
+    status = resource.to_manifest().get("status") or {}
+    if isinstance(resource, Model):
+        return status.get("footprintMiB")
+    if isinstance(resource, ModelProvider):
+        capacity = dict(status.get("capacity") or {})
+        capacity.pop("agentCount", None)  # the operator's own bookkeeping
+        return capacity
+    return None
 
 
 class Reconciler:
@@ -101,12 +130,16 @@ class Reconciler:
         *,
         clock: Clock,
         bucket: Bucket | None = None,
+        sizes: Bucket | None = None,
         probe_interval: float = DEFAULTS.probe_interval_seconds,
         probe_timeout: float = DEFAULTS.probe_timeout_seconds,
     ) -> None:
         self.kube = kube
         self.clock = clock
         self.bucket = bucket
+        #: ``kubemoot_model_sizes``: the declared sizes the operator publishes.
+        self.sizes = sizes
+        self._published: dict[str, DeclaredSize] | None = None
         self.probe_interval = probe_interval
         self.probe_timeout = probe_timeout
         self.events = EventRecorder(kube, clock=clock)
@@ -128,10 +161,14 @@ class Reconciler:
         self._waiting: dict[str, bool] = {}
         #: The Deployment env of each Agent's last written result.
         self._envs: dict[str, dict[str, str]] = {}
+        #: Each Agent's last written result: what a recheck keeps while it stays feasible.
+        self._results: dict[str, AgentResult] = {}
         self.deployments = DeploymentWatch(kube, self.deployment_changed, clock=clock)
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._writer = AgentWriter(kube, self.events)
+        #: Objects created before this are not news when first seen (a restart).
+        self.started_at = self.now()
 
     async def close(self) -> None:
         """Close the Deployment watches, the provider clients and the API client."""
@@ -196,18 +233,23 @@ class Reconciler:
             await self._refresh_model(new)
         if isinstance(new, MootArchetype):
             await self._describe_archetype(new)
+        if isinstance(new, Model) or (new is None and isinstance(old, Model)):
+            await self.publish_sizes()
         if new is None and isinstance(old, Agent):
             # A deleted Agent frees its slots: Agents waiting for them may bind now.
             gone = agent_key(old)
             freed = self.assumed.pop(gone, None)
             self._waiting.pop(gone, None)
             self._envs.pop(gone, None)
+            self._results.pop(gone, None)
             await self._slots_freed(bound_providers(old) if freed is None else freed)
         if _fingerprint(old) == _fingerprint(new):
             if isinstance(old, ModelProvider) and isinstance(new, ModelProvider) and (
                 _probed_at(old) != _probed_at(new)
             ):
                 await self._evidence_refreshed(old)
+            if old is not None and new is not None and _evidence(old) != _evidence(new):
+                await self._evidence_changed(kind, ref.name, [old, new])
             # Only status moved (often our own write): a policy's Scheduled condition
             # follows the statuses of the Agents it governs.
             if isinstance(new, CrewSchedulingPolicy):
@@ -233,7 +275,11 @@ class Reconciler:
             affected = affected_by_archetype(snapshot, ref.name)
         elif kind == "KubemootConfig":
             affected = set(view.agents)
-        await self.reconcile_agents(affected, trigger=f"{kind}/{ref.name}")
+        # What this process sees first and that existed before it started is no change:
+        # an Agent bound by an earlier operator keeps that binding while it stands
+        # (a restart must not roll every crew). Any later change of an input re-binds.
+        adopt = old is None and (kind == "Agent" or _existed_before(new, self.started_at))
+        await self.reconcile_agents(affected, trigger=f"{kind}/{ref.name}", trust_status=adopt)
         if isinstance(new, CrewSchedulingPolicy):
             await self.reconcile_policies([new])
         elif new is None and isinstance(old, Agent):
@@ -244,8 +290,20 @@ class Reconciler:
 
     # ------------------------------------------------------------------ agents
 
-    async def reconcile_agents(self, keys: Collection[str], *, trigger: str) -> None:
-        """Schedule the Agents ``keys`` (``namespace/name``) in one pass and write results."""
+    async def reconcile_agents(
+        self, keys: Collection[str], *, trigger: str, keep_feasible: bool = False,
+        trust_status: bool = False,
+    ) -> None:
+        """Schedule the Agents ``keys`` (``namespace/name``) in one pass and write results.
+
+        With ``keep_feasible`` (a trigger that is no input of the Agents: live evidence,
+        their Deployment) an Agent whose every phase is still bound to a Model the new
+        pass finds feasible keeps the result written at its last bind, scores and all:
+        live activity never moves a binding (DESIGN §4 "Stable bindings").
+        ``trust_status``: an Agent this process has not written yet (the operator
+        restarted) keeps the binding its status holds while that binding stands, and
+        nothing is written for it.
+        """
         if not keys:
             return
         async with self._lock:
@@ -263,6 +321,14 @@ class Reconciler:
             for agent in agents:
                 key = agent_key(agent)
                 result = scheduling.schedule(agent)
+                kept = self._results.get(key)
+                if keep_feasible and kept is not None and still_feasible(kept, result):
+                    result = kept
+                elif trust_status and kept is None and status_binding_holds(agent, result):
+                    self.reconciled.append((key, trigger))
+                    self.assumed[key] = frozenset(bound_providers(agent))
+                    self._waiting[key] = False
+                    continue
                 self.reconciled.append((key, trigger))
                 before = self.assumed.get(key, frozenset(bound_providers(agent)))
                 try:
@@ -273,6 +339,7 @@ class Reconciler:
                     self.assumed.pop(key, None)
                     self._waiting.pop(key, None)
                     self._envs.pop(key, None)
+                    self._results.pop(key, None)
                 else:
                     bound = frozenset(
                         p.provider for p in result.phases.values() if p.provider is not None
@@ -283,6 +350,7 @@ class Reconciler:
                     )
                     freed |= before - bound
                     self._envs[key] = dict(result.env)
+                    self._results[key] = result
                 if result.policy is not None:
                     policies[result.policy.key] = result.policy
         await self.reconcile_policies(policies.values())
@@ -299,6 +367,7 @@ class Reconciler:
         """
         name = str((deployment.get("metadata") or {}).get("name") or "")
         keys: set[str] = set()
+        inherited: set[str] = set()  # bound by an earlier operator process: env in place
         for key, agent in self.view().agents.items():
             if agent.namespace != namespace or deployment_name(agent) != name:
                 continue
@@ -307,9 +376,36 @@ class Reconciler:
                 stale = env is None or env_patch(deployment, env) is not None
             except ValueError:  # no containers: the reconcile reports it
                 stale = True
-            if event_type == "DELETED" or stale:
+            if event_type == "DELETED":
                 keys.add(key)
-        await self.reconcile_agents(keys, trigger=f"Deployment/{namespace}/{name}")
+            elif not stale:
+                continue
+            elif env is None and carries_binding(deployment):
+                inherited.add(key)
+            else:
+                keys.add(key)
+        trigger = f"Deployment/{namespace}/{name}"
+        await self.reconcile_agents(keys, trigger=trigger, keep_feasible=True)
+        await self.reconcile_agents(inherited, trigger=trigger, keep_feasible=True,
+                                    trust_status=True)
+
+    async def _evidence_changed(
+        self, kind: str, name: str, versions: list[Resource]
+    ) -> None:
+        """A probe saw other live state (loads, VRAM in use, a footprint): recheck only.
+
+        The Agents the object concerns are scheduled again so that a binding that now
+        fails a gate (a footprint that no longer fits the card) or a waiting phase that
+        can now bind is acted on; every other Agent keeps its binding as written.
+        """
+        view = self.view()
+        snapshot = view.snapshot()
+        if kind == "Model":
+            keys = affected_by_models(snapshot, versions)  # type: ignore[arg-type]
+        else:
+            keys = affected_by_provider(snapshot, name, view.models.values())
+        await self.reconcile_agents(keys, trigger=f"{kind}/{name} observed",
+                                    keep_feasible=True, trust_status=True)
 
     async def _slots_freed(self, providers: Collection[str]) -> None:
         """Schedule again the waiting Agents that could use a slot an Agent gave up.
@@ -350,6 +446,22 @@ class Reconciler:
             if deferred(agent) or stale_age(old, now, max_age) is not None:
                 keys.add(key)
         await self.reconcile_agents(keys, trigger=f"ModelProvider/{name} refreshed")
+
+    async def publish_sizes(self) -> None:
+        """Copy the Models' declared ``vramMib`` to the shared state when it changed.
+
+        Agents and gateways have no Model resources; they read the declaration from
+        ``kubemoot_model_sizes`` (docs/shared-state.md) to size a model nobody has
+        loaded yet. A failed write is retried with the next Model event.
+        """
+        if self.sizes is None:
+            return
+        models = [r for r in self.seen.values() if isinstance(r, Model)]
+        wanted = declared_sizes(models)
+        if wanted == self._published:
+            return
+        await publish_declared_sizes(self.sizes, wanted, now=self.clock.now())
+        self._published = wanted if await _holds(self.sizes, wanted) else None
 
     # ------------------------------------------------------------------ policies
 
@@ -544,6 +656,20 @@ class Reconciler:
             return
         valid = condition("Valid", True, "Valid", "the object is well-formed", now=self.now())
         await self._write_conditions(new, [valid])
+
+
+async def _holds(bucket: Bucket, wanted: Mapping[str, DeclaredSize]) -> bool:
+    """Whether the bucket now publishes exactly ``wanted`` (a write may have failed)."""
+    try:
+        held = await read_declared_sizes(bucket)
+    except StoreError:
+        return False
+    return held == {model: doc.vram_mib for model, doc in wanted.items()}
+
+
+def _existed_before(resource: Resource | None, moment: datetime) -> bool:
+    created = None if resource is None else resource.metadata.creation_timestamp
+    return created is not None and created < moment
 
 
 def _probed_at(provider: ModelProvider) -> datetime | None:

@@ -15,6 +15,7 @@ from kubemoot.operator.handlers import build_registry
 from kubemoot.operator.kube import KubeClient
 from kubemoot.operator.reconciler import Reconciler
 from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.store.declared import MODEL_SIZES_BUCKET
 from kubemoot.store.documents import (
     MODEL_DEMAND_BUCKET,
     MODEL_DEMAND_MAX_AGE_SECONDS,
@@ -59,6 +60,15 @@ class OperatorOptions:
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
     # After SIGTERM or Ctrl-C, kopf's stop may take this long before the process is killed.
     shutdown_grace_seconds: float = DEFAULTS.shutdown_grace_seconds
+    #: kopf's liveness endpoint ``http://HOST:PORT/healthz`` for the Pod's probes (0: off).
+    health_port: int = 0
+    health_host: str = "127.0.0.1"
+
+    @property
+    def liveness_endpoint(self) -> str | None:
+        if not self.health_port:
+            return None
+        return f"http://{self.health_host}:{self.health_port}/healthz"
 
 
 def kopf_settings(*, shutdown_grace_seconds: float | None = None) -> kopf.OperatorSettings:
@@ -98,8 +108,13 @@ async def serve(
     stop: asyncio.Event | None = None,
     ready: asyncio.Event | None = None,
     settings: kopf.OperatorSettings | None = None,
+    liveness_endpoint: str | None = None,
 ) -> None:
-    """Run kopf with our handlers and the probe loop until ``stop`` is set."""
+    """Run kopf with our handlers and the probe loop until ``stop`` is set.
+
+    ``liveness_endpoint`` (``http://HOST:PORT/healthz``) is kopf's own: it answers only
+    while kopf's loop runs, which is what a Pod's liveness and readiness probes ask.
+    """
     registry = build_registry(reconciler, login=login)
     probes = asyncio.create_task(reconciler.run_probes(), name="kubemoot-probes")
     try:
@@ -111,6 +126,7 @@ async def serve(
             standalone=True,
             stop_flag=stop,
             ready_flag=ready,
+            liveness_endpoint=liveness_endpoint,
         )
     finally:
         reconciler.stop_probes()
@@ -125,14 +141,16 @@ async def serve(
 async def open_shared_buckets(store: KV) -> Bucket:
     """Open every bucket the runtime shares; the provider-state bucket is returned.
 
-    The operator writes only provider state, but it opens the ticket and demand buckets
-    too: it is the one component a cluster configures with ``KUBEMOOT_NATS_REPLICAS``,
-    and opening a bucket creates it with (or raises it to) that many copies. Left to the
-    agents, the first to start would create the ticket bucket with one copy.
+    The operator writes only provider state and declared model sizes, but it opens the
+    ticket and demand buckets too: it is the one component a cluster configures with
+    ``KUBEMOOT_NATS_REPLICAS``, and opening a bucket creates it with (or raises it to)
+    that many copies. Left to the agents, the first to start would create the ticket
+    bucket with one copy.
     """
     states = await store.bucket(PROVIDER_STATE_BUCKET)
     await store.bucket(PROVIDER_TICKETS_BUCKET)
     await store.bucket(MODEL_DEMAND_BUCKET, max_age=MODEL_DEMAND_MAX_AGE_SECONDS)
+    await store.bucket(MODEL_SIZES_BUCKET)
     return states
 
 
@@ -162,10 +180,12 @@ async def run_operator(
             kube,
             clock=clock,
             bucket=bucket,
+            sizes=await store.bucket(MODEL_SIZES_BUCKET),
             probe_interval=options.probe_interval,
             probe_timeout=options.probe_timeout,
         )
         await serve(reconciler, login=login, namespaces=options.namespaces,
+                    liveness_endpoint=options.liveness_endpoint,
                     settings=kopf_settings(
                         shutdown_grace_seconds=options.shutdown_grace_seconds))
     finally:

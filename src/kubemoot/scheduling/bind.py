@@ -21,18 +21,21 @@ from kubemoot.api import Phase
 from kubemoot.scheduling.candidate import Placement
 
 __all__ = [
+    "ENV_BINDING",
     "ENV_CANDIDATES",
     "ENV_MODEL",
     "ENV_MODEL_ENDPOINT",
     "ENV_MODEL_SIZES",
     "ENV_TRIAGE_ENDPOINT",
     "ENV_TRIAGE_MODEL_ID",
+    "ENV_UNSCHEDULABLE",
     "CandidateList",
     "candidate_list",
     "candidates_json",
     "declared_sizes",
     "env_score",
     "sizes_json",
+    "unset_variables",
     "with_bound_first",
 ]
 
@@ -48,7 +51,35 @@ ENV_CANDIDATES: dict[str, str] = {
     Phase.TRIAGE: "KUBEMOOT_MODEL_CANDIDATES_TRIAGE",
 }
 
+#: Set while a phase is UNSCHEDULABLE (its FailedScheduling message), in place of its
+#: binding: the agent makes no call in that phase and answers with the reason.
+ENV_UNSCHEDULABLE: dict[str, str] = {
+    Phase.MULLING: "KUBEMOOT_MODEL_UNSCHEDULABLE_REASON",
+    Phase.TRIAGE: "KUBEMOOT_TRIAGE_MODEL_UNSCHEDULABLE_REASON",
+}
+#: The variables that make up each phase's binding.
+ENV_BINDING: dict[str, tuple[str, ...]] = {
+    Phase.MULLING: (ENV_MODEL, ENV_MODEL_ENDPOINT, ENV_CANDIDATES[Phase.MULLING]),
+    Phase.TRIAGE: (ENV_TRIAGE_MODEL_ID, ENV_TRIAGE_ENDPOINT, ENV_CANDIDATES[Phase.TRIAGE]),
+}
+
 CandidateList = tuple[tuple[str, float], ...]
+
+
+def unset_variables(env: Mapping[str, str]) -> frozenset[str]:
+    """The variables a Deployment must lose when it takes ``env``.
+
+    A phase whose reason is set loses its binding; a phase bound again loses its
+    reason. A phase ``env`` says nothing about (deferred) keeps what it has.
+    """
+    unset: set[str] = set()
+    for phase, reason in ENV_UNSCHEDULABLE.items():
+        binding = ENV_BINDING[phase]
+        if reason in env:
+            unset.update(binding)
+        elif binding[0] in env:
+            unset.add(reason)
+    return frozenset(unset)
 
 
 def env_score(score: float) -> int | float:

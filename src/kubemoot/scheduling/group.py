@@ -23,7 +23,14 @@ from datetime import datetime
 from functools import partial
 from typing import Protocol
 
-from kubemoot.api import Agent, Condition, CrewSchedulingPolicy, LastUnschedulable, Phase
+from kubemoot.api import (
+    Agent,
+    Condition,
+    CrewSchedulingPolicy,
+    DecisionSummary,
+    LastUnschedulable,
+    Phase,
+)
 from kubemoot.gates import DecisionRecord, Outcome
 from kubemoot.scheduling.bind import (
     ENV_CANDIDATES,
@@ -32,6 +39,7 @@ from kubemoot.scheduling.bind import (
     ENV_MODEL_SIZES,
     ENV_TRIAGE_ENDPOINT,
     ENV_TRIAGE_MODEL_ID,
+    ENV_UNSCHEDULABLE,
     CandidateList,
     sizes_json,
 )
@@ -96,6 +104,7 @@ class BindingGroup:
     _env: dict[str, str] | None = None
     _conditions: list[Condition] | None = None
     _last: LastUnschedulable | None = None
+    _summaries: dict[str, DecisionSummary] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         chosen = [plan.chosen.provider for plan in self.phases if plan.chosen is not None]
@@ -128,6 +137,7 @@ class BindingGroup:
                     plan.reason,
                     decide,
                     failure_message=plan.failure_message,
+                    _summaries=self._summaries,
                 )
             else:
                 placement = chosen.placement
@@ -139,6 +149,7 @@ class BindingGroup:
                     context.candidates(plan.ranking, placement.model_id),
                     plan.reason,
                     decide,
+                    _summaries=self._summaries,
                 )
         return results
 
@@ -183,10 +194,15 @@ class BindingGroup:
         if triage is not None and triage.chosen is not None:
             env[ENV_TRIAGE_MODEL_ID] = triage.chosen.placement.model_id
             env[ENV_TRIAGE_ENDPOINT] = triage.endpoint or ""
+        for plan in (mulling, triage):
+            if plan is not None and plan.outcome is Outcome.UNSCHEDULABLE:
+                # No call is made in a phase nothing can serve: the binding goes, the
+                # reason takes its place (the operator removes the binding variables).
+                env[ENV_UNSCHEDULABLE[plan.phase]] = plan.failure_message or plan.reason
         sizes: dict[str, int] = {}
         for phase, variable in ENV_CANDIDATES.items():
             plan = by_phase.get(phase)
-            # An unbound phase writes neither its model nor its candidates: the agent
+            # A deferred phase writes neither its model nor its candidates: the agent
             # keeps its last binding whole, so the list never contradicts the model
             # (a list without the model the agent still calls would).
             if plan is not None and plan.chosen is not None:
@@ -195,7 +211,7 @@ class BindingGroup:
                 env[variable] = self.context.candidates_json(candidates)
                 for model, mib in self.context.declared_sizes(plan.ranking).items():
                     sizes[model] = max(mib, sizes.get(model, 0))
-        if env:
+        if any(variable in env for variable in ENV_CANDIDATES.values()):
             # Written with every binding, "{}" included: a Deployment patch only sets
             # variables, so a size a Model stops declaring must be overwritten, not dropped.
             env[ENV_MODEL_SIZES] = sizes_json(sizes)

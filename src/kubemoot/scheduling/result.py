@@ -8,6 +8,8 @@ what it needs to build them, and they are identical either way.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,11 +20,14 @@ from kubemoot.api import (
     AgentScheduling,
     Condition,
     CrewSchedulingPolicy,
+    DecisionSummary,
+    GateFailure,
     LastUnschedulable,
     Phase,
     PhaseBinding,
 )
 from kubemoot.api import Candidate as ApiCandidate
+from kubemoot.api.agent import SUMMARY_FAILURES, SUMMARY_TEXT, SUMMARY_TRIGGERS
 from kubemoot.gates import DecisionRecord, Outcome
 from kubemoot.scheduling.bind import CandidateList, env_score
 from kubemoot.scheduling.candidate import Placement, rfc3339
@@ -36,6 +41,21 @@ __all__ = [
     "SchedulingEvent",
     "SharedBinding",
 ]
+
+
+def policy_version(policy: CrewSchedulingPolicy) -> str:
+    """A digest of the policy's spec: which version of the policy a decision used.
+
+    Not ``metadata.generation``: a bundle given to ``kubemoot schedule`` has none, and
+    a digest also says whether two clusters decided with the same policy.
+    """
+    spec = policy.to_manifest().get("spec") or {}
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= SUMMARY_TEXT else text[: SUMMARY_TEXT - 1] + "…"
 
 
 @dataclass(slots=True)
@@ -52,6 +72,8 @@ class PhaseResult:
     _record: DecisionRecord | None = field(default=None, repr=False)
     #: For UNSCHEDULABLE: the FailedScheduling message (``0/N models are available …``).
     failure_message: str | None = None
+    #: Summaries shared by the Agents of one binding group, by phase (see :meth:`summary`).
+    _summaries: dict[str, DecisionSummary] | None = field(default=None, repr=False)
 
     @property
     def decision(self) -> DecisionRecord:
@@ -97,9 +119,52 @@ class PhaseResult:
             data["decision"] = self.decision.to_dict()
         return data
 
-    def binding(self) -> PhaseBinding:
+    def summary(self, *, policy_version: str | None = None) -> DecisionSummary:
+        """The bounded summary of :attr:`decision` that ``Agent.status`` keeps.
+
+        Agents that share a binding group (one policy, one effective bias, the same
+        bindings) share one summary: replaying the full record for each of thousands of
+        Agents would cost a decision per Agent for counts that differ, if at all, only
+        by the agent slots the Agents before it took.
+        """
+        cache = self._summaries
+        found = None if cache is None else cache.get(self.phase)
+        if found is not None and found.policy_version == policy_version:
+            return found
+        made = self._summarize(policy_version)
+        if cache is not None:
+            cache[self.phase] = made
+        return made
+
+    def _summarize(self, policy_version: str | None) -> DecisionSummary:
+        record = self.decision
+        by_gate: dict[str, tuple[int, str]] = {}
+        for cid in record.hard_failed:
+            failures = record.candidates[cid].failures
+            if not failures:
+                continue
+            first = failures[0]  # the gate that put the candidate out
+            count, reason = by_gate.get(first.gate, (0, first.reason))
+            by_gate[first.gate] = (count + 1, reason)
+        top = sorted(by_gate.items(), key=lambda item: (-item[1][0], item[0]))
+        return DecisionSummary(
+            feasible=len(record.feasible),
+            uncertain=len(record.uncertain),
+            failed=len(record.hard_failed),
+            top_failures=[
+                GateFailure(gate=gate, count=count, reason=_clip(reason))
+                for gate, (count, reason) in top[:SUMMARY_FAILURES]
+            ],
+            scheduler_version=record.scheduler_version,
+            scoring_policy_version=record.scoring_policy_version,
+            policy_version=policy_version,
+            recheck_triggers=[_clip(t) for t in record.recheck_triggers[:SUMMARY_TRIGGERS]],
+        )
+
+    def binding(self, *, summary: DecisionSummary | None = None) -> PhaseBinding:
         """The ``status.scheduling.phases[phase]`` entry."""
         return PhaseBinding(
+            decision=summary,
             model=self.model,
             model_id=self.model_id,
             provider=self.provider,
@@ -220,15 +285,25 @@ class AgentResult:
     def name(self) -> str:
         return self.agent.metadata.name
 
-    def scheduling(self) -> AgentScheduling:
-        """``Agent.status.scheduling``: the preferred (mulling) binding plus every phase."""
+    def scheduling(self, *, summaries: bool = False) -> AgentScheduling:
+        """``Agent.status.scheduling``: the preferred (mulling) binding plus every phase.
+
+        ``summaries`` adds each phase's bounded decision summary (what the operator
+        writes); building it replays the phase's full decision record.
+        """
         preferred = self.phases.get(self.preferred)
+        version = None if self.policy is None or not summaries else policy_version(self.policy)
         return AgentScheduling(
             model=None if preferred is None else preferred.model,
             model_id=None if preferred is None else preferred.model_id,
             provider=None if preferred is None else preferred.provider,
             endpoint=None if preferred is None else preferred.endpoint,
-            phases={phase: result.binding() for phase, result in self.phases.items()},
+            phases={
+                phase: result.binding(
+                    summary=result.summary(policy_version=version) if summaries else None
+                )
+                for phase, result in self.phases.items()
+            },
             last_unschedulable=self.last_unschedulable,
         )
 

@@ -49,6 +49,13 @@ def demo_toolbox() -> dict[str, Tool]:
              _canned("p99 latency 1.8s (was 0.9s); error rate 0.4%")),
         Tool("logs_tail", "Tail recent log lines",
              _canned("OOMKilled: container exceeded 512Mi at 02:14")),
+        # the tools deploy/crew's Agents enable
+        Tool("kubectl_describe", "Describe one Kubernetes object",
+             _canned("Last State: Terminated (OOMKilled), Exit Code 137, Restart Count 14")),
+        Tool("kubectl_logs", "Print a container's recent logs",
+             _canned("java.lang.OutOfMemoryError: Java heap space")),
+        Tool("loki_query", "Run a LogQL query",
+             _canned("{app=\"checkout\"} |= \"OOM\": 14 lines in the last hour")),
     )
     return {tool.name: tool for tool in tools}
 

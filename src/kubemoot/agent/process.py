@@ -1,13 +1,14 @@
 """One Agent as a process: what its Deployment's env says, and the process's life.
 
 The operator writes the binding into the Deployment's env (``KUBEMOOT_MODEL_MODEL``,
-``KUBEMOOT_MODEL_CANDIDATES_MULLING``, the triage model, the bound endpoints, and the
-declared sizes of the listed models in ``KUBEMOOT_MODEL_SIZES_MIB``); the
-crew's chart adds who the agent is (``KUBEMOOT_AGENT_NAME``, ``KUBEMOOT_AGENT_NAMESPACE``
-from the downward API, ``KUBEMOOT_CREW``, ``KUBEMOOT_AGENT_ROLE``).
-:func:`profile_from_env` turns that into the engine's
-:class:`~kubemoot.agent.discussion.AgentProfile`, and :func:`sizes_from_env` turns the
-sizes into the runtime's declarations; a malformed variable is an
+``KUBEMOOT_MODEL_CANDIDATES_MULLING``, the triage model, the bound endpoints, the
+declared sizes of the listed models in ``KUBEMOOT_MODEL_SIZES_MIB``, or a phase's
+``…_UNSCHEDULABLE_REASON`` instead of its binding) and the Agent's tools and prompt refs
+(:mod:`kubemoot.agent.spec_env`); the crew's chart adds who the agent is
+(``KUBEMOOT_AGENT_NAME``, ``KUBEMOOT_AGENT_NAMESPACE`` from the downward API,
+``KUBEMOOT_CREW``, ``KUBEMOOT_AGENT_ROLE``). :func:`profile_from_env` turns that into
+the engine's :class:`~kubemoot.agent.discussion.AgentProfile`, and :func:`sizes_from_env`
+turns the sizes into the runtime's declarations; a malformed variable is an
 :class:`~kubemoot.api.errors.InputError` naming it.
 
 :func:`serve_agent` runs the agent: the per-call runtime over the shared state, a
@@ -15,7 +16,10 @@ sizes into the runtime's declarations; a malformed variable is an
 and preloads through them, and a finished call re-probes its provider so the next
 placement sees the copy it left resident), and the agent's part in its crew —
 :class:`~kubemoot.agent.remote.CrewCoordinator` for the coordinator,
-:class:`~kubemoot.agent.remote.CrewMember` for everyone else.
+:class:`~kubemoot.agent.remote.CrewMember` for everyone else. Every discovery tick it
+reads the shared state again: the providers (probing its bound endpoints itself while
+there are none, :mod:`kubemoot.agent.direct`), the declared sizes the operator
+publishes, and the prompt files; the profile, static targets included, follows.
 """
 
 from __future__ import annotations

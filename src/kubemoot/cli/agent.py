@@ -6,6 +6,8 @@ operator bound for it (``KUBEMOOT_MODEL_*``), and the runtime's settings
 (``KUBEMOOT_*``); connects to NATS (``--nats`` or ``KUBEMOOT_NATS_URL``); and takes part
 in its crew's discussions until SIGTERM. The coordinator Agent answers questions asked
 with ``kubemoot ask``; every other Agent takes part when the coordinator selects it.
+The tools ``KUBEMOOT_AGENT_ENABLED_TOOLS`` may name are the demo's canned set; every
+finished call goes to the call log (``kubemoot_call_log``) for the dashboard.
 """
 
 from __future__ import annotations

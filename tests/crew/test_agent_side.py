@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -409,3 +412,25 @@ async def _claims(watch: Any, into: dict[str, set[int]]) -> None:
         for ticket in ProviderTickets.from_json(change.value).tickets:
             if ticket.model_footprint_mib > 0:
                 into.setdefault(ticket.model, set()).add(ticket.model_footprint_mib)
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("env", "names"), [
+    ({"KUBEMOOT_AGENT_ENABLED_TOOLS": '["kubectl_get","kubectl_delete"]'},
+     "KUBEMOOT_AGENT_ENABLED_TOOLS[1]"),
+    ({"KUBEMOOT_AGENT_PROMPT_REFS": '["response-style"]', "KUBEMOOT_PROMPTS_DIR": "/nonexistent"},
+     "KUBEMOOT_AGENT_PROMPT_REFS[0]"),
+])
+def test_kubemoot_agent_exits_2_naming_an_unknown_tool_or_a_missing_prompt(
+    env: dict[str, str], names: str,
+) -> None:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KUBEMOOT_")}
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("kubemoot")), "agent"], capture_output=True,
+        text=True, timeout=60, check=False,
+        env={**base, "KUBEMOOT_AGENT_NAME": "a", "KUBEMOOT_AGENT_NAMESPACE": "ns",
+             "KUBEMOOT_CREW": "c", "KUBEMOOT_NATS_URL": "nats://127.0.0.1:1", **env})
+    assert done.returncode == 2, done.stderr
+    assert names in done.stderr and "Traceback" not in done.stderr

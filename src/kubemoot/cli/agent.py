@@ -135,8 +135,9 @@ async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: RuntimeSet
 
     def ready(profile: AgentProfile) -> None:
         shown = describe(profile)
-        mulling = ", ".join(shown["mulling"]) or shown["unschedulable"].get(
-            "mulling", "not bound yet")
+        reason = shown["unschedulable"].get("mulling")
+        mulling = ", ".join(shown["mulling"]) or (
+            f"unschedulable ({reason})" if reason else "not bound yet")
         tools = ", ".join(shown["tools"]) or "none"
         err_console.print(
             f"{READY_LINE}: {shown['agent']} ({shown['role']}) in crew {identity.crew} on "

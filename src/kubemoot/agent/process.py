@@ -384,6 +384,8 @@ async def serve_agent(
                          make_client=make_client)
 
     async def after_call(provider: str) -> None:
+        if is_direct(provider) and not direct.active:
+            return  # withdrawn: the operator's state covers the card now; do not revive it
         client = directory.get(provider)
         if client is not None:
             await prober.probe_one(client)

@@ -163,10 +163,11 @@ async def test_agents_started_without_provider_state_probe_directly_then_follow_
                                       what="the bound endpoints probed directly")
             asking = asyncio.ensure_future(ask(path, "Checkout pods restart; why?"))
 
-            async def waiting() -> bool:  # a member waits for a GPU (the demand board)
-                return any(k.startswith("wait.") for k in await demand.keys())
+            async def waiting() -> bool:  # both members wait for a GPU (the demand board)
+                agents = {k.split(".")[2] for k in await demand.keys() if k.startswith("wait.")}
+                return len(agents) >= 2  # keys are wait.<model>.<agent>
 
-            await until_stored(demand, waiting, timeout=30, what="a member waiting")
+            await until_stored(demand, waiting, timeout=30, what="both members waiting")
             # The operator's first probe: the state returns, the waiters wake.
             await path.cluster.operator.call(path.cluster.reconciler.probe_all)
             answer = await asking

@@ -67,20 +67,20 @@ def _names(env: Mapping[str, str], variable: str) -> tuple[str, ...]:
             raise InputError(f"must be a non-empty name, got {item!r}",
                              field=f"{variable}[{index}]")
         names.append(item.strip())
-    return tuple(dict.fromkeys(names))
+    return tuple(names)  # duplicates kept, so an error's index is the entry's own
 
 
 def enabled_tools(env: Mapping[str, str], toolbox: Mapping[str, Tool]) -> tuple[Tool, ...]:
     """The toolbox's tools that ``KUBEMOOT_AGENT_ENABLED_TOOLS`` names, in its order."""
-    tools: list[Tool] = []
+    tools: dict[str, Tool] = {}
     for index, name in enumerate(_names(env, ENV_ENABLED_TOOLS)):
         tool = toolbox.get(name)
         if tool is None:
             known = ", ".join(sorted(toolbox)) or "none"
             raise InputError(f"names no tool this agent has: {name!r} (it has: {known})",
                              field=f"{ENV_ENABLED_TOOLS}[{index}]")
-        tools.append(tool)
-    return tuple(tools)
+        tools.setdefault(name, tool)  # a tool listed twice is offered once
+    return tuple(tools.values())
 
 
 @dataclass(slots=True)

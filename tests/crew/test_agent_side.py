@@ -35,7 +35,6 @@ from kubemoot.agent.toolloop import Tool
 from kubemoot.api.errors import InputError
 from kubemoot.clock import SystemClock
 from kubemoot.dashboard.calllog import CALL_LOG_BUCKET, CallEntry, CallLogWriter
-from kubemoot.providers.emulator import OllamaEmulator
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.store.bus import MemoryBus
 from kubemoot.store.documents import (
@@ -49,7 +48,15 @@ from kubemoot.store.memory import MemoryKV
 from kubemoot.store.protocol import KV
 from kubemoot.testing.waiting import until_stored
 
-from .conftest import CREW, FAST, binding, chat_client, make_client, publish_providers
+from .conftest import (  # OllamaEmulator: the emulator's class, as the fixture makes it
+    CREW,
+    FAST,
+    OllamaEmulator,
+    binding,
+    chat_client,
+    make_client,
+    publish_providers,
+)
 
 UNSCHEDULABLE = "0/2 models are available for phase mulling: 2 didn't match require selector."
 

@@ -7,7 +7,9 @@ env of the Deployment the operator patched (and the crew's prompts ConfigMap mou
 Here: every process writes its calls, with their decisions, to the call log; the
 Agents' enabledTools and promptRefs reach the model; and agents that start while the
 shared state holds no provider probe their endpoints directly, wait, and follow the
-operator's state once it is published.
+operator's state once it is published; and a process whose mulling phase the operator
+left unschedulable (the env docs/operator.md describes) makes no call and stands aside
+with the reason.
 """
 
 from __future__ import annotations
@@ -196,3 +198,38 @@ async def test_agents_started_without_provider_state_probe_directly_then_follow_
         env = container_env(path.cluster, name)
         assert direct_name(env["KUBEMOOT_MODEL_ENDPOINT"]) in shown[0], (name, shown)
         assert any(f"on {gpu}" in shown[-1] for gpu in path.gpus), (name, shown)
+
+
+async def test_an_agent_process_whose_mulling_is_unschedulable_stands_aside_with_the_reason(
+    kmock: Any, nats_url: str,  # noqa: F811
+) -> None:
+    reason = ("0/4 models are available for phase mulling: 4 didn't match require "
+              "selector.")
+    async with cluster_path(kmock, nats_url) as path:
+        await asyncio.gather(*(path.start(name) for name in ("coordinator", "log-analyst")))
+        # The Deployment as the operator leaves it while kubectl-agent's mulling is
+        # UNSCHEDULABLE (docs/operator.md): the phase's binding gone, its reason set.
+        env = {k: v for k, v in container_env(path.cluster, "kubectl-agent").items()
+               if k not in ("KUBEMOOT_MODEL_MODEL", "KUBEMOOT_MODEL_ENDPOINT",
+                            "KUBEMOOT_MODEL_CANDIDATES_MULLING")}
+        agent = await AgentProcess.start({
+            **path.base, **env, **FAST_ENV, "KUBEMOOT_MODEL_UNSCHEDULABLE_REASON": reason,
+            "KUBEMOOT_NATS_URL": path.nats_url, "KUBEMOOT_PROMPTS_DIR": str(path.prompts)})
+        path.agents["kubectl-agent"] = agent
+        await agent.ready()
+        answer = await ask(path, TOOLS_QUESTION)
+        await path.stop_all()
+        entries = await call_log(nats_url)
+
+    me = f"{NS}/kubectl-agent"
+    assert f"mulling unschedulable ({reason})" in "".join(agent.lines)
+    (aside,) = [s for s in answer["signals"] if s["agent"] == me]
+    assert aside["type"] == "stand_aside" and aside["content"] == reason
+    assert aside["metadata"]["reason"] == "unschedulable"
+    # it made no call at all (its triage is bound, but it never got that far) ...
+    assert [c for c in answer["calls"] if c["agent"] == me] == []
+    assert [e for e in entries if e.agent == me] == []
+    # ... and the rest of the crew answered without it
+    assert answer["answered"] is True, answer
+    assert {c["agent"] for c in answer["calls"] if c["phase"] == "mulling"} == {
+        f"{NS}/log-analyst"}

@@ -265,6 +265,7 @@ async def test_an_unschedulable_phase_makes_no_call_and_the_crew_answers_with_th
     assert aside["type"] == "stand_aside" and aside["content"] == UNSCHEDULABLE
     assert aside["metadata"]["reason"] == "unschedulable"
     assert UNSCHEDULABLE in reply["answer"] and reply["answered"] is False
+    assert reply["settlement"] == "unschedulable"
     # Only the coordinator's own triage reached an engine.
     assert [r.model for r in gpu.records[asked:]] == ["phi3:mini"]
 

@@ -58,8 +58,7 @@ class CapacityRecord:
 
     @property
     def any(self) -> bool:
-        return (self.gpu_busy or bool(self.too_large_models) or self.prompt_too_large
-                or bool(self.unschedulable))
+        return self.capacity or bool(self.unschedulable)
 
     def note(self, signal: Signal, *, still_waiting: bool = False) -> None:
         """Record a ``waiting`` or capacity ``stand_aside`` signal."""
@@ -80,6 +79,11 @@ class CapacityRecord:
             line = f"{signal.agent}: {signal.content}"
             if line not in self.unschedulable:
                 self.unschedulable.append(line)
+
+    @property
+    def capacity(self) -> bool:
+        """Whether a GPU, not the crew's scheduling, held an agent back."""
+        return self.gpu_busy or bool(self.too_large_models) or self.prompt_too_large
 
     @classmethod
     def from_signals(

@@ -91,6 +91,7 @@ class Settlement(StrEnum):
 
     SYNTHESIS = "synthesis"  # positions arrived and the coordinator synthesised them
     CAPACITY = "capacity"  # nobody spoke because no GPU could be had
+    UNSCHEDULABLE = "unschedulable"  # nobody spoke: their phase has no binding at all
     NO_CONTRIBUTION = "no-contribution"  # nobody spoke, for other reasons
     FAILED = "failed"  # positions arrived but the synthesis call itself failed
 
@@ -320,10 +321,12 @@ class Coordinator:
     ) -> tuple[Settlement, str]:
         positions = [s for s in signals if s.is_position]
         if not positions:
-            answer = capacity_answer(CapacityRecord.from_signals(signals,
-                                                                 still_waiting=still_waiting))
+            record = CapacityRecord.from_signals(signals, still_waiting=still_waiting)
+            answer = capacity_answer(record)
             if answer is not None:
-                return Settlement.CAPACITY, answer
+                # only unschedulable phases kept the agents quiet: not the GPUs' doing
+                return (Settlement.CAPACITY if record.capacity
+                        else Settlement.UNSCHEDULABLE), answer
             return Settlement.NO_CONTRIBUTION, NO_CONTRIBUTION_TEXT
         own = self.profile.unschedulable.get(MULLING)
         if own is not None:

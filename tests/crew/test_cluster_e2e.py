@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -199,16 +200,26 @@ async def nats_url() -> AsyncIterator[str]:
         yield server.url
 
 
+def mount_prompts(directory: Path) -> Path:
+    """What the kubelet does with the crew's prompts ConfigMap volume: a file per key."""
+    (config_map,) = manifests("deploy/crew/prompts.yaml")
+    for key, text in config_map["data"].items():
+        (directory / key).write_text(text, encoding="utf-8")
+    return directory
+
+
 class ClusterPath:
     """The operator on kmock, two emulated GPUs, and the crew's agent processes."""
 
-    def __init__(self, cluster: Cluster, gpus: dict[str, OllamaEmulator], nats_url: str):
+    def __init__(self, cluster: Cluster, gpus: dict[str, OllamaEmulator], nats_url: str,
+                 prompts: Path):
         self.cluster = cluster
         self.gpus = gpus
         self.nats_url = nats_url
         self.base = {k: v for k, v in os.environ.items() if not k.startswith("KUBEMOOT_")}
         self.agents: dict[str, AgentProcess] = {}
         self.codes: dict[str, int] = {}
+        self.prompts = prompts
 
     async def bound(self) -> None:
         """Wait until every Agent is bound and its Deployment carries the binding."""
@@ -229,6 +240,7 @@ class ClusterPath:
         assert listed <= set(sizes) and sizes.items() <= {"phi3:mini": 2048,
                                                          "qwen3:8b": 5120}.items()
         env["KUBEMOOT_NATS_URL"] = self.nats_url  # the Service, as seen from outside
+        env["KUBEMOOT_PROMPTS_DIR"] = str(self.prompts)  # the ConfigMap volume's mount
         agent = await AgentProcess.start({**self.base, **env, **FAST_ENV})
         self.agents[name] = agent
         await agent.ready()
@@ -251,6 +263,14 @@ class ClusterPath:
 
 @asynccontextmanager
 async def cluster_path(kmock: Any, nats_url: str) -> AsyncIterator[ClusterPath]:
+    with tempfile.TemporaryDirectory() as prompts:
+        async with _cluster_path(kmock, nats_url, mount_prompts(Path(prompts))) as path:
+            yield path
+
+
+@asynccontextmanager
+async def _cluster_path(kmock: Any, nats_url: str, prompts: Path
+                        ) -> AsyncIterator[ClusterPath]:
     declare_resources(kmock)
     url = str(kmock.url).rstrip("/")
     operator = NatsOperator(url, nats_url)
@@ -264,7 +284,7 @@ async def cluster_path(kmock: Any, nats_url: str) -> AsyncIterator[ClusterPath]:
             async with httpx.AsyncClient(base_url=url) as http:
                 cluster = Cluster(kmock, http, operator.reconciler, operator.bucket, operator)
                 await apply_crew(cluster, gpus)
-                path = ClusterPath(cluster, gpus, nats_url)
+                path = ClusterPath(cluster, gpus, nats_url, prompts)
                 await path.bound()
                 yield path
         finally:

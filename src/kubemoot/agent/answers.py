@@ -9,6 +9,8 @@ the limit, and what would help. The sentences are the spec's, since users read t
 * model-too-large — names the model; add a smaller Model or a larger GPU.
 * prompt-too-large — no provider's context holds the prompt; raise a provider's
   OLLAMA_CONTEXT_LENGTH or send less.
+* unschedulable — not capacity but the operator's verdict: the phase has no binding, so
+  the agent made no call; the answer quotes each agent's FailedScheduling message.
 
 Each reason that occurred contributes its sentence, in that order.
 """
@@ -38,6 +40,12 @@ PROMPT_TOO_LARGE_TEXT = (
     "sends."
 )
 
+# Not the spec's words: an unschedulable phase is the crew's placement, not a busy GPU.
+UNSCHEDULABLE_TEXT = (
+    "No model could be scheduled for the agents' phase, so they made no call: {reasons}. "
+    "See the Agents' FailedScheduling events and status.scheduling."
+)
+
 
 @dataclass(slots=True)
 class CapacityRecord:
@@ -46,10 +54,11 @@ class CapacityRecord:
     gpu_busy: bool = False
     too_large_models: list[str] = field(default_factory=list)
     prompt_too_large: bool = False
+    unschedulable: list[str] = field(default_factory=list)  # "agent: FailedScheduling"
 
     @property
     def any(self) -> bool:
-        return self.gpu_busy or bool(self.too_large_models) or self.prompt_too_large
+        return self.capacity or bool(self.unschedulable)
 
     def note(self, signal: Signal, *, still_waiting: bool = False) -> None:
         """Record a ``waiting`` or capacity ``stand_aside`` signal."""
@@ -66,6 +75,15 @@ class CapacityRecord:
                 self.too_large_models.append(model)
         elif reason == StandAsideReason.PROMPT_TOO_LARGE:
             self.prompt_too_large = True
+        elif reason == StandAsideReason.UNSCHEDULABLE:
+            line = f"{signal.agent}: {signal.content}"
+            if line not in self.unschedulable:
+                self.unschedulable.append(line)
+
+    @property
+    def capacity(self) -> bool:
+        """Whether a GPU, not the crew's scheduling, held an agent back."""
+        return self.gpu_busy or bool(self.too_large_models) or self.prompt_too_large
 
     @classmethod
     def from_signals(
@@ -90,4 +108,6 @@ def capacity_answer(record: CapacityRecord) -> str | None:
         parts.append(MODEL_TOO_LARGE_TEXT.format(models=", ".join(record.too_large_models)))
     if record.prompt_too_large:
         parts.append(PROMPT_TOO_LARGE_TEXT)
+    if record.unschedulable:
+        parts.append(UNSCHEDULABLE_TEXT.format(reasons="; ".join(record.unschedulable)))
     return " ".join(parts) or None

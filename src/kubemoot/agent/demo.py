@@ -16,7 +16,7 @@ from typing import Any
 from kubemoot.agent.discussion import AgentProfile, Coordinator, DiscussionResult, Thread
 from kubemoot.agent.toolloop import Tool
 
-__all__ = ["DEMO_QUESTIONS", "demo_tools", "run_discussions"]
+__all__ = ["DEMO_QUESTIONS", "demo_toolbox", "demo_tools", "run_discussions"]
 
 DEMO_QUESTIONS: tuple[str, ...] = (
     "Checkout pods restart every few minutes. Use kubectl_get and say what we should do.",
@@ -39,21 +39,34 @@ def _canned(text: str) -> Any:
     return handler
 
 
+def demo_toolbox() -> dict[str, Tool]:
+    """The demo's tools by name: what an Agent's ``enabledTools`` may name (fixed
+    answers: nothing is queried)."""
+    tools = (
+        Tool("kubectl_get", "List Kubernetes objects",
+             _canned("NAME READY STATUS RESTARTS\ncheckout-7d9 1/1 Running 14\n")),
+        Tool("promql_query", "Run a PromQL query",
+             _canned("p99 latency 1.8s (was 0.9s); error rate 0.4%")),
+        Tool("logs_tail", "Tail recent log lines",
+             _canned("OOMKilled: container exceeded 512Mi at 02:14")),
+        # the tools deploy/crew's Agents enable
+        Tool("kubectl_describe", "Describe one Kubernetes object",
+             _canned("Last State: Terminated (OOMKilled), Exit Code 137, Restart Count 14")),
+        Tool("kubectl_logs", "Print a container's recent logs",
+             _canned("java.lang.OutOfMemoryError: Java heap space")),
+        Tool("loki_query", "Run a LogQL query",
+             _canned("{app=\"checkout\"} |= \"OOM\": 14 lines in the last hour")),
+    )
+    return {tool.name: tool for tool in tools}
+
+
 def demo_tools() -> dict[str, tuple[Tool, ...]]:
-    """The homelab crew's tools by Agent name (fixed answers: nothing is queried)."""
+    """The homelab crew's tools by Agent name."""
+    box = demo_toolbox()
     return {
-        "kubectl-agent": (Tool(
-            "kubectl_get", "List Kubernetes objects",
-            _canned("NAME READY STATUS RESTARTS\ncheckout-7d9 1/1 Running 14\n"),
-        ),),
-        "prometheus-agent": (Tool(
-            "promql_query", "Run a PromQL query",
-            _canned("p99 latency 1.8s (was 0.9s); error rate 0.4%"),
-        ),),
-        "logs-agent": (Tool(
-            "logs_tail", "Tail recent log lines",
-            _canned("OOMKilled: container exceeded 512Mi at 02:14"),
-        ),),
+        "kubectl-agent": (box["kubectl_get"],),
+        "prometheus-agent": (box["promql_query"],),
+        "logs-agent": (box["logs_tail"],),
     }
 
 

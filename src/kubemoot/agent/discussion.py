@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -35,6 +35,7 @@ from kubemoot.agent.signals import (
     SignalMetadata,
     SignalSink,
     SignalType,
+    StandAsideReason,
 )
 from kubemoot.agent.toolloop import Tool
 from kubemoot.api import Phase
@@ -74,6 +75,9 @@ class AgentProfile:
     triage_static: StaticTarget | None = None
     system_prompt: str = "You are a member of an engineering crew."
     tools: tuple[Tool, ...] = ()
+    # phase → FailedScheduling message, for the phases the operator could not bind: the
+    # agent makes no call in them (the spec) and stands aside with the message
+    unschedulable: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +91,7 @@ class Settlement(StrEnum):
 
     SYNTHESIS = "synthesis"  # positions arrived and the coordinator synthesised them
     CAPACITY = "capacity"  # nobody spoke because no GPU could be had
+    UNSCHEDULABLE = "unschedulable"  # nobody spoke: their phase has no binding at all
     NO_CONTRIBUTION = "no-contribution"  # nobody spoke, for other reasons
     FAILED = "failed"  # positions arrived but the synthesis call itself failed
 
@@ -148,8 +153,9 @@ class Coordinator:
         self._remote = evaluate
 
     def select(self, thread: Thread, members: Sequence[AgentProfile]) -> list[AgentProfile]:
-        """Which members take part: every member with a mulling candidate."""
-        return [m for m in members if m.mulling]
+        """Which members take part: every member with a mulling candidate, and every
+        member whose mulling is unschedulable (it says so instead of calling)."""
+        return [m for m in members if m.mulling or MULLING in m.unschedulable]
 
     async def discuss(self, thread: Thread, members: Sequence[AgentProfile]) -> DiscussionResult:
         record = ListSink()
@@ -222,6 +228,13 @@ class Coordinator:
         self, agent: AgentProfile, thread: Thread, done: asyncio.Event, sink: SignalSink
     ) -> None:
         clock = self.runtime.clock
+        unschedulable = agent.unschedulable.get(MULLING)
+        if unschedulable is not None:
+            # no binding, no call: the phase stands aside with the operator's reason
+            sink.emit(Signal(SignalType.STAND_ASIDE, agent.id, thread.id, clock.now(),
+                             phase=MULLING, content=unschedulable,
+                             metadata=SignalMetadata(reason=StandAsideReason.UNSCHEDULABLE)))
+            return
         try:
             note = await self._triage(agent, thread, sink)
             if note is None:
@@ -308,11 +321,21 @@ class Coordinator:
     ) -> tuple[Settlement, str]:
         positions = [s for s in signals if s.is_position]
         if not positions:
-            answer = capacity_answer(CapacityRecord.from_signals(signals,
-                                                                 still_waiting=still_waiting))
+            record = CapacityRecord.from_signals(signals, still_waiting=still_waiting)
+            answer = capacity_answer(record)
             if answer is not None:
-                return Settlement.CAPACITY, answer
+                # only unschedulable phases kept the agents quiet: not the GPUs' doing
+                return (Settlement.CAPACITY if record.capacity
+                        else Settlement.UNSCHEDULABLE), answer
             return Settlement.NO_CONTRIBUTION, NO_CONTRIBUTION_TEXT
+        own = self.profile.unschedulable.get(MULLING)
+        if own is not None:
+            # the coordinator's own phase has no binding: no synthesis call is made
+            sink.emit(Signal(SignalType.STAND_ASIDE, self.profile.id, thread.id,
+                             self.runtime.clock.now(), phase=SYNTHESIS, content=own,
+                             metadata=SignalMetadata(reason=StandAsideReason.UNSCHEDULABLE)))
+            return Settlement.FAILED, (f"The coordinator could not write the answer: its "
+                                       f"mulling phase is unschedulable ({own}).")
         summary = "\n".join(f"- {s.agent} ({s.type.value}): {s.content}" for s in positions)
         messages = [
             {"role": "system", "content": self.profile.system_prompt},

@@ -1,13 +1,14 @@
 """One Agent as a process: what its Deployment's env says, and the process's life.
 
 The operator writes the binding into the Deployment's env (``KUBEMOOT_MODEL_MODEL``,
-``KUBEMOOT_MODEL_CANDIDATES_MULLING``, the triage model, the bound endpoints, and the
-declared sizes of the listed models in ``KUBEMOOT_MODEL_SIZES_MIB``); the
-crew's chart adds who the agent is (``KUBEMOOT_AGENT_NAME``, ``KUBEMOOT_AGENT_NAMESPACE``
-from the downward API, ``KUBEMOOT_CREW``, ``KUBEMOOT_AGENT_ROLE``).
-:func:`profile_from_env` turns that into the engine's
-:class:`~kubemoot.agent.discussion.AgentProfile`, and :func:`sizes_from_env` turns the
-sizes into the runtime's declarations; a malformed variable is an
+``KUBEMOOT_MODEL_CANDIDATES_MULLING``, the triage model, the bound endpoints, the
+declared sizes of the listed models in ``KUBEMOOT_MODEL_SIZES_MIB``, or a phase's
+``…_UNSCHEDULABLE_REASON`` instead of its binding) and the Agent's tools and prompt refs
+(:mod:`kubemoot.agent.spec_env`); the crew's chart adds who the agent is
+(``KUBEMOOT_AGENT_NAME``, ``KUBEMOOT_AGENT_NAMESPACE`` from the downward API,
+``KUBEMOOT_CREW``, ``KUBEMOOT_AGENT_ROLE``). :func:`profile_from_env` turns that into
+the engine's :class:`~kubemoot.agent.discussion.AgentProfile`, and :func:`sizes_from_env`
+turns the sizes into the runtime's declarations; a malformed variable is an
 :class:`~kubemoot.api.errors.InputError` naming it.
 
 :func:`serve_agent` runs the agent: the per-call runtime over the shared state, a
@@ -15,7 +16,10 @@ sizes into the runtime's declarations; a malformed variable is an
 and preloads through them, and a finished call re-probes its provider so the next
 placement sees the copy it left resident), and the agent's part in its crew —
 :class:`~kubemoot.agent.remote.CrewCoordinator` for the coordinator,
-:class:`~kubemoot.agent.remote.CrewMember` for everyone else.
+:class:`~kubemoot.agent.remote.CrewMember` for everyone else. Every discovery tick it
+reads the shared state again: the providers (probing its bound endpoints itself while
+there are none, :mod:`kubemoot.agent.direct`), the declared sizes the operator
+publishes, and the prompt files; the profile, static targets included, follows.
 """
 
 from __future__ import annotations
@@ -23,24 +27,30 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kubemoot.agent.crew import COORDINATOR_ROLE
+from kubemoot.agent.direct import DirectProbe, is_direct
 from kubemoot.agent.discussion import AgentProfile
 from kubemoot.agent.pool import ClientFactory
 from kubemoot.agent.remote import CrewCoordinator, CrewMember, CrewRef
-from kubemoot.agent.runtime import StaticTarget
+from kubemoot.agent.runtime import CallRecord, StaticTarget
+from kubemoot.agent.spec_env import enabled_tools, prompt_source
+from kubemoot.agent.toolloop import Tool
 from kubemoot.agent.wiring import build_stack
+from kubemoot.api import Phase
 from kubemoot.api.bounds import MAX_MIB
 from kubemoot.api.errors import InputError
 from kubemoot.clock import Clock
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient
+from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.placement import Candidate
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.store.bus import Bus
+from kubemoot.store.declared import MODEL_SIZES_BUCKET, read_declared_sizes
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET, ProviderState
 from kubemoot.store.protocol import KV, Bucket, StoreError
 
@@ -50,6 +60,7 @@ __all__ = [
     "ENV_AGENT_ROLE",
     "ENV_CREW",
     "ENV_MODEL_SIZES",
+    "ENV_UNSCHEDULABLE",
     "AgentIdentity",
     "ProviderDirectory",
     "profile_from_env",
@@ -72,6 +83,13 @@ ENV_TRIAGE_ENDPOINT = "KUBEMOOT_TRIAGE_MODEL_ENDPOINT"
 ENV_CANDIDATES_MULLING = "KUBEMOOT_MODEL_CANDIDATES_MULLING"
 ENV_CANDIDATES_TRIAGE = "KUBEMOOT_MODEL_CANDIDATES_TRIAGE"
 ENV_MODEL_SIZES = "KUBEMOOT_MODEL_SIZES_MIB"
+#: Set by the operator, instead of the phase's binding, while the phase is UNSCHEDULABLE:
+#: the FailedScheduling message. The agent makes no call in that phase.
+ENV_UNSCHEDULABLE: dict[str, str] = {
+    Phase.MULLING: "KUBEMOOT_MODEL_UNSCHEDULABLE_REASON",
+    Phase.TRIAGE: "KUBEMOOT_TRIAGE_MODEL_UNSCHEDULABLE_REASON",
+}
+#: Declared Model sizes the operator publishes: ``<model token>`` → ``{model, vramMiB}``.
 
 MAX_CANDIDATES = 256  # far more than a Model bundle holds; bounds a malformed variable
 
@@ -153,17 +171,40 @@ def sizes_from_env(env: Mapping[str, str]) -> dict[str, int]:
     return sizes
 
 
+def unschedulable_from_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Phase → FailedScheduling message, for the phases the operator could not bind."""
+    found: dict[str, str] = {}
+    for phase, variable in ENV_UNSCHEDULABLE.items():
+        reason = env.get(variable, "").strip()
+        if reason:
+            found[str(phase)] = reason
+    return found
+
+
 def profile_from_env(
     env: Mapping[str, str],
     identity: AgentIdentity,
     *,
     providers: Mapping[str, ProviderState] | None = None,
+    tools: Sequence[Tool] = (),
+    system_prompt: str | None = None,
 ) -> AgentProfile:
     """The engine's profile of this agent from its Deployment's env.
 
     ``providers`` (by name) resolves the bound endpoints to providers, for the static
-    fallback of calls that cannot wait; an endpoint no provider serves has none.
+    fallback of calls that cannot wait; an endpoint no provider serves has none, unless
+    there is no provider state at all (then the endpoint is all there is). ``tools``
+    and ``system_prompt`` come from the Agent's spec (:mod:`kubemoot.agent.spec_env`).
+    A phase with an unschedulable reason has no candidates: it makes no call.
     """
+    unschedulable = unschedulable_from_env(env)
+    if Phase.MULLING in unschedulable:
+        env = {k: v for k, v in env.items() if k not in (ENV_MODEL, ENV_MODEL_ENDPOINT,
+                                                         ENV_CANDIDATES_MULLING)}
+    if Phase.TRIAGE in unschedulable:
+        env = {k: v for k, v in env.items() if k not in (ENV_TRIAGE_MODEL_ID,
+                                                         ENV_TRIAGE_ENDPOINT,
+                                                         ENV_CANDIDATES_TRIAGE)}
     listed = _candidates(env, ENV_CANDIDATES_MULLING)
     bound = env.get(ENV_MODEL, "").strip()
     if bound and (not listed or listed[0].model != bound):
@@ -184,18 +225,38 @@ def profile_from_env(
         triage=(Candidate(triage_model),) if triage_model else (),
         mulling_static=_static(bound, env.get(ENV_MODEL_ENDPOINT, ""), states),
         triage_static=_static(triage_model, env.get(ENV_TRIAGE_ENDPOINT, ""), states),
-        system_prompt=f"You are {identity.name}, a {identity.role} in an engineering crew.",
+        system_prompt=system_prompt or
+        f"You are {identity.name}, a {identity.role} in an engineering crew.",
+        tools=tuple(tools),
+        unschedulable=unschedulable,
     )
 
 
 def _static(model: str, endpoint: str, states: Mapping[str, ProviderState]) -> StaticTarget | None:
+    """The provider serving the bound endpoint: the operator's, else a direct probe's;
+    with no provider state at all, the bare endpoint (the spec's last resort)."""
     endpoint = endpoint.strip().rstrip("/")
     if not model or not endpoint:
         return None
-    for state in states.values():
-        if state.endpoint.rstrip("/") == endpoint:
-            return StaticTarget(state.provider, endpoint, model, state.context_length)
+    serving = sorted((is_direct(s.provider), s.provider) for s in states.values()
+                     if s.endpoint.rstrip("/") == endpoint)
+    if serving:
+        state = states[serving[0][1]]
+        return StaticTarget(state.provider, endpoint, model, state.context_length)
+    if not states:
+        return StaticTarget(endpoint, endpoint, model)
     return None
+
+
+def bound_endpoints(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The endpoints the binding names, for the direct-probe fallback."""
+    return tuple(e for e in (env.get(ENV_MODEL_ENDPOINT, ""), env.get(ENV_TRIAGE_ENDPOINT, ""))
+                 if e.strip())
+
+
+async def _declare(book: OccupancyBook, bucket: Bucket) -> None:
+    for model, mib in (await read_declared_sizes(bucket)).items():
+        book.declare(model, mib)
 
 
 # -- providers -----------------------------------------------------------------------------
@@ -275,40 +336,74 @@ async def serve_agent(
     chat_factory: ClientFactory,
     clock: Clock,
     ready: Callable[[AgentProfile], None] | None = None,
+    toolbox: Mapping[str, Tool] | None = None,
+    on_record: Sequence[Callable[[CallRecord], None]] = (),
+    changed: Callable[[AgentProfile], None] | None = None,
 ) -> None:
     """Run one agent until cancelled; on the way out, threads in progress end and give
-    their tickets and plans back while the store is still open."""
+    their tickets and plans back while the store is still open.
+
+    ``toolbox`` holds the tools ``enabledTools`` may name; ``on_record`` listeners get
+    every finished call (the call log); ``changed`` hears of every new profile, as the
+    shared state moves the static targets or a ConfigMap edit changes the prompt.
+    """
+    tools = enabled_tools(env, toolbox or {})
+    prompts = prompt_source(env)
     states = await kv.bucket(PROVIDER_STATE_BUCKET)
+    sizes = await kv.bucket(MODEL_SIZES_BUCKET)
     directory = ProviderDirectory(states, make_client)
-    await directory.refresh()
-    profile = profile_from_env(env, identity, providers=directory.states)
-    declared = sizes_from_env(env)
     prober = Prober([], clock=clock, publish=publish_to_kv(states))
+    direct = DirectProbe(bound_endpoints(env), states=states, prober=prober,
+                         make_client=make_client)
 
     async def after_call(provider: str) -> None:
+        if is_direct(provider) and not direct.active:
+            return  # withdrawn: the operator's state covers the card now; do not revive it
         client = directory.get(provider)
         if client is not None:
             await prober.probe_one(client)
 
     stack = await build_stack(kv, clients=directory, client_factory=chat_factory, clock=clock,
-                              settings=settings, declared=declared, after_call=after_call)
-    part: CrewCoordinator | CrewMember
-    if identity.coordinates:
-        part = CrewCoordinator(bus, identity.crew, profile, stack.agents, settings)
-    else:
-        part = CrewMember(bus, identity.crew, profile, stack.agents, settings)
+                              settings=settings, declared=sizes_from_env(env),
+                              after_call=after_call)
+    for listener in on_record:
+        stack.agents.on_record(listener)
+
+    async def follow() -> AgentProfile:
+        """Read the shared state once: providers (probing directly while it has none),
+        declared sizes; the profile they give."""
+        await directory.refresh()
+        if await direct.step(directory.states):
+            await directory.refresh()
+        await _declare(stack.runtime.occupancy, sizes)
+        return profile_from_env(env, identity, providers=directory.states, tools=tools,
+                                system_prompt=prompts.reread() if prompts else None)
+
+    part: CrewCoordinator | CrewMember | None = None
     try:
+        profile = await follow()
+        if identity.coordinates:
+            part = CrewCoordinator(bus, identity.crew, profile, stack.agents, settings)
+        else:
+            part = CrewMember(bus, identity.crew, profile, stack.agents, settings)
         await part.start()
         if ready is not None:
             ready(profile)
-        while True:  # providers come and go; the directory follows the bucket
+        while True:  # providers come and go; the directory and the profile follow
             await clock.sleep(settings.discovery_seconds)
             try:
-                await directory.refresh()
+                latest = await follow()
             except StoreError as error:
                 log.warning("cannot read the providers' state: %s", error)
+                continue
+            if latest != profile:
+                # read on every use, so the next thread and roll call see it
+                profile = part.profile = latest
+                if changed is not None:
+                    changed(profile)
     finally:
-        await part.stop()
+        if part is not None:
+            await part.stop()
         with contextlib.suppress(Exception):
             await stack.close()
         await directory.close()
@@ -321,5 +416,10 @@ def describe(profile: AgentProfile) -> dict[str, Any]:
         "role": profile.role,
         "mulling": [c.model for c in profile.mulling],
         "triage": [c.model for c in profile.triage],
+        "tools": [t.name for t in profile.tools],
+        "unschedulable": dict(profile.unschedulable),
+        "static": {phase: f"{t.model} on {t.provider}" for phase, t in
+                   (("mulling", profile.mulling_static), ("triage", profile.triage_static))
+                   if t is not None},
     }
 

@@ -157,6 +157,7 @@ def record_from_wire(body: dict[str, Any]) -> CallRecord:
         return None if value is None else str(value)
 
     tokens = body.get("promptTokens")
+    decision = body.get("decision")
     return CallRecord(
         thread_id=str(body["threadId"]), agent=str(body["agent"]), phase=str(body["phase"]),
         model=text("model"), provider=text("provider"), endpoint=text("endpoint"),
@@ -166,12 +167,14 @@ def record_from_wire(body: dict[str, Any]) -> CallRecord:
         ok=bool(body.get("ok")), prompt_tokens=None if tokens is None else int(tokens),
         model_calls=int(body.get("modelCalls") or 0), reason=text("reason"),
         failure_type=text("failureType"),
+        decision=decision if isinstance(decision, dict) else None,
     )
 
 
 def _profile_to_wire(profile: AgentProfile) -> dict[str, Any]:
     return {"id": profile.id, "role": profile.role,
-            "mulling": [{"model": c.model, "score": c.score} for c in profile.mulling]}
+            "mulling": [{"model": c.model, "score": c.score} for c in profile.mulling],
+            "unschedulable": dict(profile.unschedulable)}
 
 
 def _profile_from_wire(body: dict[str, Any]) -> AgentProfile:
@@ -179,6 +182,7 @@ def _profile_from_wire(body: dict[str, Any]) -> AgentProfile:
         id=str(body["id"]), role=str(body["role"]),
         mulling=tuple(Candidate(str(c["model"]), float(c["score"]))
                       for c in body.get("mulling") or ()),
+        unschedulable={str(k): str(v) for k, v in (body.get("unschedulable") or {}).items()},
     )
 
 

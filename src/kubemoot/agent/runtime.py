@@ -36,6 +36,7 @@ from kubemoot.clock import Clock
 from kubemoot.runtime.held_plans import SelectionPlanner
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.planner import CallPlanner
+from kubemoot.runtime.record import call_decision
 from kubemoot.runtime.refusals import Reason
 from kubemoot.runtime.waiting import CapacityWaiter
 from kubemoot.store.protocol import StoreError
@@ -91,6 +92,9 @@ class CallRecord:
     model_calls: int = 0  # requests the engine received for this call (tool turns)
     reason: str | None = None
     failure_type: str | None = None
+    # the placement's bounded decision summary (runtime.record.call_decision), so the
+    # call log and `kubemoot ask -o json` say why the call ran where it did
+    decision: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +113,7 @@ class CallRecord:
             "modelCalls": self.model_calls,
             "reason": self.reason,
             "failureType": self.failure_type,
+            "decision": dict(self.decision) if self.decision is not None else None,
         }
 
 
@@ -463,6 +468,7 @@ class AgentRuntime:
             prompt_tokens=result.last_prompt_tokens or prompt_tokens,
             model_calls=result.model_calls,
             failure_type=failure.failure_type.value if failure is not None else None,
+            decision=call_decision(placement),
         )
         outcome.record = record
         self._books.records.append(record)

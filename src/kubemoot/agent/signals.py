@@ -44,6 +44,9 @@ class StandAsideReason(StrEnum):
     GPU_BUSY = "gpu-busy"
     MODEL_TOO_LARGE = "model-too-large"
     PROMPT_TOO_LARGE = "prompt-too-large"
+    # not capacity but scheduling: the operator found no Model for the phase and removed
+    # its binding (the signal's content is the FailedScheduling message)
+    UNSCHEDULABLE = "unschedulable"
 
 
 class FailureType(StrEnum):

@@ -6,10 +6,13 @@ operator bound for it (``KUBEMOOT_MODEL_*``), and the runtime's settings
 (``KUBEMOOT_*``); connects to NATS (``--nats`` or ``KUBEMOOT_NATS_URL``); and takes part
 in its crew's discussions until SIGTERM. The coordinator Agent answers questions asked
 with ``kubemoot ask``; every other Agent takes part when the coordinator selects it.
+The tools ``KUBEMOOT_AGENT_ENABLED_TOOLS`` may name are the demo's canned set; every
+finished call goes to the call log (``kubemoot_call_log``) for the dashboard.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import TYPE_CHECKING
 
@@ -32,6 +35,8 @@ if TYPE_CHECKING:
     from kubemoot.store.nats import NatsSettings
 
 READY_LINE = "kubemoot agent: ready"
+#: Printed at start and whenever the shared state moves a static target.
+STATIC_LINE = "kubemoot agent: static targets"
 
 
 def _given(flag_value: str | None, variable: str, flag: str, *, default: str | None = None
@@ -85,8 +90,14 @@ def agent_command(
                          "KUBEMOOT_NATS_URL)", field="--nats")
     settings = resolve_nats(nats, use_nats=True)
     assert settings is not None
-    profile_from_env(os.environ, identity)  # a malformed binding is exit 2, before connecting
+    # a malformed binding, an unknown tool or a missing prompt is exit 2, before connecting
+    from kubemoot.agent.demo import demo_toolbox
+    from kubemoot.agent.spec_env import enabled_tools, prompt_source
+
+    profile_from_env(os.environ, identity)
     sizes_from_env(os.environ)
+    enabled_tools(os.environ, demo_toolbox())
+    prompt_source(os.environ)
     from kubemoot.cli._shutdown import run_until_stopped
     from kubemoot.runtime.settings import RuntimeSettings
 
@@ -97,11 +108,13 @@ def agent_command(
 
 
 async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: RuntimeSettings) -> None:
+    from kubemoot.agent.demo import demo_toolbox
     from kubemoot.agent.discussion import AgentProfile
     from kubemoot.agent.pool import CallSettings
     from kubemoot.agent.process import describe, serve_agent
     from kubemoot.cli._ready import clear_ready, mark_ready
     from kubemoot.clock import SystemClock
+    from kubemoot.dashboard.calllog import CallLogWriter
     from kubemoot.providers.ollama import OllamaProvider
     from kubemoot.providers.protocol import ProviderClient
     from kubemoot.store.documents import ProviderState
@@ -125,16 +138,34 @@ async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: RuntimeSet
     def ready(profile: AgentProfile) -> None:
         mark_ready()  # the Pod's probes: joined the crew
         shown = describe(profile)
+        reason = shown["unschedulable"].get("mulling")
+        mulling = ", ".join(shown["mulling"]) or (
+            f"unschedulable ({reason})" if reason else "not bound yet")
+        tools = ", ".join(shown["tools"]) or "none"
         err_console.print(
             f"{READY_LINE}: {shown['agent']} ({shown['role']}) in crew {identity.crew} on "
-            f"NATS at {mask_servers(nats.servers)}; mulling "
-            f"{', '.join(shown['mulling']) or 'not bound yet'}",
+            f"NATS at {mask_servers(nats.servers)}; mulling {mulling}; tools {tools}",
             highlight=False, markup=False, soft_wrap=True)
+        changed(profile)
 
+    def changed(profile: AgentProfile) -> None:
+        static = describe(profile)["static"]
+        shown = "; ".join(f"{phase} {target}" for phase, target in static.items())
+        err_console.print(f"{STATIC_LINE}: {shown or 'none'}", highlight=False,
+                          markup=False, soft_wrap=True)
+
+    calllog = await CallLogWriter.open(kv)
     try:
         await serve_agent(kv, NatsBus(kv), identity, env=dict(os.environ), settings=tunables,
                           make_client=make_client, chat_factory=chat_client, clock=clock,
-                          ready=ready)
+                          ready=ready, toolbox=demo_toolbox(), on_record=[calllog.record],
+                          changed=changed)
     finally:
         clear_ready()
-        await kv.close()
+        try:
+            # the last calls' entries, before the store closes under them
+            await asyncio.wait_for(calllog.flush(), tunables.shutdown_grace_seconds)
+        except (TimeoutError, asyncio.CancelledError):
+            pass
+        finally:
+            await kv.close()

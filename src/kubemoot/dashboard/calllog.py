@@ -7,7 +7,8 @@ one key per call: ``<agent>.<call-id>``. Every key is written once by one proces
 writes need no compare-and-set, and the bucket's max age keeps it to recent history.
 The dashboard watches the bucket like the other three.
 
-The writer is wired in by whoever owns an ``AgentRuntime`` (``kubemoot demo`` does it);
+The writer is wired in by whoever owns an ``AgentRuntime`` (``kubemoot demo``,
+``kubemoot agent`` and the gateway do);
 it takes plain attribution fields so this module does not depend on the agent package.
 """
 
@@ -18,6 +19,7 @@ import contextlib
 import itertools
 import logging
 import secrets
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -57,6 +59,10 @@ class CallEntry(BaseModel):
     started_at: float
     seconds: float = 0.0
     ok: bool = True
+    failure_type: str | None = None
+    # the placement's bounded decision summary (options with seconds, failed gates,
+    # action, victims): why the call ran where it did
+    decision: dict[str, Any] | None = None
 
     def to_json(self) -> bytes:
         return self.model_dump_json(by_alias=True).encode("utf-8")
@@ -94,6 +100,10 @@ class CallRecordLike(Protocol):
     def seconds(self) -> float: ...
     @property
     def ok(self) -> bool: ...
+    @property
+    def failure_type(self) -> str | None: ...
+    @property
+    def decision(self) -> Mapping[str, Any] | None: ...
 
 
 class CallLogWriter:
@@ -130,7 +140,8 @@ class CallLogWriter:
             agent=call.agent, thread_id=call.thread_id, phase=call.phase, model=call.model,
             provider=call.provider, action=call.action, waited_seconds=call.waited_seconds,
             evicted=list(call.evicted), started_at=call.started_at, seconds=call.seconds,
-            ok=call.ok,
+            ok=call.ok, failure_type=call.failure_type,
+            decision=dict(call.decision) if call.decision is not None else None,
         )
         self._queue.put_nowait(entry)
         if self._task is None or self._task.done():

@@ -14,7 +14,7 @@ from typing import Any
 
 from kubemoot.api import Agent
 from kubemoot.gates import DecisionRecord, Outcome
-from kubemoot.operator.deployment import deployment_name, env_patch
+from kubemoot.operator.deployment import deployment_name, env_patch, spec_env
 from kubemoot.operator.events import EventRecorder, ObjectRef
 from kubemoot.operator.kube import (
     KubeClient,
@@ -174,6 +174,7 @@ class AgentWriter:
         """Template the binding's env into the Deployment; the DeploymentPatched condition."""
         if not env:
             return None  # nothing bound yet: leave the Deployment as the crew wrote it
+        env = {**env, **spec_env(agent)}  # the tools and prompts the agent process honours
         namespace = agent.namespace or "default"
         name = deployment_name(agent)
         path = deployment_path(namespace, name)

@@ -15,15 +15,27 @@ evidence it waits for may come with the next probe.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from kubemoot.api import Agent
 from kubemoot.scheduling.bind import ENV_BINDING, ENV_UNSCHEDULABLE, unset_variables
 
-__all__ = ["AGENT_CONTAINER", "carries_binding", "deployment_name", "env_patch"]
+__all__ = ["AGENT_CONTAINER", "carries_binding", "deployment_name", "env_patch", "spec_env"]
 
 AGENT_CONTAINER = "agent"
+#: The Agent's spec the agent process honours (kubemoot.agent.spec_env reads them).
+ENV_ENABLED_TOOLS = "KUBEMOOT_AGENT_ENABLED_TOOLS"
+ENV_PROMPT_REFS = "KUBEMOOT_AGENT_PROMPT_REFS"
+
+
+def spec_env(agent: Agent) -> dict[str, str]:
+    """``spec.enabledTools`` and ``spec.promptRefs`` as JSON lists, written with every
+    binding (``[]`` included: a patch only sets variables, so an emptied list must be
+    overwritten to reach the pod)."""
+    return {ENV_ENABLED_TOOLS: json.dumps(agent.spec.enabled_tools),
+            ENV_PROMPT_REFS: json.dumps(agent.spec.prompt_refs)}
 
 
 def deployment_name(agent: Agent) -> str:

@@ -9,10 +9,12 @@ is its cost in seconds — lower wins — so the ranked list reads cheapest firs
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from kubemoot.gates.record import CandidateResult, DecisionRecord
 from kubemoot.gates.results import GateResult, Outcome, Standing, standing
 from kubemoot.runtime.cost import Option, OptionKind
+from kubemoot.runtime.placement import Placement
 
 SCHEDULER_VERSION = "kubemoot-runtime/0.1"
 SCORING_POLICY_VERSION = "call-cost-seconds/v1 (lower wins)"
@@ -63,3 +65,43 @@ def build_record(
         reason=reason,
         recheck_triggers=RECHECK_TRIGGERS,
     )
+
+
+#: How much of a placement's decision travels with its call record. The full record of
+#: a busy fleet lists every provider × model option and all their gates; the call log
+#: keeps one document per call, so it keeps the cheapest options and the first
+#: failures, and says how many it left out.
+CALL_DECISION_OPTIONS = 8
+CALL_DECISION_FAILURES = 8
+
+
+def call_decision(placement: Placement) -> dict[str, Any]:
+    """The bounded summary of one placement that travels with its call record.
+
+    What a person asks of one call: what it did (``action``), what it cost to choose
+    (``options`` with their seconds, cheapest first), what was ruled out and why
+    (``failedGates``), and whom it pushed out (``victims``). JSON-ready, camelCase.
+    """
+    options = sorted(placement.options, key=lambda o: o.seconds)
+    failed: list[dict[str, Any]] = []
+    record = placement.decision
+    if record is not None:
+        for cid, candidate in record.candidates.items():
+            for gate in candidate.failures:
+                failed.append({"candidate": cid, "gate": gate.gate, "reason": gate.reason})
+    summary: dict[str, Any] = {
+        "action": placement.action.value,
+        "chosen": record.chosen if record is not None else None,
+        "outcome": record.outcome.value if record is not None else None,
+        "reason": placement.reason or (record.reason if record is not None else None),
+        "victims": list(placement.evicted),
+        "options": [o.to_dict() for o in options[:CALL_DECISION_OPTIONS]],
+        "failedGates": failed[:CALL_DECISION_FAILURES],
+    }
+    left = {"options": len(options) - CALL_DECISION_OPTIONS,
+            "failedGates": len(failed) - CALL_DECISION_FAILURES}
+    if any(n > 0 for n in left.values()):
+        summary["leftOut"] = {k: n for k, n in left.items() if n > 0}
+    if record is not None:
+        summary["schedulerVersion"] = record.scheduler_version
+    return summary

@@ -6,6 +6,7 @@
 const GiB = 1024;
 let latest = null;          // the last snapshot
 let receivedAt = 0;         // when it arrived (browser clock), to age it between events
+let chosenCall = null;      // the key of the call whose decision is open (a chip clicked)
 window.kubemootUpdates = 0; // how many snapshots this page has drawn (tests read it)
 
 function el(tag, attrs, ...children) {
@@ -78,10 +79,14 @@ function providerCard(p, fresh) {
     models);
 }
 
+function callKey(c) { return `${c.agent} ${c.threadId} ${c.phase} ${c.startedAt}`; }
+
 function callChip(c) {
   const gpu = c.provider || "static";
+  const key = callKey(c);
   return el("span", {
-      class: "call" + (c.ok ? "" : " failed"), "data-testid": "call",
+      class: "call" + (c.ok ? "" : " failed") + (key === chosenCall ? " chosen" : ""),
+      "data-testid": "call", "data-key": key, role: "button", tabindex: 0,
       "data-agent": c.agent, "data-provider": c.provider || "", "data-model": c.model || "",
       "data-phase": c.phase, "data-evicted": (c.evicted || []).join(","),
       style: `background:hsl(${hue(gpu)} 70% 94%)`,
@@ -91,6 +96,39 @@ function callChip(c) {
     el("span", { class: "model" }, c.model || "?"),
     el("span", { class: "phase" }, c.phase),
     c.evicted && c.evicted.length ? el("span", { class: "evicted" }, "evicted " + c.evicted.join(", ")) : null);
+}
+
+// One call's decision: the options it was priced against (seconds, cheapest first),
+// the gates that ruled copies out, and what it did. Opened by clicking its chip.
+function callDetail(calls) {
+  const panel = document.getElementById("call-detail");
+  const c = calls.find(call => callKey(call) === chosenCall);
+  if (!c) { panel.hidden = true; panel.replaceChildren(); return; }
+  const d = c.decision;
+  const head = el("h3", {}, `${c.agent} · ${c.phase} · ${c.action} on ${c.provider || "static"}`
+    + (c.model ? ` (${c.model})` : ""));
+  if (!d) {
+    panel.replaceChildren(head, el("p", { class: "empty" }, "This call carries no decision record."));
+    panel.hidden = false;
+    return;
+  }
+  const options = el("table", { "data-testid": "decision-options" },
+    el("thead", {}, el("tr", {}, ["kind", "provider", "model", "seconds", "victims"].map(h => el("th", {}, h)))),
+    el("tbody", {}, d.options.length ? d.options.map(o => el("tr", {
+        class: `${o.provider}/${o.model}` === d.chosen ? "chosen" : "" },
+      el("td", {}, o.kind), el("td", {}, o.provider), el("td", {}, o.model),
+      el("td", {}, o.seconds.toFixed(2)), el("td", {}, (o.victims || []).join(", ") || "—")))
+      : [el("tr", { class: "empty" }, el("td", { colspan: 5 }, "no option was priced"))]));
+  const gates = el("ul", { "data-testid": "decision-gates" },
+    d.failedGates.length ? d.failedGates.map(g => el("li", {}, `${g.candidate}: ${g.gate} — ${g.reason}`))
+      : [el("li", { class: "empty" }, "no gate failed")]);
+  const cut = d.leftOut ? Object.entries(d.leftOut).map(([k, n]) => `${n} more ${k}`).join(", ") : "";
+  panel.replaceChildren(head,
+    el("p", {}, `chosen ${d.chosen || "—"} · victims ${(d.victims || []).join(", ") || "none"}`
+      + (d.reason ? ` · ${d.reason}` : "") + (cut ? ` · not shown: ${cut}` : "")),
+    el("h4", {}, "Options (seconds before the call can start)"), options,
+    el("h4", {}, "Gates that failed"), gates);
+  panel.hidden = false;
 }
 
 function fillTable(id, rows, empty, columns) {
@@ -112,6 +150,7 @@ function draw() {
     el("td", {}, el("div", { class: "calls" }, a.recent.map(callChip))),
     el("td", {}, a.waitedSeconds.toFixed(1) + " s"),
     el("td", {}, a.evictions))), "No call has finished yet.", 5);
+  callDetail(s.agents.flatMap(a => a.recent));
   const now = s.now + drift();
   fillTable("tickets", s.tickets.map(t => el("tr", { "data-ticket": t.ticketId },
     el("td", {}, t.provider), el("td", {}, t.model), el("td", {}, t.state),
@@ -159,6 +198,17 @@ function connect() {
     status.textContent = "reconnecting…";
   };
 }
+
+// One listener for every chip, present and future (the table is redrawn on each update).
+function chooseCall(event) {
+  const chip = event.target.closest('[data-testid="call"]');
+  if (!chip) return;
+  if (event.type === "keydown" && event.key !== "Enter" && event.key !== " ") return;
+  chosenCall = chosenCall === chip.dataset.key ? null : chip.dataset.key;
+  draw();
+}
+document.getElementById("agents").addEventListener("click", chooseCall);
+document.getElementById("agents").addEventListener("keydown", chooseCall);
 
 connect();
 setInterval(draw, 1000); // ages move between events

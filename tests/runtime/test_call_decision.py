@@ -1,0 +1,60 @@
+"""The decision summary a call record carries: bounded, cheapest options first, with
+the gates that ruled copies out."""
+
+from __future__ import annotations
+
+from kubemoot.gates import GateResult, Outcome
+from kubemoot.runtime.cost import Option, OptionKind
+from kubemoot.runtime.placement import Action, Placement
+from kubemoot.runtime.record import (
+    CALL_DECISION_FAILURES,
+    CALL_DECISION_OPTIONS,
+    build_record,
+    call_decision,
+    option_id,
+)
+
+
+def _placement(options: int, failed: int) -> Placement:
+    priced = [Option(OptionKind.COLD_LOAD, f"gpu-{i:02d}", "qwen3:8b", float(options - i))
+              for i in range(options)]
+    chosen = priced[-1]  # the cheapest
+    gates = {option_id(o): [GateResult.pass_("vram", "fits")] for o in priced}
+    for i in range(failed):
+        gates[f"full-{i:02d}/qwen3:8b"] = [GateResult.pass_("ready", "up"), GateResult.fail(
+            "fit", "not enough free VRAM beside the residents", residentMiB=7000)]
+    record = build_record(subject="call", gates=gates, options=priced, chosen=chosen,
+                          outcome=Outcome.PLACE, reason="cheapest")
+    return Placement(Action.UNLOAD, provider=chosen.provider, model=chosen.model,
+                     evicted=("phi3:mini",), options=tuple(priced), decision=record,
+                     reason="cheapest")
+
+
+def test_a_small_decision_is_kept_whole() -> None:
+    summary = call_decision(_placement(options=3, failed=1))
+
+    assert summary["action"] == "unload" and summary["victims"] == ["phi3:mini"]
+    assert summary["chosen"] == "gpu-02/qwen3:8b" and summary["outcome"] == "PLACE"
+    assert [o["seconds"] for o in summary["options"]] == [1.0, 2.0, 3.0]
+    assert summary["failedGates"] == [{"candidate": "full-00/qwen3:8b", "gate": "fit",
+                                       "reason": "not enough free VRAM beside the residents"}]
+    assert "leftOut" not in summary
+
+
+def test_a_large_decision_keeps_the_cheapest_options_and_counts_what_it_cut() -> None:
+    summary = call_decision(_placement(options=20, failed=11))
+
+    assert len(summary["options"]) == CALL_DECISION_OPTIONS
+    assert [o["seconds"] for o in summary["options"]] == [float(s) for s in range(1, 9)]
+    assert len(summary["failedGates"]) == CALL_DECISION_FAILURES
+    assert summary["leftOut"] == {"options": 20 - CALL_DECISION_OPTIONS,
+                                  "failedGates": 11 - CALL_DECISION_FAILURES}
+
+
+def test_a_placement_without_a_record_still_says_what_it_did() -> None:
+    summary = call_decision(Placement(Action.STATIC, provider="gpu-a", model="qwen3:8b",
+                                      reason="no GPU free now; the call cannot wait"))
+
+    assert summary["action"] == "static" and summary["chosen"] is None
+    assert summary["options"] == [] and summary["failedGates"] == []
+    assert summary["reason"] == "no GPU free now; the call cannot wait"

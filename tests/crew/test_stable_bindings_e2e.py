@@ -55,7 +55,8 @@ async def start(path: ClusterPath, name: str, ready_file: Path) -> AgentProcess:
     """`kubemoot agent` with its Deployment's env and a ready file for its probes."""
     env = container_env(path.cluster, name)
     assert env[ENV_AGENT_NAME] == name
-    env.update(KUBEMOOT_NATS_URL=path.nats_url, KUBEMOOT_READY_FILE=str(ready_file))
+    env.update(KUBEMOOT_NATS_URL=path.nats_url, KUBEMOOT_READY_FILE=str(ready_file),
+               KUBEMOOT_PROMPTS_DIR=str(path.prompts))  # the ConfigMap volume's mount
     ready_file.write_text("left by an earlier run\n")  # must not vouch for this one
     agent = await AgentProcess.start({**path.base, **env, **FAST_ENV})
     path.agents[name] = agent

@@ -115,6 +115,7 @@ class GatewayServer:
         self._http: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.health: GatewayHealth | None = None
+        self.guard: Guard | None = None
         self._web = HttpServer(host, port, drain_seconds=self.settings.drain_seconds,
                                backlog=_LISTEN_BACKLOG,
                                header_timeout=self.settings.header_timeout_seconds,
@@ -189,8 +190,9 @@ class GatewayServer:
             unready_after_failures=self.settings.unready_after_failures)
         health.start()
         app.app.router.routes[0:0] = health.routes()  # first: they win over app's own
-        guard = Guard(app.app, GuardPolicy.of(self.settings, bound_host=self.host),
-                      store_lost=health.store_lost)
+        guard = self.guard = Guard(app.app, GuardPolicy.of(self.settings,
+                                                           bound_host=self.host),
+                                   store_lost=health.store_lost)
         return AccessLog(guard, on_outcome=health.outcome)
 
     async def _reprobe(self, provider: str) -> None:

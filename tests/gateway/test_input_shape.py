@@ -18,14 +18,14 @@ USER = '{"role": "user", "content": "hi"}'
 
 
 @pytest.mark.parametrize(("path", "body", "words"), [
-    ("/api/chat", '{"model": "small:1b", "messages": [%s], "options": {"temperature": NaN}}'
-     % USER, "NaN is not a JSON number"),
-    ("/api/chat", '{"model": "small:1b", "messages": [%s], "options": {"top_p": Infinity}}'
-     % USER, "Infinity is not a JSON number"),
+    ("/api/chat", f'{{"model": "small:1b", "messages": [{USER}], '
+     '"options": {"temperature": NaN}}', "NaN is not a JSON number"),
+    ("/api/chat", f'{{"model": "small:1b", "messages": [{USER}], '
+     '"options": {"top_p": Infinity}}', "Infinity is not a JSON number"),
     ("/api/generate", '{"model": "small:1b", "prompt": "x", "seed": -Infinity}',
      "-Infinity is not a JSON number"),
-    ("/v1/chat/completions", '{"model": "small:1b", "messages": [%s], "temperature": NaN}'
-     % USER, "NaN is not a JSON number"),
+    ("/v1/chat/completions", f'{{"model": "small:1b", "messages": [{USER}], '
+     '"temperature": NaN}', "NaN is not a JSON number"),
     ("/api/chat", '{"model": "small:1b", "messages": [{"role": "assistant", "content": "",'
      ' "tool_calls": 5}]}', "messages[0].tool_calls must be a list"),
     ("/api/chat", '{"model": "small:1b", "messages": [{"role": "assistant", "content": "",'
@@ -64,7 +64,7 @@ async def test_a_client_that_leaves_mid_body_is_no_error(
     caplog.set_level(logging.INFO, logger="kubemoot")
     where = urlsplit(fleet.url)
     assert where.hostname is not None and where.port is not None
-    reader, writer = await asyncio.open_connection(where.hostname, where.port)
+    _reader, writer = await asyncio.open_connection(where.hostname, where.port)
     writer.write(b"POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                  b"application/json\r\nContent-Length: 400\r\n\r\n{\"model\": ")
     await writer.drain()

@@ -89,7 +89,7 @@ async def test_past_the_concurrency_limit_the_answer_is_503_at_once(
         tight: GatewayServer) -> None:
     assert tight.guard is not None
     guard = tight.guard
-    reader, writer = await _connect(tight.url)
+    _reader, writer = await _connect(tight.url)
     # a request whose body is still coming holds the one place
     writer.write(b"POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                  b"application/json\r\nContent-Length: 500\r\n\r\n{")
@@ -121,7 +121,7 @@ async def two_places(make_emulator: Callable[..., OllamaEmulator]
 async def test_bodies_held_together_are_bounded(two_places: GatewayServer) -> None:
     assert two_places.guard is not None
     guard = two_places.guard
-    reader, writer = await _connect(two_places.url)
+    _reader, writer = await _connect(two_places.url)
     writer.write(b"POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                  b"application/json\r\nContent-Length: 5000\r\n\r\n" + b" " * 800)
     await writer.drain()

@@ -126,3 +126,25 @@ async def test_one_access_line_per_call_and_per_server_metrics(
                    f'kubemoot_gateway_tokens_total{{kind="completion",provider="{provider}"}}',
                    f'kubemoot_gateway_queue_depth{{model="small:1b",provider="{provider}"}}'):
         assert series in text, series
+
+
+async def test_probes_need_no_key_but_the_providers_page_does(keyed: Fleet) -> None:
+    async with httpx.AsyncClient(base_url=keyed.url) as http:
+        assert (await http.get("/healthz")).status_code == 200
+        assert (await http.get("/readyz")).status_code == 200
+        assert (await http.get("/api/kubemoot/providers")).status_code == 401
+        page = await http.get("/api/kubemoot/providers",
+                              headers={"Authorization": "Bearer sk-alice-secret"})
+        assert page.status_code == 200
+        assert [p["provider"] for p in page.json()["providers"]] == ["gpu-a"]
+
+
+def test_cli_log_level_must_be_a_level() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "from kubemoot.cli import main; main()",
+                           "gateway", "--provider", "http://127.0.0.1:1", "--log-level",
+                           "loud"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "--log-level" in done.stderr and "Traceback" not in done.stderr

@@ -5,7 +5,8 @@
   shared store answers, at least one provider is ready, and the inference path works
   (not every ready provider's circuit is open, and the last calls did not all fail).
 * ``GET /api/kubemoot/providers`` — each server: its probed state, circuit, copies
-  with their expiry, tickets, the last probe, and the queue per model.
+  with their expiry, tickets, the last probe, and the queue per model (it needs an
+  API key when the gateway has keys; the probes never do: load balancers send none).
 
 :class:`GatewayHealth` also watches the store (:class:`~kubemoot.store.health.StoreHealth`)
 and says at WARNING, once, when it is lost and when it is back — a lost store turns
@@ -26,6 +27,8 @@ from starlette.routing import Route
 
 from kubemoot import metrics
 from kubemoot.agent.wiring import RuntimeStack
+from kubemoot.gateway.errors import GatewayError, error_response
+from kubemoot.gateway.keys import ApiKeys
 from kubemoot.runtime.snapshot import FleetSnapshot, ProviderSnapshot
 from kubemoot.store.health import StoreHealth
 from kubemoot.store.protocol import Bucket, StoreError
@@ -42,8 +45,9 @@ class GatewayHealth:
     """Readiness of one gateway over its runtime stack; :meth:`routes` serves it."""
 
     def __init__(self, stack: RuntimeStack, states: Bucket, *, check_seconds: float,
-                 unready_after_failures: int) -> None:
+                 unready_after_failures: int, keys: ApiKeys | None = None) -> None:
         self.stack = stack
+        self.keys = keys  # the providers page shows the fleet: a key when keys are on
         self.store = StoreHealth(states, clock=stack.clock, every=check_seconds)
         self.store.on_change(self._store_changed)
         self.unready_after_failures = max(1, unready_after_failures)
@@ -133,6 +137,11 @@ class GatewayHealth:
                             headers={} if ok else {"Retry-After": "1"})
 
     async def _providers(self, request: Request) -> Response:
+        if self.keys is not None:
+            try:
+                self.keys.caller(request.headers.get("authorization"))
+            except GatewayError as error:
+                return error_response(error, openai=False)
         return JSONResponse(await self._servers())
 
     async def _servers(self) -> dict[str, Any]:

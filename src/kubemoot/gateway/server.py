@@ -187,7 +187,7 @@ class GatewayServer:
         health = self.health = GatewayHealth(
             self.stack, self.stack.runtime.states,
             check_seconds=self.runtime.store_check_seconds,
-            unready_after_failures=self.settings.unready_after_failures)
+            unready_after_failures=self.settings.unready_after_failures, keys=self.keys)
         health.start()
         app.app.router.routes[0:0] = health.routes()  # first: they win over app's own
         guard = self.guard = Guard(app.app, GuardPolicy.of(self.settings,

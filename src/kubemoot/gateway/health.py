@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 from kubemoot import metrics
 from kubemoot.agent.wiring import RuntimeStack
+from kubemoot.clock import SystemClock
 from kubemoot.gateway.errors import GatewayError, error_response
 from kubemoot.gateway.keys import ApiKeys
 from kubemoot.runtime.snapshot import FleetSnapshot, ProviderSnapshot
@@ -48,7 +49,9 @@ class GatewayHealth:
                  unready_after_failures: int, keys: ApiKeys | None = None) -> None:
         self.stack = stack
         self.keys = keys  # the providers page shows the fleet: a key when keys are on
-        self.store = StoreHealth(states, clock=stack.clock, every=check_seconds)
+        # Real time, whatever clock the runtime was given: the check watches real I/O,
+        # and an injected test clock's sleep would move the runtime's time on.
+        self.store = StoreHealth(states, clock=SystemClock(), every=check_seconds)
         self.store.on_change(self._store_changed)
         self.unready_after_failures = max(1, unready_after_failures)
         self.failures_in_a_row = 0

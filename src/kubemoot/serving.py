@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import socket
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterator, Mapping
 
 import h11
 import uvicorn
+from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -84,9 +86,25 @@ def server_config(app: ASGIApp, *, drain_seconds: int, log_level: str = "warning
     class Protocol(_HeaderDeadline):
         deadline = header_timeout
 
+    uvicorn_errors = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _ClientLeft) for f in uvicorn_errors.filters):
+        uvicorn_errors.addFilter(_ClientLeft())
+
     return uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
                           timeout_graceful_shutdown=drain_seconds, http=Protocol,
                           timeout_keep_alive=max(1, math.ceil(idle_timeout)))
+
+
+class _ClientLeft(logging.Filter):
+    """Drops uvicorn's traceback for a client that hung up while sending its body.
+
+    The app learns of it as ``ClientDisconnect`` from the body read; nobody is left to
+    answer and nothing on the server went wrong, so it is no "Exception in ASGI
+    application".
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], ClientDisconnect))
 
 
 class _HeaderDeadline(H11Protocol):

@@ -76,3 +76,24 @@ async def test_a_client_that_leaves_mid_body_is_no_error(
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
     lines = [r.getMessage() for r in caplog.records if r.name == "kubemoot.gateway.access"]
     assert any("POST /api/chat 499" in line for line in lines), lines
+
+
+async def test_the_emulator_says_nothing_either_when_a_client_leaves_mid_body(
+        fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    emulator = fleet.emulators["gpu-a"]
+    where = urlsplit(emulator.url)
+    assert where.hostname is not None and where.port is not None
+    reader, writer = await asyncio.open_connection(where.hostname, where.port)
+    writer.write(b"POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                 b"application/json\r\nContent-Length: 400\r\n\r\n{\"model\": ")
+    await writer.drain()
+    server = emulator._server  # the emulator's uvicorn: its live requests are the event
+    assert server is not None
+    state = server.server_state
+    await wait_until(lambda: bool(state.tasks), timeout=30, what="the request begun")
+    writer.close()
+    await wait_until(lambda: not state.tasks and not state.connections, timeout=30,
+                     what="the emulator done with the request")
+    await reader.read()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -216,6 +216,7 @@ class GatewayServer:
         if self.desk is not None:
             for call in list(self.desk.in_flight):
                 await call.close(ok=None)
+            await self._until_released()
         if self.stack is not None:
             await self.stack.close()
         if self._http is not None:
@@ -223,6 +224,28 @@ class GatewayServer:
         for client in self.clients.values():
             with contextlib.suppress(Exception):
                 await client.close()
+
+    async def _until_released(self) -> None:
+        """Wait for releases already under way (a call the shutdown cut is released in
+        the background) before the store closes under them; bounded, since the ticket's
+        TTL reclaims it anyway."""
+        desk = self.desk
+        if desk is None or not desk.in_flight:
+            return
+        empty = asyncio.Event()
+
+        def released(_record: CallRecord) -> None:
+            if not desk.in_flight:
+                empty.set()
+
+        desk.listeners.append(released)
+        try:
+            await asyncio.wait_for(empty.wait(), self.settings.listing_timeout_seconds)
+        except TimeoutError:
+            log.warning("gateway: %d call(s) still releasing their tickets at shutdown; "
+                        "their TTL will reclaim them", len(desk.in_flight))
+        finally:
+            desk.listeners.remove(released)
 
     async def __aenter__(self) -> GatewayServer:
         await self.start()

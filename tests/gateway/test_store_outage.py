@@ -103,27 +103,3 @@ async def test_calls_are_503_while_the_store_is_gone_and_succeed_after(
         said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert any("answers again" in line for line in said), said
 
-
-async def test_store_operations_fail_at_once_while_nats_reconnects(nats: NatsServer) -> None:
-    """nats-py would hold each request until its timeout while it reconnects; the store
-    says it is away at once, so no caller's budget goes to timeouts."""
-    from kubemoot.store.protocol import StoreUnavailable
-
-    kv = await NatsKV.connect(NatsSettings(servers=[nats.url], max_reconnect_attempts=-1,
-                                           reconnect_wait=0.1, request_timeout=30.0))
-    try:
-        bucket = await kv.bucket("kubemoot_outage_check")
-        await bucket.put("k", b"v")
-        await nats.stop()
-        await wait_until(lambda: kv.connection.is_reconnecting, timeout=60,
-                         what="the client reconnecting")
-        for operation in (bucket.get("k"), bucket.put("k", b"w"), bucket.keys()):
-            with pytest.raises(StoreUnavailable, match="reconnecting"):
-                await operation
-        await nats.start()
-        await wait_until(lambda: kv.connection.is_connected, timeout=60,
-                         what="the client connected again")
-        entry = await bucket.get("k")
-        assert entry is not None and entry.value == b"v"
-    finally:
-        await kv.close()

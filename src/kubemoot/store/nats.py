@@ -171,7 +171,6 @@ class NatsBucket:
         self._js = js
 
     async def get(self, key: str) -> Entry | None:
-        self._owner._reachable(f"get {self.name}/{key}")
         with _edge(f"get {self.name}/{key}"):
             try:
                 try:
@@ -190,7 +189,6 @@ class NatsBucket:
 
     async def create(self, key: str, value: bytes, *, ttl: float | None = None) -> int:
         msg_ttl = None if ttl is None else max(1, math.ceil(ttl))
-        self._owner._reachable(f"create {self.name}/{key}")
         with _edge(f"create {self.name}/{key}"):
             try:
                 return int(await self._kv.create(key, value, msg_ttl=msg_ttl))
@@ -198,7 +196,6 @@ class NatsBucket:
                 raise KeyExists(f"bucket {self.name!r}: key {key!r} already exists") from error
 
     async def update(self, key: str, value: bytes, *, expected_revision: int) -> int:
-        self._owner._reachable(f"update {self.name}/{key}")
         with _edge(f"update {self.name}/{key}"):
             try:
                 return int(await self._kv.update(key, value, last=expected_revision))
@@ -208,12 +205,10 @@ class NatsBucket:
                 ) from error
 
     async def put(self, key: str, value: bytes) -> int:
-        self._owner._reachable(f"put {self.name}/{key}")
         with _edge(f"put {self.name}/{key}"):
             return int(await self._kv.put(key, value))
 
     async def delete(self, key: str, *, expected_revision: int | None = None) -> None:
-        self._owner._reachable(f"delete {self.name}/{key}")
         with _edge(f"delete {self.name}/{key}"):
             try:
                 await self._kv.delete(key, last=expected_revision)
@@ -226,7 +221,6 @@ class NatsBucket:
                 ) from error
 
     async def keys(self) -> list[str]:
-        self._owner._reachable(f"keys {self.name}")
         with _edge(f"keys {self.name}"):
             try:
                 return sorted(await self._kv.keys())
@@ -313,17 +307,6 @@ class NatsKV:
                     mask_servers(self._settings.servers),
                     self._settings.max_reconnect_attempts, self._retry_seconds)
         self._rebuilding = asyncio.get_running_loop().create_task(self._rebuild())
-
-    def _reachable(self, what: str) -> None:
-        """Fail at once while the connection is down.
-
-        nats-py queues a request made while it reconnects and answers it only at
-        ``request_timeout``: every store operation would then cost that long, and a
-        call's wait budget would be spent on timeouts rather than on waiting for a GPU.
-        """
-        if self._nc.is_reconnecting or self._nc.is_closed:
-            state = "reconnecting" if self._nc.is_reconnecting else "closed"
-            raise StoreUnavailable(f"{what}: the NATS connection is {state}")
 
     @property
     def _retry_seconds(self) -> float:

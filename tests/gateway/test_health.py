@@ -117,6 +117,7 @@ async def test_one_access_line_per_call_and_per_server_metrics(
     calls = [line for line in lines if "POST /api/chat" in line]
     assert len(calls) == 1, lines
     assert f"provider={provider} model=small:1b" in calls[0]
+    assert calls[0].startswith("127.0.0.1 anonymous POST /api/chat 200 ")
     assert "first_byte=" in calls[0] and "tokens=" in calls[0]
     assert not any("/healthz" in line for line in lines)
     for series in (f'kubemoot_gateway_calls_total{{provider="{provider}",route="/api/chat",'

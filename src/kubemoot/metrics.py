@@ -18,6 +18,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
@@ -34,7 +35,13 @@ __all__ = [
     "DECISIONS",
     "ERRORS_SURVIVED",
     "EVICTIONS",
+    "GATEWAY_CALLS",
+    "GATEWAY_CALL_SECONDS",
+    "GATEWAY_FIRST_BYTE_SECONDS",
+    "GATEWAY_QUEUE",
     "GATEWAY_REQUESTS",
+    "GATEWAY_SHED",
+    "GATEWAY_TOKENS",
     "LEASE_RENEWALS",
     "PLACEMENT_SECONDS",
     "PROBE_ERRORS",
@@ -149,8 +156,54 @@ RECONCILES = Counter(
 )
 GATEWAY_REQUESTS = Counter(
     "kubemoot_gateway_requests",
-    "Requests the gateway answered, by route (last path segment) and HTTP status.",
+    "Requests the gateway answered, by route template (a closed set: never the path "
+    "a client sent) and HTTP status.",
     ["route", "status"],
+    registry=REGISTRY,
+)
+GATEWAY_SHED = Counter(
+    "kubemoot_gateway_refused_at_the_door",
+    "Requests the gateway's guard refused before any handler ran, by reason (host, "
+    "origin, concurrency, buffered-bodies).",
+    ["reason"],
+    registry=REGISTRY,
+)
+# Labels of the per-server series: the provider a call was placed on (the fleet's own
+# names) and the route template, never anything a client chooses freely.
+GATEWAY_CALLS = Counter(
+    "kubemoot_gateway_calls",
+    "Inference calls the gateway answered, by provider, route template and status.",
+    ["provider", "route", "status"],
+    registry=REGISTRY,
+)
+GATEWAY_CALL_SECONDS = Histogram(
+    "kubemoot_gateway_call_seconds",
+    "Seconds from a call's arrival to the last byte of its reply, by provider.",
+    ["provider"],
+    buckets=_WAIT_BUCKETS,
+    registry=REGISTRY,
+)
+GATEWAY_FIRST_BYTE_SECONDS = Histogram(
+    "kubemoot_gateway_first_token_seconds",
+    "Seconds from a call's arrival to the first byte of its reply body (the first "
+    "token of a stream), by provider.",
+    ["provider"],
+    buckets=_WAIT_BUCKETS,
+    registry=REGISTRY,
+)
+GATEWAY_TOKENS = Counter(
+    "kubemoot_gateway_tokens",
+    "Tokens the engines reported for the gateway's calls, by provider and kind "
+    "(prompt, completion).",
+    ["provider", "kind"],
+    registry=REGISTRY,
+)
+GATEWAY_QUEUE = Gauge(
+    "kubemoot_gateway_queue_depth",
+    "Calls in line at scrape time, by provider and model: calls placed on a copy beyond "
+    "its parallel slots (they wait in the engine); provider \"\" counts the calls of "
+    "this gateway still waiting for a placement.",
+    ["provider", "model"],
     registry=REGISTRY,
 )
 

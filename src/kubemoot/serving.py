@@ -20,12 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import math
 import socket
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterator, Mapping
 
+import h11
 import uvicorn
+from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 __all__ = ["HttpServer", "StreamWithCleanup", "bind_socket", "server_config", "socket_url"]
 
@@ -61,15 +66,91 @@ def socket_url(sock: socket.socket) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
-def server_config(app: ASGIApp, *, drain_seconds: int,
-                  log_level: str = "warning") -> uvicorn.Config:
+#: How long a connection may take to send a request's whole header, by default.
+HEADER_TIMEOUT_SECONDS = 10.0
+#: How long a kept-alive connection may sit idle between requests, by default.
+IDLE_TIMEOUT_SECONDS = 5.0
+
+
+def server_config(app: ASGIApp, *, drain_seconds: int, log_level: str = "warning",
+                  header_timeout: float = HEADER_TIMEOUT_SECONDS,
+                  idle_timeout: float = IDLE_TIMEOUT_SECONDS) -> uvicorn.Config:
     """uvicorn's settings for one of our servers: quiet, no lifespan, a bounded drain.
 
     ``drain_seconds`` is how long replies still running may finish once the server is
-    told to stop (uvicorn takes whole seconds).
+    told to stop (uvicorn takes whole seconds). A connection that has not sent a whole
+    request header ``header_timeout`` seconds after it opened (or after its previous
+    reply) is closed; an idle kept-alive one after ``idle_timeout``.
     """
+
+    class Protocol(_HeaderDeadline):
+        deadline = header_timeout
+
+    uvicorn_errors = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _ClientLeft) for f in uvicorn_errors.filters):
+        uvicorn_errors.addFilter(_ClientLeft())
+
     return uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
-                          timeout_graceful_shutdown=drain_seconds)
+                          timeout_graceful_shutdown=drain_seconds, http=Protocol,
+                          timeout_keep_alive=max(1, math.ceil(idle_timeout)))
+
+
+class _ClientLeft(logging.Filter):
+    """Drops uvicorn's traceback for a client that hung up while sending its body.
+
+    The app learns of it as ``ClientDisconnect`` from the body read; nobody is left to
+    answer and nothing on the server went wrong, so it is no "Exception in ASGI
+    application".
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], ClientDisconnect))
+
+
+class _HeaderDeadline(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline for each request's header.
+
+    uvicorn times out idle kept-alive connections, but any byte resets that timer, and
+    a fresh connection has none at all: a client that sends its header a byte at a time
+    (slowloris) holds a socket and a buffer for as long as it likes. Here the header
+    must be complete within ``deadline`` seconds of the connection opening, or of the
+    previous reply ending; otherwise the connection is closed.
+    """
+
+    deadline: float = HEADER_TIMEOUT_SECONDS
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._disarm()  # the header is in: the request's own handling takes over
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()  # the next request on this connection gets the same deadline
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.deadline, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _too_slow(self) -> None:
+        self._header_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
 
 
 class _HostedServer(uvicorn.Server):
@@ -89,9 +170,13 @@ class HttpServer:
     """
 
     def __init__(self, host: str, port: int, *, drain_seconds: int, backlog: int = 128,
-                 log_level: str = "warning") -> None:
+                 log_level: str = "warning",
+                 header_timeout: float = HEADER_TIMEOUT_SECONDS,
+                 idle_timeout: float = IDLE_TIMEOUT_SECONDS) -> None:
         self.host, self.port = host, port
         self.drain_seconds = drain_seconds
+        self.header_timeout = header_timeout
+        self.idle_timeout = idle_timeout
         self.backlog = backlog
         self.log_level = log_level
         self._socket: socket.socket | None = None
@@ -118,7 +203,9 @@ class HttpServer:
         self.bind()
         assert self._socket is not None
         server = self._server = _HostedServer(
-            server_config(app, drain_seconds=self.drain_seconds, log_level=self.log_level))
+            server_config(app, drain_seconds=self.drain_seconds, log_level=self.log_level,
+                          header_timeout=self.header_timeout,
+                          idle_timeout=self.idle_timeout))
         self._serving = asyncio.get_running_loop().create_task(server.serve([self._socket]))
         # uvicorn says it has started only through this flag
         while not server.started:

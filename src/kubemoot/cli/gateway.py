@@ -10,6 +10,7 @@ default; a non-loopback address needs ``--api-keys`` or an explicit
 from __future__ import annotations
 
 import ipaddress
+import logging
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from kubemoot.gateway.app import VirtualModels
 
 _DEFAULTS = GatewaySettings()
+_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+               "error": logging.ERROR}
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -97,6 +100,17 @@ def gateway_command(
     allow_anonymous: bool = typer.Option(
         False, "--allow-anonymous",
         help="Allow a non-loopback address without --api-keys."),
+    allow_origin: list[str] = typer.Option(
+        [], "--allow-origin", metavar="ORIGIN",
+        help="A browser origin allowed besides loopback ones (https://app.example, "
+             "https://*.example, or * for any); repeatable. Others get 403."),
+    allow_host: list[str] = typer.Option(
+        [], "--allow-host", metavar="NAME",
+        help="A host name clients may use in Host besides loopback, IP addresses and "
+             "the --listen name; repeatable. Others get 403 (DNS rebinding)."),
+    log_level: str = typer.Option(
+        "warning", "--log-level", metavar="LEVEL",
+        help="debug, info, warning or error; info adds one access line per request."),
     nats: NatsFlags = NO_NATS_FLAGS,
 ) -> None:
     """Serve the Ollama and OpenAI APIs; every call is placed on a GPU by kubemoot.
@@ -111,7 +125,11 @@ def gateway_command(
     from kubemoot.cli._common import check_host, install_log_lines, listen_error
     from kubemoot.gateway.keys import load_api_keys
 
-    install_log_lines()  # the gateway's warnings, one line each
+    level = _LOG_LEVELS.get(log_level.strip().lower())
+    if level is None:
+        raise InputError(f"expected one of {', '.join(_LOG_LEVELS)}, got {log_level!r}",
+                         field="--log-level")
+    install_log_lines(level=level)  # the gateway's warnings (and access lines), one each
     # Read once: the runtime, the ModelClasses' tolerance and the shutdown all see the
     # same values (and a malformed variable is exit 2 before anything starts).
     tunables = RuntimeSettings.from_env()
@@ -127,6 +145,8 @@ def gateway_command(
         wait_limit_seconds=parse_duration(wait_limit, "--wait-limit"),
         max_keep_alive_seconds=parse_duration(max_keep_alive, "--max-keep-alive"),
         probe_interval_seconds=parse_duration(probe_interval, "--probe-interval"),
+        allowed_origins=tuple(o.strip() for o in allow_origin if o.strip()),
+        allowed_hosts=tuple(h.strip() for h in allow_host if h.strip()),
     )
     sources, declared, virtual = _providers(provider, file,
                                             tolerance=tunables.candidate_tolerance)

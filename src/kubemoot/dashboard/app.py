@@ -21,7 +21,6 @@ browser. Event streams are capped (503 beyond :attr:`DashboardSettings.max_clien
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from kubemoot.clock import Clock
 from kubemoot.dashboard.fleet import FleetView
 from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
 from kubemoot.serving import StreamWithCleanup
+from kubemoot.webguard import host_allowed
 
 __all__ = ["CONTENT_SECURITY_POLICY", "DashboardSettings", "GuardMiddleware", "create_app"]
 
@@ -66,7 +66,6 @@ SECURITY_HEADERS = (
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
 )
-LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,25 +95,7 @@ class DashboardSettings:
 
     def host_allowed(self, header: str) -> bool:
         """Whether a request's ``Host`` header names this dashboard safely."""
-        name = _host_name(header)
-        if not name:
-            return False
-        if name in LOOPBACK_NAMES or name in self.allowed_hosts:
-            return True
-        try:
-            ipaddress.ip_address(name)
-        except ValueError:
-            return False
-        return True  # an address, not a name: nothing a foreign page could rebind
-
-
-def _host_name(header: str) -> str:
-    """The host of a ``Host`` header, lower-case, without port or IPv6 brackets."""
-    host = header.strip().lower()
-    if host.startswith("["):
-        return host[1:host.find("]")] if "]" in host else ""
-    name, _, _port = host.partition(":")
-    return name.rstrip(".")
+        return host_allowed(header, allowed=self.allowed_hosts)
 
 
 class GuardMiddleware:

@@ -34,6 +34,7 @@ from kubemoot.gateway.requests import InferenceRequest, model_name, read_json
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime.placement import Candidate
 from kubemoot.serving import StreamWithCleanup
+from kubemoot.store.protocol import StoreError
 
 __all__ = ["GatewayApp", "VirtualModels"]
 
@@ -102,14 +103,20 @@ class GatewayApp:
                 response = await handler(request)
             except GatewayError as error:
                 response = error_response(error, openai=openai)
+            except StoreError as error:
+                # the store went away mid-call: retrying soon helps, a 500 would not say so
+                log.warning("gateway: %s %s: the shared store failed: %s", request.method,
+                            request.url.path, error)
+                response = error_response(
+                    GatewayError(503, f"the shared store did not answer: {error}",
+                                 code="store_unavailable", headers={"Retry-After": "1"}),
+                    openai=openai)
             except Exception:
                 log.exception("gateway: %s %s failed", request.method, request.url.path)
                 response = error_response(
                     GatewayError(500, "the gateway failed on this request; see its log",
                                  code="internal_error"), openai=openai)
-            metrics.GATEWAY_REQUESTS.labels(route=request.url.path.split("/")[-1] or "root",
-                                            status=str(response.status_code)).inc()
-            return response
+            return response  # counted by route template in gateway/access.py
         return guarded
 
     def _ollama(self, handler: Handler) -> Handler:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from kubemoot.gateway.errors import GatewayError
 from kubemoot.providers.durations import DurationError, duration_seconds
@@ -33,21 +33,31 @@ async def read_json(request: Request, *, limit: int) -> dict[str, Any]:
         raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # the client left mid-body: nobody to answer, and nothing went wrong here
+        raise GatewayError(499, "the client went away while sending its body") from None
     raw = b"".join(chunks)
     if not raw.strip():
         raise GatewayError(400, "the request needs a JSON body")
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, RecursionError) as error:
         raise GatewayError(400, f"invalid JSON body: {_short(error)}") from None
     if not isinstance(body, dict):
         raise GatewayError(400, "the body must be a JSON object")
     return body
+
+
+def _no_constant(name: str) -> object:
+    """Python's JSON reader accepts NaN and Infinity; JSON does not, and neither will the
+    engine's: refused here, before the call is placed, not after a ticket was claimed."""
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _too_large(limit: int) -> GatewayError:
@@ -98,7 +108,34 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
             raise GatewayError(400, f"messages[{index}] must be an object")
         if not isinstance(message.get("role", "user"), str):
             raise GatewayError(400, f"messages[{index}].role must be a string")
+        content = message.get("content")
+        if content is not None and not isinstance(content, str):
+            raise GatewayError(400, f"messages[{index}].content must be a string")
+        _tool_calls(message.get("tool_calls"), f"messages[{index}].tool_calls")
     return messages
+
+
+def _tool_calls(calls: object, where: str) -> None:
+    """Ollama's ``tool_calls``: a list of ``{"function": {"name", "arguments"}}``.
+
+    Checked at the edge because the prompt estimate reads them before placing the call.
+    """
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise GatewayError(400, f"{where} must be a list of objects")
+    for index, call in enumerate(calls):
+        here = f"{where}[{index}]"
+        if not isinstance(call, dict):
+            raise GatewayError(400, f"{here} must be an object")
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise GatewayError(400, f"{here}.function must be an object")
+        if not isinstance(function.get("name"), str):
+            raise GatewayError(400, f"{here}.function.name must be a string")
+        arguments = function.get("arguments")
+        if arguments is not None and not isinstance(arguments, dict | str):
+            raise GatewayError(400, f"{here}.function.arguments must be an object")
 
 
 def _prompt_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -21,9 +21,12 @@ from kubemoot.agent.pool import CallSettings
 from kubemoot.agent.runtime import CallRecord
 from kubemoot.agent.wiring import RuntimeStack, build_stack
 from kubemoot.clock import Clock, SystemClock
+from kubemoot.gateway.access import AccessLog
 from kubemoot.gateway.app import GatewayApp, VirtualModels
 from kubemoot.gateway.calls import CallDesk
 from kubemoot.gateway.errors import GatewayError, error_response
+from kubemoot.gateway.guard import Guard, GuardPolicy
+from kubemoot.gateway.health import GatewayHealth
 from kubemoot.gateway.keys import ApiKeys
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import KVStatePublisher, Prober
@@ -111,8 +114,12 @@ class GatewayServer:
         self.prober: Prober | None = None
         self._http: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.health: GatewayHealth | None = None
+        self.guard: Guard | None = None
         self._web = HttpServer(host, port, drain_seconds=self.settings.drain_seconds,
-                               backlog=_LISTEN_BACKLOG)
+                               backlog=_LISTEN_BACKLOG,
+                               header_timeout=self.settings.header_timeout_seconds,
+                               idle_timeout=self.settings.idle_timeout_seconds)
 
     @property
     def url(self) -> str:
@@ -129,7 +136,7 @@ class GatewayServer:
             app = GatewayApp(self.desk, self.clients, declared=frozenset(self.declared),
                              keys=self.keys, virtual=self.virtual, reprobe=self._reprobe)
             _install_once(logging.getLogger("uvicorn.error"), _ShutdownCuts)
-            await self._web.start(_answer_when_cut(app.app))
+            await self._web.start(_answer_when_cut(self._protected(app)))
         except BaseException:
             await self.stop()
             raise
@@ -174,6 +181,20 @@ class GatewayServer:
             self._tasks.append(asyncio.get_running_loop().create_task(
                 self.prober.run(self.settings.probe_interval_seconds)))
 
+    def _protected(self, app: GatewayApp) -> ASGIApp:
+        """``app`` with the probe routes, behind the access log and the guard."""
+        assert self.stack is not None
+        health = self.health = GatewayHealth(
+            self.stack, self.stack.runtime.states,
+            check_seconds=self.runtime.store_check_seconds,
+            unready_after_failures=self.settings.unready_after_failures, keys=self.keys)
+        health.start()
+        app.app.router.routes[0:0] = health.routes()  # first: they win over app's own
+        guard = self.guard = Guard(app.app, GuardPolicy.of(self.settings,
+                                                           bound_host=self.host),
+                                   store_lost=health.store_lost)
+        return AccessLog(guard, on_outcome=health.outcome)
+
     async def _reprobe(self, provider: str) -> None:
         client = self.clients.get(provider)
         if client is not None and self.prober is not None:
@@ -186,6 +207,8 @@ class GatewayServer:
     async def stop(self) -> None:
         """Stop serving, then release what the calls still hold, then close clients."""
         await self._web.stop()
+        if self.health is not None:
+            await self.health.stop()
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -193,6 +216,7 @@ class GatewayServer:
         if self.desk is not None:
             for call in list(self.desk.in_flight):
                 await call.close(ok=None)
+            await self._until_released()
         if self.stack is not None:
             await self.stack.close()
         if self._http is not None:
@@ -200,6 +224,28 @@ class GatewayServer:
         for client in self.clients.values():
             with contextlib.suppress(Exception):
                 await client.close()
+
+    async def _until_released(self) -> None:
+        """Wait for releases already under way (a call the shutdown cut is released in
+        the background) before the store closes under them; bounded, since the ticket's
+        TTL reclaims it anyway."""
+        desk = self.desk
+        if desk is None or not desk.in_flight:
+            return
+        empty = asyncio.Event()
+
+        def released(_record: CallRecord) -> None:
+            if not desk.in_flight:
+                empty.set()
+
+        desk.listeners.append(released)
+        try:
+            await asyncio.wait_for(empty.wait(), self.settings.listing_timeout_seconds)
+        except TimeoutError:
+            log.warning("gateway: %d call(s) still releasing their tickets at shutdown; "
+                        "their TTL will reclaim them", len(desk.in_flight))
+        finally:
+            desk.listeners.remove(released)
 
     async def __aenter__(self) -> GatewayServer:
         await self.start()

@@ -5,8 +5,9 @@ Per (provider, model) pair:
 * a **warm** copy (resident, or being loaded by another call) is feasible when the
   provider is ready, its circuit is closed, no ticket plans to unload that copy, and
   the context holds the prompt;
-* a **cold** load is feasible when the provider is ready, its circuit is closed,
-  usable ≥ occupancy, occupancy + resident ≤ usable, and the context holds the prompt.
+* a **cold** load is feasible when the provider is ready, its circuit is closed, it
+  has the model on disk (when it publishes what it has at all), usable ≥ occupancy,
+  occupancy + resident ≤ usable, and the context holds the prompt.
 
 The context gate says UNKNOWN when nobody published a context, and marks that result
 ``admits_unknown``: an unknown context admits the call (the spec: it never refuses
@@ -26,6 +27,7 @@ CONTEXT = "context"
 WARM = "warm"
 VRAM = "vram"
 FIT = "fit"
+ON_DISK = "on-disk"
 
 
 def feasible(results: Sequence[GateResult]) -> bool:
@@ -67,6 +69,21 @@ def context_gate(p: ProviderSnapshot, model: str, prompt_tokens: int | None) -> 
     )
 
 
+def disk_gate(p: ProviderSnapshot, model: str) -> GateResult:
+    """Can the provider load ``model`` at all: does it have the model on disk?
+
+    An engine answers "model not found" to a load of a model it does not have, so a
+    load placed there is a 404 for a model other servers list. A provider that
+    publishes no disk list (a state written by hand, the simulator) is not judged.
+    """
+    disk = p.state.disk_sizes_mib
+    if not disk:
+        return GateResult.pass_(ON_DISK, "provider publishes no disk list; not judged")
+    if model in disk:
+        return GateResult.pass_(ON_DISK, "provider has the model on disk", diskMiB=disk[model])
+    return GateResult.fail(ON_DISK, "provider does not have the model on disk")
+
+
 def warm_ok(p: ProviderSnapshot, model: str, prompt_tokens: int | None) -> bool:
     """``feasible(warm_gates(...))`` without building the evidence (the hot path)."""
     if not p.state.ready or p.circuit_open or model in p.planned_victims():
@@ -97,7 +114,7 @@ def cold_gates(
     prompt_tokens: int | None,
 ) -> list[GateResult]:
     """Gates of loading ``model`` onto free room on ``p``."""
-    results = [ready_gate(p), circuit_gate(p)]
+    results = [ready_gate(p), circuit_gate(p), disk_gate(p, model)]
     if usable is None:
         results.append(GateResult.unknown(VRAM, "provider has not published its VRAM total"))
     elif occupancy is None:

@@ -268,6 +268,7 @@ def unload_options(rnd: Round, model: str) -> list[Option]:
         gates = [
             filters.ready_gate(p),
             filters.circuit_gate(p),
+            filters.disk_gate(p, model),
             filters.context_gate(p, model, rnd.prompt_tokens),
         ]
         if not filters.feasible(gates):

@@ -211,3 +211,22 @@ class GatewaySettings:
     #: On SIGTERM or Ctrl-C, how long replies still streaming may finish before their
     #: calls are cut (a cut call gets a 503 and its ticket back).
     drain_seconds: int = 2  # whole seconds: uvicorn takes an int
+    #: Requests served at once (probes, ``/metrics`` and ``/`` aside); one more is
+    #: answered 503 with ``Retry-After`` at once rather than held.
+    max_concurrent_requests: int = 1024
+    #: Request-body bytes held in memory by all requests together; a body that would
+    #: pass it is answered 503 (each body alone is bounded by ``max_body_bytes``).
+    max_buffered_bytes: int = 96 * 1024 * 1024
+    #: A connection must send a request's whole header within this time, and an idle
+    #: kept-alive connection is closed after ``idle_timeout_seconds`` (slow senders hold
+    #: sockets and memory otherwise).
+    header_timeout_seconds: float = 10.0
+    idle_timeout_seconds: float = 5.0
+    #: Browser origins allowed besides loopback ones (``--allow-origin``, ``*`` for any)
+    #: and host names allowed in ``Host`` besides loopback, IP addresses and the bound
+    #: name (``--allow-host``).
+    allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    #: Consecutive calls a provider failed (5xx) after which ``/readyz`` says the
+    #: inference path is broken; one call that succeeds makes it ready again.
+    unready_after_failures: int = 3

@@ -45,6 +45,13 @@ class QueueWatch:
                 await self._start(self)
                 self._started = True
 
+    async def resume(self) -> None:
+        """Establish the watch again (the store's connection was replaced); changes made
+        while it was away are not replayed."""
+        if self._started and not self._ended and self._start is not None:
+            async with self._start_lock:
+                await self._start(self)
+
     def __aiter__(self) -> QueueWatch:
         return self
 

@@ -19,6 +19,7 @@ Facts about nats-py 2.16 / nats-server 2.15 that shape this adapter:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -53,6 +54,8 @@ log = logging.getLogger(__name__)
 _KV_OPERATION = "KV-Operation"
 _MARKER_REASON = "Nats-Marker-Reason"
 _WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream's "wrong last sequence" error codes
+# A lost connection is built again at most this often, whatever reconnect_wait says.
+_MIN_REBUILD_WAIT = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +164,12 @@ class NatsBucket:
         self._stream = f"KV_{name}"
         self._prefix = f"$KV.{name}."
 
+    async def _rebind(self, js: Any) -> None:
+        """Move onto a new connection's JetStream context (the old one is closed)."""
+        with _edge(f"open bucket {self.name}"):
+            self._kv = await js.key_value(self.name)
+        self._js = js
+
     async def get(self, key: str) -> Entry | None:
         with _edge(f"get {self.name}/{key}"):
             try:
@@ -263,14 +272,74 @@ class NatsBucket:
 
 
 class NatsKV:
-    """A :class:`~kubemoot.store.protocol.KV` over one NATS connection."""
+    """A :class:`~kubemoot.store.protocol.KV` over one NATS connection.
 
-    def __init__(self, connection: Any, settings: NatsSettings) -> None:
+    nats-py reconnects by itself for ``max_reconnect_attempts`` rounds and then closes
+    the connection for good: every operation after that fails, however soon the server
+    is back. A long-running process must not end up like that, so when the connection
+    closes without :meth:`close` being called, this store builds a new one — every
+    ``reconnect_wait`` seconds for as long as the process runs — and moves its buckets
+    and watches onto it. Meanwhile operations raise :class:`StoreUnavailable`. Both the
+    loss and the return are said once at WARNING.
+    """
+
+    def __init__(self, connection: Any, settings: NatsSettings,
+                 options: dict[str, Any] | None = None) -> None:
         self._nc = connection
         self._js = connection.jetstream(timeout=settings.request_timeout)
         self._settings = settings
+        self._options = options  # how to connect again; None: never rebuild
         self._buckets: dict[str, NatsBucket] = {}
         self._watches: set[QueueWatch] = set()
+        self._closing = False
+        self._rebuilding: asyncio.Task[None] | None = None
+        #: how many times the connection was built again after nats-py gave up on it
+        self.rebuilds = 0
+
+    def _connection_closed(self) -> None:
+        """nats-py closed the connection; unless we asked for it, build a new one."""
+        if self._closing or self._options is None:
+            return
+        if self._rebuilding is not None and not self._rebuilding.done():
+            return
+        log.warning("NATS at %s: the connection gave up after %s reconnect rounds; a new "
+                    "one is tried every %g s for as long as this process runs",
+                    mask_servers(self._settings.servers),
+                    self._settings.max_reconnect_attempts, self._retry_seconds)
+        self._rebuilding = asyncio.get_running_loop().create_task(self._rebuild())
+
+    @property
+    def _retry_seconds(self) -> float:
+        return max(self._settings.reconnect_wait, _MIN_REBUILD_WAIT)
+
+    async def _rebuild(self) -> None:
+        assert self._options is not None
+        while not self._closing:
+            try:
+                connection = await nats.connect(**self._options)
+            except (nats.errors.Error, OSError, TimeoutError, StoreError):
+                await asyncio.sleep(self._retry_seconds)
+                continue
+            if self._closing:
+                await connection.close()
+                return
+            self._nc = connection
+            self._js = connection.jetstream(timeout=self._settings.request_timeout)
+            try:
+                for bucket in list(self._buckets.values()):
+                    await bucket._rebind(self._js)
+                for watch in list(self._watches):
+                    await watch.resume()
+            except StoreError as error:
+                # the server went away again while we moved over: start from scratch
+                log.debug("NATS: moving onto the new connection failed: %s", error)
+                with contextlib.suppress(Exception):
+                    await connection.close()
+                continue
+            self.rebuilds += 1
+            log.warning("NATS at %s: connected again; the store answers",
+                        mask_servers(self._settings.servers))
+            return
 
     @classmethod
     async def connect(cls, settings: NatsSettings | None = None) -> NatsKV:
@@ -278,6 +347,12 @@ class NatsKV:
         settings = settings if settings is not None else NatsSettings.from_env()
 
         connected = False
+        made: list[NatsKV] = []  # the store, once built: told when its connection closes
+
+        async def closed() -> None:
+            if made:
+                made[0]._connection_closed()
+
         where = mask_servers(settings.servers)  # a message is no place for a password
 
         async def quiet(error: Exception) -> None:
@@ -301,6 +376,7 @@ class NatsKV:
             "reconnect_time_wait": settings.reconnect_wait,
             "allow_reconnect": True,
             "error_cb": quiet,
+            "closed_cb": closed,
         }
         if settings.user is not None:
             options["user"] = settings.user
@@ -321,7 +397,8 @@ class NatsKV:
                 f"cannot connect to NATS at {where}: {type(error).__name__}: {error}"
             ) from error
         connected = True
-        return cls(connection, settings)
+        made.append(cls(connection, settings, options))
+        return made[0]
 
     async def bucket(self, name: str, *, max_age: float | None = None) -> NatsBucket:
         """Open a bucket, creating it (history 1, the given max age) when missing."""
@@ -374,6 +451,11 @@ class NatsKV:
         return self._nc
 
     async def close(self) -> None:
+        self._closing = True
+        if self._rebuilding is not None:
+            self._rebuilding.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._rebuilding
         for watch in list(self._watches):
             await watch.aclose()
         try:

@@ -1,0 +1,133 @@
+"""One access-log line and the per-server metrics of every request the gateway answers.
+
+An ASGI middleware inside the guard: it sees the route that matched (Starlette puts it
+in the scope), the decision headers the call's reply carries (``X-Kubemoot-Provider``,
+``-Model``, ``-Action``, ``-Wait-Seconds``) and the reply's bytes as they leave. From
+those alone it tells, per request:
+
+* the route *template* (``/v1/models/{model:path}``), so metric labels stay a closed
+  set whatever paths clients send;
+* the time to the first byte of the body (the first token of a stream) and to the end;
+* the token counts the engine reported in the reply's last object (Ollama's
+  ``prompt_eval_count``/``eval_count``, OpenAI's ``usage``).
+
+The line goes to the ``kubemoot.gateway.access`` logger at INFO (``--log-level info``);
+probes and scrapes are not logged. Each inference outcome is also handed to
+``on_outcome`` (the readiness check counts consecutive failures of the inference path).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from kubemoot import metrics
+from kubemoot.gateway.guard import UNLIMITED_PATHS
+
+__all__ = ["INFERENCE_ROUTES", "AccessLog", "Outcome", "route_template"]
+
+log = logging.getLogger("kubemoot.gateway.access")
+
+#: the end of a reply is where the engines put their counts
+_TAIL_BYTES = 4096
+_COUNTS = {
+    "prompt": re.compile(rb'"(?:prompt_eval_count|prompt_tokens)"\s*:\s*(\d+)'),
+    "completion": re.compile(rb'"(?:eval_count|completion_tokens)"\s*:\s*(\d+)'),
+}
+
+Outcome = Callable[[int], None]
+"""``on_outcome(status)``: an inference call ended with this HTTP status."""
+
+#: The routes whose answers say whether the inference path works.
+INFERENCE_ROUTES = frozenset({"/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
+                              "/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+
+
+def route_template(scope: Scope) -> str:
+    """The path template of the route that matched, or ``unmatched``."""
+    path = getattr(scope.get("route"), "path", None)
+    return path if isinstance(path, str) and path else "unmatched"
+
+
+class AccessLog:
+    """The middleware (``clock`` is a monotonic seconds function, for tests)."""
+
+    def __init__(self, app: ASGIApp, *, on_outcome: Outcome | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.app = app
+        self.on_outcome = on_outcome
+        self.clock = clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        began = self.clock()
+        status = 0
+        decision: dict[str, str] = {}
+        first: float | None = None
+        tail = b""
+
+        async def watched(message: Message) -> None:
+            nonlocal status, first, tail
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                for key, value in message.get("headers", []):
+                    name = key.decode("latin-1").lower()
+                    if name.startswith("x-kubemoot-"):
+                        decision[name[len("x-kubemoot-"):]] = value.decode("latin-1")
+            elif message["type"] == "http.response.body":
+                body = message.get("body", b"")
+                if body:
+                    if first is None:
+                        first = self.clock() - began
+                    tail = (tail + body)[-_TAIL_BYTES:]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        finally:
+            self._count(scope, status or 500, decision, first, self.clock() - began, tail)
+
+    def _count(self, scope: Scope, status: int, decision: dict[str, str],
+               first: float | None, total: float, tail: bytes) -> None:
+        route = route_template(scope)
+        metrics.GATEWAY_REQUESTS.labels(route=route, status=str(status)).inc()
+        provider = decision.get("provider", "")
+        tokens = {kind: int(found.group(1)) for kind, pattern in _COUNTS.items()
+                  if (found := _last(pattern, tail)) is not None} if provider else {}
+        if provider:
+            metrics.GATEWAY_CALLS.labels(provider=provider, route=route,
+                                         status=str(status)).inc()
+            metrics.GATEWAY_CALL_SECONDS.labels(provider=provider).observe(total)
+            if first is not None:
+                metrics.GATEWAY_FIRST_BYTE_SECONDS.labels(provider=provider).observe(first)
+            for kind, count in tokens.items():
+                metrics.GATEWAY_TOKENS.labels(provider=provider, kind=kind).inc(count)
+        if self.on_outcome is not None and route in INFERENCE_ROUTES:
+            self.on_outcome(status)
+        if scope["path"] in UNLIMITED_PATHS and status < 400:
+            return  # probes and scrapes come every few seconds: not worth a line each
+        client = scope.get("client")
+        caller = (scope.get("state") or {}).get("caller", "-")
+        words = [f'{client[0] if client else "-"} {caller} {scope["method"]} '
+                 f'{str(scope["path"])[:200]} {status} {total:.3f}s']
+        if provider:
+            words.append(f'provider={provider} model={decision.get("model", "")} '
+                         f'action={decision.get("action", "")} '
+                         f'wait={decision.get("wait-seconds", "")}s')
+            if first is not None:
+                words.append(f"first_byte={first:.3f}s")
+            if tokens:
+                words.append(f'tokens={tokens.get("prompt", "?")}+'
+                             f'{tokens.get("completion", "?")}')
+        log.info(" ".join(words))
+
+
+def _last(pattern: re.Pattern[bytes], data: bytes) -> re.Match[bytes] | None:
+    matches = list(pattern.finditer(data))
+    return matches[-1] if matches else None

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import pytest
 
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
-from kubemoot.providers.emulator import OllamaEmulator
 from kubemoot.runtime.settings import GatewaySettings
 from kubemoot.webguard import host_allowed, origin_allowed
 from tests.gateway.conftest import Fleet, start_gateway

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import pytest
 
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
-from kubemoot.providers.emulator import OllamaEmulator
 from kubemoot.runtime.settings import GatewaySettings
 from kubemoot.testing.nats_server import free_port
 from tests.gateway.conftest import Fleet, start_gateway

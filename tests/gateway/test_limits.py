@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
-from kubemoot.providers.emulator import OllamaEmulator
 from kubemoot.runtime.settings import GatewaySettings
 from kubemoot.testing.waiting import wait_until
 from tests.gateway.conftest import Fleet, start_gateway

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from kubemoot.clock import SystemClock
+from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.gateway import GatewayServer
-from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
 from kubemoot.runtime.settings import GatewaySettings
 from kubemoot.store.nats import NatsKV, NatsSettings
 from kubemoot.store.protocol import KV

@@ -16,8 +16,8 @@ import pytest
 
 from kubemoot.cli._common import StoreLossFilter
 from kubemoot.clock import SystemClock
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
-from kubemoot.providers.emulator import OllamaEmulator
 from kubemoot.runtime.settings import GatewaySettings, RuntimeSettings
 from kubemoot.store.nats import NatsKV, NatsSettings
 from kubemoot.testing.nats_server import NatsServer

@@ -82,3 +82,34 @@ def test_tasks_are_not_stopped_but_cancelled() -> None:
             process.on_stop(Stage.TASKS, nothing)
 
     run_virtual(main())
+
+
+def test_a_demo_that_fails_while_starting_stops_the_emulators_that_came_up() -> None:
+    """The store cannot be opened after the emulators started: the run fails with the
+    store's error, and no emulator is left serving."""
+    import threading
+
+    from kubemoot.clock import Clock
+    from kubemoot.demo import default_bundle, run_demo
+    from kubemoot.runtime.settings import DEFAULTS
+    from kubemoot.store.protocol import KV, StoreUnavailable
+
+    opened: list[list[str]] = []
+
+    async def no_store(clock: Clock) -> KV:
+        opened.append(sorted(t.name for t in threading.enumerate()
+                             if t.name.startswith("ollama-emulator-")))
+        raise StoreUnavailable("no store here")
+
+    class Silent:
+        async def follow(self, *args: object) -> None: ...
+        def store_health_changed(self, *args: object) -> None: ...
+        def dashboard_started(self, url: str) -> None: ...
+        def dashboard_lingers(self, url: str, seconds: float | None) -> None: ...
+
+    with default_bundle() as bundle, pytest.raises(StoreUnavailable, match="no store"):
+        asyncio.run(run_demo(bundle, open_store=no_store, store="memory", discussions=1,
+                             seed=1, time_scale=0.01, dashboard=None, view=Silent(),
+                             tunables=DEFAULTS))
+    assert len(opened) == 1 and len(opened[0]) == 2  # the homelab's two cards were up
+    assert not [t for t in threading.enumerate() if t.name in opened[0] and t.is_alive()]

@@ -115,7 +115,7 @@ def test_the_default_bundle_is_package_data_that_loads() -> None:
 
     import kubemoot
     from kubemoot.api.loader import load_bundle
-    from kubemoot.cli.demo import default_bundle
+    from kubemoot.demo import default_bundle
 
     shipped = files("kubemoot") / "examples" / "homelab"
     assert sorted(f.name for f in shipped.iterdir() if f.name.endswith(".yaml")) == [

@@ -107,6 +107,7 @@ async def test_truncate_false_refuses_an_over_long_prompt(
     assert [r.truncated for r in emulator.records] == [False, False, True]
     assert emulator.records[0].error is not None
     assert (await stats(emulator))["truncations"] == 1
+    assert emulator.engine.card.truncations == 1  # the engine model counts only the cut
 
 
 async def test_the_official_client_gets_tool_calls(client: ollama.AsyncClient) -> None:

@@ -200,6 +200,7 @@ def _cache_through_http() -> Seen:
                 assert reply.prompt_eval_count == record.prompt_tokens_evaluated
                 seen.append((record.cached_tokens, record.prompt_tokens_evaluated,
                              record.truncated))
+        assert emulator.engine.card.truncations == 1
         return seen, log.entries
 
     with OllamaEmulator(config) as emulator:
@@ -222,6 +223,7 @@ def _cache_in_the_simulator() -> Seen:
             served = await gpu.serve_prompt(KV_MODEL, 0.0, num_ctx=num_ctx,
                                             prompt=tokenizer.prompt(messages, []))
             seen.append((served.cached_tokens, served.prompt_tokens, served.truncated))
+        assert gpu.engine.truncations == 1
         await gpu.close()
         return seen, log.entries
 

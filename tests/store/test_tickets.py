@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kubemoot.runtime import ticket_decision
 from kubemoot.runtime.budget import budget_allows
 from kubemoot.runtime.snapshot import ProviderSnapshot
 from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketGone, TicketManager
@@ -96,17 +97,17 @@ async def test_a_claim_counts_the_headroom_once(
     manager, _, _ = await setup(store, 10 * GIB)
     decisions: list[int] = []
     headrooms: list[int] = []
-    decide, headroom = TicketManager._refusal, ProviderSnapshot.headroom_mib
+    decide, headroom = ticket_decision._refusal, ProviderSnapshot.headroom_mib
 
-    def counted_decide(self: TicketManager, *args: object) -> object:
+    def counted_decide(*args: object) -> object:
         decisions.append(1)
-        return decide(self, *args)  # type: ignore[arg-type]
+        return decide(*args)  # type: ignore[arg-type]
 
     def counted_headroom(self: ProviderSnapshot, evicts: object = ()) -> int | None:
         headrooms.append(1)
         return headroom(self, evicts)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(TicketManager, "_refusal", counted_decide)
+    monkeypatch.setattr(ticket_decision, "_refusal", counted_decide)
     monkeypatch.setattr(ProviderSnapshot, "headroom_mib", counted_headroom)
     first = await manager.claim(PROVIDER, "a", 8 * GIB, "h1")
     for holder in ("h2", "h3"):  # refused for memory: both wait in the line

@@ -68,26 +68,27 @@ def dashboard_command(
     async def run() -> None:
         from kubemoot.clock import SystemClock
         from kubemoot.dashboard.server import DashboardServer
+        from kubemoot.process import Lifecycle, Stage
 
         clock = SystemClock()
-        kv = await open_shared_store(settings, clock=clock,
-                                     connect_wait=tunables.connect_wait_seconds)
+        process = Lifecycle(straggler_grace=tunables.straggler_grace_seconds)
         try:
+            kv = await open_shared_store(settings, clock=clock,
+                                         connect_wait=tunables.connect_wait_seconds)
+            process.on_stop(Stage.STORE, kv.close, name="store")
             server = DashboardServer(kv, host=host, port=port, clock=clock,
                                      freshness_seconds=stale_after, settings=page)
             try:
                 await server.start()
             except OSError as error:
                 raise listen_error(host, port, error) from None
-            try:
-                source = (mask_servers(settings.servers) if settings is not None
-                          else "the embedded store (empty until this process writes to it)")
-                err_console.print(f"dashboard: {server.url} watching {source}; Ctrl-C stops it",
-                                  highlight=False, soft_wrap=True, markup=False)
-                await server.wait()
-            finally:
-                await server.stop()
+            process.on_stop(Stage.RUNTIME, server.stop, name="dashboard")
+            source = (mask_servers(settings.servers) if settings is not None
+                      else "the embedded store (empty until this process writes to it)")
+            err_console.print(f"dashboard: {server.url} watching {source}; Ctrl-C stops it",
+                              highlight=False, soft_wrap=True, markup=False)
+            await server.wait()
         finally:
-            await kv.close()
+            await process.shutdown()
 
     run_until_stopped(run(), grace_seconds=tunables.shutdown_grace_seconds)

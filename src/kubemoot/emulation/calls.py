@@ -249,7 +249,8 @@ def _split_words(content: str) -> list[str]:
 
 async def start_generation(engine: EmulatorEngine, call: GenerationCall) -> Generation:
     """Check the prompt against the context, take a slot (loading if needed), record."""
-    kept, fitted = engine.truncate(call.messages, call.tools, call.context)
+    kept, fitted = engine.truncate(call.messages, call.tools, call.context,
+                                   counted=call.truncate)
     got = await _admit(engine, call, _Prompt(
         messages=[dict(m) for m in call.messages], tokens=fitted.tokens_sent,
         evaluated=fitted.tokens, dropped=len(call.messages) - len(kept),

@@ -351,12 +351,15 @@ class EmulatorEngine:
 
     def truncate(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
-        context_length: int,
+        context_length: int, *, counted: bool = True,
     ) -> tuple[list[Mapping[str, Any]], FittedPrompt]:
         """Cut a prompt the way the engine does (:meth:`~kubemoot.emulation.prompt.
         Prompt.fit`), counted by the emulator's tokenizer. Returns the kept messages and
-        the prompt as the engine evaluates it."""
-        fitted = self.card.fit(self.prompt(messages, tools), context_length)
+        the prompt as the engine evaluates it. A cut is counted in the engine's
+        ``truncations`` unless ``counted`` is off (a request that refuses to be cut)."""
+        prompt = self.prompt(messages, tools)
+        fitted = (self.card.fit(prompt, context_length) if counted
+                  else prompt.fit(context_length))
         offset = 1 if tools else 0  # the tools' block comes first
         kept = [messages[i - offset] for i in fitted.kept if i >= offset]
         return kept, fitted

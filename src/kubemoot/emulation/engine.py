@@ -545,8 +545,6 @@ class OllamaEngine:
         else the one unused longest; a request that waits gets the slot the next
         finishing call gives back. Give it back with :meth:`give_slot`.
         """
-        if not copy.slots:  # a copy made before slots were counted: one per parallel
-            copy.slots = [_SlotCache() for _ in range(self.card.num_parallel)]
         free = [i for i, slot in enumerate(copy.slots) if not slot.busy]
         waited = not free
         if free:

@@ -33,6 +33,10 @@ holder that died returns its memory after the TTL without any reaper.
 Applying a batch is idempotent (a claim already present is granted, not added twice; a
 release of an absent ticket is done), so a write whose outcome is unknown — the
 connection dropped before the acknowledgement — is simply decided again.
+
+What a batch does to the document is decided by the pure
+:func:`kubemoot.runtime.ticket_decision.decide`; this module reads, queues, writes and
+retries around it.
 """
 
 from __future__ import annotations
@@ -42,20 +46,25 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TypedDict, Unpack
 
 from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
-from kubemoot.runtime.budget import fits
 from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.settings import DEFAULTS
-from kubemoot.runtime.snapshot import ProviderSnapshot
+from kubemoot.runtime.ticket_decision import (
+    Check,
+    Decision,
+    Gone,
+    OpKind,
+    Refused,
+    TicketOp,
+    decide,
+)
 from kubemoot.store.documents import (
-    LineEntry,
     ProviderState,
     ProviderTickets,
     Ticket,
@@ -83,14 +92,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _RELEASE_PATIENCE = 16  # a release may lose this many times more races than a claim
-
-Check = Callable[[ProviderSnapshot], bool]
-"""An extra condition a claim must meet against the same read (e.g. victims still idle).
-
-It sees the provider as the claim is deciding on it (its state and active tickets); a
-claim on a provider without a state fails its check.
-"""
-
 
 class ClaimOptions(TypedDict, total=False):
     """The optional arguments of :meth:`TicketManager.claim`, for callers that pass them on."""
@@ -120,16 +121,11 @@ class TicketGone(KeyNotFound):
     """The ticket is no longer there (released, or expired and pruned)."""
 
 
-class _Kind(Enum):
-    CLAIM = "claim"
-    RELEASE = "release"
-    RENEW = "renew"
-    STATE = "state"
 
 
 @dataclass(eq=False)
 class _Op:
-    kind: _Kind
+    kind: OpKind
     ticket_id: str
     future: asyncio.Future[Ticket | None]
     max_attempts: int
@@ -141,6 +137,12 @@ class _Op:
     reread: bool = False  # CLAIM: decide on a freshly read state from now on
     attempts: int = 0
     abandoned: bool = False  # the caller was cancelled while waiting
+
+    def request(self, ttl_seconds: float) -> TicketOp:
+        """The operation as :func:`decide` sees it (``ttl_seconds``: the manager's)."""
+        ttl = self.ttl_seconds if self.ttl_seconds is not None else ttl_seconds
+        return TicketOp(self.kind, self.ticket_id, ticket=self.ticket, check=self.check,
+                        ttl_seconds=ttl, state=self.state, abandoned=self.abandoned)
 
 
 @dataclass(eq=False)
@@ -245,7 +247,7 @@ class TicketManager:
             evicts=dict(evicts or {}),
         )
         op = self._op(
-            _Kind.CLAIM, ticket.ticket_id, ticket=ticket, check=check,
+            OpKind.CLAIM, ticket.ticket_id, ticket=ticket, check=check,
             known_state=provider_state,
         )
         try:
@@ -262,14 +264,14 @@ class TicketManager:
 
     async def release(self, provider: str, ticket_id: str) -> None:
         """Remove the ticket now; releasing an absent ticket is a no-op."""
-        op = self._op(_Kind.RELEASE, ticket_id, max_attempts=self._release_attempts)
+        op = self._op(OpKind.RELEASE, ticket_id, max_attempts=self._release_attempts)
         await self._submit(provider, op)
 
     async def renew(
         self, provider: str, ticket_id: str, *, ttl_seconds: float | None = None
     ) -> Ticket:
         """Push the ticket's expiry to now + TTL (for long calls); :class:`TicketGone`."""
-        op = self._op(_Kind.RENEW, ticket_id, ttl_seconds=ttl_seconds or self.ttl_seconds)
+        op = self._op(OpKind.RENEW, ticket_id, ttl_seconds=ttl_seconds or self.ttl_seconds)
         renewed = await self._submit(provider, op)
         assert renewed is not None
         return renewed
@@ -288,7 +290,7 @@ class TicketManager:
         The holder is alive, so the expiry moves to now + TTL as well: a held plan
         taken by its call starts the call with a whole TTL.
         """
-        changed = await self._submit(provider, self._op(_Kind.STATE, ticket_id, state=state))
+        changed = await self._submit(provider, self._op(OpKind.STATE, ticket_id, state=state))
         assert changed is not None
         return changed
 
@@ -316,7 +318,7 @@ class TicketManager:
     # -- the per-provider combiner ---------------------------------------------------
 
     def _op(
-        self, kind: _Kind, ticket_id: str, *, max_attempts: int | None = None, **kw: object
+        self, kind: OpKind, ticket_id: str, *, max_attempts: int | None = None, **kw: object
     ) -> _Op:
         future: asyncio.Future[Ticket | None] = asyncio.get_running_loop().create_future()
         attempts = max_attempts if max_attempts is not None else self.max_attempts
@@ -331,7 +333,7 @@ class TicketManager:
             return await asyncio.shield(op.future)
         except asyncio.CancelledError:
             # The caller gave up; a claim granted meanwhile must not leak until its TTL.
-            if op.kind is _Kind.CLAIM:
+            if op.kind is OpKind.CLAIM:
                 op.abandoned = True
                 op.future.add_done_callback(lambda done: self._release_orphan(provider, done))
             raise
@@ -341,7 +343,7 @@ class TicketManager:
             return
         ticket = done.result()
         assert ticket is not None
-        orphan = self._op(_Kind.RELEASE, ticket.ticket_id, max_attempts=self._release_attempts)
+        orphan = self._op(OpKind.RELEASE, ticket.ticket_id, max_attempts=self._release_attempts)
         orphan.future.add_done_callback(lambda f: f.cancelled() or f.exception())
         lane = self._lanes.setdefault(provider, _Lane())
         lane.pending.append(orphan)
@@ -364,9 +366,8 @@ class TicketManager:
                     provider, batch, cached, known
                 )
                 now = self._clock.now()
-                outcome, line, changed, results = self._apply(
-                    provider, document, state, now, batch
-                )
+                decision, results = self._apply(provider, document, state, now, batch)
+                changed = decision.changed
                 # A "no" stands only on fresh state: the state read now, and a document
                 # read now or proven current by this batch's compare-and-set. A "no" on
                 # the caller's copy of the state or on the copy this lane last wrote may
@@ -374,13 +375,14 @@ class TicketManager:
                 # stay queued and are decided again on a fresh read.
                 if known is not None or (cached is not None and not changed):
                     for op in batch:
-                        if op.kind is _Kind.CLAIM and isinstance(
+                        if op.kind is OpKind.CLAIM and isinstance(
                             results.get(id(op)), ClaimRejected
                         ):
                             op.reread = True
                             retry.add(id(op))
                 if changed:
-                    written = ProviderTickets(provider=provider, tickets=outcome, line=line)
+                    written = ProviderTickets(provider=provider, tickets=decision.tickets,
+                                              line=decision.line)
                     if revision is None:
                         new_revision = await self._tickets.create(key, written.to_json())
                     else:
@@ -392,7 +394,7 @@ class TicketManager:
                     lane.cached = (document, revision)
             except (RevisionMismatch, KeyExists, StoreUnavailable) as error:
                 for op in batch:  # the next attempt reads the state with the document
-                    op.reread = op.reread or op.kind is _Kind.CLAIM
+                    op.reread = op.reread or op.kind is OpKind.CLAIM
                 if isinstance(error, RevisionMismatch | KeyExists):
                     metrics.CAS_CONFLICTS.inc()
                 if cached is not None and isinstance(error, RevisionMismatch | KeyExists):
@@ -439,7 +441,7 @@ class TicketManager:
                 return cached[0], cached[1], known
             document, revision = await self.read(provider)
             return document, revision, known
-        needs_state = any(op.kind is _Kind.CLAIM for op in batch)
+        needs_state = any(op.kind is OpKind.CLAIM for op in batch)
         if cached is not None:
             state = await self._state(provider) if needs_state else None
             return cached[0], cached[1], state
@@ -505,145 +507,22 @@ class TicketManager:
         state: ProviderState | None,
         now: float,
         batch: list[_Op],
-    ) -> tuple[
-        list[Ticket], list[LineEntry], bool, dict[int, Ticket | BaseException | None]
-    ]:
-        """Decide every queued operation in order: tickets, line, changed, results."""
+    ) -> tuple[Decision, dict[int, Ticket | BaseException | None]]:
+        """Decide every queued operation in order; each outcome as the caller gets it."""
+        decision = decide(document, state, now, [op.request(self.ttl_seconds) for op in batch],
+                          line_seconds=self.line_seconds)
         results: dict[int, Ticket | BaseException | None] = {}
-        tickets = document.active(now)
-        line = [entry for entry in document.line if entry.expires_at > now]
-        # Writers prune expired tickets and lapsed places in the line.
-        changed = len(tickets) != len(document.tickets) or len(line) != len(document.line)
-        for op in batch:
-            index = next((i for i, t in enumerate(tickets) if t.ticket_id == op.ticket_id), None)
-            if op.kind is _Kind.CLAIM:
+        for op, outcome in zip(batch, decision.outcomes, strict=True):
+            if isinstance(outcome, Refused):
                 assert op.ticket is not None
-                if index is not None:  # granted by a write whose acknowledgement was lost
-                    results[id(op)] = tickets[index]
-                    continue
-                if op.abandoned:
-                    continue  # nobody is waiting for it any more
-                reason, line_changed = self._refusal(state, tickets, line, now, op)
-                if reason is not None:
-                    results[id(op)] = ClaimRejected(
-                        provider, op.ticket.model, op.ticket.model_footprint_mib, reason
-                    )
-                    changed = line_changed or changed
-                    continue
-                tickets.append(op.ticket)
-                results[id(op)] = op.ticket
-                changed = True
-                kept = [e for e in line if e.holder_id != op.ticket.holder_id]
-                if len(kept) != len(line):
-                    line[:] = kept  # served: out of the line
-            elif op.kind is _Kind.RELEASE:
-                if index is not None:
-                    del tickets[index]
-                    changed = True
-                results[id(op)] = None
-            elif index is None:
+                results[id(op)] = ClaimRejected(provider, op.ticket.model,
+                                                op.ticket.model_footprint_mib, outcome.reason)
+            elif isinstance(outcome, Gone):
                 results[id(op)] = TicketGone(
-                    f"ticket {op.ticket_id} on {provider} is gone (released or expired)"
-                )
+                    f"ticket {op.ticket_id} on {provider} is gone (released or expired)")
             else:
-                current = tickets[index]
-                if op.kind is _Kind.RENEW:
-                    ttl = op.ttl_seconds if op.ttl_seconds is not None else self.ttl_seconds
-                    updated = current.model_copy(update={"expires_at": now + ttl})
-                else:
-                    updated = current.model_copy(
-                        update={"state": op.state, "expires_at": now + self.ttl_seconds}
-                    )
-                tickets[index] = updated
-                results[id(op)] = updated
-                changed = True
-        return tickets, line, changed, results
-
-    def _refusal(
-        self,
-        state: ProviderState | None,
-        tickets: list[Ticket],
-        line: list[LineEntry],
-        now: float,
-        op: _Op,
-    ) -> tuple[str | None, bool]:
-        """Why the claim cannot be granted (None: it can), and whether a refusal for
-        memory changed the line. The provider's headroom is counted once per claim."""
-        ticket = op.ticket
-        assert ticket is not None
-        footprint = ticket.model_footprint_mib
-        if footprint <= 0 and op.check is None:
-            return None, False  # spends nothing and asks nothing: nothing to judge
-        p = ProviderSnapshot.of_documents(state, tickets, now)
-        headroom = ceiling = None
-        if p is not None and footprint > 0:
-            headroom = p.headroom_mib(ticket.evicts)
-            ceiling = p.ceiling_mib(ticket.evicts)
-        reason = None
-        if not fits(footprint, headroom):
-            reason = _NO_ROOM
-        else:
-            ahead = _reserved_ahead(line, ticket, headroom, ceiling)
-            if ahead and not fits(footprint + ahead, headroom):
-                reason = _LINE_AHEAD
-        if reason is None:
-            if op.check is not None and (p is None or not op.check(p)):
-                return _CHECK_FAILED, False
-            return None, False
-        return reason, self._keep_place(line, now, ticket, ceiling)
-
-    def _keep_place(
-        self, line: list[LineEntry], now: float, ticket: Ticket, ceiling: int | None
-    ) -> bool:
-        """Put a claimer refused for memory in the line, or keep its place; changed?"""
-        if ticket.model_footprint_mib <= 0:
-            return False
-        if ceiling is None or ticket.model_footprint_mib > ceiling:
-            return False  # it could never be served here: it holds nobody up
-        for i, entry in enumerate(line):
-            if entry.holder_id != ticket.holder_id:
-                continue
-            if entry.expires_at - now >= self.line_seconds / 2:
-                return False  # fresh enough: a refusal then costs no write
-            line[i] = entry.model_copy(update={
-                "expires_at": now + self.line_seconds,
-                "footprint_mib": ticket.model_footprint_mib,
-            })
-            return True
-        line.append(LineEntry(holder_id=ticket.holder_id,
-                              footprint_mib=ticket.model_footprint_mib, since=now,
-                              expires_at=now + self.line_seconds))
-        return True
-
-
-_NO_ROOM = "does not fit the provider's VRAM budget"
-_LINE_AHEAD = "the memory is promised to claimers in line before it"
-_CHECK_FAILED = "the claim's check failed"
-
-
-def _reserved_ahead(
-    line: list[LineEntry], ticket: Ticket, headroom: int | None, ceiling: int | None
-) -> int:
-    """Memory promised to claimers in line before this one (all of them if not in line).
-
-    In line order, each earlier claimer is promised what it wants out of the headroom
-    left; the first one that does not fully fit is promised all that is left, so memory
-    freed later drains to it rather than to claims that came after it. A claimer that
-    wants more than the provider could ever free (``ceiling``) holds nobody up.
-    """
-    if ticket.model_footprint_mib <= 0 or ceiling is None or headroom is None:
-        return 0
-    reserved = 0
-    for entry in line:
-        if entry.holder_id == ticket.holder_id:
-            break
-        if entry.footprint_mib > ceiling:
-            continue
-        promised = min(entry.footprint_mib, max(0, headroom - reserved))
-        reserved += promised
-        if promised < entry.footprint_mib:
-            break  # the line stops at the first claimer still waiting for memory
-    return reserved
+                results[id(op)] = outcome
+        return decision, results
 
 
 def _known_state(batch: list[_Op]) -> ProviderState | None:
@@ -652,7 +531,7 @@ def _known_state(batch: list[_Op]) -> ProviderState | None:
     Only when every claim in the batch brought one and none must be decided afresh.
     The newest submission's copy is used: it was taken last.
     """
-    claims = [op for op in batch if op.kind is _Kind.CLAIM]
+    claims = [op for op in batch if op.kind is OpKind.CLAIM]
     if not claims or any(op.known_state is None or op.reread for op in claims):
         return None
     return claims[-1].known_state

@@ -83,3 +83,15 @@ async def test_a_held_plan_is_no_call_in_flight_for_the_estimate(make) -> None:
                    latency={"a": 5})
     rnd = await h.planner.new_round(None)
     assert options.start_estimate(rnd, ["y"]) is None
+
+
+def test_headroom_counts_a_victim_another_ticket_plans_once() -> None:
+    # usable 20 GiB; x (10) resident; a ticket loads y (15) by unloading x. Until x
+    # leaves, free is -5 GiB; x's 10 GiB are coming back, once, for everyone
+    p = ProviderSnapshot(
+        state=gpu("a", 21, residents={"x": 10}),
+        tickets=(ticket("y", state=TicketState.LOADING, footprint_gib=15, evicts={"x": 10}),),
+    )
+    assert p.free_mib == -5 * GIB
+    assert p.headroom_mib() == 5 * GIB
+    assert p.headroom_mib(["x"]) == 5 * GIB  # planning the same victim adds nothing

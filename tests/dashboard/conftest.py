@@ -26,6 +26,7 @@ from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
 from kubemoot.testing.state import provider_state
 from kubemoot.testing.state import ticket as shared_ticket
+from tests.ci import cannot_run
 
 CHROMIUM = Path(os.environ.get("KUBEMOOT_CHROMIUM", "/usr/bin/chromium"))
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "dashboard"
@@ -131,9 +132,7 @@ def no_browser(reason: str) -> NoReturn:
     A CI machine without Chromium would otherwise pass by testing less, silently (``.ci/run``
     installs Chromium, so there this can only mean the install went wrong).
     """
-    if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
-        pytest.fail(f"CI is set and the browser test cannot run: {reason}", pytrace=False)
-    pytest.skip(reason)
+    cannot_run(reason)
 
 
 @pytest.fixture

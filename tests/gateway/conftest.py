@@ -48,9 +48,11 @@ class Fleet:
     def url(self) -> str:
         return self.gateway.url
 
-    def tickets_left(self) -> int:
-        assert self.gateway.desk is not None
-        return len(self.gateway.desk.in_flight)
+    async def tickets_left(self) -> list[str]:
+        """The unexpired tickets in the store's documents (``provider/holder``): what a
+        call that ended must not leave behind (the desk's own list could be empty while
+        a document still holds one)."""
+        return await live_tickets(self.gateway)
 
 
 def sources(emulators: dict[str, OllamaEmulator]) -> list[ProviderSource]:

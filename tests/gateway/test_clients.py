@@ -59,8 +59,8 @@ async def test_chat_non_streaming_and_streaming(client: ollama.AsyncClient,
                                                  stream=True)]
     assert parts[-1].done and "small:1b" in "".join(p.message.content or "" for p in parts)
     await fleet.finished.until(2)
-    assert fleet.tickets_left() == 0
-    assert await live_tickets(fleet.gateway) == []
+    assert await fleet.tickets_left() == []
+    assert fleet.gateway.desk is not None and not fleet.gateway.desk.in_flight
 
 
 async def test_generate_resolves_a_name_without_tag_to_latest(
@@ -220,7 +220,9 @@ async def test_embeddings_through_both_apis(client: ollama.AsyncClient,
     assert [d.index for d in vectors.data] == [0, 1]
     assert vectors.data[0].embedding == pytest.approx(list(embedded.embeddings[0]))
     await fleet.finished.until(3)
-    assert fleet.tickets_left() == 0
+    # each of the three calls held a ticket of its own, and gave it back
+    assert [r.ok for r in fleet.finished.records] == [True, True, True]
+    assert await fleet.tickets_left() == []
 
 
 async def test_every_call_is_attributed_to_its_caller(keyed: Fleet) -> None:

@@ -203,10 +203,12 @@ async def test_a_4xx_is_not_retried(client: OllamaProvider, emulator: OllamaEmul
     assert not isinstance(caught.value, ProviderBadResponse)
 
 
-@pytest.mark.parametrize("retries", [0, 1])
+@pytest.mark.parametrize("retries", [1, 3])
 async def test_a_timeout_is_never_retried(emulator: OllamaEmulator, retries: int) -> None:
-    # a retry would have succeeded: only the first request stalls
-    emulator.stall_next(0.5, count=1, path="/api/ps")
+    # Retries are allowed, and a retry would succeed: only the first request stalls, so
+    # the timeout reaching the caller proves nobody asked again. The stall outlasts the
+    # timeout by far, so the first answer never sneaks in on a loaded machine.
+    emulator.stall_next(60.0, count=1, path="/api/ps")
     async with OllamaProvider("emu", emulator.url, timeout=0.2, max_retries=retries,
                               retry_delay=0) as provider:
         with pytest.raises(ProviderTimeout, match=r"no answer within 0\.2 s"):

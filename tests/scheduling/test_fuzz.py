@@ -86,6 +86,8 @@ def a_policy(draw: st.DrawFn, crew: str) -> Any:
             st.none()
             | st.just(selector({"capability/tool-calling": "true"}))
             | st.just(selector({}, ("params", "In", ["14B", "32B"])))
+            | st.just(selector({}, ("params", "NotIn", ["32B"])))
+            | st.just(selector({}, ("capability/tool-calling", "DoesNotExist")))
         )
         prefer = draw(st.lists(st.tuples(st.integers(1, 100), LABELS.filter(bool)), max_size=2))
         rules.append(rule(phase, require=require, prefer=prefer))

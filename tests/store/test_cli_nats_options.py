@@ -24,6 +24,7 @@ from kubemoot.cli._nats import NatsFlags, merge_nats, resolve_nats
 from kubemoot.store import open_store
 from kubemoot.store.nats import NatsKV, NatsSettings
 from kubemoot.testing.nats_server import NatsServer, free_port
+from tests.ci import cannot_run
 from tests.operator.test_operator_cli import KUBECONFIG
 
 KUBEMOOT = Path(sys.executable).with_name("kubemoot")
@@ -140,8 +141,9 @@ def test_bad_options_name_the_flag_or_variable(flags: dict[str, Any], env: dict[
     assert message in caught.value.message
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_a_real_client_certificate_loads(tmp_path: Path) -> None:
+    if shutil.which("openssl") is None:
+        cannot_run("needs the openssl command (.ci/run installs it)")
     cert, key = tmp_path / "client.pem", tmp_path / "client.key"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                     "-subj", "/CN=kubemoot-test", "-keyout", str(key), "-out", str(cert)],

@@ -296,6 +296,10 @@ async def race(store: StoreUnderTest, usable: int, footprints: list[int], manage
     overcommits = 0
     last_seen = 0  # the newest revision the checker has looked at
     seen = asyncio.Condition()  # notified at each revision the checker takes
+    # Every claimer holds what it got until all have tried in this round: the claims of
+    # a round overlap on any store and any machine, so a budget that let too much
+    # through is committed side by side, never hidden by a quick release.
+    everyone_tried = asyncio.Barrier(len(footprints))
 
     async def claimer(index: int, footprint: int) -> None:
         nonlocal held, overcommits
@@ -305,14 +309,21 @@ async def race(store: StoreUnderTest, usable: int, footprints: list[int], manage
                 ticket = await manager.claim(PROVIDER, f"m{index}", footprint, f"h{index}",
                                              provider_state=state if with_state else None)
             except ClaimRejected:
-                await asyncio.sleep(0)
+                await everyone_tried.wait()
                 continue
             held += footprint
             if held > usable:
                 overcommits += 1
-            await asyncio.sleep(0)
+            await everyone_tried.wait()
             held -= footprint
             await manager.release(PROVIDER, ticket.ticket_id)
+
+    async def claimer_or_break(index: int, footprint: int) -> None:
+        try:
+            await claimer(index, footprint)
+        except BaseException:
+            everyone_tried.abort()  # the others must not wait for a claimer that failed
+            raise
 
     async def check_every_revision() -> None:
         nonlocal overcommits, last_seen
@@ -345,7 +356,7 @@ async def race(store: StoreUnderTest, usable: int, footprints: list[int], manage
                 seen.notify_all()
 
     checker = asyncio.create_task(check_then_say_so())
-    await asyncio.gather(*(claimer(i, f) for i, f in enumerate(footprints)))
+    await asyncio.gather(*(claimer_or_break(i, f) for i, f in enumerate(footprints)))
     # Close the watch only once the checker has seen the document's final revision: a
     # fixed pause could close it before late revisions arrive on a loaded machine.
     final = await tickets.get(encode_token(PROVIDER))
@@ -401,6 +412,9 @@ async def test_racing_claimers_never_overcommit_nats(
         ]
         held = 0
         overcommits = 0
+        # the workload: hold the memory until every claimer has tried in this round, so
+        # the round's grants overlap however fast or slow the round trips are
+        everyone_tried = asyncio.Barrier(len(footprints))
 
         async def claimer(index: int, footprint: int) -> None:
             nonlocal held, overcommits
@@ -408,14 +422,22 @@ async def test_racing_claimers_never_overcommit_nats(
                 try:
                     ticket = await pool[index % 3].claim(PROVIDER, "m", footprint, f"h{index}")
                 except ClaimRejected:
+                    await everyone_tried.wait()
                     continue
                 held += footprint
                 overcommits += held > usable
-                await asyncio.sleep(0.001)  # the workload: hold the memory a moment
+                await everyone_tried.wait()
                 held -= footprint
                 await pool[index % 3].release(PROVIDER, ticket.ticket_id)
 
-        await asyncio.gather(*(claimer(i, f) for i, f in enumerate(footprints)))
+        async def claimer_or_break(index: int, footprint: int) -> None:
+            try:
+                await claimer(index, footprint)
+            except BaseException:
+                everyone_tried.abort()  # nobody waits for a claimer that failed
+                raise
+
+        await asyncio.gather(*(claimer_or_break(i, f) for i, f in enumerate(footprints)))
         assert overcommits == 0
         assert await pool[0].active(PROVIDER) == []
     finally:

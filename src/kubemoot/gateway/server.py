@@ -179,7 +179,8 @@ class GatewayServer:
         self.desk.listeners.extend(self.on_call)
         if self.clients:
             self._tasks.append(asyncio.get_running_loop().create_task(
-                self.prober.run(self.settings.probe_interval_seconds)))
+                # every provider was just probed above: the loop starts an interval on
+                self.prober.run(self.settings.probe_interval_seconds, probe_first=False)))
 
     def _protected(self, app: GatewayApp) -> ASGIApp:
         """``app`` with the probe routes, behind the access log and the guard."""

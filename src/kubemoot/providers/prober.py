@@ -159,8 +159,16 @@ class Prober:
             known.setdefault(model, mib)
         return dict(known)
 
-    async def run(self, interval: float, *, rounds: int | None = None) -> None:
-        """Probe every ``interval`` seconds of the clock; forever unless ``rounds``."""
+    async def run(
+        self, interval: float, *, rounds: int | None = None, probe_first: bool = True
+    ) -> None:
+        """Probe every ``interval`` seconds of the clock; forever unless ``rounds``.
+
+        ``probe_first=False`` waits one interval first: for a caller that has just
+        probed every provider itself, so nothing it saw is overwritten at once.
+        """
+        if not probe_first:
+            await self._clock.sleep(interval)
         done = 0
         while rounds is None or done < rounds:
             await self.probe_all()

@@ -18,8 +18,8 @@ import httpx
 import ollama
 import pytest
 
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
-from kubemoot.providers.emulator import OllamaEmulator
 from kubemoot.testing.waiting import until_stored
 from tests.gateway.conftest import Finished, finished_calls, live_tickets, start_gateway
 

@@ -55,8 +55,11 @@ def _text_seconds(value: str, field: str) -> float:
         sign = -1.0 if text.startswith("-") else 1.0
         return sign * sum(float(number) * _UNITS[unit]
                           for number, unit in _PART.findall(text))
-    # "inf", "nan" and "1e999" are numbers to float() but no duration Ollama holds
-    if re.fullmatch(rf"[+-]?{_NUMBER}", text):
+    try:
+        # "nan", "inf" and "1e999" read as numbers here; the caller refuses them as
+        # out of range, the same answer as for the numbers themselves
         return float(text)
+    except ValueError:
+        pass
     raise DurationError(f"{field} {value[:40]!r} is not a duration (seconds, or "
                         "a duration such as 30s, 5m or 1h30m)")

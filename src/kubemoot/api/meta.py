@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Final, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kubemoot.api.bounds import Int64
 from kubemoot.api.labels import (
@@ -28,6 +28,7 @@ __all__ = [
     "ObjectMeta",
     "Resource",
     "Strict",
+    "other_mib_spelling",
 ]
 
 GROUP: Final = "kubemoot.ai"
@@ -37,10 +38,41 @@ API_VERSION: Final = "kubemoot.ai/v1alpha1"
 DEFAULT_NAMESPACE = "default"
 
 
+def other_mib_spelling(key: str) -> str | None:
+    """``vramMiB`` ↔ ``vramMib``: the other spelling of a mebibyte field name, or None."""
+    for one, other in (("MiB", "Mib"), ("Mib", "MiB")):
+        if key.endswith(one) and len(key) > 3:
+            return key[:-3] + other
+    return None
+
+
 class Strict(BaseModel):
     """Base of every spec/status part: unknown fields are errors, so typos never pass silently."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _either_mib_spelling(cls, data: Any) -> Any:
+        """``vramMib`` and ``vramMiB`` (and every other mebibyte field) mean one field.
+
+        The spec writes ``Model.spec.vramMib``, the provider status writes ``…MiB``;
+        people type either, so both spellings reach the same field (both at once is
+        an error: which one was meant?).
+        """
+        if not isinstance(data, dict):
+            return data
+        known = {f.alias or name for name, f in cls.model_fields.items()}
+        renamed: dict[str, Any] | None = None
+        for key in data:
+            other = other_mib_spelling(key) if isinstance(key, str) else None
+            if other is None or key in known or other not in known:
+                continue
+            if other in data:
+                raise ValueError(f"{key} and {other} are one field: give only one")
+            renamed = renamed if renamed is not None else dict(data)
+            renamed[other] = renamed.pop(key)
+        return data if renamed is None else renamed
 
 
 class ObjectMeta(Strict):

@@ -227,7 +227,10 @@ def _meaning(parsed: ConfigFile, file: str) -> GatewayConfig:
     providers = []
     resources = []
     for name, server in servers.items():
-        source = parse_provider(f"{name}={server.url}", flag=f"servers.{name}.url")
+        try:
+            source = parse_provider(f"{name}={server.url}", flag=f"servers.{name}.url")
+        except InputError as error:
+            raise InputError(error.message, file=file, field=error.field) from None
         providers.append(ProviderSource(
             name, source.endpoint, context_length=server.context_length,
             num_parallel=server.num_parallel, reserve_mib=server.reserve_mib,

@@ -254,6 +254,9 @@ class GatewayServer:
             self.settings = self.desk.settings = settings
             changes.append("limits")
         await asyncio.gather(*(self.prober.probe_one(c) for c in fresh))
+        # read again at the next placement, not when the watch gets round to it
+        for name in old.keys() ^ new.keys() | {c.name for c in fresh}:
+            self.stack.view.invalidate(name)
         await self.keep_pinned()
         return changes
 

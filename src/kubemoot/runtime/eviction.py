@@ -2,10 +2,10 @@
 
 A victim must be idle: no live ticket on the provider is using it, and no other ticket
 has already claimed its memory as a victim; a copy pinned to its provider is never one.
-Live work is never unloaded, whatever the cost. The planner prefers the smallest set of victims that frees enough memory; when
-several sets are equally small it keeps the models that are wanted most, ranking by
-waiting agents, then intents, then recent use plus forecast, then how recently each was
-used. Models somebody is waiting for are only touched if no other set frees enough.
+Live work is never unloaded, whatever the cost. The planner prefers the smallest set of
+victims that frees enough memory; when several sets are equally small it keeps the
+models that are wanted most, ranking by waiting agents, then intents, then recent use
+plus forecast, then how recently each was used. Models somebody is waiting for are only touched if no other set frees enough.
 """
 
 from __future__ import annotations

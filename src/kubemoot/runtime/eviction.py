@@ -5,7 +5,8 @@ has already claimed its memory as a victim; a copy pinned to its provider is nev
 Live work is never unloaded, whatever the cost. The planner prefers the smallest set of
 victims that frees enough memory; when several sets are equally small it keeps the
 models that are wanted most, ranking by waiting agents, then intents, then recent use
-plus forecast, then how recently each was used. Models somebody is waiting for are only touched if no other set frees enough.
+plus forecast, then how recently each was used. Models somebody is waiting for are only
+touched if no other set frees enough.
 """
 
 from __future__ import annotations

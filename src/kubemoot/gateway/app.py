@@ -354,8 +354,8 @@ class GatewayApp:
                 log.warning("gateway: probing %s before an unload failed: %s", name, error)
                 continue
             p = fleet.provider(name)
-            if not held or (p is not None and p.in_flight(model)):
-                continue
+            if not held or (p is not None and (p.in_flight(model) or model in p.state.pinned)):
+                continue  # in use, or pinned there: a client's unload does not overrule
             try:
                 await client.unload(model)
             except ProviderError as error:

@@ -31,8 +31,11 @@ from kubemoot.cli._nats import (
 from kubemoot.runtime.settings import GatewaySettings, RuntimeSettings
 
 if TYPE_CHECKING:
+    from kubemoot.clock import Clock
+    from kubemoot.dashboard import DashboardServer
     from kubemoot.gateway.config import GatewayConfig
     from kubemoot.gateway.reload import GatewayFleet
+    from kubemoot.store.protocol import KV
 
 _DEFAULTS = GatewaySettings()
 
@@ -106,6 +109,13 @@ def gateway_command(
     allow_anonymous: bool = typer.Option(
         False, "--allow-anonymous",
         help="Allow a non-loopback address without --api-keys."),
+    dashboard: bool = typer.Option(
+        False, "--dashboard",
+        help="Also serve the dashboard (the page of `kubemoot dashboard`) over this "
+             "gateway's own store, embedded or NATS, at --dashboard-listen."),
+    dashboard_listen: str = typer.Option(
+        "127.0.0.1:8765", "--dashboard-listen", metavar="HOST:PORT",
+        help="Where --dashboard serves the page; loopback by default (it has no login)."),
     nats: NatsFlags = NO_NATS_FLAGS,
 ) -> None:
     """Serve the Ollama and OpenAI APIs; every call is placed on a GPU by kubemoot.
@@ -126,6 +136,9 @@ def gateway_command(
     tunables = RuntimeSettings.from_env()
     host, port = parse_listen(listen)
     check_host(host, flag="--listen")
+    page_at = parse_listen(dashboard_listen) if dashboard else None
+    if page_at is not None:
+        check_host(page_at[0], flag="--dashboard-listen")
     flag_keys = load_api_keys(api_keys) if api_keys is not None else None
     flag_limits = Limits(
         *(None if text is None else parse_duration(text, flag)
@@ -182,11 +195,17 @@ def gateway_command(
             try:
                 names = ", ".join(s.name for s in sources) or "none of its own"
                 store = mask_servers(nats_settings.servers) if nats_settings else "embedded"
+                page = (await _serve_dashboard(kv, clock, page_at, tunables)
+                        if page_at is not None else None)
                 err_console.print(
                     f"gateway: {server.url} (providers: {names}; store: {store}; "
                     f"{'API keys: ' + str(len(keys)) if keys else 'no API keys'}); "
                     "Ctrl-C stops it", highlight=False, soft_wrap=True)
-                await server.wait()
+                try:
+                    await server.wait()
+                finally:
+                    if page is not None:
+                        await page.stop()
             finally:
                 await server.stop()
                 await calllog.flush()
@@ -198,6 +217,27 @@ def gateway_command(
     # SIGTERM (what Kubernetes sends) and Ctrl-C cancel run(): replies end, tickets are
     # released and the store closes before the process exits (143 or 130).
     run_until_stopped(run(), grace_seconds=tunables.shutdown_grace_seconds)
+
+
+async def _serve_dashboard(kv: KV, clock: Clock, where: tuple[str, int],
+                           tunables: RuntimeSettings) -> DashboardServer:
+    """The dashboard over the gateway's own store: on the embedded store nothing else can
+    read it, and on NATS it saves running ``kubemoot dashboard`` beside the gateway.
+    Assembled here because the gateway package may not import another adapter."""
+    from kubemoot.cli._common import listen_error
+    from kubemoot.dashboard import DashboardServer
+    from kubemoot.dashboard.app import DashboardSettings
+
+    host, port = where
+    page = DashboardServer(
+        kv, host=host, port=port, clock=clock,
+        settings=DashboardSettings.from_runtime(tunables, allowed_hosts=[host]))
+    try:
+        await page.start()
+    except OSError as error:
+        raise listen_error(host, port, error, flag="--dashboard-listen") from None
+    err_console.print(f"dashboard: {page.url}", highlight=False, soft_wrap=True)
+    return page
 
 
 def _reload_on_change(server: object, config: Path,

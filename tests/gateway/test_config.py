@@ -138,3 +138,17 @@ def test_gateway_refuses_a_bad_config_at_start(tmp_path: Path) -> None:
     done = kubemoot("gateway", "-c", str(config), "--listen", "127.0.0.1:0")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert str(config) in done.stderr and "servers.big.vramGiB" in done.stderr
+
+
+def test_the_config_docs_gateway_md_shows_reads_as_it_says() -> None:
+    import re
+
+    doc = (Path(__file__).parents[2] / "docs" / "gateway.md").read_text()
+    [text] = [m.group(1) for m in re.finditer(r"```yaml\n(# gateway\.yaml\n.*?)```", doc,
+                                              re.S)]
+    fleet = assemble_fleet(parse_config(text, file="docs/gateway.md"))
+    assert [(s.name, s.total_vram_mib, s.pinned) for s in fleet.providers] == [
+        ("big", 32768, ()), ("small", 24576, ("qwen3:14b",))]
+    assert fleet.declared == {"qwen3:14b": 9856, "qwen3:32b": None}
+    assert fleet.virtual is not None and fleet.virtual.candidates("tools") is not None
+    assert fleet.keys is not None and fleet.settings.max_keep_alive_seconds == 1800

@@ -41,7 +41,7 @@ import httpx
 import pytest
 import yaml
 
-from kubemoot.providers.emulator import DEFAULT_MODELS
+from kubemoot.providers.emulator import DEFAULT_MODELS, OllamaEmulator
 from kubemoot.runtime.what_if import load_state
 from kubemoot.testing.emulators import emulator_factory
 from kubemoot.testing.nats_server import NatsServer, free_port
@@ -104,7 +104,9 @@ def servers() -> Iterator[dict[str, str]]:
                            "context_length": fleet.context_length,
                            "models": tuple(catalogue[m] for m in fleet.models),
                            "time_scale": 0.001, "keep_alive_s": 300_000.0}) as make:
-        yield {host: make(vram_mib=gib * 1024).url for host, gib in fleet.vram_gib.items()}
+        made: dict[str, OllamaEmulator] = {host: make(vram_mib=gib * 1024)
+                                           for host, gib in fleet.vram_gib.items()}
+        yield {host: emulator.url for host, emulator in made.items()}
 
 
 def test_the_fleet_the_guide_describes() -> None:

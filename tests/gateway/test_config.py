@@ -12,7 +12,7 @@ import pytest
 from kubemoot.api.errors import InputError
 from kubemoot.gateway.config import parse_config, parse_provider
 from kubemoot.gateway.reload import assemble_fleet
-from kubemoot.providers.emulator import OllamaEmulator
+from tests.gateway.conftest import OllamaEmulator  # the emulator, wherever it lives
 from tests.providers.test_cli import kubemoot
 
 HOMELAB = """

@@ -17,9 +17,9 @@ from typing import Any
 import ollama
 import pytest
 
-from kubemoot.providers.emulator import OllamaEmulator
 from tests.dashboard.conftest import artifacts, browser  # noqa: F401 (fixtures)
 from tests.dashboard.test_dashboard_browser import READ_CALLS, until
+from tests.gateway.conftest import OllamaEmulator  # the emulator, wherever it lives
 
 pytestmark = pytest.mark.browser
 

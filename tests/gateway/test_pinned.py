@@ -10,10 +10,9 @@ import pytest
 
 from kubemoot.clock import SystemClock
 from kubemoot.gateway import GatewayServer
-from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
 from kubemoot.runtime.settings import GatewaySettings
 from kubemoot.store.memory import MemoryKV
-from tests.gateway.conftest import SMALL, sources
+from tests.gateway.conftest import SMALL, EmulatedModel, OllamaEmulator, sources
 
 BIG = EmulatedModel("big:5b", 4800, family="big")
 HELLO = {"messages": [{"role": "user", "content": "hello"}], "stream": False}

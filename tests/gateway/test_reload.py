@@ -21,8 +21,8 @@ from kubemoot.clock import SystemClock
 from kubemoot.gateway import GatewayServer
 from kubemoot.gateway.config import load_config
 from kubemoot.gateway.reload import ConfigReloader, assemble_fleet
-from kubemoot.providers.emulator import OllamaEmulator
 from kubemoot.store.memory import MemoryKV
+from tests.gateway.conftest import OllamaEmulator  # the emulator, wherever it lives
 from tests.providers.test_cli import KUBEMOOT
 
 HELLO = {"messages": [{"role": "user", "content": "hello"}], "stream": False}

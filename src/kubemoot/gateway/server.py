@@ -106,6 +106,7 @@ class GatewayServer:
         self.prober: Prober | None = None
         self._http: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._probing: asyncio.Task[None] | None = None
         self._web = HttpServer(host, port, drain_seconds=self.settings.drain_seconds,
                                backlog=_LISTEN_BACKLOG)
 
@@ -169,7 +170,14 @@ class GatewayServer:
         self.desk = CallDesk(self.stack, self._http, self.settings,
                              after_load=self._reprobe)
         self.desk.listeners.extend(self.on_call)
-        self._tasks.append(asyncio.get_running_loop().create_task(self._probe_loop()))
+        self._ensure_probe_loop()
+
+    def _ensure_probe_loop(self) -> None:
+        """Start the probe loop once there is something to probe or a file to watch (a
+        gateway of NATS-published providers only has nothing to do on a tick)."""
+        if self._probing is None and (self.clients or self.before_probe is not None):
+            self._probing = asyncio.get_running_loop().create_task(self._probe_loop())
+            self._tasks.append(self._probing)
 
     async def _probe_loop(self) -> None:
         """Every probe interval: the ``before_probe`` hook, a probe of every provider,
@@ -253,6 +261,7 @@ class GatewayServer:
         if settings is not None and settings != self.settings:
             self.settings = self.desk.settings = settings
             changes.append("limits")
+        self._ensure_probe_loop()
         await asyncio.gather(*(self.prober.probe_one(c) for c in fresh))
         # read again at the next placement, not when the watch gets round to it
         for name in old.keys() ^ new.keys() | {c.name for c in fresh}:

@@ -152,3 +152,12 @@ def test_the_config_docs_gateway_md_shows_reads_as_it_says() -> None:
     assert fleet.declared == {"qwen3:14b": 9856, "qwen3:32b": None}
     assert fleet.virtual is not None and fleet.virtual.candidates("tools") is not None
     assert fleet.keys is not None and fleet.settings.max_keep_alive_seconds == 1800
+
+
+@pytest.mark.parametrize("spelling", ["vramMiB", "vramMib"])
+def test_scenarios_and_placement_states_take_either_spelling(spelling: str) -> None:
+    from kubemoot.runtime.what_if import DeclaredModel
+    from kubemoot.sim.scenario import ModelSpec
+
+    assert ModelSpec.model_validate({"name": "q:1", spelling: 512}).vram_mib == 512
+    assert DeclaredModel.model_validate({"name": "q:1", spelling: 512}).vram_mib == 512

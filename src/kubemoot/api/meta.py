@@ -25,6 +25,7 @@ __all__ = [
     "GROUP",
     "VERSION",
     "Condition",
+    "EitherMibSpelling",
     "ObjectMeta",
     "Resource",
     "Strict",
@@ -46,10 +47,8 @@ def other_mib_spelling(key: str) -> str | None:
     return None
 
 
-class Strict(BaseModel):
-    """Base of every spec/status part: unknown fields are errors, so typos never pass silently."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
+class EitherMibSpelling(BaseModel):
+    """A model whose mebibyte fields take both spellings (resources, scenarios, states)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -73,6 +72,12 @@ class Strict(BaseModel):
             renamed = renamed if renamed is not None else dict(data)
             renamed[other] = renamed.pop(key)
         return data if renamed is None else renamed
+
+
+class Strict(EitherMibSpelling):
+    """Base of every spec/status part: unknown fields are errors, so typos never pass silently."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class ObjectMeta(Strict):

@@ -161,3 +161,28 @@ def test_scenarios_and_placement_states_take_either_spelling(spelling: str) -> N
 
     assert ModelSpec.model_validate({"name": "q:1", spelling: 512}).vram_mib == 512
     assert DeclaredModel.model_validate({"name": "q:1", spelling: 512}).vram_mib == 512
+
+
+def test_a_bundle_model_pinned_to_its_provider(tmp_path: Path) -> None:
+    bundle = tmp_path / "fleet.yaml"
+    bundle.write_text("""
+apiVersion: kubemoot.ai/v1alpha1
+kind: ModelProvider
+metadata: {name: gpu}
+spec: {endpoint: "http://127.0.0.1:11434"}
+status: {capacity: {vramTotalMiB: 24576}}
+---
+apiVersion: kubemoot.ai/v1alpha1
+kind: Model
+metadata: {name: qwen3-14b}
+spec: {model: "qwen3:14b", providerRef: gpu, vramMiB: 9216, pinned: true}
+---
+apiVersion: kubemoot.ai/v1alpha1
+kind: Model
+metadata: {name: qwen3-8b}
+spec: {model: "qwen3:8b", providerRef: gpu, vramMib: 5120}
+""")
+    fleet = assemble_fleet(None, files=[bundle])
+    [gpu] = fleet.providers
+    assert gpu.pinned == ("qwen3:14b",) and gpu.total_vram_mib == 24576
+    assert fleet.declared == {"qwen3:14b": 9216, "qwen3:8b": 5120}

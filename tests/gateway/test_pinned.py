@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -48,6 +49,12 @@ async def test_a_pinned_copy_is_loaded_at_start_and_never_a_victim(
                 # nor does a client's unload (keep_alive 0) take it away
                 await http.post("/api/generate", json={"model": "small:1b", "keep_alive": 0})
                 assert _resident(emulator) == {"small:1b"}
+                # nor a call's short keep_alive: the engine is told to keep it
+                said = await http.post("/api/chat", json={"model": "small:1b", **HELLO,
+                                                          "keep_alive": "1s"})
+                assert said.status_code == 200, said.text
+                [(_model, copy)] = emulator.engine.copies()
+                assert copy.keep_alive == math.inf
             else:
                 assert big.status_code == 200, big.text
                 assert big.headers["x-kubemoot-evicted"] == "small:1b"

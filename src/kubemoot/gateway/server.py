@@ -168,7 +168,7 @@ class GatewayServer:
             limits=httpx.Limits(max_connections=self.settings.upstream_connections,
                                 max_keepalive_connections=self.settings.upstream_connections))
         self.desk = CallDesk(self.stack, self._http, self.settings,
-                             after_load=self._reprobe)
+                             after_load=self._reprobe, pinned=self.pinned)
         self.desk.listeners.extend(self.on_call)
         self._ensure_probe_loop()
 

@@ -152,3 +152,26 @@ def test_sighup_reloads_a_running_kubemoot_gateway(
     finally:
         process.terminate()
         process.wait(timeout=60)
+
+
+async def test_a_reload_swaps_the_keys(make_emulator: Callable[..., OllamaEmulator],
+                                       tmp_path: Path) -> None:
+    a = make_emulator()
+    path = tmp_path / "gateway.yaml"
+    path.write_text(config_text({"a": a}, probe="1h") + "keys: {alice: sk-alice}\n")
+    first = assemble_fleet(load_config(path))
+    gateway = GatewayServer(MemoryKV(SystemClock()), providers=first.providers, port=0,
+                            settings=first.settings, keys=first.keys)
+    reloader = ConfigReloader(path, gateway, assemble_fleet, announce=lambda line: None)
+    await gateway.start()
+    try:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+            alice = {"Authorization": "Bearer sk-alice"}
+            assert (await http.get("/api/tags", headers=alice)).status_code == 200
+            path.write_text(config_text({"a": a}, probe="1h") + "keys: {bob: sk-bob}\n")
+            assert await reloader.reload("test")
+            assert (await http.get("/api/tags", headers=alice)).status_code == 401
+            bob = {"Authorization": "Bearer sk-bob"}
+            assert (await http.get("/api/tags", headers=bob)).status_code == 200
+    finally:
+        await gateway.stop()

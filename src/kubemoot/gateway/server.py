@@ -96,7 +96,8 @@ class GatewayServer:
         # Each finished call's attribution (the CLI adds the dashboard's call log here).
         self.on_call = list(on_call)
         self.clients: dict[str, OllamaProvider] = {}
-        # provider → models kept loaded there; published with each probe's state
+        # provider → models kept loaded there, for every provider this gateway probes;
+        # published with each probe's state
         self.pinned: dict[str, tuple[str, ...]] = {s.name: s.pinned for s in self.sources}
         # Run before each probe round (the CLI checks its config file's mtime here).
         self.before_probe: Callable[[], Awaitable[None]] | None = None
@@ -143,7 +144,8 @@ class GatewayServer:
             self.clients[source.name] = self._client(source)
         self._states = await self.kv.bucket(PROVIDER_STATE_BUCKET)
         self.prober = Prober(list(self.clients.values()), clock=self.clock,
-                             publish=NewestStatePublisher(self._states, pinned=self.pinned))
+                             publish=NewestStatePublisher(self._states,
+                                                          providers=self.pinned))
         for state in await self.prober.probe_all():
             if not state.ready:
                 # said once here: otherwise a dead server shows only as "model not found"
@@ -222,6 +224,7 @@ class GatewayServer:
         new = {s.name: s for s in providers}
         old = {s.name: s for s in self.sources}
         for name in sorted(old.keys() - new.keys()):
+            self.pinned.pop(name, None)  # first: a probe under way publishes it no more
             client = self.clients.pop(name)
             with contextlib.suppress(Exception):
                 await client.close()
@@ -349,15 +352,22 @@ class NewestStatePublisher(KVStatePublisher):
     then fill, making the engine evict on its own. The stored document's
     ``lastProbedAt`` orders probes; a compare-and-set keeps the check and the write
     together.
+
+    ``providers`` (provider → models pinned there), when given, is the gateway's
+    current fleet: each state carries its pins, and the state of a provider a reload
+    took out is not published again by a probe that was already under way.
     """
 
     def __init__(self, bucket: Bucket, *,
-                 pinned: Mapping[str, Sequence[str]] | None = None) -> None:
+                 providers: Mapping[str, Sequence[str]] | None = None) -> None:
         super().__init__(bucket)
-        self._pinned = pinned if pinned is not None else {}
+        self._providers = providers
 
     async def __call__(self, state: ProviderState) -> None:
-        state.pinned = list(self._pinned.get(state.provider, ()))
+        if self._providers is not None:
+            if state.provider not in self._providers:
+                return  # taken out of the fleet while its probe ran
+            state.pinned = list(self._providers[state.provider])
         key = encode_token(state.provider)
         data = state.to_json()
         for _ in range(_PUBLISH_ATTEMPTS):

@@ -16,6 +16,11 @@ The commands are read out of the markdown, so the guide and this test cannot dri
 * a ```` ```yaml ```` block that starts with ``# file: NAME`` is saved as NAME first;
 * a ```` ```text ```` block right after a script is output: each of its lines must be
   a line of what that script printed.
+
+The emulators are the fleet the guide's opening describes, read from its words (each
+card's GiB, ``OLLAMA_NUM_PARALLEL``, ``OLLAMA_CONTEXT_LENGTH``, the models pulled);
+what the cards hold when the commands start is only what the guide's own first block
+loads.
 """
 
 from __future__ import annotations
@@ -64,17 +69,54 @@ def commands(block: Block) -> list[str]:
             if line.strip() and not line.lstrip().startswith("#")]
 
 
+@dataclass(frozen=True)
+class Fleet:
+    """The servers the guide's opening describes."""
+
+    vram_gib: dict[str, int]
+    num_parallel: int
+    context_length: int
+    models: tuple[str, ...]
+
+
+def described_fleet(markdown: str) -> Fleet:
+    """The fleet as the guide's words describe it, so the emulators are that fleet."""
+    prose = " ".join(markdown.split())
+    sizes = {host: re.search(rf"`{host}` \(a (\d+) GiB card\)", prose) for host in SERVERS}
+    parallel = re.search(r"`OLLAMA_NUM_PARALLEL=(\d+)`", prose)
+    context = re.search(r"`OLLAMA_CONTEXT_LENGTH=(\d+)`", prose)
+    pulled = re.search(r"both with (.+?) pulled", prose)
+    assert all(sizes.values()) and parallel and context and pulled, (
+        "the guide's opening no longer describes its servers")
+    return Fleet({h: int(m.group(1)) for h, m in sizes.items() if m},
+                 int(parallel.group(1)), int(context.group(1)),
+                 tuple(re.findall(r"`([^`]+)`", pulled.group(1))))
+
+
 @pytest.fixture
 def servers() -> Iterator[dict[str, str]]:
-    """rig-a: a 32 GiB card with three qwen3 sizes; rig-b: 24 GiB with a warm qwen3:14b."""
-    small_models = tuple(m for m in DEFAULT_MODELS if m.name != "qwen3:32b")
+    """Two emulators, exactly the fleet the guide describes, holding nothing yet."""
+    fleet = described_fleet(GUIDE.read_text())
+    catalogue = {m.name: m for m in DEFAULT_MODELS}
+    assert set(fleet.models) <= set(catalogue), fleet.models
     # keep-alive is in emulated seconds: five real minutes
-    with emulator_factory({"num_parallel": 2, "context_length": 8192,
+    with emulator_factory({"num_parallel": fleet.num_parallel,
+                           "context_length": fleet.context_length,
+                           "models": tuple(catalogue[m] for m in fleet.models),
                            "time_scale": 0.001, "keep_alive_s": 300_000.0}) as make:
-        rig_a: OllamaEmulator = make(vram_mib=32768)
-        rig_b: OllamaEmulator = make(vram_mib=24576, models=small_models)
-        httpx.post(f"{rig_b.url}/api/generate", json={"model": "qwen3:14b"}, timeout=30)
-        yield {"rig-a": rig_a.url, "rig-b": rig_b.url}
+        made: dict[str, OllamaEmulator] = {host: make(vram_mib=gib * 1024)
+                                           for host, gib in fleet.vram_gib.items()}
+        yield {host: emulator.url for host, emulator in made.items()}
+
+
+def test_the_fleet_the_guide_describes() -> None:
+    assert described_fleet(GUIDE.read_text()) == Fleet(
+        {"rig-a": 32, "rig-b": 24}, 2, 8192, ("qwen3:8b", "qwen3:14b", "qwen3:32b"))
+
+
+def first_script(found: list[Block]) -> Block:
+    """The guide's opening block: what it loads before step 1."""
+    return next(b for b in found if b.kind == "bash")
 
 
 def environment() -> dict[str, str]:
@@ -206,9 +248,11 @@ def test_the_guide_sizes_models_as_a_probe_of_its_servers_shows_them(
 ) -> None:
     """Step 3 says to take sizes from a probe after loading each model once: the
     scenario's sizes are what that gives on the guide's cards."""
-    scenario = next(yaml.safe_load(b.text) for b in blocks(GUIDE.read_text())
+    found = blocks(GUIDE.read_text())
+    scenario = next(yaml.safe_load(b.text) for b in found
                     if b.kind == "yaml" and b.text.startswith("# file: "))
-    for model in ("qwen3:8b", "qwen3:32b"):  # qwen3:14b is loaded on rig-b already
+    run(first_script(found).text, cwd=tmp_path, servers=servers)  # qwen3:14b on rig-b
+    for model in ("qwen3:8b", "qwen3:32b"):
         httpx.post(f"{servers['rig-a']}/api/generate", json={"model": model}, timeout=30)
     shown = run("kubemoot probe a=http://rig-a:11434 b=http://rig-b:11434 "
                 "--num-parallel 2 --context-length 8192 -o state",
@@ -235,6 +279,7 @@ def test_the_dashboard_of_the_guide_shows_where_the_gateway_calls_ran(
     request = next(b for b in found[at + 1:] if b.kind == "bash")
     listen, board = f"127.0.0.1:{free_port()}", free_port()
 
+    run(first_script(found).text, cwd=tmp_path, servers=servers)  # as the reader did
     nats = NatsServer()
     asyncio.run(nats.start())
     gateway = dashboard = None

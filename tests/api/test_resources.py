@@ -104,8 +104,8 @@ def test_keys_and_scope(resource: Any, key: str, namespace: str | None) -> None:
                                                      "license": "MAYBE"}},
          ("spec", "license"), "ALLOW"),
         (ModelProvider, {"metadata": {"name": "p"}, "spec": {"endpoint": "e"},
-                         "status": {"capacity": {"vramTotalMib": 1}}},
-         ("status", "capacity", "vramTotalMib"), "Extra inputs"),
+                         "status": {"capacity": {"vramTotalMB": 1}}},
+         ("status", "capacity", "vramTotalMB"), "Extra inputs"),
         (ModelProvider, {"metadata": {"name": "p"}, "spec": {"endpoint": "e"},
                          "status": {"lastProbedAt": "2026-05-15T12:00:00"}},
          ("status", "lastProbedAt"), "timezone"),
@@ -177,3 +177,21 @@ def test_model_readiness_from_status() -> None:
     base = {"metadata": {"name": "m"}, "spec": {"model": "a", "providerRef": "p"}}
     assert Model.model_validate({**base, "status": {"ready": False}}).is_ready is False
     assert Model.model_validate({**base, "status": {}}).is_ready is True
+
+
+@pytest.mark.parametrize("spelling", ["vramMib", "vramMiB"])
+def test_mebibyte_fields_take_either_spelling(spelling: str) -> None:
+    model = Model.model_validate({"metadata": {"name": "m"},
+                                  "spec": {**MODEL_SPEC, spelling: 512}})
+    provider = ModelProvider.model_validate({
+        "metadata": {"name": "p"}, "spec": {"endpoint": "e", "reserveMib": 256},
+        "status": {"capacity": {"vramTotalMib": 8192}}})
+    assert model.spec.vram_mib == 512
+    assert provider.spec.reserve_mib == 256 and provider.capacity is not None
+    assert provider.capacity.vram_total_mib == 8192
+
+
+def test_both_spellings_at_once_are_refused() -> None:
+    with pytest.raises(ValidationError, match="vramMiB and vramMib are one field"):
+        Model.model_validate({"metadata": {"name": "m"},
+                              "spec": {**MODEL_SPEC, "vramMiB": 1, "vramMib": 2}})

@@ -180,6 +180,29 @@ async def test_a_victim_with_an_in_flight_ticket_is_never_chosen(make) -> None:
     assert placement.evicted == ("wanted",)
 
 
+async def test_a_pinned_copy_is_never_a_victim(make) -> None:
+    # "pinned" is the least needed and alone frees enough; it is pinned to a, so the
+    # planner takes the wanted one instead.
+    state = gpu("a", 25, residents={"pinned": 12, "wanted": 12})
+    state.pinned = ["pinned"]
+    h = await make([state], declared={"new": 12})
+    for _ in range(5):
+        await h.board.record_use("wanted")
+    placement = await h.place("new")
+    assert placement.evicted == ("wanted",)
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+async def test_a_load_that_needs_the_pinned_copy_gone_is_not_placed(
+        make, pinned: bool) -> None:
+    state = gpu("a", 25, residents={"kept": 12})
+    state.pinned = ["kept"] if pinned else []
+    h = await make([state], declared={"huge": 20})
+    placement = await h.place("huge")
+    assert placement.placed is not pinned
+    assert placement.evicted == (() if pinned else ("kept",))
+
+
 async def test_models_with_waiters_are_evicted_only_when_nothing_else_makes_room(make) -> None:
     # Freeing 12 GiB takes either the waited-for model alone or both others.
     h = await make([gpu("a", 29, residents={"waited": 12, "p": 8, "q": 8})],

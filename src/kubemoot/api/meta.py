@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Final, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kubemoot.api.bounds import Int64
 from kubemoot.api.labels import (
@@ -25,9 +25,11 @@ __all__ = [
     "GROUP",
     "VERSION",
     "Condition",
+    "EitherMibSpelling",
     "ObjectMeta",
     "Resource",
     "Strict",
+    "other_mib_spelling",
 ]
 
 GROUP: Final = "kubemoot.ai"
@@ -37,7 +39,42 @@ API_VERSION: Final = "kubemoot.ai/v1alpha1"
 DEFAULT_NAMESPACE = "default"
 
 
-class Strict(BaseModel):
+def other_mib_spelling(key: str) -> str | None:
+    """``vramMiB`` ↔ ``vramMib``: the other spelling of a mebibyte field name, or None."""
+    for one, other in (("MiB", "Mib"), ("Mib", "MiB")):
+        if key.endswith(one) and len(key) > 3:
+            return key[:-3] + other
+    return None
+
+
+class EitherMibSpelling(BaseModel):
+    """A model whose mebibyte fields take both spellings (resources, scenarios, states)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _either_mib_spelling(cls, data: Any) -> Any:
+        """``vramMib`` and ``vramMiB`` (and every other mebibyte field) mean one field.
+
+        The spec writes ``Model.spec.vramMib``, the provider status writes ``…MiB``;
+        people type either, so both spellings reach the same field (both at once is
+        an error: which one was meant?).
+        """
+        if not isinstance(data, dict):
+            return data
+        known = {f.alias or name for name, f in cls.model_fields.items()}
+        renamed: dict[str, Any] | None = None
+        for key in data:
+            other = other_mib_spelling(key) if isinstance(key, str) else None
+            if other is None or key in known or other not in known:
+                continue
+            if other in data:
+                raise ValueError(f"{key} and {other} are one field: give only one")
+            renamed = renamed if renamed is not None else dict(data)
+            renamed[other] = renamed.pop(key)
+        return data if renamed is None else renamed
+
+
+class Strict(EitherMibSpelling):
     """Base of every spec/status part: unknown fields are errors, so typos never pass silently."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)

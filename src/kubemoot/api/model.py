@@ -30,6 +30,11 @@ class ModelSpec(Strict):
         alias="vramMib",
         description="Declared footprint in MiB, used until the model has been observed loaded.",
     )
+    pinned: bool | None = Field(
+        default=None,
+        description="Keep this model loaded on its provider: loaded at start, loaded "
+        "again whenever it is not resident, never unloaded to make room for another.",
+    )
     digest: str | None = Field(default=None, description="Artifact digest (the Ollama manifest).")
     license: License | None = None
     runtime: str | None = Field(default=None, description="Runtime requirement, e.g. ollama>=0.6.")

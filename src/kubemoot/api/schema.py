@@ -18,6 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from kubemoot.api.meta import other_mib_spelling
+
 __all__ = ["PRESERVE", "structural_schema", "validate_value"]
 
 PRESERVE = "x-kubernetes-preserve-unknown-fields"
@@ -57,6 +59,7 @@ def _convert(node: Mapping[str, Any], defs: Mapping[str, Any], *, depth: int) ->
             out[key] = {
                 name: _convert(sub, defs, depth=depth + 1) for name, sub in value.items()
             }
+            out[key].update(_other_mib_spellings(out[key]))
         elif key == "items":
             out[key] = _convert(value, defs, depth=depth + 1)
         elif key == "additionalProperties":
@@ -74,6 +77,20 @@ def _convert(node: Mapping[str, Any], defs: Mapping[str, Any], *, depth: int) ->
     if "enum" in out and "type" not in out:
         out["type"] = _json_type(out["enum"][0])
     return out
+
+
+def _other_mib_spellings(properties: Mapping[str, Any]) -> dict[str, Any]:
+    """The other spelling of each mebibyte field (``vramMiB`` beside ``vramMib``).
+
+    The models read both (:meth:`~kubemoot.api.meta.Strict._either_mib_spelling`); the
+    API server must keep both too, or it would prune the one the schema does not name.
+    """
+    extra: dict[str, Any] = {}
+    for name, sub in properties.items():
+        other = other_mib_spelling(name)
+        if other is not None and other not in properties:
+            extra[other] = {**copy.deepcopy(sub), "description": f"Same as {name}."}
+    return extra
 
 
 def _inline(node: Mapping[str, Any], defs: Mapping[str, Any]) -> dict[str, Any]:

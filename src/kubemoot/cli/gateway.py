@@ -1,8 +1,9 @@
 """``kubemoot gateway`` — per-call placement for any Ollama or OpenAI client (DESIGN §9).
 
-Providers come from ``--provider [NAME=]URL`` (repeatable) and ``-f BUNDLE.yaml``
-(ModelProvider and Model resources); with ``--nats`` the gateway shares provider state
-and tickets with the operator and other gateway replicas. It listens on loopback by
+Providers come from ``--provider [NAME=]URL`` (repeatable), ``-f BUNDLE.yaml``
+(ModelProvider and Model resources) and ``-c gateway.yaml`` (a hand-written config,
+reloaded on SIGHUP and when the file changes); with ``--nats`` the gateway shares
+provider state and tickets with the operator and other gateway replicas. It listens on loopback by
 default; a non-loopback address needs ``--api-keys`` or an explicit
 ``--allow-anonymous``.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,11 +29,14 @@ from kubemoot.cli._nats import (
     open_shared_store,
     resolve_nats,
 )
-from kubemoot.runtime.settings import DEFAULTS, GatewaySettings, RuntimeSettings
+from kubemoot.runtime.settings import GatewaySettings, RuntimeSettings
 
 if TYPE_CHECKING:
-    from kubemoot.gateway import ProviderSource
-    from kubemoot.gateway.app import VirtualModels
+    from kubemoot.clock import Clock
+    from kubemoot.dashboard import DashboardServer
+    from kubemoot.gateway.config import GatewayConfig
+    from kubemoot.gateway.reload import GatewayFleet
+    from kubemoot.store.protocol import KV
 
 _DEFAULTS = GatewaySettings()
 _LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
@@ -82,18 +87,25 @@ def gateway_command(
     file: list[Path] = typer.Option(
         [], "-f", "--file", metavar="BUNDLE",
         help="A YAML bundle of ModelProvider, Model and ModelClass resources; repeatable."),
+    config: Path | None = typer.Option(
+        None, "-c", "--config", metavar="FILE",
+        help="A gateway config (servers, models, classes, keys, limits; docs/gateway.md); "
+             "reloaded on SIGHUP and when the file changes."),
     listen: str = typer.Option(_DEFAULTS.listen, "--listen", metavar="HOST:PORT",
                                help="Where to listen; loopback by default."),
-    wait_limit: str = typer.Option(
-        f"{_DEFAULTS.wait_limit_seconds:g}s", "--wait-limit", metavar="DURATION",
+    wait_limit: str | None = typer.Option(
+        None, "--wait-limit", metavar="DURATION",
         help="How long a busy call waits for a GPU unless the client sends "
-             "X-Kubemoot-Wait-Budget."),
-    max_keep_alive: str = typer.Option(
-        f"{_DEFAULTS.max_keep_alive_seconds / 60:g}m", "--max-keep-alive", metavar="DURATION",
-        help="The longest keep_alive a client may ask for (90s, 30m, 1h)."),
-    probe_interval: str = typer.Option(
-        f"{_DEFAULTS.probe_interval_seconds:g}s", "--probe-interval", metavar="DURATION",
-        help="How often the gateway probes its providers."),
+             f"X-Kubemoot-Wait-Budget (default {_DEFAULTS.wait_limit_seconds:g}s; over "
+             "the config's limits.waitLimit)."),
+    max_keep_alive: str | None = typer.Option(
+        None, "--max-keep-alive", metavar="DURATION",
+        help="The longest keep_alive a client may ask for (90s, 30m, 1h; default "
+             f"{_DEFAULTS.max_keep_alive_seconds / 60:g}m)."),
+    probe_interval: str | None = typer.Option(
+        None, "--probe-interval", metavar="DURATION",
+        help="How often the gateway probes its providers (and looks at its config "
+             f"file; default {_DEFAULTS.probe_interval_seconds:g}s)."),
     api_keys: Path | None = typer.Option(
         None, "--api-keys", metavar="FILE",
         help="A file of 'name: key' lines; turns on bearer tokens."),
@@ -111,6 +123,13 @@ def gateway_command(
     log_level: str = typer.Option(
         "warning", "--log-level", metavar="LEVEL",
         help="debug, info, warning or error; info adds one access line per request."),
+    dashboard: bool = typer.Option(
+        False, "--dashboard",
+        help="Also serve the dashboard (the page of `kubemoot dashboard`) over this "
+             "gateway's own store, embedded or NATS, at --dashboard-listen."),
+    dashboard_listen: str = typer.Option(
+        "127.0.0.1:8765", "--dashboard-listen", metavar="HOST:PORT",
+        help="Where --dashboard serves the page; loopback by default (it has no login)."),
     nats: NatsFlags = NO_NATS_FLAGS,
 ) -> None:
     """Serve the Ollama and OpenAI APIs; every call is placed on a GPU by kubemoot.
@@ -123,7 +142,9 @@ def gateway_command(
     from dataclasses import replace
 
     from kubemoot.cli._common import check_host, install_log_lines, listen_error
+    from kubemoot.gateway.config import Limits, load_config
     from kubemoot.gateway.keys import load_api_keys
+    from kubemoot.gateway.reload import assemble_fleet
 
     level = _LOG_LEVELS.get(log_level.strip().lower())
     if level is None:
@@ -135,25 +156,38 @@ def gateway_command(
     tunables = RuntimeSettings.from_env()
     host, port = parse_listen(listen)
     check_host(host, flag="--listen")
-    keys = load_api_keys(api_keys) if api_keys is not None else None
-    if keys is None and not is_loopback(host) and not allow_anonymous:
-        raise InputError(f"{host} is not a loopback address: give --api-keys FILE, or "
-                         "--allow-anonymous to serve anyone who can reach it",
-                         field="--listen")
-    settings = replace(
-        _DEFAULTS,
-        wait_limit_seconds=parse_duration(wait_limit, "--wait-limit"),
-        max_keep_alive_seconds=parse_duration(max_keep_alive, "--max-keep-alive"),
-        probe_interval_seconds=parse_duration(probe_interval, "--probe-interval"),
-        allowed_origins=tuple(o.strip() for o in allow_origin if o.strip()),
-        allowed_hosts=tuple(h.strip() for h in allow_host if h.strip()),
-    )
-    sources, declared, virtual = _providers(provider, file,
-                                            tolerance=tunables.candidate_tolerance)
-    if not sources and nats.url is None:
-        raise InputError("no provider: give --provider URL, -f BUNDLE.yaml with a "
-                         "ModelProvider, or --nats to use the providers others publish",
-                         field="--provider")
+    page_at = parse_listen(dashboard_listen) if dashboard else None
+    if page_at is not None:
+        check_host(page_at[0], flag="--dashboard-listen")
+    flag_keys = load_api_keys(api_keys) if api_keys is not None else None
+    flag_limits = Limits(
+        *(None if text is None else parse_duration(text, flag)
+          for text, flag in ((wait_limit, "--wait-limit"),
+                             (max_keep_alive, "--max-keep-alive"),
+                             (probe_interval, "--probe-interval"))))
+
+    # The browser guard comes from flags only: a reload keeps it.
+    guarded = replace(_DEFAULTS,
+                      allowed_origins=tuple(o.strip() for o in allow_origin if o.strip()),
+                      allowed_hosts=tuple(h.strip() for h in allow_host if h.strip()))
+
+    def build(config: GatewayConfig | None) -> GatewayFleet:
+        # the whole fleet for one reading of the config; a reload calls it again
+        fleet = assemble_fleet(config, urls=provider, files=file, flag_keys=flag_keys,
+                               flag_limits=flag_limits, tolerance=tunables.candidate_tolerance,
+                               base=guarded)
+        if fleet.keys is None and not is_loopback(host) and not allow_anonymous:
+            raise InputError(f"{host} is not a loopback address: give --api-keys FILE (or "
+                             "keys: in the config), or --allow-anonymous to serve anyone "
+                             "who can reach it", field="--listen")
+        if not fleet.providers and nats.url is None:
+            raise InputError("no provider: give --provider URL, -f BUNDLE.yaml with a "
+                             "ModelProvider, servers: in -c FILE, or --nats to use the "
+                             "providers others publish", field="--provider")
+        return fleet
+
+    first = build(load_config(config) if config is not None else None)
+    sources, keys, settings = first.providers, first.keys, first.settings
     nats_settings = resolve_nats(nats, use_nats=nats.url is not None)
 
     for source in sources:
@@ -175,8 +209,11 @@ def gateway_command(
             calllog = await CallLogWriter.open(kv)
             server = GatewayServer(kv, providers=sources, host=host, port=port,
                                    settings=settings, runtime=tunables,
-                                   declared=declared, keys=keys,
-                                   virtual=virtual, clock=clock, on_call=[calllog.record])
+                                   declared=first.declared, keys=keys,
+                                   virtual=first.virtual, clock=clock,
+                                   on_call=[calllog.record])
+            if config is not None:
+                _reload_on_change(server, config, build)
             try:
                 await server.start()
             except OSError as error:
@@ -184,11 +221,17 @@ def gateway_command(
             try:
                 names = ", ".join(s.name for s in sources) or "none of its own"
                 store = mask_servers(nats_settings.servers) if nats_settings else "embedded"
+                page = (await _serve_dashboard(kv, clock, page_at, tunables)
+                        if page_at is not None else None)
                 err_console.print(
                     f"gateway: {server.url} (providers: {names}; store: {store}; "
                     f"{'API keys: ' + str(len(keys)) if keys else 'no API keys'}); "
                     "Ctrl-C stops it", highlight=False, soft_wrap=True)
-                await server.wait()
+                try:
+                    await server.wait()
+                finally:
+                    if page is not None:
+                        await page.stop()
             finally:
                 await server.stop()
                 await calllog.flush()
@@ -202,62 +245,48 @@ def gateway_command(
     run_until_stopped(run(), grace_seconds=tunables.shutdown_grace_seconds)
 
 
-def _providers(
-    urls: list[str], files: list[Path], *, tolerance: float
-) -> tuple[list[ProviderSource], dict[str, int | None], VirtualModels | None]:
-    """The providers, declared model sizes and ModelClasses of ``--provider`` and ``-f``."""
-    from kubemoot.api.loader import load_bundle
-    from kubemoot.gateway import ProviderSource
-    from kubemoot.gateway.classes import ModelClassBook
-    from kubemoot.providers.ollama import parse_endpoint
+async def _serve_dashboard(kv: KV, clock: Clock, where: tuple[str, int],
+                           tunables: RuntimeSettings) -> DashboardServer:
+    """The dashboard over the gateway's own store: on the embedded store nothing else can
+    read it, and on NATS it saves running ``kubemoot dashboard`` beside the gateway.
+    Assembled here because the gateway package may not import another adapter."""
+    from kubemoot.cli._common import listen_error
+    from kubemoot.dashboard import DashboardServer
+    from kubemoot.dashboard.app import DashboardSettings
 
-    sources: dict[str, ProviderSource] = {}
-    declared: dict[str, int | None] = {}
-    virtual: VirtualModels | None = None
-    if files:
-        bundle = load_bundle(files)
-        for p in bundle.providers:
-            capacity = p.status.capacity if p.status is not None else None
-            sources[p.metadata.name] = ProviderSource(
-                p.metadata.name, parse_endpoint(p.spec.endpoint)[1],
-                context_length=p.spec.context_length, num_parallel=p.spec.num_parallel or 1,
-                reserve_mib=p.spec.reserve_mib,
-                total_vram_mib=capacity.vram_total_mib if capacity else None)
-        declared = {m.spec.model: m.spec.vram_mib for m in bundle.models}
-        if bundle.model_classes:
-            virtual = ModelClassBook(
-                bundle.model_classes, bundle.models, bundle.providers,
-                runtime_tolerance=tolerance)
-    for text in urls:
-        endpoint, *settings = text.split(",")
-        try:
-            name, url = parse_endpoint(endpoint)
-        except InputError as error:
-            raise InputError(error.message, field="--provider") from None
-        if name in sources:
-            raise InputError(f"the provider name {name!r} is given twice",
-                             field="--provider")
-        values = _provider_settings(text, settings)
-        sources[name] = ProviderSource(
-            name, url, context_length=values.get("contextLength"),
-            num_parallel=values.get("numParallel", 1),
-            reserve_mib=values.get("reserveMiB", DEFAULTS.reserve_mib),
-            total_vram_mib=values.get("vramMiB"))
-    return list(sources.values()), declared, virtual
+    host, port = where
+    page = DashboardServer(
+        kv, host=host, port=port, clock=clock,
+        settings=DashboardSettings.from_runtime(tunables, allowed_hosts=[host]))
+    try:
+        await page.start()
+    except OSError as error:
+        raise listen_error(host, port, error, flag="--dashboard-listen") from None
+    err_console.print(f"dashboard: {page.url}", highlight=False, soft_wrap=True)
+    return page
 
 
-# What ``--provider URL,key=value…`` may say; Ollama reports none of these itself.
-_PROVIDER_KEYS = ("vramMiB", "numParallel", "contextLength", "reserveMiB")
+def _reload_on_change(server: object, config: Path,
+                      build: Callable[[GatewayConfig], GatewayFleet]) -> None:
+    """Reload ``config`` into the server on SIGHUP and when the file changes (looked at
+    once per probe tick)."""
+    import asyncio
+    import signal
 
+    from kubemoot.gateway import GatewayServer
+    from kubemoot.gateway.reload import ConfigReloader
 
-def _provider_settings(text: str, settings: list[str]) -> dict[str, int]:
-    values: dict[str, int] = {}
-    for item in settings:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or key not in _PROVIDER_KEYS or not value.strip().isdigit():
-            raise InputError(f"{item!r} in {text!r} is not one of "
-                             f"{', '.join(k + '=N' for k in _PROVIDER_KEYS)}",
-                             field="--provider")
-        values[key] = int(value)
-    return values
+    assert isinstance(server, GatewayServer)
+    reloader = ConfigReloader(
+        config, server, build,
+        announce=lambda line: err_console.print(line, highlight=False, soft_wrap=True))
+    server.before_probe = reloader.check
+    loop = asyncio.get_running_loop()
+    pending: set[asyncio.Task[bool]] = set()
+
+    def on_hangup() -> None:
+        task = loop.create_task(reloader.reload("SIGHUP"))
+        pending.add(task)  # held until done, so the task is not collected midway
+        task.add_done_callback(pending.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)

@@ -52,8 +52,9 @@ def probe_command(
         help="Ollama-API endpoints, each URL or NAME=URL (e.g. gpu-a=http://host:11434).",
     ),
     providers: list[str] = typer.Option(
-        [], "--provider", metavar="[NAME=]URL",
-        help="An endpoint, as the gateway takes it (repeatable; same as ENDPOINT).",
+        [], "--provider", metavar="[NAME=]URL[,vramMiB=N]…",
+        help="An endpoint with its settings, exactly as the gateway takes it: "
+        "NAME=URL,vramMiB=N,numParallel=N,contextLength=N,reserveMiB=N (repeatable).",
     ),
     context_length: list[str] = typer.Option(
         [], "--context-length", metavar="[NAME=]N",
@@ -91,7 +92,8 @@ def probe_command(
     import asyncio
 
     from kubemoot.clock import SystemClock
-    from kubemoot.providers.ollama import OllamaProvider, parse_endpoint
+    from kubemoot.gateway.config import split_provider
+    from kubemoot.providers.ollama import OllamaProvider
     from kubemoot.providers.prober import Prober
     texts = [*(endpoints or []), *providers]
     if not texts:
@@ -102,7 +104,11 @@ def probe_command(
         if sep and not name.strip():
             raise InputError(f"{text!r} has an empty NAME before '='; give NAME=URL or just "
                              "URL", field="endpoint")
-    parsed = [parse_endpoint(text) for text in texts]
+    # one parser with the gateway's --provider: ENDPOINT may carry the settings too
+    split = [split_provider(text, flag="--provider" if text in providers else "endpoint")
+             for text in texts]
+    parsed = [(name, url) for name, url, _ in split]
+    given = {name: values for name, _, values in split}
     names = [name for name, _ in parsed]
     if len(set(names)) != len(names):
         raise InputError("two endpoints share a provider name; give each NAME=URL",
@@ -113,6 +119,9 @@ def probe_command(
     reserves = per_provider("--reserve-mib", reserve_mib, names, _count(0),
                             DEFAULTS.reserve_mib)
     exporters = _dcgm_urls(dcgm, names)
+    for name, values in given.items():
+        _take_given(name, values, (contexts, "contextLength"), (slots, "numParallel"),
+                    (totals, "vramMiB"), (reserves, "reserveMiB"))
 
     async def run() -> list[ProviderState]:
         clock = SystemClock()
@@ -138,6 +147,14 @@ def probe_command(
     else:
         emit_data([s.model_dump(mode="json", by_alias=True) for s in states],
                   _DataFormat(fmt.value))
+
+
+def _take_given(name: str, values: dict[str, int],
+                *tables: tuple[dict[str, Any], str]) -> None:
+    """A setting written in ``--provider`` wins for its provider over the plain flag."""
+    for table, key in tables:
+        if key in values:
+            table[name] = values[key]
 
 
 def per_provider(flag: str, values: Sequence[str], names: Sequence[str],

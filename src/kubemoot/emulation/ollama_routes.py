@@ -185,7 +185,10 @@ class OllamaRoutes:
             return []
         system = body.get("system")
         head = [{"role": "system", "content": system}] if isinstance(system, str) else []
-        return [*head, {"role": "user", "content": prompt}]
+        # fill-in-the-middle: the engine's template puts the suffix in the prompt too
+        suffix = body.get("suffix")
+        tail = [{"role": "suffix", "content": suffix}] if isinstance(suffix, str) else []
+        return [*head, {"role": "user", "content": prompt}, *tail]
 
     @staticmethod
     def _part(model: EmulatedModel, chat: bool, created: str, piece: str) -> dict[str, Any]:

@@ -25,11 +25,13 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from kubemoot import __version__, metrics
+from kubemoot.gateway import completions as legacy
 from kubemoot.gateway import openai as oai
 from kubemoot.gateway.calls import CallDesk, PlacedCall, RefusedBeforeSending
 from kubemoot.gateway.catalogue import known_models, resolve_name, unknown_model
 from kubemoot.gateway.errors import GatewayError, error_response
 from kubemoot.gateway.keys import ANONYMOUS, ApiKeys
+from kubemoot.gateway.listings import created_epoch, merge_tags
 from kubemoot.gateway.requests import InferenceRequest, model_name, read_json
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime.placement import Candidate
@@ -84,6 +86,7 @@ class GatewayApp:
             Route("/v1/models", a(self._models), methods=["GET"]),
             Route("/v1/models/{model:path}", a(self._model), methods=["GET"]),
             Route("/v1/chat/completions", a(self._completions), methods=["POST"]),
+            Route("/v1/completions", a(self._legacy_completions), methods=["POST"]),
             Route("/v1/embeddings", a(self._v1_embeddings), methods=["POST"]),
         ]
         for path, methods in (("/api/pull", ["POST"]), ("/api/push", ["POST"]),
@@ -189,14 +192,7 @@ class GatewayApp:
         return [(s.provider, r) for s, r in zip(ready, replies, strict=True) if r is not None]
 
     async def _tag_entries(self) -> list[dict[str, Any]]:
-        merged: dict[str, dict[str, Any]] = {}
-        for _provider, reply in await self._gather("/api/tags"):
-            for entry in reply.get("models") or []:
-                if isinstance(entry, dict) and isinstance(entry.get("name"), str):
-                    merged.setdefault(entry["name"], entry)
-        for name in self.virtual.names():
-            merged.setdefault(name, _virtual_tag(name))
-        return sorted(merged.values(), key=lambda e: str(e["name"]))
+        return merge_tags(await self._gather("/api/tags"), self.virtual.names())
 
     async def _tags(self, request: Request) -> Response:
         return JSONResponse({"models": await self._tag_entries()})
@@ -212,7 +208,9 @@ class GatewayApp:
     async def _models(self, request: Request) -> Response:
         entries = await self._tag_entries()
         return JSONResponse({"object": "list",
-                             "data": [oai.model_entry(str(e["name"])) for e in entries]})
+                             "data": [oai.model_entry(str(e["name"]),
+                                                      created=created_epoch(e.get("modified_at")))
+                                      for e in entries]})
 
     async def _model(self, request: Request) -> Response:
         name = request.path_params["model"]
@@ -363,8 +361,8 @@ class GatewayApp:
                 log.warning("gateway: probing %s before an unload failed: %s", name, error)
                 continue
             p = fleet.provider(name)
-            if not held or (p is not None and p.in_flight(model)):
-                continue
+            if not held or (p is not None and (p.in_flight(model) or model in p.state.pinned)):
+                continue  # in use, or pinned there: a client's unload does not overrule
             try:
                 await client.unload(model)
             except ProviderError as error:
@@ -419,14 +417,27 @@ class GatewayApp:
 
         return _call_stream(call, events(), media_type="text/event-stream")
 
+    async def _legacy_completions(self, request: Request) -> Response:
+        body = await read_json(request, limit=self.desk.settings.max_body_bytes)
+        req = InferenceRequest.parse("generate", legacy.generate_body(body))
+        call = await self._start(request, req, "/api/generate")
+        model, call_id = _answered_by(call, req), oai.new_id("cmpl")
+        if not req.stream:
+            return JSONResponse(legacy.completion(await call.json(), body, model=model,
+                                                  call_id=call_id), headers=call.headers())
+        events = legacy.completion_events(call.lines(), body, model=model, call_id=call_id)
+        return _call_stream(call, events, media_type="text/event-stream")
+
     async def _v1_embeddings(self, request: Request) -> Response:
         body = await read_json(request, limit=self.desk.settings.max_body_bytes)
+        encoding = oai.embedding_encoding(body)
         req = InferenceRequest.parse("embed", oai.embeddings_body(body))
         call = await self._start(request, req, "/api/embed")
         reply = await call.json()
         if not isinstance(reply, dict):
             raise GatewayError(502, "the provider's answer is not an object")
-        return JSONResponse(oai.embeddings_reply(reply, model=_answered_by(call, req)),
+        return JSONResponse(oai.embeddings_reply(reply, model=_answered_by(call, req),
+                                                 encoding=encoding),
                             headers=call.headers())
 
 
@@ -442,13 +453,6 @@ def _answered_by(call: PlacedCall, req: InferenceRequest) -> str:
 
 def _sse(value: object) -> bytes:
     return f"data: {json.dumps(value, separators=(',', ':'))}\n\n".encode()
-
-
-def _virtual_tag(name: str) -> dict[str, Any]:
-    return {"name": name, "model": name, "modified_at": "1970-01-01T00:00:00Z", "size": 0,
-            "digest": "", "details": {"format": "kubemoot-model-class", "family": "",
-                                      "families": [], "parameter_size": "",
-                                      "quantization_level": ""}}
 
 
 def _call_stream(call: PlacedCall, content: AsyncIterator[bytes], *,

@@ -16,7 +16,7 @@ import itertools
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +105,8 @@ class CallDesk:
     settings: GatewaySettings
     after_load: AfterLoad | None = None
     listeners: list[Callable[[CallRecord], None]] = field(default_factory=list)
+    # provider → models pinned there: a call to a pinned copy keeps it loaded
+    pinned: Mapping[str, Sequence[str]] = field(default_factory=dict)
     _serial: itertools.count[int] = field(default_factory=itertools.count)
     in_flight: set[PlacedCall] = field(default_factory=set)
 
@@ -308,7 +310,9 @@ class PlacedCall:
         if not legacy_embeddings:  # /api/embeddings has no such switch
             body["truncate"] = False  # an over-long prompt must fail, never be cut
         limit = self.desk.settings.max_keep_alive_seconds
-        if req.keep_alive is not None and req.keep_alive > limit:
+        if p.model in self.desk.pinned.get(p.provider or "", ()):
+            body["keep_alive"] = -1  # a pinned copy stays: no call's keep_alive ends it
+        elif req.keep_alive is not None and req.keep_alive > limit:
             body["keep_alive"] = int(limit)
         if req.num_ctx is not None and not self._num_ctx_is_budgeted():
             options = dict(body.get("options") or {})

@@ -6,7 +6,9 @@ OpenAI routes are a pure translation: request body in, reply or stream chunks ou
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
 import time
 import uuid
 from collections.abc import Mapping
@@ -16,12 +18,18 @@ from kubemoot.gateway.errors import GatewayError
 from kubemoot.gateway.requests import bool_field, model_name
 
 __all__ = [
+    "EMBEDDING_ENCODINGS",
     "chat_body",
     "chat_chunk",
     "chat_completion",
+    "embedding_encoding",
     "embeddings_body",
     "embeddings_reply",
+    "finish_reason",
     "model_entry",
+    "one_choice",
+    "sampling_options",
+    "usage",
     "usage_chunk",
 ]
 
@@ -82,9 +90,38 @@ def _tool_call_in(where: str, call: object) -> dict[str, Any]:
     return {"function": {"name": function.get("name"), "arguments": arguments}}
 
 
+def one_choice(body: Mapping[str, Any]) -> None:
+    """Refuse ``n`` (and ``best_of``) above 1: an engine call writes one answer, and a
+    reply with one choice where the client asked for several would be silently wrong."""
+    for name in ("n", "best_of"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise GatewayError(400, f"{name} must be a positive integer")
+        if value > 1:
+            raise GatewayError(400, f"{name}={value} is not supported: the kubemoot gateway "
+                               f"answers one choice per call; send {value} calls instead",
+                               code="unsupported_value")
+
+
+def sampling_options(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The OpenAI sampling parameters of ``body`` as Ollama ``options``."""
+    options: dict[str, Any] = {}
+    for name, option in _OPTIONS.items():
+        value = body.get(name)
+        if value is not None:
+            if name != "stop" and (isinstance(value, bool)
+                                   or not isinstance(value, int | float)):
+                raise GatewayError(400, f"{name} must be a number")
+            options[option] = [value] if name == "stop" and isinstance(value, str) else value
+    return options
+
+
 def chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     """``/v1/chat/completions`` → an ``/api/chat`` body."""
     model = model_name(body)
+    one_choice(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise GatewayError(400, "messages must be a non-empty list")
@@ -98,14 +135,7 @@ def chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
             raise GatewayError(400, "tools must be a list of objects")
         out["tools"] = tools
-    options: dict[str, Any] = {}
-    for name, option in _OPTIONS.items():
-        value = body.get(name)
-        if value is not None:
-            if name != "stop" and (isinstance(value, bool)
-                                   or not isinstance(value, int | float)):
-                raise GatewayError(400, f"{name} must be a number")
-            options[option] = [value] if name == "stop" and isinstance(value, str) else value
+    options = sampling_options(body)
     if options:
         out["options"] = options
     fmt = body.get("response_format")
@@ -123,8 +153,8 @@ def include_usage(body: Mapping[str, Any]) -> bool:
     return isinstance(options, dict) and options.get("include_usage") is True
 
 
-def new_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex[:24]}"
+def new_id(prefix: str = "chatcmpl") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
 def _tool_calls_out(calls: object) -> list[dict[str, Any]]:
@@ -141,13 +171,13 @@ def _tool_calls_out(calls: object) -> list[dict[str, Any]]:
     return out
 
 
-def _finish(reply: Mapping[str, Any], has_calls: bool) -> str:
+def finish_reason(reply: Mapping[str, Any], has_calls: bool = False) -> str:
     if has_calls:
         return "tool_calls"
     return "length" if reply.get("done_reason") == "length" else "stop"
 
 
-def _usage(reply: Mapping[str, Any]) -> dict[str, int]:
+def usage(reply: Mapping[str, Any]) -> dict[str, int]:
     prompt = int(reply.get("prompt_eval_count") or 0)
     completion = int(reply.get("eval_count") or 0)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
@@ -168,8 +198,8 @@ def chat_completion(reply: Mapping[str, Any], *, model: str, call_id: str) -> di
         "id": call_id, "object": "chat.completion", "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "message": out_message,
-                     "finish_reason": _finish(reply, bool(calls)), "logprobs": None}],
-        "usage": _usage(reply),
+                     "finish_reason": finish_reason(reply, bool(calls)), "logprobs": None}],
+        "usage": usage(reply),
     }
 
 
@@ -189,7 +219,7 @@ def chat_chunk(line: Mapping[str, Any], *, model: str, call_id: str,
         "id": call_id, "object": "chat.completion.chunk", "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "delta": delta,
-                     "finish_reason": _finish(line, bool(calls)) if done else None,
+                     "finish_reason": finish_reason(line, bool(calls)) if done else None,
                      "logprobs": None}],
     }
 
@@ -197,7 +227,7 @@ def chat_chunk(line: Mapping[str, Any], *, model: str, call_id: str,
 def usage_chunk(line: Mapping[str, Any], *, model: str, call_id: str) -> dict[str, Any]:
     """The extra last chunk ``stream_options.include_usage`` asks for."""
     return {"id": call_id, "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": model, "choices": [], "usage": _usage(line)}
+            "model": model, "choices": [], "usage": usage(line)}
 
 
 def embeddings_body(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -213,16 +243,41 @@ def embeddings_body(body: Mapping[str, Any]) -> dict[str, Any]:
     return {"model": model, "input": inputs}
 
 
-def embeddings_reply(reply: Mapping[str, Any], *, model: str) -> dict[str, Any]:
+#: ``encoding_format`` values OpenAI defines; ``float`` is the default.
+EMBEDDING_ENCODINGS = ("float", "base64")
+
+
+def embedding_encoding(body: Mapping[str, Any]) -> str:
+    """``encoding_format``: ``float`` (the default) or ``base64``; anything else is a 400."""
+    value = body.get("encoding_format")
+    if value is None:
+        return "float"
+    if value not in EMBEDDING_ENCODINGS:
+        raise GatewayError(400, f"encoding_format must be float or base64, got "
+                           f"{json.dumps(value)[:40]}")
+    return str(value)
+
+
+def _encoded(vector: object, encoding: str) -> object:
+    """A vector as OpenAI sends it: a list of floats, or base64 of little-endian float32
+    (what the ``openai`` client asks for unless told otherwise, and decodes itself)."""
+    if encoding != "base64" or not isinstance(vector, list):
+        return vector
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
+def embeddings_reply(reply: Mapping[str, Any], *, model: str,
+                     encoding: str = "float") -> dict[str, Any]:
     vectors = reply.get("embeddings") or []
     prompt = int(reply.get("prompt_eval_count") or 0)
     return {
         "object": "list", "model": model,
-        "data": [{"object": "embedding", "index": i, "embedding": v}
+        "data": [{"object": "embedding", "index": i, "embedding": _encoded(v, encoding)}
                  for i, v in enumerate(vectors)],
         "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
     }
 
 
-def model_entry(name: str, *, owned_by: str = "kubemoot") -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": owned_by}
+def model_entry(name: str, *, created: int = 0, owned_by: str = "kubemoot") -> dict[str, Any]:
+    """One ``/v1/models`` entry; ``created`` is the model's modified time (epoch seconds)."""
+    return {"id": name, "object": "model", "created": created, "owned_by": owned_by}

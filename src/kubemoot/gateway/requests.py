@@ -146,10 +146,14 @@ def _prompt_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     system = body.get("system")
     if system is not None and not isinstance(system, str):
         raise GatewayError(400, "system must be a string")
+    suffix = body.get("suffix")  # fill-in-the-middle: the engine's prompt holds it too
+    if suffix is not None and not isinstance(suffix, str):
+        raise GatewayError(400, "suffix must be a string")
     if not prompt:
         return []
     head = [{"role": "system", "content": system}] if system else []
-    return [*head, {"role": "user", "content": prompt}]
+    tail = [{"role": "user", "content": suffix}] if suffix else []
+    return [*head, {"role": "user", "content": prompt}, *tail]
 
 
 def keep_alive_seconds(value: object) -> float | None:

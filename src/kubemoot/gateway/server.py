@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 
 import httpx
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -24,18 +24,20 @@ from kubemoot.clock import Clock, SystemClock
 from kubemoot.gateway.access import AccessLog
 from kubemoot.gateway.app import GatewayApp, VirtualModels
 from kubemoot.gateway.calls import CallDesk
+from kubemoot.gateway.config import ProviderSource
 from kubemoot.gateway.errors import GatewayError, error_response
 from kubemoot.gateway.guard import Guard, GuardPolicy
 from kubemoot.gateway.health import GatewayHealth
 from kubemoot.gateway.keys import ApiKeys
+from kubemoot.gateway.pinning import load_missing_pinned
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import KVStatePublisher, Prober
 from kubemoot.providers.protocol import ProviderState
-from kubemoot.runtime.settings import DEFAULTS, GatewaySettings, RuntimeSettings
+from kubemoot.runtime.settings import GatewaySettings, RuntimeSettings
 from kubemoot.serving import HttpServer
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 from kubemoot.store.keys import encode_token
-from kubemoot.store.protocol import KV, KeyExists, RevisionMismatch
+from kubemoot.store.protocol import KV, Bucket, KeyExists, RevisionMismatch
 
 __all__ = ["GatewayServer", "ProviderSource"]
 
@@ -43,18 +45,6 @@ log = logging.getLogger(__name__)
 
 # Connections the kernel queues before the gateway accepts them: calls come in bursts.
 _LISTEN_BACKLOG = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class ProviderSource:
-    """A provider the gateway probes: ``--provider`` or a bundle's ModelProvider."""
-
-    name: str
-    endpoint: str
-    context_length: int | None = None
-    num_parallel: int = 1
-    reserve_mib: int = DEFAULTS.reserve_mib
-    total_vram_mib: int | None = None
 
 
 class _ShutdownCuts(logging.Filter):
@@ -109,6 +99,12 @@ class GatewayServer:
         # Each finished call's attribution (the CLI adds the dashboard's call log here).
         self.on_call = list(on_call)
         self.clients: dict[str, OllamaProvider] = {}
+        # provider → models kept loaded there, for every provider this gateway probes;
+        # published with each probe's state
+        self.pinned: dict[str, tuple[str, ...]] = {s.name: s.pinned for s in self.sources}
+        # Run before each probe round (the CLI checks its config file's mtime here).
+        self.before_probe: Callable[[], Awaitable[None]] | None = None
+        self.app: GatewayApp | None = None
         self.stack: RuntimeStack | None = None
         self.desk: CallDesk | None = None
         self.prober: Prober | None = None
@@ -116,6 +112,7 @@ class GatewayServer:
         self._tasks: list[asyncio.Task[None]] = []
         self.health: GatewayHealth | None = None
         self.guard: Guard | None = None
+        self._probing: asyncio.Task[None] | None = None
         self._web = HttpServer(host, port, drain_seconds=self.settings.drain_seconds,
                                backlog=_LISTEN_BACKLOG,
                                header_timeout=self.settings.header_timeout_seconds,
@@ -133,24 +130,29 @@ class GatewayServer:
         try:
             await self._wire()
             assert self.desk is not None
-            app = GatewayApp(self.desk, self.clients, declared=frozenset(self.declared),
-                             keys=self.keys, virtual=self.virtual, reprobe=self._reprobe)
+            self.app = GatewayApp(self.desk, self.clients,
+                                  declared=frozenset(self.declared), keys=self.keys,
+                                  virtual=self.virtual, reprobe=self._reprobe)
             _install_once(logging.getLogger("uvicorn.error"), _ShutdownCuts)
-            await self._web.start(_answer_when_cut(self._protected(app)))
+            await self._web.start(_answer_when_cut(self._protected(self.app)))
         except BaseException:
             await self.stop()
             raise
 
+    def _client(self, source: ProviderSource) -> OllamaProvider:
+        return OllamaProvider(
+            source.name, source.endpoint, context_length=source.context_length,
+            num_parallel=source.num_parallel, reserve_mib=source.reserve_mib,
+            total_vram_mib=source.total_vram_mib,
+            timeout=self.settings.listing_timeout_seconds, clock=self.clock)
+
     async def _wire(self) -> None:
         for source in self.sources:
-            self.clients[source.name] = OllamaProvider(
-                source.name, source.endpoint, context_length=source.context_length,
-                num_parallel=source.num_parallel, reserve_mib=source.reserve_mib,
-                total_vram_mib=source.total_vram_mib,
-                timeout=self.settings.listing_timeout_seconds, clock=self.clock)
-        states = await self.kv.bucket(PROVIDER_STATE_BUCKET)
+            self.clients[source.name] = self._client(source)
+        self._states = await self.kv.bucket(PROVIDER_STATE_BUCKET)
         self.prober = Prober(list(self.clients.values()), clock=self.clock,
-                             publish=NewestStatePublisher(states))
+                             publish=NewestStatePublisher(self._states,
+                                                          providers=self.pinned))
         for state in await self.prober.probe_all():
             if not state.ready:
                 # said once here: otherwise a dead server shows only as "model not found"
@@ -175,12 +177,9 @@ class GatewayServer:
             limits=httpx.Limits(max_connections=self.settings.upstream_connections,
                                 max_keepalive_connections=self.settings.upstream_connections))
         self.desk = CallDesk(self.stack, self._http, self.settings,
-                             after_load=self._reprobe)
+                             after_load=self._reprobe, pinned=self.pinned)
         self.desk.listeners.extend(self.on_call)
-        if self.clients:
-            self._tasks.append(asyncio.get_running_loop().create_task(
-                # every provider was just probed above: the loop starts an interval on
-                self.prober.run(self.settings.probe_interval_seconds, probe_first=False)))
+        self._ensure_probe_loop()
 
     def _protected(self, app: GatewayApp) -> ASGIApp:
         """``app`` with the probe routes, behind the access log and the guard."""
@@ -195,6 +194,107 @@ class GatewayServer:
                                                            bound_host=self.host),
                                    store_lost=health.store_lost)
         return AccessLog(guard, on_outcome=health.outcome)
+    def _ensure_probe_loop(self) -> None:
+        """Start the probe loop once there is something to probe or a file to watch (a
+        gateway of NATS-published providers only has nothing to do on a tick)."""
+        if self._probing is None and (self.clients or self.before_probe is not None):
+            self._probing = asyncio.get_running_loop().create_task(self._probe_loop())
+            self._tasks.append(self._probing)
+
+    async def _probe_loop(self) -> None:
+        """Every probe interval: the ``before_probe`` hook, a probe of every provider,
+        then the pinned models their servers lost loaded again."""
+        assert self.prober is not None
+        # Every provider was just probed by the start (or the reload that started this
+        # loop): load the pinned models it found missing, then wait an interval before
+        # probing again, so a call right after the start meets the state it probed.
+        await self.keep_pinned()
+        while True:
+            await self.clock.sleep(self.settings.probe_interval_seconds)
+            if self.before_probe is not None:
+                try:
+                    await self.before_probe()
+                except Exception:  # a hook's bug must not stop the probes
+                    log.exception("gateway: the before-probe hook failed")
+            await self.prober.probe_all()
+            await self.keep_pinned()
+
+    async def keep_pinned(self) -> list[str]:
+        """Load the pinned models their ready servers do not hold (``provider/model``)."""
+        if self.desk is None or self.prober is None or not any(self.pinned.values()):
+            return []
+        states = {name: self.prober.last_states[name] for name in self.clients
+                  if name in self.prober.last_states}
+        return await load_missing_pinned(self.desk, states, self.pinned)
+
+    async def reconfigure(
+        self,
+        *,
+        providers: Sequence[ProviderSource],
+        declared: Mapping[str, int | None],
+        virtual: VirtualModels | None = None,
+        keys: ApiKeys | None = None,
+        settings: GatewaySettings | None = None,
+    ) -> list[str]:
+        """Take a new fleet without a restart (a config reload); what changed, in words.
+
+        Servers added are probed at once, so a call may land on them as soon as this
+        returns; a removed server's published state is deleted so that no call is placed
+        there any more (calls already on it finish). Changed servers get a new client.
+        """
+        assert self.prober is not None and self.app is not None and self.desk is not None
+        assert self.stack is not None
+        changes: list[str] = []
+        new = {s.name: s for s in providers}
+        old = {s.name: s for s in self.sources}
+        for name in sorted(old.keys() - new.keys()):
+            self.pinned.pop(name, None)  # first: a probe under way publishes it no more
+            client = self.clients.pop(name)
+            with contextlib.suppress(Exception):
+                await client.close()
+            with contextlib.suppress(Exception):
+                await self._states.delete(encode_token(name))
+            changes.append(f"removed server {name}")
+        fresh = []
+        for name, source in new.items():
+            if old.get(name) == source:
+                continue
+            if name in old and replace(old[name], pinned=source.pinned) == source:
+                changes.append(f"server {name} pins {', '.join(source.pinned) or 'nothing'}")
+                continue
+            previous = self.clients.get(name)
+            self.clients[name] = self._client(source)
+            if previous is not None:
+                with contextlib.suppress(Exception):
+                    await previous.close()
+            fresh.append(self.clients[name])
+            changes.append(f"{'changed' if name in old else 'added'} server {name}")
+        self.sources = list(providers)
+        self.pinned.clear()
+        self.pinned.update({s.name: s.pinned for s in self.sources})
+        self.prober.clients = list(self.clients.values())
+        for model, mib in declared.items():
+            if mib is not None and self.declared.get(model) != mib:
+                self.stack.planner.occupancy.declare(model, mib)
+        if dict(declared) != self.declared:
+            changes.append("declared model sizes")
+        self.declared = dict(declared)
+        self.app.declared = frozenset(self.declared)
+        if virtual is not None:
+            self.virtual = self.app.virtual = virtual
+        if (keys is None) != (self.keys is None):
+            changes.append("API keys " + ("off" if keys is None else "on"))
+        self.keys = self.app.keys = keys
+        if settings is not None and settings != self.settings:
+            self.settings = self.desk.settings = settings
+            changes.append("limits")
+        self._ensure_probe_loop()
+        await asyncio.gather(*(self.prober.probe_one(c) for c in fresh))
+        # read again at the next placement, not when the watch gets round to it
+        for name in old.keys() ^ new.keys() | {c.name for c in fresh}:
+            self.stack.view.invalidate(name)
+        await self.keep_pinned()
+        return changes
 
     async def _reprobe(self, provider: str) -> None:
         client = self.clients.get(provider)
@@ -301,9 +401,22 @@ class NewestStatePublisher(KVStatePublisher):
     then fill, making the engine evict on its own. The stored document's
     ``lastProbedAt`` orders probes; a compare-and-set keeps the check and the write
     together.
+
+    ``providers`` (provider → models pinned there), when given, is the gateway's
+    current fleet: each state carries its pins, and the state of a provider a reload
+    took out is not published again by a probe that was already under way.
     """
 
+    def __init__(self, bucket: Bucket, *,
+                 providers: Mapping[str, Sequence[str]] | None = None) -> None:
+        super().__init__(bucket)
+        self._providers = providers
+
     async def __call__(self, state: ProviderState) -> None:
+        if self._providers is not None:
+            if state.provider not in self._providers:
+                return  # taken out of the fleet while its probe ran
+            state.pinned = list(self._providers[state.provider])
         key = encode_token(state.provider)
         data = state.to_json()
         for _ in range(_PUBLISH_ATTEMPTS):

@@ -1,11 +1,12 @@
 """Choosing which idle models to unload to make room for a load.
 
 A victim must be idle: no live ticket on the provider is using it, and no other ticket
-has already claimed its memory as a victim. Live work is never unloaded, whatever the
-cost. The planner prefers the smallest set of victims that frees enough memory; when
-several sets are equally small it keeps the models that are wanted most, ranking by
-waiting agents, then intents, then recent use plus forecast, then how recently each was
-used. Models somebody is waiting for are only touched if no other set frees enough.
+has already claimed its memory as a victim; a copy pinned to its provider is never one.
+Live work is never unloaded, whatever the cost. The planner prefers the smallest set of
+victims that frees enough memory; when several sets are equally small it keeps the
+models that are wanted most, ranking by waiting agents, then intents, then recent use
+plus forecast, then how recently each was used. Models somebody is waiting for are only
+touched if no other set frees enough.
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ _ENUMERATION_LIMIT = 16
 
 
 def idle_residents(p: ProviderSnapshot, *, exclude: str | None = None) -> dict[str, int]:
-    """Resident models with no ticket on ``p`` and not planned for release already."""
+    """Resident models with no ticket on ``p``, not planned for release already, and not
+    pinned to ``p`` (a pinned copy is never a victim, however idle)."""
     busy = {t.model for t in p.tickets}
     planned = p.planned_victims()
+    pinned = set(p.state.pinned)
     return {
         model: mib
         for model, mib in p.residents.items()
-        if model not in busy and model not in planned and model != exclude
+        if model not in busy and model not in planned and model not in pinned
+        and model != exclude
     }
 
 

@@ -18,7 +18,6 @@ from typing import Self
 
 from pydantic import (
     AwareDatetime,
-    BaseModel,
     ConfigDict,
     Field,
     ValidationError,
@@ -36,6 +35,7 @@ from kubemoot.api.bounds import (
     Seconds,
 )
 from kubemoot.api.errors import InputError
+from kubemoot.api.meta import EitherMibSpelling
 from kubemoot.clock import ManualClock
 from kubemoot.runtime.builder import build_runtime
 from kubemoot.runtime.demand import DemandBoard
@@ -65,7 +65,7 @@ MAX_DEMAND_ENTRIES = 10_000
 MAX_USE_AGE_SECONDS = 24 * 3600.0
 
 
-class _Part(BaseModel):
+class _Part(EitherMibSpelling):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 

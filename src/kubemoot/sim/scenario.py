@@ -32,7 +32,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from kubemoot.api.bounds import (
@@ -49,6 +49,7 @@ from kubemoot.api.bounds import (
 )
 from kubemoot.api.errors import InputError
 from kubemoot.api.loader import validate_document
+from kubemoot.api.meta import EitherMibSpelling
 from kubemoot.emulation.engine import OLLAMA_KEEP_ALIVE_SECONDS
 from kubemoot.runtime.settings import DEFAULTS
 
@@ -84,7 +85,7 @@ def _alias(name: str) -> str:
     return camel.replace("Mib", "MiB").replace("Mibps", "MiBps")
 
 
-class _Spec(BaseModel):
+class _Spec(EitherMibSpelling):
     model_config = ConfigDict(
         alias_generator=_alias, populate_by_name=True, extra="forbid", frozen=True,
         allow_inf_nan=False,

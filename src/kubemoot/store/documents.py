@@ -68,6 +68,8 @@ class ProviderState(_Doc):
     loaded_model_footprints: dict[str, int] = Field(default_factory=dict)
     # on-disk sizes from /api/tags, for the occupancy estimate of never-loaded models
     disk_sizes_mib: dict[str, int] = Field(default_factory=dict)
+    # models kept resident here (Model.spec.pinned): never chosen as eviction victims
+    pinned: list[str] = Field(default_factory=list)
 
     @classmethod
     def from_json(cls, data: bytes) -> ProviderState:

@@ -1,0 +1,54 @@
+"""The fleet-wide model listings: ``/api/tags`` merged over providers, ``/v1/models``.
+
+Pure functions over the providers' own ``/api/tags`` replies. One entry per model
+name, as Ollama lists it, plus ``providers``: the servers that hold the model, so an
+operator can see where a call for it may land (Ollama clients ignore the extra field).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+__all__ = ["created_epoch", "merge_tags", "virtual_tag"]
+
+
+def merge_tags(replies: Sequence[tuple[str, dict[str, Any]]],
+               virtual: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """Each ``(provider, /api/tags reply)`` merged into one sorted list of entries."""
+    merged: dict[str, dict[str, Any]] = {}
+    holders: dict[str, set[str]] = {}
+    for provider, reply in replies:
+        for entry in reply.get("models") or []:
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                merged.setdefault(entry["name"], entry)
+                holders.setdefault(entry["name"], set()).add(provider)
+    out = [{**entry, "providers": sorted(holders[name])} for name, entry in merged.items()]
+    out += [virtual_tag(name) for name in virtual if name not in merged]
+    return sorted(out, key=lambda e: str(e["name"]))
+
+
+def virtual_tag(name: str) -> dict[str, Any]:
+    """A ModelClass's entry: a name clients may call, held by no one server."""
+    return {"name": name, "model": name, "modified_at": "1970-01-01T00:00:00Z", "size": 0,
+            "digest": "", "providers": [],
+            "details": {"format": "kubemoot-model-class", "family": "", "families": [],
+                        "parameter_size": "", "quantization_level": ""}}
+
+
+def created_epoch(modified_at: object) -> int:
+    """``/v1/models``'s ``created``: an entry's ``modified_at`` in epoch seconds (0 when
+    a provider gave none or an unreadable one)."""
+    if not isinstance(modified_at, str) or not modified_at:
+        return 0
+    text = modified_at.strip().replace("Z", "+00:00")
+    # Ollama writes Go's RFC 3339 with nanoseconds; Python reads at most microseconds
+    head, dot, rest = text.partition(".")
+    if dot:
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        text = f"{head}.{rest[:min(digits, 6)]}{rest[digits:]}"
+    try:
+        return max(0, int(datetime.fromisoformat(text).timestamp()))
+    except ValueError:
+        return 0

@@ -1,0 +1,62 @@
+"""Pinned models: loaded at start, and loaded again whenever their server lost them.
+
+A pinned copy is never an eviction victim (the provider's published state lists it, and
+:func:`~kubemoot.runtime.eviction.idle_residents` leaves it out), but an engine may
+still drop it: a restart, an out-of-memory kill, a keep-alive a client set. So on every
+probe tick the gateway loads each pinned model its server does not hold, as a call of
+its own: placed by the same planner (a ticket, so no other load lands on that memory),
+confined to the pinned server, and refused at once rather than queued when the card is
+busy — the next tick tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+
+from kubemoot.gateway.calls import CallDesk
+from kubemoot.gateway.errors import GatewayError
+from kubemoot.gateway.requests import InferenceRequest
+from kubemoot.runtime.placement import Candidate
+from kubemoot.store.documents import ProviderState
+
+__all__ = ["PINNED_CALLER", "load_missing_pinned"]
+
+log = logging.getLogger(__name__)
+
+#: The caller name of the gateway's own pinning loads (call log, dashboard).
+PINNED_CALLER = "pinned"
+
+
+async def load_missing_pinned(desk: CallDesk, states: Mapping[str, ProviderState],
+                              pinned: Mapping[str, Sequence[str]]) -> list[str]:
+    """Load every pinned model its ready server does not hold; ``provider/model`` of
+    each load that went through."""
+    loads = [(provider, model)
+             for provider, models in pinned.items()
+             if (state := states.get(provider)) is not None and state.ready
+             for model in models
+             if model not in {m.name for m in state.loaded_models}]
+    done = await asyncio.gather(*(_load(desk, provider, model, list(states))
+                                  for provider, model in loads))
+    return [f"{p}/{m}" for (p, m), ok in zip(loads, done, strict=True) if ok]
+
+
+async def _load(desk: CallDesk, provider: str, model: str, providers: list[str]) -> bool:
+    request = InferenceRequest.parse("generate", {"model": model, "stream": False})
+    try:
+        call = await desk.place(
+            request, [Candidate(model)], caller=PINNED_CALLER, budget=0.0,
+            left=asyncio.Event(), exclude=[p for p in providers if p != provider])
+        # keep_alive -1: the engine holds it until told otherwise (never past the cap a
+        # client's keep_alive gets: a pin is the operator's word, not a client's)
+        await call.open("/api/generate", {"model": model, "keep_alive": -1,
+                                          "stream": False})
+        await call.json()
+    except GatewayError as error:
+        log.warning("gateway: loading pinned %s on %s did not happen now: %s; the next "
+                    "probe tries again", model, provider, error.message)
+        return False
+    log.info("gateway: loaded pinned %s on %s", model, provider)
+    return True

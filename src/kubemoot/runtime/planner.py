@@ -40,7 +40,7 @@ from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.options import Round
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.record import build_record
-from kubemoot.runtime.refusals import Reason, classify
+from kubemoot.runtime.refusals import GpuBusy, Reason, Refusal, classify
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot
 from kubemoot.runtime.tickets import TicketManager
@@ -191,7 +191,7 @@ class CallPlanner:
         rnd = await self.new_round(prompt_tokens, exclude=exclude)
         options.spread(rnd, models, ahead)
         return self._unplaced(rnd, models, options.comparison(rnd, models, explain=True),
-                              Reason.GPU_BUSY)
+                              GpuBusy())
 
     async def _place_round(
         self, rnd: Round, models: list[str], holder_id: str, state: TicketState, explain: bool
@@ -217,11 +217,11 @@ class CallPlanner:
                                 why="converging on the copy another call is loading")
         if not priced:
             fleet, cost = rnd.judged()
-            reason = classify(
+            refusal = classify(
                 fleet, cost, preferred=models[0], acceptable=models,
                 prompt_tokens=rnd.prompt_tokens,
             )
-            return self._unplaced(rnd, models, priced, reason)
+            return self._unplaced(rnd, models, priced, refusal)
         best = priced[0]
         if best.kind is OptionKind.QUEUE:
             return self._queued(rnd, best, priced)
@@ -332,17 +332,15 @@ class CallPlanner:
         )
 
     def _unplaced(
-        self, rnd: Round, models: list[str], priced: list[Option], reason: Reason
+        self, rnd: Round, models: list[str], priced: list[Option], refusal: Refusal
     ) -> Placement:
-        action = Action.REFUSE if reason.final else Action.WAIT
-        outcome = Outcome.UNSCHEDULABLE if reason.final else Outcome.DEFER
+        action = Action.REFUSE if refusal.final else Action.WAIT
+        outcome = Outcome.UNSCHEDULABLE if refusal.final else Outcome.DEFER
         record = build_record(
             subject=f"call:{models[0]}", gates=rnd.gates, options=priced, chosen=None,
-            outcome=outcome, reason=_REASON_TEXT[reason].format(model=models[0]),
+            outcome=outcome, reason=_REASON_TEXT[refusal.reason].format(model=models[0]),
         )
-        return Placement(
-            action, reason=reason.value, options=tuple(priced), decision=record
-        )
+        return Placement(action, refusal=refusal, options=tuple(priced), decision=record)
 
     async def admit(self, placement: Placement) -> bool:
         """Commit a claimed placement to its provider's circuit; a half-open circuit
@@ -412,4 +410,7 @@ _REASON_TEXT = {
     "that could run an acceptable model",
     Reason.MODEL_UNKNOWN: "no provider lists {model} and no Model resource declares it "
     "(is the name misspelt?)",
+    Reason.PROVIDER_DOWN: "no ready provider has {model}, and some providers do not answer",
+    Reason.MEMORY_UNKNOWN: "only providers whose VRAM total is unknown could load {model}; "
+    "give their vramMiB",
 }

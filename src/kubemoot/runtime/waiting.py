@@ -48,7 +48,7 @@ from kubemoot.runtime.faults import tolerated
 from kubemoot.runtime.options import could_help
 from kubemoot.runtime.placement import Action, Candidate, Placement
 from kubemoot.runtime.planner import CallPlanner
-from kubemoot.runtime.refusals import Reason
+from kubemoot.runtime.refusals import GpuBusy, Reason
 from kubemoot.runtime.snapshot import FleetSnapshot
 from kubemoot.store.documents import TicketState
 
@@ -343,6 +343,6 @@ def _settle(future: asyncio.Future[Placement | None], value: Placement | None) -
 def _gave_up(placement: Placement, elapsed: float) -> Placement:
     """Stand aside with gpu-busy (keeping the options for the explanation)."""
     return replace(
-        placement, action=Action.WAIT, reason=Reason.GPU_BUSY.value, ticket=None,
+        placement, action=Action.WAIT, refusal=GpuBusy(waited=elapsed), ticket=None,
         waited_seconds=elapsed,
     )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from kubemoot.agent.runtime import CallRecord
+from kubemoot.runtime.calls import CallRecord
 from kubemoot.clock import SystemClock
 from kubemoot.gateway import GatewayServer, ProviderSource
 from kubemoot.gateway.keys import ApiKeys
@@ -118,7 +118,7 @@ def finished_calls(gateway: GatewayServer) -> Finished:
     """Follow the calls ``gateway`` finishes from now on."""
     assert gateway.desk is not None
     finished = Finished()
-    gateway.desk.listeners.append(finished)
+    gateway.desk.calls.listeners.append(finished)
     return finished
 
 

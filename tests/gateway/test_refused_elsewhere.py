@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import ollama
 import pytest
 
-from kubemoot.agent.runtime import CallRecord
+from kubemoot.runtime.calls import CallRecord
 from kubemoot.gateway import GatewayServer
 from kubemoot.providers.emulator import OllamaEmulator
 from kubemoot.runtime.settings import GatewaySettings

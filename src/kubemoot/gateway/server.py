@@ -1,8 +1,8 @@
 """Wiring of one gateway process: providers, prober, runtime, HTTP server.
 
-The runtime comes from :func:`~kubemoot.agent.wiring.build_stack` — the one function
-that builds it for every caller — so the gateway places calls exactly as the agent
-runtime does. The gateway probes the providers it was given and publishes their state
+The runtime comes from :func:`~kubemoot.runtime.builder.build_runtime` — the one
+function that builds it for every caller — and each call goes through its call service,
+so the gateway places, leases and releases calls exactly as the agents do. The gateway probes the providers it was given and publishes their state
 to the store; on NATS, other gateways and the operator see the same state and tickets.
 """
 
@@ -17,9 +17,6 @@ from dataclasses import dataclass, replace
 import httpx
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kubemoot.agent.pool import CallSettings
-from kubemoot.agent.runtime import CallRecord
-from kubemoot.agent.wiring import RuntimeStack, build_stack
 from kubemoot.clock import Clock, SystemClock
 from kubemoot.gateway.app import GatewayApp, VirtualModels
 from kubemoot.gateway.calls import CallDesk
@@ -28,6 +25,8 @@ from kubemoot.gateway.keys import ApiKeys
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import KVStatePublisher, Prober
 from kubemoot.providers.protocol import ProviderState
+from kubemoot.runtime.builder import Runtime, build_runtime
+from kubemoot.runtime.calls import CallRecord
 from kubemoot.runtime.settings import DEFAULTS, GatewaySettings, RuntimeSettings
 from kubemoot.serving import HttpServer
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
@@ -95,7 +94,7 @@ class GatewayServer:
         self.host, self.port = host, port
         self.settings = settings or GatewaySettings()
         # The waiter's own safety net is the longest budget a client may ask for; each
-        # call's budget ends its wait earlier (CallDesk.place).
+        # call's budget ends its wait earlier (CallDesk.start).
         base = runtime or RuntimeSettings.from_env()
         self.runtime = replace(base,
                                gpu_wait_limit_seconds=self.settings.max_wait_budget_seconds)
@@ -106,7 +105,7 @@ class GatewayServer:
         # Each finished call's attribution (the CLI adds the dashboard's call log here).
         self.on_call = list(on_call)
         self.clients: dict[str, OllamaProvider] = {}
-        self.stack: RuntimeStack | None = None
+        self.stack: Runtime | None = None
         self.desk: CallDesk | None = None
         self.prober: Prober | None = None
         self._http: httpx.AsyncClient | None = None
@@ -152,24 +151,22 @@ class GatewayServer:
                             "answers", state.provider, state.endpoint, state.reason,
                             self.settings.probe_interval_seconds)
 
-        def factory(provider: str, endpoint: str, settings: CallSettings) -> OllamaProvider:
-            # the agent runtime's chat pool; the gateway forwards with its own client
-            return OllamaProvider(provider, endpoint, timeout=settings.timeout,
-                                  clock=self.clock)
-
         declared = {m: mib for m, mib in self.declared.items() if mib is not None}
-        self.stack = await build_stack(
-            self.kv, clients=self.clients, client_factory=factory, clock=self.clock,
-            settings=self.runtime, declared=declared)
+        runtime = self.stack = await build_runtime(
+            self.kv, clock=self.clock, settings=self.runtime, clients=self.clients,
+            declared=declared)
+        # Follow the buckets' watches so each placement reads only what changed.
+        await runtime.start()
+        runtime.calls.after_load = self._reprobe
+        runtime.calls.idle_retry_seconds = self.settings.probe_interval_seconds
+        runtime.calls.listeners.extend(self.on_call)
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(self.settings.call_timeout_seconds, connect=10.0),
             # httpcore scans its whole pool for every request: a pool sized to the
             # concurrency a fleet of engines takes keeps that scan short
             limits=httpx.Limits(max_connections=self.settings.upstream_connections,
                                 max_keepalive_connections=self.settings.upstream_connections))
-        self.desk = CallDesk(self.stack, self._http, self.settings,
-                             after_load=self._reprobe)
-        self.desk.listeners.extend(self.on_call)
+        self.desk = CallDesk(runtime, self._http, self.settings)
         if self.clients:
             self._tasks.append(asyncio.get_running_loop().create_task(
                 self.prober.run(self.settings.probe_interval_seconds)))
@@ -193,6 +190,8 @@ class GatewayServer:
         if self.desk is not None:
             for call in list(self.desk.in_flight):
                 await call.close(ok=None)
+        if self.stack is not None:
+            await self.stack.calls.close_all()  # and wait for releases under way
         if self.stack is not None:
             await self.stack.close()
         if self._http is not None:

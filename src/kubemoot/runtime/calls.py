@@ -95,6 +95,7 @@ class CallRequest:
     abandon_when_done: bool = False
     signals: WaitSignals | None = None
     ticket_state: TicketState = TicketState.RUNNING
+    holder: str | None = None  # the ticket holder's id (default: one made per attempt)
 
     @property
     def model(self) -> str:
@@ -127,7 +128,13 @@ class CallRecord:
     reason: str | None = None
     failure_type: str | None = None
     placement_seconds: float = 0.0
-    decision: Mapping[str, Any] | None = None
+    #: the placement this call ran on; its decision is summarised only when asked for
+    placement: Placement | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def decision(self) -> dict[str, Any] | None:
+        """The per-call decision record (:func:`decision_summary`)."""
+        return decision_summary(self.placement) if self.placement is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -147,7 +154,7 @@ class CallRecord:
             "modelCalls": self.model_calls,
             "reason": self.reason,
             "failureType": self.failure_type,
-            "decision": dict(self.decision) if self.decision is not None else None,
+            "decision": self.decision,
         }
 
 
@@ -358,9 +365,20 @@ class CallService:
     in_flight: set[ActiveCall] = field(default_factory=set)
     _estimators: dict[str, TokenEstimator] = field(default_factory=dict)
     _serial: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _drained: asyncio.Event = field(default_factory=asyncio.Event)
 
     def on_record(self, listener: Callable[[CallRecord], None]) -> None:
         self.listeners.append(listener)
+
+    async def close_all(self, *, within: float = 10.0) -> None:
+        """Close every call still open (a shutdown), and wait up to ``within`` seconds
+        for the releases under way, so the store is not closed under them."""
+        for call in list(self.in_flight):
+            await call.close(ok=None)
+        if self.in_flight:
+            self._drained.clear()
+            with contextlib.suppress(TimeoutError):
+                await self.clock.wait_for(self._drained.wait(), within)
 
     def estimator(self, model: str) -> TokenEstimator:
         """The token estimator of one model (tokenizers differ between models)."""
@@ -387,7 +405,8 @@ class CallService:
                     placer: Placer | None = None, arrived: float | None = None) -> ActiveCall:
         """A leased call, or :class:`CallRefused` / :class:`CallAbandoned`."""
         arrived = self.clock.now() if arrived is None else arrived
-        holder = self.holder_id(request.agent, request.thread_id, request.phase)
+        holder = request.holder or self.holder_id(request.agent, request.thread_id,
+                                                   request.phase)
         ends = _WaitEnds(self.clock, request.budget, request.done, request.signals)
         try:
             if placer is not None:
@@ -493,6 +512,8 @@ class CallService:
             await self._finish(call)
         finally:
             self.in_flight.discard(call)
+            if not self.in_flight:
+                self._drained.set()
             if call.ok is not None and p.model is not None and self.board is not None:
                 try:
                     await self.board.record_use(p.model)
@@ -533,5 +554,5 @@ class CallService:
             ok=call.succeeded if call.succeeded is not None else bool(call.ok),
             prompt_tokens=call.prompt_tokens,
             model_calls=call.model_calls, failure_type=call.failure_type,
-            placement_seconds=call.placement_seconds, decision=decision_summary(p),
+            placement_seconds=call.placement_seconds, placement=p,
         )

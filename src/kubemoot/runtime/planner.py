@@ -304,7 +304,7 @@ class CallPlanner:
             endpoint=claim.endpoint,
             model=option.model,
             ticket=claim.ticket,
-            evicted=option.victims,
+            evicted=claim.evicted,
             options=tuple(priced),
             decision=record,
             context_length=claim.context_length,

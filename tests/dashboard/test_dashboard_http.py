@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubemoot import metrics
-from kubemoot.agent.runtime import CallRecord
+from kubemoot.runtime.calls import CallRecord
 from kubemoot.clock import SystemClock
 from kubemoot.dashboard.calllog import CallLogWriter
 from kubemoot.dashboard.server import DEFAULT_HOST, DashboardServer

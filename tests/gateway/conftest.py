@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from kubemoot.runtime.calls import CallRecord
 from kubemoot.clock import SystemClock
 from kubemoot.gateway import GatewayServer, ProviderSource
 from kubemoot.gateway.keys import ApiKeys
 from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
+from kubemoot.runtime.calls import CallRecord
 from kubemoot.runtime.settings import GatewaySettings
 from kubemoot.store.memory import MemoryKV
 from kubemoot.testing.emulators import emulator_factory

@@ -2,8 +2,9 @@
 
 The runtime comes from :func:`~kubemoot.runtime.builder.build_runtime` — the one
 function that builds it for every caller — and each call goes through its call service,
-so the gateway places, leases and releases calls exactly as the agents do. The gateway probes the providers it was given and publishes their state
-to the store; on NATS, other gateways and the operator see the same state and tickets.
+so the gateway places, leases and releases calls exactly as the agents do. The gateway
+probes the providers it was given and publishes their state to the store; on NATS,
+other gateways and the operator see the same state and tickets.
 """
 
 from __future__ import annotations

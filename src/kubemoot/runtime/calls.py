@@ -412,9 +412,13 @@ class CallService:
             if placer is not None:
                 placement = await placer(holder, exclude)
             else:
+                # a call with neither a budget nor a stop event waits the waiter's way,
+                # with no task of its own to end the wait
+                bounded = request.budget is not None or request.done is not None
                 placement = await self.waiter.place(
                     request.candidates, agent=request.agent, holder_id=holder,
-                    prompt_tokens=request.prompt_tokens, signals=ends, done=ends.done,
+                    prompt_tokens=request.prompt_tokens, signals=ends,
+                    done=ends.done if bounded else None,
                     ticket_state=request.ticket_state, exclude=exclude)
         finally:
             await ends.close()

@@ -139,7 +139,8 @@ class KubemootPolicy(Policy):
                 if not error.sent:
                     raise RefusedBeforeSending(active.provider, str(error)) from None
                 raise
-            active.first_byte(at=started)
+            # the engine's clock has no epoch; the call computed ``duration`` until now
+            active.first_byte(at=runtime.clock.now() - call.duration)
             active.note(ok=True, model_calls=1)
             return started
 

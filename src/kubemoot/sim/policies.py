@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kubemoot.providers.protocol import ProviderError
+from kubemoot.runtime.refusals import Reason
 from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, CallOutcome
 from kubemoot.sim.workload import CallSpec, Trace
@@ -81,7 +82,7 @@ class BaselinePolicy(Policy):
     async def run_call(self, call: CallSpec, ctx: SimContext) -> CallOutcome:
         feasible = self._feasible.get(call.model, [])
         if not feasible:
-            return CallOutcome(REFUSED, model=call.model, reason="model-too-large")
+            return CallOutcome(REFUSED, model=call.model, reason=Reason.MODEL_TOO_LARGE.value)
         gpu = self.choose(call, feasible, ctx)
         self.dispatched(gpu, +1)
         try:

@@ -36,7 +36,7 @@ from kubemoot.runtime.calls import ActiveCall, CallRefused, CallRequest, Refused
 from kubemoot.runtime.placement import Action
 from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
 from kubemoot.sim.gpu import EmulatedGpu
-from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE, CallOutcome
+from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE, SimulatedOutcome
 from kubemoot.sim.phases import CURRENT_CALL
 from kubemoot.sim.policies import Policy, SimContext
 from kubemoot.sim.workload import CallSpec
@@ -108,7 +108,7 @@ class KubemootPolicy(Policy):
             await self._runtime.close()
             await self._runtime.kv.close()
 
-    async def run_call(self, call: CallSpec, ctx: SimContext) -> CallOutcome:
+    async def run_call(self, call: CallSpec, ctx: SimContext) -> SimulatedOutcome:
         """One simulated call through the runtime's call service, as production makes
         it: placed by the waiter, its ticket leased (renewed on the virtual clock, so a
         call longer than the TTL keeps its memory), retried once elsewhere after a
@@ -148,13 +148,13 @@ class KubemootPolicy(Policy):
             active, started = await runtime.calls.start(request, send)
         except CallRefused as refused:
             if refused.refusal.final:
-                return CallOutcome(REFUSED, model=call.model,
+                return SimulatedOutcome(REFUSED, model=call.model,
                                    reason=refused.refusal.reason.value)
-            return CallOutcome(STOOD_ASIDE, model=call.model,
+            return SimulatedOutcome(STOOD_ASIDE, model=call.model,
                                reason=refused.refusal.reason.value)
         except (ProviderError, RefusedBeforeSending) as error:
-            return CallOutcome(FAILED, model=call.model, reason=str(error))
+            return SimulatedOutcome(FAILED, model=call.model, reason=str(error))
         async with active:
             pass  # the call ran in send; leaving the block releases and records it
-        return CallOutcome(FINISHED, provider=active.provider, model=active.model,
+        return SimulatedOutcome(FINISHED, provider=active.provider, model=active.model,
                            started=started, evicted=active.placement.evicted)

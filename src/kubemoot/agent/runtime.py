@@ -39,7 +39,7 @@ from kubemoot.runtime.calls import (
     RefusedBeforeSending,
 )
 from kubemoot.runtime.held_plans import SelectionPlanner
-from kubemoot.runtime.placement import Action, Candidate, Placement
+from kubemoot.runtime.placement import Action, CallPlacement, Candidate
 from kubemoot.runtime.refusals import GpuBusy, Refusal
 from kubemoot.runtime.tokens import TokenEstimator
 
@@ -72,7 +72,7 @@ class StaticTarget:
 class CallOutcome:
     """What one call came to: a loop result, or the refusal it never ran for."""
 
-    placement: Placement | None = None
+    placement: CallPlacement | None = None
     result: ToolLoopResult | None = None
     refused: Refusal | None = None  # typed, with its facts
     record: CallRecord | None = None
@@ -243,7 +243,7 @@ class AgentRuntime:
         """The agent's own way to place, or None for the service's waiter."""
         first_try = [held_plan]
 
-        async def place(holder: str, exclude: Collection[str]) -> Placement:
+        async def place(holder: str, exclude: Collection[str]) -> CallPlacement:
             if first_try[0]:
                 first_try[0] = False
                 held = await self.selection.take(agent, thread_id,
@@ -268,7 +268,7 @@ class AgentRuntime:
         fallbacks: Sequence[Candidate],
         *,
         exclude: Collection[str] = (),
-    ) -> Placement:
+    ) -> CallPlacement:
         """A placement for a call that must not wait for capacity.
 
         In order: the candidates as usual (sharing a warm copy when queueing there is
@@ -278,7 +278,7 @@ class AgentRuntime:
         engine load a model would let it overrule the budget (evict on its own).
         """
         prompt_tokens = request.prompt_tokens
-        first: Placement | None = None
+        first: CallPlacement | None = None
         for group in (list(request.candidates), *([c] for c in fallbacks)):
             placement = await self.planner.place(
                 group, holder_id=holder, prompt_tokens=prompt_tokens, exclude=exclude
@@ -305,7 +305,7 @@ class AgentRuntime:
 
     async def _static_placement(
         self, static: StaticTarget, holder: str, prompt_tokens: int | None
-    ) -> Placement | None:
+    ) -> CallPlacement | None:
         """The static endpoint, when it can take the call without loading anything and
         without cutting the prompt.
 
@@ -324,7 +324,7 @@ class AgentRuntime:
                 static.provider, static.model, holder, prompt_tokens=prompt_tokens)
             if ticket is None:
                 return None
-        return Placement(
+        return CallPlacement(
             Action.STATIC, provider=static.provider, endpoint=static.endpoint,
             model=static.model, context_length=static.context_length, ticket=ticket,
         )

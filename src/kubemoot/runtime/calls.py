@@ -35,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.runtime import options
-from kubemoot.runtime.placement import Action, Candidate, Placement
+from kubemoot.runtime.placement import Action, CallPlacement, Candidate
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.refusals import GpuBusy, Refusal
 from kubemoot.runtime.tokens import TokenEstimator
@@ -63,7 +63,7 @@ T = TypeVar("T")
 AfterLoad = Callable[[str], Awaitable[None]]
 """``after_load(provider)``: re-probe a provider whose memory a call changed."""
 
-Placer = Callable[[str, Collection[str]], Awaitable[Placement]]
+Placer = Callable[[str, Collection[str]], Awaitable[CallPlacement]]
 """``placer(holder_id, exclude)``: a caller's own way to place (no waiting)."""
 
 # Actions after which the provider holds a copy the published state does not show yet.
@@ -129,7 +129,7 @@ class CallRecord:
     failure_type: str | None = None
     placement_seconds: float = 0.0
     #: the placement this call ran on; its decision is summarised only when asked for
-    placement: Placement | None = field(default=None, compare=False, repr=False)
+    placement: CallPlacement | None = field(default=None, compare=False, repr=False)
 
     @property
     def decision(self) -> dict[str, Any] | None:
@@ -158,7 +158,7 @@ class CallRecord:
         }
 
 
-def decision_summary(placement: Placement) -> dict[str, Any]:
+def decision_summary(placement: CallPlacement) -> dict[str, Any]:
     """The per-call decision record, short: the options with their seconds, the gates
     that failed, the action and the victims."""
     failed: dict[str, list[str]] = {}
@@ -179,7 +179,7 @@ def decision_summary(placement: Placement) -> dict[str, Any]:
 class CallRefused(Exception):
     """The call was not placed; ``refusal`` says why, with its facts."""
 
-    def __init__(self, refusal: Refusal, placement: Placement, *, model: str) -> None:
+    def __init__(self, refusal: Refusal, placement: CallPlacement, *, model: str) -> None:
         super().__init__(refusal.reason.value)
         self.refusal = refusal
         self.placement = placement
@@ -255,7 +255,7 @@ class _WaitEnds:
 class ActiveCall:
     """A placed call: holds its ticket (leased) until :meth:`close`, once."""
 
-    def __init__(self, service: CallService, request: CallRequest, placement: Placement, *,
+    def __init__(self, service: CallService, request: CallRequest, placement: CallPlacement, *,
                  holder: str, arrived: float, action: str) -> None:
         self.service = service
         self.request = request
@@ -441,7 +441,7 @@ class CallService:
             raise
         return call
 
-    async def _refused(self, request: CallRequest, placement: Placement,
+    async def _refused(self, request: CallRequest, placement: CallPlacement,
                        arrived: float) -> CallRefused:
         refusal = placement.refusal or GpuBusy()
         model = request.model

@@ -37,7 +37,7 @@ class Candidate:
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
+class CallPlacement:
     """The result of one placement: where the call runs, or why it does not.
 
     ``provider``/``endpoint``/``model`` are the copy the call uses (for a queue decision:

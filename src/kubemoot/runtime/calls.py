@@ -338,7 +338,15 @@ class ActiveCall:
             # The release must happen even when the call is cancelled during the probe
             # or during the release's own compare-and-set: the shield lets it finish
             # while the cancellation goes on upward.
-            await asyncio.shield(self.service._release(self))
+            release = asyncio.ensure_future(self.service._release(self))
+            try:
+                await asyncio.shield(release)
+            except asyncio.CancelledError:
+                release.add_done_callback(lambda _done: self.service._recorded(self))
+                raise
+        # Recorded in the caller's own task: a listener may tie the record to the
+        # requests that task made (the demo's inference starts do).
+        self.service._recorded(self)
         return self.record
 
     async def __aenter__(self) -> ActiveCall:
@@ -514,10 +522,6 @@ class CallService:
         p = call.placement
         try:
             await self._finish(call)
-        finally:
-            self.in_flight.discard(call)
-            if not self.in_flight:
-                self._drained.set()
             if call.ok is not None and p.model is not None and self.board is not None:
                 try:
                     await self.board.record_use(p.model)
@@ -525,12 +529,21 @@ class CallService:
                     metrics.survived("runtime", "record-use", metrics.STORE,
                                      f"recording the use of {p.model} failed", error,
                                      logger=log)
-            call.record = self._record(call)
-            for listener in self.listeners:
-                try:
-                    listener(call.record)
-                except Exception:  # attribution must never fail a call
-                    log.exception("call listener failed")
+        finally:
+            self.in_flight.discard(call)
+            if not self.in_flight:
+                self._drained.set()
+
+    def _recorded(self, call: ActiveCall) -> None:
+        """Build the call's record and tell the listeners (once the ticket is back)."""
+        if call.record is not None:
+            return
+        call.record = self._record(call)
+        for listener in self.listeners:
+            try:
+                listener(call.record)
+            except Exception:  # attribution must never fail a call
+                log.exception("call listener failed")
 
     async def _finish(self, call: ActiveCall) -> None:
         """Learn from the call and release its ticket; a release that fails is logged

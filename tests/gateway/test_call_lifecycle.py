@@ -24,7 +24,7 @@ from kubemoot.gateway import GatewayServer, ProviderSource
 from kubemoot.providers.emulator import OllamaEmulator
 from kubemoot.runtime.settings import GatewaySettings
 from kubemoot.store.memory import MemoryKV
-from tests.gateway.conftest import live_tickets, start_gateway
+from tests.gateway.conftest import finished_calls, live_tickets, start_gateway
 
 HELLO = [{"role": "user", "content": "hello there"}]
 # a budget no test may wait out: an answer proves the call did not wait for capacity
@@ -129,6 +129,7 @@ async def test_the_wait_header_counts_a_cold_load(
     # the same seconds as the gateway's clock; small:1b (1000 MiB) loads in 0.2 s
     emulator = make_emulator(time_scale=1.0, load_rate_mibps=5000.0, base_latency_s=0.01)
     gateway = await start_gateway({"gpu-a": emulator})
+    finished = finished_calls(gateway)
     try:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=GUARD_SECONDS) as http:
             body = {"model": "small:1b", "messages": HELLO, "stream": stream}
@@ -142,5 +143,11 @@ async def test_the_wait_header_counts_a_cold_load(
         waited = float(headers["x-kubemoot-wait-seconds"])
         placing = float(headers["x-kubemoot-placement-seconds"])
         assert waited >= placing + load - 0.001  # the load is part of the wait
+        await finished.until(1)
+        record = finished.records[0].to_dict()  # the call log's line says the same
+        assert record["waitedSeconds"] >= record["placementSeconds"] + load - 0.001
+        decision = record["decision"]  # the per-call decision record
+        assert decision["action"] == "cold-load"
+        assert any(o["kind"] == "cold-load" and o["seconds"] > 0 for o in decision["options"])
     finally:
         await gateway.stop()

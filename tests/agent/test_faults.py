@@ -187,22 +187,26 @@ async def test_a_failed_release_after_an_answer_is_logged_not_raised(
 ) -> None:
     kv_box: list[MemoryKV] = []
 
-    async def store_goes_away(provider: str) -> None:
-        await kv_box[0].close()  # the engine has answered; now the release cannot land
+    class StoreGoesAway(OllamaProvider):
+        async def chat(self, model: str, messages: Any, **options: Any) -> Any:
+            reply = await super().chat(model, messages, **options)
+            await kv_box[0].close()  # the engine has answered; now the release cannot land
+            return reply
 
-    fleet = await make_fleet(after_call=store_goes_away)
+    fleet = await make_fleet(chats=lambda provider, endpoint, settings: StoreGoesAway(
+        provider, endpoint, timeout=settings.timeout))
     kv_box.append(fleet.kv)
-    before = _sample(metrics.ERRORS_SURVIVED, component="agent", operation="release",
+    before = _sample(metrics.ERRORS_SURVIVED, component="runtime", operation="release",
                     kind="store")
     try:
-        with caplog.at_level(logging.WARNING, logger="kubemoot.agent.runtime"):
+        with caplog.at_level(logging.WARNING, logger="kubemoot.runtime.calls"):
             outcome = await _call(fleet, "hello")
         assert outcome.result is not None and outcome.result.ok
         assert outcome.result.content
         assert outcome.record is not None and outcome.record.ok
-        assert any("releasing ticket" in r.getMessage() and "TTL" in r.getMessage()
+        assert any("releasing the ticket" in r.getMessage() and "TTL" in r.getMessage()
                    for r in caplog.records)
-        after = _sample(metrics.ERRORS_SURVIVED, component="agent", operation="release",
+        after = _sample(metrics.ERRORS_SURVIVED, component="runtime", operation="release",
                     kind="store")
         assert after == before + 1
     finally:
@@ -258,11 +262,16 @@ async def test_a_plan_that_cannot_be_released_is_logged_and_counted(
 ) -> None:
     box: list[Fleet] = []
 
-    async def store_goes_away(provider: str) -> None:
-        await box[0].kv.close()  # after the triage call: the held plan cannot be dropped
+    class StoreGoesAway(OllamaProvider):
+        async def chat(self, model: str, messages: Any, **options: Any) -> Any:
+            try:
+                return await super().chat(model, messages, **options)
+            finally:  # after the triage call: the held plan cannot be dropped
+                await box[0].kv.close()
 
     # room for the prompt a plan assumes before the question is known
-    fleet = await make_fleet(after_call=store_goes_away, context=4096)
+    fleet = await make_fleet(context=4096, chats=lambda provider, endpoint, settings:
+                             StoreGoesAway(provider, endpoint, timeout=settings.timeout))
     box.append(fleet)
     member = AgentProfile(id="crew/a", role="tooler", mulling=(Candidate(SMALL.name, 50.0),),
                           triage=(Candidate(SMALL.name, 50.0),))

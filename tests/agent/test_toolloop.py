@@ -9,11 +9,11 @@ import pytest
 
 from kubemoot.agent.pool import CallSettings, ChatPool
 from kubemoot.agent.signals import FailureType
-from kubemoot.agent.tokens import TokenEstimator
 from kubemoot.agent.toolloop import Tool, ToolLoopLimits, run_tool_loop
 from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.protocol import ProviderClient
+from kubemoot.runtime.tokens import TokenEstimator
 
 Messages = Sequence[Mapping[str, Any]]
 

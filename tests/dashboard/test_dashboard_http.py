@@ -12,10 +12,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubemoot import metrics
-from kubemoot.agent.runtime import CallRecord
 from kubemoot.clock import SystemClock
 from kubemoot.dashboard.calllog import CallLogWriter
 from kubemoot.dashboard.server import DEFAULT_HOST, DashboardServer
+from kubemoot.runtime.calls import CallRecord
 from kubemoot.runtime.tickets import ClaimRejected, TicketManager
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET, PROVIDER_TICKETS_BUCKET
 from kubemoot.store.memory import MemoryKV

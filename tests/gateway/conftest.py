@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from kubemoot.agent.runtime import CallRecord
 from kubemoot.clock import SystemClock
 from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.gateway import GatewayServer, ProviderSource
 from kubemoot.gateway.keys import ApiKeys
+from kubemoot.runtime.calls import CallRecord
 from kubemoot.runtime.settings import GatewaySettings
 from kubemoot.store.memory import MemoryKV
 from kubemoot.testing.emulators import emulator_factory
@@ -120,7 +120,7 @@ def finished_calls(gateway: GatewayServer) -> Finished:
     """Follow the calls ``gateway`` finishes from now on."""
     assert gateway.desk is not None
     finished = Finished()
-    gateway.desk.listeners.append(finished)
+    gateway.desk.calls.listeners.append(finished)
     return finished
 
 

@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import ollama
 import pytest
 
-from kubemoot.agent.runtime import CallRecord
 from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
+from kubemoot.runtime.calls import CallRecord
 from kubemoot.runtime.settings import GatewaySettings
 from tests.gateway.conftest import live_tickets, start_gateway
 

@@ -11,7 +11,7 @@ from kubemoot.runtime.capacity import CapacityWatch
 from kubemoot.runtime.circuit import CircuitBreakers
 from kubemoot.runtime.demand import DemandBoard
 from kubemoot.runtime.latency import LatencyTracker
-from kubemoot.runtime.placement import Candidate, Placement
+from kubemoot.runtime.placement import CallPlacement, Candidate
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.tickets import TicketManager
@@ -46,7 +46,7 @@ class Harness:
 
     async def place(
         self, *models: str | tuple[str, float], prompt: int | None = None, holder: str = "me"
-    ) -> Placement:
+    ) -> CallPlacement:
         return await self.planner.place(candidates(*models), holder_id=holder,
                                         prompt_tokens=prompt)
 

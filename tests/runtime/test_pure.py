@@ -16,7 +16,14 @@ from kubemoot.runtime.eviction import EvictionPlanner
 from kubemoot.runtime.latency import LatencyTracker
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.record import build_record
-from kubemoot.runtime.refusals import Reason, classify
+from kubemoot.runtime.refusals import (
+    MemoryUnknown,
+    ModelTooLarge,
+    PromptTooLarge,
+    ProviderDown,
+    Reason,
+    classify,
+)
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ModelDemand, ProviderSnapshot
 from kubemoot.store.documents import ProviderState, TicketState
@@ -129,8 +136,16 @@ def _fleet(*states: ProviderState) -> tuple[FleetSnapshot, CostModel]:
     ("states", "prompt", "reason"),
     [
         ((gpu("a", 16), gpu("b", 12)), None, Reason.MODEL_TOO_LARGE),
-        # an unknown total never proves a model too large
-        ((gpu("a", 16), gpu("b", None)), None, Reason.GPU_BUSY),
+        # an unknown total never proves a model too large; when such cards are the only
+        # ones that might load it, its memory is unknown (not busy: waiting cannot help)
+        ((gpu("a", 16), gpu("b", None)), None, Reason.MEMORY_UNKNOWN),
+        ((gpu("a", None), gpu("b", None)), None, Reason.MEMORY_UNKNOWN),
+        # a card of unknown memory that holds a copy can take the call: busy
+        ((gpu("a", None, residents={"m": 20}),), None, Reason.GPU_BUSY),
+        # a known card that could hold it: busy, whatever the unknown one
+        ((gpu("a", 32, residents={"small": 20}), gpu("b", None)), None, Reason.GPU_BUSY),
+        # the only provider does not answer: down, never unknown
+        ((gpu("a", 32, ready=False),), None, Reason.PROVIDER_DOWN),
         ((), None, Reason.GPU_BUSY),
         ((gpu("a", 32, context=4096),), 8000, Reason.PROMPT_TOO_LARGE),
         # an unknown context admits the prompt
@@ -145,14 +160,31 @@ def test_refusal_classes(
     states: tuple[ProviderState, ...], prompt: int | None, reason: Reason
 ) -> None:
     fleet, cost = _fleet(*states)
-    assert classify(fleet, cost, preferred="m", acceptable=["m"], prompt_tokens=prompt) is reason
+    refusal = classify(fleet, cost, preferred="m", acceptable=["m"], prompt_tokens=prompt)
+    assert refusal.reason is reason
+
+
+def test_refusals_carry_the_facts_that_prove_them() -> None:
+    fleet, cost = _fleet(gpu("a", 16), gpu("b", 12))
+    too_large = classify(fleet, cost, preferred="m", acceptable=["m"], prompt_tokens=None)
+    assert too_large == ModelTooLarge(need_mib=20 * 1024, largest_usable_mib=15 * 1024,
+                                      largest_provider="a")  # 16 GiB less 1 GiB reserve
+    fleet, cost = _fleet(gpu("a", 32, context=4096))
+    assert classify(fleet, cost, preferred="m", acceptable=["m"],
+                    prompt_tokens=8000) == PromptTooLarge(tokens=8000, largest_context=4096)
+    fleet, cost = _fleet(gpu("a", 16), gpu("c", None), gpu("b", None))
+    assert classify(fleet, cost, preferred="m", acceptable=["m"],
+                    prompt_tokens=None) == MemoryUnknown(providers=("b", "c"))
+    fleet, cost = _fleet(gpu("a", 32, ready=False), gpu("b", 32, ready=False))
+    assert classify(fleet, cost, preferred="m", acceptable=["m"],
+                    prompt_tokens=None) == ProviderDown(providers=("a", "b"))
 
 
 def test_prompt_fits_an_acceptable_candidate_with_a_larger_context() -> None:
     state = gpu("a", 32, context=4096, residents={"small": 4}, resident_context={"small": 32768})
     fleet, cost = _fleet(state)
     got = classify(fleet, cost, preferred="m", acceptable=["m", "small"], prompt_tokens=8000)
-    assert got is Reason.GPU_BUSY
+    assert got.reason is Reason.GPU_BUSY
 
 
 @pytest.mark.parametrize(

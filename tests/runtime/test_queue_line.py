@@ -9,7 +9,7 @@ import pytest
 
 from kubemoot.runtime.cost import CostModel, OptionKind
 from kubemoot.runtime.occupancy import OccupancyBook
-from kubemoot.runtime.placement import Action, Placement
+from kubemoot.runtime.placement import Action, CallPlacement
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ProviderSnapshot
 from kubemoot.runtime.waiting import CapacityWaiter
@@ -67,7 +67,7 @@ async def test_a_fresh_call_counts_the_calls_waiting_before_it(make) -> None:
     assert queue.seconds == pytest.approx(35.0, abs=1e-6)
 
 
-async def _join(waiter: CapacityWaiter, holder: str) -> asyncio.Task[Placement]:
+async def _join(waiter: CapacityWaiter, holder: str) -> asyncio.Task[CallPlacement]:
     task = asyncio.create_task(waiter.place(candidates("m"), agent=holder))
     await until_idle()  # it placed, found no room and waits in line
     assert not task.done()
@@ -138,7 +138,7 @@ async def test_a_change_that_cannot_help_does_not_wake_the_line(make) -> None:
     calls = 0
     place = h.planner.place
 
-    async def counting(*args: Any, **kwargs: Any) -> Placement:
+    async def counting(*args: Any, **kwargs: Any) -> CallPlacement:
         nonlocal calls
         calls += 1
         return await place(*args, **kwargs)

@@ -9,8 +9,14 @@ the limit, and what would help. The sentences are the spec's, since users read t
 * model-too-large — names the model; add a smaller Model or a larger GPU.
 * prompt-too-large — no provider's context holds the prompt; raise a provider's
   OLLAMA_CONTEXT_LENGTH or send less.
+* provider-down — the servers that have the model do not answer; try again when they do.
+* memory-unknown — only providers whose VRAM total nobody gave could load the model;
+  give them ``vramMiB``.
 * unschedulable — not capacity but the operator's verdict: the phase has no binding, so
   the agent made no call; the answer quotes each agent's FailedScheduling message.
+
+The reason travels as its wire name in ``metadata.reason``; it is read back into the
+runtime's :class:`~kubemoot.runtime.refusals.Reason` once, never compared as text.
 
 Each reason that occurred contributes its sentence, in that order.
 """
@@ -20,7 +26,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kubemoot.agent.signals import Signal, SignalType, StandAsideReason
+from kubemoot.agent.signals import Signal, SignalType
+from kubemoot.runtime.refusals import Reason
 
 __all__ = ["CapacityRecord", "capacity_answer"]
 
@@ -33,6 +40,14 @@ GPU_BUSY_TEXT = (
 MODEL_TOO_LARGE_TEXT = (
     "No GPU in this cluster can hold the model {models} the agents need; add a smaller "
     "Model or a larger GPU."
+)
+PROVIDER_DOWN_TEXT = (
+    "The servers that have the model {models} do not answer now; the model is not "
+    "missing. Ask again once they are back."
+)
+MEMORY_UNKNOWN_TEXT = (
+    "The model {models} could only be loaded on providers whose GPU memory nobody "
+    "gave; set vramMiB on those ModelProviders so that loads can be placed."
 )
 PROMPT_TOO_LARGE_TEXT = (
     "No provider gives an acceptable model a context that holds the prompt. Raise the "
@@ -54,6 +69,8 @@ class CapacityRecord:
     gpu_busy: bool = False
     too_large_models: list[str] = field(default_factory=list)
     prompt_too_large: bool = False
+    down_models: list[str] = field(default_factory=list)
+    memory_unknown_models: list[str] = field(default_factory=list)
     unschedulable: list[str] = field(default_factory=list)  # "agent: FailedScheduling"
 
     @property
@@ -66,24 +83,26 @@ class CapacityRecord:
             self.gpu_busy = True
         if signal.type is not SignalType.STAND_ASIDE:
             return
-        reason = signal.metadata.reason
-        if reason == StandAsideReason.GPU_BUSY:
+        reason = _reason(signal.metadata.reason)
+        model = signal.metadata.model or "(unnamed)"
+        if reason is Reason.GPU_BUSY:
             self.gpu_busy = True
-        elif reason == StandAsideReason.MODEL_TOO_LARGE:
-            model = signal.metadata.model or "(unnamed)"
-            if model not in self.too_large_models:
-                self.too_large_models.append(model)
-        elif reason == StandAsideReason.PROMPT_TOO_LARGE:
+        elif reason is Reason.MODEL_TOO_LARGE:
+            _add(self.too_large_models, model)
+        elif reason is Reason.PROMPT_TOO_LARGE:
             self.prompt_too_large = True
-        elif reason == StandAsideReason.UNSCHEDULABLE:
-            line = f"{signal.agent}: {signal.content}"
-            if line not in self.unschedulable:
-                self.unschedulable.append(line)
+        elif reason is Reason.PROVIDER_DOWN:
+            _add(self.down_models, model)
+        elif reason is Reason.MEMORY_UNKNOWN:
+            _add(self.memory_unknown_models, model)
+        elif reason is Reason.UNSCHEDULABLE:
+            _add(self.unschedulable, f"{signal.agent}: {signal.content}")
 
     @property
     def capacity(self) -> bool:
         """Whether a GPU, not the crew's scheduling, held an agent back."""
-        return self.gpu_busy or bool(self.too_large_models) or self.prompt_too_large
+        return (self.gpu_busy or bool(self.too_large_models) or self.prompt_too_large
+                or bool(self.down_models) or bool(self.memory_unknown_models))
 
     @classmethod
     def from_signals(
@@ -108,6 +127,24 @@ def capacity_answer(record: CapacityRecord) -> str | None:
         parts.append(MODEL_TOO_LARGE_TEXT.format(models=", ".join(record.too_large_models)))
     if record.prompt_too_large:
         parts.append(PROMPT_TOO_LARGE_TEXT)
+    if record.down_models:
+        parts.append(PROVIDER_DOWN_TEXT.format(models=", ".join(record.down_models)))
+    if record.memory_unknown_models:
+        parts.append(MEMORY_UNKNOWN_TEXT.format(
+            models=", ".join(record.memory_unknown_models)))
     if record.unschedulable:
         parts.append(UNSCHEDULABLE_TEXT.format(reasons="; ".join(record.unschedulable)))
     return " ".join(parts) or None
+
+
+def _reason(wire: str | None) -> Reason | None:
+    """The refusal a signal names, or None (no reason, or one this build does not know)."""
+    try:
+        return Reason(wire) if wire is not None else None
+    except ValueError:
+        return None
+
+
+def _add(models: list[str], model: str) -> None:
+    if model not in models:
+        models.append(model)

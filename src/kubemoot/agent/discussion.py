@@ -35,11 +35,11 @@ from kubemoot.agent.signals import (
     SignalMetadata,
     SignalSink,
     SignalType,
-    StandAsideReason,
 )
 from kubemoot.agent.toolloop import Tool
 from kubemoot.api import Phase
 from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.refusals import Reason
 from kubemoot.runtime.settings import DEFAULTS
 
 __all__ = [
@@ -233,7 +233,7 @@ class Coordinator:
             # no binding, no call: the phase stands aside with the operator's reason
             sink.emit(Signal(SignalType.STAND_ASIDE, agent.id, thread.id, clock.now(),
                              phase=MULLING, content=unschedulable,
-                             metadata=SignalMetadata(reason=StandAsideReason.UNSCHEDULABLE)))
+                             metadata=SignalMetadata(reason=Reason.UNSCHEDULABLE)))
             return
         try:
             note = await self._triage(agent, thread, sink)
@@ -333,7 +333,7 @@ class Coordinator:
             # the coordinator's own phase has no binding: no synthesis call is made
             sink.emit(Signal(SignalType.STAND_ASIDE, self.profile.id, thread.id,
                              self.runtime.clock.now(), phase=SYNTHESIS, content=own,
-                             metadata=SignalMetadata(reason=StandAsideReason.UNSCHEDULABLE)))
+                             metadata=SignalMetadata(reason=Reason.UNSCHEDULABLE)))
             return Settlement.FAILED, (f"The coordinator could not write the answer: its "
                                        f"mulling phase is unschedulable ({own}).")
         summary = "\n".join(f"- {s.agent} ({s.type.value}): {s.content}" for s in positions)

@@ -167,7 +167,7 @@ def record_from_wire(body: dict[str, Any]) -> CallRecord:
         ok=bool(body.get("ok")), prompt_tokens=None if tokens is None else int(tokens),
         model_calls=int(body.get("modelCalls") or 0), reason=text("reason"),
         failure_type=text("failureType"),
-        decision=decision if isinstance(decision, dict) else None,
+        summary=decision if isinstance(decision, dict) else None,
     )
 
 

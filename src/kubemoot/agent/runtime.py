@@ -1,65 +1,61 @@
 """The agent runtime: one inference call, placed at the moment it is needed.
 
-:meth:`AgentRuntime.call` is the path every model call of an agent takes:
+:meth:`AgentRuntime.call` is the path every model call of an agent takes. Its
+lifecycle — estimate, place through the waiter, lease, after-load check, retry once
+elsewhere after a refused connection, verdict, recent use, release, the call record —
+is the runtime's :class:`~kubemoot.runtime.calls.CallService`, the same one the gateway
+and the simulator use. What is the agent's own stays here:
 
-1. estimate the prompt (characters ÷ the learned ratio, tool specs included);
-2. place it — a mulling call first takes the plan held for it since selection, then
-   places through the capacity waiter (which may wait for a GPU); calls that cannot
-   wait (triage, the coordinator's synthesis) place once, share a warm copy when the
-   only option is to queue at it, and otherwise fall back to a static endpoint only
-   when that endpoint's context holds the prompt;
-3. run the tool loop on the chat the pool holds for the placed provider and model,
-   with the context of *that* provider;
-4. report the provider's new state (the copy it just loaded is now resident) and
-   release the ticket in a ``finally``;
-5. record the call's attribution: the provider it really ran on, the model it really
-   ran, what was evicted for it and how long it waited;
-6. if the provider refused the connection before any byte was sent (and no engine
-   answered yet), place the call once more with that provider excluded and run it
-   there (DESIGN §5); nothing else is ever retried.
+* the placement of a call that cannot wait (triage, the coordinator's synthesis):
+  a mulling call first takes the plan held for it since selection; calls that cannot
+  wait place once, share a warm copy when the only option is to queue at it, and
+  otherwise fall back to a static endpoint only when that endpoint's context holds the
+  prompt;
+* the tool loop, run on the chat the pool holds for the placed provider and model,
+  with the context of *that* provider;
+* the outcome: the loop's result, or the typed refusal it never ran for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
-from kubemoot import metrics
 from kubemoot.agent.pool import CallSettings, ChatPool
 from kubemoot.agent.signals import Signal, SignalMetadata, SignalSink, SignalType
-from kubemoot.agent.tokens import TokenEstimator
 from kubemoot.agent.toolloop import Tool, ToolLoopLimits, ToolLoopResult, run_tool_loop
 from kubemoot.clock import Clock
+from kubemoot.providers.protocol import ChatResult
+from kubemoot.runtime.calls import (
+    ActiveCall,
+    AfterLoad,
+    CallRecord,
+    CallRefused,
+    CallRequest,
+    CallService,
+    RefusedBeforeSending,
+)
 from kubemoot.runtime.held_plans import SelectionPlanner
-from kubemoot.runtime.placement import Action, Candidate, Placement
-from kubemoot.runtime.planner import CallPlanner
-from kubemoot.runtime.record import call_decision
-from kubemoot.runtime.refusals import Reason
-from kubemoot.runtime.waiting import CapacityWaiter
-from kubemoot.store.protocol import StoreError
+from kubemoot.runtime.placement import Action, CallPlacement, Candidate
+from kubemoot.runtime.refusals import GpuBusy, Refusal
+from kubemoot.runtime.tokens import TokenEstimator
 
 __all__ = [
+    "AfterCall",
     "AgentRuntime",
     "CallOutcome",
     "CallRecord",
     "SignalWaitSink",
     "StaticTarget",
-    "UseBoard",
 ]
 
 log = logging.getLogger(__name__)
 
-AfterCall = Callable[[str], Awaitable[None]]
-"""``after_call(provider)``: runs after a call and before its ticket is released."""
-
-
-class UseBoard(Protocol):
-    """The part of the DemandBoard a finished call writes (recent use)."""
-
-    async def record_use(self, model: str) -> None: ...
+AfterCall = AfterLoad
+"""``after_call(provider)``: re-probes a provider after a call changed its memory."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,58 +68,13 @@ class StaticTarget:
     context_length: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class CallRecord:
-    """Per-call attribution: where one model call really ran."""
-
-    thread_id: str
-    agent: str
-    phase: str
-    model: str | None
-    provider: str | None
-    endpoint: str | None
-    action: str
-    waited_seconds: float
-    evicted: tuple[str, ...]
-    started_at: float
-    seconds: float
-    ok: bool
-    prompt_tokens: int | None = None
-    model_calls: int = 0  # requests the engine received for this call (tool turns)
-    reason: str | None = None
-    failure_type: str | None = None
-    # the placement's bounded decision summary (runtime.record.call_decision), so the
-    # call log and `kubemoot ask -o json` say why the call ran where it did
-    decision: Mapping[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "threadId": self.thread_id,
-            "agent": self.agent,
-            "phase": self.phase,
-            "model": self.model,
-            "provider": self.provider,
-            "endpoint": self.endpoint,
-            "action": self.action,
-            "waitedSeconds": round(self.waited_seconds, 3),
-            "evicted": list(self.evicted),
-            "seconds": round(self.seconds, 3),
-            "ok": self.ok,
-            "promptTokens": self.prompt_tokens,
-            "modelCalls": self.model_calls,
-            "reason": self.reason,
-            "failureType": self.failure_type,
-            "decision": dict(self.decision) if self.decision is not None else None,
-        }
-
-
 @dataclass(slots=True)
 class CallOutcome:
-    """What one call came to: a loop result, or the reason it never ran."""
+    """What one call came to: a loop result, or the refusal it never ran for."""
 
-    placement: Placement | None = None
+    placement: CallPlacement | None = None
     result: ToolLoopResult | None = None
-    refusal: str | None = None  # gpu-busy, model-too-large, prompt-too-large
+    refused: Refusal | None = None  # typed, with its facts
     record: CallRecord | None = None
     model: str | None = None  # the model concerned (placed, or refused)
 
@@ -131,10 +82,17 @@ class CallOutcome:
     def ran(self) -> bool:
         return self.result is not None
 
+    @property
+    def refusal(self) -> str | None:
+        """The refusal's wire name (``metadata.reason``): gpu-busy, model-too-large, ..."""
+        return self.refused.reason.value if self.refused is not None else None
+
     def metadata(self) -> SignalMetadata:
         """Attribution for the signal this call leads to."""
         p = self.placement
         failure = self.result.failure if self.result is not None else None
+        waited = self.record.waited_seconds if self.record is not None else (
+            p.waited_seconds if p is not None else None)
         return SignalMetadata(
             provider=p.provider if p is not None and self.ran else None,
             model=self.model,
@@ -143,7 +101,7 @@ class CallOutcome:
             failure_type=failure.failure_type.value if failure is not None else None,
             failed_tool=failure.failed_tool if failure is not None else None,
             last_error=failure.last_error if failure is not None else None,
-            waited_seconds=round(p.waited_seconds, 3) if p is not None else None,
+            waited_seconds=round(waited, 3) if waited is not None else None,
         )
 
 
@@ -170,56 +128,60 @@ class SignalWaitSink:
                                phase=self._phase, metadata=metadata))
 
 
-@dataclass(slots=True)
-class _Books:
-    records: list[CallRecord] = field(default_factory=list)
-    listeners: list[Callable[[CallRecord], None]] = field(default_factory=list)
+class _TimedChat:
+    """The pool's chat for one call: the first reply tells the call when inference
+    started (its arrival less the engine's own time on it after any load)."""
+
+    def __init__(self, chat: Any, call: ActiveCall, clock: Clock) -> None:
+        self._chat = chat
+        self._call = call
+        self._clock = clock
+
+    async def chat(self, messages: Sequence[Mapping[str, Any]], *, num_ctx: int | None = None,
+                   tools: Sequence[Mapping[str, Any]] | None = None) -> ChatResult:
+        reply: ChatResult = await self._chat.chat(messages, num_ctx=num_ctx, tools=tools)
+        if self._call.inference_started is None:
+            self._call.first_byte(at=self._clock.now() - (reply.compute_seconds or 0.0))
+        return reply
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._chat, name)
 
 
 class AgentRuntime:
-    """Model calls for every agent of one process, through the per-call runtime."""
+    """Model calls for every agent of one process, through the runtime's call service."""
 
     def __init__(
         self,
         *,
-        planner: CallPlanner,
-        waiter: CapacityWaiter,
+        calls: CallService,
         selection: SelectionPlanner,
         pool: ChatPool,
-        clock: Clock,
-        after_call: AfterCall | None = None,
-        board: UseBoard | None = None,
         limits: ToolLoopLimits | None = None,
     ) -> None:
-        self.planner = planner
-        self.waiter = waiter
+        self.calls = calls
+        self.planner = calls.planner
+        self.waiter = calls.waiter
         self.selection = selection
         self.pool = pool
-        self.clock = clock
+        self.clock = calls.clock
         self.limits = limits or ToolLoopLimits()
-        self._after_call = after_call
-        self._board = board
-        self._estimators: dict[str, TokenEstimator] = {}
-        self._books = _Books()
-        self._serial = 0
+        self._records: list[CallRecord] = []
+        calls.on_record(self._records.append)
 
     # -- books -----------------------------------------------------------------------
 
     @property
     def records(self) -> list[CallRecord]:
         """Every call made so far, in the order they finished."""
-        return list(self._books.records)
+        return list(self._records)
 
     def on_record(self, listener: Callable[[CallRecord], None]) -> None:
-        self._books.listeners.append(listener)
+        self.calls.on_record(listener)
 
     def estimator(self, model: str) -> TokenEstimator:
         """The token estimator of one model (tokenizers differ between models)."""
-        return self._estimators.setdefault(model, TokenEstimator())
-
-    def _holder(self, agent: str, thread_id: str, phase: str) -> str:
-        self._serial += 1
-        return f"{agent}@{thread_id}#{phase}-{self._serial}"
+        return self.calls.estimator(model)
 
     # -- the call --------------------------------------------------------------------
 
@@ -243,83 +205,70 @@ class AgentRuntime:
         """Place one call, run it, release it; never raises for capacity or engine
         trouble (the outcome says what happened)."""
         specs = [t.spec() for t in tools]
-        prompt_tokens = self.estimator(candidates[0].model).estimate_prompt(messages, specs)
-        started = self.clock.now()
-        placement: Placement | None = None
-        if held_plan:
-            placement = await self.selection.take(agent, thread_id, prompt_tokens=prompt_tokens)
-        if placement is None:
-            placement = await self._place(
-                agent, thread_id, phase, candidates, prompt_tokens, wait=wait, done=done,
-                sink=sink, static=static, fallbacks=fallbacks,
-            )
-        if not placement.placed:
-            return self._refused(placement, candidates)
-        outcome = await self._run(
-            agent, thread_id, phase, placement, messages, tools, settings, started,
-            prompt_tokens,
-        )
-        if not _refused_before_sending(outcome) or placement.provider is None:
-            return outcome
-        # DESIGN §5: a connection refused before any byte left is tried once more, and
-        # elsewhere. The refused provider's ticket is back and its circuit has seen the
-        # fault (``_run`` released it); it is left out of this placement altogether.
-        log.info("%s: %s refused the connection; placing the call once more elsewhere",
-                 agent, placement.provider)
-        again = await self._place(
-            agent, thread_id, phase, candidates, prompt_tokens, wait=wait, done=done,
-            sink=sink, static=None, fallbacks=fallbacks, exclude=(placement.provider,),
-        )
-        if not again.placed:
-            return self._refused(again, candidates)
-        return await self._run(
-            agent, thread_id, phase, again, messages, tools, settings, started,
-            prompt_tokens,
-        )
+        prompt_tokens = self.calls.estimate(candidates[0].model, messages, specs)
+        signals = (SignalWaitSink(sink, agent=agent, thread_id=thread_id, phase=phase,
+                                  clock=self.clock) if sink is not None else None)
+        request = CallRequest(tuple(candidates), agent=agent, thread_id=thread_id,
+                              phase=phase, prompt_tokens=prompt_tokens, done=done,
+                              signals=signals)
+        placer = self._placer(agent, thread_id, request, held_plan=held_plan, wait=wait,
+                              static=static, fallbacks=fallbacks)
 
-    async def _place(
-        self,
-        agent: str,
-        thread_id: str,
-        phase: str,
-        candidates: Sequence[Candidate],
-        prompt_tokens: int,
-        *,
-        wait: bool,
-        done: asyncio.Event | None,
-        sink: SignalSink | None,
-        static: StaticTarget | None,
-        fallbacks: Sequence[Candidate],
-        exclude: Sequence[str] = (),
-    ) -> Placement:
-        """Place through the capacity waiter, or at once for a call that cannot wait."""
-        if wait:
-            signals = (
-                SignalWaitSink(sink, agent=agent, thread_id=thread_id, phase=phase,
-                               clock=self.clock)
-                if sink is not None else None
-            )
-            return await self.waiter.place(
-                candidates, agent=agent, holder_id=self._holder(agent, thread_id, phase),
-                prompt_tokens=prompt_tokens, signals=signals, done=done, exclude=exclude,
-            )
-        return await self._place_now(
-            agent, thread_id, phase, candidates, prompt_tokens, static, fallbacks,
-            exclude=exclude,
-        )
+        async def send(call: ActiveCall) -> ToolLoopResult:
+            result = await self._run_loop(call, messages, tools, settings)
+            if _refused_before_sending(result):
+                assert result.failure is not None
+                raise RefusedBeforeSending(call.provider, result.failure.last_error or "",
+                                           value=result)
+            return result
+
+        try:
+            call, result = await self.calls.start(request, send, placer=placer)
+        except CallRefused as refused:
+            return CallOutcome(placement=refused.placement, refused=refused.refusal,
+                               model=refused.model)
+        except RefusedBeforeSending as refused:  # the second refusal: the answer
+            assert refused.call is not None and isinstance(refused.value, ToolLoopResult)
+            return CallOutcome(placement=refused.call.placement, result=refused.value,
+                               record=refused.call.record, model=refused.call.model)
+        async with call:
+            pass  # the loop ran in send; leaving the block closes the call
+        return CallOutcome(placement=call.placement, result=result, record=call.record,
+                           model=call.model)
+
+    def _placer(
+        self, agent: str, thread_id: str, request: CallRequest, *, held_plan: bool,
+        wait: bool, static: StaticTarget | None, fallbacks: Sequence[Candidate],
+    ) -> Callable[[str, Collection[str]], Any] | None:
+        """The agent's own way to place, or None for the service's waiter."""
+        first_try = [held_plan]
+
+        async def place(holder: str, exclude: Collection[str]) -> CallPlacement:
+            if first_try[0]:
+                first_try[0] = False
+                held = await self.selection.take(agent, thread_id,
+                                                 prompt_tokens=request.prompt_tokens)
+                if held is not None:
+                    return held
+            if wait:
+                return await self.waiter.place(
+                    request.candidates, agent=agent, holder_id=holder,
+                    prompt_tokens=request.prompt_tokens, signals=request.signals,
+                    done=request.done, exclude=exclude)
+            return await self._place_now(holder, request, static if not exclude else None,
+                                         fallbacks, exclude=exclude)
+
+        return place if held_plan or not wait else None
 
     async def _place_now(
         self,
-        agent: str,
-        thread_id: str,
-        phase: str,
-        candidates: Sequence[Candidate],
-        prompt_tokens: int,
+        holder: str,
+        request: CallRequest,
         static: StaticTarget | None,
         fallbacks: Sequence[Candidate],
         *,
-        exclude: Sequence[str] = (),
-    ) -> Placement:
+        exclude: Collection[str] = (),
+    ) -> CallPlacement:
         """A placement for a call that must not wait for capacity.
 
         In order: the candidates as usual (sharing a warm copy when queueing there is
@@ -328,9 +277,9 @@ class AgentRuntime:
         prompt. A static call bypasses the VRAM tickets, so sending one that makes the
         engine load a model would let it overrule the budget (evict on its own).
         """
-        holder = self._holder(agent, thread_id, phase)
-        first: Placement | None = None
-        for group in (list(candidates), *([c] for c in fallbacks)):
+        prompt_tokens = request.prompt_tokens
+        first: CallPlacement | None = None
+        for group in (list(request.candidates), *([c] for c in fallbacks)):
             placement = await self.planner.place(
                 group, holder_id=holder, prompt_tokens=prompt_tokens, exclude=exclude
             )
@@ -352,11 +301,11 @@ class AgentRuntime:
             held = await self._static_placement(static, holder, prompt_tokens)
             if held is not None:
                 return held
-        return replace(first, action=Action.WAIT, reason=Reason.GPU_BUSY.value, ticket=None)
+        return replace(first, action=Action.WAIT, refusal=GpuBusy(), ticket=None)
 
     async def _static_placement(
-        self, static: StaticTarget, holder: str, prompt_tokens: int
-    ) -> Placement | None:
+        self, static: StaticTarget, holder: str, prompt_tokens: int | None
+    ) -> CallPlacement | None:
         """The static endpoint, when it can take the call without loading anything and
         without cutting the prompt.
 
@@ -365,7 +314,8 @@ class AgentRuntime:
         the time this call reaches the engine, which would load it again and push out
         whatever the planner put there (an eviction no ticket budgeted).
         """
-        if static.context_length is not None and prompt_tokens > static.context_length:
+        if (static.context_length is not None and prompt_tokens is not None
+                and prompt_tokens > static.context_length):
             return None
         ticket = None
         fleet = await self.planner.view.snapshot()
@@ -374,120 +324,45 @@ class AgentRuntime:
                 static.provider, static.model, holder, prompt_tokens=prompt_tokens)
             if ticket is None:
                 return None
-        return Placement(
+        return CallPlacement(
             Action.STATIC, provider=static.provider, endpoint=static.endpoint,
-            model=static.model, reason="no GPU free now; the call cannot wait",
-            context_length=static.context_length, ticket=ticket,
+            model=static.model, context_length=static.context_length, ticket=ticket,
         )
 
-    async def _finish(
-        self, placement: Placement, result: ToolLoopResult | None, began: float
-    ) -> None:
-        """Release the ticket and tell the circuit what the call says about the provider.
-
-        A release that fails is logged and counted, never raised: the engine may have
-        answered, and the ticket's TTL reclaims the memory anyway (DESIGN §5).
-        """
-        # only a clean answer's duration is a latency sample: a loop that stopped early
-        # (or waited on failing tools) says little about how fast the engine is
-        seconds = self.clock.now() - began if result is not None and result.ok else None
-        try:
-            await self.planner.finish(placement, seconds=seconds, ok=_verdict(result))
-        except StoreError as error:
-            ticket = placement.ticket.ticket_id if placement.ticket is not None else "-"
-            metrics.survived("agent", "release", metrics.STORE,
-                             f"releasing ticket {ticket} ({placement.model} on "
-                             f"{placement.provider}) failed; its TTL will reclaim it",
-                             error, logger=log)
-
-    @staticmethod
-    def _refused(placement: Placement, candidates: Sequence[Candidate]) -> CallOutcome:
-        reason = placement.reason or Reason.GPU_BUSY.value
-        model = candidates[0].model
-        if reason == Reason.PROMPT_TOO_LARGE.value:
-            model = placement.model or model
-        return CallOutcome(placement=placement, refusal=reason, model=model)
-
-    async def _run(
+    async def _run_loop(
         self,
-        agent: str,
-        thread_id: str,
-        phase: str,
-        placement: Placement,
+        call: ActiveCall,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Tool],
         settings: CallSettings | None,
-        started: float,
-        prompt_tokens: int,
-    ) -> CallOutcome:
-        assert placement.provider is not None and placement.endpoint is not None
-        assert placement.model is not None
+    ) -> ToolLoopResult:
+        placement = call.placement
+        assert placement.endpoint is not None
         chat = self.pool.get(
-            provider=placement.provider, endpoint=placement.endpoint,
-            model=placement.model, settings=settings,
+            provider=call.provider, endpoint=placement.endpoint,
+            model=call.model, settings=settings,
         )
-        began = self.clock.now()
-        result: ToolLoopResult | None = None
-        try:
-            async with self.planner.lease(placement):  # renewed while the call runs
-                result = await run_tool_loop(
-                    chat, messages, context_length=placement.context_length,
-                    estimator=self.estimator(placement.model), tools=tools, limits=self.limits,
-                )
-        finally:
-            try:
-                if self._after_call is not None:
-                    try:
-                        await self._after_call(placement.provider)
-                    except (StoreError, OSError) as error:
-                        kind = (metrics.STORE if isinstance(error, StoreError)
-                                else metrics.PROVIDER)
-                        metrics.survived("agent", "after-call", kind,
-                                         f"reporting the state of {placement.provider} "
-                                         "after a call failed", error, logger=log)
-            finally:
-                # The release must happen even when the call is cancelled during the
-                # probe above or during the release's own compare-and-set: the shield
-                # lets the release finish while the cancellation goes on upward.
-                await asyncio.shield(self._finish(placement, result, began))
-            if self._board is not None and result is not None:
-                try:
-                    await self._board.record_use(placement.model)
-                except StoreError as error:
-                    metrics.survived("agent", "record-use", metrics.STORE,
-                                     f"recording the use of {placement.model} failed",
-                                     error, logger=log)
-        outcome = CallOutcome(placement=placement, result=result, model=placement.model)
+        result = await run_tool_loop(
+            _TimedChat(chat, call, self.clock), messages,
+            context_length=placement.context_length, estimator=self.estimator(call.model),
+            tools=tools, limits=self.limits,
+        )
         failure = result.failure
-        record = CallRecord(
-            thread_id=thread_id, agent=agent, phase=phase, model=placement.model,
-            provider=placement.provider, endpoint=placement.endpoint,
-            action=placement.action.value, waited_seconds=placement.waited_seconds,
-            evicted=placement.evicted, started_at=started,
-            seconds=self.clock.now() - started, ok=result.ok,
-            prompt_tokens=result.last_prompt_tokens or prompt_tokens,
-            model_calls=result.model_calls,
-            failure_type=failure.failure_type.value if failure is not None else None,
-            decision=call_decision(placement),
-        )
-        outcome.record = record
-        self._books.records.append(record)
-        for listener in self._books.listeners:
-            listener(record)
-        return outcome
+        call.note(ok=_verdict(result), succeeded=result.ok, model_calls=result.model_calls,
+                  prompt_tokens=result.last_prompt_tokens,
+                  failure_type=failure.failure_type.value if failure is not None else None)
+        return result
 
 
-def _refused_before_sending(outcome: CallOutcome) -> bool:
+def _refused_before_sending(result: ToolLoopResult) -> bool:
     """Whether the call's only request was refused before any byte of it left.
 
-    Then no engine saw it and no tool ran, so placing it again repeats nothing. A
-    static placement is not retried: it is already the last resort, with no elsewhere.
+    Then no engine saw it and no tool ran, so placing it again repeats nothing (the
+    service does, once, elsewhere; a static placement has no elsewhere).
     """
-    result, placement = outcome.result, outcome.placement
     return (
-        result is not None and result.failure is not None and result.failure.never_sent
+        result.failure is not None and result.failure.never_sent
         and result.model_calls == 0 and result.tool_calls == 0
-        and placement is not None and placement.action is not Action.STATIC
     )
 
 
@@ -503,4 +378,3 @@ def _verdict(result: ToolLoopResult | None) -> bool | None:
     if result.failure is not None and result.failure.provider_fault:
         return False
     return True if result.model_calls else None
-

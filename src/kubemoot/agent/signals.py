@@ -23,7 +23,6 @@ __all__ = [
     "SignalMetadata",
     "SignalSink",
     "SignalType",
-    "StandAsideReason",
 ]
 
 
@@ -36,17 +35,6 @@ class SignalType(StrEnum):
     FAILURE = "failure"
     WAITING = "waiting"
     EVALUATING = "evaluating"
-
-
-class StandAsideReason(StrEnum):
-    """Why an agent stood aside for capacity (``metadata.reason``)."""
-
-    GPU_BUSY = "gpu-busy"
-    MODEL_TOO_LARGE = "model-too-large"
-    PROMPT_TOO_LARGE = "prompt-too-large"
-    # not capacity but scheduling: the operator found no Model for the phase and removed
-    # its binding (the signal's content is the FailedScheduling message)
-    UNSCHEDULABLE = "unschedulable"
 
 
 class FailureType(StrEnum):

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kubemoot.agent.signals import FailureType
-from kubemoot.agent.tokens import TokenEstimator, prompt_chars
 from kubemoot.providers.protocol import (
     ChatResult,
     ProviderError,
     ProviderTimeout,
     ProviderUnavailable,
 )
+from kubemoot.runtime.tokens import TokenEstimator, prompt_chars
 
 __all__ = [
     "ChatTarget",

@@ -108,9 +108,7 @@ async def build_stack(
     # Follow the buckets' watches so each placement reads only what changed; a store
     # that cannot watch still works, by reading.
     await runtime.start()
-    agents = AgentRuntime(
-        planner=runtime.planner, waiter=runtime.waiter, selection=runtime.selection,
-        pool=ChatPool(client_factory), clock=clock, after_call=after_call,
-        board=runtime.board, limits=limits,
-    )
+    runtime.calls.after_load = after_call
+    agents = AgentRuntime(calls=runtime.calls, selection=runtime.selection,
+                          pool=ChatPool(client_factory), limits=limits)
     return RuntimeStack(runtime, agents)

@@ -23,7 +23,7 @@ from kubemoot.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from kubemoot.runtime.placement import Candidate, Placement
+    from kubemoot.runtime.placement import CallPlacement, Candidate
     from kubemoot.runtime.what_if import PlacementState
 
 _ACTION_TEXT = {
@@ -112,7 +112,7 @@ def _check_known(
         )
 
 
-def _print_table(placement: Placement) -> None:
+def _print_table(placement: CallPlacement) -> None:
     from rich.table import Table
 
     action = placement.action.value

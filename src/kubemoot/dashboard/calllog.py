@@ -54,7 +54,8 @@ class CallEntry(BaseModel):
     model: str | None = None
     provider: str | None = None
     action: str
-    waited_seconds: float = 0.0
+    waited_seconds: float = 0.0  # arrival → start of inference, a load included
+    placement_seconds: float = 0.0  # the part until the call held its ticket
     evicted: list[str] = Field(default_factory=list)
     started_at: float
     seconds: float = 0.0
@@ -76,7 +77,7 @@ class CallEntry(BaseModel):
 
 
 class CallRecordLike(Protocol):
-    """The fields of ``kubemoot.agent.runtime.CallRecord`` the log keeps."""
+    """The fields of ``kubemoot.runtime.calls.CallRecord`` the log keeps."""
 
     @property
     def agent(self) -> str: ...
@@ -92,6 +93,8 @@ class CallRecordLike(Protocol):
     def action(self) -> str: ...
     @property
     def waited_seconds(self) -> float: ...
+    @property
+    def placement_seconds(self) -> float: ...
     @property
     def evicted(self) -> tuple[str, ...]: ...
     @property
@@ -139,6 +142,7 @@ class CallLogWriter:
         entry = CallEntry(
             agent=call.agent, thread_id=call.thread_id, phase=call.phase, model=call.model,
             provider=call.provider, action=call.action, waited_seconds=call.waited_seconds,
+            placement_seconds=call.placement_seconds,
             evicted=list(call.evicted), started_at=call.started_at, seconds=call.seconds,
             ok=call.ok, failure_type=call.failure_type,
             decision=dict(call.decision) if call.decision is not None else None,

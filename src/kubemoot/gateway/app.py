@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,14 +28,15 @@ from starlette.routing import Route
 from kubemoot import __version__, metrics
 from kubemoot.gateway import completions as legacy
 from kubemoot.gateway import openai as oai
-from kubemoot.gateway.calls import CallDesk, PlacedCall, RefusedBeforeSending
-from kubemoot.gateway.catalogue import known_models, resolve_name, unknown_model
-from kubemoot.gateway.errors import GatewayError, error_response
+from kubemoot.gateway.calls import CallDesk, PlacedCall
+from kubemoot.gateway.catalogue import known_models, resolve_name
+from kubemoot.gateway.errors import GatewayError, error_response, refusal_error, unknown_model
 from kubemoot.gateway.keys import ANONYMOUS, ApiKeys
 from kubemoot.gateway.listings import created_epoch, merge_tags
 from kubemoot.gateway.requests import InferenceRequest, model_name, read_json
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.refusals import ProviderDown, providers_down
 from kubemoot.serving import StreamWithCleanup
 from kubemoot.store.protocol import StoreError
 
@@ -69,6 +71,7 @@ class GatewayApp:
     # Every model a provider has listed since start-up: a provider that cannot be
     # probed for a moment publishes no list, and its models are then busy, not typos.
     _seen: set[str] = field(default_factory=set, init=False)
+    _listed: set[str] = field(default_factory=set, init=False)  # providers seen ready
 
     def __post_init__(self) -> None:
         o, a = self._ollama, self._openai
@@ -165,7 +168,7 @@ class GatewayApp:
     # -- listings ------------------------------------------------------------------
 
     async def _endpoints(self) -> list[str]:
-        fleet = await self.desk.stack.view.snapshot()
+        fleet = await self.desk.runtime.view.snapshot()
         return [p.state.endpoint for p in fleet.providers if p.state.ready]
 
     async def _get(self, endpoint: str, path: str) -> dict[str, Any]:
@@ -178,7 +181,7 @@ class GatewayApp:
         return value
 
     async def _gather(self, path: str) -> list[tuple[str, dict[str, Any]]]:
-        fleet = await self.desk.stack.view.snapshot()
+        fleet = await self.desk.runtime.view.snapshot()
         ready = [p.state for p in fleet.providers if p.state.ready]
 
         async def one(endpoint: str) -> dict[str, Any] | None:
@@ -222,7 +225,7 @@ class GatewayApp:
         name = model_name(body)
         candidates = await self._candidates(name)
         model = candidates[0].model
-        fleet = await self.desk.stack.view.snapshot()
+        fleet = await self.desk.runtime.view.snapshot()
         for p in fleet.providers:
             if p.state.ready and (model in p.state.disk_sizes_mib or p.is_resident(model)):
                 try:
@@ -246,13 +249,22 @@ class GatewayApp:
         virtual = self.virtual.candidates(name)
         if virtual:
             return virtual
-        fleet = await self.desk.stack.view.snapshot()
+        fleet = await self.desk.runtime.view.snapshot()
         if not fleet.providers:
             raise GatewayError(503, "no provider has published its state yet",
                                code="no_provider", headers={"Retry-After": "5"})
         self._seen |= known_models(fleet, self.declared)
+        self._listed |= {p.name for p in fleet.providers if p.state.ready}
         model = resolve_name(name, self._seen)
         if model is None:
+            # A server that has not answered since start-up has listed nothing: the name
+            # may be its model, so that is a 503, never a 404 (DESIGN §9). One whose list
+            # was seen before it went away does not offer the name.
+            down = [p for p in providers_down(fleet, [name]) if p not in self._listed]
+            if down:
+                retry = max(1, math.ceil(self.desk.settings.probe_interval_seconds))
+                raise refusal_error(ProviderDown(tuple(down)), name=f'"{name}"', budget=0,
+                                    retry_after=retry)
             raise unknown_model(name)
         return [Candidate(model)]
 
@@ -260,12 +272,9 @@ class GatewayApp:
 
     async def _start(self, request: Request, req: InferenceRequest, path: str, *,
                      legacy_embeddings: bool = False) -> PlacedCall:
-        """Place the call and open its upstream request, while watching the client.
-
-        A client that leaves while its call waits ends the wait; one that leaves while
-        the engine has not answered yet cancels the upstream request (and the ticket
-        goes back): uvicorn does not cancel a handler when its client disconnects.
-        """
+        """Place the call and open its upstream request, while watching the client:
+        uvicorn does not cancel a handler when its client disconnects, so a task
+        listens for the disconnect and ends the wait or the upstream request."""
         candidates = await self._candidates(req.model)
         budget = self.desk.budget(request.headers.get("x-kubemoot-wait-budget"))
         left = asyncio.Event()
@@ -278,42 +287,10 @@ class GatewayApp:
                     return
 
         watcher = asyncio.ensure_future(watch_disconnect())
-        opening: asyncio.Future[httpx.Response] | None = None
-        clock = self.desk.stack.clock
-        began = clock.now()
-        exclude: tuple[str, ...] = ()
         try:
-            while True:
-                call = await self.desk.place(
-                    req, candidates, caller=request.state.caller, left=left,
-                    budget=max(0.0, budget - (clock.now() - began)), exclude=exclude)
-                opening = asyncio.ensure_future(
-                    call.open(path, call.upstream_body(legacy_embeddings=legacy_embeddings)))
-                await asyncio.wait({opening, watcher}, return_when=asyncio.FIRST_COMPLETED)
-                if not opening.done():
-                    opening.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, GatewayError):
-                        await opening
-                    await call.close(ok=None)
-                    raise GatewayError(499, "the client went away before the engine answered")
-                try:
-                    opening.result()
-                except RefusedBeforeSending as refused:
-                    if exclude:
-                        raise  # once only (DESIGN §5): the second refusal is the answer
-                    # the engine never saw the request: place it once more, elsewhere
-                    log.info("gateway: %s; placing the call once more elsewhere", refused)
-                    exclude = (refused.provider,)
-                    continue
-                return call
-        except asyncio.CancelledError:
-            # the handler itself was cancelled (a shutdown past its grace period): the
-            # upstream request must not outlive it, nor fail later with nobody to hear
-            if opening is not None and not opening.done():
-                opening.cancel()
-                with contextlib.suppress(asyncio.CancelledError, GatewayError):
-                    await opening
-            raise
+            return await self.desk.start(req, candidates, caller=request.state.caller,
+                                         budget=budget, left=left, path=path,
+                                         legacy_embeddings=legacy_embeddings)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -351,7 +328,7 @@ class GatewayApp:
         """
         candidates = await self._candidates(req.model)
         model = candidates[0].model
-        fleet = await self.desk.stack.view.snapshot()
+        fleet = await self.desk.runtime.view.snapshot()
         for name, client in self.clients.items():
             # the engine itself says whether it holds the model (published state may lag
             # a load that just finished); the shared tickets say whether a call uses it

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
-from kubemoot.gateway.errors import GatewayError
+from kubemoot.gateway.errors import unknown_model
 from kubemoot.runtime.snapshot import FleetSnapshot
 
 __all__ = ["known_models", "largest_context", "resolve_name", "unknown_model"]
@@ -31,12 +31,6 @@ def resolve_name(name: str, known: Collection[str]) -> str | None:
     if ":" not in name and f"{name}:latest" in known:
         return f"{name}:latest"
     return None
-
-
-def unknown_model(name: str) -> GatewayError:
-    """404 in Ollama's wording (clients match on it)."""
-    return GatewayError(404, f'model "{name}" not found, try pulling it first',
-                        code="model_not_found")
 
 
 def largest_context(fleet: FleetSnapshot, models: Iterable[str]) -> int | None:

@@ -26,10 +26,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kubemoot import metrics
-from kubemoot.agent.wiring import RuntimeStack
 from kubemoot.clock import SystemClock
 from kubemoot.gateway.errors import GatewayError, error_response
 from kubemoot.gateway.keys import ApiKeys
+from kubemoot.runtime.builder import Runtime
 from kubemoot.runtime.snapshot import FleetSnapshot, ProviderSnapshot
 from kubemoot.store.health import StoreHealth
 from kubemoot.store.protocol import Bucket, StoreError
@@ -45,7 +45,7 @@ _PATH_FAILURES = frozenset({500, 502, 504})
 class GatewayHealth:
     """Readiness of one gateway over its runtime stack; :meth:`routes` serves it."""
 
-    def __init__(self, stack: RuntimeStack, states: Bucket, *, check_seconds: float,
+    def __init__(self, stack: Runtime, states: Bucket, *, check_seconds: float,
                  unready_after_failures: int, keys: ApiKeys | None = None) -> None:
         self.stack = stack
         self.keys = keys  # the providers page shows the fleet: a key when keys are on

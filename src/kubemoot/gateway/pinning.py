@@ -15,9 +15,10 @@ import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 
-from kubemoot.gateway.calls import CallDesk
+from kubemoot.gateway.calls import CallDesk, PlacedCall
 from kubemoot.gateway.errors import GatewayError
 from kubemoot.gateway.requests import InferenceRequest
+from kubemoot.runtime.calls import CallRefused
 from kubemoot.runtime.placement import Candidate
 from kubemoot.store.documents import ProviderState
 
@@ -44,17 +45,27 @@ async def load_missing_pinned(desk: CallDesk, states: Mapping[str, ProviderState
 
 
 async def _load(desk: CallDesk, provider: str, model: str, providers: list[str]) -> bool:
-    request = InferenceRequest.parse("generate", {"model": model, "stream": False})
+    req = InferenceRequest.parse("generate", {"model": model, "stream": False})
+    request = desk.request(req, [Candidate(model)], caller=PINNED_CALLER, budget=0.0,
+                           left=asyncio.Event())
     try:
-        call = await desk.place(
-            request, [Candidate(model)], caller=PINNED_CALLER, budget=0.0,
-            left=asyncio.Event(), exclude=[p for p in providers if p != provider])
+        # confined to the pinned server: every other provider is excluded
+        active = await desk.calls.place(request,
+                                        exclude=[p for p in providers if p != provider])
+    except CallRefused as refused:
+        log.warning("gateway: loading pinned %s on %s did not happen now: %s; the next "
+                    "probe tries again", model, provider, refused.refusal.reason.value)
+        return False
+    call = PlacedCall(desk, req, active)
+    desk.in_flight.add(call)
+    try:
         # keep_alive -1: the engine holds it until told otherwise (never past the cap a
         # client's keep_alive gets: a pin is the operator's word, not a client's)
         await call.open("/api/generate", {"model": model, "keep_alive": -1,
                                           "stream": False})
-        await call.json()
+        await call.json()  # closes the call: the ticket goes back, the copy stays
     except GatewayError as error:
+        await call.close(ok=False)
         log.warning("gateway: loading pinned %s on %s did not happen now: %s; the next "
                     "probe tries again", model, provider, error.message)
         return False

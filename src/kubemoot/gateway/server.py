@@ -1,9 +1,10 @@
 """Wiring of one gateway process: providers, prober, runtime, HTTP server.
 
-The runtime comes from :func:`~kubemoot.agent.wiring.build_stack` — the one function
-that builds it for every caller — so the gateway places calls exactly as the agent
-runtime does. The gateway probes the providers it was given and publishes their state
-to the store; on NATS, other gateways and the operator see the same state and tickets.
+The runtime comes from :func:`~kubemoot.runtime.builder.build_runtime` — the one
+function that builds it for every caller — and each call goes through its call service,
+so the gateway places, leases and releases calls exactly as the agents do. The gateway
+probes the providers it was given and publishes their state to the store; on NATS,
+other gateways and the operator see the same state and tickets.
 """
 
 from __future__ import annotations
@@ -17,9 +18,6 @@ from dataclasses import replace
 import httpx
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kubemoot.agent.pool import CallSettings
-from kubemoot.agent.runtime import CallRecord
-from kubemoot.agent.wiring import RuntimeStack, build_stack
 from kubemoot.clock import Clock, SystemClock
 from kubemoot.gateway.access import AccessLog
 from kubemoot.gateway.app import GatewayApp, VirtualModels
@@ -33,6 +31,8 @@ from kubemoot.gateway.pinning import load_missing_pinned
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import KVStatePublisher, Prober
 from kubemoot.providers.protocol import ProviderState
+from kubemoot.runtime.builder import Runtime, build_runtime
+from kubemoot.runtime.calls import CallRecord
 from kubemoot.runtime.settings import GatewaySettings, RuntimeSettings
 from kubemoot.serving import HttpServer
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
@@ -88,7 +88,7 @@ class GatewayServer:
         self.host, self.port = host, port
         self.settings = settings or GatewaySettings()
         # The waiter's own safety net is the longest budget a client may ask for; each
-        # call's budget ends its wait earlier (CallDesk.place).
+        # call's budget ends its wait earlier (CallDesk.start).
         base = runtime or RuntimeSettings.from_env()
         self.runtime = replace(base,
                                gpu_wait_limit_seconds=self.settings.max_wait_budget_seconds)
@@ -105,7 +105,7 @@ class GatewayServer:
         # Run before each probe round (the CLI checks its config file's mtime here).
         self.before_probe: Callable[[], Awaitable[None]] | None = None
         self.app: GatewayApp | None = None
-        self.stack: RuntimeStack | None = None
+        self.stack: Runtime | None = None
         self.desk: CallDesk | None = None
         self.prober: Prober | None = None
         self._http: httpx.AsyncClient | None = None
@@ -161,31 +161,29 @@ class GatewayServer:
                             "answers", state.provider, state.endpoint, state.reason,
                             self.settings.probe_interval_seconds)
 
-        def factory(provider: str, endpoint: str, settings: CallSettings) -> OllamaProvider:
-            # the agent runtime's chat pool; the gateway forwards with its own client
-            return OllamaProvider(provider, endpoint, timeout=settings.timeout,
-                                  clock=self.clock)
-
         declared = {m: mib for m, mib in self.declared.items() if mib is not None}
-        self.stack = await build_stack(
-            self.kv, clients=self.clients, client_factory=factory, clock=self.clock,
-            settings=self.runtime, declared=declared)
+        runtime = self.stack = await build_runtime(
+            self.kv, clock=self.clock, settings=self.runtime, clients=self.clients,
+            declared=declared)
+        # Follow the buckets' watches so each placement reads only what changed.
+        await runtime.start()
+        runtime.calls.after_load = self._reprobe
+        runtime.calls.idle_retry_seconds = self.settings.probe_interval_seconds
+        runtime.calls.listeners.extend(self.on_call)
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(self.settings.call_timeout_seconds, connect=10.0),
             # httpcore scans its whole pool for every request: a pool sized to the
             # concurrency a fleet of engines takes keeps that scan short
             limits=httpx.Limits(max_connections=self.settings.upstream_connections,
                                 max_keepalive_connections=self.settings.upstream_connections))
-        self.desk = CallDesk(self.stack, self._http, self.settings,
-                             after_load=self._reprobe, pinned=self.pinned)
-        self.desk.listeners.extend(self.on_call)
+        self.desk = CallDesk(runtime, self._http, self.settings, pinned=self.pinned)
         self._ensure_probe_loop()
 
     def _protected(self, app: GatewayApp) -> ASGIApp:
         """``app`` with the probe routes, behind the access log and the guard."""
         assert self.stack is not None
         health = self.health = GatewayHealth(
-            self.stack, self.stack.runtime.states,
+            self.stack, self.stack.states,
             check_seconds=self.runtime.store_check_seconds,
             unready_after_failures=self.settings.unready_after_failures, keys=self.keys)
         health.start()
@@ -194,6 +192,7 @@ class GatewayServer:
                                                            bound_host=self.host),
                                    store_lost=health.store_lost)
         return AccessLog(guard, on_outcome=health.outcome)
+
     def _ensure_probe_loop(self) -> None:
         """Start the probe loop once there is something to probe or a file to watch (a
         gateway of NATS-published providers only has nothing to do on a tick)."""
@@ -317,36 +316,16 @@ class GatewayServer:
         if self.desk is not None:
             for call in list(self.desk.in_flight):
                 await call.close(ok=None)
-            await self._until_released()
         if self.stack is not None:
+            # and wait (bounded) for releases already under way, a call the shutdown cut
+            # among them, before the store closes under them
+            await self.stack.calls.close_all()
             await self.stack.close()
         if self._http is not None:
             await self._http.aclose()
         for client in self.clients.values():
             with contextlib.suppress(Exception):
                 await client.close()
-
-    async def _until_released(self) -> None:
-        """Wait for releases already under way (a call the shutdown cut is released in
-        the background) before the store closes under them; bounded, since the ticket's
-        TTL reclaims it anyway."""
-        desk = self.desk
-        if desk is None or not desk.in_flight:
-            return
-        empty = asyncio.Event()
-
-        def released(_record: CallRecord) -> None:
-            if not desk.in_flight:
-                empty.set()
-
-        desk.listeners.append(released)
-        try:
-            await asyncio.wait_for(empty.wait(), self.settings.listing_timeout_seconds)
-        except TimeoutError:
-            log.warning("gateway: %d call(s) still releasing their tickets at shutdown; "
-                        "their TTL will reclaim them", len(desk.in_flight))
-        finally:
-            desk.listeners.remove(released)
 
     async def __aenter__(self) -> GatewayServer:
         await self.start()

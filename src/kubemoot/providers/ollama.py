@@ -515,6 +515,15 @@ class OllamaProvider:
                 prompt_eval_count=response.prompt_eval_count,
                 eval_count=response.eval_count,
                 done_reason=response.done_reason,
+                compute_seconds=_compute_seconds(response.total_duration,
+                                                 response.load_duration),
             )
         except Exception as error:
             raise self._map(error, f"chat {model}") from None
+
+
+def _compute_seconds(total_ns: int | None, load_ns: int | None) -> float | None:
+    """The engine's time on a reply after its load, from its nanosecond durations."""
+    if total_ns is None:
+        return None
+    return max(0, total_ns - (load_ns or 0)) / 1e9

@@ -119,6 +119,9 @@ class ChatResult:
 
     ``prompt_eval_count`` is the prompt size the engine actually evaluated, which is
     what the context guard builds on (after a silent truncation it is the cut size).
+    ``compute_seconds`` is the engine's time on the reply once the model was loaded
+    (``total_duration`` less ``load_duration``): the reply's arrival less it is when
+    inference started, which ends the call's *wait*.
     """
 
     model: str
@@ -127,6 +130,7 @@ class ChatResult:
     prompt_eval_count: int | None = None
     eval_count: int | None = None
     done_reason: str | None = None
+    compute_seconds: float | None = None
 
 
 @runtime_checkable

@@ -9,7 +9,7 @@ Entry points: :func:`kubemoot.runtime.builder.build_runtime` (the one assembly),
 :class:`kubemoot.runtime.planner.CallPlanner` (``place``, ``take_queue``, ``lease``,
 ``finish``), :class:`kubemoot.runtime.waiting.CapacityWaiter`,
 :class:`kubemoot.runtime.held_plans.SelectionPlanner`,
-:class:`kubemoot.runtime.placement.Placement`.
+:class:`kubemoot.runtime.placement.CallPlacement`.
 
 One placement: :mod:`~kubemoot.runtime.options` prices a round's options (pure, over a
 :class:`~kubemoot.runtime.snapshot.FleetSnapshot` and the demand, with the formulas of

@@ -4,7 +4,7 @@ The demo and the agent runtime (through :mod:`kubemoot.agent.wiring`), the simul
 ``kubemoot`` policy, ``kubemoot place`` and the tests all call :func:`build_runtime`,
 so "the simulator runs the production runtime" holds by construction: the same parts
 (latency tracker, circuit breakers, view, tickets, demand board, occupancy, planner,
-capacity watch, waiter, selection planner) built from the same settings.
+capacity watch, waiter, selection planner, call service) built from the same settings.
 
 Building and starting are two steps: between them a caller may seed the buckets (the
 simulator publishes its cards' states, ``kubemoot place`` writes a snapshot) and
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from kubemoot.clock import Clock
 from kubemoot.providers.protocol import ProviderClient
+from kubemoot.runtime.calls import CallService
 from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
 from kubemoot.runtime.circuit import CircuitBreakers
 from kubemoot.runtime.demand import DemandBoard
@@ -63,6 +64,7 @@ class Runtime:
     watch: CapacityWatch
     waiter: CapacityWaiter
     selection: SelectionPlanner
+    calls: CallService  # every call's lifecycle (its after_load hook is the caller's)
 
     async def start(self, *, follow: bool = True, watch: bool = True) -> None:
         """Follow the buckets (``follow``) and start the capacity watch (``watch``).
@@ -133,6 +135,8 @@ async def build_runtime(
     watch = CapacityWatch(states, tickets_bucket, clock=clock)
     waiter = CapacityWaiter(planner, clock=clock, watch=watch, board=board)
     selection = SelectionPlanner(planner, clock=clock, board=board)
+    calls = CallService(planner, waiter, clock, board=board,
+                        idle_retry_seconds=settings.probe_interval_seconds)
     return Runtime(kv, clock, settings, states, tickets_bucket, demand_bucket, latency,
                    circuits, view, tickets, board, occupancy, planner, watch, waiter,
-                   selection)
+                   selection, calls)

@@ -44,12 +44,18 @@ _RESIDENCY_ATTEMPTS = 5
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """A ticket held on a provider for an option."""
+    """A ticket held on a provider for an option.
+
+    ``evicted``: the option's victims this claim unloads *first* — those no earlier
+    live ticket planned too. Two plans may share a victim (they share its memory); the
+    eviction is reported once, by the claim whose ticket came first (DESIGN §9).
+    """
 
     option: Option
     ticket: Ticket
     endpoint: str
     context_length: int | None
+    evicted: tuple[str, ...] = ()
 
 
 class Claims:
@@ -80,15 +86,26 @@ class Claims:
             state is TicketState.RUNNING
         ):
             state = TicketState.LOADING
+        planned_before: set[str] = set()
+        check = _check_for(rnd, option)
+
+        def owning(snapshot: ProviderSnapshot) -> bool:
+            # inside the compare-and-set: the victims another ticket already planned
+            # are that ticket's evictions, not this one's (the last run is the one kept)
+            planned_before.clear()
+            planned_before.update(snapshot.planned_victims())
+            return check(snapshot)
+
         ticket = await self.claim_ticket(
-            option, holder_id, state=state, check=_check_for(rnd, option),
+            option, holder_id, state=state, check=owning if option.victims else check,
             provider_state=p.state,
         )
         if ticket is None:
             return None
-        if option.victims and not await self._unload_victims(option, ticket):
+        ours = tuple(v for v in option.victims if v not in planned_before)
+        if option.victims and not await self._unload_victims(option, ticket, ours):
             return None
-        return Claim(option, ticket, p.state.endpoint, p.context_for(option.model))
+        return Claim(option, ticket, p.state.endpoint, p.context_for(option.model), ours)
 
     async def claim_ticket(
         self,
@@ -115,7 +132,8 @@ class Claims:
         self.view.note_claimed(option.provider, ticket)
         return ticket
 
-    async def _unload_victims(self, option: Option, ticket: Ticket) -> bool:
+    async def _unload_victims(self, option: Option, ticket: Ticket,
+                              ours: tuple[str, ...]) -> bool:
         """Unload the claimed plan's victims; False (ticket released) when one fails."""
         client = self._clients.get(option.provider)
         try:
@@ -132,7 +150,7 @@ class Claims:
                 circuits.record_failure(option.provider)
             return False
         self.view.invalidate(option.provider)
-        metrics.EVICTIONS.labels(provider=option.provider).inc(len(option.victims))
+        metrics.EVICTIONS.labels(provider=option.provider).inc(len(ours))
         log.info("unloaded %s from %s for %s", ", ".join(option.victims), option.provider,
                  option.model)
         return True

@@ -35,7 +35,7 @@ from kubemoot.providers.protocol import ProviderError
 from kubemoot.runtime import filters
 from kubemoot.runtime.faults import tolerated
 from kubemoot.runtime.lease import Lease
-from kubemoot.runtime.placement import Action, Candidate, Placement
+from kubemoot.runtime.placement import Action, CallPlacement, Candidate
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.tickets import TicketGone
 from kubemoot.store.documents import TicketState
@@ -61,7 +61,7 @@ class HeldPlan:
 
     agent: str
     thread: str
-    placement: Placement
+    placement: CallPlacement
     held_at: float
     models: tuple[str, ...]
     preload: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -101,7 +101,7 @@ class SelectionPlanner:
         *,
         frequency: float | None = None,
         prompt_tokens: int | None = None,
-    ) -> Placement:
+    ) -> CallPlacement:
         """Publish intents, record the selection and hold a plan for the first call.
 
         ``frequency`` overrides the agent's measured selection frequency.
@@ -169,7 +169,7 @@ class SelectionPlanner:
             return 0.0
         return len(self._selected.get(agent, {})) / len(self._threads)
 
-    def _start_preload(self, placement: Placement) -> asyncio.Task[None] | None:
+    def _start_preload(self, placement: CallPlacement) -> asyncio.Task[None] | None:
         client = self._planner.clients.get(placement.provider or "")
         if client is None or placement.model is None:
             return None
@@ -185,7 +185,7 @@ class SelectionPlanner:
 
     async def take(
         self, agent: str, thread: str, *, prompt_tokens: int | None = None
-    ) -> Placement | None:
+    ) -> CallPlacement | None:
         """The held plan for the first mulling call, or ``None`` (place afresh)."""
         await self.expire()
         plan = self._plans.pop((agent, thread), None)

@@ -8,6 +8,7 @@ from typing import Any
 
 from kubemoot.gates.record import DecisionRecord
 from kubemoot.runtime.cost import Option
+from kubemoot.runtime.refusals import Refusal
 from kubemoot.store.documents import Ticket
 
 
@@ -36,12 +37,13 @@ class Candidate:
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
+class CallPlacement:
     """The result of one placement: where the call runs, or why it does not.
 
     ``provider``/``endpoint``/``model`` are the copy the call uses (for a queue decision:
     the copy it would wait for); ``evicted`` lists the models unloaded to make room;
-    ``waited_seconds`` is filled by the capacity waiter.
+    ``waited_seconds`` is filled by the capacity waiter; ``refusal`` says, with its
+    facts, why a call that was not placed was not.
     """
 
     action: Action
@@ -50,7 +52,7 @@ class Placement:
     model: str | None = None
     ticket: Ticket | None = None
     evicted: tuple[str, ...] = ()
-    reason: str | None = None
+    refusal: Refusal | None = None
     options: tuple[Option, ...] = ()
     decision: DecisionRecord | None = None
     waited_seconds: float = 0.0
@@ -60,6 +62,11 @@ class Placement:
     def placed(self) -> bool:
         """Whether the call may run now (it holds a ticket, or uses the static endpoint)."""
         return self.ticket is not None or self.action is Action.STATIC
+
+    @property
+    def reason(self) -> str | None:
+        """The refusal's wire name (``gpu-busy``, ``model-too-large``, ...), if any."""
+        return self.refusal.reason.value if self.refusal is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready and camelCase, the shape ``kubemoot place -o json`` prints."""

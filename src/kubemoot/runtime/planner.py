@@ -38,9 +38,9 @@ from kubemoot.runtime.cost import Option, OptionKind
 from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.options import Round
-from kubemoot.runtime.placement import Action, Candidate, Placement
+from kubemoot.runtime.placement import Action, CallPlacement, Candidate
 from kubemoot.runtime.record import build_record
-from kubemoot.runtime.refusals import Reason, classify
+from kubemoot.runtime.refusals import GpuBusy, Reason, Refusal, classify
 from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot
 from kubemoot.runtime.tickets import TicketManager
@@ -142,7 +142,7 @@ class CallPlanner:
         explain: bool = False,
         ahead: int = 0,
         exclude: Collection[str] = (),
-    ) -> Placement:
+    ) -> CallPlacement:
         """Place one call of the first (preferred) candidate or a tolerated alternative.
 
         ``ahead`` is how many calls for the same preferred model are queued before this
@@ -174,7 +174,7 @@ class CallPlanner:
         explain: bool,
         ahead: int,
         exclude: Collection[str],
-    ) -> Placement:
+    ) -> CallPlacement:
         if not candidates:
             raise ValueError("a call needs at least one candidate model")
         acceptable = self.in_tolerance(candidates)
@@ -191,11 +191,11 @@ class CallPlanner:
         rnd = await self.new_round(prompt_tokens, exclude=exclude)
         options.spread(rnd, models, ahead)
         return self._unplaced(rnd, models, options.comparison(rnd, models, explain=True),
-                              Reason.GPU_BUSY)
+                              GpuBusy())
 
     async def _place_round(
         self, rnd: Round, models: list[str], holder_id: str, state: TicketState, explain: bool
-    ) -> Placement | None:
+    ) -> CallPlacement | None:
         """Price, pick, claim: the cheap cases in DESIGN §5's order, then the comparison."""
         priced = options.comparison(rnd, models, explain=True) if explain else []
         cheap_cases = itertools.chain(  # priced one model at a time, only while unclaimed
@@ -217,11 +217,11 @@ class CallPlanner:
                                 why="converging on the copy another call is loading")
         if not priced:
             fleet, cost = rnd.judged()
-            reason = classify(
+            refusal = classify(
                 fleet, cost, preferred=models[0], acceptable=models,
                 prompt_tokens=rnd.prompt_tokens,
             )
-            return self._unplaced(rnd, models, priced, reason)
+            return self._unplaced(rnd, models, priced, refusal)
         best = priced[0]
         if best.kind is OptionKind.QUEUE:
             return self._queued(rnd, best, priced)
@@ -241,8 +241,8 @@ class CallPlanner:
         return None
 
     async def take_queue(
-        self, placement: Placement, holder_id: str, *, prompt_tokens: int | None
-    ) -> Placement:
+        self, placement: CallPlacement, holder_id: str, *, prompt_tokens: int | None
+    ) -> CallPlacement:
         """Hold a ticket on the copy a *queue* decision named, as a call in its line.
 
         Sharing a copy spends no memory; the ticket makes the copy count as busy (never
@@ -286,7 +286,7 @@ class CallPlanner:
 
     def _placed(
         self, rnd: Round, claim: Claim, priced: list[Option], why: str
-    ) -> Placement:
+    ) -> CallPlacement:
         option = claim.option
         chosen = next(
             (o for o in priced if (o.provider, o.model, o.kind) ==
@@ -298,13 +298,13 @@ class CallPlanner:
             outcome=Outcome.PLACE, reason=f"{why}; {option.provider} for {option.model} "
             f"at {option.seconds:.3f} s",
         )
-        return Placement(
+        return CallPlacement(
             _ACTION_OF[option.kind],
             provider=option.provider,
             endpoint=claim.endpoint,
             model=option.model,
             ticket=claim.ticket,
-            evicted=option.victims,
+            evicted=claim.evicted,
             options=tuple(priced),
             decision=record,
             context_length=claim.context_length,
@@ -313,7 +313,7 @@ class CallPlanner:
     def _queued(
         self, rnd: Round, best: Option, priced: list[Option],
         why: str = "the cheapest option",
-    ) -> Placement:
+    ) -> CallPlacement:
         p = rnd.fleet.provider(best.provider)
         record = build_record(
             subject=f"call:{best.model}", gates=rnd.gates, options=priced, chosen=best,
@@ -321,7 +321,7 @@ class CallPlanner:
             reason=f"queueing for a slot on {best.provider} ({best.seconds:.3f} s) is {why}; "
             "the call waits for the next capacity change and places again",
         )
-        return Placement(
+        return CallPlacement(
             Action.QUEUE,
             provider=best.provider,
             endpoint=p.state.endpoint if p is not None else None,
@@ -332,19 +332,17 @@ class CallPlanner:
         )
 
     def _unplaced(
-        self, rnd: Round, models: list[str], priced: list[Option], reason: Reason
-    ) -> Placement:
-        action = Action.REFUSE if reason.final else Action.WAIT
-        outcome = Outcome.UNSCHEDULABLE if reason.final else Outcome.DEFER
+        self, rnd: Round, models: list[str], priced: list[Option], refusal: Refusal
+    ) -> CallPlacement:
+        action = Action.REFUSE if refusal.final else Action.WAIT
+        outcome = Outcome.UNSCHEDULABLE if refusal.final else Outcome.DEFER
         record = build_record(
             subject=f"call:{models[0]}", gates=rnd.gates, options=priced, chosen=None,
-            outcome=outcome, reason=_REASON_TEXT[reason].format(model=models[0]),
+            outcome=outcome, reason=_REASON_TEXT[refusal.reason].format(model=models[0]),
         )
-        return Placement(
-            action, reason=reason.value, options=tuple(priced), decision=record
-        )
+        return CallPlacement(action, refusal=refusal, options=tuple(priced), decision=record)
 
-    async def admit(self, placement: Placement) -> bool:
+    async def admit(self, placement: CallPlacement) -> bool:
         """Commit a claimed placement to its provider's circuit; a half-open circuit
         admits one trial call, so a second claim there is given back (False)."""
         circuits = self.view.circuits
@@ -358,7 +356,7 @@ class CallPlanner:
     # -- after the call --------------------------------------------------------------
 
     async def finish(
-        self, placement: Placement, *, seconds: float | None = None, ok: bool | None = True
+        self, placement: CallPlacement, *, seconds: float | None = None, ok: bool | None = True
     ) -> None:
         """Release the call's ticket and learn from it (latency EMA, circuit breaker).
 
@@ -381,7 +379,7 @@ class CallPlanner:
         await self.release(placement)
 
     def lease(
-        self, placement: Placement
+        self, placement: CallPlacement
     ) -> contextlib.AbstractAsyncContextManager[Lease | None]:
         """``async with planner.lease(placement):`` keeps the call's ticket alive.
 
@@ -393,7 +391,7 @@ class CallPlanner:
             return contextlib.nullcontext(None)
         return self.tickets.lease(placement.provider, placement.ticket.ticket_id)
 
-    async def release(self, placement: Placement) -> None:
+    async def release(self, placement: CallPlacement) -> None:
         """Give the call's ticket back (idempotent)."""
         if placement.ticket is None or placement.provider is None:
             return
@@ -412,4 +410,7 @@ _REASON_TEXT = {
     "that could run an acceptable model",
     Reason.MODEL_UNKNOWN: "no provider lists {model} and no Model resource declares it "
     "(is the name misspelt?)",
+    Reason.PROVIDER_DOWN: "no ready provider has {model}, and some providers do not answer",
+    Reason.MEMORY_UNKNOWN: "only providers whose VRAM total is unknown could load {model}; "
+    "give their vramMiB",
 }

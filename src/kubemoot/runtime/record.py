@@ -14,7 +14,7 @@ from typing import Any
 from kubemoot.gates.record import CandidateResult, DecisionRecord
 from kubemoot.gates.results import GateResult, Outcome, Standing, standing
 from kubemoot.runtime.cost import Option, OptionKind
-from kubemoot.runtime.placement import Placement
+from kubemoot.runtime.placement import CallPlacement
 
 SCHEDULER_VERSION = "kubemoot-runtime/0.1"
 SCORING_POLICY_VERSION = "call-cost-seconds/v1 (lower wins)"
@@ -75,7 +75,7 @@ CALL_DECISION_OPTIONS = 8
 CALL_DECISION_FAILURES = 8
 
 
-def call_decision(placement: Placement) -> dict[str, Any]:
+def call_decision(placement: CallPlacement) -> dict[str, Any]:
     """The bounded summary of one placement that travels with its call record.
 
     What a person asks of one call: what it did (``action``), what it cost to choose

@@ -1,44 +1,131 @@
-"""Why a call found no option: too large, prompt too large, or just busy.
+"""Why a call found no option, as typed values that carry their facts.
 
-Waiting only helps when the GPUs are busy. A model no card can hold, or a prompt no
-provider's context can take, is reported at once so the agent can stand aside with
-an honest reason instead of waiting out its limit.
+Waiting only helps when the GPUs are busy. A model no card can hold, a prompt no
+provider's context can take, a name nobody knows, memory nobody published or servers
+that do not answer are reported at once, so the caller can say why instead of waiting
+out its budget. Each refusal is a value with the numbers that prove it (kube-scheduler's
+``InsufficientResource{requested, capacity}``); the edges turn it into words once — the
+gateway into HTTP, the agent into a sentence — and never re-read the fleet to do it.
 
-* **model-too-large** — every provider has published its VRAM total and none has
-  usable ≥ occupancy(preferred). An unknown total never proves a model too large.
-* **prompt-too-large** — some provider could hold an acceptable model, but the
+* :class:`ModelUnknown` — no acceptable model is known anywhere: no Model resource
+  declares it, no provider lists it on disk, runs it, loads it or has ever reported its
+  footprint. That is a misspelt name. Every provider must be ready to say so: a
+  provider that is down lists nothing.
+* :class:`ProviderDown` — no ready provider has an acceptable model, and some providers
+  are down: the model may well exist, its servers do not answer.
+* :class:`MemoryUnknown` — no copy exists, and the only providers that might load one
+  never published their VRAM total: nothing can be priced, so nothing will ever be
+  loaded there until ``vramMiB`` is given.
+* :class:`ModelTooLarge` — every provider that published its VRAM total has usable <
+  occupancy(preferred). An unknown total never proves a model too large.
+* :class:`PromptTooLarge` — some provider could hold an acceptable model, but the
   context of every such (provider, model) pair is known and smaller than the prompt.
   An unknown context admits the prompt.
-* **model-unknown** — no acceptable model is known anywhere: no Model resource
-  declares it, no provider lists it on disk, runs it, loads it or has ever reported
-  its footprint. That is a misspelt name, and waiting would only hide it. Every
-  provider must be ready to say so: a provider that is down lists nothing.
-* otherwise **gpu-busy** — the call waits for capacity.
+* otherwise :class:`GpuBusy` — the call waits for capacity; when it gives up, the
+  refusal says how long it waited and when a start looks likely.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import ClassVar
 
 from kubemoot.gates.results import Verdict
 from kubemoot.runtime import filters
 from kubemoot.runtime.cost import CostModel
 from kubemoot.runtime.snapshot import FleetSnapshot, ProviderSnapshot
 
+__all__ = [
+    "GpuBusy",
+    "MemoryUnknown",
+    "ModelTooLarge",
+    "ModelUnknown",
+    "PromptTooLarge",
+    "ProviderDown",
+    "Reason",
+    "Refusal",
+    "classify",
+]
+
 
 class Reason(StrEnum):
-    """``metadata.reason`` of a call that was not placed."""
+    """The wire name of a refusal (``metadata.reason``, metric labels, JSON)."""
 
     GPU_BUSY = "gpu-busy"
     MODEL_TOO_LARGE = "model-too-large"
     PROMPT_TOO_LARGE = "prompt-too-large"
     MODEL_UNKNOWN = "model-unknown"
+    MEMORY_UNKNOWN = "memory-unknown"
+    PROVIDER_DOWN = "provider-down"
+    # Not the runtime's: the operator found no Model for the phase and removed its
+    # binding, so the agent made no call (its signal's content is the FailedScheduling
+    # message). It travels in the same metadata.reason, so it has its wire name here.
+    UNSCHEDULABLE = "unschedulable"
 
-    @property
-    def final(self) -> bool:
-        """Whether waiting cannot help (the agent stands aside at once)."""
-        return self is not Reason.GPU_BUSY
+
+@dataclass(frozen=True, slots=True)
+class ModelUnknown:
+    """Nobody offers or declares ``name`` (the preferred model)."""
+
+    name: str
+    reason: ClassVar[Reason] = Reason.MODEL_UNKNOWN
+    final: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderDown:
+    """The providers that might have the model do not answer their probes."""
+
+    providers: tuple[str, ...]
+    reason: ClassVar[Reason] = Reason.PROVIDER_DOWN
+    final: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryUnknown:
+    """A cold load is the only way, on providers whose VRAM total nobody published."""
+
+    providers: tuple[str, ...]
+    reason: ClassVar[Reason] = Reason.MEMORY_UNKNOWN
+    final: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTooLarge:
+    """``need_mib`` (the model's occupancy) exceeds every known usable memory."""
+
+    need_mib: int | None
+    largest_usable_mib: int | None
+    largest_provider: str | None = None
+    reason: ClassVar[Reason] = Reason.MODEL_TOO_LARGE
+    final: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTooLarge:
+    """The prompt (``tokens``, estimated) outgrows every context that could run it."""
+
+    tokens: int
+    largest_context: int | None
+    reason: ClassVar[Reason] = Reason.PROMPT_TOO_LARGE
+    final: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class GpuBusy:
+    """No room now. ``waited``: seconds the call waited before giving up;
+    ``start_estimate``: seconds until a start looks likely (None: nothing says)."""
+
+    waited: float = 0.0
+    start_estimate: float | None = None
+    reason: ClassVar[Reason] = Reason.GPU_BUSY
+    final: ClassVar[bool] = False
+
+
+Refusal = ModelUnknown | ProviderDown | MemoryUnknown | ModelTooLarge | PromptTooLarge | GpuBusy
+"""Every reason a call was not placed; ``final`` says whether waiting cannot help."""
 
 
 def classify(
@@ -48,15 +135,22 @@ def classify(
     preferred: str,
     acceptable: Sequence[str],
     prompt_tokens: int | None,
-) -> Reason:
-    """Classify a placement that came back empty."""
+) -> Refusal:
+    """Classify a placement that came back empty, with the facts that prove it."""
     if all(model_unknown(fleet, cost, model) for model in acceptable):
-        return Reason.MODEL_UNKNOWN
+        return ModelUnknown(preferred)
+    down = providers_down(fleet, acceptable)
+    if down:
+        return ProviderDown(down)
+    unknown = memory_unknown(fleet, cost, acceptable)
+    if unknown:
+        return MemoryUnknown(unknown)
     if model_too_large(fleet, cost, preferred):
-        return Reason.MODEL_TOO_LARGE
+        usable, card = _largest_usable(fleet)
+        return ModelTooLarge(cost.occupancy(preferred), usable, card)
     if prompt_tokens is not None and prompt_too_large(fleet, cost, acceptable, prompt_tokens):
-        return Reason.PROMPT_TOO_LARGE
-    return Reason.GPU_BUSY
+        return PromptTooLarge(prompt_tokens, largest_context(fleet, acceptable))
+    return GpuBusy()
 
 
 def model_unknown(fleet: FleetSnapshot, cost: CostModel, model: str) -> bool:
@@ -68,6 +162,46 @@ def model_unknown(fleet: FleetSnapshot, cost: CostModel, model: str) -> bool:
     return not any(p.has_copy(model) for p in fleet.providers)
 
 
+def _might_have(p: ProviderSnapshot, models: Sequence[str]) -> bool:
+    """Whether a ready provider has (or, listing nothing, might have) one of ``models``."""
+    listed = p.state.disk_sizes_mib
+    return (not listed or any(m in listed for m in models)
+            or any(p.has_copy(m) for m in models))
+
+
+def providers_down(fleet: FleetSnapshot, acceptable: Sequence[str]) -> tuple[str, ...]:
+    """The down providers, when no ready one has an acceptable model (else empty)."""
+    down = tuple(sorted(p.name for p in fleet.providers if not p.state.ready))
+    if not down:
+        return ()
+    if any(_might_have(p, acceptable) for p in fleet.providers if p.state.ready):
+        return ()
+    return down
+
+
+def memory_unknown(
+    fleet: FleetSnapshot, cost: CostModel, acceptable: Sequence[str]
+) -> tuple[str, ...]:
+    """The ready providers of unknown VRAM total, when only a cold load there could
+    run the call: no copy of an acceptable model exists on a ready provider, and no
+    provider with a known total could ever hold one. Empty otherwise."""
+    ready = [p for p in fleet.providers if p.state.ready]
+    if any(p.has_copy(m) for p in ready for m in acceptable):
+        return ()
+    unknown = tuple(sorted(p.name for p in ready if p.usable_mib is None))
+    if not unknown:
+        return ()
+    for p in ready:
+        usable = p.usable_mib
+        if usable is None:
+            continue
+        for model in acceptable:
+            need = cost.occupancy(model)
+            if need is None or need <= usable:
+                return ()  # a known card could hold it: that is busy, not unknown
+    return unknown
+
+
 def model_too_large(fleet: FleetSnapshot, cost: CostModel, model: str) -> bool:
     occupancy = cost.occupancy(model)
     if occupancy is None or not fleet.providers:
@@ -77,6 +211,21 @@ def model_too_large(fleet: FleetSnapshot, cost: CostModel, model: str) -> bool:
         if usable is None or usable >= occupancy:
             return False
     return True
+
+
+def _largest_usable(fleet: FleetSnapshot) -> tuple[int | None, str | None]:
+    cards = [(p.usable_mib, p.name) for p in fleet.providers if p.usable_mib is not None]
+    if not cards:
+        return None, None
+    usable, card = min(cards, key=lambda c: (-c[0], c[1]))  # ties: by name
+    return usable, card
+
+
+def largest_context(fleet: FleetSnapshot, models: Sequence[str]) -> int | None:
+    """The largest context any provider offers for any of ``models`` (None: unknown)."""
+    contexts = [c for p in fleet.providers for m in models
+                if (c := p.context_for(m)) is not None]
+    return max(contexts) if contexts else None
 
 
 def _could_hold(p: ProviderSnapshot, cost: CostModel, model: str) -> bool:

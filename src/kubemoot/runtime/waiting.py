@@ -46,9 +46,9 @@ from kubemoot.clock import Clock
 from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
 from kubemoot.runtime.faults import tolerated
 from kubemoot.runtime.options import could_help
-from kubemoot.runtime.placement import Action, Candidate, Placement
+from kubemoot.runtime.placement import Action, CallPlacement, Candidate
 from kubemoot.runtime.planner import CallPlanner
-from kubemoot.runtime.refusals import Reason
+from kubemoot.runtime.refusals import GpuBusy, Reason
 from kubemoot.runtime.snapshot import FleetSnapshot
 from kubemoot.store.documents import TicketState
 
@@ -83,8 +83,8 @@ class _Waiter:
     key: LineKey
     holder: str
     deadline: float
-    last: Placement  # the latest answer that did not place it
-    future: asyncio.Future[Placement | None] = field(repr=False)
+    last: CallPlacement  # the latest answer that did not place it
+    future: asyncio.Future[CallPlacement | None] = field(repr=False)
     in_line: bool = True
 
     @property
@@ -134,7 +134,7 @@ class CapacityWaiter:
         done: asyncio.Event | None = None,
         ticket_state: TicketState = TicketState.RUNNING,
         exclude: Collection[str] = (),
-    ) -> Placement:
+    ) -> CallPlacement:
         """A placement that holds a ticket, or the reason the agent stands aside.
 
         ``exclude``: providers the call must not go to (see :meth:`CallPlanner.place`).
@@ -195,8 +195,8 @@ class CapacityWaiter:
 
     # -- the lines -------------------------------------------------------------------
 
-    def _join(self, key: LineKey, holder: str, deadline: float, last: Placement) -> _Waiter:
-        future: asyncio.Future[Placement | None] = asyncio.get_running_loop().create_future()
+    def _join(self, key: LineKey, holder: str, deadline: float, last: CallPlacement) -> _Waiter:
+        future: asyncio.Future[CallPlacement | None] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(next(self._seq), key, holder, deadline, last, future)
         self._lines.setdefault(key, deque()).append(waiter)
         insort(self._waiting.setdefault(waiter.model, []), waiter.seq)
@@ -226,7 +226,7 @@ class CapacityWaiter:
     def _ahead(self, waiter: _Waiter) -> int:
         return bisect_left(self._waiting.get(waiter.model, []), waiter.seq)
 
-    async def _wait(self, waiter: _Waiter, done: asyncio.Event | None) -> Placement | None:
+    async def _wait(self, waiter: _Waiter, done: asyncio.Event | None) -> CallPlacement | None:
         """The dispatcher's answer, or ``None`` at the limit or when the discussion ends."""
         stopper: asyncio.Task[Literal[True]] | None = None
         if done is not None:
@@ -332,7 +332,7 @@ class CapacityWaiter:
         return False
 
 
-def _settle(future: asyncio.Future[Placement | None], value: Placement | None) -> bool:
+def _settle(future: asyncio.Future[CallPlacement | None], value: CallPlacement | None) -> bool:
     """Resolve the future unless it already is; whether this call resolved it."""
     if future.done():
         return False
@@ -340,9 +340,9 @@ def _settle(future: asyncio.Future[Placement | None], value: Placement | None) -
     return True
 
 
-def _gave_up(placement: Placement, elapsed: float) -> Placement:
+def _gave_up(placement: CallPlacement, elapsed: float) -> CallPlacement:
     """Stand aside with gpu-busy (keeping the options for the explanation)."""
     return replace(
-        placement, action=Action.WAIT, reason=Reason.GPU_BUSY.value, ticket=None,
+        placement, action=Action.WAIT, refusal=GpuBusy(waited=elapsed), ticket=None,
         waited_seconds=elapsed,
     )

@@ -40,7 +40,7 @@ from kubemoot.clock import ManualClock
 from kubemoot.runtime.builder import build_runtime
 from kubemoot.runtime.demand import DemandBoard
 from kubemoot.runtime.occupancy import OccupancyBook
-from kubemoot.runtime.placement import Candidate, Placement
+from kubemoot.runtime.placement import CallPlacement, Candidate
 from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
 from kubemoot.runtime.snapshot import FleetSnapshot, ProviderSnapshot
 from kubemoot.store.documents import (
@@ -244,7 +244,7 @@ async def decide(
     candidates: Sequence[Candidate],
     *,
     prompt_tokens: int | None = None,
-) -> Placement:
+) -> CallPlacement:
     """Load the snapshot into an embedded store and place one call there."""
     now = _epoch(state.now)
     settings = state.runtime_settings()

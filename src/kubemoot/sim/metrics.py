@@ -17,7 +17,7 @@ from typing import Any
 from kubemoot.sim.gpu import GpuEvents
 from kubemoot.sim.phases import WaitPhases, WaitSource
 
-__all__ = ["CallOutcome", "PolicyReport", "Recorder", "percentile"]
+__all__ = ["PolicyReport", "Recorder", "SimulatedOutcome", "percentile"]
 
 FINISHED = "finished"
 STOOD_ASIDE = "stood-aside"
@@ -26,7 +26,7 @@ FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)
-class CallOutcome:
+class SimulatedOutcome:
     """How one call ended. ``started``/``finished`` are virtual seconds from the start."""
 
     status: str  # finished | stood-aside | refused | failed
@@ -43,7 +43,7 @@ class _CallRecord:
     discussion_id: int
     issued: float
     ended: float
-    outcome: CallOutcome
+    outcome: SimulatedOutcome
     phases: WaitPhases | None = None
 
 
@@ -81,7 +81,7 @@ class Recorder(GpuEvents):
 
     def call_ended(
         self, *, call_id: int, discussion_id: int, issued: float, ended: float,
-        outcome: CallOutcome, phases: WaitPhases | None = None,
+        outcome: SimulatedOutcome, phases: WaitPhases | None = None,
     ) -> None:
         self.calls.append(_CallRecord(call_id, discussion_id, issued, ended, outcome, phases))
 

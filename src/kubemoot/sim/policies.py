@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kubemoot.providers.protocol import ProviderError
+from kubemoot.runtime.refusals import Reason
 from kubemoot.sim.gpu import EmulatedGpu
-from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, CallOutcome
+from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, SimulatedOutcome
 from kubemoot.sim.workload import CallSpec, Trace
 
 __all__ = ["BASELINES", "BaselinePolicy", "Policy", "SimContext"]
@@ -57,7 +58,7 @@ class Policy(ABC):
         """Prepare before the first call (bindings, runtime objects)."""
 
     @abstractmethod
-    async def run_call(self, call: CallSpec, ctx: SimContext) -> CallOutcome:
+    async def run_call(self, call: CallSpec, ctx: SimContext) -> SimulatedOutcome:
         """Serve one call: choose, wait, compute."""
 
     async def stop(self) -> None:  # noqa: B027 - optional hook
@@ -78,19 +79,19 @@ class BaselinePolicy(Policy):
     def choose(self, call: CallSpec, feasible: list[EmulatedGpu], ctx: SimContext) -> EmulatedGpu:
         """Pick a card among those that can hold the preferred model."""
 
-    async def run_call(self, call: CallSpec, ctx: SimContext) -> CallOutcome:
+    async def run_call(self, call: CallSpec, ctx: SimContext) -> SimulatedOutcome:
         feasible = self._feasible.get(call.model, [])
         if not feasible:
-            return CallOutcome(REFUSED, model=call.model, reason="model-too-large")
+            return SimulatedOutcome(REFUSED, model=call.model, reason=Reason.MODEL_TOO_LARGE.value)
         gpu = self.choose(call, feasible, ctx)
         self.dispatched(gpu, +1)
         try:
             started = await gpu.serve(call.model, call.duration)
         except ProviderError as error:
-            return CallOutcome(FAILED, provider=gpu.name, model=call.model, reason=str(error))
+            return SimulatedOutcome(FAILED, provider=gpu.name, model=call.model, reason=str(error))
         finally:
             self.dispatched(gpu, -1)
-        return CallOutcome(FINISHED, provider=gpu.name, model=call.model, started=started)
+        return SimulatedOutcome(FINISHED, provider=gpu.name, model=call.model, started=started)
 
     def dispatched(self, gpu: EmulatedGpu, delta: int) -> None:
         """Hook for routers that count their own in-flight calls."""

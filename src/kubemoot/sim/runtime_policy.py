@@ -12,14 +12,15 @@ One runtime instance serves every simulated agent, like one gateway process: tic
 still go through compare-and-set on the shared documents, and the 200 ms state cache
 works in virtual time.
 
-A call goes through the production :class:`~kubemoot.runtime.waiting.CapacityWaiter`:
-when the answer is ``queue`` or ``wait`` (busy) it joins the waiter's first-come line,
-holds a ``wait.<model>.<agent>`` entry and places again as capacity changes, standing
-aside with ``gpu-busy`` when the scenario's wait limit passes; ``refuse`` stands aside
+A call goes through the production call service (:mod:`kubemoot.runtime.calls`), the
+one the agents and the gateway use: its :class:`~kubemoot.runtime.waiting.CapacityWaiter`
+puts a busy call (``queue`` or ``wait``) in a first-come line, where it holds a
+``wait.<model>.<agent>`` entry and places again as capacity changes, standing aside
+with ``gpu-busy`` when the scenario's wait limit passes; a final refusal stands aside
 at once with its reason. The view follows the buckets through watches, as a long-lived
-gateway process would. Once placed, a cold load or an
-unload plan waits for the model to be ready, marks its ticket running, and computes;
-the ticket is released in a ``finally``.
+gateway process would. Once placed, the ticket is leased; a cold load or an unload plan
+waits for the model to be ready, marks its ticket running, and computes. The service
+releases the ticket and records the call; what is the simulator's is virtual time.
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ import contextlib
 from dataclasses import replace
 
 from kubemoot.clock import LoopClock
-from kubemoot.providers.protocol import ProviderClient, ProviderError
+from kubemoot.providers.protocol import ProviderClient, ProviderError, ProviderUnavailable
 from kubemoot.runtime.builder import Runtime, build_runtime
-from kubemoot.runtime.placement import Action, Placement
+from kubemoot.runtime.calls import ActiveCall, CallRefused, CallRequest, RefusedBeforeSending
+from kubemoot.runtime.placement import Action
 from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
 from kubemoot.sim.gpu import EmulatedGpu
-from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE, CallOutcome
+from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE, SimulatedOutcome
 from kubemoot.sim.phases import CURRENT_CALL
 from kubemoot.sim.policies import Policy, SimContext
 from kubemoot.sim.workload import CallSpec
@@ -43,8 +45,6 @@ from kubemoot.store.memory import MemoryKV
 from kubemoot.store.protocol import Bucket
 
 __all__ = ["KubemootPolicy"]
-
-GPU_BUSY = "gpu-busy"
 
 
 class _StatePublisher:
@@ -97,6 +97,7 @@ class KubemootPolicy(Policy):
         clients: dict[str, ProviderClient] = dict(ctx.gpus)
         runtime = await build_runtime(MemoryKV(clock), clock=clock, settings=settings,
                                       clients=clients, declared=ctx.sizes, rng=ctx.rng)
+        runtime.calls.identity = "sim"  # holder ids repeat from run to run
         self._runtime = runtime
         for gpu in ctx.gpus.values():
             await _StatePublisher(gpu, runtime.states, clock).publish()
@@ -107,46 +108,53 @@ class KubemootPolicy(Policy):
             await self._runtime.close()
             await self._runtime.kv.close()
 
-    async def run_call(self, call: CallSpec, ctx: SimContext) -> CallOutcome:
+    async def run_call(self, call: CallSpec, ctx: SimContext) -> SimulatedOutcome:
+        """One simulated call through the runtime's call service, as production makes
+        it: placed by the waiter, its ticket leased (renewed on the virtual clock, so a
+        call longer than the TTL keeps its memory), retried once elsewhere after a
+        refused connection, released and recorded by the service."""
         assert self._runtime is not None
         runtime = self._runtime
-        placement = await self._place(call)
-        if isinstance(placement, CallOutcome):
-            return placement
-        assert placement.provider is not None and placement.model is not None
-        gpu = ctx.gpus[placement.provider]
-        ok = False
-        try:
-            if placement.action in (Action.COLD_LOAD, Action.UNLOAD, Action.LOADING):
-                await gpu.preload(placement.model)
-                if placement.ticket is not None:
-                    with contextlib.suppress(Exception):  # a lapsed ticket changes nothing
-                        await runtime.tickets.mark_running(
-                            placement.provider, placement.ticket.ticket_id
-                        )
-            started = await gpu.serve(placement.model, call.duration)
-            ok = True
-        except ProviderError as error:
-            return CallOutcome(FAILED, provider=gpu.name, model=placement.model, reason=str(error))
-        finally:
-            await runtime.planner.finish(placement, seconds=call.duration if ok else None, ok=ok)
-        await runtime.board.record_use(placement.model)
-        return CallOutcome(FINISHED, provider=gpu.name, model=placement.model, started=started,
-                           evicted=placement.evicted)
+        request = CallRequest(tuple(call.candidates), agent=call.agent,
+                              thread_id=str(call.call_id), phase="call",
+                              prompt_tokens=call.prompt_tokens)
 
-    async def _place(self, call: CallSpec) -> Placement | CallOutcome:
-        assert self._runtime is not None
-        placement = await self._runtime.waiter.place(
-            call.candidates,
-            agent=call.agent, holder_id=f"{call.agent}#{call.call_id}",
-            prompt_tokens=call.prompt_tokens,
-        )
-        if placement.placed:
+        async def send(active: ActiveCall) -> float:
+            gpu = ctx.gpus[active.provider]
             phases = CURRENT_CALL.get()
             if phases is not None:
                 # A wait that ended on a warm or loading copy was a wait for a slot there.
-                phases.joined_warm = placement.action in (Action.WARM, Action.LOADING)
-            return placement
-        if placement.action is Action.REFUSE:
-            return CallOutcome(REFUSED, model=call.model, reason=placement.reason)
-        return CallOutcome(STOOD_ASIDE, model=call.model, reason=placement.reason or GPU_BUSY)
+                phases.joined_warm = active.placement.action in (Action.WARM, Action.LOADING)
+            ticket = active.placement.ticket
+            try:
+                if active.placement.action in (Action.COLD_LOAD, Action.UNLOAD,
+                                               Action.LOADING):
+                    await gpu.preload(active.model)
+                    if ticket is not None:
+                        with contextlib.suppress(Exception):  # a lapsed ticket changes nothing
+                            await runtime.tickets.mark_running(active.provider,
+                                                               ticket.ticket_id)
+                started = await gpu.serve(active.model, call.duration)
+            except ProviderUnavailable as error:
+                if not error.sent:
+                    raise RefusedBeforeSending(active.provider, str(error)) from None
+                raise
+            # the engine's clock has no epoch; the call computed ``duration`` until now
+            active.first_byte(at=runtime.clock.now() - call.duration)
+            active.note(ok=True, model_calls=1)
+            return started
+
+        try:
+            active, started = await runtime.calls.start(request, send)
+        except CallRefused as refused:
+            if refused.refusal.final:
+                return SimulatedOutcome(REFUSED, model=call.model,
+                                   reason=refused.refusal.reason.value)
+            return SimulatedOutcome(STOOD_ASIDE, model=call.model,
+                               reason=refused.refusal.reason.value)
+        except (ProviderError, RefusedBeforeSending) as error:
+            return SimulatedOutcome(FAILED, model=call.model, reason=str(error))
+        async with active:
+            pass  # the call ran in send; leaving the block releases and records it
+        return SimulatedOutcome(FINISHED, provider=active.provider, model=active.model,
+                           started=started, evicted=active.placement.evicted)

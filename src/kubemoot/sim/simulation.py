@@ -19,7 +19,7 @@ from typing import Any
 from kubemoot.api.errors import InputError
 from kubemoot.sim.bound import LowerBound, lower_bound
 from kubemoot.sim.gpu import EmulatedGpu
-from kubemoot.sim.metrics import FAILED, FINISHED, CallOutcome, PolicyReport, Recorder
+from kubemoot.sim.metrics import FAILED, FINISHED, PolicyReport, Recorder, SimulatedOutcome
 from kubemoot.sim.phases import CURRENT_CALL, WaitPhases, WaitSource
 from kubemoot.sim.policies import BASELINES, Policy, SimContext
 from kubemoot.sim.scenario import Scenario
@@ -124,7 +124,7 @@ async def _run_turn(
 ) -> None:
     loop = asyncio.get_running_loop()
 
-    async def one(call: CallSpec) -> CallOutcome:
+    async def one(call: CallSpec) -> SimulatedOutcome:
         issued = loop.time()
         phases = WaitPhases(issued)
         CURRENT_CALL.set(phases)  # this task's own context: the engine fills it in
@@ -133,7 +133,7 @@ async def _run_turn(
         except Exception as error:  # a policy bug must show up as a failure, not vanish
             if isinstance(error, AssertionError):
                 raise
-            outcome = CallOutcome(FAILED, model=call.model, reason=f"{type(error).__name__}: "
+            outcome = SimulatedOutcome(FAILED, model=call.model, reason=f"{type(error).__name__}: "
                                   f"{error}")
         ended = loop.time()
         if outcome.status == FINISHED and outcome.started is not None:

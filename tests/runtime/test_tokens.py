@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubemoot.agent.tokens import TokenEstimator, message_chars, prompt_chars
+from kubemoot.runtime.tokens import TokenEstimator, message_chars, prompt_chars
 
 
 @pytest.mark.parametrize(

@@ -37,20 +37,46 @@ _MIN_RATIO = 1.0
 _MAX_RATIO = 8.0
 
 
-def message_chars(message: Mapping[str, Any]) -> int:
-    """Characters a message puts in the prompt: its text and any tool-call arguments."""
+def message_chars(message: object) -> int:
+    """Characters a message puts in the prompt: its text and any tool-call arguments.
+
+    A client may send any JSON, so a malformed message (not an object, ``tool_calls: 5``,
+    a call whose ``function`` is a string) counts what text it has instead of raising:
+    the estimate sizes a placement, and the engine judges the request itself.
+    """
+    if not isinstance(message, Mapping):
+        return len(str(message)) if message is not None else 0
     total = len(str(message.get("content") or ""))
-    for call in message.get("tool_calls") or ():
-        function = call.get("function", call) if isinstance(call, Mapping) else {}
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list | tuple):
+        return total + (len(str(calls)) if calls else 0)
+    for call in calls:
+        function = call.get("function", call) if isinstance(call, Mapping) else call
+        if not isinstance(function, Mapping):
+            total += len(str(function)) if function is not None else 0
+            continue
         total += len(str(function.get("name", "")))
         arguments = function.get("arguments", {})
-        total += len(arguments if isinstance(arguments, str) else json.dumps(arguments))
+        total += len(arguments) if isinstance(arguments, str) else _json_chars(arguments)
     return total
+
+
+def _json_chars(value: object) -> int:
+    try:
+        return len(json.dumps(value))
+    except (TypeError, ValueError):  # not JSON (NaN is JSON to Python; sets are not)
+        return len(str(value))
 
 
 def tool_spec_chars(tools: Sequence[Mapping[str, Any]] | None) -> int:
     """Characters the tool specifications add (the engine renders them into the prompt)."""
-    return sum(len(json.dumps(tool, sort_keys=True)) for tool in tools or ())
+    total = 0
+    for tool in tools or ():
+        try:
+            total += len(json.dumps(tool, sort_keys=True))
+        except (TypeError, ValueError):  # keys of mixed types, or not JSON at all
+            total += len(str(tool))
+    return total
 
 
 def prompt_chars(

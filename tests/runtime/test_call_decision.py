@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kubemoot.gates import GateResult, Outcome
 from kubemoot.runtime.cost import Option, OptionKind
-from kubemoot.runtime.placement import Action, Placement
+from kubemoot.runtime.placement import Action, CallPlacement
 from kubemoot.runtime.record import (
     CALL_DECISION_FAILURES,
     CALL_DECISION_OPTIONS,
@@ -13,9 +13,10 @@ from kubemoot.runtime.record import (
     call_decision,
     option_id,
 )
+from kubemoot.runtime.refusals import GpuBusy
 
 
-def _placement(options: int, failed: int) -> Placement:
+def _placement(options: int, failed: int) -> CallPlacement:
     priced = [Option(OptionKind.COLD_LOAD, f"gpu-{i:02d}", "qwen3:8b", float(options - i))
               for i in range(options)]
     chosen = priced[-1]  # the cheapest
@@ -25,9 +26,8 @@ def _placement(options: int, failed: int) -> Placement:
             "fit", "not enough free VRAM beside the residents", residentMiB=7000)]
     record = build_record(subject="call", gates=gates, options=priced, chosen=chosen,
                           outcome=Outcome.PLACE, reason="cheapest")
-    return Placement(Action.UNLOAD, provider=chosen.provider, model=chosen.model,
-                     evicted=("phi3:mini",), options=tuple(priced), decision=record,
-                     reason="cheapest")
+    return CallPlacement(Action.UNLOAD, provider=chosen.provider, model=chosen.model,
+                         evicted=("phi3:mini",), options=tuple(priced), decision=record)
 
 
 def test_a_small_decision_is_kept_whole() -> None:
@@ -52,9 +52,10 @@ def test_a_large_decision_keeps_the_cheapest_options_and_counts_what_it_cut() ->
 
 
 def test_a_placement_without_a_record_still_says_what_it_did() -> None:
-    summary = call_decision(Placement(Action.STATIC, provider="gpu-a", model="qwen3:8b",
-                                      reason="no GPU free now; the call cannot wait"))
+    # a call that cannot wait took the static endpoint because every GPU was busy
+    summary = call_decision(CallPlacement(Action.STATIC, provider="gpu-a", model="qwen3:8b",
+                                          refusal=GpuBusy(waited=0.0, start_estimate=None)))
 
     assert summary["action"] == "static" and summary["chosen"] is None
     assert summary["options"] == [] and summary["failedGates"] == []
-    assert summary["reason"] == "no GPU free now; the call cannot wait"
+    assert summary["reason"] == "gpu-busy"

@@ -225,10 +225,12 @@ def loading_queue(rnd: Round, models: Sequence[str]) -> Option | None:
 def cold_options(rnd: Round, model: str, *, limit: int | None = None) -> list[Option]:
     """Loads of ``model`` onto free room, on providers where it has no copy.
 
-    With ``limit`` only that many of the tightest fits are listed (they are the
-    cheapest: every cold load of a model costs the same load time plus the best-fit
-    term), found through the room index; without it every provider is judged and its
-    gates recorded (for an explanation).
+    With ``limit`` only that many of the tightest fits are listed, found through the
+    room index: every cold load of a model costs the same load time plus the best-fit
+    term, which grows with the hole left, plus the slot-aware crowding term. A looser
+    fit can only win on crowding, so the scan goes on past ``limit`` until some listed
+    load crowds nothing. Without ``limit`` every provider is judged and its gates
+    recorded (for an explanation).
     """
     occupancy = rnd.cost.occupancy(model)
     if limit is not None:
@@ -238,6 +240,7 @@ def cold_options(rnd: Round, model: str, *, limit: int | None = None) -> list[Op
     else:
         providers = rnd.fleet.providers
     options: list[Option] = []
+    uncrowded = False
     for p in providers:
         if p.has_copy(model):
             continue
@@ -246,8 +249,10 @@ def cold_options(rnd: Round, model: str, *, limit: int | None = None) -> list[Op
             resident=p.resident_total + p.loading_mib, prompt_tokens=rnd.prompt_tokens,
         )
         if rnd.record(p.name, model, gates) and occupancy is not None:
-            options.append(rnd.cost.cold_option(p, model, occupancy))
-            if limit is not None and len(options) >= limit:
+            option = rnd.cost.cold_option(p, model, occupancy)
+            options.append(option)
+            uncrowded = uncrowded or rnd.cost.crowding(p, model, occupancy) == 0
+            if limit is not None and len(options) >= limit and uncrowded:
                 break
     return sorted(options, key=Option.sort_key)
 
@@ -297,10 +302,16 @@ def comparison(rnd: Round, models: Sequence[str], *, explain: bool) -> list[Opti
     """Every option of the one comparison (step 4), cheapest first.
 
     Queues at any usable copy of a tolerated model (priced with the calls behind them),
-    cold loads of the preferred model and its unload plans. Without ``explain`` only
-    options that can win are priced: a few tightest cold fits (all cold loads of a model
-    cost the same load time), and unload plans only when nothing cheaper than their
-    floor — load(M) plus one unload — was found.
+    cold loads of any tolerated model onto free room, and the preferred model's unload
+    plans. A tolerated model's cold load is in the comparison because the band of
+    quality points is the promise (DESIGN §5, quality stays a gate): when the preferred
+    model's copies are full, loading an in-band candidate onto an idle card serves the
+    overflow instead of queueing it (homelab: 32b's overflow onto a 14b on the other
+    card). Unload plans stay the preferred model's: evicting for a lesser model is
+    never priced. Without ``explain`` only options that can win are priced: a few
+    tightest cold fits (all cold loads of a model cost the same load time), and unload
+    plans only when nothing cheaper than their floor — load(M) plus one unload — was
+    found.
     """
     preferred = models[0]
     limit = None if explain else rnd.cost.settings.copy_shortlist
@@ -308,7 +319,7 @@ def comparison(rnd: Round, models: Sequence[str], *, explain: bool) -> list[Opti
         rnd.cost.priced_queue(o) for m in models
         for o in copy_options(rnd, m, free_slot=False, limit=limit)
     ]
-    options += cold_options(rnd, preferred, limit=limit)
+    options += [o for m in models for o in cold_options(rnd, m, limit=limit)]
     floor = rnd.cost.unload_floor(preferred)
     cheapest = min((o.seconds for o in options), default=None)
     if explain or cheapest is None or floor is None or cheapest > floor:
@@ -370,19 +381,23 @@ def could_help(
     best: float,
     occupancy: int | None,
     settings: RuntimeSettings,
+    smallest_mib: int | None = None,
 ) -> bool:
     """Whether a change on ``changed`` providers can beat a queue that costs ``best``.
 
     A queued call gains from a slot or copy of a model it accepts, from room to load
-    its preferred model (of ``occupancy``) when the queue costs more than that load,
-    and from a card that could take it after unloads when the queue costs more than
-    the cheapest possible unload plan. Nothing else can give it a better option.
+    a model it accepts when the queue costs more than that load (``smallest_mib``: the
+    smallest of them, which needs the least room and loads fastest; by default the
+    preferred model's ``occupancy``), and from a card that could take the preferred
+    model after unloads when the queue costs more than the cheapest possible unload
+    plan. Nothing else can give it a better option.
     """
     if not changed:
         return False
     if occupancy is None:
         return True  # nothing to judge the room by
-    load = load_seconds(occupancy, settings)
+    room = occupancy if smallest_mib is None else min(occupancy, smallest_mib)
+    load = load_seconds(room, settings)
     unload_floor = unload_floor_seconds(occupancy, settings)
     for name in changed:
         p = fleet.provider(name)
@@ -391,7 +406,7 @@ def could_help(
         if any(p.has_copy(m) for m in models):
             return True
         usable, free = p.usable_mib, p.free_mib
-        if best > load and free is not None and free >= occupancy:
+        if best > load and free is not None and free >= room:
             return True
         if best > unload_floor and usable is not None and usable >= occupancy:
             return True

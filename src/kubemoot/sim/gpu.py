@@ -113,11 +113,11 @@ class EmulatedGpu:
 
     # -- requests --------------------------------------------------------------------
 
-    async def _acquire(self, model: str) -> EngineCopy:
+    async def _acquire(self, model: str, keep_alive: float | None = None) -> EngineCopy:
         if model not in self._sizes:
             raise ProviderError(f"unknown model {model}", provider=self.name)
         try:
-            got = await self.engine.acquire(model, self._sizes[model])
+            got = await self.engine.acquire(model, self._sizes[model], keep_alive=keep_alive)
         except EngineError as error:  # the card refuses it (a model larger than the card)
             raise ProviderError(str(error), provider=self.name) from None
         phases = CURRENT_CALL.get()
@@ -132,10 +132,14 @@ class EmulatedGpu:
                 phases.runner_ready = got.ready_at
         return got.copy
 
-    async def serve(self, model: str, duration: float) -> float:
-        """Run one call of ``duration`` seconds; returns when inference started."""
+    async def serve(self, model: str, duration: float, *,
+                    keep_alive: float | None = None) -> float:
+        """Run one call of ``duration`` seconds; returns when inference started.
+
+        ``keep_alive`` is the request's (None: the card's default), as Ollama's field.
+        """
         engine = self.engine
-        copy = await self._acquire(model)
+        copy = await self._acquire(model, keep_alive)
         try:
             await engine.take_slot(copy)
             started = engine.clock.now()
@@ -174,8 +178,8 @@ class EmulatedGpu:
             loaded_models=loaded, loaded_model_footprints=dict(self.engine.footprints),
         )
 
-    async def preload(self, model: str) -> None:
-        copy = await self._acquire(model)
+    async def preload(self, model: str, *, keep_alive: float | None = None) -> None:
+        copy = await self._acquire(model, keep_alive)
         self.engine.release(copy)
 
     async def unload(self, model: str) -> None:

@@ -19,7 +19,9 @@ aside with ``gpu-busy`` when the scenario's wait limit passes; ``refuse`` stands
 at once with its reason. The view follows the buckets through watches, as a long-lived
 gateway process would. Once placed, a cold load or an
 unload plan waits for the model to be ready, marks its ticket running, and computes;
-the ticket is released in a ``finally``.
+the ticket is released in a ``finally``. Every request asks the engine for the
+runtime's ``engine_keep_alive_seconds``: the runtime's own unload plans make room, so a
+copy need not expire on the client's short timer (DESIGN §5, residency is a lease).
 """
 
 from __future__ import annotations
@@ -115,16 +117,17 @@ class KubemootPolicy(Policy):
             return placement
         assert placement.provider is not None and placement.model is not None
         gpu = ctx.gpus[placement.provider]
+        keep_alive = runtime.settings.engine_keep_alive_seconds
         ok = False
         try:
             if placement.action in (Action.COLD_LOAD, Action.UNLOAD, Action.LOADING):
-                await gpu.preload(placement.model)
+                await gpu.preload(placement.model, keep_alive=keep_alive)
                 if placement.ticket is not None:
                     with contextlib.suppress(Exception):  # a lapsed ticket changes nothing
                         await runtime.tickets.mark_running(
                             placement.provider, placement.ticket.ticket_id
                         )
-            started = await gpu.serve(placement.model, call.duration)
+            started = await gpu.serve(placement.model, call.duration, keep_alive=keep_alive)
             ok = True
         except ProviderError as error:
             return CallOutcome(FAILED, provider=gpu.name, model=placement.model, reason=str(error))

@@ -164,9 +164,11 @@ class EmulatedGpu:
         return got.copy
 
     async def serve(self, model: str, duration: float, *,
-                    keep_alive: float | None = None) -> float:
-        """Run one call of ``duration`` seconds; returns when inference started."""
-        return (await self.serve_prompt(model, duration, keep_alive=keep_alive)).started
+                    keep_alive: float | None = None, prompt: Prompt | None = None) -> float:
+        """Run one call of ``duration`` seconds; returns when generation started: the
+        first token, once the prompt's uncached part was evaluated (prefill)."""
+        served = await self.serve_prompt(model, duration, keep_alive=keep_alive, prompt=prompt)
+        return served.first_token_at
 
     async def serve_prompt(self, model: str, duration: float, *,
                            prompt: Prompt | None = None,
@@ -188,6 +190,8 @@ class EmulatedGpu:
                 phases.started = started
             self._events.call_started(self.name, model, started)
             prefill = engine.prefill_seconds(grant)
+            if phases is not None:
+                phases.first_token = started + prefill
             try:
                 await engine.clock.sleep(prefill + duration)
             finally:

@@ -127,7 +127,8 @@ class KubemootPolicy(Policy):
                         await runtime.tickets.mark_running(
                             placement.provider, placement.ticket.ticket_id
                         )
-            started = await gpu.serve(placement.model, call.duration, keep_alive=keep_alive)
+            started = await gpu.serve(placement.model, call.duration, keep_alive=keep_alive,
+                                      prompt=call.prompt)
             ok = True
         except ProviderError as error:
             return CallOutcome(FAILED, provider=gpu.name, model=placement.model, reason=str(error))

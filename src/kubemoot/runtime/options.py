@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kubemoot.gates.results import GateResult
 from kubemoot.runtime import filters
@@ -49,6 +49,10 @@ class Round:
     #: the fleet before any provider was excluded (``None``: nothing was); a refusal is
     #: judged on it, since an excluded provider still shows what would fit and where
     whole: FleetSnapshot | None = None
+    #: expected prefill per copy ``(provider, model)`` of a call whose thread a copy's
+    #: prompt cache may hold, and under ``("", "")`` anywhere else (the whole prompt);
+    #: empty for a call with no thread (:meth:`kubemoot.runtime.prefix.PrefixBook.seconds`)
+    prefill: dict[tuple[str, str], float] = field(default_factory=dict)
     _priced: dict[tuple[str, str, int], Option] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -96,6 +100,19 @@ class Round:
         if option is None:
             option = self._priced[key] = self.cost.copy_option(p, model, ahead=ahead)
         return option
+
+    def with_prefill(self, option: Option) -> Option:
+        """The option with the prefill its copy's prompt cache leaves to do.
+
+        Every option of a call with a thread pays the prefill of its whole prompt,
+        except on a copy whose cache still holds the thread: there only what the thread
+        added since. Without a thread nothing is added, so the spec's worked examples
+        stay exact.
+        """
+        if not self.prefill:
+            return option
+        seconds = self.prefill.get((option.provider, option.model), self.prefill[("", "")])
+        return replace(option, seconds=option.seconds + seconds) if seconds else option
 
     def provider_of(self, option: Option) -> ProviderSnapshot:
         p = self.fleet.provider(option.provider)
@@ -159,7 +176,8 @@ def spread(rnd: Round, models: Sequence[str], ahead: int) -> None:
 
 
 def copy_options(
-    rnd: Round, model: str, *, free_slot: bool, limit: int | None = None
+    rnd: Round, model: str, *, free_slot: bool, limit: int | None = None,
+    prefill: bool = True,
 ) -> list[Option]:
     """Warm or loading copies of ``model`` that pass the warm filter, cheapest first.
 
@@ -174,7 +192,8 @@ def copy_options(
         ahead = rnd.ahead_of(p.name, model)
         if free_slot and not p.has_free_slot(model, ahead=ahead):
             continue
-        options.append(rnd.copy_option(p, model, ahead))
+        option = rnd.copy_option(p, model, ahead)
+        options.append(rnd.with_prefill(option) if prefill else option)
     options.sort(key=Option.sort_key)
     if limit is not None:
         del options[limit:]
@@ -249,7 +268,7 @@ def cold_options(rnd: Round, model: str, *, limit: int | None = None) -> list[Op
             resident=p.resident_total + p.loading_mib, prompt_tokens=rnd.prompt_tokens,
         )
         if rnd.record(p.name, model, gates) and occupancy is not None:
-            option = rnd.cost.cold_option(p, model, occupancy)
+            option = rnd.with_prefill(rnd.cost.cold_option(p, model, occupancy))
             options.append(option)
             uncrowded = uncrowded or rnd.cost.crowding(p, model, occupancy) == 0
             if limit is not None and len(options) >= limit and uncrowded:
@@ -291,7 +310,8 @@ def unload_options(rnd: Round, model: str) -> list[Option]:
             ))
         rnd.gates[f"{p.name}/{model} (unload)"] = gates
         if victims:
-            options.append(rnd.cost.unload_option(p, model, occupancy, victims))
+            options.append(rnd.with_prefill(
+                rnd.cost.unload_option(p, model, occupancy, victims)))
     return sorted(options, key=Option.sort_key)
 
 
@@ -315,9 +335,9 @@ def comparison(rnd: Round, models: Sequence[str], *, explain: bool) -> list[Opti
     """
     preferred = models[0]
     limit = None if explain else rnd.cost.settings.copy_shortlist
-    options = [
-        rnd.cost.priced_queue(o) for m in models
-        for o in copy_options(rnd, m, free_slot=False, limit=limit)
+    options = [  # the company multiplies the wait, not the call's own prefill
+        rnd.with_prefill(rnd.cost.priced_queue(o)) for m in models
+        for o in copy_options(rnd, m, free_slot=False, limit=limit, prefill=False)
     ]
     options += [o for m in models for o in cold_options(rnd, m, limit=limit)]
     floor = rnd.cost.unload_floor(preferred)

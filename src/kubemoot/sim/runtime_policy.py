@@ -34,6 +34,7 @@ from kubemoot.clock import LoopClock
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime.builder import Runtime, build_runtime
 from kubemoot.runtime.placement import Action, Placement
+from kubemoot.runtime.prefix import PrefixBook, ThreadPrompt
 from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
 from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE, CallOutcome
@@ -82,6 +83,7 @@ class KubemootPolicy(Policy):
     def __init__(self, settings: RuntimeSettings | None = None) -> None:
         self._settings = settings
         self._runtime: Runtime | None = None
+        self._prefix: PrefixBook | None = None
 
     @property
     def runtime(self) -> Runtime | None:
@@ -99,6 +101,7 @@ class KubemootPolicy(Policy):
         clients: dict[str, ProviderClient] = dict(ctx.gpus)
         runtime = await build_runtime(MemoryKV(clock), clock=clock, settings=settings,
                                       clients=clients, declared=ctx.sizes, rng=ctx.rng)
+        runtime.planner.prefix = self._prefix = PrefixBook(settings.prefill_seconds_per_token)
         self._runtime = runtime
         for gpu in ctx.gpus.values():
             await _StatePublisher(gpu, runtime.states, clock).publish()
@@ -112,11 +115,24 @@ class KubemootPolicy(Policy):
     async def run_call(self, call: CallSpec, ctx: SimContext) -> CallOutcome:
         assert self._runtime is not None
         runtime = self._runtime
-        placement = await self._place(call)
+        thread = (ThreadPrompt(f"{call.discussion_id}/{call.agent}", call.prompt.tokens)
+                  if call.prompt is not None and self._prefix is not None else None)
+        holder = f"{call.agent}#{call.call_id}"
+        if thread is not None and self._prefix is not None:
+            self._prefix.expect(holder, thread)
+        try:
+            placement = await self._place(call)
+        finally:
+            if self._prefix is not None:
+                self._prefix.forget(holder)
         if isinstance(placement, CallOutcome):
             return placement
         assert placement.provider is not None and placement.model is not None
         gpu = ctx.gpus[placement.provider]
+        if thread is not None and self._prefix is not None:
+            # the call record the runtime keeps: which copy served the thread, and when
+            self._prefix.served(gpu.name, placement.model, gpu.max_parallel, thread,
+                                runtime.clock.now())
         keep_alive = runtime.settings.engine_keep_alive_seconds
         ok = False
         try:

@@ -97,3 +97,11 @@ def test_no_policy_beats_the_optimum_on_a_cut() -> None:
         assert run.report.calls == 12
         # times in the model are rounded in the optimum's favour, so it may only be lower
         assert run.report.wait["mean"] >= best.mean_wait - 1e-6, policy
+
+
+def test_a_reactive_schedule_loads_only_once_a_call_asks() -> None:
+    # A's one call comes at 20 s. Knowing the future, the load runs 0-10 and the call
+    # waits 0 s; a reactive schedule starts the load at 20 s: 10 s of wait.
+    cut = _cut(_card(20, 1), {"A": 10}, [(20, 5, ("A",))])
+    assert solve(cut, time_limit_seconds=5).total_wait == pytest.approx(0.0)
+    assert solve(cut, time_limit_seconds=5, reactive=True).total_wait == pytest.approx(10.0)

@@ -113,10 +113,12 @@ class _Copy:
     """One possible copy in the model: its solver variables and the calls it may run."""
 
     present: Any
+    begin: Any  # its load starts
     ready: Any
-    end: Any  # when its unload starts
+    end: Any  # its unload starts
     slots: int
     runs: list[Any] = field(default_factory=list)
+    askers: list[Any] = field(default_factory=list)  # reactive: which call asked for it
 
 
 def _ticks_down(seconds: float) -> int:
@@ -130,6 +132,7 @@ def solve(
     loads_per_copy: int = 2,
     workers: int = 1,
     hint: Mapping[int, Hint] | None = None,
+    reactive: bool = False,
 ) -> Optimum:
     """The schedule of ``cut`` with the least total wait (see the module docstring).
 
@@ -140,6 +143,11 @@ def solve(
     :class:`Hint`, e.g. a policy's run through :func:`hints_from`) only tells the
     search where to start: the answer is no worse than the hinted schedule when that
     schedule fits the model, and otherwise the hint is ignored where it does not fit.
+
+    ``reactive`` adds one rule: a load starts no earlier than the issue of some call it
+    serves. The schedule still knows the future (which calls come, how long they run),
+    but it cannot have a model ready before anyone asked for it, as no online policy
+    can without a forecast.
     """
     from ortools.sat.python import cp_model  # optional dependency: only the bench needs it
 
@@ -182,7 +190,7 @@ def solve(
                     # the copies of one model on one card follow each other, in order
                     model.add_implication(present, previous.present)
                     model.add(begin >= previous.end + unload).only_enforce_if(present)
-                copy = _Copy(present, begin + load, end, card.slots)
+                copy = _Copy(present, begin, begin + load, end, card.slots)
                 copies[(card.name, m, k)] = previous = copy
         model.add_no_overlap(loading)
         model.add_cumulative(memory, sizes, card.usable_mib)
@@ -203,6 +211,11 @@ def solve(
             model.add(start + durations[j] <= copy.end).only_enforce_if(x)
             copy.runs.append(model.new_optional_fixed_size_interval_var(
                 start, durations[j], x, f"run {j} on {where}"))
+            if reactive:
+                first = model.new_bool_var(f"call {j} asks for {where}")
+                model.add_implication(first, x)
+                model.add(copy.begin >= releases[j]).only_enforce_if(first)
+                copy.askers.append(first)
             mine.append((where, x))
         if not mine:
             raise ValueError(f"call {call.call_id}: no card of the cut holds any of "
@@ -215,6 +228,8 @@ def solve(
             for where, x in mine:
                 model.add_hint(x, where == (h.card, h.model, h.load))
     for copy in copies.values():
+        if reactive:
+            model.add(sum(copy.askers) == copy.present)  # one call asked for the load
         if copy.runs:
             model.add_cumulative(copy.runs, [1] * len(copy.runs), copy.slots)
         else:

@@ -17,7 +17,10 @@ simulator engine's, as far as they bind a schedule:
 
 Times are whole ticks of :data:`TICK_SECONDS`, rounded in the optimum's favour
 (releases, durations, loads and unloads down), so what is solved is a relaxation of the
-continuous problem, never harder. Each card may load each model at most
+continuous problem, never harder; waits are then counted from the true issue times, so
+a call may start up to a tick before it was issued and its wait is a hair below 0.
+Prompt prefill is not modelled (a call's prompt costs nothing), which also only favours
+the optimum. Each card may load each model at most
 ``loads_per_copy`` times over the trace, which bounds the model's size; a schedule that
 needs more reloads than that is not considered (docs/simulator.md discusses the limit).
 
@@ -253,10 +256,11 @@ def solve(
     for j, call in enumerate(cut.calls):
         where = next(w for w, x in choices[j] if solver.boolean_value(x))
         began = solver.value(starts[j]) * TICK_SECONDS
-        placed.append(Placed(call.call_id, where[0], where[1], began,
-                             began - releases[j] * TICK_SECONDS))
-    total = solver.objective_value * TICK_SECONDS
-    bound = solver.best_objective_bound * TICK_SECONDS
+        placed.append(Placed(call.call_id, where[0], where[1], began, began - call.release))
+    # The objective counts from the rounded issue times; the waits from the true ones.
+    rounding = sum(releases) * TICK_SECONDS - sum(c.release for c in cut.calls)
+    total = solver.objective_value * TICK_SECONDS + rounding
+    bound = solver.best_objective_bound * TICK_SECONDS + rounding
     return Optimum(
         calls=len(cut.calls), total_wait=total, bound_total_wait=bound,
         proven=status == cp_model.OPTIMAL, status=name,

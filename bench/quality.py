@@ -124,11 +124,15 @@ def _optimum(
 
 def _one(
     name: str, duration: float | None, console: Console, *, plots: Path | None,
-    optimum: float | None,
+    optimum: float | None, keep_alive: float | None = None,
 ) -> dict[str, Any]:
     scenario = load_scenario(SCENARIOS / f"{name}.yaml")
     if duration is not None:
         scenario = scenario.with_duration(duration)
+    if keep_alive is not None:
+        spec = scenario.spec
+        scenario = scenario.model_copy(update={"spec": spec.model_copy(update={
+            "settings": spec.settings.model_copy(update={"keep_alive_seconds": keep_alive})})})
     result = simulate(scenario)
     console.print(comparison_table(result))
     console.print(wait_sources_table(result))
@@ -190,6 +194,9 @@ def main() -> None:
                         help="write each scenario's wait CDF and card timelines here")
     parser.add_argument("--no-optimum", action="store_true",
                         help="skip the offline optimum (it needs OR-Tools)")
+    parser.add_argument("--keep-alive", type=float, default=None, metavar="SECONDS",
+                        help="the engines' keep-alive for calls that send none (the "
+                             "routers'; kubemoot asks for its own), instead of the file's")
     parser.add_argument("--optimum-seconds", type=float, default=OPTIMUM_TIME_LIMIT,
                         metavar="SECONDS",
                         help="the solver's deterministic time per cut (smoke runs: less)")
@@ -200,7 +207,8 @@ def main() -> None:
     per: dict[str, dict[str, Any]] = {}
     for name in [n for n in args.scenarios.split(",") if n]:
         per[name] = _one(name, args.duration, console, plots=args.plots,
-                         optimum=None if args.no_optimum else args.optimum_seconds)
+                         optimum=None if args.no_optimum else args.optimum_seconds,
+                         keep_alive=args.keep_alive)
     speed = per.get(SPEED_SCENARIO) or next(iter(per.values()))
     to_optimum = [f["meanWaitRatioToOptimum"] for f in per.values()
                   if "meanWaitRatioToOptimum" in f]

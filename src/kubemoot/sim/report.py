@@ -225,19 +225,23 @@ def write_timeline(result: SimulationResult, policies: Sequence[str], path: Path
     palette = plt.get_cmap("tab20")
     colour = {m: palette(i % 20) for i, m in enumerate(models)}
     deepest = max([1] + [max(_queue_steps(run, c)[1]) for run in chosen for c in cards])
+    legend_rows = -(-(len(models) + 3) // 5)
+    legend_inches = 0.25 * legend_rows + 0.1  # the legend under the axis labels
+    height = 1.2 + 0.45 * max(len(cards), 4) + legend_inches
+    last = max(run.end for run in chosen)
     fig: Any
-    fig, axes = plt.subplots(1, len(chosen), figsize=(7 * len(chosen), 1.5 + 0.45 * len(cards)),
+    fig, axes = plt.subplots(1, len(chosen), figsize=(7 * len(chosen), height),
                              sharey=True, squeeze=False)
     for ax, run in zip(axes[0], chosen, strict=True):
         row = {card: i for i, card in enumerate(cards)}
         for card, copies in _lanes(_residencies(run)).items():
             lanes = 1 + max(lane for lane, *_rest in copies)
-            height = 0.7 / lanes  # copies resident together share the card's band
+            band = 0.7 / lanes  # copies resident together share the card's band
             for lane, model, start, end, why in copies:
-                bottom = row[card] - 0.35 + lane * height
-                ax.broken_barh([(start, max(end - start, 0.5))], (bottom, height * 0.9),
+                bottom = row[card] - 0.35 + lane * band
+                ax.broken_barh([(start, max(end - start, 0.5))], (bottom, band * 0.9),
                                facecolors=colour[model])
-                middle = bottom + height * 0.45
+                middle = bottom + band * 0.45
                 if why in ("evicted", "unloaded", "reload"):
                     ax.plot(end, middle, "x", color="red", markersize=7, markeredgewidth=2)
                 elif why == "expired":
@@ -249,7 +253,7 @@ def write_timeline(result: SimulationResult, policies: Sequence[str], path: Path
                             step="post", color="black", alpha=0.45, linewidth=0)
         ax.set_yticks(range(len(cards)), cards)
         ax.set_ylim(-0.6, len(cards) - 0.4)
-        ax.set_xlim(0, run.end)
+        ax.set_xlim(0, last)  # one time axis for both, so their spans compare
         ax.set_xlabel("virtual time (s)")
         ax.set_title(f"{run.report.policy}: {run.report.cold_loads} loads, "
                      f"{run.report.evictions} evictions, mean wait "
@@ -264,7 +268,8 @@ def write_timeline(result: SimulationResult, policies: Sequence[str], path: Path
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5),
                fontsize="small", frameon=False)
     fig.suptitle(f"Scenario {result.scenario}: resident models, unloads and queues per card")
-    fig.tight_layout(rect=(0, 0.04 + 0.02 * (len(labels) // 5), 1, 1))
+    fig.subplots_adjust(left=0.07, right=0.99, wspace=0.04, top=1 - 0.75 / height,
+                        bottom=(legend_inches + 0.55) / height)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

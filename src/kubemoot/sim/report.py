@@ -52,7 +52,7 @@ def comparison_table(result: SimulationResult) -> Table:
             _ratio(r.ratio_to_lower_bound),
         )
     table.caption = (
-        "wait: issue → start of inference (mean, percentiles); "
+        "wait: issue → first token, prefill included (mean, percentiles); "
         "span: mean discussion makespan; loads: cold loads; evict: evictions; lost: stood "
         "aside, refused or failed; ÷LB: mean wait over the lower bound "
         f"({result.bound.mean_wait:.2f} s, see docs/simulator.md). Times in seconds."
@@ -162,7 +162,7 @@ def write_wait_cdf(result: SimulationResult, path: Path) -> Path:
     ax.set_xscale("log")
     ax.set_xlim(floor, longest * 1.5)
     ax.set_ylim(0, 1.01)
-    ax.set_xlabel(f"wait: issue → start of inference, seconds (log scale; "
+    ax.set_xlabel(f"wait: issue → first token, seconds (log scale; "
                   f"waits under {floor:g} s drawn at {floor:g} s)")
     ax.set_ylabel("share of calls that waited at most this long")
     ax.set_title(f"Scenario {result.scenario}: per-call wait CDF "

@@ -149,3 +149,14 @@ async def test_fan_out_goes_to_the_card_with_slots_for_it() -> None:
     assert (alone["action"], alone["provider"]) == ("cold-load", "narrow")
     company = await place(fleet({"qwen3:14b": {"waiters": 5}}), "qwen3:14b")
     assert (company["action"], company["provider"]) == ("cold-load", "wide")
+
+
+def test_calls_queued_ahead_in_this_process_are_company_the_board_has_not_seen() -> None:
+    # A burst issued in one instant: the demand board (read a moment ago) shows nobody,
+    # but two calls of this process already wait in line for the model.
+    cost = _cost(ModelDemand())
+    assert cost.priced_queue(QUEUE).seconds == pytest.approx(10.0)
+    cost.queued_ahead = {"m": 2}
+    assert cost.priced_queue(QUEUE).seconds == pytest.approx(30.0)
+    cost.demand = DemandSnapshot({"m": ModelDemand(waiters=5)})  # the board knows more
+    assert cost.priced_queue(QUEUE).seconds == pytest.approx(50.0)

@@ -140,6 +140,10 @@ class CostModel:
         self._occupancy = occupancy
         #: The demand this round is priced with (victims' reloads, queues' company).
         self.demand = demand
+        #: Calls for a model already queued in this process's line before the asking
+        #: call (:func:`kubemoot.runtime.options.spread`): company the demand board may
+        #: not show yet, when they were issued in the same instant.
+        self.queued_ahead: dict[str, int] = {}
 
     # -- per model -------------------------------------------------------------------
 
@@ -241,7 +245,8 @@ class CostModel:
         weight = self.settings.queue_demand_weight
         if option.kind is not OptionKind.QUEUE or option.seconds <= 0 or weight <= 0:
             return option
-        others = self.demand.of(option.model).demand_besides_one_waiter
+        others = max(self.demand.of(option.model).demand_besides_one_waiter,
+                     float(self.queued_ahead.get(option.model, 0)))
         if others <= 0:
             return option
         return replace(option, seconds=option.seconds * (1.0 + weight * others))

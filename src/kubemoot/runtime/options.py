@@ -154,6 +154,7 @@ def spread(rnd: Round, models: Sequence[str], ahead: int) -> None:
     always has a cheaper one still unpicked), so only they are priced further.
     """
     rnd.ahead.clear()
+    rnd.cost.queued_ahead = {models[0]: ahead} if ahead > 0 else {}
     if ahead <= 0:
         return
     heap: list[tuple[float, int, str, str]] = []

@@ -203,8 +203,27 @@ def copy_options(
 
 
 def warm_options(rnd: Round, model: str) -> list[Option]:
-    """Step 1 and 2: the cheapest few warm or loading copies with a free slot."""
-    return copy_options(rnd, model, free_slot=True, limit=rnd.cost.settings.copy_shortlist)
+    """Step 1 and 2: the cheapest few warm or loading copies with a free slot.
+
+    For a call whose thread a copy's prompt cache holds, a free slot elsewhere that
+    costs more than waiting at that copy (its queue plus the little prefill left) is
+    no cheap case: the one comparison decides between them.
+    """
+    options = copy_options(rnd, model, free_slot=True, limit=rnd.cost.settings.copy_shortlist)
+    holding = _holding_copy(rnd)
+    return [o for o in options if holding is None or o.seconds <= holding]
+
+
+def _holding_copy(rnd: Round) -> float | None:
+    """The cheapest copy that holds the call's thread, queue included; None: none does."""
+    best: float | None = None
+    for provider, model in rnd.prefill:
+        p = rnd.fleet.provider(provider) if provider else None
+        if p is None or not p.has_copy(model):
+            continue
+        seconds = rnd.with_prefill(rnd.copy_option(p, model)).seconds
+        best = seconds if best is None else min(best, seconds)
+    return best
 
 
 def loading_options(rnd: Round, model: str) -> list[Option]:
@@ -323,13 +342,14 @@ def comparison(rnd: Round, models: Sequence[str], *, explain: bool) -> list[Opti
     """Every option of the one comparison (step 4), cheapest first.
 
     Queues at any usable copy of a tolerated model (priced with the calls behind them),
-    cold loads of any tolerated model onto free room, and the preferred model's unload
-    plans. A tolerated model's cold load is in the comparison because the band of
-    quality points is the promise (DESIGN §5, quality stays a gate): when the preferred
-    model's copies are full, loading an in-band candidate onto an idle card serves the
-    overflow instead of queueing it (homelab: 32b's overflow onto a 14b on the other
-    card). Unload plans stay the preferred model's: evicting for a lesser model is
-    never priced. Without ``explain`` only options that can win are priced: a few
+    cold loads of the preferred model onto free room, and the preferred model's unload
+    plans. Once the preferred model has a copy, cold loads of the other tolerated
+    models join them: the band of quality points is the promise (DESIGN §5, quality
+    stays a gate), so when the preferred model's copies are full, loading an in-band
+    candidate onto an idle card serves the overflow instead of queueing it (homelab:
+    32b's overflow onto a 14b on the other card). The preferred model's first copy is
+    never skipped for a lesser one that loads faster, and unload plans stay the
+    preferred model's: evicting for a lesser model is never priced. Without ``explain`` only options that can win are priced: a few
     tightest cold fits (all cold loads of a model cost the same load time), and unload
     plans only when nothing cheaper than their floor — load(M) plus one unload — was
     found.
@@ -340,7 +360,10 @@ def comparison(rnd: Round, models: Sequence[str], *, explain: bool) -> list[Opti
         rnd.with_prefill(rnd.cost.priced_queue(o)) for m in models
         for o in copy_options(rnd, m, free_slot=False, limit=limit, prefill=False)
     ]
-    options += [o for m in models for o in cold_options(rnd, m, limit=limit)]
+    # A lesser model of the band is loaded only for overflow: once the preferred model
+    # has a copy (warm or coming), never instead of its first one.
+    loadable = models if rnd.fleet.index.copies_of(preferred) else models[:1]
+    options += [o for m in loadable for o in cold_options(rnd, m, limit=limit)]
     floor = rnd.cost.unload_floor(preferred)
     cheapest = min((o.seconds for o in options), default=None)
     if explain or cheapest is None or floor is None or cheapest > floor:

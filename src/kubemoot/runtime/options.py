@@ -349,10 +349,10 @@ def comparison(rnd: Round, models: Sequence[str], *, explain: bool) -> list[Opti
     candidate onto an idle card serves the overflow instead of queueing it (homelab:
     32b's overflow onto a 14b on the other card). The preferred model's first copy is
     never skipped for a lesser one that loads faster, and unload plans stay the
-    preferred model's: evicting for a lesser model is never priced. Without ``explain`` only options that can win are priced: a few
-    tightest cold fits (all cold loads of a model cost the same load time), and unload
-    plans only when nothing cheaper than their floor — load(M) plus one unload — was
-    found.
+    preferred model's: evicting for a lesser model is never priced. Without ``explain``
+    only options that can win are priced: a few tightest cold fits (all cold loads of
+    a model cost the same load time), and unload plans only when nothing cheaper than
+    their floor — load(M) plus one unload — was found.
     """
     preferred = models[0]
     limit = None if explain else rnd.cost.settings.copy_shortlist

@@ -78,3 +78,21 @@ def test_a_thread_goes_back_to_the_copy_that_holds_it() -> None:
     rnd.prefill = book.seconds("h", fleet)
     best = options.warm_options(rnd, "m")[0]
     assert (best.provider, best.seconds) == ("b", pytest.approx(1.0))
+
+
+def test_a_free_slot_elsewhere_is_no_cheap_case_when_waiting_for_the_cache_is_cheaper() -> None:
+    from kubemoot.testing.state import ticket
+
+    # "a" has a free slot but would evaluate the whole 20 s prompt; "b" holds the thread
+    # (1 s left to evaluate) and its one slot frees in 15 s: 16 s against 20 s.
+    a = ProviderSnapshot(state=gpu("a", 48, residents={"m": 10}, slots=1), latency_seconds=20)
+    b = ProviderSnapshot(state=gpu("b", 48, residents={"m": 10}, slots=1), latency_seconds=20,
+                         tickets=(ticket("m", age=5),))
+    fleet = FleetSnapshot.of(NOW, [a, b])
+    rnd = Round.of(fleet, DemandSnapshot(), settings=RuntimeSettings(),
+                   occupancy=OccupancyBook(), prompt_tokens=20000)
+    assert [o.provider for o in options.warm_options(rnd, "m")] == ["a"]  # no thread
+    rnd.prefill = {("", ""): 20.0, ("b", "m"): 1.0}
+    assert options.warm_options(rnd, "m") == []
+    rnd.prefill = {("", ""): 10.0, ("b", "m"): 1.0}  # a shorter prompt: the free slot wins
+    assert [o.provider for o in options.warm_options(rnd, "m")] == ["a"]

@@ -14,14 +14,25 @@ under ``perScenario``):
 * ``meanWaitRatioToBestBaseline`` — kubemoot's mean wait over the best baseline's
   (goal ≤ 0.6);
 * ``coldLoadRatioToRoundRobin`` — kubemoot's cold loads over round-robin's (goal ≤ 0.5);
-* ``meanWaitRatioToLowerBound`` — kubemoot's mean wait over the trace's lower bound
-  (goal ≤ 1.5);
+* ``meanWaitRatioToOptimum`` — on a small trace cut from each scenario (a few cards,
+  models and calls; :mod:`kubemoot.sim.cut`), kubemoot's mean wait over the offline
+  optimum's (:mod:`kubemoot.sim.optimum`, OR-Tools CP-SAT; goal ≤ 1.3). When the solver
+  did not prove its schedule optimal within its time limit, the divisor is the best
+  schedule it found, and ``perScenario`` also gives the ratio to its proven bound;
+* ``meanWaitRatioToReactiveOptimum`` — the same over an optimum that may not start a
+  load before some call it serves was issued (no online policy can have a model ready
+  before anyone asked for it): how much of the gap is foresight;
+* ``meanWaitRatioToLowerBound`` — kubemoot's mean wait over the full trace's lower
+  bound (secondary: the bound cannot charge the queueing placement rules impose);
 * ``simSecondsFor100kCalls`` — wall seconds of the kubemoot run per call on fleet-16,
   times 100,000 (goal ≤ 60); ``simCpuSecondsFor100kCalls`` is the same in the process's
   CPU time, which drifts less when other jobs share the machine.
 
 The baselines run exactly as :mod:`kubemoot.sim.policies` defines them; nothing here
-tunes them. Run: ``.venv/bin/python bench/quality.py [--scenarios a,b] [--duration S]``.
+tunes them. Run: ``.venv/bin/python bench/quality.py [--scenarios a,b] [--duration S]
+[--plots DIR] [--no-optimum]`` (the optimum needs ``pip install -e '.[bench]'``).
+``--plots DIR`` writes, per scenario, the wait CDF of every policy and a per-card
+timeline of loads, unloads and queues for kubemoot and the best baseline.
 """
 
 from __future__ import annotations
@@ -37,19 +48,91 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from rich.console import Console  # noqa: E402
 
-from kubemoot.sim import load_scenario, simulate  # noqa: E402
+from kubemoot.sim import (  # noqa: E402
+    Scenario,
+    SimulationResult,
+    build_trace,
+    load_scenario,
+    simulate,
+)
+from kubemoot.sim.cut import cut_trace  # noqa: E402
+from kubemoot.sim.optimum import hints_from, solve  # noqa: E402
 from kubemoot.sim.phases import WaitSource, compare_calls  # noqa: E402
-from kubemoot.sim.report import comparison_table, wait_sources_table  # noqa: E402
+from kubemoot.sim.report import (  # noqa: E402
+    comparison_table,
+    wait_sources_table,
+    write_timeline,
+    write_wait_cdf,
+)
+from kubemoot.sim.simulation import POLICY_NAMES, run_policy  # noqa: E402
 
 SCENARIOS = ROOT / "examples" / "scenarios"
-DEFAULT_SCENARIOS = ("homelab", "fleet-16", "memory-tight", "burst-fanout")
+DEFAULT_SCENARIOS = ("homelab", "fleet-16", "memory-tight", "burst-fanout", "long-discussion")
 SPEED_SCENARIO = "fleet-16"
+#: The cut each scenario's optimum is solved on: cards, models, calls.
+CUT = {"cards": 3, "models": 4, "calls": 40}
+#: The solver's deterministic time per cut (about seconds of one core's work).
+OPTIMUM_TIME_LIMIT = 5.0
 
 
-def _one(name: str, duration: float | None, console: Console) -> dict[str, Any]:
+def _optimum(
+    scenario: Scenario, result: SimulationResult, console: Console, seconds: float,
+) -> dict[str, Any]:
+    """Every policy on the scenario's cut, over the cut's offline optimum."""
+    cut = cut_trace(scenario, build_trace(scenario, seed=result.seed), **CUT)
+    assert cut.scenario is not None and cut.trace is not None
+    runs = {p: run_policy(cut.scenario, cut.trace, p, seed=result.seed) for p in POLICY_NAMES}
+    # The best policy's schedule is where the search starts: it only speeds the search.
+    best = min(runs.values(), key=lambda r: r.report.wait["mean"])
+    hint = hints_from({c: (s.card, s.model, s.started) for c, s in best.served.items()},
+                      best.loads)
+    optimum = solve(cut, time_limit_seconds=seconds, hint=hint)
+    # The same, without loading a model before a call asked for it (no online policy
+    # can): how much of the gap is foresight rather than placement.
+    reactive = solve(cut, time_limit_seconds=seconds, hint=hint, reactive=True)
+    ours = runs["kubemoot"].report.wait["mean"]
+    ratios = {p: round(r.report.wait["mean"] / max(optimum.mean_wait, 1e-9), 3)
+              for p, r in runs.items()}
+    reactive_ratios = {p: round(r.report.wait["mean"] / max(reactive.mean_wait, 1e-9), 3)
+                       for p, r in runs.items()}
+    console.print(
+        f"{scenario.name} cut ({len(cut.cards)} cards {', '.join(c.name for c in cut.cards)}; "
+        f"{len(cut.sizes)} models; {optimum.calls} calls over "
+        f"{cut.calls[-1].release:.0f} s): optimum {optimum.mean_wait:.2f} s "
+        f"({'proven' if optimum.proven else f'not proven; bound {optimum.bound_mean_wait:.2f} s'}"
+        f", solved in {optimum.solve_seconds:.0f} s); mean wait ÷ optimum: "
+        + ", ".join(f"{p} {v:.2f}" for p, v in ratios.items())
+        + f"; reactive optimum {reactive.mean_wait:.2f} s ("
+        + ("proven" if reactive.proven else f"not proven; bound {reactive.bound_mean_wait:.2f} s")
+        + "): " + ", ".join(f"{p} {v:.2f}" for p, v in reactive_ratios.items())
+        + f"; kubemoot's {ours:.2f} s by source: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in runs["kubemoot"].report.wait_parts.items())
+    )
+    return {
+        "optimum": optimum.to_json(),
+        "cardsModelsCalls": [len(cut.cards), len(cut.sizes), optimum.calls],
+        "kubemootMeanWaitSeconds": ours,
+        "kubemootMeanWaitBySource": dict(runs["kubemoot"].report.wait_parts),
+        "meanWaitRatioToOptimum": ratios["kubemoot"],
+        "meanWaitRatioToOptimumBound": round(ours / max(optimum.bound_mean_wait, 1e-9), 3),
+        "everyPolicyRatioToOptimum": ratios,
+        "reactiveOptimum": reactive.to_json(),
+        "meanWaitRatioToReactiveOptimum": reactive_ratios["kubemoot"],
+        "everyPolicyRatioToReactiveOptimum": reactive_ratios,
+    }
+
+
+def _one(
+    name: str, duration: float | None, console: Console, *, plots: Path | None,
+    optimum: float | None, keep_alive: float | None = None,
+) -> dict[str, Any]:
     scenario = load_scenario(SCENARIOS / f"{name}.yaml")
     if duration is not None:
         scenario = scenario.with_duration(duration)
+    if keep_alive is not None:
+        spec = scenario.spec
+        scenario = scenario.model_copy(update={"spec": spec.model_copy(update={
+            "settings": spec.settings.model_copy(update={"keep_alive_seconds": keep_alive})})})
     result = simulate(scenario)
     console.print(comparison_table(result))
     console.print(wait_sources_table(result))
@@ -64,6 +147,9 @@ def _one(name: str, duration: float | None, console: Console) -> dict[str, Any]:
         f"kubemoot than under herd-like ({versus.extra_seconds:.0f} s extra in all; their "
         f"waits under kubemoot by source: {sources or 'none'})"
     )
+    if plots is not None:
+        write_wait_cdf(result, plots / f"{name}-wait-cdf.png")
+        write_timeline(result, ("kubemoot", best.policy), plots / f"{name}-timeline.png")
     figures = {
         "meanWaitSeconds": ours.wait["mean"],
         "bestBaseline": best.policy,
@@ -81,6 +167,11 @@ def _one(name: str, duration: float | None, console: Console) -> dict[str, Any]:
         "simSecondsPerCall": ours.wall_seconds / max(ours.calls, 1),
         "simCpuSecondsPerCall": ours.cpu_seconds / max(ours.calls, 1),
     }
+    if optimum is not None:
+        figures["cut"] = _optimum(scenario, result, console, optimum)
+        figures["meanWaitRatioToOptimum"] = figures["cut"]["meanWaitRatioToOptimum"]
+        figures["meanWaitRatioToReactiveOptimum"] = figures["cut"][
+            "meanWaitRatioToReactiveOptimum"]
     console.print(
         f"{name}: kubemoot mean wait {ours.wait['mean']:.2f} s, best baseline {best.policy} "
         f"{best.wait['mean']:.2f} s (ratio {figures['meanWaitRatioToBestBaseline']:.3f}); cold "
@@ -99,14 +190,34 @@ def main() -> None:
                         help="comma-separated scenario names from examples/scenarios")
     parser.add_argument("--duration", type=float, default=None,
                         help="shorten every scenario to this many seconds (smoke runs)")
+    parser.add_argument("--plots", type=Path, default=None, metavar="DIR",
+                        help="write each scenario's wait CDF and card timelines here")
+    parser.add_argument("--no-optimum", action="store_true",
+                        help="skip the offline optimum (it needs OR-Tools)")
+    parser.add_argument("--keep-alive", type=float, default=None, metavar="SECONDS",
+                        help="the engines' keep-alive for calls that send none (the "
+                             "routers'; kubemoot asks for its own), instead of the file's")
+    parser.add_argument("--optimum-seconds", type=float, default=OPTIMUM_TIME_LIMIT,
+                        metavar="SECONDS",
+                        help="the solver's deterministic time per cut (smoke runs: less)")
     args = parser.parse_args()
     console = Console(width=110)
+    if args.plots is not None:
+        args.plots.mkdir(parents=True, exist_ok=True)
     per: dict[str, dict[str, Any]] = {}
     for name in [n for n in args.scenarios.split(",") if n]:
-        per[name] = _one(name, args.duration, console)
+        per[name] = _one(name, args.duration, console, plots=args.plots,
+                         optimum=None if args.no_optimum else args.optimum_seconds,
+                         keep_alive=args.keep_alive)
     speed = per.get(SPEED_SCENARIO) or next(iter(per.values()))
+    to_optimum = [f["meanWaitRatioToOptimum"] for f in per.values()
+                  if "meanWaitRatioToOptimum" in f]
     print(json.dumps({
         "meanWaitRatioToBestBaseline": max(f["meanWaitRatioToBestBaseline"] for f in per.values()),
+        "meanWaitRatioToOptimum": max(to_optimum) if to_optimum else None,
+        "meanWaitRatioToReactiveOptimum": max(
+            (f["meanWaitRatioToReactiveOptimum"] for f in per.values()
+             if "meanWaitRatioToReactiveOptimum" in f), default=None),
         "coldLoadRatioToRoundRobin": max(f["coldLoadRatioToRoundRobin"] for f in per.values()),
         "meanWaitRatioToLowerBound": max(f["meanWaitRatioToLowerBound"] for f in per.values()),
         "simSecondsFor100kCalls": round(speed["simSecondsPerCall"] * 100_000, 1),

@@ -188,8 +188,11 @@ async def test_e03b_queue_at_the_warm_candidate(declared: int | None) -> None:
     # Step 3 converges on the copy of the preferred model already loading, before the
     # one comparison, though queueing at the warm candidate would be a little sooner.
     assert (out["action"], out["provider"], out["model"]) == ("queue", "l-a", "qwen3:14b")
-    # l-a: 8 s of load left, then one 30 s call ahead; c-b: 15 s + one 20 s call.
+    # l-a: 8 s of load left, then one 30 s call ahead; c-b: 15 s + one 20 s call. The
+    # in-band candidate's cold load beside the coming copy is priced too (8 GiB at
+    # 1 GiB/s, plus the best-fit term for the 3 GiB left), yet step 3 still converges.
     assert sorted(options(out), key=lambda o: o[3]) == [
+        ("cold-load", "l-a", "qwen3:8b", 8.003),
         ("queue", "c-b", "qwen3:8b", 35.0), ("queue", "l-a", "qwen3:14b", 38.0)]
 
 

@@ -37,8 +37,10 @@ def test_a_cold_call_waits_for_its_load_and_the_second_for_a_slot() -> None:
 
     first, second = run_virtual(main())
     # 10 GiB at 1 GiB/s: both wait 10 s for the load; the second then 5 s for the slot.
-    assert first.split() == {"slot": 0.0, "load": 10.0, "eviction": 0.0, "memory": 0.0}
-    assert second.split() == {"slot": 5.0, "load": 10.0, "eviction": 0.0, "memory": 0.0}
+    assert first.split() == {"slot": 0.0, "load": 10.0, "eviction": 0.0, "memory": 0.0,
+                             "prefill": 0.0}
+    assert second.split() == {"slot": 5.0, "load": 10.0, "eviction": 0.0, "memory": 0.0,
+                             "prefill": 0.0}
 
 
 def test_time_in_the_engine_queue_while_a_model_unloads_is_eviction() -> None:
@@ -50,7 +52,8 @@ def test_time_in_the_engine_queue_while_a_model_unloads_is_eviction() -> None:
         return phases
 
     phases = run_virtual(main())
-    assert phases.split() == {"slot": 0.0, "load": 20.0, "eviction": 1.0, "memory": 0.0}
+    assert phases.split() == {"slot": 0.0, "load": 20.0, "eviction": 1.0, "memory": 0.0,
+                             "prefill": 0.0}
 
 
 def test_a_policy_that_unloads_before_sending_is_charged_eviction() -> None:
@@ -65,7 +68,8 @@ def test_a_policy_that_unloads_before_sending_is_charged_eviction() -> None:
         return phases
 
     phases = run_virtual(main())
-    assert phases.split() == {"slot": 0.0, "load": 20.0, "eviction": 1.0, "memory": 0.0}
+    assert phases.split() == {"slot": 0.0, "load": 20.0, "eviction": 1.0, "memory": 0.0,
+                             "prefill": 0.0}
 
 
 def test_time_before_the_engine_is_a_slot_wait_only_when_it_ended_on_a_warm_copy() -> None:
@@ -95,3 +99,32 @@ def test_compare_calls_counts_only_calls_that_waited_longer_by_the_margin() -> N
     comparison = compare_calls(ours, theirs, margin=1.0)
     assert (comparison.calls, comparison.worse, comparison.extra_seconds) == (2, 1, 4.0)
     assert comparison.by_source["slot"] == 5.0
+
+
+def test_a_thread_on_the_slot_that_served_it_prefills_only_its_newest_step() -> None:
+    # 0.001 s a token. The first call evaluates its whole 1000-token prompt (1 s); the
+    # thread's second call shares the first 1000 tokens with what the one slot holds
+    # and evaluates only its newest 500 (0.5 s). A call of another thread then starts
+    # from nothing again (1500 tokens, 1.5 s), and its prefill is part of its wait.
+    from kubemoot.emulation.prompt import Prompt
+
+    async def main() -> list[WaitPhases]:
+        gpu = EmulatedGpu("g", sizes_mib=SIZES, vram_mib=24576, max_parallel=1,
+                          prefill_seconds_per_token=0.001)
+        out = []
+        for prompt in (Prompt.thread("a", [], system=1000),
+                       Prompt.thread("a", [500], system=1000),
+                       Prompt.thread("b", [500], system=1000)):
+            phases = WaitPhases(asyncio.get_running_loop().time())
+            CURRENT_CALL.set(phases)
+            await gpu.serve("small", 1.0, prompt=prompt)
+            out.append(phases)
+        await gpu.close()
+        return out
+
+    first, second, other = run_virtual(main())
+    assert [p.split()[WaitSource.PREFILL] for p in (first, second, other)] == pytest.approx(
+        [1.0, 0.5, 1.5])
+    assert first.split()[WaitSource.LOAD] == pytest.approx(4.0)  # 4 GiB at 1 GiB/s
+    assert second.split() == {"slot": 0.0, "load": 0.0, "eviction": 0.0, "memory": 0.0,
+                              "prefill": pytest.approx(0.5)}

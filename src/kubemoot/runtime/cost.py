@@ -15,14 +15,20 @@ unit so that one comparison decides between them::
     demand(V)      = waiters + intents + 0.5 · (recentUse + prediction)
 
     warm/loading copy : remaining + queue
-    cold load         : load(M) + 0.001 · freeAfter / GiB
+    cold load         : load(M) + 0.001 · freeAfter / GiB + max(0, k − s) · latency / s
     unload plan       : load(M) + Σ (unload + load(v) · demand(v))
 
 In the one comparison a queue is priced with the calls expected behind it
 (:meth:`CostModel.priced_queue`): ``(remaining + queue) · (1 + w · others(M))``, where
 ``others(M)`` is the demand for the model not counting the caller's own wait entry.
 Those calls wait too, and a second copy would shorten their waits as well; a call alone
-(no other demand) still never duplicates a model to dodge a busy slot. Ties between
+(no other demand) still never duplicates a model to dodge a busy slot.
+
+A cold load is priced with the queueing it will cause (the slot-aware term): ``k`` calls
+expected for the model within its load time (:meth:`CostModel.expected_calls`) share the
+new copy's ``s`` slots, so the ``k − s`` beyond them wait a share of a call each. With no
+company ``k`` is 1 and the term vanishes, which keeps the spec's worked examples exact.
+Ties between
 equally cheap copies go to the one with fewer calls in flight, then the provider name.
 """
 
@@ -134,6 +140,10 @@ class CostModel:
         self._occupancy = occupancy
         #: The demand this round is priced with (victims' reloads, queues' company).
         self.demand = demand
+        #: Calls for a model already queued in this process's line before the asking
+        #: call (:func:`kubemoot.runtime.options.spread`): company the demand board may
+        #: not show yet, when they were issued in the same instant.
+        self.queued_ahead: dict[str, int] = {}
 
     # -- per model -------------------------------------------------------------------
 
@@ -235,10 +245,36 @@ class CostModel:
         weight = self.settings.queue_demand_weight
         if option.kind is not OptionKind.QUEUE or option.seconds <= 0 or weight <= 0:
             return option
-        others = self.demand.of(option.model).demand_besides_one_waiter
+        others = max(self.demand.of(option.model).demand_besides_one_waiter,
+                     float(self.queued_ahead.get(option.model, 0)))
         if others <= 0:
             return option
         return replace(option, seconds=option.seconds * (1.0 + weight * others))
+
+    def expected_calls(self, model: str, within: float) -> float:
+        """Calls expected for ``model`` within ``within`` seconds, the asking one included.
+
+        The asking call, the other waiters and the intents are certain; recent use is a
+        count decayed with time constant ``W`` (the demand use window), so about
+        ``recent_use / W`` calls arrive per second and ``recent_use · within / W`` of
+        them in the window. The selection forecast is a share, not a rate: left out.
+        """
+        d = self.demand.of(model)
+        window = self.settings.demand_use_window_seconds
+        arriving = d.recent_use * within / window if window > 0 else 0.0
+        return 1.0 + max(0, d.waiters - 1) + d.intents + arriving
+
+    def crowding(self, p: ProviderSnapshot, model: str, occupancy: int) -> float:
+        """Seconds of slot queueing a new copy on ``p`` will cause: ``max(0, k − s) · latency / s``.
+
+        ``k`` calls expected over the load (:meth:`expected_calls`) share the copy's
+        ``s`` slots; each one beyond them waits about a call's latency spread over the
+        slots. This is what stops best fit from sending a fan-out model to the card with
+        the fewest slots (DESIGN §5, slot-aware cold loads).
+        """
+        k = self.expected_calls(model, load_seconds(occupancy, self.settings))
+        slots = p.slots
+        return max(0.0, k - slots) * p.latency_seconds / slots
 
     def cold_option(self, p: ProviderSnapshot, model: str, occupancy: int) -> Option:
         """Load ``model`` onto free room on ``p`` (the caller checked it fits)."""
@@ -246,6 +282,7 @@ class CostModel:
         free_after_gib = (free - occupancy) / MIB_PER_GIB
         seconds = load_seconds(occupancy, self.settings)
         seconds += BEST_FIT_SECONDS_PER_GIB * free_after_gib
+        seconds += self.crowding(p, model, occupancy)
         return Option(OptionKind.COLD_LOAD, p.name, model, seconds, footprint_mib=occupancy)
 
     def unload_option(

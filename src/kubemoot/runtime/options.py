@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kubemoot.gates.results import GateResult
 from kubemoot.runtime import filters
@@ -49,6 +49,10 @@ class Round:
     #: the fleet before any provider was excluded (``None``: nothing was); a refusal is
     #: judged on it, since an excluded provider still shows what would fit and where
     whole: FleetSnapshot | None = None
+    #: expected prefill per copy ``(provider, model)`` of a call whose thread a copy's
+    #: prompt cache may hold, and under ``("", "")`` anywhere else (the whole prompt);
+    #: empty for a call with no thread (:meth:`kubemoot.runtime.prefix.PrefixBook.seconds`)
+    prefill: dict[tuple[str, str], float] = field(default_factory=dict)
     _priced: dict[tuple[str, str, int], Option] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -97,6 +101,19 @@ class Round:
             option = self._priced[key] = self.cost.copy_option(p, model, ahead=ahead)
         return option
 
+    def with_prefill(self, option: Option) -> Option:
+        """The option with the prefill its copy's prompt cache leaves to do.
+
+        Every option of a call with a thread pays the prefill of its whole prompt,
+        except on a copy whose cache still holds the thread: there only what the thread
+        added since. Without a thread nothing is added, so the spec's worked examples
+        stay exact.
+        """
+        if not self.prefill:
+            return option
+        seconds = self.prefill.get((option.provider, option.model), self.prefill[("", "")])
+        return replace(option, seconds=option.seconds + seconds) if seconds else option
+
     def provider_of(self, option: Option) -> ProviderSnapshot:
         p = self.fleet.provider(option.provider)
         if p is None:  # options are only ever made from the round's own providers
@@ -137,6 +154,7 @@ def spread(rnd: Round, models: Sequence[str], ahead: int) -> None:
     always has a cheaper one still unpicked), so only they are priced further.
     """
     rnd.ahead.clear()
+    rnd.cost.queued_ahead = {models[0]: ahead} if ahead > 0 else {}
     if ahead <= 0:
         return
     heap: list[tuple[float, int, str, str]] = []
@@ -159,7 +177,8 @@ def spread(rnd: Round, models: Sequence[str], ahead: int) -> None:
 
 
 def copy_options(
-    rnd: Round, model: str, *, free_slot: bool, limit: int | None = None
+    rnd: Round, model: str, *, free_slot: bool, limit: int | None = None,
+    prefill: bool = True,
 ) -> list[Option]:
     """Warm or loading copies of ``model`` that pass the warm filter, cheapest first.
 
@@ -174,7 +193,8 @@ def copy_options(
         ahead = rnd.ahead_of(p.name, model)
         if free_slot and not p.has_free_slot(model, ahead=ahead):
             continue
-        options.append(rnd.copy_option(p, model, ahead))
+        option = rnd.copy_option(p, model, ahead)
+        options.append(rnd.with_prefill(option) if prefill else option)
     options.sort(key=Option.sort_key)
     if limit is not None:
         del options[limit:]
@@ -183,8 +203,27 @@ def copy_options(
 
 
 def warm_options(rnd: Round, model: str) -> list[Option]:
-    """Step 1 and 2: the cheapest few warm or loading copies with a free slot."""
-    return copy_options(rnd, model, free_slot=True, limit=rnd.cost.settings.copy_shortlist)
+    """Step 1 and 2: the cheapest few warm or loading copies with a free slot.
+
+    For a call whose thread a copy's prompt cache holds, a free slot elsewhere that
+    costs more than waiting at that copy (its queue plus the little prefill left) is
+    no cheap case: the one comparison decides between them.
+    """
+    options = copy_options(rnd, model, free_slot=True, limit=rnd.cost.settings.copy_shortlist)
+    holding = _holding_copy(rnd)
+    return [o for o in options if holding is None or o.seconds <= holding]
+
+
+def _holding_copy(rnd: Round) -> float | None:
+    """The cheapest copy that holds the call's thread, queue included; None: none does."""
+    best: float | None = None
+    for provider, model in rnd.prefill:
+        p = rnd.fleet.provider(provider) if provider else None
+        if p is None or not p.has_copy(model):
+            continue
+        seconds = rnd.with_prefill(rnd.copy_option(p, model)).seconds
+        best = seconds if best is None else min(best, seconds)
+    return best
 
 
 def loading_options(rnd: Round, model: str) -> list[Option]:
@@ -225,10 +264,12 @@ def loading_queue(rnd: Round, models: Sequence[str]) -> Option | None:
 def cold_options(rnd: Round, model: str, *, limit: int | None = None) -> list[Option]:
     """Loads of ``model`` onto free room, on providers where it has no copy.
 
-    With ``limit`` only that many of the tightest fits are listed (they are the
-    cheapest: every cold load of a model costs the same load time plus the best-fit
-    term), found through the room index; without it every provider is judged and its
-    gates recorded (for an explanation).
+    With ``limit`` only that many of the tightest fits are listed, found through the
+    room index: every cold load of a model costs the same load time plus the best-fit
+    term, which grows with the hole left, plus the slot-aware crowding term. A looser
+    fit can only win on crowding, so the scan goes on past ``limit`` until some listed
+    load crowds nothing. Without ``limit`` every provider is judged and its gates
+    recorded (for an explanation).
     """
     occupancy = rnd.cost.occupancy(model)
     if limit is not None:
@@ -238,6 +279,7 @@ def cold_options(rnd: Round, model: str, *, limit: int | None = None) -> list[Op
     else:
         providers = rnd.fleet.providers
     options: list[Option] = []
+    uncrowded = False
     for p in providers:
         if p.has_copy(model):
             continue
@@ -246,8 +288,10 @@ def cold_options(rnd: Round, model: str, *, limit: int | None = None) -> list[Op
             resident=p.resident_total + p.loading_mib, prompt_tokens=rnd.prompt_tokens,
         )
         if rnd.record(p.name, model, gates) and occupancy is not None:
-            options.append(rnd.cost.cold_option(p, model, occupancy))
-            if limit is not None and len(options) >= limit:
+            option = rnd.with_prefill(rnd.cost.cold_option(p, model, occupancy))
+            options.append(option)
+            uncrowded = uncrowded or rnd.cost.crowding(p, model, occupancy) == 0
+            if limit is not None and len(options) >= limit and uncrowded:
                 break
     return sorted(options, key=Option.sort_key)
 
@@ -287,7 +331,8 @@ def unload_options(rnd: Round, model: str) -> list[Option]:
             ))
         rnd.gates[f"{p.name}/{model} (unload)"] = gates
         if victims:
-            options.append(rnd.cost.unload_option(p, model, occupancy, victims))
+            options.append(rnd.with_prefill(
+                rnd.cost.unload_option(p, model, occupancy, victims)))
     return sorted(options, key=Option.sort_key)
 
 
@@ -298,18 +343,28 @@ def comparison(rnd: Round, models: Sequence[str], *, explain: bool) -> list[Opti
     """Every option of the one comparison (step 4), cheapest first.
 
     Queues at any usable copy of a tolerated model (priced with the calls behind them),
-    cold loads of the preferred model and its unload plans. Without ``explain`` only
-    options that can win are priced: a few tightest cold fits (all cold loads of a model
-    cost the same load time), and unload plans only when nothing cheaper than their
-    floor — load(M) plus one unload — was found.
+    cold loads of the preferred model onto free room, and the preferred model's unload
+    plans. Once the preferred model has a copy, cold loads of the other tolerated
+    models join them: the band of quality points is the promise (DESIGN §5, quality
+    stays a gate), so when the preferred model's copies are full, loading an in-band
+    candidate onto an idle card serves the overflow instead of queueing it (homelab:
+    32b's overflow onto a 14b on the other card). The preferred model's first copy is
+    never skipped for a lesser one that loads faster, and unload plans stay the
+    preferred model's: evicting for a lesser model is never priced. Without ``explain``
+    only options that can win are priced: a few tightest cold fits (all cold loads of
+    a model cost the same load time), and unload plans only when nothing cheaper than
+    their floor — load(M) plus one unload — was found.
     """
     preferred = models[0]
     limit = None if explain else rnd.cost.settings.copy_shortlist
-    options = [
-        rnd.cost.priced_queue(o) for m in models
-        for o in copy_options(rnd, m, free_slot=False, limit=limit)
+    options = [  # the company multiplies the wait, not the call's own prefill
+        rnd.with_prefill(rnd.cost.priced_queue(o)) for m in models
+        for o in copy_options(rnd, m, free_slot=False, limit=limit, prefill=False)
     ]
-    options += cold_options(rnd, preferred, limit=limit)
+    # A lesser model of the band is loaded only for overflow: once the preferred model
+    # has a copy (warm or coming), never instead of its first one.
+    loadable = models if rnd.fleet.index.copies_of(preferred) else models[:1]
+    options += [o for m in loadable for o in cold_options(rnd, m, limit=limit)]
     floor = rnd.cost.unload_floor(preferred)
     cheapest = min((o.seconds for o in options), default=None)
     if explain or cheapest is None or floor is None or cheapest > floor:
@@ -371,19 +426,23 @@ def could_help(
     best: float,
     occupancy: int | None,
     settings: RuntimeSettings,
+    smallest_mib: int | None = None,
 ) -> bool:
     """Whether a change on ``changed`` providers can beat a queue that costs ``best``.
 
     A queued call gains from a slot or copy of a model it accepts, from room to load
-    its preferred model (of ``occupancy``) when the queue costs more than that load,
-    and from a card that could take it after unloads when the queue costs more than
-    the cheapest possible unload plan. Nothing else can give it a better option.
+    a model it accepts when the queue costs more than that load (``smallest_mib``: the
+    smallest of them, which needs the least room and loads fastest; by default the
+    preferred model's ``occupancy``), and from a card that could take the preferred
+    model after unloads when the queue costs more than the cheapest possible unload
+    plan. Nothing else can give it a better option.
     """
     if not changed:
         return False
     if occupancy is None:
         return True  # nothing to judge the room by
-    load = load_seconds(occupancy, settings)
+    room = occupancy if smallest_mib is None else min(occupancy, smallest_mib)
+    load = load_seconds(room, settings)
     unload_floor = unload_floor_seconds(occupancy, settings)
     for name in changed:
         p = fleet.provider(name)
@@ -392,7 +451,7 @@ def could_help(
         if any(p.has_copy(m) for m in models):
             return True
         usable, free = p.usable_mib, p.free_mib
-        if best > load and free is not None and free >= occupancy:
+        if best > load and free is not None and free >= room:
             return True
         if best > unload_floor and usable is not None and usable >= occupancy:
             return True

@@ -39,6 +39,7 @@ from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.options import Round
 from kubemoot.runtime.placement import Action, CallPlacement, Candidate
+from kubemoot.runtime.prefix import PrefixBook
 from kubemoot.runtime.record import build_record
 from kubemoot.runtime.refusals import GpuBusy, Reason, Refusal, classify
 from kubemoot.runtime.settings import RuntimeSettings
@@ -91,6 +92,9 @@ class CallPlanner:
         self._max_rounds = max_rounds
         self._demand_seen: DemandSnapshot | None = None
         self._demand_read_at = float("-inf")
+        #: what the engines' prompt caches hold by this process's records (None: calls
+        #: are priced without prefill, as DESIGN §5's formulas are)
+        self.prefix: PrefixBook | None = None
 
     def invalidate(self) -> None:
         """Forget cached provider state (after a capacity change another process made).
@@ -181,6 +185,7 @@ class CallPlanner:
         models = [c.model for c in acceptable]
         for _ in range(self._max_rounds):
             rnd = await self.new_round(prompt_tokens, exclude=exclude)
+            self._prefill(rnd, holder_id)
             options.spread(rnd, models, ahead)
             placement = await self._place_round(rnd, models, holder_id, ticket_state, explain)
             if placement is not None and not await self.admit(placement):
@@ -189,9 +194,15 @@ class CallPlanner:
                 return placement
         # Every round lost its claim to a concurrent change: treat it as busy.
         rnd = await self.new_round(prompt_tokens, exclude=exclude)
+        self._prefill(rnd, holder_id)
         options.spread(rnd, models, ahead)
         return self._unplaced(rnd, models, options.comparison(rnd, models, explain=True),
                               GpuBusy())
+
+    def _prefill(self, rnd: Round, holder_id: str) -> None:
+        """Price the call's prefill per copy when a prefix book knows its thread."""
+        if self.prefix is not None:
+            rnd.prefill = self.prefix.seconds(holder_id, rnd.fleet)
 
     async def _place_round(
         self, rnd: Round, models: list[str], holder_id: str, state: TicketState, explain: bool

@@ -95,6 +95,10 @@ class RuntimeSettings:
     #: placement lists and tries when it is not explaining itself: the rest could only
     #: win if all of these went away.
     copy_shortlist: int = 3
+    #: How long the runtime asks an engine to keep a copy after its last call. Its own
+    #: unload plans make room whenever a load needs it, so a copy need not expire on
+    #: Ollama's 5-minute default only to be loaded again minutes later.
+    engine_keep_alive_seconds: float = 1800.0
 
     # -- the process around the runtime ------------------------------------------------
 

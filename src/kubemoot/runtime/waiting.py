@@ -304,10 +304,12 @@ class CapacityWaiter:
         planner = self._planner
         models = [c.model for c in planner.in_tolerance(key[0])]
         queued = line[-1].last.options  # the longest backlog decides what could help
+        sizes = [planner.occupancy.occupancy(m, fleet) for m in models]
+        known = [s for s in sizes if s is not None]
         return could_help(
             fleet, models, changed, best=queued[0].seconds if queued else float("inf"),
-            occupancy=planner.occupancy.occupancy(models[0], fleet),
-            settings=planner.settings,
+            occupancy=sizes[0], settings=planner.settings,
+            smallest_mib=min(known) if known else None,
         )
 
     async def _try(self, waiter: _Waiter) -> bool:

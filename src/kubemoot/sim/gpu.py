@@ -141,12 +141,14 @@ class EmulatedGpu:
         engine's word on which thread's prefix it still holds."""
         return self.engine.cached_prompts(model)
 
-    async def _acquire(self, model: str, num_ctx: int | None = None) -> EngineCopy:
+    async def _acquire(self, model: str, num_ctx: int | None = None,
+                       keep_alive: float | None = None) -> EngineCopy:
         if model not in self._sizes:
             raise ProviderError(f"unknown model {model}", provider=self.name)
         try:
             got = await self.engine.acquire(model, self._sizes[model],
-                                            context_length=self.context_for(num_ctx))
+                                            context_length=self.context_for(num_ctx),
+                                            keep_alive=keep_alive)
         except EngineError as error:  # the card refuses it (a model larger than the card)
             raise ProviderError(str(error), provider=self.name) from None
         phases = CURRENT_CALL.get()
@@ -161,20 +163,25 @@ class EmulatedGpu:
                 phases.runner_ready = got.ready_at
         return got.copy
 
-    async def serve(self, model: str, duration: float) -> float:
-        """Run one call of ``duration`` seconds; returns when inference started."""
-        return (await self.serve_prompt(model, duration)).started
+    async def serve(self, model: str, duration: float, *,
+                    keep_alive: float | None = None, prompt: Prompt | None = None) -> float:
+        """Run one call of ``duration`` seconds; returns when generation started: the
+        first token, once the prompt's uncached part was evaluated (prefill)."""
+        served = await self.serve_prompt(model, duration, keep_alive=keep_alive, prompt=prompt)
+        return served.first_token_at
 
     async def serve_prompt(self, model: str, duration: float, *,
                            prompt: Prompt | None = None,
-                           num_ctx: int | None = None) -> Served:
+                           num_ctx: int | None = None,
+                           keep_alive: float | None = None) -> Served:
         """Run one call: the engine cuts ``prompt`` to the context if it must, the slot
         evaluates what its cache does not hold (prefill), then ``duration`` seconds of
-        generation. ``num_ctx`` other than the copy's reloads it, as Ollama does."""
+        generation. ``num_ctx`` other than the copy's reloads it, as Ollama does.
+        ``keep_alive`` is the request's, as Ollama's field (None: the card's default)."""
         engine = self.engine
         context = self.context_for(num_ctx)
         fitted = engine.fit(prompt, context) if prompt is not None else None
-        copy = await self._acquire(model, num_ctx)
+        copy = await self._acquire(model, num_ctx, keep_alive)
         try:
             grant = await engine.take_slot(copy, fitted.prompt if fitted else None)
             started = engine.clock.now()
@@ -183,6 +190,8 @@ class EmulatedGpu:
                 phases.started = started
             self._events.call_started(self.name, model, started)
             prefill = engine.prefill_seconds(grant)
+            if phases is not None:
+                phases.first_token = started + prefill
             try:
                 await engine.clock.sleep(prefill + duration)
             finally:
@@ -217,8 +226,8 @@ class EmulatedGpu:
             loaded_models=loaded, loaded_model_footprints=dict(self.engine.footprints),
         )
 
-    async def preload(self, model: str) -> None:
-        copy = await self._acquire(model)
+    async def preload(self, model: str, *, keep_alive: float | None = None) -> None:
+        copy = await self._acquire(model, keep_alive=keep_alive)
         self.engine.release(copy)
 
     async def unload(self, model: str) -> None:

@@ -142,7 +142,7 @@ class Recorder(GpuEvents):
 
 
 def _wait(call: _CallRecord) -> float:
-    """Issue → start of inference."""
+    """Issue → first token (the start of inference plus the prefill, if any)."""
     return (call.outcome.started or call.issued) - call.issued
 
 

@@ -1,7 +1,8 @@
-"""Where one call's wait went: slot queueing, load, eviction or memory.
+"""Where one call's wait went: slot queueing, load, eviction, memory or prefill.
 
-A call's wait runs from the moment it is issued to the start of inference. The
-simulator splits it into four parts, measured on the emulated engine and by the policy:
+A call's wait runs from the moment it is issued to its first token: the start of
+inference plus the prefill of what its slot's prompt cache did not hold. The
+simulator splits it into five parts, measured on the emulated engine and by the policy:
 
 * **eviction** — time the call spent while models were being unloaded for it: unloads
   a policy made before sending the call (the runtime's unload plans), and, while the
@@ -13,9 +14,11 @@ simulator splits it into four parts, measured on the emulated engine and by the 
   or, for a policy that queues calls itself (the runtime's *queue* answer), before a
   warm copy took it;
 * **memory** — the rest: waiting for room on a card with nothing loading or unloading
-  (the runtime's *wait* answer, or an engine queue stuck behind busy models).
+  (the runtime's *wait* answer, or an engine queue stuck behind busy models);
+* **prefill** — evaluating the part of the call's prompt that its engine slot did not
+  hold in its prompt cache, before the first token (0 for a prompt with no blocks).
 
-The four parts add up to the wait exactly. The record travels with the call through a
+The five parts add up to the wait exactly. The record travels with the call through a
 context variable, so neither the policies nor the runtime need a new parameter.
 """
 
@@ -29,12 +32,13 @@ __all__ = ["CURRENT_CALL", "CallComparison", "WaitPhases", "WaitSource", "compar
 
 
 class WaitSource(StrEnum):
-    """The four parts a call's wait splits into (the module docstring), in report order."""
+    """The five parts a call's wait splits into (the module docstring), in report order."""
 
     SLOT = "slot"
     LOAD = "load"
     EVICTION = "eviction"
     MEMORY = "memory"
+    PREFILL = "prefill"
 
 
 @dataclass(slots=True)
@@ -46,13 +50,15 @@ class WaitPhases:
     engine_assigned: float | None = None  # the engine gave it a runner
     runner_ready: float | None = None  # that runner's model was ready
     started: float | None = None  # inference started (a slot was free)
+    first_token: float | None = None  # the prompt was evaluated (prefill done)
     policy_evicting: float = 0.0  # unloads the policy waited for before sending
     queue_evicting: float = 0.0  # engine-queue time while the card was unloading
     queue_loading: float = 0.0  # engine-queue time while the card was loading another model
     joined_warm: bool = False  # the policy's wait ended on a warm copy (runtime queue answer)
 
     def split(self) -> dict[WaitSource, float]:
-        """The wait in four parts that add up to ``started − issued``."""
+        """The wait in five parts that add up to ``first_token − issued`` (``started −
+        issued`` when no prompt was evaluated)."""
         parts = dict.fromkeys(WaitSource, 0.0)
         if self.started is None or self.engine_request is None:
             return parts
@@ -72,6 +78,8 @@ class WaitPhases:
         ready = self.runner_ready if self.runner_ready is not None else assigned
         parts[WaitSource.LOAD] += max(0.0, ready - assigned)
         parts[WaitSource.SLOT] += max(0.0, self.started - ready)
+        if self.first_token is not None:
+            parts[WaitSource.PREFILL] += max(0.0, self.first_token - self.started)
         return parts
 
 

@@ -86,7 +86,7 @@ class BaselinePolicy(Policy):
         gpu = self.choose(call, feasible, ctx)
         self.dispatched(gpu, +1)
         try:
-            started = await gpu.serve(call.model, call.duration)
+            started = await gpu.serve(call.model, call.duration, prompt=call.prompt)
         except ProviderError as error:
             return SimulatedOutcome(FAILED, provider=gpu.name, model=call.model, reason=str(error))
         finally:

@@ -7,6 +7,7 @@ inside :func:`write_plots` so importing the simulator stays quick.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from rich import box
 from rich.table import Table
 
 from kubemoot.sim.phases import WaitSource
-from kubemoot.sim.simulation import SimulationResult
+from kubemoot.sim.simulation import PolicyRun, SimulationResult
 
 __all__ = ["comparison_table", "wait_sources_table", "write_plots", "write_report"]
 
@@ -51,7 +52,7 @@ def comparison_table(result: SimulationResult) -> Table:
             _ratio(r.ratio_to_lower_bound),
         )
     table.caption = (
-        "wait: issue → start of inference (mean, percentiles); "
+        "wait: issue → first token, prefill included (mean, percentiles); "
         "span: mean discussion makespan; loads: cold loads; evict: evictions; lost: stood "
         "aside, refused or failed; ÷LB: mean wait over the lower bound "
         f"({result.bound.mean_wait:.2f} s, see docs/simulator.md). Times in seconds."
@@ -84,45 +85,12 @@ def _ratio(value: float | None) -> str:
 
 def write_plots(result: SimulationResult, directory: Path) -> list[Path]:
     """wait-cdf.png, loads-evictions.png, and vram-<policy>.png for each policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     directory.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
+    written = [write_wait_cdf(result, directory / "wait-cdf.png")]
 
     fig: Any
     ax: Any
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    # A log time axis: the good policies differ below a few seconds while the worst
-    # routers' tails run to minutes. Waits shorter than the floor are drawn at it.
-    floor = WAIT_FLOOR_SECONDS
-    longest = floor * 10
-    for index, run in enumerate(result.runs):
-        waits = run.report.waits
-        if not waits:
-            continue
-        n = len(waits)
-        xs = [max(w, floor) for w in waits]
-        longest = max(longest, xs[-1])
-        ax.step(xs, [(i + 1) / n for i in range(n)], where="post",
-                label=f"{run.report.policy} (mean {run.report.wait['mean']:.1f} s)",
-                linewidth=2.6 if run.report.policy == "kubemoot" else 1.4,
-                linestyle=LINE_STYLES[index % len(LINE_STYLES)],
-                zorder=3 if run.report.policy == "kubemoot" else 2)
-    ax.set_xscale("log")
-    ax.set_xlim(floor, longest * 1.5)
-    ax.set_ylim(0, 1.01)
-    ax.set_xlabel(f"wait: issue → start of inference, seconds (log scale; "
-                  f"waits under {floor:g} s drawn at {floor:g} s)")
-    ax.set_ylabel("share of calls that waited at most this long")
-    ax.set_title(f"Scenario {result.scenario}: per-call wait CDF "
-                 f"({result.trace_calls} calls, higher and further left is better)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize="small", loc="lower right")
-    written.append(_save(fig, directory / "wait-cdf.png", plt))
-
     fig, ax = plt.subplots(figsize=(9, 5))
     names = [run.report.policy for run in result.runs]
     loads = [run.report.cold_loads for run in result.runs]
@@ -159,6 +127,152 @@ def write_plots(result: SimulationResult, directory: Path) -> list[Path]:
         written.append(_save(fig, directory / f"vram-{run.report.policy}.png", plt))
     return written
 
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_wait_cdf(result: SimulationResult, path: Path) -> Path:
+    """Every policy's per-call wait CDF on a log time axis, as one PNG."""
+    plt = _pyplot()
+    fig: Any
+    ax: Any
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    # A log time axis: the good policies differ below a few seconds while the worst
+    # routers' tails run to minutes. Waits shorter than the floor are drawn at it.
+    floor = WAIT_FLOOR_SECONDS
+    longest = floor * 10
+    for index, run in enumerate(result.runs):
+        waits = run.report.waits
+        if not waits:
+            continue
+        n = len(waits)
+        xs = [max(w, floor) for w in waits]
+        longest = max(longest, xs[-1])
+        ax.step(xs, [(i + 1) / n for i in range(n)], where="post",
+                label=f"{run.report.policy} (mean {run.report.wait['mean']:.1f} s)",
+                linewidth=2.6 if run.report.policy == "kubemoot" else 1.4,
+                linestyle=LINE_STYLES[index % len(LINE_STYLES)],
+                zorder=3 if run.report.policy == "kubemoot" else 2)
+    ax.set_xscale("log")
+    ax.set_xlim(floor, longest * 1.5)
+    ax.set_ylim(0, 1.01)
+    ax.set_xlabel(f"wait: issue → first token, seconds (log scale; "
+                  f"waits under {floor:g} s drawn at {floor:g} s)")
+    ax.set_ylabel("share of calls that waited at most this long")
+    ax.set_title(f"Scenario {result.scenario}: per-call wait CDF "
+                 f"({result.trace_calls} calls, higher and further left is better)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small", loc="lower right")
+    return _save(fig, path, plt)
+
+
+def _residencies(run: PolicyRun) -> list[tuple[str, str, float, float, str]]:
+    """(card, model, loaded at, gone at, why) for every copy the run loaded."""
+    out: list[tuple[str, str, float, float, str]] = []
+    unloads = sorted(run.unloads)
+    for at, card, model, _mib in sorted(run.loads):
+        gone = next(((t, why) for t, c, m, why in unloads
+                     if c == card and m == model and t >= at), (run.end, "end"))
+        out.append((card, model, at, gone[0], gone[1]))
+    return out
+
+
+def _lanes(
+    copies: list[tuple[str, str, float, float, str]],
+) -> dict[str, list[tuple[int, str, float, float, str]]]:
+    """Per card, each copy with a lane: the lowest not taken by a copy still resident."""
+    out: dict[str, list[tuple[int, str, float, float, str]]] = {}
+    for card, model, start, end, why in sorted(copies, key=lambda c: (c[0], c[2])):
+        placed = out.setdefault(card, [])
+        busy = {lane for lane, _m, s, e, _w in placed if s <= start < e}
+        lane = next(i for i in range(len(placed) + 1) if i not in busy)
+        placed.append((lane, model, start, end, why))
+    return out
+
+
+def _queue_steps(run: PolicyRun, card: str) -> tuple[list[float], list[int]]:
+    """Calls waiting for ``card`` over time (issued, not started, and served there)."""
+    changes: list[tuple[float, int]] = []
+    for served in run.served.values():
+        if served.card == card and served.started > served.issued:
+            changes += [(served.issued, 1), (served.started, -1)]
+    times, depth, level = [0.0], [0], 0
+    for at, step in sorted(changes):
+        level += step
+        times.append(at)
+        depth.append(level)
+    times.append(run.end)
+    depth.append(level)
+    return times, depth
+
+
+def write_timeline(result: SimulationResult, policies: Sequence[str], path: Path) -> Path:
+    """Per card, side by side for ``policies``: which model was resident when (a bar per
+    copy, from the start of its load), its unloads (a cross: red when pushed out to make
+    room, grey when its keep-alive ran out), and the calls queued for the card (a line
+    inside the card's band, scaled to the deepest queue of the figure)."""
+    plt = _pyplot()
+    runs = {run.report.policy: run for run in result.runs}
+    chosen = [runs[p] for p in policies if p in runs]
+    cards = sorted({card for run in chosen for card in run.usable_mib})
+    models = sorted({m for run in chosen for _t, _c, m, _mib in run.loads})
+    palette = plt.get_cmap("tab20")
+    colour = {m: palette(i % 20) for i, m in enumerate(models)}
+    deepest = max([1] + [max(_queue_steps(run, c)[1]) for run in chosen for c in cards])
+    legend_rows = -(-(len(models) + 3) // 5)
+    legend_inches = 0.25 * legend_rows + 0.1  # the legend under the axis labels
+    height = 1.2 + 0.45 * max(len(cards), 4) + legend_inches
+    last = max(run.end for run in chosen)
+    fig: Any
+    fig, axes = plt.subplots(1, len(chosen), figsize=(7 * len(chosen), height),
+                             sharey=True, squeeze=False)
+    for ax, run in zip(axes[0], chosen, strict=True):
+        row = {card: i for i, card in enumerate(cards)}
+        for card, copies in _lanes(_residencies(run)).items():
+            lanes = 1 + max(lane for lane, *_rest in copies)
+            band = 0.7 / lanes  # copies resident together share the card's band
+            for lane, model, start, end, why in copies:
+                bottom = row[card] - 0.35 + lane * band
+                ax.broken_barh([(start, max(end - start, 0.5))], (bottom, band * 0.9),
+                               facecolors=colour[model])
+                middle = bottom + band * 0.45
+                if why in ("evicted", "unloaded", "reload"):
+                    ax.plot(end, middle, "x", color="red", markersize=7, markeredgewidth=2)
+                elif why == "expired":
+                    ax.plot(end, middle, "x", color="dimgrey", markersize=6)
+        for card in cards:
+            times, depth = _queue_steps(run, card)
+            base = row[card] - 0.45
+            ax.fill_between(times, base, [base + 0.9 * d / deepest for d in depth],
+                            step="post", color="black", alpha=0.45, linewidth=0)
+        ax.set_yticks(range(len(cards)), cards)
+        ax.set_ylim(-0.6, len(cards) - 0.4)
+        ax.set_xlim(0, last)  # one time axis for both, so their spans compare
+        ax.set_xlabel("virtual time (s)")
+        ax.set_title(f"{run.report.policy}: {run.report.cold_loads} loads, "
+                     f"{run.report.evictions} evictions, mean wait "
+                     f"{run.report.wait['mean']:.2f} s", fontsize="medium")
+        ax.grid(alpha=0.3, axis="x")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colour[m], alpha=0.75) for m in models]
+    handles += [plt.Line2D([], [], color="red", marker="x", linestyle=""),
+                plt.Line2D([], [], color="dimgrey", marker="x", linestyle=""),
+                plt.Rectangle((0, 0), 1, 1, color="black", alpha=0.45)]
+    labels = [*models, "unloaded to make room", "keep-alive ran out",
+              f"calls queued for the card (band height = {deepest})"]
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5),
+               fontsize="small", frameon=False)
+    fig.suptitle(f"Scenario {result.scenario}: resident models, unloads and queues per card")
+    fig.subplots_adjust(left=0.07, right=0.99, wspace=0.04, top=1 - 0.75 / height,
+                        bottom=(legend_inches + 0.55) / height)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 def _save(fig: Any, path: Path, plt: Any) -> Path:
     fig.tight_layout()

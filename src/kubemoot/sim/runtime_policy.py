@@ -21,6 +21,11 @@ at once with its reason. The view follows the buckets through watches, as a long
 gateway process would. Once placed, the ticket is leased; a cold load or an unload plan
 waits for the model to be ready, marks its ticket running, and computes. The service
 releases the ticket and records the call; what is the simulator's is virtual time.
+Every request asks the engine for the runtime's ``engine_keep_alive_seconds``: the
+runtime's own unload plans make room, so a copy need not expire on the client's short
+timer (DESIGN §5, residency is a lease). A thread's prompt goes to the engine, whose
+per-slot cache decides its prefill; the runtime's prefix book prices it per copy from
+the calls it made (which copy served the thread last).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from kubemoot.providers.protocol import ProviderClient, ProviderError, ProviderU
 from kubemoot.runtime.builder import Runtime, build_runtime
 from kubemoot.runtime.calls import ActiveCall, CallRefused, CallRequest, RefusedBeforeSending
 from kubemoot.runtime.placement import Action
+from kubemoot.runtime.prefix import PrefixBook, ThreadPrompt
 from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
 from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE, SimulatedOutcome
@@ -80,6 +86,7 @@ class KubemootPolicy(Policy):
     def __init__(self, settings: RuntimeSettings | None = None) -> None:
         self._settings = settings
         self._runtime: Runtime | None = None
+        self._prefix: PrefixBook | None = None
 
     @property
     def runtime(self) -> Runtime | None:
@@ -98,6 +105,7 @@ class KubemootPolicy(Policy):
         runtime = await build_runtime(MemoryKV(clock), clock=clock, settings=settings,
                                       clients=clients, declared=ctx.sizes, rng=ctx.rng)
         runtime.calls.identity = "sim"  # holder ids repeat from run to run
+        runtime.planner.prefix = self._prefix = PrefixBook(settings.prefill_seconds_per_token)
         self._runtime = runtime
         for gpu in ctx.gpus.values():
             await _StatePublisher(gpu, runtime.states, clock).publish()
@@ -115,12 +123,25 @@ class KubemootPolicy(Policy):
         refused connection, released and recorded by the service."""
         assert self._runtime is not None
         runtime = self._runtime
+        prefix = self._prefix
+        holder = f"{call.agent}#{call.call_id}"
+        thread = (ThreadPrompt(f"{call.discussion_id}/{call.agent}", call.prompt.tokens)
+                  if call.prompt is not None and prefix is not None else None)
+        if thread is not None and prefix is not None:
+            prefix.expect(holder, thread)  # the planner prices this call's prefill per copy
         request = CallRequest(tuple(call.candidates), agent=call.agent,
                               thread_id=str(call.call_id), phase="call",
-                              prompt_tokens=call.prompt_tokens)
+                              prompt_tokens=call.prompt_tokens, holder=holder)
+        keep_alive = runtime.settings.engine_keep_alive_seconds
 
         async def send(active: ActiveCall) -> float:
             gpu = ctx.gpus[active.provider]
+            if prefix is not None:
+                prefix.forget(holder)  # placed: its prefill is priced
+                if thread is not None:
+                    # the call record the runtime keeps: which copy served the thread, when
+                    prefix.served(gpu.name, active.model, gpu.max_parallel, thread,
+                                  runtime.clock.now())
             phases = CURRENT_CALL.get()
             if phases is not None:
                 # A wait that ended on a warm or loading copy was a wait for a slot there.
@@ -129,12 +150,13 @@ class KubemootPolicy(Policy):
             try:
                 if active.placement.action in (Action.COLD_LOAD, Action.UNLOAD,
                                                Action.LOADING):
-                    await gpu.preload(active.model)
+                    await gpu.preload(active.model, keep_alive=keep_alive)
                     if ticket is not None:
                         with contextlib.suppress(Exception):  # a lapsed ticket changes nothing
                             await runtime.tickets.mark_running(active.provider,
                                                                ticket.ticket_id)
-                started = await gpu.serve(active.model, call.duration)
+                started = await gpu.serve(active.model, call.duration, keep_alive=keep_alive,
+                                          prompt=call.prompt)
             except ProviderUnavailable as error:
                 if not error.sent:
                     raise RefusedBeforeSending(active.provider, str(error)) from None
@@ -145,16 +167,20 @@ class KubemootPolicy(Policy):
             return started
 
         try:
-            active, started = await runtime.calls.start(request, send)
+            try:
+                active, started = await runtime.calls.start(request, send)
+            finally:
+                if prefix is not None:
+                    prefix.forget(holder)  # refused or failed: nothing to price any more
         except CallRefused as refused:
             if refused.refusal.final:
                 return SimulatedOutcome(REFUSED, model=call.model,
-                                   reason=refused.refusal.reason.value)
+                                        reason=refused.refusal.reason.value)
             return SimulatedOutcome(STOOD_ASIDE, model=call.model,
-                               reason=refused.refusal.reason.value)
+                                    reason=refused.refusal.reason.value)
         except (ProviderError, RefusedBeforeSending) as error:
             return SimulatedOutcome(FAILED, model=call.model, reason=str(error))
         async with active:
             pass  # the call ran in send; leaving the block releases and records it
         return SimulatedOutcome(FINISHED, provider=active.provider, model=active.model,
-                           started=started, evicted=active.placement.evicted)
+                                started=started, evicted=active.placement.evicted)

@@ -152,6 +152,11 @@ class PhaseSpec(_Spec):
     fan_out: FanOutSpec = Field(default_factory=FanOutSpec)
     prompt_tokens: ContextTokens = 2048
     think_seconds: Seconds = 0.0  # gap between one call and the next
+    #: Tokens each step adds to its agent's thread: with more than 0, every call re-sends
+    #: the thread so far (``promptTokens`` of instructions, then every earlier step's
+    #: tokens), as a crew's long discussion does; an engine slot that served the
+    #: thread's previous call holds most of it in its prompt cache.
+    thread_tokens: int = Field(default=0, ge=0, le=1_000_000)
 
 
 class CrewSpec(_Spec):

@@ -26,8 +26,8 @@ from kubemoot.sim.scenario import Scenario
 from kubemoot.sim.vloop import run_virtual
 from kubemoot.sim.workload import CallSpec, Discussion, Trace, Turn, build_trace
 
-__all__ = ["POLICY_NAMES", "PolicyRun", "SimulationResult", "make_policy", "run_policy",
-           "simulate"]
+__all__ = ["POLICY_NAMES", "PolicyRun", "Served", "SimulationResult", "make_policy",
+           "run_policy", "simulate"]
 
 POLICY_NAMES: tuple[str, ...] = ("kubemoot", *BASELINES)
 PLOTTED_PROVIDERS = 16  # VRAM-over-time is drawn for at most this many cards
@@ -62,6 +62,19 @@ class PolicyRun:
     usable_mib: dict[str, int] = field(default_factory=dict)
     # call id → (wait, its split by phase) for finished calls: compares policies call by call
     waits_by_call: dict[int, tuple[float, dict[WaitSource, float]]] = field(default_factory=dict)
+    # call id → where and when a finished call ran: the optimum's hint and the timelines
+    served: dict[int, Served] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """Where a finished call ran, and when it was issued, started and ended."""
+
+    card: str
+    model: str
+    issued: float
+    started: float
+    ended: float
 
 
 @dataclass(slots=True)
@@ -200,16 +213,21 @@ async def _run(scenario: Scenario, trace: Trace, policy_name: str, seed: int) ->
         by_call=by_call,
     )
     statuses: dict[int, str] = {}
+    served: dict[int, Served] = {}
     for record in recorder.calls:
         if record.call_id in statuses:
             raise AssertionError(f"call {record.call_id} ended twice")
         statuses[record.call_id] = record.outcome.status
+        o = record.outcome
+        if o.status == FINISHED and o.provider and o.model and o.started is not None:
+            served[record.call_id] = Served(o.provider, o.model, record.issued, o.started,
+                                            record.ended)
     return PolicyRun(
         report, recorder.loads, recorder.unloads, recorder.vram_samples,
         {g.name: g.usable_mib for g in plotted}, end, statuses,
         {g.name: g.engine.peak_mib for g in gpus.values()},
         {g.name: g.usable_mib for g in gpus.values()},
-        waits_by_call=by_call,
+        waits_by_call=by_call, served=served,
     )
 
 

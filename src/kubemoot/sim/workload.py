@@ -19,6 +19,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from kubemoot.emulation.prompt import Prompt
 from kubemoot.runtime.placement import Candidate
 from kubemoot.sim.scenario import CrewSpec, LatencySpec, Scenario
 
@@ -36,6 +37,9 @@ class CallSpec:
     candidates: tuple[Candidate, ...]  # preferred first
     duration: float
     prompt_tokens: int
+    #: the prompt as blocks, for the engine's prefix cache (None: a prompt of
+    #: ``prompt_tokens`` that shares nothing with any other)
+    prompt: Prompt | None = None
 
     @property
     def model(self) -> str:
@@ -130,14 +134,21 @@ def build_trace(scenario: Scenario, *, seed: int | None = None) -> Trace:
         built_turns: list[Turn] = []
         for agent, steps in zip(chosen, turns, strict=True):
             built_steps: list[Step] = []
+            history: list[int] = []  # the tokens of each earlier step of this thread
             for phase_name, durations, prompts, think in steps:
-                cands = tuple(Candidate(c.model, c.score) for c in phases[phase_name].candidates)
+                phase = phases[phase_name]
+                cands = tuple(Candidate(c.model, c.score) for c in phase.candidates)
+                thread = (Prompt.thread(f"{d_id}/{agent}", history, system=phase.prompt_tokens)
+                          if phase.thread_tokens else None)
                 calls: list[CallSpec] = []
                 for duration, prompt in zip(durations, prompts, strict=True):
-                    calls.append(
-                        CallSpec(call_id, d_id, agent, phase_name, cands, duration, prompt)
-                    )
+                    calls.append(CallSpec(
+                        call_id, d_id, agent, phase_name, cands, duration,
+                        thread.tokens if thread is not None else prompt, thread,
+                    ))
                     call_id += 1
+                if phase.thread_tokens:
+                    history.append(phase.thread_tokens)
                 built_steps.append(Step(tuple(calls), think))
             built_turns.append(Turn(agent, tuple(built_steps)))
         discussions.append(Discussion(d_id, instance, arrival, tuple(built_turns)))

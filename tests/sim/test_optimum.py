@@ -1,0 +1,107 @@
+"""The offline optimum (kubemoot.sim.optimum) on cases small enough to check by hand,
+and against every policy on a cut of a real scenario: no policy may beat it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kubemoot.sim import build_trace, load_scenario
+from kubemoot.sim.cut import Cut, CutCall, CutCard, cut_trace
+from kubemoot.sim.optimum import Hint, hints_from, solve
+from kubemoot.sim.simulation import POLICY_NAMES, run_policy
+
+pytest.importorskip("ortools")
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
+GIB = 1024
+
+
+def _card(usable_gib: int, slots: int) -> CutCard:
+    # 1 GiB/s: a model of n GiB loads in n seconds; an unload takes 1 s
+    return CutCard("gpu", usable_gib * GIB, slots, 1024.0, 1.0)
+
+
+def _cut(card: CutCard, sizes: dict[str, int], calls: list[tuple[float, float, tuple[str, ...]]],
+         ) -> Cut:
+    return Cut("hand", (card,), {m: gib * GIB for m, gib in sizes.items()},
+               tuple(CutCall(i, r, d, ms) for i, (r, d, ms) in enumerate(calls)))
+
+
+def test_the_short_load_goes_first() -> None:
+    # One card with room for both, two slots. A (10 GiB) is wanted by two calls, B
+    # (4 GiB) by one, all at 0. B first: B waits 4, then A loads 4-14 and both A calls
+    # wait 14: 32 s. A first: 10 + 10 + 14 = 34 s.
+    cut = _cut(_card(20, 2), {"A": 10, "B": 4},
+               [(0, 5, ("A",)), (0, 5, ("A",)), (0, 1, ("B",))])
+    best = solve(cut, time_limit_seconds=5)
+    assert best.proven
+    assert best.total_wait == pytest.approx(32.0)
+    assert [p.wait for p in best.placed] == pytest.approx([14.0, 14.0, 4.0])
+
+
+def test_memory_forces_an_unload_and_the_unload_takes_its_time() -> None:
+    # 12 GiB usable: A (10) and B (4) never fit together. B first: B runs 4-5, unloads
+    # 5-6, A loads 6-16: waits 4 + 16 = 20 s. A first: 10 + (15 + 1 + 4) = 30 s.
+    cut = _cut(_card(12, 1), {"A": 10, "B": 4}, [(0, 5, ("A",)), (0, 1, ("B",))])
+    best = solve(cut, time_limit_seconds=5)
+    assert best.proven
+    assert best.total_wait == pytest.approx(20.0)
+    assert [p.start for p in best.placed] == pytest.approx([16.0, 4.0])
+
+
+def test_one_slot_makes_the_second_call_queue() -> None:
+    # One slot: the second call of A waits for the first (10 s load, then 5 s of call).
+    cut = _cut(_card(20, 1), {"A": 10}, [(0, 5, ("A",)), (0, 5, ("A",))])
+    best = solve(cut, time_limit_seconds=5)
+    assert best.total_wait == pytest.approx(10.0 + 15.0)
+
+
+def test_a_call_takes_the_in_band_candidate_that_loads_sooner() -> None:
+    cut = _cut(_card(20, 1), {"A": 10, "B": 4}, [(0, 5, ("A", "B"))])
+    best = solve(cut, time_limit_seconds=5)
+    assert (best.placed[0].model, best.total_wait) == ("B", pytest.approx(4.0))
+
+
+def test_a_bad_hint_does_not_change_the_optimum() -> None:
+    cut = _cut(_card(20, 2), {"A": 10, "B": 4},
+               [(0, 5, ("A",)), (0, 5, ("A",)), (0, 1, ("B",))])
+    worse = {0: Hint("gpu", "A", 10, 0), 1: Hint("gpu", "A", 10, 0), 2: Hint("gpu", "B", 14, 0)}
+    assert solve(cut, time_limit_seconds=5, hint=worse).total_wait == pytest.approx(32.0)
+
+
+def test_hints_name_the_load_a_call_ran_on() -> None:
+    loads = [(0.0, "gpu", "A", 10), (30.0, "gpu", "A", 10)]
+    hints = hints_from({1: ("gpu", "A", 12.0), 2: ("gpu", "A", 40.0), 3: ("gpu", "B", 1.0)},
+                       loads)
+    assert hints == {1: Hint("gpu", "A", 12.0, 0), 2: Hint("gpu", "A", 40.0, 1)}
+
+
+def test_a_call_no_card_can_hold_is_named() -> None:
+    cut = _cut(_card(8, 1), {"A": 10}, [(0, 5, ("A",))])
+    with pytest.raises(ValueError, match="call 0: no card of the cut holds any of A"):
+        solve(cut, time_limit_seconds=1)
+
+
+def test_no_policy_beats_the_optimum_on_a_cut() -> None:
+    scenario = load_scenario(SCENARIOS / "homelab.yaml")
+    cut = cut_trace(scenario, build_trace(scenario), cards=2, models=3, calls=12)
+    assert cut.scenario is not None and cut.trace is not None
+    assert len(cut.calls) == 12 and cut.calls[0].release == 0.0
+    assert [c.release for c in cut.calls] == sorted(c.release for c in cut.calls)
+    best = solve(cut, time_limit_seconds=10)
+    assert best.proven
+    for policy in POLICY_NAMES:
+        run = run_policy(cut.scenario, cut.trace, policy, seed=1)
+        assert run.report.calls == 12
+        # times in the model are rounded in the optimum's favour, so it may only be lower
+        assert run.report.wait["mean"] >= best.mean_wait - 1e-6, policy
+
+
+def test_a_reactive_schedule_loads_only_once_a_call_asks() -> None:
+    # A's one call comes at 20 s. Knowing the future, the load runs 0-10 and the call
+    # waits 0 s; a reactive schedule starts the load at 20 s: 10 s of wait.
+    cut = _cut(_card(20, 1), {"A": 10}, [(20, 5, ("A",))])
+    assert solve(cut, time_limit_seconds=5).total_wait == pytest.approx(0.0)
+    assert solve(cut, time_limit_seconds=5, reactive=True).total_wait == pytest.approx(10.0)

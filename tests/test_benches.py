@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
         ("schedule.py",
          ["--agents", "200", "--models", "50", "--providers", "10", "--policies", "5",
           "--repeat", "1"],
-         {"agentsPerSecond", "ratioToFloor"}),
+         {"agentsPerSecond", "ratioToFloor", "ratioToFloorAt10x", "agentsPerSecondAt10x"}),
         pytest.param(
             "kv.py",
             ["--seconds", "0.5", "--claimers", "4", "--processes", "1", "--samples", "50"],
@@ -32,8 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
              "contendedP99Ms", "fairness"},
             marks=pytest.mark.nats,  # the bench starts its own nats-server
         ),
-        pytest.param("place.py", ["--calls", "50", "--nats-calls", "20"],
-                     {"embeddedP99Ms", "natsP99Ratio"}, marks=pytest.mark.nats),
+        pytest.param("place.py",
+                     ["--calls", "50", "--nats-calls", "20", "--large-providers", "100"],
+                     {"embeddedP99Ms", "embeddedP99MsAt1000Providers", "natsP99Ratio"},
+                     marks=pytest.mark.nats),
         pytest.param("gateway.py", ["--calls", "20", "--seconds", "0.5", "--clients", "4",
                                     "--requests", "20"],
                      {"addedP50Ms", "addedP99Ms", "throughputRatio", "overcommits"},

@@ -112,7 +112,7 @@ async def embedded(calls: int, providers: int = 64) -> float:
     rng = random.Random(7)
     kv = MemoryKV()
     planner = await build(kv, providers, rng)
-    await loop(planner, min(calls, 1000), rng)  # warm-up: first-use costs (imports, caches) stay out
+    await loop(planner, min(calls, 1000), rng)  # warm-up: first-use costs stay out
     samples, placed, _ = await loop(planner, calls, rng)
     await kv.close()
     p50, p99 = pct(samples, 0.5), pct(samples, 0.99)

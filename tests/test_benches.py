@@ -27,9 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
          {"agentsPerSecond", "ratioToFloor", "ratioToFloorAt10x", "agentsPerSecondAt10x"}),
         pytest.param(
             "kv.py",
-            ["--seconds", "0.5", "--claimers", "4", "--processes", "1", "--samples", "50"],
+            ["--seconds", "0.5", "--claimers", "4", "--processes", "1", "--samples", "50",
+             "--many-processes", "2"],
             {"overcommits", "uncontendedP99Ratio", "contendedClaimsPerSecond",
-             "contendedP99Ms", "fairness"},
+             "contendedP99Ms", "fairness", "fairnessProcesses", "claimsPerSecondProcesses",
+             "overcommitsProcesses"},
             marks=pytest.mark.nats,  # the bench starts its own nats-server
         ),
         pytest.param("place.py",
@@ -57,5 +59,6 @@ def test_bench_prints_its_figures_as_the_last_line(
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert keys <= figures.keys()
     assert all(isinstance(figures[k], int | float) for k in keys)
-    if "overcommits" in figures:
-        assert figures["overcommits"] == 0
+    for key in ("overcommits", "overcommitsProcesses"):
+        if key in figures:
+            assert figures[key] == 0

@@ -11,8 +11,10 @@ Paths (``--path``, repeatable; all by default):
   without the network, so the client's own work shows);
 * ``simulate`` — the simulator running the kubemoot policy alone on ``fleet-16``.
 
-The gateway runs in its own process; profile it with py-spy while ``bench/gateway.py``
-drives it (``docs/performance.md`` gives the command).
+* ``gateway`` — the gateway process under py-spy (``pip install -e '.[bench]'``) while 32
+  clients post ``/api/chat`` and ``/v1/chat/completions`` through it to a zero-delay
+  emulator (``bench/gateway.py``'s set-up); shares come from py-spy's samples (leaf frames
+  for self time), not from cProfile. Skipped when py-spy is missing.
 
 For each path it prints the top ``--top`` functions by self time with their share of the
 profiled time. The last line is one JSON object: for each path, its profiled seconds and
@@ -32,6 +34,7 @@ import json
 import pstats
 import random
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -117,6 +120,86 @@ def _simulate() -> Callable[[], None]:
     return run
 
 
+def gateway_profile(top: int, seconds: float = 15.0) -> dict[str, Any] | None:
+    """Sample the gateway process with py-spy while clients drive it; shares by leaf frame."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    import gateway as bench  # bench/gateway.py
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():
+        print("\ngateway: py-spy not installed (pip install -e '.[bench]'), skipped")
+        return None
+    emulator_port, gateway_port = bench.free_port(), bench.free_port()
+    card = "vramMiB=24576,numParallel=32,contextLength=4096"
+    fast = [sys.executable, "-c", bench._FAST_EMULATOR, "24576", "32", str(emulator_port)]
+    front = bench.gateway([f"gpu=http://127.0.0.1:{emulator_port},{card}"], gateway_port)
+    with bench.servers(fast, front) as (_, through), tempfile.TemporaryDirectory() as scratch:
+        pid = _listener_pid(gateway_port)
+        raw = Path(scratch) / "gateway.txt"
+        spy_run = subprocess.Popen(
+            [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "200",
+             "--duration", str(int(seconds)), "--nonblocking", "-o", str(raw)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+        async def drive() -> None:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline and spy_run.poll() is None:
+                for route in ("ollama", "openai"):
+                    await bench.throughput(through, 1.0, 32, route)
+
+        asyncio.run(drive())
+        spy_run.wait(timeout=60)
+        return _leaf_shares("gateway", raw.read_text(), top)
+
+
+def _listener_pid(port: int) -> int:
+    """The process listening on a loopback port (the gateway ``servers`` started)."""
+    import subprocess
+
+    out = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True,
+                         text=True, check=True).stdout
+    return int(out.split("pid=", 1)[1].split(",", 1)[0])
+
+
+def _leaf_shares(name: str, collapsed: str, top: int) -> dict[str, Any]:
+    """Self-time shares from py-spy's collapsed stacks ("frame;frame;leaf count" lines)."""
+    functions: dict[str, int] = {}
+    modules: dict[str, int] = {}
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        leaf = stack.rsplit(";", 1)[-1]  # "function (path/to/file.py:line)"
+        function, _, where = leaf.partition(" (")
+        path = where.rstrip(")").rsplit(":", 1)[0]
+        for marker in ("/src/", "site-packages/", "/python3.11/", "/python3.12/"):
+            if marker in path:
+                path = path.split(marker)[-1]
+                break
+        label = f"{path}({function})"
+        module = path.removesuffix(".py").replace("/", ".")
+        functions[label] = functions.get(label, 0) + int(count)
+        modules[module] = modules.get(module, 0) + int(count)
+        total += int(count)
+    total = max(total, 1)
+    rows = sorted(((c, f) for f, c in functions.items()), reverse=True)
+    by_module = sorted(((c, m) for m, c in modules.items()), reverse=True)
+    print(f"\n{name}: {total} py-spy samples; top {top} functions by self time")
+    for count, label in rows[:top]:
+        print(f"  {100 * count / total:5.1f} %  {label}")
+    print(f"{name}: top {top} modules by self time")
+    for count, module in by_module[:top]:
+        print(f"  {100 * count / total:5.1f} %  {module}")
+    return {"samples": total,
+            "top": [[label, round(c / total, 3)] for c, label in rows[:top]],
+            "modules": [[m, round(c / total, 3)] for c, m in by_module[:top]]}
+
+
 PATHS: dict[str, Callable[[], Callable[[], None]]] = {
     "schedule": _schedule,
     "place": _place,
@@ -156,11 +239,14 @@ def profile(name: str, top: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--path", action="append", choices=sorted(PATHS),
+    parser.add_argument("--path", action="append", choices=[*sorted(PATHS), "gateway"],
                         help="a hot path to profile (repeatable; default: all)")
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
-    print(json.dumps({name: profile(name, args.top) for name in args.path or list(PATHS)}))
+    figures: dict[str, Any] = {}
+    for name in args.path or [*PATHS, "gateway"]:
+        figures[name] = gateway_profile(args.top) if name == "gateway" else profile(name, args.top)
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

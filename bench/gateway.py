@@ -101,7 +101,7 @@ def emulator(port: int, *, vram: int, parallel: int, time_scale: float) -> list[
 # baseline is the engine and not that artefact.
 _FAST_EMULATOR = """
 import sys, uvicorn
-from kubemoot.providers.emulator import EmulatorConfig, OllamaEmulator
+from kubemoot.emulation.server import EmulatorConfig, OllamaEmulator
 config = EmulatorConfig(vram_mib=int(sys.argv[1]), num_parallel=int(sys.argv[2]),
                         context_length=4096, time_scale=0.0)
 uvicorn.run(OllamaEmulator(config).app, host="127.0.0.1", port=int(sys.argv[3]),

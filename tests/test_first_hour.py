@@ -27,7 +27,7 @@ from kubemoot import __version__
 from kubemoot.api.errors import InputError
 from kubemoot.cli import app
 from kubemoot.clock import ManualClock
-from kubemoot.providers.emulator import DEFAULT_MODELS, OllamaEmulator
+from kubemoot.emulation.server import DEFAULT_MODELS, OllamaEmulator
 from kubemoot.testing.emulators import emulator_factory
 
 ROOT = Path(__file__).resolve().parents[1]

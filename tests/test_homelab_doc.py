@@ -36,7 +36,7 @@ import httpx
 import pytest
 import yaml
 
-from kubemoot.providers.emulator import DEFAULT_MODELS, OllamaEmulator
+from kubemoot.emulation.server import DEFAULT_MODELS, OllamaEmulator
 from kubemoot.runtime.what_if import load_state
 from kubemoot.testing.emulators import emulator_factory
 from kubemoot.testing.nats_server import NatsServer, free_port

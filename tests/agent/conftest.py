@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 
 from kubemoot.agent.pool import CallSettings, ChatPool
-from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
+from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.testing.emulators import emulator_factory

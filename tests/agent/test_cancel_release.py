@@ -8,7 +8,7 @@ from collections.abc import Callable
 from kubemoot.agent.pool import CallSettings
 from kubemoot.agent.wiring import build_stack
 from kubemoot.clock import SystemClock
-from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
+from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient

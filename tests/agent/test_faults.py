@@ -24,7 +24,7 @@ from kubemoot.agent.signals import FailureType
 from kubemoot.agent.toolloop import Tool
 from kubemoot.agent.wiring import RuntimeStack, build_stack
 from kubemoot.clock import Clock, ManualClock, SystemClock
-from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
+from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient

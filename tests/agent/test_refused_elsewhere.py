@@ -16,7 +16,7 @@ import pytest
 from kubemoot.agent.runtime import CallOutcome
 from kubemoot.agent.wiring import RuntimeStack, build_stack
 from kubemoot.clock import SystemClock
-from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
+from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.runtime.circuit import CircuitBreakers

@@ -11,7 +11,7 @@ from kubemoot.agent.pool import CallSettings, ChatPool
 from kubemoot.agent.signals import FailureType
 from kubemoot.agent.tokens import TokenEstimator
 from kubemoot.agent.toolloop import Tool, ToolLoopLimits, run_tool_loop
-from kubemoot.providers.emulator import OllamaEmulator
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.protocol import ProviderClient
 

@@ -17,7 +17,7 @@ from kubemoot.agent.pool import CallSettings
 from kubemoot.agent.process import AgentIdentity, serve_agent
 from kubemoot.agent.remote import CrewRef
 from kubemoot.clock import SystemClock
-from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
+from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient

@@ -27,10 +27,10 @@ import yaml
 from kubemoot.agent.process import ENV_AGENT_NAME
 from kubemoot.cli.agent import READY_LINE
 from kubemoot.clock import SystemClock
+from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.operator.kube import KubeClient
 from kubemoot.operator.reconciler import Reconciler
 from kubemoot.operator.run import kopf_settings, serve
-from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
 from kubemoot.store.documents import (
     PROVIDER_STATE_BUCKET,
     PROVIDER_TICKETS_BUCKET,

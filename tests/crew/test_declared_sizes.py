@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 
 from kubemoot.clock import SystemClock
-from kubemoot.providers.emulator import OllamaEmulator
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.store.bus import MemoryBus
 from kubemoot.store.documents import PROVIDER_TICKETS_BUCKET, ProviderTickets
 from kubemoot.store.memory import MemoryKV

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from kubemoot.agent.process import ProviderDirectory
 from kubemoot.agent.wiring import build_stack
 from kubemoot.clock import SystemClock
-from kubemoot.providers.emulator import OllamaEmulator
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.runtime.placement import Candidate
 from kubemoot.store.bus import MemoryBus, Message
 from kubemoot.store.documents import (

@@ -10,9 +10,9 @@ import pytest
 
 from kubemoot.agent.runtime import CallRecord
 from kubemoot.clock import SystemClock
+from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.gateway import GatewayServer, ProviderSource
 from kubemoot.gateway.keys import ApiKeys
-from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
 from kubemoot.runtime.settings import GatewaySettings
 from kubemoot.store.memory import MemoryKV
 from kubemoot.testing.emulators import emulator_factory

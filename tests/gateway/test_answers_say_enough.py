@@ -13,9 +13,9 @@ import pytest
 
 from kubemoot.api.loader import load_bundle
 from kubemoot.clock import ManualClock
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
 from kubemoot.gateway.classes import ModelClassBook
-from kubemoot.providers.emulator import OllamaEmulator
 from kubemoot.runtime.settings import GatewaySettings, RuntimeSettings
 from kubemoot.store.documents import (
     PROVIDER_STATE_BUCKET,

@@ -12,7 +12,7 @@ import ollama
 import openai
 import pytest
 
-from kubemoot.providers.emulator import OllamaEmulator
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.testing.waiting import until_stored
 from tests.gateway.conftest import Fleet, finished_calls, live_tickets, start_gateway
 

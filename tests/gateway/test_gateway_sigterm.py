@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from kubemoot.providers.emulator import OllamaEmulator
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.testing.nats_server import NatsServer, free_port
 from tests.gateway.test_replicas import (  # noqa: F401
     KUBEMOOT,

@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from kubemoot.api.loader import load_bundle
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway.classes import ModelClassBook, runtime_candidates
-from kubemoot.providers.emulator import OllamaEmulator
 from kubemoot.scheduling.model_class import ModelClassCandidates
 from tests.gateway.conftest import start_gateway
 

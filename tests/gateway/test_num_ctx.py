@@ -14,7 +14,7 @@ import httpx
 import ollama
 import pytest
 
-from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
+from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from tests.gateway.conftest import MEDIUM, start_gateway
 
 # 2000 MiB of weights and 100 MiB of KV cache per 1024 tokens of each of the card's two

@@ -14,8 +14,8 @@ import ollama
 import pytest
 
 from kubemoot.agent.runtime import CallRecord
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
-from kubemoot.providers.emulator import OllamaEmulator
 from kubemoot.runtime.settings import GatewaySettings
 from tests.gateway.conftest import live_tickets, start_gateway
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from kubemoot.dashboard.calllog import CALL_LOG_BUCKET, CALL_LOG_MAX_AGE_SECONDS, CallEntry
-from kubemoot.providers.emulator import OllamaEmulator
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.store import open_store
 from kubemoot.store.documents import PROVIDER_TICKETS_BUCKET, ProviderTickets
 from kubemoot.store.protocol import Entry

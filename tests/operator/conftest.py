@@ -25,12 +25,12 @@ import yaml
 from kubemoot.api import RESOURCE_TYPES, Resource, crd_manifests, parse_manifest
 from kubemoot.api.errors import InputError
 from kubemoot.clock import SystemClock
+from kubemoot.emulation.server import EmulatedModel, EmulatorConfig, OllamaEmulator
 from kubemoot.operator.kube import KubeClient, custom_path
 from kubemoot.operator.rbac import crew_rbac
 from kubemoot.operator.reconciler import Reconciler
 from kubemoot.operator.run import kopf_settings, serve
 from kubemoot.operator.view import INDEX_IDS
-from kubemoot.providers.emulator import EmulatedModel, EmulatorConfig, OllamaEmulator
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET, ProviderState
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kubemoot.providers.emulator import OllamaEmulator
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.testing import builders as b
 
@@ -245,7 +245,7 @@ async def test_operator_misspelled_provider_ref_is_a_warning_on_the_model(
 async def test_operator_runtime_requirement_checked_against_the_probed_version(
     cluster: Cluster, emulators: Emulators
 ) -> None:
-    from kubemoot.providers.emulator import EMULATOR_VERSION
+    from kubemoot.emulation.server import EMULATOR_VERSION
 
     await cluster.apply(provider_manifest("gpu-a", emulators()))
     status = await eventually(lambda: cluster.status("ModelProvider", "gpu-a").get("ready")

@@ -11,7 +11,7 @@ import pytest
 import uvicorn
 from starlette.types import ASGIApp
 
-from kubemoot.providers.emulator import EmulatedModel, EmulatorConfig, OllamaEmulator
+from kubemoot.emulation.server import EmulatedModel, EmulatorConfig, OllamaEmulator
 from kubemoot.serving import bind_socket, server_config, socket_url
 from kubemoot.testing.emulators import emulator_factory
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kubemoot.providers.emulator import EMULATOR_VERSION, OllamaEmulator
+from kubemoot.emulation.server import EMULATOR_VERSION, OllamaEmulator
 from tests.providers.conftest import SMALL
 
 KUBEMOOT = str(Path(sys.executable).with_name("kubemoot"))

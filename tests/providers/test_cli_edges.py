@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kubemoot.providers.emulator import OllamaEmulator
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 
 KUBEMOOT = Path(sys.executable).with_name("kubemoot")

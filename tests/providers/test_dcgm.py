@@ -8,8 +8,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.providers.dcgm import VramReading, fetch_dcgm_vram, parse_dcgm_metrics
-from kubemoot.providers.emulator import OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.protocol import ProviderBadResponse, ProviderUnavailable
 from tests.providers.conftest import serve_app

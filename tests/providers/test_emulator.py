@@ -14,12 +14,12 @@ import ollama
 import pytest
 
 from kubemoot.clock import ManualClock
-from kubemoot.providers._emulation import (
+from kubemoot.emulation.card import (
     EmulatorEngine,
     EmulatorError,
     parse_keep_alive,
 )
-from kubemoot.providers.emulator import EMULATOR_VERSION, EmulatorConfig, OllamaEmulator
+from kubemoot.emulation.server import EMULATOR_VERSION, EmulatorConfig, OllamaEmulator
 from tests.providers.conftest import MEDIUM, SMALL, fast_config
 
 
@@ -202,16 +202,17 @@ ENGINE = EmulatorEngine(EmulatorConfig(), clock=ManualClock())
 )
 def test_truncation(messages: list[dict[str, str]], context: int, kept_roles: list[str],
                     before: int, evaluated: int, dropped: int) -> None:
-    kept, got_before, got_evaluated, got_dropped = ENGINE.truncate(messages, [], context)
+    kept, fitted = ENGINE.truncate(messages, [], context)
     assert [m["role"] for m in kept] == kept_roles
-    assert (got_before, got_evaluated, got_dropped) == (before, evaluated, dropped)
+    assert (fitted.tokens_sent, fitted.tokens, len(messages) - len(kept)) == (
+        before, evaluated, dropped)
     assert kept[-1] is messages[-1]  # the newest message always stays
 
 
 def test_tool_specs_count_toward_the_prompt() -> None:
     tools = [{"type": "function", "function": {"name": "t", "description": "d" * 400}}]
-    _, without, _, _ = ENGINE.truncate([_msg("user", 40)], [], 4096)
-    _, with_tools, _, _ = ENGINE.truncate([_msg("user", 40)], tools, 4096)
+    without = ENGINE.truncate([_msg("user", 40)], [], 4096)[1].tokens_sent
+    with_tools = ENGINE.truncate([_msg("user", 40)], tools, 4096)[1].tokens_sent
     assert with_tools - without == math.ceil(len(json.dumps(tools, sort_keys=True)) / 4)
 
 

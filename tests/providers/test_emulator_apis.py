@@ -13,7 +13,7 @@ import ollama
 import openai
 import pytest
 
-from kubemoot.providers.emulator import EMULATOR_VERSION, OllamaEmulator
+from kubemoot.emulation.server import EMULATOR_VERSION, OllamaEmulator
 from tests.providers.conftest import LARGE, MEDIUM, SMALL
 
 LONG = "word " * 2000  # ~2500 tokens: longer than the 1024-token context of FAST_CARD

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kubemoot.providers.emulator import OllamaEmulator
+from kubemoot.emulation.server import OllamaEmulator
 from tests.providers.conftest import SMALL
 
 HI = [{"role": "user", "content": "hi"}]

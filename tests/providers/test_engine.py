@@ -13,8 +13,7 @@ import httpx
 import pytest
 
 from kubemoot.clock import LoopClock, ScaledClock
-from kubemoot.providers.emulator import EmulatorConfig, OllamaEmulator
-from kubemoot.providers.engine import (
+from kubemoot.emulation.engine import (
     CardSpec,
     EngineEvents,
     ModelTooLarge,
@@ -22,6 +21,7 @@ from kubemoot.providers.engine import (
     QueueFull,
     UnloadReason,
 )
+from kubemoot.emulation.server import EmulatorConfig, OllamaEmulator
 from kubemoot.sim.vloop import run_virtual
 from tests.providers.conftest import LARGE, SMALL
 
@@ -121,14 +121,14 @@ def test_a_full_line_refuses_and_a_model_larger_than_the_card_fails() -> None:
         with pytest.raises(ModelTooLarge, match="needs 9300 MiB, the card has 9216"):
             await engine.acquire("huge", 9300)
         got = await engine.acquire("m", 1000)
-        await engine.take_slot(got.copy)
+        slot = await engine.take_slot(got.copy)
         second = await engine.acquire("m", 1000)
         waiting = asyncio.ensure_future(engine.take_slot(second.copy))  # the line: 1
         await asyncio.sleep(0)
         with pytest.raises(QueueFull, match="1 requests wait"):
             await engine.acquire("m", 1000)
-        engine.give_slot(got.copy)
-        assert await waiting is True  # it had to wait for the slot
+        engine.give_slot(got.copy, slot)
+        assert (await waiting).waited is True  # it had to wait for the slot
         await engine.close()
 
     _virtual(main)
@@ -138,12 +138,12 @@ def test_a_caller_that_gives_up_leaves_neither_a_place_in_line_nor_a_slot() -> N
     async def main() -> tuple[int, int, int]:
         engine = _card(_Log())
         first = await engine.acquire("m", 1000)
-        await engine.take_slot(first.copy)
+        taken = await engine.take_slot(first.copy)
         second = await engine.acquire("m", 1000)
         slot = asyncio.ensure_future(engine.take_slot(second.copy))
         queued = asyncio.ensure_future(engine.acquire("big", 9000))  # needs m gone
         await asyncio.sleep(0)
-        engine.give_slot(first.copy)  # handed to the second caller …
+        engine.give_slot(first.copy, taken)  # handed to the second caller …
         slot.cancel()  # … who gives up before it runs: the slot must come back
         queued.cancel()
         await asyncio.gather(slot, queued, return_exceptions=True)

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from kubemoot.clock import ManualClock
-from kubemoot.providers.emulator import OllamaEmulator
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider, parse_endpoint
 from kubemoot.providers.protocol import (
     ChatResult,

@@ -11,7 +11,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from kubemoot.clock import ManualClock
-from kubemoot.providers.emulator import HostileKind, OllamaEmulator
+from kubemoot.emulation.server import HostileKind, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderState

@@ -8,7 +8,7 @@ import pytest
 
 from kubemoot import metrics
 from kubemoot.clock import ManualClock
-from kubemoot.providers.emulator import OllamaEmulator
+from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET

@@ -30,7 +30,8 @@ changed["reserve_mib"] = 777
 changed["latency_ema_alpha"] = 0.77
 settings.DEFAULTS = settings.RuntimeSettings(**changed)
 
-from kubemoot.providers._emulation import OLLAMA_KEEP_ALIVE_SECONDS, EmulatorConfig
+from kubemoot.emulation.card import OLLAMA_KEEP_ALIVE_SECONDS, EmulatorConfig
+from kubemoot.emulation.engine import CardSpec
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.runtime.circuit import CircuitBreakers
 from kubemoot.runtime.demand import DemandBoard
@@ -67,6 +68,10 @@ seen = {
     "ProviderState.reserve_mib": (ProviderState.model_fields["reserve_mib"].default, 777),
     "EmulatorConfig.load_rate_mibps": (EmulatorConfig().load_rate_mibps, d.load_rate_mibps),
     "EmulatorConfig.keep_alive_s": (EmulatorConfig().keep_alive_s, OLLAMA_KEEP_ALIVE_SECONDS),
+    "EmulatorConfig.prompt_per_token_s":
+        (EmulatorConfig().prompt_per_token_s, d.prefill_seconds_per_token),
+    "CardSpec.prefill_seconds_per_token":
+        (CardSpec(vram_mib=100_000).prefill_seconds_per_token, d.prefill_seconds_per_token),
     "EmulatedGpu.reserve_mib": (default(EmulatedGpu, "reserve_mib"), 777),
     "EmulatedGpu.load_rate_mibps": (default(EmulatedGpu, "load_rate_mibps"), d.load_rate_mibps),
     "EmulatedGpu.unload_seconds": (default(EmulatedGpu, "unload_seconds"), d.unload_seconds),
@@ -110,7 +115,7 @@ def test_every_copy_of_a_default_follows_its_home() -> None:
     )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
-    assert len(seen) == 25
+    assert len(seen) == 27
     drifted = {name: pair for name, pair in seen.items() if pair[0] != pair[1]}
     assert drifted == {}, f"defaults that do not read their home: {drifted}"
 

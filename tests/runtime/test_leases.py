@@ -10,7 +10,7 @@ import pytest
 from kubemoot.agent.pool import CallSettings
 from kubemoot.agent.wiring import build_stack
 from kubemoot.clock import LoopClock, SystemClock
-from kubemoot.providers.emulator import EmulatedModel, OllamaEmulator
+from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient

@@ -75,16 +75,23 @@ def test_an_idle_model_leaves_after_its_keep_alive() -> None:
     assert log.unloads == [("small", "expired", 67.0)]
 
 
-def test_unload_waits_until_the_memory_is_back() -> None:
+def test_unload_is_answered_at_once_and_the_memory_comes_back_later() -> None:
+    """As Ollama answers ``keep_alive: 0`` (and the emulator with it): the answer comes
+    at once, the copy stops being offered, and its memory is held for the unload's
+    second."""
     log = _Log()
 
-    async def main() -> tuple[int, float]:
+    async def main() -> tuple[tuple[int, float, bool], tuple[int, float]]:
         gpu = _gpu(log)
         await gpu.preload("mid")
         await gpu.unload("mid")
-        return gpu.engine.used_mib, asyncio.get_running_loop().time()
+        answered = (gpu.engine.used_mib, asyncio.get_running_loop().time(),
+                    gpu.is_warm("mid"))
+        await asyncio.sleep(5)
+        return answered, (gpu.engine.used_mib, asyncio.get_running_loop().time())
 
-    assert run_virtual(main()) == (0, 11.0)
+    assert run_virtual(main()) == ((SIZES["mid"], 10.0, False), (0, 15.0))
+    assert log.unloads == [("mid", "unloaded", 11.0)]
 
 
 @settings(max_examples=25, deadline=None)

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from kubemoot.agent.wiring import RuntimeStack
     from kubemoot.dashboard import DashboardServer
     from kubemoot.dashboard.calllog import CallLogWriter
-    from kubemoot.providers.emulator import OllamaEmulator
+    from kubemoot.emulation.server import OllamaEmulator
     from kubemoot.providers.ollama import OllamaProvider
     from kubemoot.runtime.settings import RuntimeSettings
     from kubemoot.store.health import StoreHealth
@@ -393,7 +393,7 @@ async def _start_emulators(resources: Any, time_scale: float, *,
                            into: dict[str, OllamaEmulator]) -> None:
     """One emulator per ModelProvider, registered in ``into`` before it starts, so an
     interrupted start still stops every one that came up."""
-    from kubemoot.providers.emulator import EmulatedModel, EmulatorConfig, OllamaEmulator
+    from kubemoot.emulation.server import EmulatedModel, EmulatorConfig, OllamaEmulator
 
     # The emulated footprint of each model is its declared vramMib, so the control
     # plane, the runtime and the engines agree on every size.

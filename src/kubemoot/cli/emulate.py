@@ -16,7 +16,7 @@ from kubemoot.cli._common import app, check_host, err_console, listen_error
 from kubemoot.runtime.settings import DEFAULTS
 
 if TYPE_CHECKING:
-    from kubemoot.providers.emulator import OllamaEmulator
+    from kubemoot.emulation.server import OllamaEmulator
 
 
 @app.command("emulate-ollama")
@@ -48,7 +48,7 @@ def emulate_command(
 ) -> None:
     """Run an Ollama-API EMULATOR (not Ollama): emulated VRAM, slots, deterministic replies."""
     from kubemoot.cli._shutdown import run_until_stopped
-    from kubemoot.providers.emulator import (
+    from kubemoot.emulation.server import (
         DEFAULT_MODELS,
         EMULATOR_VERSION,
         EmulatorConfig,

@@ -36,6 +36,7 @@ import ollama
 
 from kubemoot import metrics
 from kubemoot.api.errors import InputError
+from kubemoot.api.provider import DEFAULT_RESERVE_MIB
 from kubemoot.clock import Clock, SystemClock
 from kubemoot.providers.dcgm import VramReading, fetch_dcgm_vram
 from kubemoot.providers.protocol import (
@@ -49,7 +50,7 @@ from kubemoot.providers.protocol import (
     ProviderTimeout,
     ProviderUnavailable,
 )
-from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
+from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings  # the one left (see below)
 
 __all__ = ["MAX_RESPONSE_BYTES", "OllamaProvider", "parse_endpoint"]
 
@@ -220,7 +221,7 @@ class OllamaProvider:
         *,
         context_length: int | None = None,
         num_parallel: int = 1,
-        reserve_mib: int = DEFAULTS.reserve_mib,
+        reserve_mib: int = DEFAULT_RESERVE_MIB,
         total_vram_mib: int | None = None,
         timeout: float | None = None,
         deadline: float | None = None,
@@ -237,6 +238,9 @@ class OllamaProvider:
         self.num_parallel = num_parallel
         self.reserve_mib = reserve_mib
         self.total_vram_mib = total_vram_mib
+        # The one import of the runtime left in providers/ (pyproject's contract names
+        # it) serves this: the adapter reads the deployment's timeouts itself until one
+        # client factory passes them in (issue 21 item 4).
         # Without an explicit read timeout or deadline the deployment's apply
         # (KUBEMOOT_PROVIDER_READ_TIMEOUT_SECONDS, KUBEMOOT_PROVIDER_CALL_DEADLINE_SECONDS):
         # clients are made in many places (gateway, agent, demo, chat pools), and each

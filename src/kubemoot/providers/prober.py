@@ -15,9 +15,9 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from kubemoot import metrics
+from kubemoot.api.provider import DEFAULT_RESERVE_MIB
 from kubemoot.clock import Clock
 from kubemoot.providers.protocol import ProviderClient, ProviderError, ProviderState
-from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import Bucket, StoreError
@@ -136,7 +136,7 @@ class Prober:
             reason=reason,
             last_probed_at=self._clock.now(),
             total_vram_mib=_spec_int(client, "total_vram_mib"),
-            reserve_mib=DEFAULTS.reserve_mib if reserve is None else reserve,
+            reserve_mib=DEFAULT_RESERVE_MIB if reserve is None else reserve,
             max_parallel=1 if parallel is None else parallel,
             context_length=_spec_int(client, "context_length"),
         )

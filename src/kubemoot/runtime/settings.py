@@ -88,6 +88,9 @@ class RuntimeSettings:
     claim_line_seconds: float = 5.0
     #: Prompt size assumed when a call is planned before its prompt exists.
     assumed_prompt_tokens: int = 2048
+    #: What evaluating one prompt token costs an engine (prefill) when its slot's cache
+    #: does not hold it: about 2,500 tokens a second, a mid-sized model on one card.
+    prefill_seconds_per_token: float = 0.0004
     #: How many of the cheapest options of one kind (warm copies, tightest cold fits) a
     #: placement lists and tries when it is not explaining itself: the rest could only
     #: win if all of these went away.

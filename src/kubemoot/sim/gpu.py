@@ -1,11 +1,13 @@
 """Emulated GPUs for the simulator: the shared engine model as a provider client.
 
-Each :class:`EmulatedGpu` is one card running :class:`kubemoot.providers.engine.OllamaEngine`
+Each :class:`EmulatedGpu` is one card running :class:`kubemoot.emulation.engine.OllamaEngine`
 (the same model of an Ollama engine the HTTP emulator runs) on the simulator's virtual
 clock: memory with a reserve, one arrival-order line, loads one at a time, unloads that
-take time, ``max_parallel`` slots per copy and keep-alive. A violation of the memory
-invariant raises :class:`VramOvercommit`, which fails the simulation rather than
-producing a flattering report.
+take time, ``max_parallel`` slots per copy, keep-alive, a footprint that grows with the
+context, reload on a new ``num_ctx``, the silent cut of an over-long prompt, and prefill
+with a per-slot prompt-prefix cache (:meth:`EmulatedGpu.serve_prompt`). A violation of
+the memory invariant raises :class:`VramOvercommit`, which fails the simulation rather
+than producing a flattering report.
 
 It implements :class:`kubemoot.providers.protocol.ProviderClient`, so the production
 runtime drives it exactly like an Ollama endpoint, and it writes where each call's wait
@@ -15,24 +17,27 @@ went into :data:`kubemoot.sim.phases.CURRENT_CALL`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kubemoot.clock import LoopClock
-from kubemoot.providers.engine import (
+from kubemoot.emulation.engine import (
     OLLAMA_KEEP_ALIVE_SECONDS,
     CardSpec,
     EngineCopy,
     EngineError,
     EngineEvents,
+    ModelSize,
     OllamaEngine,
     UnloadReason,
     VramOvercommit,
 )
+from kubemoot.emulation.prompt import Prompt
 from kubemoot.providers.protocol import ChatResult, LoadedModel, ProviderError, ProviderState
 from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.sim.phases import CURRENT_CALL
 
-__all__ = ["EmulatedGpu", "GpuEvents", "VramOvercommit"]
+__all__ = ["EmulatedGpu", "GpuEvents", "ModelSize", "Prompt", "Served", "VramOvercommit"]
 
 
 class GpuEvents:
@@ -58,6 +63,18 @@ class _CardEvents(EngineEvents):
         self._events.unloaded(self._gpu, model, reason.value, at)
 
 
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What one call met on the card, in loop seconds."""
+
+    started: float  # it got a slot: its prefill begins
+    first_token_at: float  # its prefill is done: ``started`` + ``prefill_seconds``
+    prefill_seconds: float  # evaluating what the slot's cache did not hold
+    cached_tokens: int  # of its prompt, held by the slot from that slot's last call
+    prompt_tokens: int  # what the engine evaluated (after a cut, if any)
+    truncated: bool  # the prompt was longer than the context and was cut
+
+
 class EmulatedGpu:
     """One simulated card (see the module docstring)."""
 
@@ -66,12 +83,13 @@ class EmulatedGpu:
         name: str,
         *,
         vram_mib: int,
-        sizes_mib: Mapping[str, int],
+        sizes_mib: Mapping[str, int | ModelSize],
         reserve_mib: int = DEFAULTS.reserve_mib,
         max_parallel: int = 1,
         load_rate_mibps: float = DEFAULTS.load_rate_mibps,
         unload_seconds: float = DEFAULTS.unload_seconds,
         keep_alive_seconds: float = OLLAMA_KEEP_ALIVE_SECONDS,
+        prefill_seconds_per_token: float = DEFAULTS.prefill_seconds_per_token,
         context_length: int | None = None,
         events: GpuEvents | None = None,
         epoch: float = 0.0,
@@ -88,7 +106,8 @@ class EmulatedGpu:
         self._events = events or GpuEvents()
         card = CardSpec(vram_mib=vram_mib, reserve_mib=reserve_mib, num_parallel=max_parallel,
                         load_rate_mibps=load_rate_mibps, unload_seconds=unload_seconds,
-                        keep_alive_seconds=keep_alive_seconds)
+                        keep_alive_seconds=keep_alive_seconds,
+                        prefill_seconds_per_token=prefill_seconds_per_token)
         # the engine counts in loop seconds; its books (used_mib, peak_mib, vram_checks,
         # busy_seconds) are read from it directly (virtual under the simulator), from loop time 0
         self.engine = OllamaEngine(name, card, clock=LoopClock(epoch=0.0, anchor=0.0),
@@ -113,11 +132,21 @@ class EmulatedGpu:
 
     # -- requests --------------------------------------------------------------------
 
-    async def _acquire(self, model: str) -> EngineCopy:
+    def context_for(self, num_ctx: int | None) -> int | None:
+        """The context a call runs with: its own ``num_ctx``, else the card's."""
+        return num_ctx if num_ctx is not None else self.context_length
+
+    def cached_prompts(self, model: str) -> tuple[Prompt | None, ...]:
+        """What each slot of ``model``'s copy caches now (empty when not resident): the
+        engine's word on which thread's prefix it still holds."""
+        return self.engine.cached_prompts(model)
+
+    async def _acquire(self, model: str, num_ctx: int | None = None) -> EngineCopy:
         if model not in self._sizes:
             raise ProviderError(f"unknown model {model}", provider=self.name)
         try:
-            got = await self.engine.acquire(model, self._sizes[model])
+            got = await self.engine.acquire(model, self._sizes[model],
+                                            context_length=self.context_for(num_ctx))
         except EngineError as error:  # the card refuses it (a model larger than the card)
             raise ProviderError(str(error), provider=self.name) from None
         phases = CURRENT_CALL.get()
@@ -134,20 +163,33 @@ class EmulatedGpu:
 
     async def serve(self, model: str, duration: float) -> float:
         """Run one call of ``duration`` seconds; returns when inference started."""
+        return (await self.serve_prompt(model, duration)).started
+
+    async def serve_prompt(self, model: str, duration: float, *,
+                           prompt: Prompt | None = None,
+                           num_ctx: int | None = None) -> Served:
+        """Run one call: the engine cuts ``prompt`` to the context if it must, the slot
+        evaluates what its cache does not hold (prefill), then ``duration`` seconds of
+        generation. ``num_ctx`` other than the copy's reloads it, as Ollama does."""
         engine = self.engine
-        copy = await self._acquire(model)
+        context = self.context_for(num_ctx)
+        fitted = engine.fit(prompt, context) if prompt is not None else None
+        copy = await self._acquire(model, num_ctx)
         try:
-            await engine.take_slot(copy)
+            grant = await engine.take_slot(copy, fitted.prompt if fitted else None)
             started = engine.clock.now()
             phases = CURRENT_CALL.get()
             if phases is not None:
                 phases.started = started
             self._events.call_started(self.name, model, started)
+            prefill = engine.prefill_seconds(grant)
             try:
-                await engine.clock.sleep(duration)
+                await engine.clock.sleep(prefill + duration)
             finally:
-                engine.give_slot(copy)
-            return started
+                engine.give_slot(copy, grant)
+            return Served(started, started + prefill, prefill, grant.cached_tokens,
+                          fitted.tokens if fitted else 0,
+                          fitted.truncated if fitted else False)
         finally:
             engine.release(copy)
 
@@ -160,7 +202,8 @@ class EmulatedGpu:
         """What ``/api/ps`` would show now, as the provider-state document."""
         loaded = [
             LoadedModel(name=c.model, size_mib=c.footprint_mib,
-                        context_length=self.context_length,
+                        context_length=(c.context_length if c.context_length is not None
+                                        else self.context_length),
                         expires_at=None if c.expires_at == float("inf")
                         else self.epoch + c.expires_at)
             for c in sorted(self.engine.copies.values(), key=lambda c: c.model)
@@ -179,15 +222,9 @@ class EmulatedGpu:
         self.engine.release(copy)
 
     async def unload(self, model: str) -> None:
-        """Returns once the model's memory is back (the simulator's policies count on it)."""
-        gone = self.engine.unload(model)
-        if gone is None:
-            return
-        phases = CURRENT_CALL.get()
-        began = self.engine.clock.now()
-        await gone.wait()
-        if phases is not None:
-            phases.policy_evicting += self.engine.clock.now() - began
+        """``keep_alive: 0``: answered at once, as Ollama does; the memory comes back
+        ``unload_seconds`` later, and a load that needs it waits in the card's line."""
+        self.engine.unload(model)
 
     async def chat(
         self,
@@ -199,8 +236,9 @@ class EmulatedGpu:
         options: Mapping[str, Any] | None = None,
     ) -> ChatResult:
         duration = float((options or {}).get("simDurationSeconds", 1.0))
-        await self.serve(model, duration)
-        return ChatResult(model=model, content="(simulated)", done_reason="stop")
+        served = await self.serve_prompt(model, duration, num_ctx=num_ctx)
+        return ChatResult(model=model, content="(simulated)", done_reason="stop",
+                          prompt_eval_count=served.prompt_tokens or None)
 
     async def close(self) -> None:
         await self.engine.close()

@@ -49,7 +49,7 @@ from kubemoot.api.bounds import (
 )
 from kubemoot.api.errors import InputError
 from kubemoot.api.loader import validate_document
-from kubemoot.providers.engine import OLLAMA_KEEP_ALIVE_SECONDS
+from kubemoot.emulation.engine import OLLAMA_KEEP_ALIVE_SECONDS
 from kubemoot.runtime.settings import DEFAULTS
 
 __all__ = [

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
-from kubemoot.providers.emulator import EmulatorConfig, OllamaEmulator
+from kubemoot.emulation.server import EmulatorConfig, OllamaEmulator
 
 __all__ = ["emulator_factory"]
 

@@ -1,11 +1,11 @@
 """One call to the emulated engine, whichever API it came in by (no HTTP here).
 
 The emulator's Ollama routes and its OpenAI-compatible routes turn a request body into
-a :class:`GenerationCall` or an :class:`EmbeddingCall`; this module checks the parts
-both APIs share, runs the call on :class:`~kubemoot.providers._emulation.EmulatorEngine`
-and hands back what to answer. A running generation holds its slot until its pieces
-have all been sent or it is closed, so a client that goes away mid-stream frees the
-slot at once, as Ollama does.
+a :class:`GenerationCall` or an :class:`EmbeddingCall` (:func:`generation_call`,
+:func:`embedding_call`); this module checks the parts both APIs share, runs the call on
+:class:`~kubemoot.emulation.card.EmulatorEngine` and hands back what to answer. A
+running generation holds its slot until its pieces have all been sent or it is closed,
+so a client that goes away mid-stream frees the slot at once, as Ollama does.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kubemoot.providers._emulation import (
+from kubemoot.emulation.card import (
     EmulatedModel,
     EmulatorEngine,
     EmulatorError,
@@ -23,8 +23,9 @@ from kubemoot.providers._emulation import (
     Slot,
     embedding_vector,
     normalised,
+    parse_keep_alive,
 )
-from kubemoot.providers.engine import EngineCopy
+from kubemoot.emulation.prompt import Prompt
 
 #: Ollama's answer when ``truncate: false`` meets a prompt longer than the context.
 TOO_LONG = "the input length exceeds the context length"
@@ -108,6 +109,30 @@ def check_flag(value: object, field: str, *, default: bool) -> bool:
     return value
 
 
+def find_model(engine: EmulatorEngine, name: object) -> EmulatedModel:
+    """The catalogue entry for ``name``, or Ollama's 400/404."""
+    if not isinstance(name, str) or not name:
+        raise EmulatorError(400, "model is required")
+    model = engine.catalogue.get(name)
+    if model is None and ":" not in name:
+        model = engine.catalogue.get(f"{name}:latest")  # as Ollama resolves it
+    if model is None:
+        raise EmulatorError(404, f'model "{name}" not found, try pulling it first')
+    return model
+
+
+def check_options(options: object) -> dict[str, Any]:
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise EmulatorError(400, "options must be an object")
+    return options
+
+
+def _num_ctx(options: object) -> int | None:
+    return check_count(check_options(options).get("num_ctx"), "options.num_ctx", minimum=1)
+
+
 # -- generation -------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +150,20 @@ class GenerationCall:
     limit: int | None = None  # most tokens to generate (num_predict, max_tokens)
 
 
+def generation_call(engine: EmulatorEngine, path: str, body: Mapping[str, Any], *,
+                    model: EmulatedModel, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]], options: object, limit: int | None = None,
+                    truncate: bool = True) -> GenerationCall:
+    """The engine's view of a request; shared by the Ollama and OpenAI routes."""
+    num_ctx = _num_ctx(options)
+    config = engine.config
+    return GenerationCall(
+        path=path, model=model, messages=messages, tools=tools, num_ctx=num_ctx,
+        context=num_ctx or config.context_length,
+        keep_alive=parse_keep_alive(body.get("keep_alive"), config.keep_alive_s),
+        truncate=truncate, limit=limit)
+
+
 class Generation:
     """A generation that holds a slot: its pieces arrive paced by the emulated clock.
 
@@ -133,12 +172,11 @@ class Generation:
     """
 
     def __init__(self, engine: EmulatorEngine, call: GenerationCall, *,
-                 copy: EngineCopy, loaded: bool, kept: Sequence[Mapping[str, Any]],
-                 evaluated: int) -> None:
+                 slot: Slot, kept: Sequence[Mapping[str, Any]], evaluated: int) -> None:
         self._engine = engine
         self._call = call
         self.model = call.model
-        self._copy = copy
+        self._slot = slot
         self._closed = False
         config = engine.config
         name = call.model.name
@@ -154,10 +192,14 @@ class Generation:
             self._pieces = self._pieces[:call.limit]
             self.eval_count = call.limit
             self.done_reason = "length"
+        # the whole prompt evaluated, cached part included, as Ollama reports it since
+        # its 0.2 line (ollama/ollama#5371); only the prefill time shows the cache
         self.prompt_eval_count = evaluated
-        self._first_s = config.base_latency_s + config.prompt_per_token_s * evaluated
+        self.cached_tokens = slot.grant.cached_tokens if slot.grant is not None else 0
+        prefill = engine.card.prefill_seconds(slot.grant) if slot.grant is not None else 0.0
+        self._first_s = config.base_latency_s + prefill
         self.eval_s = config.per_token_s * self.eval_count
-        self.load_s = copy.load_seconds if loaded else 0.0
+        self.load_s = slot.copy.load_seconds if slot.loaded else 0.0
 
     @property
     def content(self) -> str:
@@ -193,7 +235,7 @@ class Generation:
         if self._closed:
             return
         self._closed = True
-        self._engine.release(self._copy)
+        self._engine.release(self._slot)
 
 
 def _split_words(content: str) -> list[str]:
@@ -207,14 +249,13 @@ def _split_words(content: str) -> list[str]:
 
 async def start_generation(engine: EmulatorEngine, call: GenerationCall) -> Generation:
     """Check the prompt against the context, take a slot (loading if needed), record."""
-    kept, before, evaluated, dropped = engine.truncate(call.messages, call.tools,
-                                                       call.context)
+    kept, fitted = engine.truncate(call.messages, call.tools, call.context)
     got = await _admit(engine, call, _Prompt(
-        messages=[dict(m) for m in call.messages], tokens=before, evaluated=evaluated,
-        dropped=dropped, tools=len(call.tools),
-        refused=not call.truncate and before > call.context))
-    return Generation(engine, call, copy=got.copy, loaded=got.loaded, kept=kept,
-                      evaluated=evaluated)
+        messages=[dict(m) for m in call.messages], tokens=fitted.tokens_sent,
+        evaluated=fitted.tokens, dropped=len(call.messages) - len(kept),
+        tools=len(call.tools), refused=not call.truncate and fitted.truncated,
+        engine_prompt=fitted.prompt))
+    return Generation(engine, call, slot=got, kept=kept, evaluated=fitted.tokens)
 
 
 # -- admission, shared by generations and embeddings -------------------------------
@@ -229,6 +270,7 @@ class _Prompt:
     dropped: int  # whole messages truncation left out
     tools: int
     refused: bool  # over the context with truncation off
+    engine_prompt: Prompt | None = None  # what the slot evaluates (and then caches)
 
 
 async def _admit(engine: EmulatorEngine, call: GenerationCall | EmbeddingCall,
@@ -237,7 +279,7 @@ async def _admit(engine: EmulatorEngine, call: GenerationCall | EmbeddingCall,
     prompt; the request is recorded once, with how its admission ended."""
     received = engine.clock.now()
 
-    def record(queued: bool, error: str | None = None) -> None:
+    def record(queued: bool, error: str | None = None, cached: int = 0) -> None:
         refused = prompt.refused
         engine.record(RecordedRequest(
             path=call.path, model=call.model.name, messages=prompt.messages,
@@ -245,17 +287,18 @@ async def _admit(engine: EmulatorEngine, call: GenerationCall | EmbeddingCall,
             prompt_tokens_evaluated=0 if refused else prompt.evaluated,
             truncated=not refused and prompt.evaluated < prompt.tokens,
             dropped_messages=0 if refused else prompt.dropped, tools=prompt.tools,
-            queued=queued, received_at=received, error=error))
+            queued=queued, received_at=received, error=error, cached_tokens=cached))
 
     if prompt.refused:
         record(False, TOO_LONG)
         raise EmulatorError(400, TOO_LONG)
     try:
-        got = await engine.acquire(call.model, call.context, keep_alive=call.keep_alive)
+        got = await engine.acquire(call.model, call.context, keep_alive=call.keep_alive,
+                                   prompt=prompt.engine_prompt)
     except EmulatorError as error:
         record(False, error.message)
         raise
-    record(got.waited)
+    record(got.waited, cached=got.grant.cached_tokens if got.grant is not None else 0)
     return got
 
 
@@ -274,6 +317,19 @@ class EmbeddingCall:
     truncate: bool = True
     dimensions: int | None = None
     normalise: bool = True  # /api/embed and /v1 normalise; legacy /api/embeddings not
+
+
+def embedding_call(engine: EmulatorEngine, path: str, body: Mapping[str, Any], *,
+                   model: EmulatedModel, inputs: list[str], options: object,
+                   truncate: bool = True, dimensions: int | None = None,
+                   normalise: bool = True) -> EmbeddingCall:
+    num_ctx = _num_ctx(options)
+    config = engine.config
+    return EmbeddingCall(
+        path=path, model=model, inputs=inputs, num_ctx=num_ctx,
+        context=num_ctx or config.context_length,
+        keep_alive=parse_keep_alive(body.get("keep_alive"), config.keep_alive_s),
+        truncate=truncate, dimensions=dimensions, normalise=normalise)
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,7 +365,7 @@ async def embed(engine: EmulatorEngine, call: EmbeddingCall) -> Embeddings:
     try:
         await engine.sleep(seconds)
     finally:
-        engine.release(got.copy)
+        engine.release(got)
     vectors = [embedding_vector(call.model.name, text, dims)[:call.dimensions or dims]
                for text in kept]
     if call.normalise:

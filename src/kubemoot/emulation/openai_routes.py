@@ -1,4 +1,4 @@
-"""The emulator's OpenAI-compatible routes, the subset Ollama serves under ``/v1``.
+"""The emulator's OpenAI-compatible handlers, the subset Ollama serves under ``/v1``.
 
 ``/v1/chat/completions`` (plain or server-sent events, with
 ``stream_options.include_usage``), ``/v1/models`` and ``/v1/embeddings``. They run on
@@ -15,41 +15,30 @@ import itertools
 import json
 import struct
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
-from kubemoot.providers._emulated_calls import (
+from kubemoot.emulation.calls import (
     Generation,
     check_count,
     check_messages,
     check_tools,
     embed,
+    embedding_call,
+    find_model,
+    generation_call,
     start_generation,
 )
-from kubemoot.providers._emulation import EmulatorError
-from kubemoot.providers._emulator_stream import run_unless_abandoned
+from kubemoot.emulation.card import EmulatorEngine, EmulatorError
+from kubemoot.emulation.stream import read_body, run_unless_abandoned
 from kubemoot.serving import StreamWithCleanup
 
-if TYPE_CHECKING:
-    from kubemoot.providers.emulator import OllamaEmulator
-
-__all__ = ["openai_routes"]
+__all__ = ["OpenAIRoutes"]
 
 _FINGERPRINT = "fp_kubemoot_emulator"
 _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error"}
-
-
-def openai_routes(emulator: OllamaEmulator) -> list[Route]:
-    routes, faulty = _OpenAIRoutes(emulator), emulator.with_faults
-    return [
-        Route("/v1/models", faulty(routes.models), methods=["GET"]),
-        Route("/v1/models/{model:path}", routes.model, methods=["GET"]),
-        Route("/v1/chat/completions", faulty(routes.chat), methods=["POST"]),
-        Route("/v1/embeddings", faulty(routes.embeddings), methods=["POST"]),
-    ]
 
 
 def _error(error: EmulatorError) -> JSONResponse:
@@ -85,21 +74,23 @@ def _messages(value: object) -> list[dict[str, Any]]:
     return check_messages(converted)
 
 
-class _OpenAIRoutes:
-    def __init__(self, emulator: OllamaEmulator) -> None:
-        self.emulator = emulator
+class OpenAIRoutes:
+    """The ``/v1`` handlers over one emulated card (the server's route table names them)."""
+
+    def __init__(self, engine: EmulatorEngine) -> None:
+        self.engine = engine
         self._ids = itertools.count(1)
 
     def _created(self) -> int:
-        return int(self.emulator.engine.wall_time())
+        return int(self.engine.wall_time())
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
-            self._entry(name) for name in self.emulator.engine.catalogue]})
+            self._entry(name) for name in self.engine.catalogue]})
 
     async def model(self, request: Request) -> Response:
         try:
-            name = self.emulator.find_model(request.path_params["model"]).name
+            name = find_model(self.engine, request.path_params["model"]).name
         except EmulatorError as error:
             return _error(error)
         return JSONResponse(self._entry(name))
@@ -110,19 +101,20 @@ class _OpenAIRoutes:
         return {"id": name, "object": "model", "created": 1735689600, "owned_by": owner}
 
     async def chat(self, request: Request) -> Response:
-        emulator = self.emulator
+        engine = self.engine
         try:
-            body = await emulator.read_body(request)
-            model = emulator.find_model(body.get("model"))
+            body = await read_body(request)
+            model = find_model(engine, body.get("model"))
             limit = check_count(body.get("max_completion_tokens", body.get("max_tokens")),
                                 "max_tokens", minimum=1)
             stream_options = body.get("stream_options") or {}
             if not isinstance(stream_options, dict):
                 raise EmulatorError(400, "stream_options must be an object")
-            call = emulator.generation_call(
-                request.url.path, body, model=model, messages=_messages(body.get("messages")),
+            call = generation_call(
+                engine, request.url.path, body, model=model,
+                messages=_messages(body.get("messages")),
                 tools=check_tools(body.get("tools")), options=None, limit=limit)
-            generation = await start_generation(emulator.engine, call)
+            generation = await start_generation(engine, call)
         except EmulatorError as error:
             return _error(error)
         ident = f"chatcmpl-{next(self._ids)}"
@@ -165,10 +157,10 @@ class _OpenAIRoutes:
         yield b"data: [DONE]\n\n"
 
     async def embeddings(self, request: Request) -> Response:
-        emulator = self.emulator
+        engine = self.engine
         try:
-            body = await emulator.read_body(request)
-            model = emulator.find_model(body.get("model"))
+            body = await read_body(request)
+            model = find_model(engine, body.get("model"))
             raw = body.get("input")
             inputs = [raw] if isinstance(raw, str) else raw
             if not isinstance(inputs, list) or not inputs or not all(
@@ -178,8 +170,8 @@ class _OpenAIRoutes:
             encoding = body.get("encoding_format") or "float"
             if encoding not in ("float", "base64"):
                 raise EmulatorError(400, "encoding_format must be float or base64")
-            result = await embed(emulator.engine, emulator.embedding_call(
-                request.url.path, body, model=model, inputs=inputs, options=None,
+            result = await embed(engine, embedding_call(
+                engine, request.url.path, body, model=model, inputs=inputs, options=None,
                 dimensions=check_count(body.get("dimensions"), "dimensions", minimum=1)))
         except EmulatorError as error:
             return _error(error)

@@ -1,6 +1,6 @@
 """One model of an Ollama engine on one card, driven by an injected clock.
 
-Both the Ollama-API emulator (:mod:`kubemoot.providers.emulator`, over HTTP) and the
+Both the Ollama-API emulator (:mod:`kubemoot.emulation.server`, over HTTP) and the
 simulator's emulated GPUs (:mod:`kubemoot.sim.gpu`, in virtual time) run this model, so
 the demo and the simulator mean the same thing by "load", "evict" and "queue". It keeps
 the books Ollama's scheduler keeps:
@@ -20,7 +20,19 @@ the books Ollama's scheduler keeps:
   to the longest-waiting call of that copy.
 * **Keep-alive** comes with each request (the card's default otherwise); an idle copy
   leaves when the keep-alive of its latest request runs out (never for ``inf``, at once
-  for 0). A request for another context length reloads an idle copy.
+  for 0).
+* **Context.** A copy's footprint is its weights plus a KV slab for ``context ×
+  num_parallel`` tokens (:class:`ModelSize`); a request for another context length
+  reloads an idle copy with the footprint of the new one. A prompt longer than the
+  context is cut silently (:meth:`~kubemoot.emulation.prompt.Prompt.fit`, counted in
+  :attr:`OllamaEngine.truncations`): the runtime must never let that happen, the model
+  shows it when it does.
+* **Prefill and the prompt-prefix cache.** Each slot keeps the prompt it last evaluated;
+  a request takes the free slot that shares the longest prefix with its prompt (else
+  the one unused longest), evaluates only the rest at ``prefill_seconds_per_token``
+  (:meth:`OllamaEngine.prefill_seconds`), and leaves its own prompt there. A copy's
+  caches go with the copy. :meth:`OllamaEngine.cached_prompts` shows what each slot
+  holds, so a caller can confirm a hit.
 
 All waiting goes through the clock, so the same code runs in virtual time (the
 simulator's loop) and in scaled real time (the emulator). Callers learn what happened
@@ -32,11 +44,12 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from kubemoot.clock import Clock
+from kubemoot.emulation.prompt import FittedPrompt, Prompt, fit_to_context
 from kubemoot.runtime.settings import DEFAULTS
 
 __all__ = [
@@ -47,9 +60,12 @@ __all__ = [
     "EngineCopy",
     "EngineError",
     "EngineEvents",
+    "ModelSize",
     "ModelTooLarge",
     "OllamaEngine",
+    "Prompt",
     "QueueFull",
+    "SlotGrant",
     "UnloadReason",
     "VramOvercommit",
     "fit_to_context",
@@ -105,6 +121,8 @@ class CardSpec:
     unload_seconds: float = DEFAULTS.unload_seconds
     keep_alive_seconds: float = OLLAMA_KEEP_ALIVE_SECONDS
     max_queue: int | None = None  # None: the line is unbounded
+    #: seconds to evaluate one prompt token a slot's cache does not hold
+    prefill_seconds_per_token: float = DEFAULTS.prefill_seconds_per_token
 
     def __post_init__(self) -> None:
         if self.reserve_mib < 0:
@@ -117,10 +135,49 @@ class CardSpec:
         if not self.load_rate_mibps > 0:
             raise ValueError(f"card load_rate_mibps must be positive, "
                              f"got {self.load_rate_mibps}")
+        if not self.prefill_seconds_per_token >= 0:
+            raise ValueError(f"card prefill_seconds_per_token must be 0 or more, "
+                             f"got {self.prefill_seconds_per_token}")
 
     @property
     def usable_mib(self) -> int:
         return self.vram_mib - self.reserve_mib
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSize:
+    """What a model's copy holds: its weights, and a KV slab of ``kv_mib_per_1k_tokens``
+    per 1024 tokens of ``context × num_parallel``, reserved at load as Ollama does."""
+
+    weights_mib: int
+    kv_mib_per_1k_tokens: float = 0.0
+
+    def footprint_mib(self, context_length: int | None, num_parallel: int) -> int:
+        """The copy's memory; a context that is not said adds no slab (the size given
+        is then the whole footprint)."""
+        if context_length is None:
+            return self.weights_mib
+        slab = self.kv_mib_per_1k_tokens * context_length * num_parallel / 1024
+        return self.weights_mib + math.ceil(slab)
+
+
+@dataclass(slots=True)
+class _SlotCache:
+    """One slot of a copy: busy or not, and the prompt it evaluated last."""
+
+    busy: bool = False
+    prompt: Prompt | None = None
+    last_used: float = -math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class SlotGrant:
+    """A slot given to a request, and what its cache saved the request."""
+
+    index: int
+    waited: bool  # all slots were busy when it asked
+    cached_tokens: int  # of its prompt, held by the slot from the previous request
+    uncached_tokens: int  # what the slot must evaluate (prefill)
 
 
 class EngineEvents:
@@ -145,7 +202,8 @@ class EngineCopy:
     gone: asyncio.Event = field(default_factory=asyncio.Event)
     refs: int = 0  # requests assigned to this copy and not yet released
     active: int = 0  # requests computing in a slot
-    slot_waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
+    slot_waiters: deque[asyncio.Future[int]] = field(default_factory=deque)
+    slots: list[_SlotCache] = field(default_factory=list)  # per slot: busy, its prompt
     expires_at: float = math.inf  # while in use it never expires
     last_used: float = 0.0
     idle_token: int = 0  # a keep-alive timer fires only if the copy stayed idle since
@@ -198,6 +256,7 @@ class OllamaEngine:
         self.peak_mib = 0
         self.vram_checks = 0
         self.footprints: dict[str, int] = {}  # model → footprint when first ready
+        self.truncations = 0  # prompts cut to their context (the runtime should prevent it)
         self._busy_count = 0
         self._busy_since = 0.0
         self.busy_seconds = 0.0  # time the card was loading or computing
@@ -356,7 +415,8 @@ class OllamaEngine:
         size = request.footprint_mib
         copy = EngineCopy(request.model, size, request.context_length,
                           load_seconds=size / self.card.load_rate_mibps,
-                          keep_alive=request.keep_alive)
+                          keep_alive=request.keep_alive,
+                          slots=[_SlotCache() for _ in range(self.card.num_parallel)])
         self.copies[copy.model] = copy
         self._vram(size)
         self._busy(+1)
@@ -420,15 +480,23 @@ class OllamaEngine:
 
     # -- requests ----------------------------------------------------------------------
 
-    async def acquire(self, model: str, footprint_mib: int, *,
+    def footprint_mib(self, size: ModelSize | int, context_length: int | None) -> int:
+        """A copy's memory on this card: a bare number is the whole footprint."""
+        if isinstance(size, int):
+            return size
+        return size.footprint_mib(context_length, self.card.num_parallel)
+
+    async def acquire(self, model: str, size: ModelSize | int, *,
                       context_length: int | None = None,
                       keep_alive: float | None = None) -> Assignment:
         """Join the card's line for a copy of ``model`` and return once it is ready.
 
-        The caller holds the copy (it cannot be unloaded) until :meth:`release`.
-        ``context_length`` None takes the copy whatever its context; ``keep_alive`` None
-        is the card's default.
+        The copy holds ``size`` for ``context_length`` (a bare number of MiB is the
+        whole footprint). The caller holds the copy (it cannot be unloaded) until
+        :meth:`release`. ``context_length`` None takes the copy whatever its context;
+        ``keep_alive`` None is the card's default.
         """
+        footprint_mib = self.footprint_mib(size, context_length)
         self._ensure_scheduler()
         limit = self.card.max_queue
         if limit is not None and self.waiting() >= limit:
@@ -462,36 +530,86 @@ class OllamaEngine:
                           loaded=request.loaded,
                           waited=blocked or not (was_ready or request.loaded))
 
-    async def take_slot(self, copy: EngineCopy) -> bool:
-        """Wait for one of the copy's slots; True when the caller had to wait."""
-        waited = copy.active >= self.card.num_parallel
-        if not waited:
+    def fit(self, prompt: Prompt, context_length: int | None) -> FittedPrompt:
+        """``prompt`` as the engine evaluates it with ``context_length``: cut silently
+        when it is longer, and counted in :attr:`truncations`."""
+        fitted = prompt.fit(context_length)
+        if fitted.truncated:
+            self.truncations += 1
+        return fitted
+
+    async def take_slot(self, copy: EngineCopy, prompt: Prompt | None = None) -> SlotGrant:
+        """Wait for one of the copy's slots and leave ``prompt`` in its cache.
+
+        A free slot whose cache shares the longest prefix with ``prompt`` is taken,
+        else the one unused longest; a request that waits gets the slot the next
+        finishing call gives back. Give it back with :meth:`give_slot`.
+        """
+        if not copy.slots:  # a copy made before slots were counted: one per parallel
+            copy.slots = [_SlotCache() for _ in range(self.card.num_parallel)]
+        free = [i for i, slot in enumerate(copy.slots) if not slot.busy]
+        waited = not free
+        if free:
+            index = self._best_slot(copy, free, prompt)
+            copy.slots[index].busy = True
             copy.active += 1
         else:
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             copy.slot_waiters.append(waiter)
             try:
-                await waiter  # the finishing call hands its slot over (active unchanged)
+                # the finishing call hands its slot over (active and busy unchanged)
+                index = await waiter
             except BaseException:
                 if waiter.done() and not waiter.cancelled():
-                    self._hand_over_slot(copy)  # handed over, then cancelled: pass it on
+                    self._hand_over_slot(copy, waiter.result())  # pass it on
                 raise
+        slot = copy.slots[index]
+        cached = prompt.shared_prefix(slot.prompt) if prompt is not None else 0
+        slot.prompt = prompt
+        slot.last_used = self.clock.now()
         self._busy(+1)
         self._changed_now()
-        return waited
+        total = prompt.tokens if prompt is not None else 0
+        return SlotGrant(index, waited, cached, total - cached)
 
-    def give_slot(self, copy: EngineCopy) -> None:
+    @staticmethod
+    def _best_slot(copy: EngineCopy, free: list[int], prompt: Prompt | None) -> int:
+        def preference(i: int) -> tuple[int, float, int]:
+            slot = copy.slots[i]
+            shared = prompt.shared_prefix(slot.prompt) if prompt is not None else 0
+            return (-shared, slot.last_used, i)
+        return min(free, key=preference)
+
+    def prefill_seconds(self, grant: SlotGrant) -> float:
+        """How long the slot evaluates the part of the prompt its cache did not hold."""
+        return grant.uncached_tokens * self.card.prefill_seconds_per_token
+
+    def cached_prompts(self, model: str) -> tuple[Prompt | None, ...]:
+        """What each slot of ``model``'s copy holds (empty when no copy is resident)."""
+        copy = self.copies.get(model)
+        if copy is None or copy.state == CopyState.UNLOADING:
+            return ()
+        return tuple(slot.prompt for slot in copy.slots)
+
+    def cached_tokens(self, model: str, prompt: Prompt) -> int:
+        """The longest prefix of ``prompt`` a slot of ``model``'s copy holds now (what a
+        call would skip on that slot; 0 when no copy is resident)."""
+        return max((prompt.shared_prefix(p) for p in self.cached_prompts(model)), default=0)
+
+    def give_slot(self, copy: EngineCopy, grant: SlotGrant) -> None:
         self._busy(-1)
-        self._hand_over_slot(copy)
+        copy.slots[grant.index].last_used = self.clock.now()
+        self._hand_over_slot(copy, grant.index)
         self._changed_now()
 
     @staticmethod
-    def _hand_over_slot(copy: EngineCopy) -> None:
+    def _hand_over_slot(copy: EngineCopy, index: int) -> None:
         while copy.slot_waiters:
             waiter = copy.slot_waiters.popleft()
             if not waiter.done():  # a waiter that gave up is skipped
-                waiter.set_result(None)
+                waiter.set_result(index)
                 return
+        copy.slots[index].busy = False
         copy.active -= 1
 
     def release(self, copy: EngineCopy) -> None:
@@ -520,23 +638,3 @@ class OllamaEngine:
             self._task.cancel()
             self._task = None
 
-
-def fit_to_context(sizes: Sequence[int], system: Sequence[bool], fixed_tokens: int,
-                   context_length: int) -> tuple[list[int], int, int]:
-    """The engine's silent cut of an over-long prompt, on token counts.
-
-    ``sizes`` are the messages' tokens, ``system`` marks system messages and
-    ``fixed_tokens`` is what cannot be dropped (tool definitions). System messages and
-    the newest message stay; the oldest others go first; when even that does not fit,
-    the oldest tokens are cut. Returns the kept indexes, the tokens before and the
-    tokens evaluated.
-    """
-    before = fixed_tokens + sum(sizes)
-    kept = list(range(len(sizes)))
-    droppable = [i for i in kept[:-1] if not system[i]]
-    total = before
-    while total > context_length and droppable:
-        victim = droppable.pop(0)
-        kept.remove(victim)
-        total -= sizes[victim]
-    return kept, before, min(total, context_length)

@@ -1,7 +1,7 @@
 """The emulator's side of the engine (no HTTP here).
 
 Memory, the card's line, loads, unloads, slots and keep-alive are the shared engine
-model, :class:`kubemoot.providers.engine.OllamaEngine`, which the simulator runs too.
+model, :class:`kubemoot.emulation.engine.OllamaEngine`, which the simulator runs too.
 Around it this module keeps what only the emulator needs: the catalogue and each
 model's footprint for a context, the deterministic tokenizer and the silent cut of an
 over-long prompt, deterministic replies and embeddings, and the books a test reads
@@ -19,24 +19,28 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from kubemoot.clock import Clock, ScaledClock
-from kubemoot.providers.durations import DurationError, duration_seconds
-from kubemoot.providers.engine import (
+from kubemoot.emulation.engine import (
     OLLAMA_KEEP_ALIVE_SECONDS,
     CardSpec,
     EngineCopy,
     EngineEvents,
+    ModelSize,
     ModelTooLarge,
     OllamaEngine,
     QueueFull,
+    SlotGrant,
     UnloadReason,
-    fit_to_context,
 )
+from kubemoot.emulation.prompt import FittedPrompt, Prompt, PromptBlock
+from kubemoot.providers.durations import DurationError, duration_seconds
 from kubemoot.runtime.settings import DEFAULTS
 
 MIB = 1024 * 1024
+_FAR_FUTURE = "2318-01-01T00:00:00Z"  # what Ollama shows for keep_alive < 0
 
 ToolRule = Callable[[str, Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]]],
                     list[dict[str, Any]] | None]
@@ -65,9 +69,13 @@ class EmulatedModel:
     kv_mib_per_1k_tokens: float = 0.0
     family: str = "emulated"
 
+    @property
+    def size(self) -> ModelSize:
+        """The model's size in the engine's terms (weights and KV slab per token)."""
+        return ModelSize(self.size_mib, self.kv_mib_per_1k_tokens)
+
     def footprint_mib(self, context_length: int, num_parallel: int) -> int:
-        slab = self.kv_mib_per_1k_tokens * context_length * num_parallel / 1024
-        return self.size_mib + math.ceil(slab)
+        return self.size.footprint_mib(context_length, num_parallel)
 
     @property
     def manifest_digest(self) -> str:
@@ -96,7 +104,8 @@ class EmulatorConfig:
     unload_seconds: float = DEFAULTS.unload_seconds  # memory stays held meanwhile
     base_latency_s: float = 0.5  # per generation, before tokens
     per_token_s: float = 0.02  # per generated token
-    prompt_per_token_s: float = 0.0  # per prompt token evaluated
+    # per prompt token a slot's cache does not hold (the engine's prefill)
+    prompt_per_token_s: float = DEFAULTS.prefill_seconds_per_token
     time_scale: float = 1.0  # real seconds per emulated second (0.01 makes tests fast)
     keep_alive_s: float = OLLAMA_KEEP_ALIVE_SECONDS
     max_queue: int = 512  # Ollama's OLLAMA_MAX_QUEUE default
@@ -123,6 +132,8 @@ class RecordedRequest:
     queued: bool  # waited for a slot or for memory
     received_at: float
     error: str | None = None
+    #: of the evaluated prompt, what the slot's cache held (only the rest was prefilled)
+    cached_tokens: int = 0
 
 
 class Slot(NamedTuple):
@@ -131,6 +142,7 @@ class Slot(NamedTuple):
     copy: EngineCopy
     waited: bool  # waited for a slot, a load by someone else, or memory
     loaded: bool  # this caller loaded the copy (and paid the load time)
+    grant: SlotGrant | None = None  # the slot and its cache (None: a preload, no slot)
 
 
 def parse_keep_alive(value: object, default: float) -> float:
@@ -160,6 +172,10 @@ def normalised(vector: Sequence[float]) -> list[float]:
     """``vector`` scaled to unit length (Ollama's ``/api/embed`` answers these)."""
     norm = math.sqrt(sum(v * v for v in vector))
     return [v / norm for v in vector] if norm else list(vector)
+
+
+def _key(kind: str, text: str) -> str:
+    return hashlib.sha256(f"{kind}\n{text}".encode()).hexdigest()[:16]
 
 
 def _text_of(message: Mapping[str, Any]) -> str:
@@ -216,7 +232,8 @@ class EmulatorEngine:
             vram_mib=config.vram_mib, reserve_mib=config.reserve_mib,
             num_parallel=config.num_parallel, load_rate_mibps=config.load_rate_mibps,
             unload_seconds=config.unload_seconds, keep_alive_seconds=config.keep_alive_s,
-            max_queue=config.max_queue), clock=self.clock, events=self._engine_books)
+            max_queue=config.max_queue, prefill_seconds_per_token=config.prompt_per_token_s),
+            clock=self.clock, events=self._engine_books)
         self.card.on_change(self._tell)
         self._records: list[RecordedRequest] = []
         self.truncations = 0  # requests whose prompt the engine cut
@@ -299,6 +316,7 @@ class EmulatorEngine:
                 "evictionsByModel": dict(Counter(books.evictions)),
                 "reloads": len(books.reloads),
                 "truncations": self.truncations,
+                "cachedPromptTokens": sum(r.cached_tokens for r in self._records),
                 "requests": len(self._records),
                 "peakBusy": dict(self.peak_busy),
                 "waiting": card.waiting(),
@@ -316,20 +334,32 @@ class EmulatorEngine:
     def message_tokens(self, message: Mapping[str, Any]) -> int:
         return self.tokens(_text_of(message)) + self.MESSAGE_OVERHEAD_TOKENS
 
+    def prompt(self, messages: Sequence[Mapping[str, Any]],
+               tools: Sequence[Mapping[str, Any]]) -> Prompt:
+        """The request's prompt in the engine's terms: the tool definitions (pinned),
+        then one block per message, each keyed by its text, counted by the emulator's
+        tokenizer."""
+        blocks = []
+        if tools:
+            text = json.dumps(list(tools), sort_keys=True, default=str)
+            blocks.append(PromptBlock(_key("tools", text), self.tokens(text), pinned=True))
+        for message in messages:
+            role = str(message.get("role") or "")
+            blocks.append(PromptBlock(_key(role, _text_of(message)),
+                                      self.message_tokens(message), pinned=role == "system"))
+        return Prompt(tuple(blocks))
+
     def truncate(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]],
         context_length: int,
-    ) -> tuple[list[Mapping[str, Any]], int, int, int]:
-        """Cut a prompt the way the engine does (:func:`~kubemoot.providers.engine.
-        fit_to_context`), counted by the emulator's tokenizer. Returns the kept
-        messages, tokens before, tokens evaluated, and how many messages were dropped.
-        """
-        tool_tokens = self.tokens(json.dumps(list(tools), sort_keys=True, default=str)) \
-            if tools else 0
-        kept, before, evaluated = fit_to_context(
-            [self.message_tokens(m) for m in messages],
-            [m.get("role") == "system" for m in messages], tool_tokens, context_length)
-        return [messages[i] for i in kept], before, evaluated, len(messages) - len(kept)
+    ) -> tuple[list[Mapping[str, Any]], FittedPrompt]:
+        """Cut a prompt the way the engine does (:meth:`~kubemoot.emulation.prompt.
+        Prompt.fit`), counted by the emulator's tokenizer. Returns the kept messages and
+        the prompt as the engine evaluates it."""
+        fitted = self.card.fit(self.prompt(messages, tools), context_length)
+        offset = 1 if tools else 0  # the tools' block comes first
+        kept = [messages[i - offset] for i in fitted.kept if i >= offset]
+        return kept, fitted
 
     # -- deterministic replies --------------------------------------------------
 
@@ -381,6 +411,13 @@ class EmulatorEngine:
             return self.clock.wall_time(emulated)
         return emulated
 
+    def stamp(self, emulated: float | None = None) -> str:
+        """:meth:`wall_time` as the ISO time Ollama's answers carry."""
+        epoch = self.wall_time(emulated)
+        if not math.isfinite(epoch):  # keep_alive < 0: never expires
+            return _FAR_FUTURE
+        return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
+
     def footprint_mib(self, model: EmulatedModel, context_length: int) -> int:
         return model.footprint_mib(context_length, self.config.num_parallel)
 
@@ -390,15 +427,18 @@ class EmulatorEngine:
                 if c.state != "unloading"]
 
     async def acquire(self, model: EmulatedModel, context_length: int, *,
-                      keep_alive: float, slot: bool = True) -> Slot:
-        """A slot on a ready copy of ``model`` (loading it first if needed).
+                      keep_alive: float, slot: bool = True,
+                      prompt: Prompt | None = None) -> Slot:
+        """A slot on a ready copy of ``model`` (loading it first if needed), with
+        ``prompt`` left in its cache.
 
         With ``slot=False`` it only makes sure the copy is loaded (a preload) and takes
         no slot. The caller gives a slot back with :meth:`release`.
         """
         need = self.footprint_mib(model, context_length)
         try:
-            got = await self.card.acquire(model.name, need, context_length=context_length,
+            got = await self.card.acquire(model.name, model.size,
+                                          context_length=context_length,
                                           keep_alive=keep_alive)
         except ModelTooLarge:
             raise EmulatorError(
@@ -412,19 +452,20 @@ class EmulatorEngine:
             self.card.release(copy)
             return Slot(copy, got.waited, got.loaded)
         try:
-            waited = await self.card.take_slot(copy)
+            grant = await self.card.take_slot(copy, prompt)
         except BaseException:
             self.card.release(copy)
             raise
         with self._changed:
             self.peak_busy[model.name] = max(self.peak_busy.get(model.name, 0), copy.active)
             self._changed.notify_all()
-        return Slot(copy, got.waited or waited, got.loaded)
+        return Slot(copy, got.waited or grant.waited, got.loaded, grant)
 
-    def release(self, copy: EngineCopy) -> None:
+    def release(self, slot: Slot) -> None:
         """Give back the slot :meth:`acquire` took; idle, the copy's keep-alive starts."""
-        self.card.give_slot(copy)
-        self.card.release(copy)
+        if slot.grant is not None:
+            self.card.give_slot(slot.copy, slot.grant)
+        self.card.release(slot.copy)
 
     def unload(self, model: EmulatedModel) -> None:
         """``keep_alive: 0``: gone now if idle, else as soon as its calls finish."""
@@ -432,3 +473,19 @@ class EmulatorEngine:
 
     async def sleep(self, emulated_seconds: float) -> None:
         await self.clock.sleep(emulated_seconds)
+
+
+def parse_model_option(text: str) -> EmulatedModel:
+    """``NAME=MiB`` (CLI ``--model``) → a catalogue entry; ``ValueError`` when malformed."""
+    name, sep, size = text.rpartition("=")
+    if not sep or not name:
+        raise ValueError(f"expected NAME=MiB, got {text!r}")
+    mib = int(size)
+    if mib <= 0:
+        raise ValueError(f"the size of {name} must be a positive number of MiB")
+    return EmulatedModel(name=name, size_mib=mib)
+
+
+def catalogue(models: Sequence[EmulatedModel]) -> tuple[EmulatedModel, ...]:
+    """A catalogue with unique names (the last definition of a name wins)."""
+    return tuple({m.name: m for m in models}.values())

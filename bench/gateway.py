@@ -1,18 +1,30 @@
 """What the gateway adds to a call, and whether replicas overcommit a card.
 
 * **Added latency**: one client, a warm model, an emulator with no emulated delay
-  (``--time-scale 0``): ``/api/chat`` straight to the emulator and through the gateway,
-  sampled in turns so load from elsewhere weighs on both alike; the figures are the
-  gateway's p50 and p99 minus the direct ones (goals: ≤ 2 ms and ≤ 10 ms).
+  (``--time-scale 0``): each route (Ollama's ``/api/chat``, OpenAI's
+  ``/v1/chat/completions``) straight to the emulator and through the gateway, sampled in
+  turns so load from elsewhere weighs on both alike; the figures are the gateway's p50
+  and p99 minus the direct ones (goal: p50 ≤ 2 ms on both routes).
 * **Throughput**: requests per second at 32 concurrent clients, through the gateway
-  and direct (goal: ratio ≥ 0.5).
+  and direct, on each route (goal: ratio ≥ 0.8).
+* **Against LiteLLM**: when LiteLLM's proxy is installed (``pip install -e '.[bench]'``,
+  or ``--litellm PATH``), the same two measurements through it, in front of the same
+  emulator: upstream ``openai/`` to the emulator's ``/v1`` (the OpenAI route) and
+  ``ollama_chat/`` to its ``/api/chat`` (the Ollama route; LiteLLM's own clients speak
+  only the OpenAI API). ``addedP50MsVsLiteLLM`` is our added p50 over LiteLLM's on the
+  worse route, ``throughputVsLiteLLM`` our requests per second over LiteLLM's on the
+  worse route (below 1 and above 1 are better, respectively).
 * **Overcommits**: two gateway replicas sharing a real nats-server in front of two
-  small emulated cards, many concurrent calls over three models; the engines'
-  ``/emulator/stats`` count every model they had to evict on their own (goal: 0).
+  small emulated cards, many concurrent calls over three models, a third of them with a
+  client ``keep_alive`` of one second (the engine would unload those copies between two
+  probes if the gateway let it); the engines' ``/emulator/stats`` count every model they
+  had to evict on their own and every card that went over its memory (goal: 0).
 
-Every server is its own process (``kubemoot emulate-ollama``, ``kubemoot gateway``), as in a
-deployment. Human-readable lines first; the last line is one JSON object:
-``{"addedP50Ms": …, "addedP99Ms": …, "throughputRatio": …, "overcommits": …}``.
+Every server is its own process (``kubemoot emulate-ollama``, ``kubemoot gateway``,
+``litellm``), as in a deployment. Human-readable lines first; the last line is one JSON
+object: ``{"addedP50Ms": …, "addedP99Ms": …, "throughputRatio": …, "addedP50MsOpenAI": …,
+"throughputRatioOpenAI": …, "addedP50MsVsLiteLLM": …, "throughputVsLiteLLM": …,
+"overcommits": …}`` (the LiteLLM keys only when it ran).
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -62,13 +75,14 @@ def servers(*commands: list[str]) -> Iterator[list[str]]:
                 process.kill()
 
 
-def _wait_up(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
+def _wait_up(url: str, process: subprocess.Popen[bytes], path: str = "/",
+             seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise SystemExit(f"{url}: the server exited with {process.returncode}")
         try:
-            if httpx.get(url + "/", timeout=1).status_code == 200:
+            if httpx.get(url + path, timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             time.sleep(0.05)
@@ -95,6 +109,43 @@ uvicorn.run(OllamaEmulator(config).app, host="127.0.0.1", port=int(sys.argv[3]),
 """
 
 
+def find_litellm(given: str | None) -> str | None:
+    """The LiteLLM proxy's command: --litellm, else beside this Python, else on PATH."""
+    if given:
+        return given
+    beside = Path(sys.executable).parent / "litellm"
+    return str(beside) if beside.exists() else shutil.which("litellm")
+
+
+@contextmanager
+def litellm_proxy(command: str, upstream: str, port: int) -> Iterator[str]:
+    """LiteLLM's proxy in front of the emulator, offline and without a master key.
+
+    ``upstream`` is its model string: ``openai/qwen3:8b`` with the emulator's ``/v1`` as
+    api_base (the OpenAI route), or ``ollama_chat/qwen3:8b`` with the emulator's root
+    (LiteLLM speaks Ollama's /api/chat to it; its clients still speak OpenAI).
+    """
+    model, api_base = upstream.split(" ", 1)
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+           "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
+           "OPENAI_API_KEY": "unused", "LITELLM_LOG": "ERROR"}
+    process = subprocess.Popen(
+        [command, "--model", model, "--api_base", api_base, "--host", "127.0.0.1",
+         "--port", str(port), "--num_workers", "1"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_up(url, process, "/health/liveliness", seconds=180)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def gateway(providers: list[str], port: int, *extra: str) -> list[str]:
     flags = [a for p in providers for a in ("--provider", p)]
     return ["gateway", *flags, *extra, "--wait-limit", "30s",
@@ -106,25 +157,43 @@ def pct(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def latency(direct: str, through: str, calls: int) -> tuple[float, float]:
+ROUTES = {
+    "ollama": ("/api/chat", BODY),
+    "openai": ("/v1/chat/completions", {"model": MODEL, "messages": BODY["messages"]}),
+}
+
+
+async def latency(
+    direct: str, through: str, calls: int, route: str = "ollama", *, label: str = "gateway",
+    through_route: str | None = None,
+) -> tuple[float, float]:
+    """Added p50 and p99 (ms) of ``through`` over ``direct`` on one route, sampled in turns.
+
+    ``through_route`` is the route the front speaks when it differs from the engine's (a
+    proxy that speaks only the OpenAI API in front of an Ollama engine).
+    """
+    path, body = ROUTES[route]
+    front_path, front_body = ROUTES[through_route or route]
+    targets = {direct: (path, body), through: (front_path, front_body)}
     samples: dict[str, list[float]] = {direct: [], through: []}
     async with httpx.AsyncClient(timeout=60) as http:
         for _ in range(20):  # warm both paths (model loaded, connections open)
-            for url in samples:
-                (await http.post(url + "/api/chat", json=BODY)).raise_for_status()
+            for url, (where, what) in targets.items():
+                (await http.post(url + where, json=what)).raise_for_status()
         for _ in range(calls):
-            for url in samples:
+            for url, (where, what) in targets.items():
                 began = time.perf_counter()
-                (await http.post(url + "/api/chat", json=BODY)).raise_for_status()
+                (await http.post(url + where, json=what)).raise_for_status()
                 samples[url].append((time.perf_counter() - began) * 1000)
     d, g = samples[direct], samples[through]
-    print(f"one client, {calls} calls each: direct p50 {pct(d, .5):.2f} ms "
-          f"p99 {pct(d, .99):.2f} ms; gateway p50 {pct(g, .5):.2f} ms "
-          f"p99 {pct(g, .99):.2f} ms")
+    print(f"{route} route, one client, {calls} calls each: direct p50 {pct(d, .5):.2f} ms "
+          f"p99 {pct(d, .99):.2f} ms; {label} p50 {pct(g, .5):.2f} ms "
+          f"p95 {pct(g, .95):.2f} ms p99 {pct(g, .99):.2f} ms")
     return pct(g, .5) - pct(d, .5), pct(g, .99) - pct(d, .99)
 
 
-async def throughput(url: str, seconds: float, clients: int) -> float:
+async def throughput(url: str, seconds: float, clients: int, route: str = "ollama") -> float:
+    path, body = ROUTES[route]
     done = 0
     refused: dict[int, int] = {}
     limits = httpx.Limits(max_connections=clients)
@@ -134,7 +203,7 @@ async def throughput(url: str, seconds: float, clients: int) -> float:
         async def worker() -> None:
             nonlocal done
             while time.perf_counter() < end:
-                answer = await http.post(url + "/api/chat", json=BODY)
+                answer = await http.post(url + path, json=body)
                 if answer.status_code == 200:
                     done += 1  # only answers count; a refusal is no throughput
                 else:
@@ -162,7 +231,9 @@ async def overcommits(requests: int) -> int:
             async with httpx.AsyncClient(timeout=600,
                                          limits=httpx.Limits(max_connections=500)) as http:
                 async def one(i: int) -> int:
-                    body = {**BODY, "model": models[i % len(models)]}
+                    body: dict[str, object] = {**BODY, "model": models[i % len(models)]}
+                    if i % 3 == 0:  # a client that asks the engine to unload soon
+                        body["keep_alive"] = "1s"
                     answer = await http.post(fronts[i % 2] + "/api/chat", json=body)
                     return answer.status_code
 
@@ -188,27 +259,75 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--litellm", default=None,
+                        help="LiteLLM's proxy command (default: beside this Python or on PATH; "
+                             "install with `pip install -e '.[bench]'`); 'off' skips it")
+    parser.add_argument("--litellm-calls", type=int, default=500,
+                        help="calls per route for LiteLLM's latency (it is ~10x slower)")
     args = parser.parse_args()
     began = time.monotonic()
     emulator_port, gateway_port = free_port(), free_port()
     card = "vramMiB=24576,numParallel=32,contextLength=4096"
     fast = [sys.executable, "-c", _FAST_EMULATOR, "24576", "32", str(emulator_port)]
+    ours: dict[str, dict[str, float]] = {}
     with servers(fast,
                  gateway([f"gpu={f'http://127.0.0.1:{emulator_port}'},{card}"],
                          gateway_port)) as (direct, through):
-        added_p50, added_p99 = await latency(direct, through, args.calls)
-        direct_rps = await throughput(direct, args.seconds, args.clients)
-        gateway_rps = await throughput(through, args.seconds, args.clients)
-    ratio = gateway_rps / direct_rps if direct_rps else 0.0
-    print(f"{args.clients} clients: direct {direct_rps:.0f} req/s, gateway "
-          f"{gateway_rps:.0f} req/s (ratio {ratio:.2f})")
+        for route in ROUTES:
+            p50, p99 = await latency(direct, through, args.calls, route)
+            direct_rps = await throughput(direct, args.seconds, args.clients, route)
+            gateway_rps = await throughput(through, args.seconds, args.clients, route)
+            ours[route] = {"addedP50Ms": p50, "addedP99Ms": p99, "directRps": direct_rps,
+                           "gatewayRps": gateway_rps,
+                           "throughputRatio": gateway_rps / direct_rps if direct_rps else 0.0}
+            print(f"{route} route, {args.clients} clients: direct {direct_rps:.0f} req/s, "
+                  f"gateway {gateway_rps:.0f} req/s (ratio {ours[route]['throughputRatio']:.2f})")
+        theirs = await versus_litellm(args, direct, emulator_port)
     print(f"({time.monotonic() - began:.1f} s so far)")
     over = await overcommits(args.requests)
     print(f"({time.monotonic() - began:.1f} s in all)")
-    print(json.dumps({"addedP50Ms": round(added_p50, 3), "addedP99Ms": round(added_p99, 3),
-                      "throughputRatio": round(ratio, 3), "overcommits": over,
-                      "directRps": round(direct_rps, 1), "gatewayRps": round(gateway_rps, 1),
-                      "clients": args.clients, "calls": args.calls}))
+    api, v1 = ours["ollama"], ours["openai"]
+    figures: dict[str, object] = {
+        "addedP50Ms": round(api["addedP50Ms"], 3), "addedP99Ms": round(api["addedP99Ms"], 3),
+        "throughputRatio": round(api["throughputRatio"], 3),
+        "addedP50MsOpenAI": round(v1["addedP50Ms"], 3),
+        "addedP99MsOpenAI": round(v1["addedP99Ms"], 3),
+        "throughputRatioOpenAI": round(v1["throughputRatio"], 3),
+        "overcommits": over,
+        "directRps": round(api["directRps"], 1), "gatewayRps": round(api["gatewayRps"], 1),
+        "clients": args.clients, "calls": args.calls,
+    }
+    if theirs:
+        # Ours over theirs on each route; the headline keys take the worse route.
+        p50_vs = {r: ours[r]["addedP50Ms"] / max(t["addedP50Ms"], 1e-9) for r, t in theirs.items()}
+        rps_vs = {r: ours[r]["gatewayRps"] / max(t["gatewayRps"], 1e-9) for r, t in theirs.items()}
+        figures["addedP50MsVsLiteLLM"] = round(max(p50_vs.values()), 3)
+        figures["throughputVsLiteLLM"] = round(min(rps_vs.values()), 3)
+        figures["liteLLM"] = {r: {k: round(v, 3) for k, v in t.items()} for r, t in theirs.items()}
+    print(json.dumps(figures))
+
+
+async def versus_litellm(
+    args: argparse.Namespace, direct: str, emulator_port: int
+) -> dict[str, dict[str, float]]:
+    """LiteLLM's proxy in front of the same emulator, on each route; {} when not installed."""
+    command = None if args.litellm == "off" else find_litellm(args.litellm)
+    if command is None:
+        print("LiteLLM: not installed (pip install -e '.[bench]'), comparison skipped")
+        return {}
+    engine = f"http://127.0.0.1:{emulator_port}"
+    upstreams = {"openai": f"openai/{MODEL} {engine}/v1", "ollama": f"ollama_chat/{MODEL} {engine}"}
+    theirs: dict[str, dict[str, float]] = {}
+    for route, upstream in upstreams.items():
+        with litellm_proxy(command, upstream, free_port()) as proxy:
+            # LiteLLM serves only the OpenAI API: its clients speak /v1 on both routes, and
+            # the direct figure is the engine's own route.
+            p50, p99 = await latency(direct, proxy, args.litellm_calls, route,
+                                     label="LiteLLM", through_route="openai")
+            rps = await throughput(proxy, args.seconds, args.clients, "openai")
+        theirs[route] = {"addedP50Ms": p50, "addedP99Ms": p99, "gatewayRps": rps}
+        print(f"{route} route, {args.clients} clients: LiteLLM {rps:.0f} req/s")
+    return theirs
 
 
 if __name__ == "__main__":

@@ -23,6 +23,10 @@ subtracts it right before the release, so a sum above the usable VRAM is memory 
 twice. The provider's usable VRAM is smaller than all claimers' footprints together,
 so the budget really binds (some claims are rejected; those are reported too).
 
+A second contended run spreads the same claimers over ``--many-processes`` processes
+(default 20, one claimer each: every agent pod is a process) and reports
+``fairnessProcesses``, ``claimsPerSecondProcesses`` and ``p99MsProcesses``.
+
 The last line is one JSON object with the figures the issue asks for.
 """
 
@@ -270,6 +274,9 @@ async def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--claimers", type=int, default=20)
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--samples", type=int, default=2000)
+    parser.add_argument("--many-processes", type=int, default=20,
+                        help="a second contended run with the claimers in this many processes "
+                             "(each agent pod is a process); 0 skips it")
     args = parser.parse_args(argv)
 
     async with running_nats_server() as server:
@@ -296,6 +303,14 @@ async def main(argv: list[str]) -> dict[str, Any]:
         )
         print(f"contended: {args.claimers} claimers in {args.processes} processes "
               f"(one NATS connection each) for {args.seconds} s: {figures}")
+        spread: dict[str, Any] = {}
+        if args.many_processes:
+            many = min(args.many_processes, args.claimers)
+            spread = await loop.run_in_executor(
+                None, contended, server.url, args.claimers, many, args.seconds
+            )
+            print(f"contended: {args.claimers} claimers in {many} processes "
+                  f"(one NATS connection each) for {args.seconds} s: {spread}")
     return {
         "overcommits": figures["overcommits"],
         "uncontendedP99Ratio": round(ratio, 2),
@@ -310,6 +325,12 @@ async def main(argv: list[str]) -> dict[str, Any]:
         "natsFloorP99Ms": ms(percentile(nats_floor, 0.99)),
         "memoryFloorP99Ms": ms(percentile(memory_floor, 0.99)),
         "uncontendedP99Ms": ms(percentile(claims, 0.99)),
+        **({
+            "fairnessProcesses": spread["fairness"],
+            "claimsPerSecondProcesses": spread["claimsPerSecond"],
+            "p99MsProcesses": spread["p99Ms"],
+            "overcommitsProcesses": spread["overcommits"],
+        } if spread else {}),
     }
 
 

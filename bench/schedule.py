@@ -7,9 +7,12 @@ policy's require selectors once against every Model, the work no scheduler can s
 Each figure is the best of ``--repeat`` runs (floor and pass alternate). The pass
 builds each Agent's result objects on first read; a separate line reports the time to
 read them all. The last line is one JSON object:
-``{"agentsPerSecond": …, "ratioToFloor": …}``.
+``{"agentsPerSecond": …, "ratioToFloor": …, "ratioToFloorAt10x": …, "agentsPerSecondAt10x": …}``
+(the last two from a second cluster with ten times the agents and providers, same models and
+policies, so the same floor).
 
     python bench/schedule.py [--agents 5000] [--models 500] [--providers 100] [--policies 50]
+                             [--scale 10]
 """
 
 from __future__ import annotations
@@ -168,6 +171,21 @@ def read_seconds(result: ScheduleResult) -> float:
     return time.perf_counter() - start
 
 
+def measure(bundle: Bundle, repeat: int) -> tuple[float, float, float, ScheduleResult]:
+    """Best floor, pass and read times over ``repeat`` alternating runs, and the last result."""
+    # Floor and pass alternate, so that both see the same machine when it is shared.
+    floor = best = read = float("inf")
+    result = None
+    for _ in range(repeat):
+        floor = min(floor, floor_seconds(bundle))
+        start = time.perf_counter()
+        result = schedule_bundle(bundle, now=NOW)
+        best = min(best, time.perf_counter() - start)
+        read = min(read, read_seconds(result))
+    assert result is not None
+    return floor, best, read, result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=5000)
@@ -176,6 +194,10 @@ def main() -> None:
     parser.add_argument("--policies", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--scale", type=int, default=10,
+        help="also run agents and providers times this (0: skip); prints ratioToFloorAt10x",
+    )
     args = parser.parse_args()
 
     bundle = generate(
@@ -189,16 +211,7 @@ def main() -> None:
         f"cluster: {len(bundle.agents)} agents, {len(bundle.models)} models, "
         f"{len(bundle.providers)} providers, {len(bundle.policies)} policies"
     )
-    # Floor and pass alternate, so that both see the same machine when it is shared.
-    floor = best = read = float("inf")
-    result = None
-    for _ in range(args.repeat):
-        floor = min(floor, floor_seconds(bundle))
-        start = time.perf_counter()
-        result = schedule_bundle(bundle, now=NOW)
-        best = min(best, time.perf_counter() - start)
-        read = min(read, read_seconds(result))
-    assert result is not None
+    floor, best, read, result = measure(bundle, args.repeat)
     outcomes = Counter(p.outcome.value for a in result.agents for p in a.phases.values())
     providers_used = len({a.phases["mulling"].provider for a in result.agents} - {None})
     print(
@@ -215,11 +228,26 @@ def main() -> None:
     ratio = best / floor
     print(f"agents bound per second (both phases): {agents_per_second:,.0f}")
     print(f"ratio to floor: {ratio:.2f}x")
-    print(
-        json.dumps(
-            {"agentsPerSecond": round(agents_per_second, 1), "ratioToFloor": round(ratio, 3)}
+    figures: dict[str, float] = {
+        "agentsPerSecond": round(agents_per_second, 1), "ratioToFloor": round(ratio, 3)
+    }
+    if args.scale:
+        large = generate(
+            random.Random(args.seed),
+            agents=args.agents * args.scale,
+            models=args.models,
+            providers=args.providers * args.scale,
+            policies=args.policies,
         )
-    )
+        floor_l, best_l, _, result_l = measure(large, max(1, args.repeat // 2))
+        print(
+            f"at {args.scale}x ({len(large.agents)} agents, {len(large.providers)} providers): "
+            f"floor {floor_l * 1000:.1f} ms, pass {best_l * 1000:.1f} ms, "
+            f"ratio to floor {best_l / floor_l:.2f}x"
+        )
+        figures[f"ratioToFloorAt{args.scale}x"] = round(best_l / floor_l, 3)
+        figures[f"agentsPerSecondAt{args.scale}x"] = round(len(result_l.agents) / best_l, 1)
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

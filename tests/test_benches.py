@@ -24,19 +24,24 @@ ROOT = Path(__file__).resolve().parents[1]
         ("schedule.py",
          ["--agents", "200", "--models", "50", "--providers", "10", "--policies", "5",
           "--repeat", "1"],
-         {"agentsPerSecond", "ratioToFloor"}),
+         {"agentsPerSecond", "ratioToFloor", "ratioToFloorAt10x", "agentsPerSecondAt10x"}),
         pytest.param(
             "kv.py",
-            ["--seconds", "0.5", "--claimers", "4", "--processes", "1", "--samples", "50"],
+            ["--seconds", "0.5", "--claimers", "4", "--processes", "1", "--samples", "50",
+             "--many-processes", "2"],
             {"overcommits", "uncontendedP99Ratio", "contendedClaimsPerSecond",
-             "contendedP99Ms", "fairness"},
+             "contendedP99Ms", "fairness", "fairnessProcesses", "claimsPerSecondProcesses",
+             "overcommitsProcesses"},
             marks=pytest.mark.nats,  # the bench starts its own nats-server
         ),
-        pytest.param("place.py", ["--calls", "50", "--nats-calls", "20"],
-                     {"embeddedP99Ms", "natsP99Ratio"}, marks=pytest.mark.nats),
+        pytest.param("place.py",
+                     ["--calls", "50", "--nats-calls", "20", "--large-providers", "100"],
+                     {"embeddedP99Ms", "embeddedP99MsAt1000Providers", "natsP99Ratio"},
+                     marks=pytest.mark.nats),
         pytest.param("gateway.py", ["--calls", "20", "--seconds", "0.5", "--clients", "4",
-                                    "--requests", "20"],
-                     {"addedP50Ms", "addedP99Ms", "throughputRatio", "overcommits"},
+                                    "--requests", "20", "--litellm", "off"],
+                     {"addedP50Ms", "addedP99Ms", "throughputRatio", "overcommits",
+                      "addedP50MsOpenAI", "throughputRatioOpenAI"},
                      marks=pytest.mark.nats),
         ("quality.py", ["--optimum-seconds", "0.5"],
          {"meanWaitRatioToBestBaseline", "meanWaitRatioToOptimum",
@@ -56,5 +61,6 @@ def test_bench_prints_its_figures_as_the_last_line(
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert keys <= figures.keys()
     assert all(isinstance(figures[k], int | float) for k in keys)
-    if "overcommits" in figures:
-        assert figures["overcommits"] == 0
+    for key in ("overcommits", "overcommitsProcesses"):
+        if key in figures:
+            assert figures[key] == 0

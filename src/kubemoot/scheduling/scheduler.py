@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from kubemoot.api import (
+    CREW_LABEL,
     DEFAULT_MAX_AGE_SECONDS,
+    DEFAULT_NAMESPACE,
     Agent,
     Condition,
     CrewSchedulingPolicy,
@@ -167,7 +169,10 @@ class SchedulingPass:
 
     def schedule(self, agent: Agent) -> AgentResult:
         """Filter, score, spread and bind every phase of one Agent; assume its bindings."""
-        namespace, crew = agent.namespace or "default", agent.crew
+        # Straight from metadata: the Agent's properties cost a call each, once per Agent.
+        metadata = agent.metadata
+        namespace = metadata.namespace or DEFAULT_NAMESPACE
+        crew = metadata.labels.get(CREW_LABEL)
         resolved = self._resolved.get((namespace, crew))
         if resolved is None:
             resolution = self.snapshot.resolve_policy(agent)
@@ -484,9 +489,15 @@ def schedule_bundle(
         else ClusterSnapshot.from_bundle(bundle, config=config)
     )
     scheduling = SchedulingPass(snapshot, now=now)
-    for agent in sorted(snapshot.agents, key=lambda a: (a.namespace or "", a.metadata.name)):
+    for agent in sorted(snapshot.agents, key=_agent_order):
         scheduling.schedule(agent)
     return scheduling.result()
+
+
+def _agent_order(agent: Agent) -> tuple[str, str]:
+    """(namespace, name): the pass's reproducible order (an Agent is always namespaced)."""
+    metadata = agent.metadata
+    return metadata.namespace or DEFAULT_NAMESPACE, metadata.name
 
 
 def schedule_agent(agent: Agent, snapshot: ClusterSnapshot, now: datetime) -> AgentResult:

@@ -1,0 +1,253 @@
+"""Where the time goes on each hot path: a cProfile table of self time by function.
+
+Paths (``--path``, repeatable; all by default):
+
+* ``schedule`` — one operator-side pass at ten times the bench's default cluster
+  (50,000 Agents × 500 Models × 1,000 ModelProviders × 50 policies, ``bench/schedule.py``'s
+  generator);
+* ``place`` — place + claim + release on the embedded store with 1,000 providers
+  (``bench/place.py``'s fleet);
+* ``claims`` — ticket claim + release on one provider on the embedded store (the CAS loop
+  without the network, so the client's own work shows);
+* ``simulate`` — the simulator running the kubemoot policy alone on ``fleet-16``.
+
+* ``gateway`` — the gateway process under py-spy (``pip install -e '.[bench]'``) while 32
+  clients post ``/api/chat`` and ``/v1/chat/completions`` through it to a zero-delay
+  emulator (``bench/gateway.py``'s set-up); shares come from py-spy's samples (leaf frames
+  for self time), not from cProfile. Skipped when py-spy is missing.
+
+For each path it prints the top ``--top`` functions by self time with their share of the
+profiled time. The last line is one JSON object: for each path, its profiled seconds and
+the top functions' shares (``{"schedule": {"seconds": …, "top": [[function, share], …]}}``).
+Shares are steadier than seconds on a shared machine; the profiler's own overhead inflates
+small functions, so read the table for where to look, and ``bench/*.py`` for figures.
+
+    python bench/hotpaths.py [--path schedule --path place ...] [--top 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import pstats
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def _schedule() -> Callable[[], None]:
+    import schedule as bench  # bench/schedule.py
+
+    bundle = bench.generate(random.Random(7), agents=50_000, models=500, providers=1000,
+                            policies=50)
+    bench.schedule_bundle(bundle, now=bench.NOW)  # first-use costs stay out
+
+    def run() -> None:
+        bench.schedule_bundle(bundle, now=bench.NOW)
+
+    return run
+
+
+def _place() -> Callable[[], None]:
+    import place as bench  # bench/place.py
+
+    from kubemoot.store.memory import MemoryKV
+
+    rng = random.Random(7)
+    loop = asyncio.new_event_loop()
+    kv = MemoryKV()
+    planner = loop.run_until_complete(bench.build(kv, 1000, rng))
+    loop.run_until_complete(bench.loop(planner, 200, rng))
+
+    def run() -> None:
+        loop.run_until_complete(bench.loop(planner, 1000, rng))
+        loop.run_until_complete(kv.close())  # ends the view's watches with the store
+
+    return run
+
+
+def _claims() -> Callable[[], None]:
+    from kubemoot.clock import SystemClock
+    from kubemoot.runtime.tickets import TicketManager
+    from kubemoot.store.documents import (
+        PROVIDER_STATE_BUCKET,
+        PROVIDER_TICKETS_BUCKET,
+        ProviderState,
+    )
+    from kubemoot.store.memory import MemoryKV
+
+    loop = asyncio.new_event_loop()
+    state = ProviderState(provider="gpu-a", endpoint="http://gpu-a:11434", ready=True,
+                          total_vram_mib=80 * 1024, max_parallel=4, context_length=8192)
+
+    async def build() -> TicketManager:
+        kv = MemoryKV()
+        return TicketManager(await kv.bucket(PROVIDER_TICKETS_BUCKET),
+                             await kv.bucket(PROVIDER_STATE_BUCKET), clock=SystemClock())
+
+    tickets = loop.run_until_complete(build())
+
+    async def run(count: int) -> None:
+        for index in range(count):
+            ticket = await tickets.claim("gpu-a", "m", 2048, f"h{index}", provider_state=state)
+            await tickets.release("gpu-a", ticket.ticket_id)
+
+    loop.run_until_complete(run(200))
+    return lambda: loop.run_until_complete(run(5000))
+
+
+def _simulate() -> Callable[[], None]:
+    from kubemoot.sim import load_scenario
+    from kubemoot.sim.simulation import run_policy
+    from kubemoot.sim.workload import build_trace
+
+    scenario = load_scenario(ROOT / "examples" / "scenarios" / "fleet-16.yaml")
+    trace = build_trace(scenario, seed=scenario.spec.seed)
+
+    def run() -> None:
+        # The kubemoot run alone, as simCpuSecondsFor100kCalls counts it (no lower bound).
+        run_policy(scenario, trace, "kubemoot", seed=scenario.spec.seed)
+
+    return run
+
+
+def gateway_profile(top: int, seconds: float = 15.0) -> dict[str, Any] | None:
+    """Sample the gateway process with py-spy while clients drive it; shares by leaf frame."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    import gateway as bench  # bench/gateway.py
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():
+        print("\ngateway: py-spy not installed (pip install -e '.[bench]'), skipped")
+        return None
+    emulator_port, gateway_port = bench.free_port(), bench.free_port()
+    card = "vramMiB=24576,numParallel=32,contextLength=4096"
+    fast = [sys.executable, "-c", bench._FAST_EMULATOR, "24576", "32", str(emulator_port)]
+    front = bench.gateway([f"gpu=http://127.0.0.1:{emulator_port},{card}"], gateway_port)
+    with bench.servers(fast, front) as (_, through), tempfile.TemporaryDirectory() as scratch:
+        pid = _listener_pid(gateway_port)
+        raw = Path(scratch) / "gateway.txt"
+        spy_run = subprocess.Popen(
+            [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "200",
+             "--duration", str(int(seconds)), "--nonblocking", "-o", str(raw)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+        async def drive() -> None:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline and spy_run.poll() is None:
+                for route in ("ollama", "openai"):
+                    await bench.throughput(through, 1.0, 32, route)
+
+        asyncio.run(drive())
+        spy_run.wait(timeout=60)
+        return _leaf_shares("gateway", raw.read_text(), top)
+
+
+def _listener_pid(port: int) -> int:
+    """The process listening on a loopback port (the gateway ``servers`` started)."""
+    import subprocess
+
+    out = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True,
+                         text=True, check=True).stdout
+    return int(out.split("pid=", 1)[1].split(",", 1)[0])
+
+
+def _leaf_shares(name: str, collapsed: str, top: int) -> dict[str, Any]:
+    """Self-time shares from py-spy's collapsed stacks ("frame;frame;leaf count" lines)."""
+    functions: dict[str, int] = {}
+    modules: dict[str, int] = {}
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        leaf = stack.rsplit(";", 1)[-1]  # "function (path/to/file.py:line)"
+        function, _, where = leaf.partition(" (")
+        path = where.rstrip(")").rsplit(":", 1)[0]
+        for marker in ("/src/", "site-packages/", "/python3.11/", "/python3.12/"):
+            if marker in path:
+                path = path.split(marker)[-1]
+                break
+        label = f"{path}({function})"
+        module = path.removesuffix(".py").replace("/", ".")
+        functions[label] = functions.get(label, 0) + int(count)
+        modules[module] = modules.get(module, 0) + int(count)
+        total += int(count)
+    total = max(total, 1)
+    rows = sorted(((c, f) for f, c in functions.items()), reverse=True)
+    by_module = sorted(((c, m) for m, c in modules.items()), reverse=True)
+    print(f"\n{name}: {total} py-spy samples; top {top} functions by self time")
+    for count, label in rows[:top]:
+        print(f"  {100 * count / total:5.1f} %  {label}")
+    print(f"{name}: top {top} modules by self time")
+    for count, module in by_module[:top]:
+        print(f"  {100 * count / total:5.1f} %  {module}")
+    return {"samples": total,
+            "top": [[label, round(c / total, 3)] for c, label in rows[:top]],
+            "modules": [[m, round(c / total, 3)] for c, m in by_module[:top]]}
+
+
+PATHS: dict[str, Callable[[], Callable[[], None]]] = {
+    "schedule": _schedule,
+    "place": _place,
+    "claims": _claims,
+    "simulate": _simulate,
+}
+
+
+def profile(name: str, top: int) -> dict[str, Any]:
+    work = PATHS[name]()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    work()
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    total = stats.total_tt  # type: ignore[attr-defined]
+    rows = []
+    modules: dict[str, float] = {}
+    entries = stats.stats.items()  # type: ignore[attr-defined]
+    for (filename, line, function), (_, _, self_time, _, _) in entries:
+        where = filename.split("/src/")[-1] if "/src/" in filename else Path(filename).name
+        rows.append((self_time, f"{where}:{line}({function})"))
+        module = "builtins" if where == "~" else where.removesuffix(".py").replace("/", ".")
+        modules[module] = modules.get(module, 0.0) + self_time
+    rows.sort(reverse=True)
+    by_module = sorted(((t, m) for m, t in modules.items()), reverse=True)
+    print(f"\n{name}: {total:.2f} s profiled; top {top} functions by self time")
+    for self_time, label in rows[:top]:
+        print(f"  {100 * self_time / total:5.1f} %  {label}")
+    print(f"{name}: top {top} modules by self time")
+    for self_time, module in by_module[:top]:
+        print(f"  {100 * self_time / total:5.1f} %  {module}")
+    return {"seconds": round(total, 3),
+            "top": [[label, round(t / total, 3)] for t, label in rows[:top]],
+            "modules": [[m, round(t / total, 3)] for t, m in by_module[:top]]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--path", action="append", choices=[*sorted(PATHS), "gateway"],
+                        help="a hot path to profile (repeatable; default: all)")
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args()
+    figures: dict[str, Any] = {}
+    for name in args.path or [*PATHS, "gateway"]:
+        figures[name] = gateway_profile(args.top) if name == "gateway" else profile(name, args.top)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

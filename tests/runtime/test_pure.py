@@ -164,6 +164,16 @@ def test_refusal_classes(
     assert refusal.reason is reason
 
 
+def test_a_directly_probed_card_of_unknown_memory_waits_for_the_operator() -> None:
+    # The spec's fallback: an agent probes its endpoints itself while the operator has
+    # published nothing; such a card's total is not known *yet*, so the call waits (the
+    # operator's state wakes it) instead of being refused as memory-unknown.
+    provisional = gpu("direct:b", None).model_copy(update={"provisional": True})
+    fleet, cost = _fleet(gpu("a", 16), provisional)
+    refusal = classify(fleet, cost, preferred="m", acceptable=["m"], prompt_tokens=None)
+    assert refusal.reason is Reason.GPU_BUSY
+
+
 def test_refusals_carry_the_facts_that_prove_them() -> None:
     fleet, cost = _fleet(gpu("a", 16), gpu("b", 12))
     too_large = classify(fleet, cost, preferred="m", acceptable=["m"], prompt_tokens=None)

@@ -44,7 +44,7 @@ from kubemoot.api import Phase
 from kubemoot.api.bounds import MAX_MIB
 from kubemoot.api.errors import InputError
 from kubemoot.clock import Clock
-from kubemoot.providers.prober import Prober, publish_to_kv
+from kubemoot.providers.prober import Prober, Publish, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.placement import Candidate
@@ -254,6 +254,18 @@ def bound_endpoints(env: Mapping[str, str]) -> tuple[str, ...]:
                  if e.strip())
 
 
+def _marking_direct(publish: Publish) -> Publish:
+    """Publish a directly probed provider's state as provisional: it stands in for the
+    operator's, so the runtime waits for what it lacks instead of refusing the call."""
+
+    async def marked(state: ProviderState) -> None:
+        if is_direct(state.provider) and not state.provisional:
+            state = state.model_copy(update={"provisional": True})
+        await publish(state)
+
+    return marked
+
+
 async def _declare(book: OccupancyBook, bucket: Bucket) -> None:
     for model, mib in (await read_declared_sizes(bucket)).items():
         book.declare(model, mib)
@@ -352,7 +364,7 @@ async def serve_agent(
     states = await kv.bucket(PROVIDER_STATE_BUCKET)
     sizes = await kv.bucket(MODEL_SIZES_BUCKET)
     directory = ProviderDirectory(states, make_client)
-    prober = Prober([], clock=clock, publish=publish_to_kv(states))
+    prober = Prober([], clock=clock, publish=_marking_direct(publish_to_kv(states)))
     direct = DirectProbe(bound_endpoints(env), states=states, prober=prober,
                          make_client=make_client)
 

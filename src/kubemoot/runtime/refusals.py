@@ -188,6 +188,10 @@ def memory_unknown(
     ready = [p for p in fleet.providers if p.state.ready]
     if any(p.has_copy(m) for p in ready for m in acceptable):
         return ()
+    if any(p.state.provisional and p.usable_mib is None for p in ready):
+        # an agent's direct probe stands in for the operator: the total is not known
+        # yet, and the operator's state (which the waiter wakes on) will say it
+        return ()
     unknown = tuple(sorted(p.name for p in ready if p.usable_mib is None))
     if not unknown:
         return ()

@@ -70,6 +70,10 @@ class ProviderState(_Doc):
     disk_sizes_mib: dict[str, int] = Field(default_factory=dict)
     # models kept resident here (Model.spec.pinned): never chosen as eviction victims
     pinned: list[str] = Field(default_factory=list)
+    # Written by an agent's direct probe while the operator has published nothing (the
+    # spec's fallback): what it lacks, such as the VRAM total, is not known *yet*, so a
+    # call that would need it waits for the operator's state instead of being refused.
+    provisional: bool = False
 
     @classmethod
     def from_json(cls, data: bytes) -> ProviderState:

@@ -297,6 +297,6 @@ def test_browser_tests_fail_under_ci_without_chromium(ci: str, verdict: str) -> 
     assert verdict in done.stdout, done.stdout
     if ci:
         assert done.returncode != 0
-        assert "CI is set and the browser test cannot run" in done.stdout
+        assert "CI is set and this test cannot run" in done.stdout
     else:
         assert done.returncode == 0

@@ -84,6 +84,14 @@ def test_readme_lists_every_command() -> None:
     assert missing == [], f"README's command table lacks {missing}"
 
 
+def test_readme_documentation_lists_every_docs_page() -> None:
+    readme = (ROOT / "README.md").read_text()
+    index = readme.split("## Documentation", 1)[1].split("\n## ", 1)[0]
+    pages = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))
+    missing = [page for page in pages if f"`{page}`" not in index]
+    assert pages and missing == [], f"README's Documentation section lacks {missing}"
+
+
 def test_crds_prints_yaml_by_default_as_the_readme_says() -> None:
     done = kubemoot("crds")
     assert done.returncode == 0

@@ -99,6 +99,14 @@ def test_a_mistake_names_the_file_and_the_field(text: str, field: str | None,
     assert words in caught.value.message
 
 
+def test_a_bad_duration_names_its_field_once() -> None:
+    with pytest.raises(InputError) as caught:
+        assemble_fleet(parse_config("limits: {waitLimit: soon}", file="gateway.yaml"))
+    shown = str(caught.value)
+    assert shown.count("limits.waitLimit") == 1, shown
+    assert "'soon' is not a duration" in shown
+
+
 @pytest.mark.parametrize("spelling", ["vramMiB", "vramMib"])
 def test_provider_flag_takes_either_mib_spelling(spelling: str) -> None:
     source = parse_provider(f"gpu=http://h:1,{spelling}=8192,numParallel=2,reserveMib=256")

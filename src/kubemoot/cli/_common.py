@@ -178,3 +178,9 @@ def install_log_lines(*, level: int = logging.WARNING) -> None:
         handler.addFilter(StoreLossFilter())
     root.addHandler(handler)
     root.setLevel(level)
+    if level > logging.DEBUG:
+        # httpx writes a line at INFO for every request it sends: with --log-level info
+        # each probe of every provider, and every forwarded call beside its own access
+        # line. Those belong to a debugging session, not to the access log.
+        for chatty in ("httpx", "httpcore"):
+            logging.getLogger(chatty).setLevel(max(level, logging.WARNING))

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 def demo_command(
     nats: NatsFlags = NO_NATS_FLAGS,
     discussions: int = typer.Option(8, "--discussions", metavar="N", min=1, max=40,
-                                    help="How many discussions to run at once."),
+                                    help="How many discussions to run (they start staggered)."),
     seed: int = typer.Option(7, "--seed", metavar="N",
         help="Chooses questions, members and start times."),
     output: OutputFormat | None = typer.Option(None, "-o", "--output", help=OUTPUT_OPTION_HELP),

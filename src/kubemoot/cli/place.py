@@ -123,7 +123,9 @@ def _print_table(placement: CallPlacement) -> None:
     console.print(f"[bold]{action}[/]: the call {text}.", highlight=False)
     if placement.decision is not None:
         console.print(f"why: {placement.decision.reason}", highlight=False)
-    table = Table(title="options (expected seconds before the call can start; lowest wins)")
+    # A heading line rather than the table's title: rich wraps a title to the table's
+    # width, which cut this sentence in two for a table of three short columns.
+    table = Table()
     for column in ("", "kind", "provider", "model", "seconds", "victims"):
         table.add_column(column, justify="right" if column == "seconds" else "left")
     chosen = (placement.provider, placement.model)
@@ -134,6 +136,10 @@ def _print_table(placement: CallPlacement) -> None:
             ", ".join(option.victims),
         )
     if placement.options:
+        console.print(
+            "options, in expected seconds before the call can start (lowest wins):",
+            highlight=False,
+        )
         console.print(table)
     else:
         console.print("no option: no provider can take the call now.")

@@ -307,7 +307,8 @@ def _limits(entry: LimitsEntry, file: str) -> Limits:
         if value is None:
             return None
         try:
-            found = duration_seconds(value, field=f"limits.{name}")
+            # InputError names the field already; the parser's own words would repeat it
+            found = duration_seconds(value, field="the value")
         except DurationError as error:
             raise InputError(str(error), file=file, field=f"limits.{name}") from None
         if found == math.inf:

@@ -140,6 +140,7 @@ class Reconciler:
         #: ``kubemoot_model_sizes``: the declared sizes the operator publishes.
         self.sizes = sizes
         self._published: dict[str, DeclaredSize] | None = None
+        self._sizes_lock = asyncio.Lock()
         self.probe_interval = probe_interval
         self.probe_timeout = probe_timeout
         self.events = EventRecorder(kube, clock=clock)
@@ -447,7 +448,29 @@ class Reconciler:
                 keys.add(key)
         await self.reconcile_agents(keys, trigger=f"ModelProvider/{name} refreshed")
 
-    async def publish_sizes(self) -> None:
+    async def clear_sizes_without_models(self) -> None:
+        """Empty ``kubemoot_model_sizes`` when the cluster holds no Model at all.
+
+        Asked of the API server, not of the watch: before kopf's first listing the
+        operator has seen no Model either, and only the list tells "none yet" from
+        "none". One GET per probe round, and only while no Model has been seen.
+        """
+        if self.sizes is None or self._published == {} or any(
+            isinstance(r, Model) for r in self.seen.values()
+        ):
+            return
+        try:
+            # one item is enough to know: ask for no more
+            listed = await self.kube.get(custom_path(Model.PLURAL, "").rstrip("/")
+                                         + "?limit=1")
+        except KubeError as error:
+            log.warning("listing Models to clean the declared sizes failed: %s", error)
+            return
+        if listed is None or listed.get("items"):
+            return  # Models exist: their events publish the sizes
+        await self.publish_sizes(models=())
+
+    async def publish_sizes(self, *, models: Iterable[Model] | None = None) -> None:
         """Copy the Models' declared ``vramMib`` to the shared state when it changed.
 
         Agents and gateways have no Model resources; they read the declaration from
@@ -456,12 +479,14 @@ class Reconciler:
         """
         if self.sizes is None:
             return
-        models = [r for r in self.seen.values() if isinstance(r, Model)]
-        wanted = declared_sizes(models)
-        if wanted == self._published:
-            return
-        await publish_declared_sizes(self.sizes, wanted, now=self.clock.now())
-        self._published = wanted if await _holds(self.sizes, wanted) else None
+        async with self._sizes_lock:  # a Model event and the probe round may both write
+            if models is None:
+                models = [r for r in self.seen.values() if isinstance(r, Model)]
+            wanted = declared_sizes(models)
+            if wanted == self._published:
+                return
+            await publish_declared_sizes(self.sizes, wanted, now=self.clock.now())
+            self._published = wanted if await _holds(self.sizes, wanted) else None
 
     # ------------------------------------------------------------------ policies
 
@@ -515,9 +540,15 @@ class Reconciler:
         await asyncio.gather(*(self.probe(name) for name in list(self.clients)))
 
     async def run_probes(self) -> None:
-        """The probe timer: every ``probe_interval`` seconds of the clock until stopped."""
+        """The probe timer: every ``probe_interval`` seconds of the clock until stopped.
+
+        Each round also settles the published sizes when no Model has been seen: with
+        no Model at all no Model event ever comes, and keys an earlier run (or a Model
+        deleted while no operator ran) left behind would stay forever.
+        """
         while not self._stopping.is_set():
             await self.probe_all()
+            await self.clear_sizes_without_models()
             with contextlib.suppress(TimeoutError):
                 await self.clock.wait_for(self._stopping.wait(), self.probe_interval)
 

@@ -31,6 +31,8 @@ from kubemoot.operator.rbac import crew_rbac
 from kubemoot.operator.reconciler import Reconciler
 from kubemoot.operator.run import kopf_settings, serve
 from kubemoot.operator.view import INDEX_IDS
+from kubemoot.runtime.builder import build_runtime
+from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.store.declared import MODEL_SIZES_BUCKET, DeclaredSize
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET, ProviderState
 from kubemoot.store.keys import encode_token
@@ -340,6 +342,10 @@ class OperatorThread:
         self.reconciler = Reconciler(KubeClient(self._login), clock=clock, bucket=self.bucket,
                                      sizes=self.sizes, probe_interval=3600.0,
                                      probe_timeout=5.0)
+        # as run_operator wires it: pinned loads are calls of a runtime over the clients
+        self.reconciler.runtime = await build_runtime(
+            store, clock=clock, clients=self.reconciler.clients,
+            settings=RuntimeSettings().with_values({"load_rate_mibps": 100000.0}))
         self._stop = asyncio.Event()
         self._started.set()
         try:

@@ -46,6 +46,7 @@ from kubemoot.operator.binding import (
 from kubemoot.operator.deployment import carries_binding, deployment_name, env_patch
 from kubemoot.operator.events import EventRecorder, ObjectRef
 from kubemoot.operator.kube import KubeClient, KubeError, custom_path
+from kubemoot.operator.pinning import PinningPublisher, load_missing_pinned
 from kubemoot.operator.probe import client_for, model_status, provider_status
 from kubemoot.operator.status import condition, find_condition, merge_conditions, merge_patch
 from kubemoot.operator.status import to_datetime as _dt
@@ -62,7 +63,9 @@ from kubemoot.operator.view import (
 )
 from kubemoot.operator.watch import DeploymentWatch
 from kubemoot.providers.ollama import OllamaProvider
-from kubemoot.providers.prober import Prober, publish_to_kv
+from kubemoot.providers.prober import Prober
+from kubemoot.runtime.builder import Runtime
+from kubemoot.runtime.pinning import pinned_by_provider
 from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.scheduling.candidate import stale_age
 from kubemoot.scheduling.result import AgentResult
@@ -131,6 +134,7 @@ class Reconciler:
         clock: Clock,
         bucket: Bucket | None = None,
         sizes: Bucket | None = None,
+        runtime: Runtime | None = None,
         probe_interval: float = DEFAULTS.probe_interval_seconds,
         probe_timeout: float = DEFAULTS.probe_timeout_seconds,
     ) -> None:
@@ -144,8 +148,13 @@ class Reconciler:
         self.probe_interval = probe_interval
         self.probe_timeout = probe_timeout
         self.events = EventRecorder(kube, clock=clock)
+        #: The per-call runtime the pinned loads are placed through (None: no loads).
+        self.runtime = runtime
+        #: provider → models its Models pin there, published with each probe
+        self.pins: dict[str, list[str]] = {}
         self.prober = Prober(
-            [], clock=clock, publish=None if bucket is None else publish_to_kv(bucket)
+            [], clock=clock,
+            publish=None if bucket is None else PinningPublisher(bucket, lambda: self.pins),
         )
         self.clients: dict[str, OllamaProvider] = {}
         self._client_specs: dict[str, Any] = {}
@@ -236,6 +245,7 @@ class Reconciler:
             await self._describe_archetype(new)
         if isinstance(new, Model) or (new is None and isinstance(old, Model)):
             await self.publish_sizes()
+            await self._pins_changed()
         if new is None and isinstance(old, Agent):
             # A deleted Agent frees its slots: Agents waiting for them may bind now.
             gone = agent_key(old)
@@ -448,6 +458,32 @@ class Reconciler:
                 keys.add(key)
         await self.reconcile_agents(keys, trigger=f"ModelProvider/{name} refreshed")
 
+    async def _pins_changed(self) -> None:
+        """A Model started or stopped pinning: republish the providers concerned at once
+        (their eviction must know now, not at the next probe) and load what is missing."""
+        pins = pinned_by_provider(self.view().models.values())
+        if pins == self.pins:
+            return
+        changed = {p for p in pins.keys() | self.pins.keys()
+                   if pins.get(p) != self.pins.get(p)}
+        self.pins = pins
+        for provider in sorted(changed):
+            await self.probe(provider)
+        await self.keep_pinned(providers=changed)
+
+    async def keep_pinned(self, *, providers: Collection[str] | None = None) -> list[str]:
+        """Load back the pinned models their ready providers lost (after a probe round);
+        ``provider/model`` of each load, whose provider is then probed again."""
+        if self.runtime is None or not self.pins:
+            return []
+        pins = {p: m for p, m in self.pins.items() if providers is None or p in providers}
+        states = {name: state for name, state in self.prober.last_states.items()
+                  if name in self.clients}
+        loaded = await load_missing_pinned(self.runtime, self.clients, states, pins)
+        for provider in sorted({item.split("/", 1)[0] for item in loaded}):
+            await self.probe(provider)  # the status and the state show the copy now
+        return loaded
+
     async def clear_sizes_without_models(self) -> None:
         """Empty ``kubemoot_model_sizes`` when the cluster holds no Model at all.
 
@@ -548,6 +584,7 @@ class Reconciler:
         """
         while not self._stopping.is_set():
             await self.probe_all()
+            await self.keep_pinned()
             await self.clear_sizes_without_models()
             with contextlib.suppress(TimeoutError):
                 await self.clock.wait_for(self._stopping.wait(), self.probe_interval)

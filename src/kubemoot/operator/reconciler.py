@@ -152,6 +152,7 @@ class Reconciler:
         self.runtime = runtime
         #: provider → models its Models pin there, published with each probe
         self.pins: dict[str, list[str]] = {}
+        self._pinning = asyncio.Lock()
         self.prober = Prober(
             [], clock=clock,
             publish=None if bucket is None else PinningPublisher(bucket, lambda: self.pins),
@@ -477,9 +478,10 @@ class Reconciler:
         if self.runtime is None or not self.pins:
             return []
         pins = {p: m for p, m in self.pins.items() if providers is None or p in providers}
-        states = {name: state for name, state in self.prober.last_states.items()
-                  if name in self.clients}
-        loaded = await load_missing_pinned(self.runtime, self.clients, states, pins)
+        async with self._pinning:  # a Model event and the probe round: one load at a time
+            states = {name: state for name, state in self.prober.last_states.items()
+                      if name in self.clients}
+            loaded = await load_missing_pinned(self.runtime, self.clients, states, pins)
         for provider in sorted({item.split("/", 1)[0] for item in loaded}):
             await self.probe(provider)  # the status and the state show the copy now
         return loaded

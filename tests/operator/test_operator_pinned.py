@@ -6,8 +6,11 @@ gateway does. kmock for the API server, a real emulated GPU, the operator's own 
 
 from __future__ import annotations
 
+import pytest
+
 from kubemoot.providers.ollama import OllamaProvider
-from kubemoot.store.documents import ProviderTickets
+from kubemoot.runtime.pinning import missing_pinned, pinned_by_provider
+from kubemoot.store.documents import LoadedModel, ProviderState, ProviderTickets
 from kubemoot.testing import builders as b
 
 from .conftest import Cluster, Emulators, eventually, settle
@@ -102,3 +105,30 @@ async def test_a_provider_not_ready_is_not_loaded_into(
     assert pinned == ["qwen3:8b"] and loaded == set()
     assert gpu.stats()["loads"] == 0
     assert await tickets_left(cluster) == 0
+
+
+def _state(provider: str, *, ready: bool = True, loaded: tuple[str, ...] = ()) -> ProviderState:
+    return ProviderState(provider=provider, endpoint=f"http://{provider}:11434", ready=ready,
+                         loaded_models=[LoadedModel(name=m, size_mib=1) for m in loaded])
+
+
+@pytest.mark.parametrize(("states", "pins", "missing"), [
+    ({"a": _state("a")}, {"a": ["m"]}, [("a", "m")]),
+    ({"a": _state("a", loaded=("m",))}, {"a": ["m"]}, []),
+    ({"a": _state("a", ready=False)}, {"a": ["m"]}, []),  # not ready: the next round
+    ({}, {"a": ["m"]}, []),  # not probed yet
+    ({"a": _state("a", loaded=("m",)), "b": _state("b")}, {"a": ["m", "n"], "b": ["m"]},
+     [("a", "n"), ("b", "m")]),
+])
+def test_missing_pinned(states: dict[str, ProviderState], pins: dict[str, list[str]],
+                        missing: list[tuple[str, str]]) -> None:
+    assert missing_pinned(states, pins) == missing
+
+
+def test_pinned_by_provider_reads_the_models_that_pin() -> None:
+    models = [b.model("q-a", model_id="q:8b", provider="a", pinned=True),
+              b.model("q-b", model_id="q:8b", provider="b", pinned=False),
+              b.model("p-a", model_id="p:mini", provider="a", pinned=True),
+              b.model("p-a2", model_id="p:mini", provider="a", pinned=True),
+              b.model("r-c", model_id="r:1b", provider="c")]
+    assert pinned_by_provider(models) == {"a": ["p:mini", "q:8b"]}

@@ -572,6 +572,7 @@ class Reconciler:
             await self._report_invalid(provider.KIND, _body_of(provider), error)
             return
         await self.probe(name)
+        await self.keep_pinned(providers=[name])  # a new card gets its pins at once
 
     async def probe_all(self) -> None:
         """Probe every known provider at once."""

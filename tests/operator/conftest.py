@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,9 @@ from kubemoot.operator.rbac import crew_rbac
 from kubemoot.operator.reconciler import Reconciler
 from kubemoot.operator.run import kopf_settings, serve
 from kubemoot.operator.view import INDEX_IDS
-from kubemoot.store.declared import MODEL_SIZES_BUCKET
+from kubemoot.runtime.builder import build_runtime
+from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.store.declared import MODEL_SIZES_BUCKET, DeclaredSize
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET, ProviderState
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
@@ -301,9 +303,12 @@ class OperatorThread:
     loop to itself (as ``kopf.testing.KopfRunner`` does) and talks to kmock over HTTP.
     """
 
-    def __init__(self, server_url: str, *, liveness_endpoint: str | None = None) -> None:
+    def __init__(self, server_url: str, *, liveness_endpoint: str | None = None,
+                 left_sizes: Mapping[str, int] | None = None) -> None:
         self.server_url = server_url
         self.liveness_endpoint = liveness_endpoint
+        #: declared sizes an earlier run left in the shared state before this one starts
+        self.left_sizes = dict(left_sizes or {})
         self.loop = asyncio.new_event_loop()
         self.reconciler: Reconciler | None = None
         self.bucket: Bucket | None = None
@@ -331,9 +336,16 @@ class OperatorThread:
         store = MemoryKV(clock)
         self.bucket = await store.bucket(PROVIDER_STATE_BUCKET)
         self.sizes = await store.bucket(MODEL_SIZES_BUCKET)
+        for model, mib in self.left_sizes.items():
+            await self.sizes.put(encode_token(model),
+                                 DeclaredSize(model=model, vram_mib=mib).to_json())
         self.reconciler = Reconciler(KubeClient(self._login), clock=clock, bucket=self.bucket,
                                      sizes=self.sizes, probe_interval=3600.0,
                                      probe_timeout=5.0)
+        # as run_operator wires it: pinned loads are calls of a runtime over the clients
+        self.reconciler.runtime = await build_runtime(
+            store, clock=clock, clients=self.reconciler.clients,
+            settings=RuntimeSettings().with_values({"load_rate_mibps": 100000.0}))
         self._stop = asyncio.Event()
         self._started.set()
         try:

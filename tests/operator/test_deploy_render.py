@@ -202,3 +202,33 @@ def render_path(path: Path) -> list[dict[str, Any]]:
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+#: Our web servers that answer only to Host names they know (kubemoot.webguard).
+HOST_GUARDED = {"dashboard", "gateway"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_host_guarded_servers_answer_to_the_names_of_their_services(overlay: str) -> None:
+    """A client in the cluster reaches a Service by its DNS name (Open WebUI at
+    ``kubemoot-gateway.kubemoot-system.svc``); a server whose Host guard does not know
+    that name refuses every such request with 403, so each name must be allowed."""
+    docs = render(overlay)
+    pods = [(w["metadata"]["namespace"], w["spec"]["template"]["metadata"]["labels"], c)
+            for w in workloads(docs) for c in containers(w)
+            if (c.get("args") or [""])[0] in HOST_GUARDED and "kubemoot" in c["image"]]
+    assert {c["args"][0] for _, _, c in pods} == HOST_GUARDED
+    refused = []
+    for service in (d for d in docs if d["kind"] == "Service"):
+        name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+        selector = service["spec"].get("selector") or {}
+        for ns, labels, container in pods:
+            if ns != namespace or not selector or not selector.items() <= labels.items():
+                continue
+            args = container["args"]
+            allowed = {args[i + 1] for i, a in enumerate(args[:-1]) if a == "--allow-host"}
+            for host in (name, f"{name}.{namespace}.svc"):
+                if host not in allowed:
+                    refused.append(f"{container['args'][0]} behind Service {name} "
+                                   f"refuses Host {host}")
+    assert not refused, refused

@@ -61,6 +61,7 @@ __all__ = [
     "ENV_CREW",
     "ENV_MODEL_SIZES",
     "ENV_UNSCHEDULABLE",
+    "AfterCall",
     "AgentIdentity",
     "ProviderDirectory",
     "profile_from_env",
@@ -308,6 +309,11 @@ class ProviderDirectory(Mapping[str, ProviderClient]):
                 if current is not None:
                     await _close(current)
                 self._clients[name] = self._make(state)
+        # A provider whose state is gone (deleted, or a direct: document withdrawn once
+        # the operator took over) is no longer called: its client's connections close,
+        # and nothing can re-probe (and so republish) it through this directory.
+        for name in sorted(self._clients.keys() - seen.keys()):
+            await _close(self._clients.pop(name))
         self.states = seen
 
     def __getitem__(self, name: str) -> ProviderClient:
@@ -332,6 +338,26 @@ async def _close(client: ProviderClient) -> None:
             await close()
         except Exception as error:  # closing must not stop a shutdown
             log.warning("closing the client of %s failed: %s", client.name, error)
+
+
+class AfterCall:
+    """Re-probes the provider a call changed the memory of, so the next placement sees
+    the copy it left; never a ``direct:`` provider the operator's state has replaced
+    (its document was withdrawn: a probe would publish it again and count the card
+    twice)."""
+
+    def __init__(self, directory: ProviderDirectory, direct: DirectProbe,
+                 prober: Prober) -> None:
+        self._directory = directory
+        self._direct = direct
+        self._prober = prober
+
+    async def __call__(self, provider: str) -> None:
+        if is_direct(provider) and not self._direct.active:
+            return
+        client = self._directory.get(provider)
+        if client is not None:
+            await self._prober.probe_one(client)
 
 
 # -- the process -----------------------------------------------------------------------------
@@ -368,13 +394,7 @@ async def serve_agent(
     direct = DirectProbe(bound_endpoints(env), states=states, prober=prober,
                          make_client=make_client)
 
-    async def after_call(provider: str) -> None:
-        if is_direct(provider) and not direct.active:
-            return  # withdrawn: the operator's state covers the card now; do not revive it
-        client = directory.get(provider)
-        if client is not None:
-            await prober.probe_one(client)
-
+    after_call = AfterCall(directory, direct, prober)
     stack = await build_stack(kv, clients=directory, client_factory=chat_factory, clock=clock,
                               settings=settings, declared=sizes_from_env(env),
                               after_call=after_call)

@@ -19,6 +19,7 @@ from kubemoot.gateway.calls import CallDesk, PlacedCall
 from kubemoot.gateway.errors import GatewayError
 from kubemoot.gateway.requests import InferenceRequest
 from kubemoot.runtime.calls import CallRefused
+from kubemoot.runtime.pinning import missing_pinned
 from kubemoot.runtime.placement import Candidate
 from kubemoot.store.documents import ProviderState
 
@@ -34,11 +35,7 @@ async def load_missing_pinned(desk: CallDesk, states: Mapping[str, ProviderState
                               pinned: Mapping[str, Sequence[str]]) -> list[str]:
     """Load every pinned model its ready server does not hold; ``provider/model`` of
     each load that went through."""
-    loads = [(provider, model)
-             for provider, models in pinned.items()
-             if (state := states.get(provider)) is not None and state.ready
-             for model in models
-             if model not in {m.name for m in state.loaded_models}]
+    loads = missing_pinned(states, pinned)
     done = await asyncio.gather(*(_load(desk, provider, model, list(states))
                                   for provider, model in loads))
     return [f"{p}/{m}" for (p, m), ok in zip(loads, done, strict=True) if ok]

@@ -46,6 +46,7 @@ from kubemoot.operator.binding import (
 from kubemoot.operator.deployment import carries_binding, deployment_name, env_patch
 from kubemoot.operator.events import EventRecorder, ObjectRef
 from kubemoot.operator.kube import KubeClient, KubeError, custom_path
+from kubemoot.operator.pinning import PinningPublisher, load_missing_pinned
 from kubemoot.operator.probe import client_for, model_status, provider_status
 from kubemoot.operator.status import condition, find_condition, merge_conditions, merge_patch
 from kubemoot.operator.status import to_datetime as _dt
@@ -62,7 +63,9 @@ from kubemoot.operator.view import (
 )
 from kubemoot.operator.watch import DeploymentWatch
 from kubemoot.providers.ollama import OllamaProvider
-from kubemoot.providers.prober import Prober, publish_to_kv
+from kubemoot.providers.prober import Prober
+from kubemoot.runtime.builder import Runtime
+from kubemoot.runtime.pinning import pinned_by_provider
 from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.scheduling.candidate import stale_age
 from kubemoot.scheduling.result import AgentResult
@@ -131,6 +134,7 @@ class Reconciler:
         clock: Clock,
         bucket: Bucket | None = None,
         sizes: Bucket | None = None,
+        runtime: Runtime | None = None,
         probe_interval: float = DEFAULTS.probe_interval_seconds,
         probe_timeout: float = DEFAULTS.probe_timeout_seconds,
     ) -> None:
@@ -140,11 +144,18 @@ class Reconciler:
         #: ``kubemoot_model_sizes``: the declared sizes the operator publishes.
         self.sizes = sizes
         self._published: dict[str, DeclaredSize] | None = None
+        self._sizes_lock = asyncio.Lock()
         self.probe_interval = probe_interval
         self.probe_timeout = probe_timeout
         self.events = EventRecorder(kube, clock=clock)
+        #: The per-call runtime the pinned loads are placed through (None: no loads).
+        self.runtime = runtime
+        #: provider → models its Models pin there, published with each probe
+        self.pins: dict[str, list[str]] = {}
+        self._pinning = asyncio.Lock()
         self.prober = Prober(
-            [], clock=clock, publish=None if bucket is None else publish_to_kv(bucket)
+            [], clock=clock,
+            publish=None if bucket is None else PinningPublisher(bucket, lambda: self.pins),
         )
         self.clients: dict[str, OllamaProvider] = {}
         self._client_specs: dict[str, Any] = {}
@@ -235,6 +246,7 @@ class Reconciler:
             await self._describe_archetype(new)
         if isinstance(new, Model) or (new is None and isinstance(old, Model)):
             await self.publish_sizes()
+            await self._pins_changed()
         if new is None and isinstance(old, Agent):
             # A deleted Agent frees its slots: Agents waiting for them may bind now.
             gone = agent_key(old)
@@ -447,7 +459,56 @@ class Reconciler:
                 keys.add(key)
         await self.reconcile_agents(keys, trigger=f"ModelProvider/{name} refreshed")
 
-    async def publish_sizes(self) -> None:
+    async def _pins_changed(self) -> None:
+        """A Model started or stopped pinning: republish the providers concerned at once
+        (their eviction must know now, not at the next probe) and load what is missing."""
+        pins = pinned_by_provider(self.view().models.values())
+        if pins == self.pins:
+            return
+        changed = {p for p in pins.keys() | self.pins.keys()
+                   if pins.get(p) != self.pins.get(p)}
+        self.pins = pins
+        for provider in sorted(changed):
+            await self.probe(provider)
+        await self.keep_pinned(providers=changed)
+
+    async def keep_pinned(self, *, providers: Collection[str] | None = None) -> list[str]:
+        """Load back the pinned models their ready providers lost (after a probe round);
+        ``provider/model`` of each load, whose provider is then probed again."""
+        if self.runtime is None or not self.pins:
+            return []
+        pins = {p: m for p, m in self.pins.items() if providers is None or p in providers}
+        async with self._pinning:  # a Model event and the probe round: one load at a time
+            states = {name: state for name, state in self.prober.last_states.items()
+                      if name in self.clients}
+            loaded = await load_missing_pinned(self.runtime, self.clients, states, pins)
+        for provider in sorted({item.split("/", 1)[0] for item in loaded}):
+            await self.probe(provider)  # the status and the state show the copy now
+        return loaded
+
+    async def clear_sizes_without_models(self) -> None:
+        """Empty ``kubemoot_model_sizes`` when the cluster holds no Model at all.
+
+        Asked of the API server, not of the watch: before kopf's first listing the
+        operator has seen no Model either, and only the list tells "none yet" from
+        "none". One GET per probe round, and only while no Model has been seen.
+        """
+        if self.sizes is None or self._published == {} or any(
+            isinstance(r, Model) for r in self.seen.values()
+        ):
+            return
+        try:
+            # one item is enough to know: ask for no more
+            listed = await self.kube.get(custom_path(Model.PLURAL, "").rstrip("/")
+                                         + "?limit=1")
+        except KubeError as error:
+            log.warning("listing Models to clean the declared sizes failed: %s", error)
+            return
+        if listed is None or listed.get("items"):
+            return  # Models exist: their events publish the sizes
+        await self.publish_sizes(models=())
+
+    async def publish_sizes(self, *, models: Iterable[Model] | None = None) -> None:
         """Copy the Models' declared ``vramMib`` to the shared state when it changed.
 
         Agents and gateways have no Model resources; they read the declaration from
@@ -456,12 +517,14 @@ class Reconciler:
         """
         if self.sizes is None:
             return
-        models = [r for r in self.seen.values() if isinstance(r, Model)]
-        wanted = declared_sizes(models)
-        if wanted == self._published:
-            return
-        await publish_declared_sizes(self.sizes, wanted, now=self.clock.now())
-        self._published = wanted if await _holds(self.sizes, wanted) else None
+        async with self._sizes_lock:  # a Model event and the probe round may both write
+            if models is None:
+                models = [r for r in self.seen.values() if isinstance(r, Model)]
+            wanted = declared_sizes(models)
+            if wanted == self._published:
+                return
+            await publish_declared_sizes(self.sizes, wanted, now=self.clock.now())
+            self._published = wanted if await _holds(self.sizes, wanted) else None
 
     # ------------------------------------------------------------------ policies
 
@@ -509,15 +572,23 @@ class Reconciler:
             await self._report_invalid(provider.KIND, _body_of(provider), error)
             return
         await self.probe(name)
+        await self.keep_pinned(providers=[name])  # a new card gets its pins at once
 
     async def probe_all(self) -> None:
         """Probe every known provider at once."""
         await asyncio.gather(*(self.probe(name) for name in list(self.clients)))
 
     async def run_probes(self) -> None:
-        """The probe timer: every ``probe_interval`` seconds of the clock until stopped."""
+        """The probe timer: every ``probe_interval`` seconds of the clock until stopped.
+
+        Each round also settles the published sizes when no Model has been seen: with
+        no Model at all no Model event ever comes, and keys an earlier run (or a Model
+        deleted while no operator ran) left behind would stay forever.
+        """
         while not self._stopping.is_set():
             await self.probe_all()
+            await self.keep_pinned()
+            await self.clear_sizes_without_models()
             with contextlib.suppress(TimeoutError):
                 await self.clock.wait_for(self._stopping.wait(), self.probe_interval)
 

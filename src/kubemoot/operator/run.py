@@ -14,6 +14,7 @@ from kubemoot.clock import Clock, SystemClock
 from kubemoot.operator.handlers import build_registry
 from kubemoot.operator.kube import KubeClient
 from kubemoot.operator.reconciler import Reconciler
+from kubemoot.runtime.builder import build_runtime
 from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.store.declared import MODEL_SIZES_BUCKET
 from kubemoot.store.documents import (
@@ -184,6 +185,8 @@ async def run_operator(
             probe_interval=options.probe_interval,
             probe_timeout=options.probe_timeout,
         )
+        # pinned models are loaded back as calls of the runtime, over the operator's clients
+        reconciler.runtime = await build_runtime(store, clock=clock, clients=reconciler.clients)
         await serve(reconciler, login=login, namespaces=options.namespaces,
                     liveness_endpoint=options.liveness_endpoint,
                     settings=kopf_settings(

@@ -301,10 +301,13 @@ class FleetIndex:
 
         def take_out(old: ProviderSnapshot) -> None:
             for model in old.copies:
+                # the names are sorted: find the one by bisection, not by a scan
                 names = copies.get(model, ())
-                kept = tuple(n for n in names if n != old.name)
-                if kept:
-                    copies[model] = kept
+                at = bisect_left(names, old.name)
+                if at < len(names) and names[at] == old.name:
+                    names = names[:at] + names[at + 1:]
+                if names:
+                    copies[model] = names
                 else:
                     copies.pop(model, None)
             free.take(old)
@@ -325,7 +328,8 @@ class FleetIndex:
             by_name[p.name] = p
             for model in p.copies:
                 names = copies.get(model, ())
-                copies[model] = tuple(sorted((*names, p.name)))
+                at = bisect_left(names, p.name)
+                copies[model] = (*names[:at], p.name, *names[at:])
             free.put(p)
             mib = p.free_mib
             if mib is not None:

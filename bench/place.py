@@ -69,32 +69,32 @@ async def build(kv: KV, providers: int, rng: random.Random) -> CallPlanner:
 
 async def loop(
     planner: CallPlanner, calls: int, rng: random.Random, *, floor: Bucket | None = None,
+    cpu: list[float] | None = None,
 ) -> tuple[list[float], int, list[float]]:
     """Place, claim and release ``calls`` times: samples in ms, placed, floor samples.
 
     With ``floor``, one raw ``get`` + ``update`` round trip on it precedes every call.
+    With ``cpu``, each call's CPU time in this thread (ms) is appended to it: on a
+    shared machine the wall-clock tail is mostly other processes' time slices, which
+    the thread's CPU time leaves out. Its clock is read outside the wall-clock window.
     """
     samples: list[float] = []
     floor_samples: list[float] = []
-    cpu.clear()
     placed = 0
     for i in range(calls):
         if floor is not None:
             floor_samples.append(await round_trip(floor))
         model = rng.choice(MODELS)
         candidates = [Candidate(model, 70), Candidate(rng.choice(MODELS), 65)]
-        start, start_cpu = time.perf_counter(), time.thread_time()
+        start_cpu = time.thread_time() if cpu is not None else 0.0
+        start = time.perf_counter()
         placement = await planner.place(candidates, holder_id=f"bench-{i}", prompt_tokens=2000)
         await planner.release(placement)
         samples.append((time.perf_counter() - start) * 1000)
-        cpu.append((time.thread_time() - start_cpu) * 1000)
+        if cpu is not None:
+            cpu.append((time.thread_time() - start_cpu) * 1000)
         placed += placement.ticket is not None
     return samples, placed, floor_samples
-
-
-#: the last loop's CPU time per call, in ms: on a shared machine the wall-clock tail is
-#: mostly other processes' time slices, which this thread's CPU time leaves out
-cpu: list[float] = []
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -122,7 +122,8 @@ async def embedded(calls: int, providers: int = 64) -> tuple[float, float]:
     kv = MemoryKV()
     planner = await build(kv, providers, rng)
     await loop(planner, min(calls, 1000), rng)  # warm-up: first-use costs stay out
-    samples, placed, _ = await loop(planner, calls, rng)
+    cpu: list[float] = []
+    samples, placed, _ = await loop(planner, calls, rng, cpu=cpu)
     await kv.close()
     p50, p99 = pct(samples, 0.5), pct(samples, 0.99)
     print(f"embedded, {providers} providers, 12 models: {calls} calls ({placed} placed) "

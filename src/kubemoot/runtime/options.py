@@ -262,11 +262,10 @@ def _indexed_free_copies(
         if p is None or not filters.warm_ok(p, model, prompt):
             return None
         keyed.append(((round(elsewhere, 9), 0, in_flight, name), p))
-    copies = index.copies_of(model)
-    if len(copies) == len(free):
+    if index.copy_count(model) == len(free):
         return keyed
     listed = {name for _in_flight, name in free}
-    for p in copies:
+    for p in index.copies_of(model):
         if p.name in listed:
             continue
         if not filters.warm_ok(p, model, prompt):

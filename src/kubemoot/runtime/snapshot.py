@@ -354,6 +354,10 @@ class FleetIndex:
         """Providers holding or loading a copy of ``model``, by name."""
         return [self._by_name[n] for n in self._copies.get(model, ())]
 
+    def copy_count(self, model: str) -> int:
+        """How many providers hold or load a copy of ``model``."""
+        return len(self._copies.get(model, ()))
+
     def free_copies(self, model: str) -> list[tuple[int, str]]:
         """``(calls in flight, name)`` of the resident copies of ``model`` a call can
         share with a slot free, fewest calls in flight first (then by name): the warm

@@ -20,11 +20,14 @@ def providers(draw: st.DrawFn) -> ProviderSnapshot:
     total = draw(st.sampled_from([None, 16, 24, 48]))
     residents = draw(st.dictionaries(st.sampled_from(MODELS), st.integers(1, 8), max_size=2))
     loading = draw(st.lists(st.sampled_from(MODELS), max_size=2))
+    running = draw(st.lists(st.sampled_from(MODELS), max_size=3))
     tickets = tuple(
         ticket(m, footprint_gib=4, state=TicketState.LOADING, ident=f"{name}-{i}")
         for i, m in enumerate(loading)
-    )
-    return ProviderSnapshot(state=gpu(name, total, residents=residents), tickets=tickets)
+    ) + tuple(ticket(m, ident=f"{name}-r{i}") for i, m in enumerate(running))
+    state = gpu(name, total, residents=residents, slots=draw(st.integers(1, 3)),
+                ready=draw(st.booleans()), context=draw(st.sampled_from([None, 2048, 8192])))
+    return ProviderSnapshot(state=state, tickets=tickets, circuit_open=draw(st.booleans()))
 
 
 def _view(index: FleetIndex) -> tuple[object, ...]:
@@ -32,6 +35,9 @@ def _view(index: FleetIndex) -> tuple[object, ...]:
         tuple(p.name for p in index.providers),
         {m: [p.name for p in index.copies_of(m)] for m in MODELS},
         {mib: [p.name for p in index.with_room(mib)] for mib in (0, 4096, 20480)},
+        # the warm case's sorted free copies, and the context a prompt is judged by
+        {m: index.free_copies(m) for m in MODELS},
+        {m: index.smallest_free_context(m) for m in MODELS},
     )
 
 

@@ -80,3 +80,23 @@ async def test_keys_follow_the_design(store: StoreUnderTest) -> None:
         "use.qwen3=3A32b",
         "wait.qwen3=3A32b.crew-a=2Fkubectl-agent",
     ]
+
+
+async def test_a_second_read_sees_entries_rewritten_and_removed_since(
+    store: StoreUnderTest,
+) -> None:
+    # The board parses an entry once per revision: a changed value must be read anew,
+    # a removed one dropped, and an unchanged one still counted.
+    demand = await board(store)
+    await demand.record_selection("crew-a/planner", ["qwen3:32b"], 0.5)
+    await demand.add_waiter("qwen3:8b", "crew-a/critic")
+    first = await demand.snapshot()
+    assert (first.of("qwen3:32b").prediction, first.of("qwen3:8b").waiters) == (0.5, 1)
+    await demand.record_selection("crew-a/planner", ["qwen3:8b"], 0.25)
+    await demand.remove_waiter("qwen3:8b", "crew-a/critic")
+    second = await demand.snapshot()
+    assert second.of("qwen3:32b") == ModelDemand()
+    assert (second.of("qwen3:8b").prediction, second.of("qwen3:8b").waiters) == (0.25, 0)
+    await demand.add_waiter("qwen3:8b", "crew-a/critic")
+    third = await demand.snapshot()
+    assert (third.of("qwen3:8b").prediction, third.of("qwen3:8b").waiters) == (0.25, 1)

@@ -58,6 +58,9 @@ class DemandBoard:
         self.intent_ttl_seconds = settings.demand_intent_ttl_seconds
         self.use_window_seconds = settings.demand_use_window_seconds
         self.selection_ttl_seconds = settings.selection_window_seconds
+        #: Each entry parsed once per revision: the board is read for every placement
+        #: round in the demand window, and most entries have not changed since.
+        self._parsed: dict[str, tuple[int, DemandEntry | SelectionEntry]] = {}
 
     # -- writers ---------------------------------------------------------------------
 
@@ -125,17 +128,18 @@ class DemandBoard:
             kind, _, rest = key.partition(".")
             try:
                 segments = [decode_token(s) for s in rest.split(".")] if rest else []
-                if kind == SELECTION and len(segments) == 1:
-                    selection = SelectionEntry.from_json(entry.value)
-                    if selection.expires_at > now:
-                        for model in set(selection.models):
-                            prediction[model] = prediction.get(model, 0.0) + selection.frequency
-                    continue
-                demand = DemandEntry.from_json(entry.value)
+                selecting = kind == SELECTION and len(segments) == 1
+                parsed = self._parse(key, entry.revision, entry.value, selecting=selecting)
             except ValueError as error:  # a key or value this version does not understand
                 faults.noted("demand", faults.UNREADABLE,
                              f"demand entry {key} unreadable; left out", error)
                 continue
+            if isinstance(parsed, SelectionEntry):
+                if parsed.expires_at > now:
+                    for model in set(parsed.models):
+                        prediction[model] = prediction.get(model, 0.0) + parsed.frequency
+                continue
+            demand = parsed
             if demand.expires_at <= now:
                 continue
             if kind in (WAIT, INTENT) and len(segments) == 2:
@@ -144,6 +148,8 @@ class DemandBoard:
             elif kind == USE and len(segments) == 1:
                 count = _decayed(demand.count, demand.last_used_at, now, self.use_window_seconds)
                 uses[segments[0]] = (count, demand.last_used_at)
+        for gone in self._parsed.keys() - set(keys):
+            del self._parsed[gone]
         models = set(waiters) | set(intents) | set(uses) | set(prediction)
         return DemandSnapshot(
             at=now,
@@ -158,3 +164,17 @@ class DemandBoard:
                 for m in models
             },
         )
+
+    def _parse(
+        self, key: str, revision: int, value: bytes, *, selecting: bool
+    ) -> DemandEntry | SelectionEntry:
+        """The entry's document, parsed once per revision (a value that does not parse
+        raises every time it is read, so each read notes it)."""
+        known = self._parsed.get(key)
+        if known is not None and known[0] == revision:
+            return known[1]
+        parsed: DemandEntry | SelectionEntry = (
+            SelectionEntry.from_json(value) if selecting else DemandEntry.from_json(value)
+        )
+        self._parsed[key] = (revision, parsed)
+        return parsed

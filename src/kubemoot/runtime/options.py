@@ -22,6 +22,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 
 from kubemoot.gates.results import GateResult
 from kubemoot.runtime import filters
@@ -188,6 +189,8 @@ def copy_options(
     if limit is None:
         for p in rnd.fleet.index.copies_of(model):
             rnd.record(p.name, model, filters.warm_gates(p, model, rnd.prompt_tokens))
+    elif free_slot:
+        return _free_copies(rnd, model, limit, prefill=prefill)
     options: list[Option] = []
     for p in _usable_copies(rnd, model):
         ahead = rnd.ahead_of(p.name, model)
@@ -200,6 +203,104 @@ def copy_options(
         del options[limit:]
         _record_warm(rnd, options)
     return options
+
+
+def _free_copies(rnd: Round, model: str, limit: int, *, prefill: bool) -> list[Option]:
+    """The ``limit`` cheapest copies of ``model`` with a free slot, as :func:`copy_options`
+    lists them, pricing only the copies that can make the list.
+
+    A model has a copy on hundreds of cards in a big fleet, and this runs for every call.
+    A resident copy with a free slot waits for no load and no slot: its option is warm
+    and costs the call's prefill alone, so its sort key (seconds, rank, calls in flight,
+    name) is known without the cost model. Copies still loading are priced as usual.
+    The order is exactly :meth:`Option.sort_key`'s: the keys compared here are its
+    first four terms, and the rest are the same for every copy of one model.
+    """
+    priced_prefill = prefill and bool(rnd.prefill)
+    elsewhere = rnd.prefill[("", "")] if priced_prefill else 0.0
+    keyed = _indexed_free_copies(rnd, model, limit, elsewhere, prefill=prefill)
+    if keyed is None:
+        keyed = _keyed_free_copies(rnd, model, elsewhere, prefill=prefill)
+    options: list[Option] = []
+    for _key, p in heapq.nsmallest(limit, keyed, key=itemgetter(0)):
+        option = rnd.copy_option(p, model, rnd.ahead_of(p.name, model))
+        options.append(rnd.with_prefill(option) if prefill else option)
+    _record_warm(rnd, options)
+    return options
+
+
+_Keyed = list[tuple[tuple[float, int, int, str], ProviderSnapshot]]
+
+
+def _indexed_free_copies(
+    rnd: Round, model: str, limit: int, elsewhere: float, *, prefill: bool
+) -> _Keyed | None:
+    """The sort keys of :func:`_free_copies`' candidates, read off the index's sorted
+    free copies; ``None`` when a copy's price is its own and every copy must be priced.
+
+    With no waiter placed on a copy of the model and no copy holding the call's thread,
+    every resident copy with a free slot costs the same, so the index's order (fewest
+    calls in flight, then name) is the price order and only its first ``limit`` can be
+    listed. The model's other copies (loading, full, or failing a warm gate) are judged
+    one by one in name order, as :func:`_usable_copies` does, so the gate evidence is
+    the same. A prompt larger than a free copy's context, or a free copy that fails the
+    warm filter, sends the call down the one-by-one path.
+    """
+    if any(m == model for _p, m in rnd.ahead):
+        return None
+    if prefill and any(p and m == model for p, m in rnd.prefill):
+        return None
+    index = rnd.fleet.index
+    prompt = rnd.prompt_tokens
+    smallest = index.smallest_free_context(model)
+    if prompt is not None and smallest is not None and prompt > smallest:
+        return None
+    free = index.free_copies(model)
+    keyed: _Keyed = []
+    for in_flight, name in free[:limit]:
+        p = index.provider(name)
+        if p is None or not filters.warm_ok(p, model, prompt):
+            return None
+        keyed.append(((round(elsewhere, 9), 0, in_flight, name), p))
+    if index.copy_count(model) == len(free):
+        return keyed
+    listed = {name for _in_flight, name in free}
+    for p in index.copies_of(model):
+        if p.name in listed:
+            continue
+        if not filters.warm_ok(p, model, prompt):
+            rnd.record(p.name, model, filters.warm_gates(p, model, prompt))
+        elif p.has_free_slot(model):
+            keyed.append((_key(rnd, p, model, 0, prefill=prefill), p))
+    return keyed
+
+
+def _key(
+    rnd: Round, p: ProviderSnapshot, model: str, ahead: int, *, prefill: bool
+) -> tuple[float, int, int, str]:
+    option = rnd.copy_option(p, model, ahead)
+    option = rnd.with_prefill(option) if prefill else option
+    rounded, rank, in_flight, provider, _order, _model = option.sort_key()
+    return (rounded, rank, in_flight, provider)
+
+
+def _keyed_free_copies(rnd: Round, model: str, elsewhere: float, *, prefill: bool) -> _Keyed:
+    """The sort keys of every usable copy of ``model`` with a free slot, one by one."""
+    priced_prefill = prefill and bool(rnd.prefill)
+    keyed: _Keyed = []
+    for p in _usable_copies(rnd, model):
+        name = p.name
+        ahead = rnd.ahead.get((name, model), 0) if rnd.ahead else 0
+        if not p.has_free_slot(model, ahead=ahead):
+            continue
+        if p.is_resident(model):
+            # as Round.with_prefill adds it to the warm option's 0 s
+            seconds = rnd.prefill.get((name, model), elsewhere) if priced_prefill else 0.0
+            key = (round(seconds, 9), 0, len(p.in_flight(model)) + ahead, name)
+        else:
+            key = _key(rnd, p, model, ahead, prefill=prefill)
+        keyed.append((key, p))
+    return keyed
 
 
 def warm_options(rnd: Round, model: str) -> list[Option]:

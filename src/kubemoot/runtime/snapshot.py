@@ -44,6 +44,8 @@ class ProviderSnapshot:
     free_mib: int | None = field(default=None, init=False, compare=False)
     #: Calls the provider serves at once per model (at least one).
     slots: int = field(default=1, init=False, compare=False)
+    #: The provider's name (derived: a placement reads it for every copy it looks at).
+    name: str = field(default="", init=False, compare=False)
     # Derived once: a placement asks these questions for every provider and model.
     _residents: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     _tickets_by_model: dict[str, list[Ticket]] = field(
@@ -57,11 +59,15 @@ class ProviderSnapshot:
     _first_call: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
     _load_started: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
     _load_mib: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    _contexts: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         residents: dict[str, int] = {}
+        contexts: dict[str, int] = {}
         for loaded in self.state.loaded_models:
             residents[loaded.name] = residents.get(loaded.name, 0) + loaded.size_mib
+            if loaded.context_length is not None:
+                contexts.setdefault(loaded.name, loaded.context_length)
         by_model: dict[str, list[Ticket]] = {}
         for t in self.tickets:
             by_model.setdefault(t.model, []).append(t)
@@ -83,6 +89,8 @@ class ProviderSnapshot:
             "usable_mib": usable,
             "free_mib": None if usable is None else usable - resident_total - loading_mib,
             "slots": max(1, self.state.max_parallel),
+            "name": self.state.provider,
+            "_contexts": contexts,
         }
         in_flight = {
             m: calls for m, ts in by_model.items()
@@ -110,10 +118,6 @@ class ProviderSnapshot:
         if state is None:
             return None
         return cls(state=state, tickets=tuple(t for t in tickets if t.expires_at > now))
-
-    @property
-    def name(self) -> str:
-        return self.state.provider
 
     @property
     def residents(self) -> dict[str, int]:
@@ -196,11 +200,9 @@ class ProviderSnapshot:
 
     def context_for(self, model: str) -> int | None:
         """Context of (this provider, model): observed when loaded, else configured."""
-        if model in self._residents:
-            for loaded in self.state.loaded_models:
-                if loaded.name == model and loaded.context_length is not None:
-                    return loaded.context_length
-        return self.state.context_length
+        # The first loaded entry of the model that reports a context wins (derived once).
+        context = self._contexts.get(model)
+        return self.state.context_length if context is None else context
 
 
 def _loaders(tickets: Iterable[Ticket]) -> list[Ticket]:
@@ -238,6 +240,7 @@ class FleetIndex:
     __slots__ = (
         "_by_name",
         "_copies",
+        "_free",
         "_providers",
         "_room",
         "changed",
@@ -250,6 +253,7 @@ class FleetIndex:
         by_name: dict[str, ProviderSnapshot],
         copies: dict[str, tuple[str, ...]],
         room: list[tuple[int, str]],
+        free: _FreeCopies,
         *,
         parent: int | None = None,
         changed: tuple[ProviderSnapshot, ...] = (),
@@ -257,6 +261,7 @@ class FleetIndex:
         self._by_name = by_name
         self._copies = copies
         self._room = room
+        self._free = free
         self._providers: tuple[ProviderSnapshot, ...] | None = None
         #: A number of its own, the number of the index this one was derived from (not
         #: the index itself: a chain of them would keep every past fleet alive), and the
@@ -278,7 +283,10 @@ class FleetIndex:
             if free is not None:
                 room.append((free, name))
         room.sort()
-        return cls(by_name, {m: tuple(n) for m, n in copies.items()}, room,
+        warm = _FreeCopies()
+        for p in by_name.values():
+            warm.put(p)
+        return cls(by_name, {m: tuple(n) for m, n in copies.items()}, room, warm,
                    changed=tuple(by_name.values()))
 
     def replaced(
@@ -288,20 +296,25 @@ class FleetIndex:
         by_name = dict(self._by_name)
         copies = dict(self._copies)
         room = list(self._room)
+        free = self._free.derived()
         new = list(changed)
 
         def take_out(old: ProviderSnapshot) -> None:
             for model in old.copies:
+                # the names are sorted: find the one by bisection, not by a scan
                 names = copies.get(model, ())
-                kept = tuple(n for n in names if n != old.name)
-                if kept:
-                    copies[model] = kept
+                at = bisect_left(names, old.name)
+                if at < len(names) and names[at] == old.name:
+                    names = names[:at] + names[at + 1:]
+                if names:
+                    copies[model] = names
                 else:
                     copies.pop(model, None)
-            free = old.free_mib
-            if free is not None:
-                at = bisect_left(room, (free, old.name))
-                if at < len(room) and room[at] == (free, old.name):
+            free.take(old)
+            mib = old.free_mib
+            if mib is not None:
+                at = bisect_left(room, (mib, old.name))
+                if at < len(room) and room[at] == (mib, old.name):
                     del room[at]
 
         for name in removed:
@@ -315,11 +328,14 @@ class FleetIndex:
             by_name[p.name] = p
             for model in p.copies:
                 names = copies.get(model, ())
-                copies[model] = tuple(sorted((*names, p.name)))
-            free = p.free_mib
-            if free is not None:
-                insort(room, (free, p.name))
-        return FleetIndex(by_name, copies, room, parent=self.generation, changed=tuple(new))
+                at = bisect_left(names, p.name)
+                copies[model] = (*names[:at], p.name, *names[at:])
+            free.put(p)
+            mib = p.free_mib
+            if mib is not None:
+                insort(room, (mib, p.name))
+        return FleetIndex(by_name, copies, room, free, parent=self.generation,
+                          changed=tuple(new))
 
     @property
     def providers(self) -> tuple[ProviderSnapshot, ...]:
@@ -338,10 +354,97 @@ class FleetIndex:
         """Providers holding or loading a copy of ``model``, by name."""
         return [self._by_name[n] for n in self._copies.get(model, ())]
 
+    def copy_count(self, model: str) -> int:
+        """How many providers hold or load a copy of ``model``."""
+        return len(self._copies.get(model, ()))
+
+    def free_copies(self, model: str) -> list[tuple[int, str]]:
+        """``(calls in flight, name)`` of the resident copies of ``model`` a call can
+        share with a slot free, fewest calls in flight first (then by name): the warm
+        case's order. Shared: do not change it."""
+        return self._free.of(model)
+
+    def smallest_free_context(self, model: str) -> int | None:
+        """The smallest context among :meth:`free_copies` (``None``: none says)."""
+        return self._free.smallest_context(model)
+
     def with_room(self, mib: int) -> Iterator[ProviderSnapshot]:
         """Providers with at least ``mib`` free, tightest fit first (then by name)."""
         for _free, name in self._room[bisect_left(self._room, (mib, "")):]:
             yield self._by_name[name]
+
+
+class _FreeCopies:
+    """Per model, the resident copies a call could take a free slot on, kept sorted.
+
+    A call's first question in a big fleet is "which warm copy with a slot free has the
+    fewest calls in flight": a model has a copy on hundreds of cards. The lists are
+    kept up to date per changed provider like the room list, copied only for the
+    models a change touches. Membership asks the warm gates' standing questions (ready,
+    circuit closed, not planned for unload) and a free slot; the context is per call,
+    so each list keeps its copies' contexts beside it, sorted, to judge a prompt at once.
+    """
+
+    __slots__ = ("_contexts", "_copies", "_owned")
+
+    #: a copy whose context is not known stands in the list as holding any prompt
+    UNBOUNDED = 1 << 62
+
+    def __init__(
+        self,
+        copies: dict[str, list[tuple[int, str]]] | None = None,
+        contexts: dict[str, list[tuple[int, str]]] | None = None,
+    ) -> None:
+        self._copies = copies if copies is not None else {}
+        self._contexts = contexts if contexts is not None else {}
+        #: models whose lists this instance made itself and may change in place
+        self._owned: set[str] = set()
+
+    def derived(self) -> _FreeCopies:
+        return _FreeCopies(dict(self._copies), dict(self._contexts))
+
+    @staticmethod
+    def _entries(p: ProviderSnapshot) -> Iterator[tuple[str, int, int]]:
+        """``(model, calls in flight, context)`` for each copy of ``p`` that belongs."""
+        if not p.state.ready or p.circuit_open:
+            return
+        victims = p.planned_victims()
+        for model in p.copies:
+            if not p.is_resident(model) or model in victims or not p.has_free_slot(model):
+                continue
+            context = p.context_for(model)
+            yield (model, len(p.in_flight(model)),
+                   _FreeCopies.UNBOUNDED if context is None else context)
+
+    def _lists(self, model: str) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+        if model not in self._owned:
+            self._owned.add(model)
+            self._copies[model] = list(self._copies.get(model, ()))
+            self._contexts[model] = list(self._contexts.get(model, ()))
+        return self._copies[model], self._contexts[model]
+
+    def put(self, p: ProviderSnapshot) -> None:
+        for model, in_flight, context in self._entries(p):
+            copies, contexts = self._lists(model)
+            insort(copies, (in_flight, p.name))
+            insort(contexts, (context, p.name))
+
+    def take(self, p: ProviderSnapshot) -> None:
+        for model, in_flight, context in self._entries(p):
+            copies, contexts = self._lists(model)
+            for entries, entry in ((copies, (in_flight, p.name)), (contexts, (context, p.name))):
+                at = bisect_left(entries, entry)
+                if at < len(entries) and entries[at] == entry:
+                    del entries[at]
+
+    def of(self, model: str) -> list[tuple[int, str]]:
+        return self._copies.get(model, [])
+
+    def smallest_context(self, model: str) -> int | None:
+        contexts = self._contexts.get(model)
+        if not contexts or contexts[0][0] == _FreeCopies.UNBOUNDED:
+            return None
+        return contexts[0][0]
 
 
 class FleetSnapshot:

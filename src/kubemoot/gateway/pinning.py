@@ -19,7 +19,7 @@ from kubemoot.gateway.calls import CallDesk, PlacedCall
 from kubemoot.gateway.errors import GatewayError
 from kubemoot.gateway.requests import InferenceRequest
 from kubemoot.runtime.calls import CallRefused
-from kubemoot.runtime.pinning import missing_pinned
+from kubemoot.runtime.pinning import PINNED_CALLER, missing_pinned
 from kubemoot.runtime.placement import Candidate
 from kubemoot.store.documents import ProviderState
 
@@ -27,8 +27,6 @@ __all__ = ["PINNED_CALLER", "load_missing_pinned"]
 
 log = logging.getLogger(__name__)
 
-#: The caller name of the gateway's own pinning loads (call log, dashboard).
-PINNED_CALLER = "pinned"
 
 
 async def load_missing_pinned(desk: CallDesk, states: Mapping[str, ProviderState],

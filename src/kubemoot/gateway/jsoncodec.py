@@ -3,17 +3,19 @@ rules for everything else.
 
 Every call parses the client's body and the engine's reply and encodes a reply; with
 Python's ``json`` those were a visible share of the gateway's time (docs/performance.md).
-orjson is several times faster, but it differs at the edges: it refuses integers past
-64 bits and nesting past 1,024 levels, and its error messages are its own. So
-:func:`loads` tries orjson and, whenever orjson refuses, parses again with ``json`` —
-the text is then accepted or refused exactly as before, with the same messages
-(NaN and Infinity are refused either way: orjson never reads them, and the fallback
-takes ``parse_constant``).
+orjson is several times faster, but it differs at the edges: it reads an integer past
+64 bits as a float (losing digits), refuses nesting past 1,024 levels, and words its
+errors its own way. So :func:`loads` leaves any text with a run of 20 digits or more
+to ``json`` (a search in C, far cheaper than the parse), and whenever orjson refuses a
+text, parses it again with ``json``: the text is then accepted or refused exactly as
+before, with the same messages (NaN and Infinity are refused either way: orjson never
+reads them, and the fallback takes ``parse_constant``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -22,9 +24,15 @@ from starlette.responses import JSONResponse
 
 __all__ = ["JsonReply", "dumps", "loads"]
 
+#: 20 digits in a row: the shortest integer that may not fit in 64 bits (2**64 has 20).
+_LONG_DIGITS = re.compile(rb"\d{20}")
+
 
 def loads(raw: bytes | str, *, parse_constant: Callable[[str], Any] | None = None) -> Any:
     """``raw`` parsed as JSON; raises what ``json.loads`` raises for text it refuses."""
+    if _LONG_DIGITS.search(raw if isinstance(raw, bytes) else raw.encode()):
+        # maybe an integer past 64 bits, which orjson would turn into a float
+        return json.loads(raw, parse_constant=parse_constant)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:

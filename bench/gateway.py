@@ -98,14 +98,16 @@ def emulator(port: int, *, vram: int, parallel: int, time_scale: float) -> list[
 # The emulator's own listening socket leaves Nagle on (it is created without
 # IPPROTO_TCP), which adds a delayed ACK (~40 ms) to every keep-alive request. For the
 # latency figures the emulator's app is served by uvicorn's own bind instead, so the
-# baseline is the engine and not that artefact.
+# baseline is the engine and not that artefact. Its loop and parser are pinned (asyncio,
+# h11) so that installing uvloop or httptools, which uvicorn would otherwise pick up,
+# leaves the baseline as it was: before/after figures compare the gateway alone.
 _FAST_EMULATOR = """
 import sys, uvicorn
 from kubemoot.emulation.server import EmulatorConfig, OllamaEmulator
 config = EmulatorConfig(vram_mib=int(sys.argv[1]), num_parallel=int(sys.argv[2]),
                         context_length=4096, time_scale=0.0)
 uvicorn.run(OllamaEmulator(config).app, host="127.0.0.1", port=int(sys.argv[3]),
-            log_level="error", lifespan="off", access_log=False)
+            log_level="error", lifespan="off", access_log=False, loop="asyncio", http="h11")
 """
 
 

@@ -12,8 +12,15 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from kubemoot.serving import HttpServer, StreamWithCleanup, bind_socket, socket_url
+from kubemoot.serving import (
+    HttpServer,
+    StreamWithCleanup,
+    bind_socket,
+    server_config,
+    socket_url,
+)
 
 
 def _app(*, cleaned: asyncio.Event, hold: asyncio.Event) -> Starlette:
@@ -137,3 +144,46 @@ async def test_a_stream_whose_body_fails_still_runs_the_cleanup() -> None:
     finally:
         await server.stop()
 
+
+
+async def _raw(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return await asyncio.open_connection(host, int(port))
+
+
+_GET = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+async def test_the_parser_is_httptools_a_runtime_dependency() -> None:
+    config = server_config(PlainTextResponse("x"), drain_seconds=1)
+    assert isinstance(config.http, type) and issubclass(config.http, HttpToolsProtocol)
+
+
+async def test_a_slow_header_after_a_reply_is_cut_the_second_time() -> None:
+    # idle timeout far beyond the header deadline: only the header deadline can close it
+    server = HttpServer("127.0.0.1", 0, drain_seconds=1, header_timeout=0.3,
+                        idle_timeout=60)
+    await server.start(_app(cleaned=asyncio.Event(), hold=asyncio.Event()))
+    try:
+        reader, writer = await _raw(server.url)
+        writer.write(_GET)
+        assert (await reader.readuntil(b"hello")).startswith(b"HTTP/1.1 200")
+        writer.write(b"GET / HTTP/1.1\r\n")  # the second header never ends
+        async with asyncio.timeout(30):
+            assert await reader.read() == b""  # closed by the server
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_pipelined_requests_are_all_answered_under_the_deadline() -> None:
+    server = HttpServer("127.0.0.1", 0, drain_seconds=1, header_timeout=0.3)
+    await server.start(_app(cleaned=asyncio.Event(), hold=asyncio.Event()))
+    try:
+        reader, writer = await _raw(server.url)
+        writer.write(_GET * 3)
+        for _ in range(3):
+            assert (await reader.readuntil(b"hello")).startswith(b"HTTP/1.1 200")
+        writer.close()
+    finally:
+        await server.stop()

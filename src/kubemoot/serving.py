@@ -8,6 +8,9 @@ things from uvicorn, and each once wrote them out anew:
   :func:`socket_url`);
 * uvicorn is quiet (warnings only, no access log, no lifespan) and its graceful drain is
   bounded (:func:`server_config`);
+* HTTP is parsed by httptools (C) when it is installed, else by h11 (pure Python), with
+  the same deadline for each request's header either way; a program's event loop is
+  uvloop's when that is installed (:func:`event_loop_factory`);
 * in a host program uvicorn leaves the signals alone: Ctrl-C and SIGTERM belong to
   :func:`kubemoot.cli._shutdown.run_until_stopped` (:class:`HttpServer`);
 * a streamed reply that holds something (a ticket, an engine slot, a place among the
@@ -32,7 +35,13 @@ from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["HttpServer", "StreamWithCleanup", "bind_socket", "server_config", "socket_url"]
+try:  # the C parser: a request's header costs a few microseconds instead of h11's tens
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover - httptools is a runtime dependency
+    HttpToolsProtocol = None  # type: ignore[assignment,misc]
+
+__all__ = ["HttpServer", "StreamWithCleanup", "bind_socket", "event_loop_factory",
+           "server_config", "socket_url"]
 
 #: How often :meth:`HttpServer.start` looks whether uvicorn is accepting yet.
 _STARTUP_POLL_SECONDS = 0.01
@@ -83,7 +92,10 @@ def server_config(app: ASGIApp, *, drain_seconds: int, log_level: str = "warning
     reply) is closed; an idle kept-alive one after ``idle_timeout``.
     """
 
-    class Protocol(_HeaderDeadline):
+    base: type[asyncio.Protocol] = (_HeaderDeadline if HttpToolsProtocol is None
+                                    else _FastHeaderDeadline)
+
+    class Protocol(base):  # type: ignore[valid-type,misc]
         deadline = header_timeout
 
     uvicorn_errors = logging.getLogger("uvicorn.error")
@@ -151,6 +163,70 @@ class _HeaderDeadline(H11Protocol):
         self._header_timer = None
         if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
             self.transport.close()
+
+
+if HttpToolsProtocol is not None:
+
+    class _FastHeaderDeadline(HttpToolsProtocol):
+        """uvicorn's httptools protocol with the same header deadline as
+        :class:`_HeaderDeadline`.
+
+        httptools keeps no connection state to ask, so the protocol counts: while as
+        many headers came in as replies went out, the connection waits for a header
+        (a pipelined request whose header is already in is not cut by the deadline the
+        previous reply armed).
+        """
+
+        deadline: float = HEADER_TIMEOUT_SECONDS
+        _header_timer: asyncio.TimerHandle | None = None
+        _headers_in = 0
+        _replies_out = 0
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._headers_in += 1
+            self._disarm()  # the header is in: the request's own handling takes over
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            self._replies_out += 1
+            super().on_response_complete()
+            if not self.transport.is_closing() and self._headers_in == self._replies_out:
+                self._arm()  # the next request on this connection gets the same deadline
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(self.deadline, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _too_slow(self) -> None:
+            self._header_timer = None
+            if self._headers_in == self._replies_out and not self.transport.is_closing():
+                self.transport.close()
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop when it is installed (for ``asyncio.Runner``), else None.
+
+    A server spends much of each request in the loop's socket writes and callbacks;
+    uvloop does those in C.
+    """
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a runtime dependency on Linux
+        return None
+    return uvloop.new_event_loop
 
 
 class _HostedServer(uvicorn.Server):

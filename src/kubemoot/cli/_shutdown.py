@@ -21,7 +21,7 @@ import asyncio
 import os
 import signal
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 __all__ = ["STOP_SIGNALS", "Stopped", "run_until_stopped"]
@@ -47,18 +47,22 @@ class Stopped(Exception):
         return "interrupted" if self.signum == signal.SIGINT else "terminated"
 
 
-def run_until_stopped(main: Coroutine[Any, Any, T], *, grace_seconds: float | None = None) -> T:
+def run_until_stopped(
+    main: Coroutine[Any, Any, T], *, grace_seconds: float | None = None,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+) -> T:
     """Run ``main`` like ``asyncio.run``; SIGTERM or SIGINT stop it cleanly.
 
     ``grace_seconds`` (default: ``RuntimeSettings.from_env().shutdown_grace_seconds``)
-    bounds the shutdown that a signal starts. Raises :class:`Stopped` after a clean
+    bounds the shutdown that a signal starts; ``loop_factory`` makes the event loop
+    (asyncio's own by default). Raises :class:`Stopped` after a clean
     stop; returns ``main``'s result otherwise.
     """
     if grace_seconds is None:
         from kubemoot.runtime.settings import RuntimeSettings
 
         grace_seconds = RuntimeSettings.from_env().shutdown_grace_seconds
-    with asyncio.Runner() as runner:
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
         return runner.run(_guarded(main, grace_seconds))
 
 

@@ -239,10 +239,13 @@ def gateway_command(
             await kv.close()
 
     from kubemoot.cli._shutdown import run_until_stopped
+    from kubemoot.serving import event_loop_factory
 
     # SIGTERM (what Kubernetes sends) and Ctrl-C cancel run(): replies end, tickets are
-    # released and the store closes before the process exits (143 or 130).
-    run_until_stopped(run(), grace_seconds=tunables.shutdown_grace_seconds)
+    # released and the store closes before the process exits (143 or 130). uvloop, when
+    # installed, runs the loop: the gateway's hot path is mostly the loop's own work.
+    run_until_stopped(run(), grace_seconds=tunables.shutdown_grace_seconds,
+                      loop_factory=event_loop_factory())
 
 
 async def _serve_dashboard(kv: KV, clock: Clock, where: tuple[str, int],

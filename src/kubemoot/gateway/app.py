@@ -31,6 +31,7 @@ from kubemoot.gateway import openai as oai
 from kubemoot.gateway.calls import CallDesk, PlacedCall
 from kubemoot.gateway.catalogue import known_models, resolve_name
 from kubemoot.gateway.errors import GatewayError, error_response, refusal_error, unknown_model
+from kubemoot.gateway.jsoncodec import JsonReply, dumps
 from kubemoot.gateway.keys import ANONYMOUS, ApiKeys
 from kubemoot.gateway.listings import created_epoch, merge_tags
 from kubemoot.gateway.requests import InferenceRequest, model_name, read_json
@@ -305,7 +306,7 @@ class GatewayApp:
         call = await self._start(request, req, path, legacy_embeddings=legacy_embeddings)
         if req.stream:
             return _call_stream(call, call.lines(), media_type="application/x-ndjson")
-        return JSONResponse(await call.json(), headers=call.headers())
+        return JsonReply(await call.json(), headers=call.headers())
 
     async def _chat(self, request: Request) -> Response:
         return await self._ollama_call(request, "chat", "/api/chat")
@@ -368,8 +369,8 @@ class GatewayApp:
             reply = await call.json()
             if not isinstance(reply, dict):
                 raise GatewayError(502, "the provider's answer is not an object")
-            return JSONResponse(oai.chat_completion(reply, model=model, call_id=call_id),
-                                headers=call.headers())
+            return JsonReply(oai.chat_completion(reply, model=model, call_id=call_id),
+                             headers=call.headers())
         usage = oai.include_usage(body)
 
         async def events() -> AsyncIterator[bytes]:
@@ -429,7 +430,7 @@ def _answered_by(call: PlacedCall, req: InferenceRequest) -> str:
 
 
 def _sse(value: object) -> bytes:
-    return f"data: {json.dumps(value, separators=(',', ':'))}\n\n".encode()
+    return b"data: " + dumps(value) + b"\n\n"
 
 
 def _call_stream(call: PlacedCall, content: AsyncIterator[bytes], *,

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from kubemoot.gateway import jsoncodec
 from kubemoot.gateway.errors import GatewayError, as_asked, prompt_too_large, refusal_error
 from kubemoot.gateway.requests import InferenceRequest
 from kubemoot.runtime.builder import Runtime
@@ -219,7 +220,8 @@ class PlacedCall:
         url = f"{self.placement.endpoint.rstrip('/')}{path}"
         provider = self.placement.provider or ""
         try:
-            request = self.desk.http.build_request("POST", url, json=body)
+            request = self.desk.http.build_request("POST", url, content=jsoncodec.dumps(body),
+                                                   headers=_JSON_BODY)
             response = await self.desk.http.send(request, stream=True)
         except httpx.ConnectError as error:
             # no connection, so not a byte of the request left: the one failure that
@@ -268,7 +270,7 @@ class PlacedCall:
         ok: bool | None = None
         try:
             raw = await self._upstream.aread()
-            value = json.loads(raw)
+            value = jsoncodec.loads(raw)
             ok = True
             # the answer came whole: inference began its own time before its arrival
             self.active.first_byte(at=self.desk.calls.clock.now() - _compute_seconds(value))
@@ -299,6 +301,9 @@ class PlacedCall:
         finally:
             self.desk.in_flight.discard(self)
             await self.active.close(ok=ok)
+
+
+_JSON_BODY = {"Content-Type": "application/json"}
 
 
 def _compute_seconds(reply: object) -> float:

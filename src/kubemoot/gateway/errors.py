@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from starlette.responses import JSONResponse
-
+from kubemoot.gateway.jsoncodec import JsonReply
 from kubemoot.runtime.refusals import (
     GpuBusy,
     MemoryUnknown,
@@ -45,7 +44,7 @@ class GatewayError(Exception):
 
 
 def error_response(error: GatewayError, *, openai: bool,
-                   extra_headers: Mapping[str, str] | None = None) -> JSONResponse:
+                   extra_headers: Mapping[str, str] | None = None) -> JsonReply:
     """``error`` as a JSON answer in the route family's shape."""
     headers = {**error.headers, **(extra_headers or {})}
     if openai:
@@ -56,7 +55,7 @@ def error_response(error: GatewayError, *, openai: bool,
         }}
     else:
         body = {"error": error.message}
-    return JSONResponse(body, status_code=error.status, headers=headers)
+    return JsonReply(body, status_code=error.status, headers=headers)
 
 
 def as_asked(asked: str, models: Sequence[str]) -> str:

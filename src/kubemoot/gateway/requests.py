@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
+from kubemoot.gateway import jsoncodec
 from kubemoot.gateway.errors import GatewayError
 from kubemoot.providers.durations import DurationError, duration_seconds
 
@@ -46,7 +47,7 @@ async def read_json(request: Request, *, limit: int) -> dict[str, Any]:
     if not raw.strip():
         raise GatewayError(400, "the request needs a JSON body")
     try:
-        body = json.loads(raw, parse_constant=_no_constant)
+        body = jsoncodec.loads(raw, parse_constant=_no_constant)
     except (ValueError, RecursionError) as error:
         raise GatewayError(400, f"invalid JSON body: {_short(error)}") from None
     if not isinstance(body, dict):

@@ -28,6 +28,7 @@ from kubemoot.gateway.guard import Guard, GuardPolicy
 from kubemoot.gateway.health import GatewayHealth
 from kubemoot.gateway.keys import ApiKeys
 from kubemoot.gateway.pinning import load_missing_pinned
+from kubemoot.gateway.upstream import upstream_client
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import KVStatePublisher, Prober
 from kubemoot.providers.protocol import ProviderState
@@ -170,12 +171,11 @@ class GatewayServer:
         runtime.calls.after_load = self._reprobe
         runtime.calls.idle_retry_seconds = self.settings.probe_interval_seconds
         runtime.calls.listeners.extend(self.on_call)
-        self._http = httpx.AsyncClient(
+        self._http = upstream_client(
             timeout=httpx.Timeout(self.settings.call_timeout_seconds, connect=10.0),
             # httpcore scans its whole pool for every request: a pool sized to the
             # concurrency a fleet of engines takes keeps that scan short
-            limits=httpx.Limits(max_connections=self.settings.upstream_connections,
-                                max_keepalive_connections=self.settings.upstream_connections))
+            connections=self.settings.upstream_connections)
         self.desk = CallDesk(runtime, self._http, self.settings, pinned=self.pinned)
         self._ensure_probe_loop()
 

@@ -1,0 +1,61 @@
+"""JSON on the gateway's hot path: orjson (C) for the common case, the standard library's
+rules for everything else.
+
+Every call parses the client's body and the engine's reply and encodes a reply; with
+Python's ``json`` those were a visible share of the gateway's time (docs/performance.md).
+orjson is several times faster, but it differs at the edges: it reads an integer past
+64 bits as a float (losing digits), refuses nesting past 1,024 levels, and words its
+errors its own way. So :func:`loads` leaves any text with a run of 20 digits or more
+to ``json`` (a search in C, far cheaper than the parse), and whenever orjson refuses a
+text, parses it again with ``json``: the text is then accepted or refused exactly as
+before, with the same messages (NaN and Infinity are refused either way: orjson never
+reads them, and the fallback takes ``parse_constant``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from starlette.responses import JSONResponse
+
+__all__ = ["JsonReply", "dumps", "loads"]
+
+#: 20 digits in a row: the shortest integer that may not fit in 64 bits (2**64 has 20).
+_LONG_DIGITS = re.compile(rb"\d{20}")
+
+
+def loads(raw: bytes | str, *, parse_constant: Callable[[str], Any] | None = None) -> Any:
+    """``raw`` parsed as JSON; raises what ``json.loads`` raises for text it refuses."""
+    if _LONG_DIGITS.search(raw if isinstance(raw, bytes) else raw.encode()):
+        # maybe an integer past 64 bits, which orjson would turn into a float
+        return json.loads(raw, parse_constant=parse_constant)
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        # the standard library decides (and words) every refusal, as it always did
+        return json.loads(raw, parse_constant=parse_constant)
+
+
+def dumps(value: Any) -> bytes:
+    """``value`` as compact UTF-8 JSON (what ``JSONResponse`` sends, made by orjson).
+
+    A NaN or infinite float becomes ``null`` (JSON has no such numbers); keys that are
+    not strings are written as strings.
+    """
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        # a type orjson does not know (a subclass of str or int, say): the slow path
+        return json.dumps(value, ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":")).encode("utf-8")
+
+
+class JsonReply(JSONResponse):
+    """Starlette's ``JSONResponse``, encoded by :func:`dumps`."""
+
+    def render(self, content: Any) -> bytes:
+        return dumps(content)

@@ -91,7 +91,7 @@ def test_a_demo_that_fails_while_starting_stops_the_emulators_that_came_up() -> 
 
     from kubemoot.clock import Clock
     from kubemoot.demo import default_bundle, run_demo
-    from kubemoot.runtime.settings import DEFAULTS
+    from kubemoot.settings import Settings
     from kubemoot.store.protocol import KV, StoreUnavailable
 
     opened: list[list[str]] = []
@@ -110,6 +110,6 @@ def test_a_demo_that_fails_while_starting_stops_the_emulators_that_came_up() -> 
     with default_bundle() as bundle, pytest.raises(StoreUnavailable, match="no store"):
         asyncio.run(run_demo(bundle, open_store=no_store, store="memory", discussions=1,
                              seed=1, time_scale=0.01, dashboard=None, view=Silent(),
-                             tunables=DEFAULTS))
+                             tunables=Settings()))
     assert len(opened) == 1 and len(opened[0]) == 2  # the homelab's two cards were up
     assert not [t for t in threading.enumerate() if t.name in opened[0] and t.is_alive()]

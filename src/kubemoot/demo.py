@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from kubemoot.dashboard import DashboardServer
     from kubemoot.emulation.server import OllamaEmulator
     from kubemoot.providers.ollama import OllamaProvider
-    from kubemoot.runtime.settings import RuntimeSettings
+    from kubemoot.settings import DashboardSettings, Settings
     from kubemoot.store.health import StoreHealth
     from kubemoot.store.protocol import KV
 
@@ -118,7 +118,7 @@ class Books:
 async def run_demo(path: Path, *, open_store: Callable[[Clock], Awaitable[KV]],
                    store: str, discussions: int, seed: int, time_scale: float,
                    dashboard: PageOptions | None, view: DemoView,
-                   tunables: RuntimeSettings, where: str = "") -> dict[str, Any]:
+                   tunables: Settings, where: str = "") -> dict[str, Any]:
     """Run the demo over the bundle at ``path`` and return its report (see the module
     docstring). ``open_store`` opens the shared store (``store`` says which: "memory"
     or "nats"); ``view`` shows progress and tells what a person should know, ``where``
@@ -146,7 +146,7 @@ async def run_demo(path: Path, *, open_store: Callable[[Clock], Awaitable[KV]],
     result = schedule_bundle(resources, now=datetime.now(UTC))
     clock = SystemClock()
     books = Books()
-    process = Lifecycle(straggler_grace=tunables.straggler_grace_seconds)
+    process = Lifecycle(straggler_grace=tunables.process.straggler_grace_seconds)
     emulators: dict[str, OllamaEmulator] = {}
     clients: dict[str, OllamaProvider] = {}
     try:
@@ -158,12 +158,12 @@ async def run_demo(path: Path, *, open_store: Callable[[Clock], Awaitable[KV]],
         for p in resources.providers:
             client = clients[p.metadata.name] = _counting_provider(
                 p, emulators[p.metadata.name].url,
-                timeout=tunables.provider_read_timeout_seconds)
+                timeout=tunables.runtime.provider_read_timeout_seconds)
             process.on_stop(Stage.CLIENTS, client.close, name=f"client {client.name}")
         states = await kv.bucket(PROVIDER_STATE_BUCKET)
         prober = Prober(list(clients.values()), clock=clock, publish=publish_to_kv(states))
         if store == "nats":
-            health = StoreHealth(states, clock=clock, every=tunables.store_check_seconds)
+            health = StoreHealth(states, clock=clock, every=tunables.process.store_check_seconds)
 
             async def tell(health: StoreHealth) -> None:
                 view.store_health_changed(health, where)
@@ -178,15 +178,18 @@ async def run_demo(path: Path, *, open_store: Callable[[Clock], Awaitable[KV]],
         starts = InferenceStarts(clock, time_scale)
 
         def factory(provider: str, endpoint: str, settings: CallSettings) -> OllamaProvider:
-            return starts.client(provider, endpoint, timeout=settings.timeout)
+            timeout = settings.timeout
+            return starts.client(provider, endpoint, timeout=(
+                tunables.runtime.provider_read_timeout_seconds if timeout is None else timeout))
 
         # The emulators run time_scale real seconds per emulated second; the runtime's
         # times (as set in KUBEMOOT_*, else the defaults) are scaled alike.
-        settings = tunables.with_values({
-            "load_rate_mibps": tunables.load_rate_mibps / time_scale,
-            "unload_seconds": tunables.unload_seconds * time_scale,
-            "default_latency_seconds": tunables.default_latency_seconds * time_scale,
-            "gpu_wait_limit_seconds": tunables.gpu_wait_limit_seconds * time_scale,
+        read = tunables.runtime
+        settings = read.with_values({
+            "load_rate_mibps": read.load_rate_mibps / time_scale,
+            "unload_seconds": read.unload_seconds * time_scale,
+            "default_latency_seconds": read.default_latency_seconds * time_scale,
+            "gpu_wait_limit_seconds": read.gpu_wait_limit_seconds * time_scale,
         })
         declared = {m.spec.model: m.spec.vram_mib for m in resources.models
                     if m.spec.vram_mib is not None}
@@ -199,14 +202,14 @@ async def run_demo(path: Path, *, open_store: Callable[[Clock], Awaitable[KV]],
         # Every finished call goes to the call log, so any dashboard on this store
         # (in this process with --dashboard, or `kubemoot dashboard --nats`) shows it.
         calllog = await CallLogWriter.open(kv)
-        grace = tunables.straggler_grace_seconds
+        grace = tunables.process.straggler_grace_seconds
         process.on_stop(Stage.RUNTIME, lambda: asyncio.wait_for(calllog.flush(), grace),
                         name="call log")
         stack.agents.on_record(calllog.record)
         stack.agents.on_record(starts.attach)
         page = None
         if dashboard is not None:
-            page = await _start_dashboard(kv, clock, dashboard.port, tunables)
+            page = await _start_dashboard(kv, clock, dashboard.port, tunables.dashboard)
             process.on_stop(Stage.RUNTIME, page.stop, name="dashboard")
             view.dashboard_started(page.url)
         endpoints = {name: emulator.url for name, emulator in emulators.items()}
@@ -337,7 +340,7 @@ class InferenceStarts:
 
         self._client_type = Timed
 
-    def client(self, provider: str, endpoint: str, *, timeout: float | None) -> OllamaProvider:
+    def client(self, provider: str, endpoint: str, *, timeout: float) -> OllamaProvider:
         return self._client_type(provider, endpoint, timeout=timeout, clock=self._clock)
 
     def _replied(self, eval_count: int | None, prompt_tokens: int | None) -> None:
@@ -375,12 +378,10 @@ class PageOptions(NamedTuple):
 
 
 async def _start_dashboard(kv: Any, clock: Any, port: int,
-                           tunables: RuntimeSettings) -> DashboardServer:
+                           settings: DashboardSettings) -> DashboardServer:
     from kubemoot.dashboard import DashboardServer
-    from kubemoot.dashboard.app import DashboardSettings
 
-    page = DashboardServer(kv, port=port, clock=clock,
-                           settings=DashboardSettings.from_runtime(tunables))
+    page = DashboardServer(kv, port=port, clock=clock, settings=settings)
     try:
         await page.start()
     except OSError as error:

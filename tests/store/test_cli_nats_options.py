@@ -348,7 +348,7 @@ def test_every_command_documents_the_same_reconnect_default() -> None:
     import typer.main
 
     from kubemoot.cli import app
-    from kubemoot.runtime.settings import RuntimeSettings
+    from kubemoot.settings import ProcessSettings
 
     group: Any = typer.main.get_command(app)
     helps = {
@@ -361,7 +361,7 @@ def test_every_command_documents_the_same_reconnect_default() -> None:
     assert len(set(helps.values())) == 1, helps
     [text] = set(helps.values())
     assert f"default {NatsSettings().max_reconnect_attempts}," in text
-    assert f"after {RuntimeSettings().connect_wait_seconds:g} s" in text
+    assert f"after {ProcessSettings().connect_wait_seconds:g} s" in text
 
 
 # -- declared once ---------------------------------------------------------------------

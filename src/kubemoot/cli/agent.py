@@ -31,7 +31,7 @@ from kubemoot.cli._nats import (
 
 if TYPE_CHECKING:
     from kubemoot.agent.process import AgentIdentity
-    from kubemoot.runtime.settings import RuntimeSettings
+    from kubemoot.settings import Settings
     from kubemoot.store.nats import NatsSettings
 
 READY_LINE = "kubemoot agent: ready"
@@ -99,15 +99,15 @@ def agent_command(
     enabled_tools(os.environ, demo_toolbox())
     prompt_source(os.environ)
     from kubemoot.cli._shutdown import run_until_stopped
-    from kubemoot.runtime.settings import RuntimeSettings
+    from kubemoot.settings import Settings
 
-    tunables = RuntimeSettings.from_env()
+    tunables = Settings.from_env()
     install_log_lines()
     run_until_stopped(_run(identity, settings, tunables),
-                      grace_seconds=tunables.shutdown_grace_seconds)
+                      grace_seconds=tunables.process.shutdown_grace_seconds)
 
 
-async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: RuntimeSettings) -> None:
+async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: Settings) -> None:
     from kubemoot.agent.demo import demo_toolbox
     from kubemoot.agent.discussion import AgentProfile
     from kubemoot.agent.pool import CallSettings
@@ -123,7 +123,8 @@ async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: RuntimeSet
 
     clear_ready()  # a file left by the previous run of this container vouches for nothing
     clock = SystemClock()
-    kv = await open_shared_store(nats, clock=clock, connect_wait=tunables.connect_wait_seconds)
+    kv = await open_shared_store(nats, clock=clock,
+                                 connect_wait=tunables.process.connect_wait_seconds)
     assert isinstance(kv, NatsKV)
 
     def make_client(state: ProviderState) -> ProviderClient:
@@ -133,7 +134,9 @@ async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: RuntimeSet
                               total_vram_mib=state.total_vram_mib, clock=clock)
 
     def chat_client(provider: str, endpoint: str, settings: CallSettings) -> ProviderClient:
-        return OllamaProvider(provider, endpoint, timeout=settings.timeout, clock=clock)
+        timeout = settings.timeout
+        return OllamaProvider(provider, endpoint, clock=clock, timeout=(
+            tunables.runtime.provider_read_timeout_seconds if timeout is None else timeout))
 
     def ready(profile: AgentProfile) -> None:
         mark_ready()  # the Pod's probes: joined the crew
@@ -164,7 +167,7 @@ async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: RuntimeSet
         clear_ready()
         try:
             # the last calls' entries, before the store closes under them
-            await asyncio.wait_for(calllog.flush(), tunables.shutdown_grace_seconds)
+            await asyncio.wait_for(calllog.flush(), tunables.process.shutdown_grace_seconds)
         except (TimeoutError, asyncio.CancelledError):
             pass
         finally:

@@ -29,7 +29,7 @@ from kubemoot.cli._nats import (
     open_shared_store,
     resolve_nats,
 )
-from kubemoot.runtime.settings import GatewaySettings, RuntimeSettings
+from kubemoot.settings import DashboardSettings, GatewaySettings, Settings
 
 if TYPE_CHECKING:
     from kubemoot.clock import Clock
@@ -105,7 +105,7 @@ def gateway_command(
     probe_interval: str | None = typer.Option(
         None, "--probe-interval", metavar="DURATION",
         help="How often the gateway probes its providers (and looks at its config "
-             f"file; default {_DEFAULTS.probe_interval_seconds:g}s)."),
+             f"file; default {_DEFAULTS.provider_probe_seconds:g}s)."),
     api_keys: Path | None = typer.Option(
         None, "--api-keys", metavar="FILE",
         help="A file of 'name: key' lines; turns on bearer tokens."),
@@ -153,7 +153,7 @@ def gateway_command(
     install_log_lines(level=level)  # the gateway's warnings (and access lines), one each
     # Read once: the runtime, the ModelClasses' tolerance and the shutdown all see the
     # same values (and a malformed variable is exit 2 before anything starts).
-    tunables = RuntimeSettings.from_env()
+    tunables = Settings.from_env()
     host, port = parse_listen(listen)
     check_host(host, flag="--listen")
     page_at = parse_listen(dashboard_listen) if dashboard else None
@@ -174,7 +174,8 @@ def gateway_command(
     def build(config: GatewayConfig | None) -> GatewayFleet:
         # the whole fleet for one reading of the config; a reload calls it again
         fleet = assemble_fleet(config, urls=provider, files=file, flag_keys=flag_keys,
-                               flag_limits=flag_limits, tolerance=tunables.candidate_tolerance,
+                               flag_limits=flag_limits,
+                               tolerance=tunables.runtime.candidate_tolerance,
                                base=guarded)
         if fleet.keys is None and not is_loopback(host) and not allow_anonymous:
             raise InputError(f"{host} is not a loopback address: give --api-keys FILE (or "
@@ -204,11 +205,13 @@ def gateway_command(
         from kubemoot.gateway import GatewayServer
 
         clock = SystemClock()
-        kv = await open_shared_store(nats_settings, clock=clock)
+        kv = await open_shared_store(
+            nats_settings, clock=clock, connect_wait=tunables.process.connect_wait_seconds)
         try:
             calllog = await CallLogWriter.open(kv)
             server = GatewayServer(kv, providers=sources, host=host, port=port,
-                                   settings=settings, runtime=tunables,
+                                   settings=settings, runtime=tunables.runtime,
+                                   process=tunables.process,
                                    declared=first.declared, keys=keys,
                                    virtual=first.virtual, clock=clock,
                                    on_call=[calllog.record])
@@ -221,7 +224,7 @@ def gateway_command(
             try:
                 names = ", ".join(s.name for s in sources) or "none of its own"
                 store = mask_servers(nats_settings.servers) if nats_settings else "embedded"
-                page = (await _serve_dashboard(kv, clock, page_at, tunables)
+                page = (await _serve_dashboard(kv, clock, page_at, tunables.dashboard)
                         if page_at is not None else None)
                 err_console.print(
                     f"gateway: {server.url} (providers: {names}; store: {store}; "
@@ -242,22 +245,21 @@ def gateway_command(
 
     # SIGTERM (what Kubernetes sends) and Ctrl-C cancel run(): replies end, tickets are
     # released and the store closes before the process exits (143 or 130).
-    run_until_stopped(run(), grace_seconds=tunables.shutdown_grace_seconds)
+    run_until_stopped(run(), grace_seconds=tunables.process.shutdown_grace_seconds)
 
 
 async def _serve_dashboard(kv: KV, clock: Clock, where: tuple[str, int],
-                           tunables: RuntimeSettings) -> DashboardServer:
+                           settings: DashboardSettings) -> DashboardServer:
     """The dashboard over the gateway's own store: on the embedded store nothing else can
     read it, and on NATS it saves running ``kubemoot dashboard`` beside the gateway.
     Assembled here because the gateway package may not import another adapter."""
     from kubemoot.cli._common import listen_error
     from kubemoot.dashboard import DashboardServer
-    from kubemoot.dashboard.app import DashboardSettings
 
     host, port = where
     page = DashboardServer(
         kv, host=host, port=port, clock=clock,
-        settings=DashboardSettings.from_runtime(tunables, allowed_hosts=[host]))
+        settings=settings.allowing([host]))
     try:
         await page.start()
     except OSError as error:

@@ -23,7 +23,7 @@ import typer
 from kubemoot.api.errors import InputError
 from kubemoot.cli._common import OutputFormat as _DataFormat
 from kubemoot.cli._common import add_name_column, app, console, emit_data
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS
 
 if TYPE_CHECKING:
     from kubemoot.store.documents import ProviderState

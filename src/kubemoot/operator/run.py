@@ -14,7 +14,7 @@ from kubemoot.clock import Clock, SystemClock
 from kubemoot.operator.handlers import build_registry
 from kubemoot.operator.kube import KubeClient
 from kubemoot.operator.reconciler import Reconciler
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS, ProcessSettings
 from kubemoot.store.declared import MODEL_SIZES_BUCKET
 from kubemoot.store.documents import (
     MODEL_DEMAND_BUCKET,
@@ -38,9 +38,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# The defaults live in RuntimeSettings (KUBEMOOT_PROBE_INTERVAL_SECONDS, …).
+# The defaults live in kubemoot.settings (KUBEMOOT_PROBE_INTERVAL_SECONDS, …).
 DEFAULT_PROBE_INTERVAL = DEFAULTS.probe_interval_seconds
 DEFAULT_PROBE_TIMEOUT = DEFAULTS.probe_timeout_seconds
+_PROCESS = ProcessSettings()
 
 Login = Callable[[], Awaitable[kopf.ConnectionInfo]]
 #: Opens the shared store (the CLI's says where it connects and masks passwords).
@@ -59,7 +60,7 @@ class OperatorOptions:
     probe_interval: float = DEFAULT_PROBE_INTERVAL
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
     # After SIGTERM or Ctrl-C, kopf's stop may take this long before the process is killed.
-    shutdown_grace_seconds: float = DEFAULTS.shutdown_grace_seconds
+    shutdown_grace_seconds: float = _PROCESS.shutdown_grace_seconds
     #: kopf's liveness endpoint ``http://HOST:PORT/healthz`` for the Pod's probes (0: off).
     health_port: int = 0
     health_host: str = "127.0.0.1"
@@ -77,7 +78,7 @@ def kopf_settings(*, shutdown_grace_seconds: float | None = None) -> kopf.Operat
     # kopf answers SIGTERM and SIGINT itself while it serves; its last-resort exit
     # (10 minutes by default) gets the same bound as every other command's shutdown.
     settings.process.ultimate_exiting_timeout = (
-        DEFAULTS.shutdown_grace_seconds if shutdown_grace_seconds is None
+        _PROCESS.shutdown_grace_seconds if shutdown_grace_seconds is None
         else shutdown_grace_seconds)
     # The CRDs ship with the operator (deploy/base); rescanning the API for new
     # resources and namespaces is not needed and would need cluster-wide list rights.

@@ -31,7 +31,7 @@ def test_every_numeric_setting_of_every_read_section_has_its_own_variable() -> N
         f"{section}.{item.name}" for section in SECTIONS
         for item in fields(getattr(Settings(), section)) if item.type in ("int", "float")
         and f"{section}.{item.name}" != "dashboard.store_check_seconds")
-    assert KEYS == numeric
+    assert numeric == KEYS
     assert len(set(ENV_VARIABLES.values())) == len(KEYS)
     assert all(name.startswith("KUBEMOOT_") for name in ENV_VARIABLES.values())
 

@@ -115,7 +115,7 @@ async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: Settings) 
     from kubemoot.cli._ready import clear_ready, mark_ready
     from kubemoot.clock import SystemClock
     from kubemoot.dashboard.calllog import CallLogWriter
-    from kubemoot.providers.ollama import OllamaProvider
+    from kubemoot.providers.factory import ProviderClients
     from kubemoot.providers.protocol import ProviderClient
     from kubemoot.store.documents import ProviderState
     from kubemoot.store.nats import NatsKV
@@ -127,16 +127,14 @@ async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: Settings) 
                                  connect_wait=tunables.process.connect_wait_seconds)
     assert isinstance(kv, NatsKV)
 
+    # every provider client of this process, with the timeouts read at its start
+    clients = ProviderClients.of(tunables.runtime, clock=clock)
+
     def make_client(state: ProviderState) -> ProviderClient:
-        return OllamaProvider(state.provider, state.endpoint,
-                              context_length=state.context_length,
-                              num_parallel=state.max_parallel, reserve_mib=state.reserve_mib,
-                              total_vram_mib=state.total_vram_mib, clock=clock)
+        return clients.for_state(state)
 
     def chat_client(provider: str, endpoint: str, settings: CallSettings) -> ProviderClient:
-        timeout = settings.timeout
-        return OllamaProvider(provider, endpoint, clock=clock, timeout=(
-            tunables.runtime.provider_read_timeout_seconds if timeout is None else timeout))
+        return clients.client(provider, endpoint, timeout=settings.timeout)
 
     def ready(profile: AgentProfile) -> None:
         mark_ready()  # the Pod's probes: joined the crew

@@ -203,6 +203,7 @@ def gateway_command(
         from kubemoot.clock import SystemClock
         from kubemoot.dashboard.calllog import CallLogWriter
         from kubemoot.gateway import GatewayServer
+        from kubemoot.providers.factory import ProviderClients
 
         clock = SystemClock()
         kv = await open_shared_store(
@@ -212,6 +213,8 @@ def gateway_command(
             server = GatewayServer(kv, providers=sources, host=host, port=port,
                                    settings=settings, runtime=tunables.runtime,
                                    process=tunables.process,
+                                   client_factory=ProviderClients.of(tunables.runtime,
+                                                                     clock=clock),
                                    declared=first.declared, keys=keys,
                                    virtual=first.virtual, clock=clock,
                                    on_call=[calllog.record])

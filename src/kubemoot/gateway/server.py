@@ -28,6 +28,7 @@ from kubemoot.gateway.guard import Guard, GuardPolicy
 from kubemoot.gateway.health import GatewayHealth
 from kubemoot.gateway.keys import ApiKeys
 from kubemoot.gateway.pinning import load_missing_pinned
+from kubemoot.providers.factory import ProviderClients
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import KVStatePublisher, Prober
 from kubemoot.providers.protocol import ProviderState
@@ -78,6 +79,7 @@ class GatewayServer:
         settings: GatewaySettings | None = None,
         runtime: RuntimeSettings | None = None,
         process: ProcessSettings | None = None,
+        client_factory: ProviderClients | None = None,
         declared: dict[str, int | None] | None = None,
         keys: ApiKeys | None = None,
         virtual: VirtualModels | None = None,
@@ -99,6 +101,10 @@ class GatewayServer:
         self.keys = keys
         self.virtual = virtual or VirtualModels()
         self.clock = clock or SystemClock()
+        #: Where the gateway's provider clients come from: the entry point's factory
+        #: (its timeouts), else one over the runtime settings it was given.
+        self.client_factory = client_factory or ProviderClients.of(self.runtime,
+                                                                    clock=self.clock)
         # Each finished call's attribution (the CLI adds the dashboard's call log here).
         self.on_call = list(on_call)
         self.clients: dict[str, OllamaProvider] = {}
@@ -143,11 +149,11 @@ class GatewayServer:
             raise
 
     def _client(self, source: ProviderSource) -> OllamaProvider:
-        return OllamaProvider(
+        return self.client_factory.client(
             source.name, source.endpoint, context_length=source.context_length,
             num_parallel=source.num_parallel, reserve_mib=source.reserve_mib,
             total_vram_mib=source.total_vram_mib,
-            timeout=self.settings.listing_timeout_seconds, clock=self.clock)
+            timeout=self.settings.listing_timeout_seconds)
 
     async def _wire(self) -> None:
         for source in self.sources:

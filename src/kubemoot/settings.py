@@ -8,23 +8,25 @@ simulator or a second process in the same interpreter builds the same objects fr
 plain values.
 
 The sections: ``runtime`` (the per-call runtime, DESIGN §5), ``process`` (connecting,
-checking the store, shutting down), ``crew`` (agents over NATS), ``dashboard`` and
-``gateway``. This is the only home of each default: a class or command-line option
-elsewhere that takes one of these numbers reads its default from here, never repeats
-it. The module imports nothing else of ours, so every layer (the resource API
+checking the store, shutting down), ``crew`` (agents over NATS), ``dashboard``,
+``gateway`` (set by its flags and file, not by variables) and ``nats`` (how to reach
+the shared store, ``KUBEMOOT_NATS_*``). This is the only home of each default: a class
+or command-line option elsewhere that takes one of these numbers reads its default from
+here, never repeats it. The module imports nothing else of ours, so every layer (the resource API
 included, for the reserve) may import it.
 """
 
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, TypeVar
 
 __all__ = [
     "DEFAULTS", "DEFAULT_RESERVE_MIB", "ENV_VARIABLES", "MIB_PER_GIB", "CrewSettings",
-    "DashboardSettings", "GatewaySettings", "ProcessSettings", "RuntimeSettings",
+    "DashboardSettings", "GatewaySettings", "NatsSettings", "ProcessSettings", "RuntimeSettings",
     "SettingError", "Settings",
 ]
 
@@ -265,6 +267,69 @@ class GatewaySettings:
     unready_after_failures: int = 3
 
 
+@dataclass(frozen=True, slots=True)
+class NatsSettings:
+    """How to reach NATS (the shared store). Every field has an environment variable
+    (see :meth:`from_env`); a command's ``--nats-*`` flags win over them."""
+
+    servers: list[str] = field(default_factory=lambda: ["nats://127.0.0.1:4222"])
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    credentials_file: str | None = None  # a .creds file (JWT + nkey seed)
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    name: str = "kubemoot"
+    connect_timeout: float = 2.0
+    # rounds over the server list, at connect and after a disconnect; -1 (or 0) never stops
+    max_reconnect_attempts: int = 120
+    reconnect_wait: float = 0.5
+    request_timeout: float = 5.0  # JetStream API calls and publish acknowledgements
+    # copies of each bucket a JetStream cluster keeps (1, 3 or 5); only used on creation
+    replicas: int = 1
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> NatsSettings:
+        """Read ``KUBEMOOT_NATS_*``; ``KUBEMOOT_NATS_URL`` may list servers by commas."""
+        env = os.environ if environ is None else environ
+        urls = [u.strip() for u in env.get("KUBEMOOT_NATS_URL", "").split(",") if u.strip()]
+
+        def opt(name: str) -> str | None:
+            value = env.get(f"KUBEMOOT_NATS_{name}", "").strip()
+            return value or None
+
+        return cls(
+            servers=urls or ["nats://127.0.0.1:4222"],
+            user=opt("USER"),
+            password=opt("PASSWORD"),
+            token=opt("TOKEN"),
+            credentials_file=opt("CREDS"),
+            tls_ca=opt("TLS_CA"),
+            tls_cert=opt("TLS_CERT"),
+            tls_key=opt("TLS_KEY"),
+            replicas=_replicas(opt("REPLICAS")),
+        )
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """A client TLS context when any TLS file is configured."""
+        if not (self.tls_ca or self.tls_cert or self.tls_key):
+            return None
+        context = ssl.create_default_context(cafile=self.tls_ca)
+        if self.tls_cert:
+            context.load_cert_chain(self.tls_cert, self.tls_key)
+        return context
+
+
+def _replicas(text: str | None) -> int:
+    """``KUBEMOOT_NATS_REPLICAS``: 1 (default), 3 or 5, as JetStream clusters take them."""
+    if text is None:
+        return 1
+    if text not in ("1", "3", "5"):
+        raise SettingError(f'must be 1, 3 or 5, got "{text}"', field="KUBEMOOT_NATS_REPLICAS")
+    return int(text)
+
+
 _S = TypeVar("_S", RuntimeSettings, ProcessSettings, CrewSettings, DashboardSettings)
 
 #: Each section read from the environment, and what its variables start with.
@@ -321,6 +386,7 @@ class Settings:
     crew: CrewSettings = field(default_factory=CrewSettings)
     dashboard: DashboardSettings = field(default_factory=DashboardSettings)
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
+    nats: NatsSettings = field(default_factory=NatsSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -336,4 +402,4 @@ class Settings:
                             store_check_seconds=process.store_check_seconds)
         runtime = _read(RuntimeSettings, "runtime", env)
         return cls(runtime=runtime, process=process, crew=_read(CrewSettings, "crew", env),
-                   dashboard=dashboard)
+                   dashboard=dashboard, nats=NatsSettings.from_env(env))

@@ -18,8 +18,8 @@ from kubemoot.cli._common import StoreLossFilter
 from kubemoot.clock import SystemClock
 from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
-from kubemoot.settings import GatewaySettings, ProcessSettings
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.settings import GatewaySettings, NatsSettings, ProcessSettings
+from kubemoot.store.nats import NatsKV
 from kubemoot.testing.nats_server import NatsServer
 from kubemoot.testing.waiting import wait_until
 from tests.gateway.conftest import sources

@@ -21,8 +21,9 @@ import pytest
 from kubemoot.api.errors import InputError
 from kubemoot.cli import main
 from kubemoot.cli._nats import NatsFlags, merge_nats, resolve_nats
+from kubemoot.settings import NatsSettings
 from kubemoot.store import open_store
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.store.nats import NatsKV
 from kubemoot.testing.nats_server import NatsServer, free_port
 from tests.ci import cannot_run
 from tests.operator.test_operator_cli import KUBECONFIG

@@ -3,7 +3,7 @@
 A command declares all of them with :func:`nats_options`, which puts the options in
 the place of one ``nats: NatsFlags`` parameter and hands the command what was given as
 a :class:`NatsFlags`; :func:`resolve_nats` turns that into
-:class:`~kubemoot.store.nats.NatsSettings`::
+:class:`~kubemoot.settings.NatsSettings`::
 
     @app.command("watch")
     @nats_options()
@@ -43,7 +43,7 @@ from kubemoot.store.masking import mask_servers, mask_url
 
 if TYPE_CHECKING:
     from kubemoot.clock import Clock
-    from kubemoot.store.nats import NatsSettings
+    from kubemoot.settings import NatsSettings
     from kubemoot.store.protocol import KV
 
 __all__ = [
@@ -247,7 +247,7 @@ def resolve_nats(
 
 def merge_nats(flags: NatsFlags, *, environ: Mapping[str, str] | None = None) -> NatsSettings:
     """Flags over ``KUBEMOOT_NATS_*`` over defaults, validated (:class:`InputError`)."""
-    from kubemoot.store.nats import NatsSettings
+    from kubemoot.settings import NatsSettings
 
     env = dict(os.environ if environ is None else environ)
     base = NatsSettings.from_env(env)

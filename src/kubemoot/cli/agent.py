@@ -31,8 +31,7 @@ from kubemoot.cli._nats import (
 
 if TYPE_CHECKING:
     from kubemoot.agent.process import AgentIdentity
-    from kubemoot.settings import Settings
-    from kubemoot.store.nats import NatsSettings
+    from kubemoot.settings import NatsSettings, Settings
 
 READY_LINE = "kubemoot agent: ready"
 #: Printed at start and whenever the shared state moves a static target.

@@ -36,8 +36,7 @@ from kubemoot.cli._nats import (
 
 if TYPE_CHECKING:
     from kubemoot.agent.remote import CrewRef
-    from kubemoot.settings import Settings
-    from kubemoot.store.nats import NatsSettings
+    from kubemoot.settings import NatsSettings, Settings
 
 MAX_QUESTION_CHARS = 100_000  # a question, not a document
 

@@ -10,6 +10,8 @@ default; a non-loopback address needs ``--api-keys`` or an explicit
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
 import logging
 import math
@@ -34,6 +36,7 @@ from kubemoot.settings import DashboardSettings, GatewaySettings, Settings
 if TYPE_CHECKING:
     from kubemoot.clock import Clock
     from kubemoot.dashboard import DashboardServer
+    from kubemoot.dashboard.calllog import CallLogWriter
     from kubemoot.gateway.config import GatewayConfig
     from kubemoot.gateway.reload import GatewayFleet
     from kubemoot.store.protocol import KV
@@ -203,13 +206,21 @@ def gateway_command(
         from kubemoot.clock import SystemClock
         from kubemoot.dashboard.calllog import CallLogWriter
         from kubemoot.gateway import GatewayServer
+        from kubemoot.process import Lifecycle, Stage
         from kubemoot.providers.factory import ProviderClients
 
         clock = SystemClock()
-        kv = await open_shared_store(
-            nats_settings, clock=clock, connect_wait=tunables.process.connect_wait_seconds)
+        # What started is stopped in one order (kubemoot.process): the dashboard, the
+        # gateway (its replies drain, its calls give their tickets back), the call log's
+        # last entries, the runtime's leftovers, and the store last.
+        process = Lifecycle(straggler_grace=tunables.process.straggler_grace_seconds)
         try:
+            kv = await open_shared_store(
+                nats_settings, clock=clock, connect_wait=tunables.process.connect_wait_seconds)
+            process.on_stop(Stage.STORE, kv.close, name="store")
             calllog = await CallLogWriter.open(kv)
+            grace = tunables.process.straggler_grace_seconds
+            process.on_stop(Stage.RUNTIME, lambda: _flush(calllog, grace), name="call log")
             server = GatewayServer(kv, providers=sources, host=host, port=port,
                                    settings=settings, runtime=tunables.runtime,
                                    process=tunables.process,
@@ -218,37 +229,38 @@ def gateway_command(
                                    declared=first.declared, keys=keys,
                                    virtual=first.virtual, clock=clock,
                                    on_call=[calllog.record])
+            process.on_stop(Stage.RUNTIME, server.stop, name="gateway")
             if config is not None:
                 _reload_on_change(server, config, build)
             try:
                 await server.start()
             except OSError as error:
                 raise listen_error(host, port, error, flag="--listen") from None
-            try:
-                names = ", ".join(s.name for s in sources) or "none of its own"
-                store = mask_servers(nats_settings.servers) if nats_settings else "embedded"
-                page = (await _serve_dashboard(kv, clock, page_at, tunables.dashboard)
-                        if page_at is not None else None)
-                err_console.print(
-                    f"gateway: {server.url} (providers: {names}; store: {store}; "
-                    f"{'API keys: ' + str(len(keys)) if keys else 'no API keys'}); "
-                    "Ctrl-C stops it", highlight=False, soft_wrap=True)
-                try:
-                    await server.wait()
-                finally:
-                    if page is not None:
-                        await page.stop()
-            finally:
-                await server.stop()
-                await calllog.flush()
+            names = ", ".join(s.name for s in sources) or "none of its own"
+            store = mask_servers(nats_settings.servers) if nats_settings else "embedded"
+            if page_at is not None:
+                page = await _serve_dashboard(kv, clock, page_at, tunables.dashboard)
+                process.on_stop(Stage.RUNTIME, page.stop, name="dashboard")
+            err_console.print(
+                f"gateway: {server.url} (providers: {names}; store: {store}; "
+                f"{'API keys: ' + str(len(keys)) if keys else 'no API keys'}); "
+                "Ctrl-C stops it", highlight=False, soft_wrap=True)
+            await server.wait()
         finally:
-            await kv.close()
+            await process.shutdown()
 
     from kubemoot.cli._shutdown import run_until_stopped
 
     # SIGTERM (what Kubernetes sends) and Ctrl-C cancel run(): replies end, tickets are
     # released and the store closes before the process exits (143 or 130).
     run_until_stopped(run(), grace_seconds=tunables.process.shutdown_grace_seconds)
+
+
+async def _flush(calllog: CallLogWriter, grace: float) -> None:
+    """The call log's last entries, before the store closes under them; a store too slow
+    to take them within ``grace`` loses them rather than holding up the exit."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(calllog.flush(), grace)
 
 
 async def _serve_dashboard(kv: KV, clock: Clock, where: tuple[str, int],

@@ -100,6 +100,7 @@ def operator_command(
         probe_interval=probe_interval or tunables.runtime.probe_interval_seconds,
         probe_timeout=probe_timeout or tunables.runtime.probe_timeout_seconds,
         shutdown_grace_seconds=tunables.process.shutdown_grace_seconds,
+        straggler_grace_seconds=tunables.process.straggler_grace_seconds,
         health_port=health_port,
         health_host=metrics_host,
     )

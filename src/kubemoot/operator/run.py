@@ -61,6 +61,8 @@ class OperatorOptions:
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
     # After SIGTERM or Ctrl-C, kopf's stop may take this long before the process is killed.
     shutdown_grace_seconds: float = _PROCESS.shutdown_grace_seconds
+    #: Of that, what the operator's own leftover tasks get before they are cancelled.
+    straggler_grace_seconds: float = _PROCESS.straggler_grace_seconds
     #: kopf's liveness endpoint ``http://HOST:PORT/healthz`` for the Pod's probes (0: off).
     health_port: int = 0
     health_host: str = "127.0.0.1"
@@ -163,8 +165,10 @@ async def run_operator(
 
     The store comes from ``open_kv`` (the CLI's connects to NATS with the user's
     credentials and TLS); without it, the embedded store serves one process only.
-    SIGTERM and SIGINT stop kopf gracefully (kopf handles both); the store closes last.
+    SIGTERM and SIGINT stop kopf gracefully (kopf handles both); then the process's
+    lifecycle stops what is left in its order, the store last.
     """
+    from kubemoot.process import Lifecycle, Stage
     from kubemoot.store import open_store
 
     try:
@@ -172,9 +176,11 @@ async def run_operator(
     except (OSError, ValueError, KeyError, TypeError, kopf.LoginError) as error:
         raise InputError(f"cannot read Kubernetes credentials: {error}") from None
     clock = clock or SystemClock()
-    store: KV = (await open_kv(clock) if open_kv is not None
-                 else await open_store(clock=clock))
+    process = Lifecycle(straggler_grace=options.straggler_grace_seconds)
     try:
+        store: KV = (await open_kv(clock) if open_kv is not None
+                     else await open_store(clock=clock))
+        process.on_stop(Stage.STORE, store.close, name="store")
         bucket = await open_shared_buckets(store)
         kube = KubeClient(login)
         reconciler = Reconciler(
@@ -190,4 +196,4 @@ async def run_operator(
                     settings=kopf_settings(
                         shutdown_grace_seconds=options.shutdown_grace_seconds))
     finally:
-        await store.close()
+        await process.shutdown()

@@ -12,8 +12,8 @@ checking the store, shutting down), ``crew`` (agents over NATS), ``dashboard``,
 ``gateway`` (set by its flags and file, not by variables) and ``nats`` (how to reach
 the shared store, ``KUBEMOOT_NATS_*``). This is the only home of each default: a class
 or command-line option elsewhere that takes one of these numbers reads its default from
-here, never repeats it. The module imports nothing else of ours, so every layer (the resource API
-included, for the reserve) may import it.
+here, never repeats it. The module imports nothing else of ours, so every layer (the
+resource API included, for the reserve) may import it.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class SettingError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class RuntimeSettings:
-    """Numbers a Kubemoot process uses; all times in seconds, sizes in MiB."""
+    """Numbers of the per-call runtime (DESIGN §5); all times in seconds, sizes in MiB."""
 
     #: How fast a model loads (and an unloaded one reloads) — about 1 GiB/s on Ollama.
     load_rate_mibps: float = 1024.0

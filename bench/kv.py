@@ -45,13 +45,14 @@ from typing import Any
 
 from kubemoot.clock import SystemClock
 from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketManager
+from kubemoot.settings import NatsSettings
 from kubemoot.store.documents import (
     PROVIDER_STATE_BUCKET,
     PROVIDER_TICKETS_BUCKET,
     ProviderState,
 )
 from kubemoot.store.memory import MemoryKV
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.store.nats import NatsKV
 from kubemoot.store.protocol import KV, StoreError
 from kubemoot.testing.nats_server import running_nats_server
 

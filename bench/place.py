@@ -134,7 +134,8 @@ async def embedded(calls: int, providers: int = 64) -> tuple[float, float]:
 
 async def nats(calls: int) -> float | None:
     try:
-        from kubemoot.store.nats import NatsKV, NatsSettings
+        from kubemoot.settings import NatsSettings
+        from kubemoot.store.nats import NatsKV
         from kubemoot.testing.nats_server import running_nats_server
     except ImportError as error:
         print(f"nats: skipped ({error})")

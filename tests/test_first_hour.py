@@ -107,9 +107,10 @@ def test_crds_prints_yaml_by_default_as_the_readme_says() -> None:
 def test_a_call_waits_from_issue_to_the_start_of_inference() -> None:
     """The reply's arrival less the emulated compute time is when inference started."""
     from kubemoot.demo import InferenceStarts, emulated_inference_seconds
+    from kubemoot.providers.factory import ProviderClients
 
     clock = ManualClock(1000.0)
-    starts = InferenceStarts(clock, time_scale=0.1)
+    starts = InferenceStarts(ProviderClients(clock=clock), time_scale=0.1)
     computing = emulated_inference_seconds(10, 500) * 0.1
 
     async def call(issued: float, replies: list[float]) -> SimpleNamespace:

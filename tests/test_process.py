@@ -91,7 +91,7 @@ def test_a_demo_that_fails_while_starting_stops_the_emulators_that_came_up() -> 
 
     from kubemoot.clock import Clock
     from kubemoot.demo import default_bundle, run_demo
-    from kubemoot.runtime.settings import DEFAULTS
+    from kubemoot.settings import Settings
     from kubemoot.store.protocol import KV, StoreUnavailable
 
     opened: list[list[str]] = []
@@ -110,6 +110,38 @@ def test_a_demo_that_fails_while_starting_stops_the_emulators_that_came_up() -> 
     with default_bundle() as bundle, pytest.raises(StoreUnavailable, match="no store"):
         asyncio.run(run_demo(bundle, open_store=no_store, store="memory", discussions=1,
                              seed=1, time_scale=0.01, dashboard=None, view=Silent(),
-                             tunables=DEFAULTS))
+                             tunables=Settings()))
     assert len(opened) == 1 and len(opened[0]) == 2  # the homelab's two cards were up
     assert not [t for t in threading.enumerate() if t.name in opened[0] and t.is_alive()]
+
+
+def test_an_operator_that_fails_while_starting_still_closes_its_store() -> None:
+    """The operator stops through the lifecycle too: a store that opened and then failed
+    (its buckets cannot be made) is closed before the error reaches the user."""
+    import kopf
+
+    from kubemoot.clock import Clock
+    from kubemoot.operator.run import OperatorOptions, run_operator
+    from kubemoot.store.memory import MemoryBucket, MemoryKV
+    from kubemoot.store.protocol import KV, StoreUnavailable
+
+    closed: list[str] = []
+
+    class NoBuckets(MemoryKV):
+        async def bucket(self, name: str, *, max_age: float | None = None) -> MemoryBucket:
+            raise StoreUnavailable(f"no bucket {name} here")
+
+        async def close(self) -> None:
+            closed.append("store")
+            await super().close()
+
+    async def login() -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server="https://127.0.0.1:1")
+
+    async def open_kv(clock: Clock) -> KV:
+        return NoBuckets(clock)
+
+    with pytest.raises(StoreUnavailable, match="no bucket"):
+        asyncio.run(run_operator(OperatorOptions(straggler_grace_seconds=0.5), login=login,
+                                 open_kv=open_kv))
+    assert closed == ["store"]

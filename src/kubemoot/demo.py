@@ -37,8 +37,9 @@ if TYPE_CHECKING:
     from kubemoot.clock import Clock
     from kubemoot.dashboard import DashboardServer
     from kubemoot.emulation.server import OllamaEmulator
+    from kubemoot.providers.factory import ProviderClients
     from kubemoot.providers.ollama import OllamaProvider
-    from kubemoot.runtime.settings import RuntimeSettings
+    from kubemoot.settings import DashboardSettings, Settings
     from kubemoot.store.health import StoreHealth
     from kubemoot.store.protocol import KV
 
@@ -118,7 +119,7 @@ class Books:
 async def run_demo(path: Path, *, open_store: Callable[[Clock], Awaitable[KV]],
                    store: str, discussions: int, seed: int, time_scale: float,
                    dashboard: PageOptions | None, view: DemoView,
-                   tunables: RuntimeSettings, where: str = "") -> dict[str, Any]:
+                   tunables: Settings, where: str = "") -> dict[str, Any]:
     """Run the demo over the bundle at ``path`` and return its report (see the module
     docstring). ``open_store`` opens the shared store (``store`` says which: "memory"
     or "nats"); ``view`` shows progress and tells what a person should know, ``where``
@@ -134,6 +135,7 @@ async def run_demo(path: Path, *, open_store: Callable[[Clock], Awaitable[KV]],
     from kubemoot.api.loader import load_bundle
     from kubemoot.clock import SystemClock
     from kubemoot.dashboard.calllog import CallLogWriter
+    from kubemoot.providers.factory import ProviderClients
     from kubemoot.providers.prober import Prober, publish_to_kv
     from kubemoot.scheduling import schedule_bundle
     from kubemoot.store.documents import PROVIDER_STATE_BUCKET
@@ -145,8 +147,10 @@ async def run_demo(path: Path, *, open_store: Callable[[Clock], Awaitable[KV]],
         raise InputError("the bundle has no ModelProvider to emulate", file=str(path))
     result = schedule_bundle(resources, now=datetime.now(UTC))
     clock = SystemClock()
+    # every client of this process comes from here, with the timeouts the command read
+    factory = ProviderClients.of(tunables.runtime, clock=clock)
     books = Books()
-    process = Lifecycle(straggler_grace=tunables.straggler_grace_seconds)
+    process = Lifecycle(straggler_grace=tunables.process.straggler_grace_seconds)
     emulators: dict[str, OllamaEmulator] = {}
     clients: dict[str, OllamaProvider] = {}
     try:
@@ -157,13 +161,12 @@ async def run_demo(path: Path, *, open_store: Callable[[Clock], Awaitable[KV]],
         process.on_stop(Stage.STORE, kv.close, name="store")
         for p in resources.providers:
             client = clients[p.metadata.name] = _counting_provider(
-                p, emulators[p.metadata.name].url,
-                timeout=tunables.provider_read_timeout_seconds)
+                p, emulators[p.metadata.name].url, factory)
             process.on_stop(Stage.CLIENTS, client.close, name=f"client {client.name}")
         states = await kv.bucket(PROVIDER_STATE_BUCKET)
         prober = Prober(list(clients.values()), clock=clock, publish=publish_to_kv(states))
         if store == "nats":
-            health = StoreHealth(states, clock=clock, every=tunables.store_check_seconds)
+            health = StoreHealth(states, clock=clock, every=tunables.process.store_check_seconds)
 
             async def tell(health: StoreHealth) -> None:
                 view.store_health_changed(health, where)
@@ -175,23 +178,24 @@ async def run_demo(path: Path, *, open_store: Callable[[Clock], Awaitable[KV]],
         async def after_call(provider: str) -> None:
             await prober.probe_one(clients[provider])
 
-        starts = InferenceStarts(clock, time_scale)
+        starts = InferenceStarts(factory, time_scale)
 
-        def factory(provider: str, endpoint: str, settings: CallSettings) -> OllamaProvider:
+        def chat_client(provider: str, endpoint: str, settings: CallSettings) -> OllamaProvider:
             return starts.client(provider, endpoint, timeout=settings.timeout)
 
         # The emulators run time_scale real seconds per emulated second; the runtime's
         # times (as set in KUBEMOOT_*, else the defaults) are scaled alike.
-        settings = tunables.with_values({
-            "load_rate_mibps": tunables.load_rate_mibps / time_scale,
-            "unload_seconds": tunables.unload_seconds * time_scale,
-            "default_latency_seconds": tunables.default_latency_seconds * time_scale,
-            "gpu_wait_limit_seconds": tunables.gpu_wait_limit_seconds * time_scale,
+        read = tunables.runtime
+        settings = read.with_values({
+            "load_rate_mibps": read.load_rate_mibps / time_scale,
+            "unload_seconds": read.unload_seconds * time_scale,
+            "default_latency_seconds": read.default_latency_seconds * time_scale,
+            "gpu_wait_limit_seconds": read.gpu_wait_limit_seconds * time_scale,
         })
         declared = {m.spec.model: m.spec.vram_mib for m in resources.models
                     if m.spec.vram_mib is not None}
         stack = await build_stack(
-            kv, clients=clients, client_factory=factory, clock=clock, settings=settings,
+            kv, clients=clients, client_factory=chat_client, clock=clock, settings=settings,
             declared=declared, after_call=after_call)
         process.on_stop(Stage.RUNTIME, stack.close, name="runtime stack")
         process.add_task(asyncio.create_task(prober.run(PROBE_INTERVAL_SECONDS)))
@@ -199,14 +203,14 @@ async def run_demo(path: Path, *, open_store: Callable[[Clock], Awaitable[KV]],
         # Every finished call goes to the call log, so any dashboard on this store
         # (in this process with --dashboard, or `kubemoot dashboard --nats`) shows it.
         calllog = await CallLogWriter.open(kv)
-        grace = tunables.straggler_grace_seconds
+        grace = tunables.process.straggler_grace_seconds
         process.on_stop(Stage.RUNTIME, lambda: asyncio.wait_for(calllog.flush(), grace),
                         name="call log")
         stack.agents.on_record(calllog.record)
         stack.agents.on_record(starts.attach)
         page = None
         if dashboard is not None:
-            page = await _start_dashboard(kv, clock, dashboard.port, tunables)
+            page = await _start_dashboard(kv, clock, dashboard.port, tunables.dashboard)
             process.on_stop(Stage.RUNTIME, page.stop, name="dashboard")
             view.dashboard_started(page.url)
         endpoints = {name: emulator.url for name, emulator in emulators.items()}
@@ -275,8 +279,10 @@ async def _stop_emulators(emulators: dict[str, OllamaEmulator]) -> None:
         await asyncio.gather(*(asyncio.to_thread(e.stop) for e in emulators.values()))
 
 
-def _counting_provider(provider: Any, url: str, *, timeout: float) -> OllamaProvider:
+def _counting_provider(provider: Any, url: str, factory: ProviderClients) -> OllamaProvider:
     """The planner's client for a provider; it remembers each model it unloaded."""
+    from dataclasses import replace
+
     from kubemoot.providers.ollama import OllamaProvider
 
     class Counting(OllamaProvider):
@@ -287,11 +293,12 @@ def _counting_provider(provider: Any, url: str, *, timeout: float) -> OllamaProv
             await super().unload(model)
 
     capacity = provider.capacity
-    client = Counting(
+    client = replace(factory, kind=Counting).client(
         provider.metadata.name, url, context_length=provider.spec.context_length,
         num_parallel=provider.spec.num_parallel or 1, reserve_mib=provider.spec.reserve_mib,
-        total_vram_mib=capacity.vram_total_mib if capacity else None, timeout=timeout,
+        total_vram_mib=capacity.vram_total_mib if capacity else None,
     )
+    assert isinstance(client, Counting)
     client.unloads = []
     return client
 
@@ -318,10 +325,13 @@ class InferenceStarts:
     call's model requests and its record are made by the same task.
     """
 
-    def __init__(self, clock: Any, time_scale: float) -> None:
+    def __init__(self, factory: ProviderClients, time_scale: float) -> None:
+        from dataclasses import replace
+
+        from kubemoot.clock import SystemClock
         from kubemoot.providers.ollama import OllamaProvider
 
-        self._clock = clock
+        self._clock = factory.clock or SystemClock()
         self._time_scale = time_scale
         self._pending: dict[asyncio.Task[Any], float] = {}
         self._started: dict[int, float] = {}  # id(CallRecord) -> start of inference
@@ -335,10 +345,11 @@ class InferenceStarts:
                 starts._replied(reply.eval_count, reply.prompt_eval_count)
                 return reply
 
-        self._client_type = Timed
+        self._clients = replace(factory, kind=Timed)
 
     def client(self, provider: str, endpoint: str, *, timeout: float | None) -> OllamaProvider:
-        return self._client_type(provider, endpoint, timeout=timeout, clock=self._clock)
+        """A chat client (``timeout`` None: the deployment's read timeout)."""
+        return self._clients.client(provider, endpoint, timeout=timeout)
 
     def _replied(self, eval_count: int | None, prompt_tokens: int | None) -> None:
         task = asyncio.current_task()
@@ -375,12 +386,10 @@ class PageOptions(NamedTuple):
 
 
 async def _start_dashboard(kv: Any, clock: Any, port: int,
-                           tunables: RuntimeSettings) -> DashboardServer:
+                           settings: DashboardSettings) -> DashboardServer:
     from kubemoot.dashboard import DashboardServer
-    from kubemoot.dashboard.app import DashboardSettings
 
-    page = DashboardServer(kv, port=port, clock=clock,
-                           settings=DashboardSettings.from_runtime(tunables))
+    page = DashboardServer(kv, port=port, clock=clock, settings=settings)
     try:
         await page.start()
     except OSError as error:

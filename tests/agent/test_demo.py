@@ -234,8 +234,9 @@ def _live_demo(*args: str, env: dict[str, str] | None = None) -> tuple[
 
 
 async def _active_tickets(url: str) -> dict[str, list[dict[str, Any]]]:
+    from kubemoot.settings import NatsSettings
     from kubemoot.store.documents import PROVIDER_TICKETS_BUCKET, ProviderTickets
-    from kubemoot.store.nats import NatsKV, NatsSettings
+    from kubemoot.store.nats import NatsKV
 
     kv = await NatsKV.connect(NatsSettings(servers=[url]))
     try:

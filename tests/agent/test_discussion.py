@@ -16,7 +16,7 @@ from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime.placement import Candidate
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET, TicketState
 from kubemoot.store.memory import MemoryKV
 

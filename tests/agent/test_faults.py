@@ -30,7 +30,7 @@ from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime.circuit import CircuitBreakers, CircuitState
 from kubemoot.runtime.placement import Candidate
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 from kubemoot.store.memory import MemoryKV
 

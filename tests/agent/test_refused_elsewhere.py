@@ -21,7 +21,7 @@ from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.runtime.circuit import CircuitBreakers
 from kubemoot.runtime.placement import Action, Candidate
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 from kubemoot.store.memory import MemoryKV
 from tests.agent.conftest import ollama_factory

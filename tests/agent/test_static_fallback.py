@@ -19,7 +19,7 @@ from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.runtime.placement import Candidate
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import (
     PROVIDER_STATE_BUCKET,
     PROVIDER_TICKETS_BUCKET,

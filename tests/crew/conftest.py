@@ -21,7 +21,7 @@ from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.settings import CrewSettings, RuntimeSettings, Settings
 from kubemoot.store.bus import Bus
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET, ProviderState
 from kubemoot.store.protocol import KV
@@ -38,11 +38,12 @@ CARD: dict[str, object] = {
 }
 CREW = CrewRef("crew-a", "pilot")
 #: The runtime's costs match the fast cards; a silent member is given up after 2 s.
-FAST = RuntimeSettings().with_values({
-    "load_rate_mibps": 100000.0, "unload_seconds": 0.01, "default_latency_seconds": 5.0,
-    "gpu_wait_limit_seconds": 20.0, "crew_roll_call_seconds": 0.2,
-    "crew_heartbeat_seconds": 0.2, "crew_silence_seconds": 2.0, "reserve_mib": 1024,
-})
+FAST = Settings(
+    runtime=RuntimeSettings().with_values({
+        "load_rate_mibps": 100000.0, "unload_seconds": 0.01, "default_latency_seconds": 5.0,
+        "gpu_wait_limit_seconds": 20.0, "reserve_mib": 1024}),
+    crew=CrewSettings(roll_call_seconds=0.2, heartbeat_seconds=0.2, silence_seconds=2.0),
+)
 
 
 @pytest.fixture
@@ -93,11 +94,11 @@ class Crew:
 
     kv: KV
     bus: Bus
-    settings: RuntimeSettings = FAST
+    settings: Settings = FAST
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     async def start(self, name: str, env: Mapping[str, str], *, role: str = "member",
-                    replica: int = 0, settings: RuntimeSettings | None = None) -> None:
+                    replica: int = 0, settings: Settings | None = None) -> None:
         up = asyncio.Event()
 
         def ready(_: AgentProfile) -> None:
@@ -132,7 +133,7 @@ class Crew:
 
 
 @contextlib.asynccontextmanager
-async def running_crew(kv: KV, bus: Bus, settings: RuntimeSettings = FAST
+async def running_crew(kv: KV, bus: Bus, settings: Settings = FAST
                        ) -> AsyncIterator[Crew]:
     crew = Crew(kv, bus, settings)
     try:

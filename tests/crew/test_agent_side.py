@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from kubemoot.agent.toolloop import Tool
 from kubemoot.api.errors import InputError
 from kubemoot.clock import SystemClock
 from kubemoot.dashboard.calllog import CALL_LOG_BUCKET, CallEntry, CallLogWriter
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.settings import Settings
 from kubemoot.store.bus import MemoryBus
 from kubemoot.store.declared import MODEL_SIZES_BUCKET, read_declared_sizes
 from kubemoot.store.documents import (
@@ -88,7 +88,7 @@ class Processes:
 
     kv: KV
     bus: MemoryBus
-    settings: RuntimeSettings = FAST
+    settings: Settings = FAST
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     records: list[CallRecord] = field(default_factory=list)
     profiles: dict[str, list[AgentProfile]] = field(default_factory=dict)
@@ -141,7 +141,7 @@ class Processes:
 
 
 @contextlib.asynccontextmanager
-async def processes(settings: RuntimeSettings = FAST) -> AsyncIterator[Processes]:
+async def processes(settings: Settings = FAST) -> AsyncIterator[Processes]:
     kv, bus = MemoryKV(SystemClock()), MemoryBus()
     crew = Processes(kv, bus, settings)
     try:
@@ -300,7 +300,7 @@ async def test_with_no_shared_state_the_agent_probes_directly_then_follows_the_o
         await client.generate(model=model, prompt="", keep_alive="1h")
     env = {**binding(("qwen3:8b",), "phi3:mini"), "KUBEMOOT_MODEL_ENDPOINT": gpu.url,
            "KUBEMOOT_TRIAGE_MODEL_ENDPOINT": gpu.url}
-    fast = FAST.with_values({"discovery_seconds": 0.1})
+    fast = replace(FAST, runtime=FAST.runtime.with_values({"discovery_seconds": 0.1}))
     direct = direct_name(gpu.url)
     async with processes(fast) as crew:
         await crew.start("coordinator", env, role="coordinator")

@@ -25,9 +25,10 @@ import yaml
 from kubemoot.agent.direct import DIRECT_PREFIX, direct_name
 from kubemoot.cli.agent import STATIC_LINE
 from kubemoot.dashboard.calllog import CALL_LOG_BUCKET, CallEntry
+from kubemoot.settings import NatsSettings
 from kubemoot.store.documents import MODEL_DEMAND_BUCKET, PROVIDER_STATE_BUCKET, ProviderState
 from kubemoot.store.keys import encode_token
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.store.nats import NatsKV
 from kubemoot.testing.waiting import until_stored
 
 from .test_cluster_e2e import (

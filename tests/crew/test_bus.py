@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from kubemoot.settings import NatsSettings
 from kubemoot.store.bus import Bus, BusError, MemoryBus, Message, NoResponders
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.store.nats import NatsKV
 from kubemoot.store.natsbus import NatsBus
 from kubemoot.testing.nats_server import running_nats_server
 

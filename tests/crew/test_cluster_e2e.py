@@ -32,13 +32,14 @@ from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.operator.kube import KubeClient
 from kubemoot.operator.reconciler import Reconciler
 from kubemoot.operator.run import kopf_settings, serve
+from kubemoot.settings import NatsSettings
 from kubemoot.store.documents import (
     PROVIDER_STATE_BUCKET,
     PROVIDER_TICKETS_BUCKET,
     ProviderTickets,
     Ticket,
 )
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.store.nats import NatsKV
 from kubemoot.store.protocol import Bucket
 from kubemoot.testing.emulators import emulator_factory
 from kubemoot.testing.nats_server import NatsServer, running_nats_server

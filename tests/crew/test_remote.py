@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import replace
 
 from kubemoot.agent.process import ProviderDirectory
 from kubemoot.agent.wiring import build_stack
@@ -212,14 +213,14 @@ async def test_the_deadline_reaches_a_member_waiting_for_a_gpu_in_its_own_proces
     # Someone else's call holds qwen3:8b on the only card and does not finish.
     other = await build_stack(kv, clients=ProviderDirectory(
         await kv.bucket(PROVIDER_STATE_BUCKET), make_client), client_factory=chat_client,
-        clock=SystemClock(), settings=FAST)
+        clock=SystemClock(), settings=FAST.runtime)
     assert isinstance(other.planner.clients, ProviderDirectory)
     await other.planner.clients.refresh()
     busy = await other.planner.place([Candidate("qwen3:8b")], holder_id="someone-else",
                                      prompt_tokens=100)
     assert busy.placed
     # The coordinator's deadline is 1 s; the member would wait 20 s on its own.
-    short = FAST.with_values({"gpu_wait_limit_seconds": 1.0})
+    short = replace(FAST, runtime=FAST.runtime.with_values({"gpu_wait_limit_seconds": 1.0}))
     async with running_crew(kv, bus) as crew:
         await crew.start("coordinator", binding(("qwen3:8b",)), role="coordinator",
                          settings=short)

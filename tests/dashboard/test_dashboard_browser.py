@@ -165,8 +165,8 @@ async def test_dashboard_shows_where_demo_calls_ran(browser: Any, artifacts: Pat
 async def test_the_page_says_when_the_store_is_lost_and_when_it_is_back(
     browser: Any, artifacts: Path
 ) -> None:
-    from kubemoot.dashboard.app import DashboardSettings
-    from kubemoot.store.nats import NatsKV, NatsSettings
+    from kubemoot.settings import DashboardSettings, NatsSettings
+    from kubemoot.store.nats import NatsKV
     from kubemoot.testing.nats_server import running_nats_server
 
     async with running_nats_server() as server:

@@ -8,10 +8,12 @@ import httpx
 import pytest
 
 from kubemoot.clock import SystemClock
-from kubemoot.dashboard.app import CONTENT_SECURITY_POLICY, DashboardSettings
+from kubemoot.dashboard.app import CONTENT_SECURITY_POLICY
 from kubemoot.dashboard.server import DashboardServer
+from kubemoot.settings import DashboardSettings
 from kubemoot.store.memory import MemoryKV
 from kubemoot.testing.waiting import wait_until
+from kubemoot.webguard import host_allowed
 from tests.dashboard.test_dashboard_http import ROUTES
 
 
@@ -30,8 +32,8 @@ from tests.dashboard.test_dashboard_http import ROUTES
     ],
 )
 def test_host_header_table(host: str, allowed: bool) -> None:
-    settings = DashboardSettings(allowed_hosts=("dashboard.example",))
-    assert settings.host_allowed(host) is allowed
+    settings = DashboardSettings().allowing(["Dashboard.example "])
+    assert host_allowed(host, allowed=settings.allowed_hosts) is allowed
 
 
 @pytest.fixture

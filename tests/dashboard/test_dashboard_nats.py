@@ -13,9 +13,10 @@ import pytest
 
 from kubemoot.clock import SystemClock
 from kubemoot.dashboard.calllog import CallLogWriter
+from kubemoot.settings import NatsSettings
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 from kubemoot.store.keys import encode_token
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.store.nats import NatsKV
 from kubemoot.testing.nats_server import NatsServer
 from tests.dashboard.conftest import call, state
 from tests.dashboard.test_dashboard_cli import KUBEMOOT

@@ -13,7 +13,7 @@ from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.gateway import GatewayServer, ProviderSource
 from kubemoot.gateway.keys import ApiKeys
 from kubemoot.runtime.calls import CallRecord
-from kubemoot.runtime.settings import GatewaySettings
+from kubemoot.settings import GatewaySettings
 from kubemoot.store.memory import MemoryKV
 from kubemoot.testing.emulators import emulator_factory
 

@@ -16,7 +16,7 @@ from kubemoot.clock import ManualClock
 from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
 from kubemoot.gateway.classes import ModelClassBook
-from kubemoot.runtime.settings import GatewaySettings, RuntimeSettings
+from kubemoot.settings import GatewaySettings, RuntimeSettings
 from kubemoot.store.documents import (
     PROVIDER_STATE_BUCKET,
     PROVIDER_TICKETS_BUCKET,

@@ -22,7 +22,7 @@ from kubemoot import metrics
 from kubemoot.clock import SystemClock
 from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer, ProviderSource
-from kubemoot.runtime.settings import GatewaySettings
+from kubemoot.settings import GatewaySettings
 from kubemoot.store.memory import MemoryKV
 from tests.gateway.conftest import finished_calls, live_tickets, start_gateway
 

@@ -312,7 +312,7 @@ async def test_an_engine_refusal_names_the_context_or_says_it_is_unknown(
     the second refusal names it."""
     from kubemoot.clock import SystemClock
     from kubemoot.gateway import GatewayServer, ProviderSource
-    from kubemoot.runtime.settings import GatewaySettings
+    from kubemoot.settings import GatewaySettings
     from kubemoot.store.memory import MemoryKV
 
     emulator = make_emulator(chars_per_token=1.0)

@@ -62,7 +62,7 @@ def test_a_hand_written_config_reads_into_the_fleet() -> None:
     assert coder is not None and [c.model for c in coder] == ["qwen3:14b"]
     assert fleet.keys is not None and fleet.keys.caller("Bearer sk-alice") == "alice"
     assert (fleet.settings.wait_limit_seconds, fleet.settings.max_keep_alive_seconds,
-            fleet.settings.probe_interval_seconds) == (90.0, 3600.0, 2.0)
+            fleet.settings.provider_probe_seconds) == (90.0, 3600.0, 2.0)
 
 
 def test_flags_win_over_the_config_and_the_config_over_the_defaults() -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
-from kubemoot.runtime.settings import GatewaySettings
+from kubemoot.settings import GatewaySettings
 from kubemoot.webguard import host_allowed, origin_allowed
 from tests.gateway.conftest import Fleet, start_gateway
 

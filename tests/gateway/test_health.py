@@ -11,7 +11,7 @@ import pytest
 
 from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
-from kubemoot.runtime.settings import GatewaySettings
+from kubemoot.settings import GatewaySettings
 from kubemoot.testing.nats_server import free_port
 from tests.gateway.conftest import Fleet, start_gateway
 

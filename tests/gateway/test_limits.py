@@ -16,7 +16,7 @@ import pytest
 
 from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
-from kubemoot.runtime.settings import GatewaySettings
+from kubemoot.settings import GatewaySettings
 from kubemoot.testing.waiting import wait_until
 from tests.gateway.conftest import Fleet, start_gateway
 

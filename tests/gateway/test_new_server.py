@@ -17,8 +17,8 @@ import pytest
 from kubemoot.clock import SystemClock
 from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.gateway import GatewayServer
-from kubemoot.runtime.settings import GatewaySettings
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.settings import GatewaySettings, NatsSettings
+from kubemoot.store.nats import NatsKV
 from kubemoot.store.protocol import KV
 from kubemoot.testing.nats_server import NatsServer
 from tests.gateway.conftest import SMALL, sources
@@ -44,7 +44,7 @@ async def _replica(url: str, emulators: dict[str, OllamaEmulator]
     kv = await NatsKV.connect(NatsSettings(servers=[url]))
     gateway = GatewayServer(kv, providers=sources(emulators), port=0, clock=SystemClock(),
                             settings=GatewaySettings(wait_limit_seconds=5.0,
-                                                     probe_interval_seconds=PROBE_SECONDS))
+                                                     provider_probe_seconds=PROBE_SECONDS))
     await gateway.start()
     return gateway, kv
 

@@ -11,7 +11,7 @@ import pytest
 
 from kubemoot.clock import SystemClock
 from kubemoot.gateway import GatewayServer
-from kubemoot.runtime.settings import GatewaySettings
+from kubemoot.settings import GatewaySettings
 from kubemoot.store.memory import MemoryKV
 from tests.gateway.conftest import SMALL, EmulatedModel, OllamaEmulator, sources
 
@@ -31,7 +31,7 @@ async def test_a_pinned_copy_is_loaded_at_start_and_never_a_victim(
     [source] = sources({"gpu": emulator})
     source = replace(source, total_vram_mib=6144, pinned=("small:1b",) if pinned else ())
     gateway = GatewayServer(MemoryKV(SystemClock()), providers=[source], port=0,
-                            settings=GatewaySettings(probe_interval_seconds=0.05))
+                            settings=GatewaySettings(provider_probe_seconds=0.05))
     await gateway.start()
     try:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
@@ -68,7 +68,7 @@ async def test_a_pinned_model_the_server_lost_is_loaded_again(
     [source] = sources({"gpu": emulator})
     gateway = GatewayServer(MemoryKV(SystemClock()), port=0,
                             providers=[replace(source, pinned=("medium:7b",))],
-                            settings=GatewaySettings(probe_interval_seconds=0.05))
+                            settings=GatewaySettings(provider_probe_seconds=0.05))
     await gateway.start()
     try:
         await emulator.until(lambda engine: bool(engine.copies()))

@@ -16,12 +16,12 @@ import pytest
 from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
 from kubemoot.runtime.calls import CallRecord
-from kubemoot.runtime.settings import GatewaySettings
+from kubemoot.settings import GatewaySettings
 from tests.gateway.conftest import live_tickets, start_gateway
 
 HELLO = [{"role": "user", "content": "hello there"}]
 # No probe during the test: the published state keeps showing gpu-a's warm copy.
-QUIET = GatewaySettings(wait_limit_seconds=5.0, probe_interval_seconds=3600.0)
+QUIET = GatewaySettings(wait_limit_seconds=5.0, provider_probe_seconds=3600.0)
 
 Start = Callable[[tuple[str, ...]], Awaitable[tuple[GatewayServer, list[CallRecord]]]]
 

@@ -18,8 +18,8 @@ from kubemoot.cli._common import StoreLossFilter
 from kubemoot.clock import SystemClock
 from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
-from kubemoot.runtime.settings import GatewaySettings, RuntimeSettings
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.settings import GatewaySettings, NatsSettings, ProcessSettings
+from kubemoot.store.nats import NatsKV
 from kubemoot.testing.nats_server import NatsServer
 from kubemoot.testing.waiting import wait_until
 from tests.gateway.conftest import sources
@@ -49,8 +49,8 @@ async def on_nats(nats: NatsServer, make_emulator: Callable[..., OllamaEmulator]
                                            connect_timeout=0.5))
     gateway = GatewayServer(
         kv, providers=sources({"gpu-a": make_emulator()}), port=0,
-        settings=GatewaySettings(wait_limit_seconds=5.0, probe_interval_seconds=0.5),
-        runtime=RuntimeSettings(store_check_seconds=0.3), clock=SystemClock())
+        settings=GatewaySettings(wait_limit_seconds=5.0, provider_probe_seconds=0.5),
+        process=ProcessSettings(store_check_seconds=0.3), clock=SystemClock())
     await gateway.start()
     try:
         yield gateway, kv

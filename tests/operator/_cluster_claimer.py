@@ -25,7 +25,8 @@ import time
 
 from kubemoot.clock import SystemClock
 from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketManager
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.settings import NatsSettings
+from kubemoot.store.nats import NatsKV
 from kubemoot.store.protocol import StoreError
 
 PROVIDER = "gpu-a"

@@ -32,7 +32,7 @@ from kubemoot.operator.reconciler import Reconciler
 from kubemoot.operator.run import kopf_settings, serve
 from kubemoot.operator.view import INDEX_IDS
 from kubemoot.runtime.builder import build_runtime
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.declared import MODEL_SIZES_BUCKET, DeclaredSize
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET, ProviderState
 from kubemoot.store.keys import encode_token

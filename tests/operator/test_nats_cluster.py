@@ -40,6 +40,7 @@ import pytest
 from kubemoot.clock import SystemClock
 from kubemoot.operator.run import open_shared_buckets
 from kubemoot.runtime.tickets import TicketManager
+from kubemoot.settings import NatsSettings
 from kubemoot.store.documents import (
     MODEL_DEMAND_BUCKET,
     PROVIDER_STATE_BUCKET,
@@ -47,7 +48,7 @@ from kubemoot.store.documents import (
     ProviderState,
 )
 from kubemoot.store.keys import encode_token
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.store.nats import NatsKV
 from kubemoot.store.protocol import StoreError
 from kubemoot.testing.nats_server import find_nats_server, free_port
 

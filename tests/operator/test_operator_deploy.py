@@ -236,7 +236,8 @@ async def test_operator_nats_refuses_clients_without_the_secrets_credentials(
 ) -> None:
     """The base's nats.conf, run by a real nats-server: anonymous clients are refused."""
 
-    from kubemoot.store.nats import NatsKV, NatsSettings
+    from kubemoot.settings import NatsSettings
+    from kubemoot.store.nats import NatsKV
     from kubemoot.store.protocol import StoreUnavailable
     from kubemoot.testing.nats_server import find_nats_server, free_port, until_listening
 

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from kubemoot.clock import ManualClock
+from kubemoot.providers.factory import ProviderClients
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober
 from kubemoot.providers.protocol import (
@@ -32,6 +33,7 @@ from kubemoot.providers.protocol import (
     ProviderTimeout,
     ProviderUnavailable,
 )
+from kubemoot.settings import Settings
 from tests.providers.conftest import serve_app
 
 KUBEMOOT = str(Path(sys.executable).with_name("kubemoot"))
@@ -156,11 +158,11 @@ async def test_a_refused_connection_is_retried_once_and_says_nothing_was_sent(
     assert caught.value.provider_fault
 
 
-def test_the_deployment_s_deadline_applies_where_none_is_given(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # docs/runtime.md lists KUBEMOOT_PROVIDER_CALL_DEADLINE_SECONDS; every client made
-    # without an explicit deadline (gateway, agent, demo, chat pools) must honour it.
-    monkeypatch.setenv("KUBEMOOT_PROVIDER_CALL_DEADLINE_SECONDS", "42")
-    assert OllamaProvider("p", "http://127.0.0.1:1").deadline == 42.0
-    assert OllamaProvider("p", "http://127.0.0.1:1", deadline=5.0).deadline == 5.0
+def test_the_deployment_s_deadline_applies_where_none_is_given() -> None:
+    # docs/runtime.md lists KUBEMOOT_PROVIDER_CALL_DEADLINE_SECONDS; every client a
+    # process makes (gateway, agent, demo, chat pools) comes from the factory its entry
+    # point built from what it read, so each honours it.
+    read = Settings.from_env({"KUBEMOOT_PROVIDER_CALL_DEADLINE_SECONDS": "42"})
+    factory = ProviderClients.of(read.runtime)
+    assert factory.client("p", "http://127.0.0.1:1").deadline == 42.0
+    assert factory.client("p", "http://127.0.0.1:1", deadline=5.0).deadline == 5.0

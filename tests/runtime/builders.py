@@ -13,9 +13,9 @@ from kubemoot.runtime.demand import DemandBoard
 from kubemoot.runtime.latency import LatencyTracker
 from kubemoot.runtime.placement import CallPlacement, Candidate
 from kubemoot.runtime.planner import CallPlanner
-from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import (
     ProviderState,
     ProviderTickets,

@@ -10,7 +10,7 @@ from kubemoot.clock import ManualClock
 from kubemoot.runtime.builder import build_runtime
 from kubemoot.runtime.placement import Candidate
 from kubemoot.runtime.refusals import Reason
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.settings import RuntimeSettings
 from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FINISHED
 from kubemoot.sim.policies import SimContext

@@ -19,9 +19,9 @@ _SRC = Path(__file__).resolve().parents[2] / "src"
 
 _PROBE = r"""
 import dataclasses, inspect, json
-import kubemoot.api.provider as api_provider
-api_provider.DEFAULT_RESERVE_MIB = 777
-import kubemoot.runtime.settings as settings
+import functools
+import kubemoot.settings as settings
+settings.DEFAULT_RESERVE_MIB = 777
 changed = {
     f.name: (f.default * 3 + 7 if isinstance(f.default, int | float) else f.default)
     for f in dataclasses.fields(settings.RuntimeSettings)
@@ -29,6 +29,12 @@ changed = {
 changed["reserve_mib"] = 777
 changed["latency_ema_alpha"] = 0.77
 settings.DEFAULTS = settings.RuntimeSettings(**changed)
+process = settings.ProcessSettings()
+process_changed = {f.name: getattr(process, f.name) * 3 + 7
+                   for f in dataclasses.fields(settings.ProcessSettings)}
+# code that takes a process default builds ProcessSettings(): hand it the changed ones
+settings.ProcessSettings = functools.partial(settings.ProcessSettings, **process_changed)
+p = settings.ProcessSettings()
 
 from kubemoot.emulation.card import OLLAMA_KEEP_ALIVE_SECONDS, EmulatorConfig
 from kubemoot.emulation.engine import CardSpec
@@ -43,7 +49,6 @@ from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.scenario import ProviderSpec, ScenarioSettings
 from kubemoot.store.documents import ProviderState
 from kubemoot.agent.discussion import Coordinator
-from kubemoot.dashboard.app import DashboardSettings
 from kubemoot.operator.reconciler import Reconciler
 from kubemoot.operator.run import OperatorOptions
 
@@ -93,16 +98,10 @@ seen = {
     "OperatorOptions": (
         [OperatorOptions().probe_interval, OperatorOptions().probe_timeout,
          OperatorOptions().shutdown_grace_seconds],
-        [d.probe_interval_seconds, d.probe_timeout_seconds, d.shutdown_grace_seconds],
+        [d.probe_interval_seconds, d.probe_timeout_seconds, p.shutdown_grace_seconds],
     ),
     "Coordinator.deadline_seconds":
         (default(Coordinator, "deadline_seconds"), d.gpu_wait_limit_seconds),
-    "DashboardSettings": (
-        [DashboardSettings().coalesce_seconds, DashboardSettings().refresh_seconds,
-         DashboardSettings().max_clients, DashboardSettings().store_check_seconds],
-        [d.dashboard_coalesce_seconds, d.dashboard_refresh_seconds, d.dashboard_max_clients,
-         d.store_check_seconds],
-    ),
 }
 print(json.dumps({name: [got, want] for name, (got, want) in seen.items()}))
 """
@@ -115,29 +114,49 @@ def test_every_copy_of_a_default_follows_its_home() -> None:
     )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
-    assert len(seen) == 27
+    assert len(seen) == 26
     drifted = {name: pair for name, pair in seen.items() if pair[0] != pair[1]}
     assert drifted == {}, f"defaults that do not read their home: {drifted}"
 
 
 def test_runtime_reserve_is_the_resource_api_default() -> None:
-    from kubemoot.api.provider import DEFAULT_RESERVE_MIB
-    from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
+    from kubemoot.api.provider import ProviderSpec
+    from kubemoot.settings import DEFAULT_RESERVE_MIB, DEFAULTS, RuntimeSettings
 
     assert RuntimeSettings().reserve_mib == DEFAULTS.reserve_mib == DEFAULT_RESERVE_MIB
+    assert ProviderSpec.model_fields["reserve_mib"].default == DEFAULT_RESERVE_MIB
 
 
-def test_provider_clients_take_the_deployments_read_timeout(
+def test_one_name_one_default_across_the_sections() -> None:
+    """A setting's name means one thing: two sections that both carry a name carry the
+    same default (the dashboard's store check is the process's). Two components that
+    need different numbers get two names (the cluster's probe interval and the
+    gateway's own)."""
+    from dataclasses import fields
+
+    from kubemoot.settings import Settings
+
+    whole = Settings()
+    seen: dict[str, tuple[str, object]] = {}
+    for section in fields(whole):
+        for item in fields(getattr(whole, section.name)):
+            default = getattr(getattr(whole, section.name), item.name)
+            if item.name in seen:
+                first, value = seen[item.name]
+                assert value == default, (
+                    f"{item.name}: {value!r} in {first}, {default!r} in {section.name}")
+            seen[item.name] = (section.name, default)
+    assert "probe_interval_seconds" not in {f.name for f in fields(whole.gateway)}
+
+
+def test_a_provider_client_does_not_read_the_environment(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A chat pool's client (CallSettings without a timeout) and a bare OllamaProvider
-    read KUBEMOOT_PROVIDER_READ_TIMEOUT_SECONDS; an explicit timeout still wins."""
-    from kubemoot.agent.pool import CallSettings
+    """An adapter takes its timeouts as values (DESIGN §10); the variables reach it only
+    through the settings its entry point read."""
     from kubemoot.providers.ollama import OllamaProvider
-    from kubemoot.runtime.settings import DEFAULTS, ENV_VARIABLES
+    from kubemoot.settings import DEFAULTS, ENV_VARIABLES
 
     url = "http://127.0.0.1:1"
+    monkeypatch.setenv(ENV_VARIABLES["runtime.provider_read_timeout_seconds"], "7.5")
     assert OllamaProvider("p", url).timeout == DEFAULTS.provider_read_timeout_seconds
-    monkeypatch.setenv(ENV_VARIABLES["provider_read_timeout_seconds"], "7.5")
-    assert OllamaProvider("p", url, timeout=CallSettings().timeout).timeout == 7.5
-    assert OllamaProvider("p", url).timeout == 7.5
     assert OllamaProvider("p", url, timeout=3.0).timeout == 3.0

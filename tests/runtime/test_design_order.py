@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kubemoot.runtime.held_plans import SelectionPlanner
 from kubemoot.runtime.placement import Action
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import SelectionEntry, TicketState
 from kubemoot.store.keys import join_key
 from kubemoot.testing.state import gpu, ticket

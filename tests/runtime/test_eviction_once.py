@@ -21,7 +21,7 @@ from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.runtime.builder import Runtime, build_runtime
 from kubemoot.runtime.placement import Action, Candidate
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store import open_store
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET, ProviderTickets
 from kubemoot.testing.emulators import emulator_factory

@@ -10,8 +10,8 @@ from kubemoot.runtime import filters, options
 from kubemoot.runtime.cost import Option
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.options import Round
-from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ProviderSnapshot
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import TicketState
 from kubemoot.testing.state import NOW, gpu, ticket
 

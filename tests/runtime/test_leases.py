@@ -16,7 +16,7 @@ from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime.held_plans import SelectionPlanner
 from kubemoot.runtime.placement import Action, Candidate
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.settings import RuntimeSettings
 from kubemoot.sim.vloop import run_virtual
 from kubemoot.store.documents import (
     PROVIDER_STATE_BUCKET,

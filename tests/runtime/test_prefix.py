@@ -10,8 +10,8 @@ from kubemoot.runtime.cost import Option, OptionKind
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.options import Round
 from kubemoot.runtime.prefix import PrefixBook, ThreadPrompt
-from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ProviderSnapshot
+from kubemoot.settings import RuntimeSettings
 from kubemoot.testing.state import NOW, gpu
 
 RATE = 0.001  # seconds a token

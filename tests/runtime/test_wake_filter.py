@@ -16,9 +16,9 @@ import pytest
 from kubemoot.runtime.cost import load_seconds, unload_floor_seconds
 from kubemoot.runtime.options import could_help
 from kubemoot.runtime.placement import Action
-from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import FleetSnapshot, ProviderSnapshot
 from kubemoot.runtime.waiting import CapacityWaiter
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import ProviderState
 from kubemoot.testing.state import GIB, NOW, gpu, ticket
 from kubemoot.testing.waiting import until_idle

@@ -12,7 +12,7 @@ import asyncio
 import random
 
 from kubemoot.runtime.placement import Candidate
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.settings import RuntimeSettings
 from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FINISHED
 from kubemoot.sim.policies import SimContext

@@ -16,7 +16,8 @@ import time
 
 from kubemoot.clock import SystemClock
 from kubemoot.runtime.tickets import ClaimRejected, TicketManager
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.settings import NatsSettings
+from kubemoot.store.nats import NatsKV
 
 PROVIDER = "gpu-a"
 

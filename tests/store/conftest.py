@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import pytest
 
 from kubemoot.clock import Clock, ManualClock, SystemClock
+from kubemoot.settings import NatsSettings
 from kubemoot.store.memory import MemoryKV
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.store.nats import NatsKV
 from kubemoot.store.protocol import KV, Bucket
 from kubemoot.testing.nats_server import NatsServer
 

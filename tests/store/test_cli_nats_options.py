@@ -21,8 +21,9 @@ import pytest
 from kubemoot.api.errors import InputError
 from kubemoot.cli import main
 from kubemoot.cli._nats import NatsFlags, merge_nats, resolve_nats
+from kubemoot.settings import NatsSettings
 from kubemoot.store import open_store
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.store.nats import NatsKV
 from kubemoot.testing.nats_server import NatsServer, free_port
 from tests.ci import cannot_run
 from tests.operator.test_operator_cli import KUBECONFIG
@@ -348,7 +349,7 @@ def test_every_command_documents_the_same_reconnect_default() -> None:
     import typer.main
 
     from kubemoot.cli import app
-    from kubemoot.runtime.settings import RuntimeSettings
+    from kubemoot.settings import ProcessSettings
 
     group: Any = typer.main.get_command(app)
     helps = {
@@ -361,7 +362,7 @@ def test_every_command_documents_the_same_reconnect_default() -> None:
     assert len(set(helps.values())) == 1, helps
     [text] = set(helps.values())
     assert f"default {NatsSettings().max_reconnect_attempts}," in text
-    assert f"after {RuntimeSettings().connect_wait_seconds:g} s" in text
+    assert f"after {ProcessSettings().connect_wait_seconds:g} s" in text
 
 
 # -- declared once ---------------------------------------------------------------------

@@ -6,9 +6,10 @@ import asyncio
 
 import pytest
 
+from kubemoot.settings import NatsSettings
 from kubemoot.store import open_store
 from kubemoot.store.memory import MemoryKV
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.store.nats import NatsKV
 from kubemoot.store.protocol import (
     KV,
     Bucket,

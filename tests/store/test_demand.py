@@ -7,8 +7,8 @@ import math
 import pytest
 
 from kubemoot.runtime.demand import DemandBoard
-from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import ModelDemand
+from kubemoot.settings import RuntimeSettings
 from tests.store.conftest import StoreUnderTest
 
 

@@ -11,8 +11,9 @@ import pytest
 from kubemoot.clock import ManualClock, SystemClock
 from kubemoot.runtime.capacity import CapacityWatch
 from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketManager
+from kubemoot.settings import NatsSettings
 from kubemoot.store.keys import encode_token
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.store.nats import NatsKV
 from kubemoot.store.protocol import StoreError
 from kubemoot.testing.nats_server import NatsServer
 from kubemoot.testing.state import GIB, provider_state

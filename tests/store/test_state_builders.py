@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS
 from kubemoot.store.documents import TicketState
 from kubemoot.testing.state import GIB, NOW, gpu, provider_state, ticket
 

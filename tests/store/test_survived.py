@@ -7,7 +7,8 @@ import logging
 import pytest
 
 from kubemoot import metrics
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.settings import NatsSettings
+from kubemoot.store.nats import NatsKV
 
 
 def _survived(operation: str) -> float:

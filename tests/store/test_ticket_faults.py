@@ -9,8 +9,8 @@ import pytest
 
 from kubemoot import metrics
 from kubemoot.clock import LoopClock
-from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.runtime.tickets import ClaimRejected, TicketManager
+from kubemoot.settings import DEFAULTS
 from kubemoot.sim.vloop import run_virtual
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV

@@ -40,7 +40,7 @@ from kubemoot.agent.toolloop import Tool
 from kubemoot.api import Phase
 from kubemoot.runtime.placement import Candidate
 from kubemoot.runtime.refusals import Reason
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS
 
 __all__ = [
     "AgentProfile",

@@ -48,7 +48,7 @@ from kubemoot.providers.prober import Prober, Publish, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.placement import Candidate
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.settings import Settings
 from kubemoot.store.bus import Bus
 from kubemoot.store.declared import MODEL_SIZES_BUCKET, read_declared_sizes
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET, ProviderState
@@ -369,7 +369,7 @@ async def serve_agent(
     identity: AgentIdentity,
     *,
     env: Mapping[str, str],
-    settings: RuntimeSettings,
+    settings: Settings,
     make_client: MakeClient,
     chat_factory: ClientFactory,
     clock: Clock,
@@ -396,7 +396,7 @@ async def serve_agent(
 
     after_call = AfterCall(directory, direct, prober)
     stack = await build_stack(kv, clients=directory, client_factory=chat_factory, clock=clock,
-                              settings=settings, declared=sizes_from_env(env),
+                              settings=settings.runtime, declared=sizes_from_env(env),
                               after_call=after_call)
     for listener in on_record:
         stack.agents.on_record(listener)
@@ -422,7 +422,7 @@ async def serve_agent(
         if ready is not None:
             ready(profile)
         while True:  # providers come and go; the directory and the profile follow
-            await clock.sleep(settings.discovery_seconds)
+            await clock.sleep(settings.runtime.discovery_seconds)
             try:
                 latest = await follow()
             except StoreError as error:

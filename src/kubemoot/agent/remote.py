@@ -20,7 +20,7 @@ Subjects, under ``kubemoot.crew.<namespace>.<crew>`` (names encoded as subject t
   aside, as in the in-process engine.
 
 A member process that dies mid-discussion falls silent; after
-``crew_silence_seconds`` without a word the coordinator records a ``failure`` for it and
+``crew.silence_seconds`` without a word the coordinator records a ``failure`` for it and
 the discussion goes on (its deadline still ends it). The calls the dead process held
 tickets for are reclaimed by the tickets' TTL.
 """
@@ -52,7 +52,7 @@ from kubemoot.agent.signals import (
     SignalType,
 )
 from kubemoot.runtime.placement import Candidate
-from kubemoot.runtime.settings import RuntimeSettings
+from kubemoot.settings import Settings
 from kubemoot.store.bus import Bus, BusError, Message, Subscription
 from kubemoot.store.keys import encode_token
 
@@ -233,7 +233,7 @@ class CrewMember:
     """
 
     def __init__(self, bus: Bus, crew: CrewRef, profile: AgentProfile, runtime: AgentRuntime,
-                 settings: RuntimeSettings) -> None:
+                 settings: Settings) -> None:
         self.bus = bus
         self.crew = crew
         self.profile = profile
@@ -319,7 +319,7 @@ class CrewMember:
     async def _heartbeat(self, outbox: _Outbox) -> None:
         while True:
             outbox.send("heartbeat")
-            await self.runtime.clock.sleep(self.settings.crew_heartbeat_seconds)
+            await self.runtime.clock.sleep(self.settings.crew.heartbeat_seconds)
 
     def _on_record(self, record: CallRecord) -> None:
         outbox = self._outboxes.get(record.thread_id)
@@ -339,7 +339,7 @@ class RemoteMembers:
     its end, falls silent, or the deadline's grace has passed.
     """
 
-    def __init__(self, bus: Bus, crew: CrewRef, settings: RuntimeSettings,
+    def __init__(self, bus: Bus, crew: CrewRef, settings: Settings,
                  runtime: AgentRuntime) -> None:
         self.bus = bus
         self.crew = crew
@@ -356,7 +356,7 @@ class RemoteMembers:
             with contextlib.suppress(ValueError):
                 inbox.put_nowait(_load(message.data))
 
-        silence = self.settings.crew_silence_seconds
+        silence = self.settings.crew.silence_seconds
         sub = await self.bus.subscribe(self.crew.thread_subject(thread.id, member.id), take)
         try:
             try:
@@ -451,7 +451,7 @@ class CrewCoordinator:
     """The coordinator Agent's process: answers questions asked of its crew."""
 
     def __init__(self, bus: Bus, crew: CrewRef, profile: AgentProfile, runtime: AgentRuntime,
-                 settings: RuntimeSettings) -> None:
+                 settings: Settings) -> None:
         self.bus = bus
         self.crew = crew
         self.profile = profile
@@ -506,7 +506,7 @@ class CrewCoordinator:
     async def roll_call(self) -> list[AgentProfile]:
         """The members that answer now, coordinators left out, one profile per agent."""
         replies = await self.bus.gather(self.crew.subject("rollcall"), b"{}",
-                                        window=self.settings.crew_roll_call_seconds)
+                                        window=self.settings.crew.roll_call_seconds)
         members: dict[str, AgentProfile] = {}
         for data in replies:
             try:
@@ -528,7 +528,7 @@ class CrewCoordinator:
                                                           text), [], [])
         remote = RemoteMembers(self.bus, self.crew, self.settings, self.runtime)
         engine = Coordinator(self.runtime, self.profile,
-                             deadline_seconds=self.settings.gpu_wait_limit_seconds,
+                             deadline_seconds=self.settings.runtime.gpu_wait_limit_seconds,
                              evaluate=remote.evaluate)
         result = await engine.discuss(thread, members)
         own = [r for r in self.runtime.records if r.thread_id == thread.id]

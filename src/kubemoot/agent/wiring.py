@@ -21,9 +21,9 @@ from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime.builder import Runtime, build_runtime
 from kubemoot.runtime.demand import DemandBoard
 from kubemoot.runtime.planner import CallPlanner
-from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.protocol import KV, Bucket
 
 __all__ = ["RuntimeStack", "build_stack"]
@@ -98,11 +98,11 @@ async def build_stack(
     ``client_factory`` builds the chat pool's clients; ``declared`` maps model
     identifiers to their declared ``vramMib`` (used until a footprint is observed).
     Without a capacity watch (the store cannot watch) busy calls stand aside at once.
-    Without ``settings`` the stack takes the deployment's, ``RuntimeSettings.from_env()``
-    (DESIGN §10: every entry point reads the ``KUBEMOOT_*`` variables); tests and the
-    simulator pass their own.
+    Without ``settings`` the stack takes the defaults: the entry point that read the
+    ``KUBEMOOT_*`` variables passes what it read (DESIGN §10: nothing below an entry
+    point reads the environment).
     """
-    settings = settings if settings is not None else RuntimeSettings.from_env()
+    settings = settings if settings is not None else RuntimeSettings()
     runtime = await build_runtime(kv, clock=clock, settings=settings, clients=clients,
                                   declared=declared)
     # Follow the buckets' watches so each placement reads only what changed; a store

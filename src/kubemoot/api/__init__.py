@@ -70,7 +70,6 @@ from kubemoot.api.policy import (
 )
 from kubemoot.api.provider import (
     DEFAULT_PROVIDER_WEIGHT,
-    DEFAULT_RESERVE_MIB,
     LoadedModel,
     ModelProvider,
     ProviderCapacity,
@@ -95,7 +94,6 @@ __all__ = [
     "DEFAULT_MAX_AGE_SECONDS",
     "DEFAULT_NAMESPACE",
     "DEFAULT_PROVIDER_WEIGHT",
-    "DEFAULT_RESERVE_MIB",
     "GROUP",
     "OPERATORS",
     "RESOURCE_TYPES",

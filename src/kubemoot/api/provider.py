@@ -8,10 +8,10 @@ from pydantic import AwareDatetime, Field
 
 from kubemoot.api.bounds import MAX_ITEMS, ContextTokens, Count, Mib, Parallel, Weight
 from kubemoot.api.meta import Condition, Resource, Strict
+from kubemoot.settings import DEFAULT_RESERVE_MIB
 
 __all__ = [
     "DEFAULT_PROVIDER_WEIGHT",
-    "DEFAULT_RESERVE_MIB",
     "LoadedModel",
     "ModelProvider",
     "ProviderCapacity",
@@ -22,7 +22,6 @@ __all__ = [
 ]
 
 # The spec's eviction overhead: CUDA context, fragmentation and runtime overhead.
-DEFAULT_RESERVE_MIB = 1024
 DEFAULT_PROVIDER_WEIGHT = 100
 
 

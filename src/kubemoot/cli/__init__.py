@@ -23,6 +23,7 @@ from rich.markup import escape
 from kubemoot.api.errors import InputError
 from kubemoot.cli._common import app, err_console
 from kubemoot.cli._shutdown import Stopped
+from kubemoot.settings import SettingError
 
 __all__ = ["app", "main"]
 
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("KUBEMOOT_DEBUG") == "1"
     try:
         app(args=argv, prog_name="kubemoot", standalone_mode=True)
-    except InputError as error:
+    except (InputError, SettingError) as error:
         err_console.print(
             f"[bold red]error:[/] {escape(error.describe())}", highlight=False, soft_wrap=True
         )

@@ -3,7 +3,7 @@
 A command declares all of them with :func:`nats_options`, which puts the options in
 the place of one ``nats: NatsFlags`` parameter and hands the command what was given as
 a :class:`NatsFlags`; :func:`resolve_nats` turns that into
-:class:`~kubemoot.store.nats.NatsSettings`::
+:class:`~kubemoot.settings.NatsSettings`::
 
     @app.command("watch")
     @nats_options()
@@ -38,12 +38,12 @@ from urllib.parse import urlsplit
 import typer
 
 from kubemoot.api.errors import InputError
-from kubemoot.runtime.settings import DEFAULTS, ENV_VARIABLES
+from kubemoot.settings import ENV_VARIABLES, ProcessSettings
 from kubemoot.store.masking import mask_servers, mask_url
 
 if TYPE_CHECKING:
     from kubemoot.clock import Clock
-    from kubemoot.store.nats import NatsSettings
+    from kubemoot.settings import NatsSettings
     from kubemoot.store.protocol import KV
 
 __all__ = [
@@ -69,8 +69,8 @@ __all__ = [
 ]
 
 PANEL = "NATS connection"
-_CONNECT_WAIT = DEFAULTS.connect_wait_seconds
-_CONNECT_WAIT_ENV = ENV_VARIABLES["connect_wait_seconds"]
+_CONNECT_WAIT = ProcessSettings().connect_wait_seconds
+_CONNECT_WAIT_ENV = ENV_VARIABLES["process.connect_wait_seconds"]
 URL_ENV = "KUBEMOOT_NATS_URL"
 NATS_SCHEMES = ("nats", "tls")
 
@@ -247,7 +247,7 @@ def resolve_nats(
 
 def merge_nats(flags: NatsFlags, *, environ: Mapping[str, str] | None = None) -> NatsSettings:
     """Flags over ``KUBEMOOT_NATS_*`` over defaults, validated (:class:`InputError`)."""
-    from kubemoot.store.nats import NatsSettings
+    from kubemoot.settings import NatsSettings
 
     env = dict(os.environ if environ is None else environ)
     base = NatsSettings.from_env(env)
@@ -296,15 +296,15 @@ async def open_shared_store(
     settings: NatsSettings | None,
     *,
     clock: Clock | None = None,
-    connect_wait: float | None = None,
+    connect_wait: float,
     say: Callable[[str], None] | None = None,
 ) -> KV:
     """The store a command asked for: NATS with ``settings``, else the embedded one.
 
     Every command connects through here, so they all behave alike: one line says where
     (passwords masked), a line every few seconds shows the connection is still being
-    tried, and the attempt ends after ``connect_wait`` seconds (default
-    ``RuntimeSettings.connect_wait_seconds``) or the client's own reconnect rounds,
+    tried, and the attempt ends after ``connect_wait`` seconds (the process's
+    ``connect_wait_seconds``) or the client's own reconnect rounds,
     whichever comes first. Progress goes to ``say`` (default: stderr).
 
     A NATS client cannot tell a wrong password from a server that is down (both end
@@ -315,10 +315,6 @@ async def open_shared_store(
 
     if settings is None:
         return await open_store(clock=clock)
-    if connect_wait is None:
-        from kubemoot.runtime.settings import RuntimeSettings
-
-        connect_wait = RuntimeSettings.from_env().connect_wait_seconds
     tell = say if say is not None else _say
     where = mask_servers(settings.servers)
     tell(f"connecting to NATS at {where} (gives up after {connect_wait:g} s) …")

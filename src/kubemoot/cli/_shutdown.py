@@ -6,7 +6,7 @@ Both must end the same way: the command's main coroutine is cancelled, so its
 withdrawn, the store closed last), and the process exits soon after. A command uses
 it in place of ``asyncio.run``::
 
-    run_until_stopped(serve(...), grace_seconds=settings.shutdown_grace_seconds)
+    run_until_stopped(serve(...), grace_seconds=settings.process.shutdown_grace_seconds)
 
 The first signal cancels the main coroutine; when it has ended, :class:`Stopped` is
 raised, which the CLI's ``main`` turns into one line (``interrupted`` or
@@ -48,20 +48,16 @@ class Stopped(Exception):
 
 
 def run_until_stopped(
-    main: Coroutine[Any, Any, T], *, grace_seconds: float | None = None,
+    main: Coroutine[Any, Any, T], *, grace_seconds: float,
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
 ) -> T:
     """Run ``main`` like ``asyncio.run``; SIGTERM or SIGINT stop it cleanly.
 
-    ``grace_seconds`` (default: ``RuntimeSettings.from_env().shutdown_grace_seconds``)
-    bounds the shutdown that a signal starts; ``loop_factory`` makes the event loop
-    (asyncio's own by default). Raises :class:`Stopped` after a clean
-    stop; returns ``main``'s result otherwise.
+    ``grace_seconds`` (the process's ``shutdown_grace_seconds``, as its entry point
+    read it) bounds the shutdown that a signal starts; ``loop_factory`` makes the event
+    loop (asyncio's own by default). Raises :class:`Stopped` after a clean stop; returns
+    ``main``'s result otherwise.
     """
-    if grace_seconds is None:
-        from kubemoot.runtime.settings import RuntimeSettings
-
-        grace_seconds = RuntimeSettings.from_env().shutdown_grace_seconds
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         return runner.run(_guarded(main, grace_seconds))
 

@@ -13,6 +13,7 @@ finished call goes to the call log (``kubemoot_call_log``) for the dashboard.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from typing import TYPE_CHECKING
 
@@ -31,8 +32,10 @@ from kubemoot.cli._nats import (
 
 if TYPE_CHECKING:
     from kubemoot.agent.process import AgentIdentity
-    from kubemoot.runtime.settings import RuntimeSettings
-    from kubemoot.store.nats import NatsSettings
+    from kubemoot.clock import Clock
+    from kubemoot.process import Lifecycle
+    from kubemoot.settings import NatsSettings, Settings
+    from kubemoot.store.protocol import KV
 
 READY_LINE = "kubemoot agent: ready"
 #: Printed at start and whenever the shared state moves a static target.
@@ -99,41 +102,60 @@ def agent_command(
     enabled_tools(os.environ, demo_toolbox())
     prompt_source(os.environ)
     from kubemoot.cli._shutdown import run_until_stopped
-    from kubemoot.runtime.settings import RuntimeSettings
+    from kubemoot.settings import Settings
 
-    tunables = RuntimeSettings.from_env()
+    tunables = Settings.from_env()
     install_log_lines()
     run_until_stopped(_run(identity, settings, tunables),
-                      grace_seconds=tunables.shutdown_grace_seconds)
+                      grace_seconds=tunables.process.shutdown_grace_seconds)
 
 
-async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: RuntimeSettings) -> None:
+async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: Settings) -> None:
+    from kubemoot.cli._ready import clear_ready
+    from kubemoot.clock import SystemClock
+    from kubemoot.process import Lifecycle, Stage
+
+    clear_ready()  # a file left by the previous run of this container vouches for nothing
+    clock = SystemClock()
+    # What started is stopped in one order (kubemoot.process): the agent's work first (its
+    # threads give their tickets back), the call log's last entries, the runtime's
+    # leftovers, the store last.
+    process = Lifecycle(straggler_grace=tunables.process.straggler_grace_seconds)
+    try:
+        kv = await open_shared_store(nats, clock=clock,
+                                     connect_wait=tunables.process.connect_wait_seconds)
+        process.on_stop(Stage.STORE, kv.close, name="store")
+        await _serve(identity, nats, tunables, kv, clock, process)
+    finally:
+        clear_ready()
+        await process.shutdown()
+
+
+async def _serve(identity: AgentIdentity, nats: NatsSettings, tunables: Settings, kv: KV,
+                 clock: Clock, process: Lifecycle) -> None:
     from kubemoot.agent.demo import demo_toolbox
     from kubemoot.agent.discussion import AgentProfile
     from kubemoot.agent.pool import CallSettings
     from kubemoot.agent.process import describe, serve_agent
-    from kubemoot.cli._ready import clear_ready, mark_ready
-    from kubemoot.clock import SystemClock
+    from kubemoot.cli._ready import mark_ready
     from kubemoot.dashboard.calllog import CallLogWriter
-    from kubemoot.providers.ollama import OllamaProvider
+    from kubemoot.process import Stage
+    from kubemoot.providers.factory import ProviderClients
     from kubemoot.providers.protocol import ProviderClient
     from kubemoot.store.documents import ProviderState
     from kubemoot.store.nats import NatsKV
     from kubemoot.store.natsbus import NatsBus
 
-    clear_ready()  # a file left by the previous run of this container vouches for nothing
-    clock = SystemClock()
-    kv = await open_shared_store(nats, clock=clock, connect_wait=tunables.connect_wait_seconds)
     assert isinstance(kv, NatsKV)
 
+    # every provider client of this process, with the timeouts read at its start
+    clients = ProviderClients.of(tunables.runtime, clock=clock)
+
     def make_client(state: ProviderState) -> ProviderClient:
-        return OllamaProvider(state.provider, state.endpoint,
-                              context_length=state.context_length,
-                              num_parallel=state.max_parallel, reserve_mib=state.reserve_mib,
-                              total_vram_mib=state.total_vram_mib, clock=clock)
+        return clients.for_state(state)
 
     def chat_client(provider: str, endpoint: str, settings: CallSettings) -> ProviderClient:
-        return OllamaProvider(provider, endpoint, timeout=settings.timeout, clock=clock)
+        return clients.client(provider, endpoint, timeout=settings.timeout)
 
     def ready(profile: AgentProfile) -> None:
         mark_ready()  # the Pod's probes: joined the crew
@@ -155,17 +177,15 @@ async def _run(identity: AgentIdentity, nats: NatsSettings, tunables: RuntimeSet
                           markup=False, soft_wrap=True)
 
     calllog = await CallLogWriter.open(kv)
-    try:
-        await serve_agent(kv, NatsBus(kv), identity, env=dict(os.environ), settings=tunables,
-                          make_client=make_client, chat_factory=chat_client, clock=clock,
-                          ready=ready, toolbox=demo_toolbox(), on_record=[calllog.record],
-                          changed=changed)
-    finally:
-        clear_ready()
-        try:
-            # the last calls' entries, before the store closes under them
-            await asyncio.wait_for(calllog.flush(), tunables.shutdown_grace_seconds)
-        except (TimeoutError, asyncio.CancelledError):
-            pass
-        finally:
-            await kv.close()
+    grace = tunables.process.shutdown_grace_seconds
+
+    async def flush() -> None:
+        # the last calls' entries, before the store closes under them
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(calllog.flush(), grace)
+
+    process.on_stop(Stage.RUNTIME, flush, name="call log")
+    await serve_agent(kv, NatsBus(kv), identity, env=dict(os.environ), settings=tunables,
+                      make_client=make_client, chat_factory=chat_client, clock=clock,
+                      ready=ready, toolbox=demo_toolbox(), on_record=[calllog.record],
+                      changed=changed)

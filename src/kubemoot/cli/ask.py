@@ -36,8 +36,7 @@ from kubemoot.cli._nats import (
 
 if TYPE_CHECKING:
     from kubemoot.agent.remote import CrewRef
-    from kubemoot.runtime.settings import RuntimeSettings
-    from kubemoot.store.nats import NatsSettings
+    from kubemoot.settings import NatsSettings, Settings
 
 MAX_QUESTION_CHARS = 100_000  # a question, not a document
 
@@ -57,7 +56,7 @@ def ask_command(
 ) -> None:
     """Ask a crew a question; print its answer and where every call ran."""
     from kubemoot.agent.remote import CrewRef
-    from kubemoot.runtime.settings import RuntimeSettings
+    from kubemoot.settings import Settings
 
     fmt = resolve_format(output)
     try:
@@ -75,10 +74,10 @@ def ask_command(
                          "KUBEMOOT_NATS_URL)", field="--nats")
     settings = resolve_nats(nats, use_nats=True)
     assert settings is not None
-    tunables = RuntimeSettings.from_env()
+    tunables = Settings.from_env()
     wait = timeout if timeout is not None else (
-        tunables.gpu_wait_limit_seconds + tunables.crew_silence_seconds
-        + tunables.crew_roll_call_seconds + 30.0)
+        tunables.runtime.gpu_wait_limit_seconds + tunables.crew.silence_seconds
+        + tunables.crew.roll_call_seconds + 30.0)
     import asyncio
 
     reply = asyncio.run(_ask(ref, text, settings, tunables, wait))
@@ -94,13 +93,13 @@ def ask_command(
         raise typer.Exit(1)
 
 
-async def _ask(ref: CrewRef, question: str, nats: NatsSettings, tunables: RuntimeSettings,
+async def _ask(ref: CrewRef, question: str, nats: NatsSettings, tunables: Settings,
                wait: float) -> dict[str, Any]:
     from kubemoot.store.bus import BusError, NoResponders
     from kubemoot.store.nats import NatsKV
     from kubemoot.store.natsbus import NatsBus
 
-    kv = await open_shared_store(nats, connect_wait=tunables.connect_wait_seconds)
+    kv = await open_shared_store(nats, connect_wait=tunables.process.connect_wait_seconds)
     assert isinstance(kv, NatsKV)
     where = mask_servers(nats.servers)
     try:

@@ -6,7 +6,7 @@ starts empty: the embedded store cannot be shared between processes, so to watch
 demo on it run ``kubemoot demo --dashboard``, which serves this same page in-process.
 
 SIGTERM and Ctrl-C stop it cleanly (:mod:`kubemoot.cli._shutdown`); its tunables come
-from ``KUBEMOOT_*`` (:class:`~kubemoot.runtime.settings.RuntimeSettings`).
+from ``KUBEMOOT_*`` (:class:`~kubemoot.settings.Settings`).
 """
 
 from __future__ import annotations
@@ -53,17 +53,16 @@ def dashboard_command(
     """Serve the dashboard: providers, tickets, demand and where each call ran."""
     from kubemoot.cli._common import check_host, install_log_lines, listen_error
     from kubemoot.cli._shutdown import run_until_stopped
-    from kubemoot.dashboard.app import DashboardSettings
-    from kubemoot.runtime.settings import RuntimeSettings
+    from kubemoot.settings import Settings
 
     if nats.url is not None and embedded:
         raise InputError("--nats and --embedded exclude each other", field="--nats")
     settings = resolve_nats(nats, use_nats=nats.url is not None)
     check_host(host)  # before connecting to NATS: a typo here should not wait on a store
-    tunables = RuntimeSettings.from_env()
+    tunables = Settings.from_env()
     install_log_lines()  # "shared state unreachable", "answers again": one line each
     # The name it was told to listen on is a name it may be reached by.
-    page = DashboardSettings.from_runtime(tunables, allowed_hosts=[*allow_hosts, host])
+    page = tunables.dashboard.allowing([*allow_hosts, host])
 
     async def run() -> None:
         from kubemoot.clock import SystemClock
@@ -71,10 +70,10 @@ def dashboard_command(
         from kubemoot.process import Lifecycle, Stage
 
         clock = SystemClock()
-        process = Lifecycle(straggler_grace=tunables.straggler_grace_seconds)
+        process = Lifecycle(straggler_grace=tunables.process.straggler_grace_seconds)
         try:
             kv = await open_shared_store(settings, clock=clock,
-                                         connect_wait=tunables.connect_wait_seconds)
+                                         connect_wait=tunables.process.connect_wait_seconds)
             process.on_stop(Stage.STORE, kv.close, name="store")
             server = DashboardServer(kv, host=host, port=port, clock=clock,
                                      freshness_seconds=stale_after, settings=page)
@@ -91,4 +90,4 @@ def dashboard_command(
         finally:
             await process.shutdown()
 
-    run_until_stopped(run(), grace_seconds=tunables.shutdown_grace_seconds)
+    run_until_stopped(run(), grace_seconds=tunables.process.shutdown_grace_seconds)

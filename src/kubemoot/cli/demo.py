@@ -82,9 +82,9 @@ def demo_command(
     # --nats picks NATS over the embedded store; the other flags only tune the connection.
     nats_settings = resolve_nats(nats, use_nats=nats.url is not None)
     from kubemoot.cli._shutdown import run_until_stopped
-    from kubemoot.runtime.settings import RuntimeSettings
+    from kubemoot.settings import Settings
 
-    tunables = RuntimeSettings.from_env()
+    tunables = Settings.from_env()
     install_log_lines()
     shown: list[bool] = []
 
@@ -99,7 +99,7 @@ def demo_command(
 
     async def open_store(clock: Clock) -> KV:
         return await open_shared_store(nats_settings, clock=clock,
-                                       connect_wait=tunables.connect_wait_seconds)
+                                       connect_wait=tunables.process.connect_wait_seconds)
 
     with contextlib.ExitStack() as files:
         path = bundle if bundle is not None else files.enter_context(default_bundle())
@@ -114,7 +114,7 @@ def demo_command(
                          dashboard=page, view=_Printed(live=fmt is OutputFormat.table),
                          tunables=tunables,
                          where=mask_servers(nats_settings.servers) if nats_settings else ""),
-                grace_seconds=tunables.shutdown_grace_seconds)
+                grace_seconds=tunables.process.shutdown_grace_seconds)
         except KeyboardInterrupt:
             # Ctrl-C before the run could take over the signal; typer would turn this
             # into a silent exit, the user gets one line instead.

@@ -13,7 +13,7 @@ import typer
 
 from kubemoot.api.errors import InputError
 from kubemoot.cli._common import app, check_host, err_console, listen_error
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS, Settings
 
 if TYPE_CHECKING:
     from kubemoot.emulation.server import OllamaEmulator
@@ -57,6 +57,7 @@ def emulate_command(
         parse_model_option,
     )
 
+    tunables = Settings.from_env()
     check_host(host)
     if reserve_mib >= vram_mib:
         raise InputError(f"--reserve-mib {reserve_mib} must be less than --vram-mib {vram_mib}")
@@ -79,7 +80,8 @@ def emulate_command(
         f"context {context_length}, "
         f"models: {names}. Ctrl-C or SIGTERM stops it."
     )
-    run_until_stopped(_serve(emulator, announcement))
+    run_until_stopped(_serve(emulator, announcement),
+                      grace_seconds=tunables.process.shutdown_grace_seconds)
 
 
 async def _serve(emulator: OllamaEmulator, announcement: str) -> None:

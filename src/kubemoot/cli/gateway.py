@@ -10,6 +10,8 @@ default; a non-loopback address needs ``--api-keys`` or an explicit
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
 import logging
 import math
@@ -29,11 +31,12 @@ from kubemoot.cli._nats import (
     open_shared_store,
     resolve_nats,
 )
-from kubemoot.runtime.settings import GatewaySettings, RuntimeSettings
+from kubemoot.settings import DashboardSettings, GatewaySettings, Settings
 
 if TYPE_CHECKING:
     from kubemoot.clock import Clock
     from kubemoot.dashboard import DashboardServer
+    from kubemoot.dashboard.calllog import CallLogWriter
     from kubemoot.gateway.config import GatewayConfig
     from kubemoot.gateway.reload import GatewayFleet
     from kubemoot.store.protocol import KV
@@ -105,7 +108,7 @@ def gateway_command(
     probe_interval: str | None = typer.Option(
         None, "--probe-interval", metavar="DURATION",
         help="How often the gateway probes its providers (and looks at its config "
-             f"file; default {_DEFAULTS.probe_interval_seconds:g}s)."),
+             f"file; default {_DEFAULTS.provider_probe_seconds:g}s)."),
     api_keys: Path | None = typer.Option(
         None, "--api-keys", metavar="FILE",
         help="A file of 'name: key' lines; turns on bearer tokens."),
@@ -153,7 +156,7 @@ def gateway_command(
     install_log_lines(level=level)  # the gateway's warnings (and access lines), one each
     # Read once: the runtime, the ModelClasses' tolerance and the shutdown all see the
     # same values (and a malformed variable is exit 2 before anything starts).
-    tunables = RuntimeSettings.from_env()
+    tunables = Settings.from_env()
     host, port = parse_listen(listen)
     check_host(host, flag="--listen")
     page_at = parse_listen(dashboard_listen) if dashboard else None
@@ -174,7 +177,8 @@ def gateway_command(
     def build(config: GatewayConfig | None) -> GatewayFleet:
         # the whole fleet for one reading of the config; a reload calls it again
         fleet = assemble_fleet(config, urls=provider, files=file, flag_keys=flag_keys,
-                               flag_limits=flag_limits, tolerance=tunables.candidate_tolerance,
+                               flag_limits=flag_limits,
+                               tolerance=tunables.runtime.candidate_tolerance,
                                base=guarded)
         if fleet.keys is None and not is_loopback(host) and not allow_anonymous:
             raise InputError(f"{host} is not a loopback address: give --api-keys FILE (or "
@@ -202,41 +206,48 @@ def gateway_command(
         from kubemoot.clock import SystemClock
         from kubemoot.dashboard.calllog import CallLogWriter
         from kubemoot.gateway import GatewayServer
+        from kubemoot.process import Lifecycle, Stage
+        from kubemoot.providers.factory import ProviderClients
 
         clock = SystemClock()
-        kv = await open_shared_store(nats_settings, clock=clock)
+        # What started is stopped in one order (kubemoot.process): the dashboard, the
+        # gateway (its replies drain, its calls give their tickets back), the call log's
+        # last entries, the runtime's leftovers, and the store last.
+        process = Lifecycle(straggler_grace=tunables.process.straggler_grace_seconds)
         try:
+            kv = await open_shared_store(
+                nats_settings, clock=clock, connect_wait=tunables.process.connect_wait_seconds)
+            process.on_stop(Stage.STORE, kv.close, name="store")
             calllog = await CallLogWriter.open(kv)
+            grace = tunables.process.straggler_grace_seconds
+            process.on_stop(Stage.RUNTIME, lambda: _flush(calllog, grace), name="call log")
             server = GatewayServer(kv, providers=sources, host=host, port=port,
-                                   settings=settings, runtime=tunables,
+                                   settings=settings, runtime=tunables.runtime,
+                                   process=tunables.process,
+                                   client_factory=ProviderClients.of(tunables.runtime,
+                                                                     clock=clock),
                                    declared=first.declared, keys=keys,
                                    virtual=first.virtual, clock=clock,
                                    on_call=[calllog.record])
+            process.on_stop(Stage.RUNTIME, server.stop, name="gateway")
             if config is not None:
                 _reload_on_change(server, config, build)
             try:
                 await server.start()
             except OSError as error:
                 raise listen_error(host, port, error, flag="--listen") from None
-            try:
-                names = ", ".join(s.name for s in sources) or "none of its own"
-                store = mask_servers(nats_settings.servers) if nats_settings else "embedded"
-                page = (await _serve_dashboard(kv, clock, page_at, tunables)
-                        if page_at is not None else None)
-                err_console.print(
-                    f"gateway: {server.url} (providers: {names}; store: {store}; "
-                    f"{'API keys: ' + str(len(keys)) if keys else 'no API keys'}); "
-                    "Ctrl-C stops it", highlight=False, soft_wrap=True)
-                try:
-                    await server.wait()
-                finally:
-                    if page is not None:
-                        await page.stop()
-            finally:
-                await server.stop()
-                await calllog.flush()
+            names = ", ".join(s.name for s in sources) or "none of its own"
+            store = mask_servers(nats_settings.servers) if nats_settings else "embedded"
+            if page_at is not None:
+                page = await _serve_dashboard(kv, clock, page_at, tunables.dashboard)
+                process.on_stop(Stage.RUNTIME, page.stop, name="dashboard")
+            err_console.print(
+                f"gateway: {server.url} (providers: {names}; store: {store}; "
+                f"{'API keys: ' + str(len(keys)) if keys else 'no API keys'}); "
+                "Ctrl-C stops it", highlight=False, soft_wrap=True)
+            await server.wait()
         finally:
-            await kv.close()
+            await process.shutdown()
 
     from kubemoot.cli._shutdown import run_until_stopped
     from kubemoot.serving import event_loop_factory
@@ -244,23 +255,29 @@ def gateway_command(
     # SIGTERM (what Kubernetes sends) and Ctrl-C cancel run(): replies end, tickets are
     # released and the store closes before the process exits (143 or 130). uvloop, when
     # installed, runs the loop: the gateway's hot path is mostly the loop's own work.
-    run_until_stopped(run(), grace_seconds=tunables.shutdown_grace_seconds,
+    run_until_stopped(run(), grace_seconds=tunables.process.shutdown_grace_seconds,
                       loop_factory=event_loop_factory())
 
 
+async def _flush(calllog: CallLogWriter, grace: float) -> None:
+    """The call log's last entries, before the store closes under them; a store too slow
+    to take them within ``grace`` loses them rather than holding up the exit."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(calllog.flush(), grace)
+
+
 async def _serve_dashboard(kv: KV, clock: Clock, where: tuple[str, int],
-                           tunables: RuntimeSettings) -> DashboardServer:
+                           settings: DashboardSettings) -> DashboardServer:
     """The dashboard over the gateway's own store: on the embedded store nothing else can
     read it, and on NATS it saves running ``kubemoot dashboard`` beside the gateway.
     Assembled here because the gateway package may not import another adapter."""
     from kubemoot.cli._common import listen_error
     from kubemoot.dashboard import DashboardServer
-    from kubemoot.dashboard.app import DashboardSettings
 
     host, port = where
     page = DashboardServer(
         kv, host=host, port=port, clock=clock,
-        settings=DashboardSettings.from_runtime(tunables, allowed_hosts=[host]))
+        settings=settings.allowing([host]))
     try:
         await page.start()
     except OSError as error:

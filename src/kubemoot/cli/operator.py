@@ -20,7 +20,7 @@ from kubemoot.cli._nats import (
     open_shared_store,
     resolve_nats,
 )
-from kubemoot.runtime.settings import DEFAULTS, ENV_VARIABLES, RuntimeSettings
+from kubemoot.settings import DEFAULTS, ENV_VARIABLES, Settings
 
 _DEFAULTS = DEFAULTS
 
@@ -43,12 +43,14 @@ def operator_command(
     probe_interval: float | None = typer.Option(
         None, "--probe-interval", min=0.1, metavar="SECONDS",
         help=f"Seconds between two probes of every ModelProvider (default "
-        f"{_DEFAULTS.probe_interval_seconds:g}, {ENV_VARIABLES['probe_interval_seconds']}).",
+        f"{_DEFAULTS.probe_interval_seconds:g}, "
+        f"{ENV_VARIABLES['runtime.probe_interval_seconds']}).",
     ),
     probe_timeout: float | None = typer.Option(
         None, "--probe-timeout", min=0.1, metavar="SECONDS",
         help=f"Seconds one provider probe may take (default "
-        f"{_DEFAULTS.probe_timeout_seconds:g}, {ENV_VARIABLES['probe_timeout_seconds']}).",
+        f"{_DEFAULTS.probe_timeout_seconds:g}, "
+        f"{ENV_VARIABLES['runtime.probe_timeout_seconds']}).",
     ),
     metrics_port: int = typer.Option(
         0, "--metrics-port", min=0, max=65535, metavar="PORT",
@@ -79,7 +81,7 @@ def operator_command(
             field="--nats",
         )
     settings = resolve_nats(nats, use_nats=not embedded)
-    tunables = RuntimeSettings.from_env()
+    tunables = Settings.from_env()
 
     import logging
 
@@ -95,16 +97,17 @@ def operator_command(
     )
     options = OperatorOptions(
         namespaces=tuple(dict.fromkeys(namespaces)),
-        probe_interval=probe_interval or tunables.probe_interval_seconds,
-        probe_timeout=probe_timeout or tunables.probe_timeout_seconds,
-        shutdown_grace_seconds=tunables.shutdown_grace_seconds,
+        probe_interval=probe_interval or tunables.runtime.probe_interval_seconds,
+        probe_timeout=probe_timeout or tunables.runtime.probe_timeout_seconds,
+        shutdown_grace_seconds=tunables.process.shutdown_grace_seconds,
+        straggler_grace_seconds=tunables.process.straggler_grace_seconds,
         health_port=health_port,
         health_host=metrics_host,
     )
 
     async def open_kv(clock: Clock) -> KV:
         return await open_shared_store(settings, clock=clock,
-                                       connect_wait=tunables.connect_wait_seconds)
+                                       connect_wait=tunables.process.connect_wait_seconds)
 
     where = ", ".join(options.namespaces) or "all namespaces"
     shown = "this process" if settings is None else mask_servers(settings.servers)
@@ -122,4 +125,4 @@ def operator_command(
                           highlight=False)
     # The credential check names a broken kubeconfig file in one line (exit 2).
     run_until_stopped(run_operator(options, login=login_from_environment, open_kv=open_kv),
-                      grace_seconds=tunables.shutdown_grace_seconds)
+                      grace_seconds=tunables.process.shutdown_grace_seconds)

@@ -23,7 +23,7 @@ import typer
 from kubemoot.api.errors import InputError
 from kubemoot.cli._common import OutputFormat as _DataFormat
 from kubemoot.cli._common import add_name_column, app, console, emit_data
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS
 
 if TYPE_CHECKING:
     from kubemoot.store.documents import ProviderState
@@ -93,7 +93,7 @@ def probe_command(
 
     from kubemoot.clock import SystemClock
     from kubemoot.gateway.config import split_provider
-    from kubemoot.providers.ollama import OllamaProvider
+    from kubemoot.providers.factory import ProviderClients
     from kubemoot.providers.prober import Prober
     texts = [*(endpoints or []), *providers]
     if not texts:
@@ -125,11 +125,13 @@ def probe_command(
 
     async def run() -> list[ProviderState]:
         clock = SystemClock()
+        # --timeout bounds each probe as a whole: no deployment timeout applies
+        factory = ProviderClients(clock=clock)
         clients = [
-            OllamaProvider(name, url, context_length=contexts[name],
+            factory.client(name, url, context_length=contexts[name],
                            num_parallel=slots[name], reserve_mib=reserves[name],
                            total_vram_mib=totals[name], timeout=timeout, deadline=timeout,
-                           max_retries=0, clock=clock, dcgm_url=exporters[name])
+                           max_retries=0, dcgm_url=exporters[name])
             for name, url in parsed
         ]
         try:

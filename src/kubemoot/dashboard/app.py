@@ -15,15 +15,14 @@ Every response carries a content security policy and refuses framing and MIME
 sniffing. A request whose ``Host`` header is neither loopback, an IP address nor a name
 the operator allowed is refused (403): a web page on another site could otherwise
 rebind its own DNS name to this address and read the dashboard through the user's
-browser. Event streams are capped (503 beyond :attr:`DashboardSettings.max_clients`).
+browser. Event streams are capped (503 beyond ``DashboardSettings.max_clients``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterable
 from importlib import resources
 from typing import Any
 
@@ -44,16 +43,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.dashboard.fleet import FleetView
-from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
 from kubemoot.serving import StreamWithCleanup
+from kubemoot.settings import DashboardSettings
 from kubemoot.webguard import host_allowed
 
-__all__ = ["CONTENT_SECURITY_POLICY", "DashboardSettings", "GuardMiddleware", "create_app"]
+__all__ = ["CONTENT_SECURITY_POLICY", "GuardMiddleware", "create_app"]
 
 _STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 
 
-_DEFAULTS = DEFAULTS
 
 # The page loads only its own script and style sheet and talks only to its own origin.
 CONTENT_SECURITY_POLICY = (
@@ -66,36 +64,6 @@ SECURITY_HEADERS = (
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
 )
-
-
-@dataclass(frozen=True, slots=True)
-class DashboardSettings:
-    """Tunables of the page; the numbers' defaults are :class:`RuntimeSettings`'."""
-
-    #: Many writes land together (a claim, a probe, a call log): draw once for them.
-    coalesce_seconds: float = _DEFAULTS.dashboard_coalesce_seconds
-    #: Ages and expiries move without any write; redraw now and then anyway.
-    refresh_seconds: float = _DEFAULTS.dashboard_refresh_seconds
-    #: Event streams served at once.
-    max_clients: int = _DEFAULTS.dashboard_max_clients
-    #: How often the store is asked whether it still answers (0: never).
-    store_check_seconds: float = _DEFAULTS.store_check_seconds
-    #: Host names accepted in the ``Host`` header besides loopback and IP addresses.
-    allowed_hosts: tuple[str, ...] = field(default=())
-
-    @classmethod
-    def from_runtime(
-        cls, settings: RuntimeSettings, *, allowed_hosts: Sequence[str] = ()
-    ) -> DashboardSettings:
-        return cls(coalesce_seconds=settings.dashboard_coalesce_seconds,
-                   refresh_seconds=settings.dashboard_refresh_seconds,
-                   max_clients=settings.dashboard_max_clients,
-                   store_check_seconds=settings.store_check_seconds,
-                   allowed_hosts=tuple(h.strip().lower() for h in allowed_hosts if h.strip()))
-
-    def host_allowed(self, header: str) -> bool:
-        """Whether a request's ``Host`` header names this dashboard safely."""
-        return host_allowed(header, allowed=self.allowed_hosts)
 
 
 class GuardMiddleware:
@@ -117,7 +85,7 @@ class GuardMiddleware:
                 message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
             await send(message)
 
-        if not self._settings.host_allowed(host):
+        if not host_allowed(host, allowed=self._settings.allowed_hosts):
             refused = PlainTextResponse(
                 "this dashboard answers only to loopback, IP addresses and the host names "
                 "given with --allow-host", status_code=403)

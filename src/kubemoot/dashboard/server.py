@@ -12,9 +12,10 @@ import logging
 from types import TracebackType
 
 from kubemoot.clock import Clock, SystemClock
-from kubemoot.dashboard.app import DashboardSettings, create_app
+from kubemoot.dashboard.app import create_app
 from kubemoot.dashboard.fleet import FleetView
 from kubemoot.serving import HttpServer
+from kubemoot.settings import DashboardSettings
 from kubemoot.store.protocol import KV
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "DashboardServer"]

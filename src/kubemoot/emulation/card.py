@@ -37,7 +37,7 @@ from kubemoot.emulation.engine import (
 )
 from kubemoot.emulation.prompt import FittedPrompt, Prompt, PromptBlock
 from kubemoot.providers.durations import DurationError, duration_seconds
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS
 
 MIB = 1024 * 1024
 _FAR_FUTURE = "2318-01-01T00:00:00Z"  # what Ollama shows for keep_alive < 0

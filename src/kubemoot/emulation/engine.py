@@ -50,7 +50,7 @@ from enum import StrEnum
 
 from kubemoot.clock import Clock
 from kubemoot.emulation.prompt import FittedPrompt, Prompt, fit_to_context
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS
 
 __all__ = [
     "OLLAMA_KEEP_ALIVE_SECONDS",

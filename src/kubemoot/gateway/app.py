@@ -263,7 +263,7 @@ class GatewayApp:
             # was seen before it went away does not offer the name.
             down = [p for p in providers_down(fleet, [name]) if p not in self._listed]
             if down:
-                retry = max(1, math.ceil(self.desk.settings.probe_interval_seconds))
+                retry = max(1, math.ceil(self.desk.settings.provider_probe_seconds))
                 raise refusal_error(ProviderDown(tuple(down)), name=f'"{name}"', budget=0,
                                     retry_after=retry)
             raise unknown_model(name)

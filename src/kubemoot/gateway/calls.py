@@ -37,7 +37,7 @@ from kubemoot.runtime.calls import (
 )
 from kubemoot.runtime.placement import Action, Candidate
 from kubemoot.runtime.refusals import GpuBusy
-from kubemoot.runtime.settings import GatewaySettings
+from kubemoot.settings import GatewaySettings
 
 __all__ = ["CallDesk", "PlacedCall"]
 
@@ -123,7 +123,7 @@ class CallDesk:
                  candidates: Sequence[Candidate], budget: float) -> GatewayError:
         refusal = refused.refusal
         retry = (self.calls.retry_after(refusal) if isinstance(refusal, GpuBusy)
-                 else max(1, math.ceil(self.settings.probe_interval_seconds)))
+                 else max(1, math.ceil(self.settings.provider_probe_seconds)))
         name = as_asked(req.model, [c.model for c in candidates])
         return refusal_error(refusal, name=name, budget=budget, retry_after=retry,
                              num_ctx=req.num_ctx)

@@ -51,7 +51,7 @@ from kubemoot.api.modelclass import ModelClass, ModelClassSpec
 from kubemoot.api.provider import ModelProvider
 from kubemoot.providers.durations import DurationError, duration_seconds
 from kubemoot.providers.ollama import parse_endpoint
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS
 
 __all__ = [
     "PROVIDER_KEYS",

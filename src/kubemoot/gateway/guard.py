@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kubemoot import metrics
 from kubemoot.gateway.errors import GatewayError, error_response
-from kubemoot.runtime.settings import GatewaySettings
+from kubemoot.settings import GatewaySettings
 from kubemoot.webguard import host_allowed, host_name, origin_allowed
 
 __all__ = ["UNLIMITED_PATHS", "Guard", "GuardPolicy"]
@@ -63,7 +63,7 @@ class GuardPolicy:
                    allowed_origins=settings.allowed_origins,
                    max_concurrent=settings.max_concurrent_requests,
                    max_buffered_bytes=settings.max_buffered_bytes,
-                   retry_after=max(1, round(settings.probe_interval_seconds / 5)))
+                   retry_after=max(1, round(settings.provider_probe_seconds / 5)))
 
 
 @dataclass(slots=True)

@@ -32,7 +32,7 @@ from kubemoot.gateway.config import (
 from kubemoot.gateway.keys import ApiKeys
 from kubemoot.gateway.server import GatewayServer
 from kubemoot.providers.ollama import parse_endpoint
-from kubemoot.runtime.settings import DEFAULTS, GatewaySettings
+from kubemoot.settings import DEFAULTS, GatewaySettings
 
 __all__ = ["ConfigReloader", "GatewayFleet", "assemble_fleet"]
 
@@ -117,7 +117,7 @@ def assemble_fleet(
         if limits.max_keep_alive_seconds is not None:
             settings = replace(settings, max_keep_alive_seconds=limits.max_keep_alive_seconds)
         if limits.probe_interval_seconds is not None:
-            settings = replace(settings, probe_interval_seconds=limits.probe_interval_seconds)
+            settings = replace(settings, provider_probe_seconds=limits.probe_interval_seconds)
     return GatewayFleet(list(sources.values()), declared, virtual, keys, settings)
 
 

@@ -29,13 +29,14 @@ from kubemoot.gateway.health import GatewayHealth
 from kubemoot.gateway.keys import ApiKeys
 from kubemoot.gateway.pinning import load_missing_pinned
 from kubemoot.gateway.upstream import upstream_client
+from kubemoot.providers.factory import ProviderClients
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import KVStatePublisher, Prober
 from kubemoot.providers.protocol import ProviderState
 from kubemoot.runtime.builder import Runtime, build_runtime
 from kubemoot.runtime.calls import CallRecord
-from kubemoot.runtime.settings import GatewaySettings, RuntimeSettings
 from kubemoot.serving import HttpServer
+from kubemoot.settings import GatewaySettings, ProcessSettings, RuntimeSettings
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import KV, Bucket, KeyExists, RevisionMismatch
@@ -78,6 +79,8 @@ class GatewayServer:
         port: int = 11435,
         settings: GatewaySettings | None = None,
         runtime: RuntimeSettings | None = None,
+        process: ProcessSettings | None = None,
+        client_factory: ProviderClients | None = None,
         declared: dict[str, int | None] | None = None,
         keys: ApiKeys | None = None,
         virtual: VirtualModels | None = None,
@@ -90,13 +93,19 @@ class GatewayServer:
         self.settings = settings or GatewaySettings()
         # The waiter's own safety net is the longest budget a client may ask for; each
         # call's budget ends its wait earlier (CallDesk.start).
-        base = runtime or RuntimeSettings.from_env()
+        base = runtime or RuntimeSettings()
+        #: How often /readyz asks the store whether it still answers.
+        self.store_check_seconds = (process or ProcessSettings()).store_check_seconds
         self.runtime = replace(base,
                                gpu_wait_limit_seconds=self.settings.max_wait_budget_seconds)
         self.declared = dict(declared or {})
         self.keys = keys
         self.virtual = virtual or VirtualModels()
         self.clock = clock or SystemClock()
+        #: Where the gateway's provider clients come from: the entry point's factory
+        #: (its timeouts), else one over the runtime settings it was given.
+        self.client_factory = client_factory or ProviderClients.of(self.runtime,
+                                                                    clock=self.clock)
         # Each finished call's attribution (the CLI adds the dashboard's call log here).
         self.on_call = list(on_call)
         self.clients: dict[str, OllamaProvider] = {}
@@ -141,11 +150,11 @@ class GatewayServer:
             raise
 
     def _client(self, source: ProviderSource) -> OllamaProvider:
-        return OllamaProvider(
+        return self.client_factory.client(
             source.name, source.endpoint, context_length=source.context_length,
             num_parallel=source.num_parallel, reserve_mib=source.reserve_mib,
             total_vram_mib=source.total_vram_mib,
-            timeout=self.settings.listing_timeout_seconds, clock=self.clock)
+            timeout=self.settings.listing_timeout_seconds)
 
     async def _wire(self) -> None:
         for source in self.sources:
@@ -160,7 +169,7 @@ class GatewayServer:
                 log.warning("provider %s (%s) did not answer its first probe: %s; the "
                             "gateway probes it again every %g s and uses it once it "
                             "answers", state.provider, state.endpoint, state.reason,
-                            self.settings.probe_interval_seconds)
+                            self.settings.provider_probe_seconds)
 
         declared = {m: mib for m, mib in self.declared.items() if mib is not None}
         runtime = self.stack = await build_runtime(
@@ -169,7 +178,7 @@ class GatewayServer:
         # Follow the buckets' watches so each placement reads only what changed.
         await runtime.start()
         runtime.calls.after_load = self._reprobe
-        runtime.calls.idle_retry_seconds = self.settings.probe_interval_seconds
+        runtime.calls.idle_retry_seconds = self.settings.provider_probe_seconds
         runtime.calls.listeners.extend(self.on_call)
         self._http = upstream_client(
             timeout=httpx.Timeout(self.settings.call_timeout_seconds, connect=10.0),
@@ -184,7 +193,7 @@ class GatewayServer:
         assert self.stack is not None
         health = self.health = GatewayHealth(
             self.stack, self.stack.states,
-            check_seconds=self.runtime.store_check_seconds,
+            check_seconds=self.store_check_seconds,
             unready_after_failures=self.settings.unready_after_failures, keys=self.keys)
         health.start()
         app.app.router.routes[0:0] = health.routes()  # first: they win over app's own
@@ -209,7 +218,7 @@ class GatewayServer:
         # probing again, so a call right after the start meets the state it probed.
         await self.keep_pinned()
         while True:
-            await self.clock.sleep(self.settings.probe_interval_seconds)
+            await self.clock.sleep(self.settings.provider_probe_seconds)
             if self.before_probe is not None:
                 try:
                     await self.before_probe()

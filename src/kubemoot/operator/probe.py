@@ -23,6 +23,7 @@ from typing import Any
 from kubemoot.api import InputError, Model, ModelProvider
 from kubemoot.clock import Clock
 from kubemoot.operator.status import condition, merge_conditions, rfc3339, to_datetime
+from kubemoot.providers.factory import ProviderClients
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.scheduling.warnings import PROVIDER_NOT_FOUND, missing_provider
 from kubemoot.store.documents import ProviderState
@@ -66,7 +67,8 @@ def client_for(provider: ModelProvider, *, clock: Clock, timeout: float) -> Olla
             kind=provider.KIND, name=provider.name, field="spec.type",
         )
     annotations = provider.metadata.annotations
-    return OllamaProvider(
+    # the probe's own timeout bounds the whole call, so no deployment timeout applies
+    return ProviderClients(clock=clock).client(
         provider.name,
         provider.spec.endpoint,
         context_length=provider.spec.context_length,
@@ -76,7 +78,6 @@ def client_for(provider: ModelProvider, *, clock: Clock, timeout: float) -> Olla
         timeout=timeout,
         deadline=timeout,  # --probe-timeout bounds the whole probe, not each read
         max_retries=0,  # the next probe is the retry
-        clock=clock,
         dcgm_url=annotations.get(DCGM_URL_ANNOTATION),
         dcgm_gpu=annotations.get(DCGM_GPU_ANNOTATION),
     )

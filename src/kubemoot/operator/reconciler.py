@@ -66,12 +66,12 @@ from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober
 from kubemoot.runtime.builder import Runtime
 from kubemoot.runtime.pinning import pinned_by_provider
-from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.scheduling.candidate import stale_age
 from kubemoot.scheduling.result import AgentResult
 from kubemoot.scheduling.scheduler import SchedulingPass
 from kubemoot.scheduling.snapshot import ClusterSnapshot
 from kubemoot.scheduling.warnings import PROVIDER_NOT_FOUND
+from kubemoot.settings import DEFAULTS
 from kubemoot.store.declared import (
     DeclaredSize,
     declared_sizes,

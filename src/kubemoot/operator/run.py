@@ -15,7 +15,7 @@ from kubemoot.operator.handlers import build_registry
 from kubemoot.operator.kube import KubeClient
 from kubemoot.operator.reconciler import Reconciler
 from kubemoot.runtime.builder import build_runtime
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS, ProcessSettings
 from kubemoot.store.declared import MODEL_SIZES_BUCKET
 from kubemoot.store.documents import (
     MODEL_DEMAND_BUCKET,
@@ -39,9 +39,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# The defaults live in RuntimeSettings (KUBEMOOT_PROBE_INTERVAL_SECONDS, …).
+# The defaults live in kubemoot.settings (KUBEMOOT_PROBE_INTERVAL_SECONDS, …).
 DEFAULT_PROBE_INTERVAL = DEFAULTS.probe_interval_seconds
 DEFAULT_PROBE_TIMEOUT = DEFAULTS.probe_timeout_seconds
+_PROCESS = ProcessSettings()
 
 Login = Callable[[], Awaitable[kopf.ConnectionInfo]]
 #: Opens the shared store (the CLI's says where it connects and masks passwords).
@@ -60,7 +61,9 @@ class OperatorOptions:
     probe_interval: float = DEFAULT_PROBE_INTERVAL
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
     # After SIGTERM or Ctrl-C, kopf's stop may take this long before the process is killed.
-    shutdown_grace_seconds: float = DEFAULTS.shutdown_grace_seconds
+    shutdown_grace_seconds: float = _PROCESS.shutdown_grace_seconds
+    #: Of that, what the operator's own leftover tasks get before they are cancelled.
+    straggler_grace_seconds: float = _PROCESS.straggler_grace_seconds
     #: kopf's liveness endpoint ``http://HOST:PORT/healthz`` for the Pod's probes (0: off).
     health_port: int = 0
     health_host: str = "127.0.0.1"
@@ -78,7 +81,7 @@ def kopf_settings(*, shutdown_grace_seconds: float | None = None) -> kopf.Operat
     # kopf answers SIGTERM and SIGINT itself while it serves; its last-resort exit
     # (10 minutes by default) gets the same bound as every other command's shutdown.
     settings.process.ultimate_exiting_timeout = (
-        DEFAULTS.shutdown_grace_seconds if shutdown_grace_seconds is None
+        _PROCESS.shutdown_grace_seconds if shutdown_grace_seconds is None
         else shutdown_grace_seconds)
     # The CRDs ship with the operator (deploy/base); rescanning the API for new
     # resources and namespaces is not needed and would need cluster-wide list rights.
@@ -163,8 +166,10 @@ async def run_operator(
 
     The store comes from ``open_kv`` (the CLI's connects to NATS with the user's
     credentials and TLS); without it, the embedded store serves one process only.
-    SIGTERM and SIGINT stop kopf gracefully (kopf handles both); the store closes last.
+    SIGTERM and SIGINT stop kopf gracefully (kopf handles both); then the process's
+    lifecycle stops what is left in its order, the store last.
     """
+    from kubemoot.process import Lifecycle, Stage
     from kubemoot.store import open_store
 
     try:
@@ -172,9 +177,11 @@ async def run_operator(
     except (OSError, ValueError, KeyError, TypeError, kopf.LoginError) as error:
         raise InputError(f"cannot read Kubernetes credentials: {error}") from None
     clock = clock or SystemClock()
-    store: KV = (await open_kv(clock) if open_kv is not None
-                 else await open_store(clock=clock))
+    process = Lifecycle(straggler_grace=options.straggler_grace_seconds)
     try:
+        store: KV = (await open_kv(clock) if open_kv is not None
+                     else await open_store(clock=clock))
+        process.on_stop(Stage.STORE, store.close, name="store")
         bucket = await open_shared_buckets(store)
         kube = KubeClient(login)
         reconciler = Reconciler(
@@ -192,4 +199,4 @@ async def run_operator(
                     settings=kopf_settings(
                         shutdown_grace_seconds=options.shutdown_grace_seconds))
     finally:
-        await store.close()
+        await process.shutdown()

@@ -36,7 +36,6 @@ import ollama
 
 from kubemoot import metrics
 from kubemoot.api.errors import InputError
-from kubemoot.api.provider import DEFAULT_RESERVE_MIB
 from kubemoot.clock import Clock, SystemClock
 from kubemoot.providers.dcgm import VramReading, fetch_dcgm_vram
 from kubemoot.providers.protocol import (
@@ -50,7 +49,7 @@ from kubemoot.providers.protocol import (
     ProviderTimeout,
     ProviderUnavailable,
 )
-from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings  # the one left (see below)
+from kubemoot.settings import DEFAULT_RESERVE_MIB, DEFAULTS
 
 __all__ = ["MAX_RESPONSE_BYTES", "OllamaProvider", "parse_endpoint"]
 
@@ -223,8 +222,8 @@ class OllamaProvider:
         num_parallel: int = 1,
         reserve_mib: int = DEFAULT_RESERVE_MIB,
         total_vram_mib: int | None = None,
-        timeout: float | None = None,
-        deadline: float | None = None,
+        timeout: float = DEFAULTS.provider_read_timeout_seconds,
+        deadline: float = DEFAULTS.provider_call_deadline_seconds,
         max_retries: int = 1,
         retry_delay: float = 0.5,
         clock: Clock | None = None,
@@ -238,19 +237,10 @@ class OllamaProvider:
         self.num_parallel = num_parallel
         self.reserve_mib = reserve_mib
         self.total_vram_mib = total_vram_mib
-        # The one import of the runtime left in providers/ (pyproject's contract names
-        # it) serves this: the adapter reads the deployment's timeouts itself until one
-        # client factory passes them in (issue 21 item 4).
-        # Without an explicit read timeout or deadline the deployment's apply
-        # (KUBEMOOT_PROVIDER_READ_TIMEOUT_SECONDS, KUBEMOOT_PROVIDER_CALL_DEADLINE_SECONDS):
-        # clients are made in many places (gateway, agent, demo, chat pools), and each
-        # must honour them.
-        deployment = (RuntimeSettings.from_env() if timeout is None or deadline is None
-                      else DEFAULTS)
-        self.timeout: float = (deployment.provider_read_timeout_seconds if timeout is None
-                               else timeout)
-        self.deadline: float = (deployment.provider_call_deadline_seconds if deadline is None
-                                else deadline)
+        # The deployment's timeouts come in as values: the process's client factory
+        # (kubemoot.providers.factory) passes what its entry point read.
+        self.timeout = timeout
+        self.deadline = deadline
         if not self.deadline > 0:
             raise InputError(f"provider {name}: the call deadline must be positive, got "
                              f"{self.deadline!r}", field="deadline")

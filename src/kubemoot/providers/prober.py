@@ -15,9 +15,9 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from kubemoot import metrics
-from kubemoot.api.provider import DEFAULT_RESERVE_MIB
 from kubemoot.clock import Clock
 from kubemoot.providers.protocol import ProviderClient, ProviderError, ProviderState
+from kubemoot.settings import DEFAULT_RESERVE_MIB
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import Bucket, StoreError

@@ -29,10 +29,10 @@ from kubemoot.runtime.held_plans import SelectionPlanner
 from kubemoot.runtime.latency import LatencyTracker
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.planner import CallPlanner
-from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
 from kubemoot.runtime.waiting import CapacityWaiter
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import (
     MODEL_DEMAND_BUCKET,
     MODEL_DEMAND_MAX_AGE_SECONDS,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from kubemoot.clock import Clock
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS
 
 
 class CircuitState(StrEnum):

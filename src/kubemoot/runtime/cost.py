@@ -40,12 +40,12 @@ from enum import StrEnum
 from typing import Any
 
 from kubemoot.runtime.occupancy import OccupancyBook
-from kubemoot.runtime.settings import MIB_PER_GIB, RuntimeSettings
 from kubemoot.runtime.snapshot import (
     DemandSnapshot,
     FleetSnapshot,
     ProviderSnapshot,
 )
+from kubemoot.settings import MIB_PER_GIB, RuntimeSettings
 
 #: Seconds per GiB of room left over after a cold load: small enough never to outweigh
 #: a real delay, large enough to prefer the tightest fit and keep big holes whole.

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
-from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot, ModelDemand
+from kubemoot.settings import DEFAULTS, RuntimeSettings
 from kubemoot.store.documents import DemandEntry, SelectionEntry
 from kubemoot.store.keys import decode_token, join_key
 from kubemoot.store.protocol import Bucket

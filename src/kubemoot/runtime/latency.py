@@ -6,7 +6,7 @@ endpoint was observed the settings' default stands in.
 
 from __future__ import annotations
 
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS
 
 
 class LatencyTracker:

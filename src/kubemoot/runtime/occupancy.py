@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import FleetSnapshot
+from kubemoot.settings import RuntimeSettings
 
 _MIB = 1024 * 1024
 

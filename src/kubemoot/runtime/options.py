@@ -29,8 +29,8 @@ from kubemoot.runtime import filters
 from kubemoot.runtime.cost import CostModel, Option, OptionKind, load_seconds, unload_floor_seconds
 from kubemoot.runtime.eviction import EvictionPlanner, idle_residents
 from kubemoot.runtime.occupancy import OccupancyBook
-from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ProviderSnapshot
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import TicketState
 
 VICTIMS = "victims"

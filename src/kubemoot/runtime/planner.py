@@ -42,10 +42,10 @@ from kubemoot.runtime.placement import Action, CallPlacement, Candidate
 from kubemoot.runtime.prefix import PrefixBook
 from kubemoot.runtime.record import build_record
 from kubemoot.runtime.refusals import GpuBusy, Reason, Refusal, classify
-from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import DemandSnapshot
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import Ticket, TicketState
 from kubemoot.store.protocol import Bucket, StoreError
 

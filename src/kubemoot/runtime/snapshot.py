@@ -11,7 +11,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS
 from kubemoot.store.documents import ProviderState, Ticket, TicketState
 
 

@@ -54,7 +54,6 @@ from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
 from kubemoot.runtime.lease import Lease
-from kubemoot.runtime.settings import DEFAULTS
 from kubemoot.runtime.ticket_decision import (
     Check,
     Decision,
@@ -64,6 +63,7 @@ from kubemoot.runtime.ticket_decision import (
     TicketOp,
     decide,
 )
+from kubemoot.settings import DEFAULTS
 from kubemoot.store.documents import (
     ProviderState,
     ProviderTickets,

@@ -32,9 +32,9 @@ from kubemoot.clock import Clock
 from kubemoot.runtime import faults
 from kubemoot.runtime.circuit import CircuitBreakers
 from kubemoot.runtime.latency import LatencyTracker
-from kubemoot.runtime.settings import RuntimeSettings
 from kubemoot.runtime.snapshot import FleetIndex, FleetSnapshot, ProviderSnapshot
 from kubemoot.runtime.watching import Followers
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import ProviderState, ProviderTickets, Ticket
 from kubemoot.store.keys import decode_token, encode_token
 from kubemoot.store.protocol import Bucket, Change, StoreError, Watch

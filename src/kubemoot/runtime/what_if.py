@@ -41,8 +41,8 @@ from kubemoot.runtime.builder import build_runtime
 from kubemoot.runtime.demand import DemandBoard
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.placement import CallPlacement, Candidate
-from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
 from kubemoot.runtime.snapshot import FleetSnapshot, ProviderSnapshot
+from kubemoot.settings import DEFAULTS, RuntimeSettings
 from kubemoot.store.documents import (
     DemandEntry,
     LoadedModel,

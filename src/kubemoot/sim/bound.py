@@ -46,7 +46,7 @@ import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS
 from kubemoot.sim.scenario import Scenario
 from kubemoot.sim.workload import CallSpec, Trace, Turn
 

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from kubemoot.runtime.placement import Candidate
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS
 from kubemoot.sim.scenario import ProviderSpec, Scenario
 from kubemoot.sim.workload import CallSpec, Discussion, Step, Trace, Turn
 

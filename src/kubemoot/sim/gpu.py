@@ -34,7 +34,7 @@ from kubemoot.emulation.engine import (
 )
 from kubemoot.emulation.prompt import Prompt
 from kubemoot.providers.protocol import ChatResult, LoadedModel, ProviderError, ProviderState
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS
 from kubemoot.sim.phases import CURRENT_CALL
 
 __all__ = ["EmulatedGpu", "GpuEvents", "ModelSize", "Prompt", "Served", "VramOvercommit"]

@@ -40,7 +40,7 @@ from kubemoot.runtime.builder import Runtime, build_runtime
 from kubemoot.runtime.calls import ActiveCall, CallRefused, CallRequest, RefusedBeforeSending
 from kubemoot.runtime.placement import Action
 from kubemoot.runtime.prefix import PrefixBook, ThreadPrompt
-from kubemoot.runtime.settings import DEFAULTS, RuntimeSettings
+from kubemoot.settings import DEFAULTS, RuntimeSettings
 from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE, SimulatedOutcome
 from kubemoot.sim.phases import CURRENT_CALL

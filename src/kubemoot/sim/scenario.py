@@ -51,7 +51,7 @@ from kubemoot.api.errors import InputError
 from kubemoot.api.loader import validate_document
 from kubemoot.api.meta import EitherMibSpelling
 from kubemoot.emulation.engine import OLLAMA_KEEP_ALIVE_SECONDS
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS
 
 __all__ = [
     "CandidateSpec",

@@ -13,7 +13,7 @@ from kubemoot.clock import Clock
 from kubemoot.store.protocol import KV
 
 if TYPE_CHECKING:
-    from kubemoot.store.nats import NatsSettings
+    from kubemoot.settings import NatsSettings
 
 __all__ = ["open_store"]
 
@@ -28,7 +28,8 @@ async def open_store(
     * ``url`` ``None`` (and no ``nats``) or ``memory://`` → the embedded store;
     * ``nats://…`` or ``tls://…`` (comma-separated for several servers) → NATS at those
       servers, with the other connection options (credentials, TLS, reconnects) from
-      ``nats`` when given, else from ``KUBEMOOT_NATS_*``;
+      ``nats`` when given, else the defaults (the entry point that read
+      ``KUBEMOOT_NATS_*`` passes ``nats``);
     * ``url`` ``None`` with ``nats`` → NATS exactly as ``nats`` says, servers included.
 
     Raises ``ValueError`` on other schemes or on ``memory://`` together with NATS
@@ -49,7 +50,8 @@ async def open_store(
         raise ValueError(f"unknown store URL {url!r}: use memory:// or nats://HOST:PORT")
     import dataclasses
 
-    from kubemoot.store.nats import NatsKV, NatsSettings
+    from kubemoot.settings import NatsSettings
+    from kubemoot.store.nats import NatsKV
 
-    base = nats if nats is not None else NatsSettings.from_env()
+    base = nats if nats is not None else NatsSettings()
     return await NatsKV.connect(dataclasses.replace(base, servers=servers))

@@ -13,7 +13,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from kubemoot.api.provider import DEFAULT_RESERVE_MIB
+from kubemoot.settings import DEFAULT_RESERVE_MIB
 
 PROVIDER_STATE_BUCKET = "kubemoot_provider_state"
 PROVIDER_TICKETS_BUCKET = "kubemoot_provider_tickets"

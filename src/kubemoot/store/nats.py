@@ -23,10 +23,7 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
-import ssl
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import nats
@@ -35,7 +32,7 @@ import nats.js.api
 import nats.js.errors
 
 from kubemoot import metrics
-from kubemoot.api.errors import InputError
+from kubemoot.settings import NatsSettings
 from kubemoot.store._watch import QueueWatch
 from kubemoot.store.masking import mask_servers
 from kubemoot.store.protocol import (
@@ -56,69 +53,6 @@ _MARKER_REASON = "Nats-Marker-Reason"
 _WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream's "wrong last sequence" error codes
 # A lost connection is built again at most this often, whatever reconnect_wait says.
 _MIN_REBUILD_WAIT = 0.2
-
-
-@dataclass(frozen=True, slots=True)
-class NatsSettings:
-    """How to reach NATS. Every field has an environment variable (see :meth:`from_env`)."""
-
-    servers: list[str] = field(default_factory=lambda: ["nats://127.0.0.1:4222"])
-    user: str | None = None
-    password: str | None = None
-    token: str | None = None
-    credentials_file: str | None = None  # a .creds file (JWT + nkey seed)
-    tls_ca: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    name: str = "kubemoot"
-    connect_timeout: float = 2.0
-    # rounds over the server list, at connect and after a disconnect; -1 (or 0) never stops
-    max_reconnect_attempts: int = 120
-    reconnect_wait: float = 0.5
-    request_timeout: float = 5.0  # JetStream API calls and publish acknowledgements
-    # copies of each bucket a JetStream cluster keeps (1, 3 or 5); only used on creation
-    replicas: int = 1
-
-    @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> NatsSettings:
-        """Read ``KUBEMOOT_NATS_*``; ``KUBEMOOT_NATS_URL`` may list servers by commas."""
-        env = os.environ if environ is None else environ
-        urls = [u.strip() for u in env.get("KUBEMOOT_NATS_URL", "").split(",") if u.strip()]
-
-        def opt(name: str) -> str | None:
-            value = env.get(f"KUBEMOOT_NATS_{name}", "").strip()
-            return value or None
-
-        return cls(
-            servers=urls or ["nats://127.0.0.1:4222"],
-            user=opt("USER"),
-            password=opt("PASSWORD"),
-            token=opt("TOKEN"),
-            credentials_file=opt("CREDS"),
-            tls_ca=opt("TLS_CA"),
-            tls_cert=opt("TLS_CERT"),
-            tls_key=opt("TLS_KEY"),
-            replicas=_replicas(opt("REPLICAS")),
-        )
-
-    def tls_context(self) -> ssl.SSLContext | None:
-        """A client TLS context when any TLS file is configured."""
-        if not (self.tls_ca or self.tls_cert or self.tls_key):
-            return None
-        context = ssl.create_default_context(cafile=self.tls_ca)
-        if self.tls_cert:
-            context.load_cert_chain(self.tls_cert, self.tls_key)
-        return context
-
-
-def _replicas(text: str | None) -> int:
-    """``KUBEMOOT_NATS_REPLICAS``: 1 (default), 3 or 5, as JetStream clusters take them."""
-    if text is None:
-        return 1
-    if text not in ("1", "3", "5"):
-        raise InputError(f'KUBEMOOT_NATS_REPLICAS must be 1, 3 or 5, got "{text}"',
-                         field="KUBEMOOT_NATS_REPLICAS")
-    return int(text)
 
 
 @contextlib.contextmanager
@@ -344,7 +278,7 @@ class NatsKV:
     @classmethod
     async def connect(cls, settings: NatsSettings | None = None) -> NatsKV:
         """Connect (raises :class:`StoreUnavailable` when no server answers)."""
-        settings = settings if settings is not None else NatsSettings.from_env()
+        settings = settings if settings is not None else NatsSettings()
 
         connected = False
         made: list[NatsKV] = []  # the store, once built: told when its connection closes

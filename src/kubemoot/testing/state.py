@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kubemoot.runtime.settings import DEFAULTS
+from kubemoot.settings import DEFAULTS
 from kubemoot.store.documents import LoadedModel, ProviderState, Ticket, TicketState
 
 __all__ = ["GIB", "NOW", "gpu", "provider_state", "ticket"]

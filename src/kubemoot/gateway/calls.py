@@ -71,6 +71,27 @@ class CallDesk:
             raise GatewayError(400, "X-Kubemoot-Wait-Budget must be a non-negative number")
         return min(value, self.settings.max_wait_budget_seconds)
 
+    def keep_alive(self, asked: float | None) -> float | int:
+        """The ``keep_alive`` the engine is sent for a client that asked ``asked``.
+
+        Residency is a lease the scheduler must see end (DESIGN §5): a copy the engine
+        drops between two probes is still shown resident, so the next call would be
+        placed on it warm and reload it with memory no ticket holds. So a short
+        keep-alive is raised to the freshness window (probe interval + state cache), and
+        none at all asks for the runtime's ``engine_keep_alive_seconds`` — as the
+        simulator's calls do — since the scheduler's own unloads make room. A negative
+        one (forever) and a long one are bounded by ``--max-keep-alive``. (``keep_alive: 0``
+        with no prompt is the client's unload, answered before any call is placed.)
+        """
+        limit = self.settings.max_keep_alive_seconds
+        if asked is None:
+            return _whole(min(self.runtime.settings.engine_keep_alive_seconds, limit))
+        fresh = self.settings.probe_interval_seconds + self.runtime.settings.state_cache_seconds
+        if asked < 0 or asked > limit:
+            return _whole(limit)
+        # 0 (unload after this call) is short too: the copy would vanish unseen
+        return _whole(max(asked, fresh))
+
     def request(self, req: InferenceRequest, candidates: Sequence[Candidate], *,
                 caller: str, budget: float, left: asyncio.Event) -> CallRequest:
         """The runtime's view of one HTTP call (its prompt estimated, its own checks)."""
@@ -167,11 +188,10 @@ class PlacedCall:
         body["stream"] = req.stream
         if not legacy_embeddings:  # /api/embeddings has no such switch
             body["truncate"] = False  # an over-long prompt must fail, never be cut
-        limit = self.desk.settings.max_keep_alive_seconds
         if p.model in self.desk.pinned.get(p.provider or "", ()):
             body["keep_alive"] = -1  # a pinned copy stays: no call's keep_alive ends it
-        elif req.keep_alive is not None and req.keep_alive > limit:
-            body["keep_alive"] = int(limit)
+        else:
+            body["keep_alive"] = self.desk.keep_alive(req.keep_alive)
         if req.num_ctx is not None and not self._num_ctx_is_budgeted():
             options = dict(body.get("options") or {})
             options.pop("num_ctx", None)
@@ -299,6 +319,14 @@ class PlacedCall:
         finally:
             self.desk.in_flight.discard(self)
             await self.active.close(ok=ok)
+
+
+def _whole(seconds: float) -> float | int:
+    """Seconds as the engine's ``keep_alive``: whole when they are (Ollama's integer
+    form), else rounded up to the millisecond (never below what was meant)."""
+    if float(seconds).is_integer():
+        return int(seconds)
+    return math.ceil(seconds * 1000) / 1000
 
 
 def _compute_seconds(reply: object) -> float:

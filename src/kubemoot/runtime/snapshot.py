@@ -136,7 +136,8 @@ class ProviderSnapshot:
         copies whose keep-alive has not ended."""
         if state is None:
             return None
-        return cls(state=live_state(state, now), tickets=tuple(t for t in tickets if t.expires_at > now))
+        return cls(state=live_state(state, now),
+                   tickets=tuple(t for t in tickets if t.expires_at > now))
 
     @property
     def name(self) -> str:

@@ -38,7 +38,7 @@ from kubemoot.runtime.placement import Action, Candidate
 from kubemoot.runtime.refusals import GpuBusy
 from kubemoot.runtime.settings import GatewaySettings
 
-__all__ = ["CallDesk", "PlacedCall"]
+__all__ = ["CallDesk", "PlacedCall", "error_line", "shutting_down"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ class CallDesk:
     # provider → models pinned there: a call to a pinned copy keeps it loaded
     pinned: Mapping[str, Sequence[str]] = field(default_factory=dict)
     in_flight: set[PlacedCall] = field(default_factory=set)
+    #: Set once the gateway begins to shut down: no call is placed or sent after it.
+    draining: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def calls(self) -> CallService:
@@ -115,9 +117,16 @@ class CallDesk:
         the engine has not answered yet cancels the upstream request (and the ticket
         goes back). Refusals become their HTTP answers here.
         """
-        request = self.request(req, candidates, caller=caller, budget=budget, left=left)
+        if self.draining.is_set():
+            raise shutting_down()
+        # The wait ends when the client leaves or the gateway begins to shut down.
+        ended = asyncio.Event()
+        relay = asyncio.ensure_future(_first_of(ended, left, self.draining))
+        request = self.request(req, candidates, caller=caller, budget=budget, left=ended)
 
         async def send(active: ActiveCall) -> PlacedCall:
+            if self.draining.is_set():  # placed as the drain began: never sent
+                raise shutting_down()
             call = PlacedCall(self, req, active)
             self.in_flight.add(call)
             try:
@@ -132,11 +141,15 @@ class CallDesk:
         try:
             _active, call = await self.calls.start(request, send)
         except CallAbandoned:
+            if self.draining.is_set() and not left.is_set():
+                raise shutting_down() from None
             raise GatewayError(499, "the client went away while its call waited") from None
         except CallRefused as refused:
             raise self._refusal(refused, req, candidates, budget) from None
         except RefusedBeforeSending as refused:  # the second refusal is the answer
             raise GatewayError(502, refused.message, code="provider_error") from None
+        finally:
+            relay.cancel()
         return call
 
     def _refusal(self, refused: CallRefused, req: InferenceRequest,
@@ -276,9 +289,13 @@ class PlacedCall:
                     yield line.encode("utf-8") + b"\n"
             ok = True
         except httpx.HTTPError as error:
+            # The client already has 200 and part of the answer: the last line must say
+            # the answer is incomplete (DESIGN §9), never end as if it were whole.
             ok = False
-            log.warning("stream from %s broke: %s", self.placement.provider, error)
-            raise
+            provider = self.placement.provider
+            log.warning("stream from %s broke: %s", provider, error)
+            yield error_line(f"the stream from provider {provider} broke before the "
+                             f"answer was complete: {type(error).__name__}")
         finally:
             await self.close(ok=ok)
 
@@ -319,6 +336,28 @@ class PlacedCall:
         finally:
             self.desk.in_flight.discard(self)
             await self.active.close(ok=ok)
+
+
+def shutting_down() -> GatewayError:
+    """The answer to a call the gateway will not place because it is shutting down."""
+    return GatewayError(503, "the gateway is shutting down; retry the call",
+                        code="shutdown", headers={"Retry-After": "1"})
+
+
+def error_line(message: str) -> bytes:
+    """A stream's final NDJSON line saying why it ends early (Ollama's error shape)."""
+    return json.dumps({"error": message}).encode() + b"\n"
+
+
+async def _first_of(target: asyncio.Event, *events: asyncio.Event) -> None:
+    """Set ``target`` once any of ``events`` is set."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        target.set()
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 def _whole(seconds: float) -> float | int:

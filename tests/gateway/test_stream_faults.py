@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 import httpx
 import ollama
@@ -76,7 +77,6 @@ async def test_the_drain_refuses_a_waiting_call_at_once_and_lets_the_started_one
     emulator = make_emulator(num_parallel=1, time_scale=1.0, base_latency_s=0.0,
                              per_token_s=0.3)
     [source] = sources({"gpu": emulator})
-    from dataclasses import replace
     gateway = GatewayServer(MemoryKV(SystemClock()), providers=[replace(source, num_parallel=1)],
                             port=0, settings=GatewaySettings(wait_limit_seconds=60.0,
                                                              drain_seconds=60))

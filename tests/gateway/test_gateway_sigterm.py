@@ -68,8 +68,10 @@ async def test_sigterm_releases_the_ticket_of_a_call_in_flight(
             process.wait()
 
 
+@pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions"])
 async def test_sigterm_ends_a_long_stream_with_a_final_error_line(
-        nats: NatsServer, make_emulator: Callable[..., OllamaEmulator]) -> None:  # noqa: F811
+        nats: NatsServer, make_emulator: Callable[..., OllamaEmulator],  # noqa: F811
+        path: str) -> None:
     """Issue 22 fault 3: a stream still running when the grace ends is cut with an error
     line the client's library raises, never a silent 200 that merely stops."""
     # the first word comes at once, the next a minute later: the stream is surely running
@@ -86,16 +88,22 @@ async def test_sigterm_ends_a_long_stream_with_a_final_error_line(
         async with httpx.AsyncClient(timeout=120) as http:
             body = {"model": "small:1b", "stream": True,
                     "messages": [{"role": "user", "content": "hello"}]}
-            async with http.stream("POST", f"{url}/api/chat", json=body) as reply:
-                lines = reply.aiter_lines()
-                first = json.loads(await anext(lines))
+            async with http.stream("POST", f"{url}{path}", json=body) as reply:
+                lines = (line async for line in reply.aiter_lines() if line.strip())
+                first = await anext(lines)
                 process.send_signal(signal.SIGTERM)
-                rest = [line async for line in lines if line.strip()]
+                rest = [line async for line in lines]
             _out, err = await asyncio.to_thread(process.communicate, timeout=60)
-        assert reply.status_code == 200 and first["done"] is False
+        assert reply.status_code == 200 and '"error"' not in first
         assert rest, "the stream ended without a final line"
-        last = json.loads(rest[-1])
-        assert "shut down before the answer was complete" in last["error"], rest
+        if path.startswith("/v1/"):  # an SSE event in OpenAI's error shape
+            assert rest[-1].startswith("data: "), rest
+            error = json.loads(rest[-1].removeprefix("data: "))["error"]
+            assert error["code"] == "shutdown"
+            message = error["message"]
+        else:  # an NDJSON line in Ollama's
+            message = json.loads(rest[-1])["error"]
+        assert "shut down before the answer was complete" in message, rest
         assert process.returncode == 128 + signal.SIGTERM, err
         assert "Traceback" not in err.decode() and "CancelledError" not in err.decode()
         assert await _tickets(nats.url) == []

@@ -318,9 +318,9 @@ class GatewayServer:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self.desk is not None:
-            for call in list(self.desk.in_flight):
-                await call.close(ok=None)
+        # No call of ours is closed here: uvicorn has ended every request by now, and
+        # each ending has its own home that closed its call (the reader's finally, the
+        # stream's cleanup, the open's except); what they started is awaited below.
         if self.stack is not None:
             # and wait (bounded) for releases already under way, a call the shutdown cut
             # among them, before the store closes under them

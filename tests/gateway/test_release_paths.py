@@ -7,10 +7,10 @@ real client and reads the ticket documents, so each release path is held by a te
 of its own; an answer that ended well also counts as a success (the circuit and the
 latency average learn from it), one whose client left does not.
 
-One home each (issue 26 item 7), checked by removing each in turn: the reader's
-``finally`` (``PlacedCall.lines``/``json``) fails the first two tests, the stream's
-cleanup (``_call_stream``) the mid-stream one, the open's ``except`` (``CallDesk.start``)
-``test_hang_up_during_load.py``; the shutdown closes no call of its own.
+One home each (issue 26 item 7): removing any one of the reader's ``finally``
+(``PlacedCall.lines``, ``PlacedCall.json``), the stream's cleanup (``_call_stream``) or
+the open's ``except`` (``CallDesk.start``; held by ``test_hang_up_during_load.py``)
+fails a test; the shutdown closes no call of its own.
 """
 
 from __future__ import annotations

@@ -33,8 +33,9 @@ async def test_a_client_that_hangs_up_during_the_load_leaves_a_warm_copy(
     try:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
             call = asyncio.ensure_future(http.post("/api/chat", json=BODY))
-            await emulator.until(lambda engine: any(
-                c.state is CopyState.LOADING for _m, c in engine.copies()))
+            await emulator.until(lambda engine: bool(engine.copies()))
+            [(_model, copy)] = emulator.engine.copies()
+            assert copy.state is CopyState.LOADING
             call.cancel()  # the client hangs up while the engine loads
             await asyncio.gather(call, return_exceptions=True)
             await finished.until(1)

@@ -16,6 +16,7 @@ from kubemoot.emulation.engine import CopyState
 from kubemoot.gateway import GatewayServer
 from kubemoot.runtime.settings import GatewaySettings
 from kubemoot.store.memory import MemoryKV
+from kubemoot.testing.waiting import wait_until
 from tests.gateway.conftest import OllamaEmulator, finished_calls, live_tickets, sources
 
 BODY = {"model": "medium:7b", "messages": [{"role": "user", "content": "hello"}],
@@ -33,9 +34,10 @@ async def test_a_client_that_hangs_up_during_the_load_leaves_a_warm_copy(
     try:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
             call = asyncio.ensure_future(http.post("/api/chat", json=BODY))
-            await emulator.until(lambda engine: bool(engine.copies()))
-            [(_model, copy)] = emulator.engine.copies()
-            assert copy.state is CopyState.LOADING
+            # the card says when a copy is ready, not when its load starts: look
+            await wait_until(lambda: any(c.state is CopyState.LOADING
+                                         for _m, c in emulator.engine.copies()),
+                             timeout=30, what="the engine loading medium:7b")
             call.cancel()  # the client hangs up while the engine loads
             await asyncio.gather(call, return_exceptions=True)
             await finished.until(1)

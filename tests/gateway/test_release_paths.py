@@ -6,6 +6,11 @@ the engine answered. Each test below drives one of those endings through HTTP wi
 real client and reads the ticket documents, so each release path is held by a test
 of its own; an answer that ended well also counts as a success (the circuit and the
 latency average learn from it), one whose client left does not.
+
+One home each (issue 26 item 7): removing any one of the reader's ``finally``
+(``PlacedCall.lines``, ``PlacedCall.json``), the stream's cleanup (``_call_stream``) or
+the open's ``except`` (``CallDesk.start``; held by ``test_hang_up_during_load.py``)
+fails a test; the shutdown closes no call of its own.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 __all__ = ["Faults", "HostileKind"]
 
 HostileKind = Literal["malformed", "not-json", "wrong-shape", "hostile-values", "nested",
-                      "huge", "truncated"]
+                      "huge", "truncated", "dies-mid-stream"]
 _MIB = 1024 * 1024
 
 
@@ -48,7 +48,20 @@ class _RawTruncated:
                     "more_body": True})
 
 
-def _hostile_response(kind: str) -> Response | _RawTruncated:
+class _DiesMidStream:
+    """An NDJSON stream whose engine dies after its first line: the chunked body never
+    ends (no final chunk), as when an Ollama runner crashes mid-answer."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/x-ndjson")]})
+        await send({"type": "http.response.body", "more_body": True,
+                    "body": b'{"model":"x","created_at":"2024-01-01T00:00:00Z",'
+                            b'"message":{"role":"assistant","content":"Hel"},'
+                            b'"response":"Hel","done":false}\n'})
+
+
+def _hostile_response(kind: str) -> Response | _RawTruncated | _DiesMidStream:
     if kind == "malformed":
         return Response(b'{"models": [{"name": "qwen3:8b", "size_vram": 12',
                         media_type="application/json")
@@ -73,6 +86,8 @@ def _hostile_response(kind: str) -> Response | _RawTruncated:
         return StreamingResponse(chunks(), media_type="application/json")
     if kind == "truncated":
         return _RawTruncated()
+    if kind == "dies-mid-stream":
+        return _DiesMidStream()
     raise ValueError(f"unknown hostile kind {kind!r}")
 
 
@@ -127,7 +142,8 @@ class Faults:
             return await endpoint(request)
         return answer
 
-    async def _answer(self, request: Request) -> Response | _RawTruncated | None:
+    async def _answer(self, request: Request
+                      ) -> Response | _RawTruncated | _DiesMidStream | None:
         fault = self._take(request.url.path)
         if fault is None:
             return None

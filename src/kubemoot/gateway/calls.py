@@ -39,7 +39,7 @@ from kubemoot.runtime.placement import Action, Candidate
 from kubemoot.runtime.refusals import GpuBusy
 from kubemoot.settings import GatewaySettings
 
-__all__ = ["CallDesk", "PlacedCall"]
+__all__ = ["CallDesk", "PlacedCall", "error_line", "shutting_down"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,8 @@ class CallDesk:
     # provider → models pinned there: a call to a pinned copy keeps it loaded
     pinned: Mapping[str, Sequence[str]] = field(default_factory=dict)
     in_flight: set[PlacedCall] = field(default_factory=set)
+    #: Set once the gateway begins to shut down: no call is placed or sent after it.
+    draining: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def calls(self) -> CallService:
@@ -71,6 +73,27 @@ class CallDesk:
         if not math.isfinite(value) or value < 0:
             raise GatewayError(400, "X-Kubemoot-Wait-Budget must be a non-negative number")
         return min(value, self.settings.max_wait_budget_seconds)
+
+    def keep_alive(self, asked: float | None) -> float | int:
+        """The ``keep_alive`` the engine is sent for a client that asked ``asked``.
+
+        Residency is a lease the scheduler must see end (DESIGN §5): a copy the engine
+        drops between two probes is still shown resident, so the next call would be
+        placed on it warm and reload it with memory no ticket holds. So a short
+        keep-alive is raised to the freshness window (probe interval + state cache), and
+        none at all asks for the runtime's ``engine_keep_alive_seconds`` — as the
+        simulator's calls do — since the scheduler's own unloads make room. A negative
+        one (forever) and a long one are bounded by ``--max-keep-alive``. (``keep_alive: 0``
+        with no prompt is the client's unload, answered before any call is placed.)
+        """
+        limit = self.settings.max_keep_alive_seconds
+        if asked is None:
+            return _whole(min(self.runtime.settings.engine_keep_alive_seconds, limit))
+        fresh = self.settings.provider_probe_seconds + self.runtime.settings.state_cache_seconds
+        if asked < 0 or asked > limit:
+            return _whole(limit)
+        # 0 (unload after this call) is short too: the copy would vanish unseen
+        return _whole(max(asked, fresh))
 
     def request(self, req: InferenceRequest, candidates: Sequence[Candidate], *,
                 caller: str, budget: float, left: asyncio.Event) -> CallRequest:
@@ -95,9 +118,16 @@ class CallDesk:
         the engine has not answered yet cancels the upstream request (and the ticket
         goes back). Refusals become their HTTP answers here.
         """
-        request = self.request(req, candidates, caller=caller, budget=budget, left=left)
+        if self.draining.is_set():
+            raise shutting_down()
+        # The wait ends when the client leaves or the gateway begins to shut down.
+        ended = asyncio.Event()
+        relay = asyncio.ensure_future(_first_of(ended, left, self.draining))
+        request = self.request(req, candidates, caller=caller, budget=budget, left=ended)
 
         async def send(active: ActiveCall) -> PlacedCall:
+            if self.draining.is_set():  # placed as the drain began: never sent
+                raise shutting_down()
             call = PlacedCall(self, req, active)
             self.in_flight.add(call)
             try:
@@ -112,11 +142,15 @@ class CallDesk:
         try:
             _active, call = await self.calls.start(request, send)
         except CallAbandoned:
+            if self.draining.is_set() and not left.is_set():
+                raise shutting_down() from None
             raise GatewayError(499, "the client went away while its call waited") from None
         except CallRefused as refused:
             raise self._refusal(refused, req, candidates, budget) from None
         except RefusedBeforeSending as refused:  # the second refusal is the answer
             raise GatewayError(502, refused.message, code="provider_error") from None
+        finally:
+            relay.cancel()
         return call
 
     def _refusal(self, refused: CallRefused, req: InferenceRequest,
@@ -168,11 +202,10 @@ class PlacedCall:
         body["stream"] = req.stream
         if not legacy_embeddings:  # /api/embeddings has no such switch
             body["truncate"] = False  # an over-long prompt must fail, never be cut
-        limit = self.desk.settings.max_keep_alive_seconds
         if p.model in self.desk.pinned.get(p.provider or "", ()):
             body["keep_alive"] = -1  # a pinned copy stays: no call's keep_alive ends it
-        elif req.keep_alive is not None and req.keep_alive > limit:
-            body["keep_alive"] = int(limit)
+        else:
+            body["keep_alive"] = self.desk.keep_alive(req.keep_alive)
         if req.num_ctx is not None and not self._num_ctx_is_budgeted():
             options = dict(body.get("options") or {})
             options.pop("num_ctx", None)
@@ -258,9 +291,13 @@ class PlacedCall:
                     yield line.encode("utf-8") + b"\n"
             ok = True
         except httpx.HTTPError as error:
+            # The client already has 200 and part of the answer: the last line must say
+            # the answer is incomplete (DESIGN §9), never end as if it were whole.
             ok = False
-            log.warning("stream from %s broke: %s", self.placement.provider, error)
-            raise
+            provider = self.placement.provider
+            log.warning("stream from %s broke: %s", provider, error)
+            yield error_line(f"the stream from provider {provider} broke before the "
+                             f"answer was complete: {type(error).__name__}")
         finally:
             await self.close(ok=ok)
 
@@ -304,6 +341,36 @@ class PlacedCall:
 
 
 _JSON_BODY = {"Content-Type": "application/json"}
+
+
+def shutting_down() -> GatewayError:
+    """The answer to a call the gateway will not place because it is shutting down."""
+    return GatewayError(503, "the gateway is shutting down; retry the call",
+                        code="shutdown", headers={"Retry-After": "1"})
+
+
+def error_line(message: str) -> bytes:
+    """A stream's final NDJSON line saying why it ends early (Ollama's error shape)."""
+    return jsoncodec.dumps({"error": message}) + b"\n"
+
+
+async def _first_of(target: asyncio.Event, *events: asyncio.Event) -> None:
+    """Set ``target`` once any of ``events`` is set."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        target.set()
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+def _whole(seconds: float) -> float | int:
+    """Seconds as the engine's ``keep_alive``: whole when they are (Ollama's integer
+    form), else rounded up to the millisecond (never below what was meant)."""
+    if float(seconds).is_integer():
+        return int(seconds)
+    return math.ceil(seconds * 1000) / 1000
 
 
 def _compute_seconds(reply: object) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
@@ -21,9 +22,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kubemoot.clock import Clock, SystemClock
 from kubemoot.gateway.access import AccessLog
 from kubemoot.gateway.app import GatewayApp, VirtualModels
-from kubemoot.gateway.calls import CallDesk
+from kubemoot.gateway.calls import CallDesk, error_line, shutting_down
 from kubemoot.gateway.config import ProviderSource
-from kubemoot.gateway.errors import GatewayError, error_response
+from kubemoot.gateway.errors import error_response
 from kubemoot.gateway.guard import Guard, GuardPolicy
 from kubemoot.gateway.health import GatewayHealth
 from kubemoot.gateway.keys import ApiKeys
@@ -314,7 +315,11 @@ class GatewayServer:
         await self._web.wait()
 
     async def stop(self) -> None:
-        """Stop serving, then release what the calls still hold, then close clients."""
+        """Stop placing calls, let started replies drain, release what the calls still
+        hold, then close clients."""
+        if self.desk is not None:
+            # at once: calls waiting for capacity are answered 503, none is sent now
+            self.desk.draining.set()
         await self._web.stop()
         if self.health is not None:
             await self.health.stop()
@@ -322,9 +327,9 @@ class GatewayServer:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self.desk is not None:
-            for call in list(self.desk.in_flight):
-                await call.close(ok=None)
+        # No call of ours is closed here: uvicorn has ended every request by now, and
+        # each ending has its own home that closed its call (the reader's finally, the
+        # stream's cleanup, the open's except); what they started is awaited below.
         if self.stack is not None:
             # and wait (bounded) for releases already under way, a call the shutdown cut
             # among them, before the store closes under them
@@ -352,15 +357,17 @@ def _answer_when_cut(app: ASGIApp) -> ASGIApp:
     balancer in front of several replicas) should rather learn that this replica is
     going away and that retrying elsewhere is fine.
     """
-    cut = GatewayError(503, "the gateway is shutting down; retry the call", code="shutdown",
-                       headers={"Retry-After": "1"})
+    cut = shutting_down()
 
     async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
         started = False
+        media_type = ""
 
         async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
+            nonlocal started, media_type
+            if message["type"] == "http.response.start":
+                started = True
+                media_type = _media_type(message)
             await send(message)
 
         try:
@@ -370,9 +377,35 @@ def _answer_when_cut(app: ASGIApp) -> ASGIApp:
                 answer = error_response(cut, openai=str(scope["path"]).startswith("/v1/"))
                 with contextlib.suppress(Exception):
                     await answer(scope, receive, send)
+            elif scope["type"] == "http" and (last := _cut_stream_line(media_type)):
+                # a stream already under way: its last chunk says it was cut (DESIGN §9)
+                with contextlib.suppress(Exception):
+                    await send({"type": "http.response.body", "body": last,
+                                "more_body": False})
             raise
 
     return guarded
+
+
+_CUT = "the gateway shut down before the answer was complete; retry the call"
+
+
+def _media_type(start: Message) -> str:
+    for name, value in start.get("headers", ()):
+        if bytes(name).lower() == b"content-type":
+            return bytes(value).decode("latin-1").split(";")[0].strip().lower()
+    return ""
+
+
+def _cut_stream_line(media_type: str) -> bytes | None:
+    """The final chunk of a stream the shutdown cuts, in its own framing (None: the
+    reply is no stream, and a cut body is all a client can be told)."""
+    if media_type == "application/x-ndjson":
+        return error_line(_CUT)
+    if media_type == "text/event-stream":
+        error = {"error": {"message": _CUT, "type": "server_error", "code": "shutdown"}}
+        return f"data: {json.dumps(error, separators=(',', ':'))}\n\n".encode()
+    return None
 
 
 def _install_once(logger: logging.Logger, kind: type[logging.Filter]) -> None:

@@ -191,6 +191,10 @@ class RefusedBeforeSending(Exception):
         self.call: ActiveCall | None = None
 
 
+#: How long a placement round may outlive the end of its call's wait before it is cut.
+_ROUND_OVERRUN_SECONDS = 0.5
+
+
 class _WaitEnds:
     """The waiter's signals for one call: when the call joins a line, a task starts
     that ends the wait at the budget or when the caller's ``done`` is set. A call
@@ -204,7 +208,10 @@ class _WaitEnds:
         self._forward = forward
         self.done = asyncio.Event()
         self.joined = False
+        #: The wait was cut because a placement round outlived the end of the wait.
+        self.cut = False
         self._task: asyncio.Future[None] | None = None
+        self._placing = asyncio.current_task()  # the caller's task, placing the call
         if (stop is not None and stop.is_set()) or (budget is not None and budget <= 0):
             self.done.set()  # nothing to wait for: a busy answer is final at once
 
@@ -231,6 +238,13 @@ class _WaitEnds:
             for end in ends:
                 end.cancel()
         self.done.set()
+        # The waiter sees ``done`` between its rounds. A round blocked on a store that
+        # does not answer would overrun the budget by a store timeout per operation,
+        # so one still running a moment after the end is cut.
+        await self._clock.sleep(_ROUND_OVERRUN_SECONDS)
+        if self._placing is not None and not self._placing.done():
+            self.cut = True
+            self._placing.cancel()
 
     async def close(self) -> None:
         if self._task is not None:
@@ -415,6 +429,12 @@ class CallService:
                     prompt_tokens=request.prompt_tokens, signals=ends,
                     done=ends.done if bounded else None,
                     ticket_state=request.ticket_state, exclude=exclude)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not ends.cut or task is None or task.uncancel() > 0:
+                raise  # cancelled by someone else too: that cancellation stands
+            raise StoreError("placing the call outlived its wait budget: the shared "
+                             "store does not answer") from None
         finally:
             await ends.close()
         if request.abandon_when_done and request.done is not None and request.done.is_set():

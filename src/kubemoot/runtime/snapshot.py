@@ -14,6 +14,32 @@ from dataclasses import dataclass, field
 from kubemoot.settings import DEFAULTS
 from kubemoot.store.documents import ProviderState, Ticket, TicketState
 
+#: How far ahead a copy's engine expiry already counts as passed. A warm call reaches
+#: the engine a moment after it is placed; a copy whose keep-alive ends within that
+#: moment may be gone when it arrives, and the engine would then reload it with memory
+#: no ticket holds (DESIGN §5, residency is a lease with an end).
+EXPIRY_MARGIN_SECONDS = 1.0
+
+
+def live_state(state: ProviderState, now: float) -> ProviderState:
+    """``state`` without the copies whose engine keep-alive has ended by ``now`` (or
+    ends within :data:`EXPIRY_MARGIN_SECONDS`); the same object when none has.
+
+    The engine unloads such a copy on its own timer, between two probes: treating it as
+    warm would place a call on a copy that is no longer there.
+    """
+    horizon = now + EXPIRY_MARGIN_SECONDS
+    kept = [m for m in state.loaded_models if m.expires_at is None or m.expires_at > horizon]
+    if len(kept) == len(state.loaded_models):
+        return state
+    return state.model_copy(update={"loaded_models": kept})
+
+
+def next_expiry(state: ProviderState) -> float | None:
+    """When the next copy in ``state`` stops counting as resident (None: never)."""
+    ends = [m.expires_at for m in state.loaded_models if m.expires_at is not None]
+    return min(ends) - EXPIRY_MARGIN_SECONDS if ends else None
+
 
 @dataclass(frozen=True, slots=True)
 class ProviderSnapshot:
@@ -114,10 +140,12 @@ class ProviderSnapshot:
     def of_documents(
         cls, state: ProviderState | None, tickets: Iterable[Ticket], now: float
     ) -> ProviderSnapshot | None:
-        """The provider as a claim sees it: its documents, tickets active at ``now``."""
+        """The provider as a claim sees it: its documents, tickets active at ``now``,
+        copies whose keep-alive has not ended."""
         if state is None:
             return None
-        return cls(state=state, tickets=tuple(t for t in tickets if t.expires_at > now))
+        return cls(state=live_state(state, now),
+                   tickets=tuple(t for t in tickets if t.expires_at > now))
 
     @property
     def residents(self) -> dict[str, int]:

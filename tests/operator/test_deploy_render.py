@@ -190,15 +190,13 @@ def test_the_crds_are_their_own_kustomization_and_the_overlays_leave_them_out() 
 
 
 def render_path(path: Path) -> list[dict[str, Any]]:
-    import shutil
     import subprocess
 
     import yaml
 
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed")
-    done = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
+    from tests.ci import kubectl
+
+    done = subprocess.run([kubectl(), "kustomize", str(path)], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +24,7 @@ from kubemoot.operator.probe import VRAM_TOTAL_ANNOTATION
 from kubemoot.operator.rbac import crew_rbac, crew_rbac_yaml
 from kubemoot.scheduling.archetypes import CONSENT_3
 from kubemoot.scheduling.scheduler import schedule_bundle
-from tests.ci import cannot_run
+from tests.ci import kubectl
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 OVERLAYS = ["dev", "prod", "prod-tls"]
@@ -33,11 +32,8 @@ NOW = datetime(2026, 5, 15, 12, 0, tzinfo=UTC)
 
 
 def render(overlay: str) -> list[dict[str, Any]]:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        cannot_run("kubectl is not installed (.ci/run installs it)")
     done = subprocess.run(
-        [kubectl, "kustomize", str(DEPLOY / "overlays" / overlay)],
+        [kubectl(), "kustomize", str(DEPLOY / "overlays" / overlay)],
         capture_output=True, text=True, timeout=60, check=False,
     )
     assert done.returncode == 0, done.stderr

@@ -180,6 +180,9 @@ async def test_agents_started_without_provider_state_probe_directly_then_follow_
                                await states.keys())
 
             await until_stored(states, withdrawn, timeout=30, what="direct state withdrawn")
+            for agent in path.agents.values():  # each reads the operator's state in its tick
+                await agent.until_line(lambda line: STATIC_LINE in line and any(
+                    f"on {gpu}" in line for gpu in path.gpus))
             await path.stop_all()
             lines = {name: "".join(agent.lines) for name, agent in path.agents.items()}
     finally:

@@ -176,14 +176,21 @@ class AgentProcess:
 
     async def ready(self) -> None:
         """Wait for the process's ready line (it has joined its crew)."""
+        await self.until_line(lambda line: READY_LINE in line)
+
+    async def until_line(self, wanted: Callable[[str], bool], timeout: float = 60.0) -> str:
+        """Read the process's lines until one is ``wanted`` (or seen already); return it."""
         assert self.process.stderr is not None
+        for line in self.lines:
+            if wanted(line):
+                return line
         while True:
-            raw = await asyncio.wait_for(self.process.stderr.readline(), 60.0)
+            raw = await asyncio.wait_for(self.process.stderr.readline(), timeout)
             if not raw:
                 raise AssertionError("kubemoot agent exited:\n" + "".join(self.lines))
             self.lines.append(raw.decode())
-            if READY_LINE in self.lines[-1]:
-                return
+            if wanted(self.lines[-1]):
+                return self.lines[-1]
 
     async def stop(self) -> int:
         if self.process.returncode is None:

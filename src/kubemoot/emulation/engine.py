@@ -280,7 +280,8 @@ class OllamaEngine:
         self._events.append(events)
 
     def on_residency_change(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` whenever the set of offered copies changes."""
+        """Call ``listener`` whenever what ``/api/ps`` shows changes: the set of offered
+        copies, or when a copy's keep-alive now ends (renewed as it turns idle)."""
         self._listeners.append(listener)
 
     def on_change(self, listener: Callable[[], None]) -> None:
@@ -462,6 +463,9 @@ class OllamaEngine:
             self._start_unload(copy, UnloadReason.UNLOADED)
             return
         copy.expires_at = now + copy.keep_alive
+        # A state document written from /api/ps must show the renewed end: a reader that
+        # judges residency by it would otherwise see a copy in use as lapsed.
+        self._residency_changed()
         copy.idle_token += 1
         if math.isfinite(copy.keep_alive):
             asyncio.get_running_loop().create_task(

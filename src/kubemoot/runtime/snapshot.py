@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from kubemoot.settings import DEFAULTS
@@ -21,15 +21,19 @@ from kubemoot.store.documents import ProviderState, Ticket, TicketState
 EXPIRY_MARGIN_SECONDS = 1.0
 
 
-def live_state(state: ProviderState, now: float) -> ProviderState:
+def live_state(state: ProviderState, now: float,
+               busy: Collection[str] = ()) -> ProviderState:
     """``state`` without the copies whose engine keep-alive has ended by ``now`` (or
     ends within :data:`EXPIRY_MARGIN_SECONDS`); the same object when none has.
 
     The engine unloads such a copy on its own timer, between two probes: treating it as
-    warm would place a call on a copy that is no longer there.
+    warm would place a call on a copy that is no longer there. A copy in ``busy`` (a
+    call holds a ticket on it) stays: the engine never unloads a copy a request uses,
+    and renews its keep-alive when the request ends.
     """
     horizon = now + EXPIRY_MARGIN_SECONDS
-    kept = [m for m in state.loaded_models if m.expires_at is None or m.expires_at > horizon]
+    kept = [m for m in state.loaded_models
+            if m.expires_at is None or m.expires_at > horizon or m.name in busy]
     if len(kept) == len(state.loaded_models):
         return state
     return state.model_copy(update={"loaded_models": kept})
@@ -144,8 +148,8 @@ class ProviderSnapshot:
         copies whose keep-alive has not ended."""
         if state is None:
             return None
-        return cls(state=live_state(state, now),
-                   tickets=tuple(t for t in tickets if t.expires_at > now))
+        active = tuple(t for t in tickets if t.expires_at > now)
+        return cls(state=live_state(state, now, {t.model for t in active}), tickets=active)
 
     @property
     def residents(self) -> dict[str, int]:

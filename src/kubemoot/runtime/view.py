@@ -349,7 +349,8 @@ class ProviderView:
         ):
             return None  # same documents, no ticket lapsed since: same snapshot
         active = tuple(tickets.active(now)) if tickets is not None else ()
-        shown = live_state(state, now)  # a copy past its keep-alive is not resident
+        # a copy past its keep-alive is not resident, unless a call runs on it
+        shown = live_state(state, now, {t.model for t in active})
         if unreadable:  # never free memory: nothing is placed there until it reads again
             shown = state.model_copy(
                 update={"ready": False, "reason": "its ticket document is unreadable"}

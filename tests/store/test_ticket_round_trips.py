@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -64,8 +64,9 @@ class CountingBucket:
 class Setup:
     def __init__(
         self, tickets: CountingBucket, states: CountingBucket, manager: TicketManager,
-        clock: Clock,
+        clock: Clock, age: Callable[[float], Awaitable[None]],
     ) -> None:
+        self.age = age  # let seconds pass on the manager's clock
         self.tickets = tickets
         self.states = states
         self.manager = manager
@@ -84,7 +85,7 @@ async def counted(store: StoreUnderTest) -> AsyncIterator[Setup]:
     tickets = CountingBucket(await store.bucket("tickets"))
     states = CountingBucket(await store.bucket("states"))
     manager = TicketManager(tickets, states, clock=store.clock, rng=random.Random(3))
-    setup = Setup(tickets, states, manager, store.clock)
+    setup = Setup(tickets, states, manager, store.clock, store.age)
     await setup.publish(provider_state(PROVIDER, usable_mib=16 * GIB))
     # One claim and release first: from then on the manager holds the document it wrote.
     ticket = await manager.claim(PROVIDER, "warm-up", GIB, "h")
@@ -158,3 +159,28 @@ async def test_a_lost_race_decides_again_on_the_stored_state(counted: Setup) -> 
         await counted.manager.claim(PROVIDER, "a", 4 * GIB, "h", provider_state=outdated)
     assert counted.states.calls["get"] >= 1
     assert [t.model for t in await counted.manager.active(PROVIDER)] == ["small"]
+
+
+async def test_after_a_lost_race_the_kept_copy_waits_its_turn_in_the_next_operation(
+    counted: Setup,
+) -> None:
+    # Another process writes, so this manager's kept copy is stale: its claim loses the
+    # race on it, then reads and wins.
+    other = TicketManager(counted.tickets.inner, counted.states.inner, clock=counted.clock)
+    await other.claim(PROVIDER, "small", 0, "other")
+    known = provider_state(PROVIDER, usable_mib=16 * GIB)
+    ticket = await counted.manager.claim(PROVIDER, "a", GIB, "h", provider_state=known)
+    assert counted.tickets.calls == Counter(get=1, update=2)
+    # Its release is an operation of its own; having lost lately, the manager does not
+    # write on the copy it kept (that would beat every process that must read first):
+    # it steps aside and reads.
+    counted.reset()
+    await counted.manager.release(PROVIDER, ticket.ticket_id)
+    assert counted.tickets.calls == Counter(get=1, update=1)
+    assert [t.model for t in await counted.manager.active(PROVIDER)] == ["small"]
+    # The second time, the race long past: one write on the kept copy, no read.
+    await counted.age(1.0)
+    counted.reset()
+    ticket = await counted.manager.claim(PROVIDER, "a", GIB, "h", provider_state=known)
+    await counted.manager.release(PROVIDER, ticket.ticket_id)
+    assert counted.tickets.calls == Counter(update=2)

@@ -92,6 +92,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _RELEASE_PATIENCE = 16  # a release may lose this many times more races than a claim
+_CONTENDED_TURNS = 4  # a lane counts as contended for this many backoff caps after a loss
 
 class ClaimOptions(TypedDict, total=False):
     """The optional arguments of :meth:`TicketManager.claim`, for callers that pass them on."""
@@ -154,6 +155,8 @@ class _Lane:
     # The document as this lane last wrote it: the next batch tries its CAS on it
     # without reading first; a lost race drops it and the next attempt reads.
     cached: tuple[ProviderTickets, int] | None = None
+    # When this lane last lost a race (on the injected clock); None: never.
+    lost_at: float | None = None
 
 
 class TicketManager:
@@ -355,6 +358,16 @@ class TicketManager:
         conflicts = 0
         outages = 0  # store failures in a row (no leader, timeouts): back off longer
         while lane.pending:
+            if lane.cached is not None and self._contended(lane):
+                # A winner holding the fresh revision would win again and again (the
+                # losers must read first), also across operations: one claimer per
+                # process releases and claims again in tasks of their own. Under recent
+                # contention step aside briefly and read anew instead.
+                lane.cached = None
+                await self._clock.sleep(
+                    self._rng.uniform(self._backoff_base * 2, self._backoff_base * 6)
+                )
+                continue
             batch = list(lane.pending)
             cached, lane.cached = lane.cached, None
             if any(op.reread for op in batch):
@@ -397,6 +410,7 @@ class TicketManager:
                     op.reread = op.reread or op.kind is OpKind.CLAIM
                 if isinstance(error, RevisionMismatch | KeyExists):
                     metrics.CAS_CONFLICTS.inc()
+                    lane.lost_at = self._clock.now()
                 if cached is not None and isinstance(error, RevisionMismatch | KeyExists):
                     continue  # the cached copy was stale: read and decide again, no penalty
                 conflicts += 1
@@ -419,13 +433,6 @@ class TicketManager:
             for op in batch:
                 if id(op) not in retry:
                     self._finish(lane, op, result=results.get(id(op)))
-            if conflicts and lane.pending:
-                # Under contention a winner holding the fresh revision would win again and
-                # again (the others must read first): step aside briefly and read anew.
-                lane.cached = None
-                await self._clock.sleep(
-                    self._rng.uniform(self._backoff_base * 2, self._backoff_base * 6)
-                )
             conflicts = max(0, conflicts - 1)
 
     async def _read_for(
@@ -453,10 +460,20 @@ class TicketManager:
         )
         return document, revision, state
 
+    def _contended(self, lane: _Lane) -> bool:
+        """Whether the lane lost a race lately (within the backoff cap, a few turns)."""
+        return lane.lost_at is not None and (
+            self._clock.now() - lane.lost_at < self._backoff_cap * _CONTENDED_TURNS
+        )
+
     def _backoff(self, conflicts: int) -> float:
-        # Jittered so losers do not collide again in lockstep, and *shorter* the more a
-        # lane has lost in a row: the longest waiter gets the next turn, not the newest.
-        ceiling = min(self._backoff_cap, self._backoff_base * 4 / max(1, conflicts))
+        # Jittered so losers do not collide again in lockstep, and *longer* the more a
+        # lane has lost in a row (doubling to the cap). A shrinking wait was tried for the
+        # longest waiter's sake: with twenty processes it had every loser retry within a
+        # millisecond, each retry moved the revision away from the others, and the
+        # provider served ~35 claims/s (bench/kv.py); spreading the retries out lets a
+        # read survive until its write lands.
+        ceiling = min(self._backoff_cap, self._backoff_base * 2 ** min(conflicts, 30))
         return self._rng.uniform(0.0, ceiling)
 
     def _outage_backoff(self, outages: int) -> float:

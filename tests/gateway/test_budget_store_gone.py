@@ -15,8 +15,8 @@ import pytest
 from kubemoot.clock import SystemClock
 from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.gateway import GatewayServer
-from kubemoot.settings import GatewaySettings
-from kubemoot.store.nats import NatsKV, NatsSettings
+from kubemoot.settings import GatewaySettings, NatsSettings
+from kubemoot.store.nats import NatsKV
 from kubemoot.testing.nats_server import NatsServer
 from kubemoot.testing.waiting import wait_until
 from tests.gateway.conftest import SMALL, sources

@@ -119,6 +119,31 @@ class _ClientLeft(logging.Filter):
         return not (record.exc_info and isinstance(record.exc_info[1], ClientDisconnect))
 
 
+class _HeaderTimer:
+    """One connection's header deadline: armed when it waits for a header, disarmed
+    when the header is in; ``expired`` runs when the deadline passes first."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, deadline: float,
+                 expired: Callable[[], None]) -> None:
+        self._loop = loop
+        self._deadline = deadline
+        self._expired = expired
+        self._handle: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        self.disarm()
+        self._handle = self._loop.call_later(self._deadline, self._fire)
+
+    def disarm(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._expired()
+
+
 class _HeaderDeadline(H11Protocol):
     """uvicorn's HTTP/1.1 protocol with a deadline for each request's header.
 
@@ -130,37 +155,27 @@ class _HeaderDeadline(H11Protocol):
     """
 
     deadline: float = HEADER_TIMEOUT_SECONDS
-    _header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[arg-type]
-        self._arm()
+        self._timer = _HeaderTimer(self.loop, self.deadline, self._too_slow)
+        self._timer.arm()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:
-            self._disarm()  # the header is in: the request's own handling takes over
+            self._timer.disarm()  # the header is in: the request's own handling takes over
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing():
-            self._arm()  # the next request on this connection gets the same deadline
+            self._timer.arm()  # the next request on this connection gets the same deadline
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self._timer.disarm()
         super().connection_lost(exc)
 
-    def _arm(self) -> None:
-        self._disarm()
-        self._header_timer = self.loop.call_later(self.deadline, self._too_slow)
-
-    def _disarm(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
     def _too_slow(self) -> None:
-        self._header_timer = None
         if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
             self.transport.close()
 
@@ -178,40 +193,30 @@ if HttpToolsProtocol is not None:
         """
 
         deadline: float = HEADER_TIMEOUT_SECONDS
-        _header_timer: asyncio.TimerHandle | None = None
         _headers_in = 0
         _replies_out = 0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._arm()
+            self._timer = _HeaderTimer(self.loop, self.deadline, self._too_slow)
+            self._timer.arm()
 
         def on_headers_complete(self) -> None:
             self._headers_in += 1
-            self._disarm()  # the header is in: the request's own handling takes over
+            self._timer.disarm()  # the header is in: the request's own handling takes over
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:
             self._replies_out += 1
             super().on_response_complete()
             if not self.transport.is_closing() and self._headers_in == self._replies_out:
-                self._arm()  # the next request on this connection gets the same deadline
+                self._timer.arm()  # the next request on this connection gets the same deadline
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
+            self._timer.disarm()
             super().connection_lost(exc)
 
-        def _arm(self) -> None:
-            self._disarm()
-            self._header_timer = self.loop.call_later(self.deadline, self._too_slow)
-
-        def _disarm(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
         def _too_slow(self) -> None:
-            self._header_timer = None
             if self._headers_in == self._replies_out and not self.transport.is_closing():
                 self.transport.close()
 

@@ -37,7 +37,7 @@ from kubemoot.agent.discussion import AgentProfile
 from kubemoot.agent.pool import ClientFactory
 from kubemoot.agent.remote import CrewCoordinator, CrewMember, CrewRef
 from kubemoot.agent.runtime import CallRecord, StaticTarget
-from kubemoot.agent.spec_env import enabled_tools, prompt_source
+from kubemoot.agent.spec_env import enabled_tools, json_list, prompt_source
 from kubemoot.agent.toolloop import Tool
 from kubemoot.agent.wiring import build_stack
 from kubemoot.api import Phase
@@ -114,19 +114,8 @@ class AgentIdentity:
 
 
 def _candidates(env: Mapping[str, str], variable: str) -> tuple[Candidate, ...]:
-    text = env.get(variable, "").strip()
-    if not text:
-        return ()
-    try:
-        items = json.loads(text)
-    except ValueError as error:
-        raise InputError(f"is not JSON: {error}", field=variable) from None
-    if not isinstance(items, list):
-        raise InputError('must be a JSON list like [{"model":"qwen3:14b","score":70}]',
-                         field=variable)
-    if len(items) > MAX_CANDIDATES:
-        raise InputError(f"lists {len(items)} candidates; at most {MAX_CANDIDATES}",
-                         field=variable)
+    items = json_list(env, variable, example='[{"model":"qwen3:14b","score":70}]',
+                      limit=MAX_CANDIDATES, what="candidates")
     out: list[Candidate] = []
     for index, item in enumerate(items):
         where = f"{variable}[{index}]"

@@ -25,6 +25,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kubemoot.agent.toolloop import Tool
 from kubemoot.api.errors import InputError
@@ -49,18 +50,27 @@ MAX_NAMES = 64  # far more than an Agent lists; bounds a malformed variable
 MAX_PROMPT_BYTES = 256 * 1024  # a system prompt, not a corpus
 
 
-def _names(env: Mapping[str, str], variable: str) -> tuple[str, ...]:
+def json_list(env: Mapping[str, str], variable: str, *, example: str, limit: int,
+              what: str) -> list[Any]:
+    """The JSON list in ``variable`` ([] when unset), at most ``limit`` entries; a clear
+    InputError naming the variable otherwise."""
     text = env.get(variable, "").strip()
     if not text:
-        return ()
+        return []
     try:
         items = json.loads(text)
     except ValueError as error:
         raise InputError(f"is not JSON: {error}", field=variable) from None
     if not isinstance(items, list):
-        raise InputError('must be a JSON list of names like ["kubectl_get"]', field=variable)
-    if len(items) > MAX_NAMES:
-        raise InputError(f"lists {len(items)} names; at most {MAX_NAMES}", field=variable)
+        raise InputError(f"must be a JSON list like {example}", field=variable)
+    if len(items) > limit:
+        raise InputError(f"lists {len(items)} {what}; at most {limit}", field=variable)
+    return items
+
+
+def _names(env: Mapping[str, str], variable: str) -> tuple[str, ...]:
+    items = json_list(env, variable, example='["kubectl_get"]', limit=MAX_NAMES,
+                      what="names")
     names: list[str] = []
     for index, item in enumerate(items):
         if not isinstance(item, str) or not item.strip():

@@ -50,6 +50,7 @@ from tests.operator.conftest import (
     _watches_open,
     declare_resources,
     eventually,
+    settle,
 )
 
 pytestmark = pytest.mark.nats
@@ -230,7 +231,21 @@ class ClusterPath:
         self.prompts = prompts
 
     async def bound(self) -> None:
-        """Wait until every Agent is bound and its Deployment carries the binding."""
+        """Wait until every Agent is bound, its Deployment carries the binding, and the
+        operator is idle with both providers probed.
+
+        kopf's watches deliver the kinds in no fixed order: an Agent seen before the last
+        Model or a provider's first probe is bound, then bound again when those arrive (an
+        input changed, DESIGN §4). A test that read the env before that read a binding
+        about to change (one CI run in ten).
+        """
+
+        def probed() -> bool:
+            return all(self.cluster.condition("ModelProvider", name, "Ready").get("status")
+                       == "True" for name in self.gpus)
+
+        await eventually(probed, what="both providers probed ready")
+        await settle(self.cluster)
         for name in AGENTS:
             await eventually(
                 lambda name=name: "KUBEMOOT_TRIAGE_MODEL_MODEL_ID" in container_env(

@@ -110,5 +110,7 @@ async def build_stack(
     await runtime.start()
     runtime.calls.after_load = after_call
     agents = AgentRuntime(calls=runtime.calls, selection=runtime.selection,
-                          pool=ChatPool(client_factory), limits=limits)
+                          pool=ChatPool(client_factory,
+                                        keep_alive=settings.engine_keep_alive_seconds),
+                          limits=limits)
     return RuntimeStack(runtime, agents)

@@ -481,6 +481,7 @@ class OllamaProvider:
         num_ctx: int | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         options: Mapping[str, Any] | None = None,
+        keep_alive: float | None = None,
     ) -> ChatResult:
         """One non-streaming ``/api/chat``; ``num_ctx`` goes into ``options``."""
         merged: dict[str, Any] = dict(options or {})
@@ -492,7 +493,7 @@ class OllamaProvider:
                 lambda: self._client.chat(
                     model=model, messages=list(messages),
                     tools=list(tools) if tools else None,
-                    options=merged or None, stream=False,
+                    options=merged or None, stream=False, keep_alive=keep_alive,
                 ),
             )
         try:

@@ -160,8 +160,11 @@ class ProviderClient(Protocol):
         num_ctx: int | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         options: Mapping[str, Any] | None = None,
+        keep_alive: float | None = None,
     ) -> ChatResult:
-        """One non-streaming chat call; ``num_ctx`` is the per-request context."""
+        """One non-streaming chat call; ``num_ctx`` is the per-request context and
+        ``keep_alive`` (seconds) how long the engine keeps the model after it (None:
+        the engine's default)."""
         ...
 
     async def close(self) -> None:

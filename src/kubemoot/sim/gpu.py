@@ -243,6 +243,7 @@ class EmulatedGpu:
         num_ctx: int | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         options: Mapping[str, Any] | None = None,
+        keep_alive: float | None = None,
     ) -> ChatResult:
         duration = float((options or {}).get("simDurationSeconds", 1.0))
         served = await self.serve_prompt(model, duration, num_ctx=num_ctx)

@@ -15,7 +15,7 @@ from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime.held_plans import SelectionPlanner
-from kubemoot.runtime.placement import Action, Candidate
+from kubemoot.runtime.placement import Action, CandidateModel
 from kubemoot.settings import RuntimeSettings
 from kubemoot.sim.vloop import run_virtual
 from kubemoot.store.documents import (
@@ -122,7 +122,7 @@ async def test_a_running_call_renews_its_ticket_until_it_ends(
         call = asyncio.create_task(stack.agents.call(
             agent="crew/a", thread_id="t1", phase="mulling",
             messages=[{"role": "user", "content": "hello"}],
-            candidates=[Candidate("long:1b", 50.0)], wait=False,
+            candidates=[CandidateModel("long:1b", 50.0)], wait=False,
         ))
 
         changes = (await kv.bucket(PROVIDER_TICKETS_BUCKET)).watch()

@@ -38,7 +38,7 @@ from kubemoot.agent.signals import (
 )
 from kubemoot.agent.toolloop import Tool
 from kubemoot.api import Phase
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.runtime.refusals import Reason
 from kubemoot.settings import DEFAULTS
 
@@ -69,8 +69,8 @@ class AgentProfile:
 
     id: str  # namespace/name
     role: str  # coordinator, tooler, analyst…
-    mulling: tuple[Candidate, ...]  # preferred first, as the control plane published
-    triage: tuple[Candidate, ...] = ()
+    mulling: tuple[CandidateModel, ...]  # preferred first, as the control plane published
+    triage: tuple[CandidateModel, ...] = ()
     mulling_static: StaticTarget | None = None
     triage_static: StaticTarget | None = None
     system_prompt: str = "You are a member of an engineering crew."

@@ -51,7 +51,7 @@ from kubemoot.agent.signals import (
     SignalSink,
     SignalType,
 )
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.settings import Settings
 from kubemoot.store.bus import Bus, BusError, Message, Subscription
 from kubemoot.store.keys import encode_token
@@ -180,7 +180,7 @@ def _profile_to_wire(profile: AgentProfile) -> dict[str, Any]:
 def _profile_from_wire(body: dict[str, Any]) -> AgentProfile:
     return AgentProfile(
         id=str(body["id"]), role=str(body["role"]),
-        mulling=tuple(Candidate(str(c["model"]), float(c["score"]))
+        mulling=tuple(CandidateModel(str(c["model"]), float(c["score"]))
                       for c in body.get("mulling") or ()),
         unschedulable={str(k): str(v) for k, v in (body.get("unschedulable") or {}).items()},
     )

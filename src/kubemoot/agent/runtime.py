@@ -39,7 +39,7 @@ from kubemoot.runtime.calls import (
     RefusedBeforeSending,
 )
 from kubemoot.runtime.held_plans import SelectionPlanner
-from kubemoot.runtime.placement import Action, CallPlacement, Candidate
+from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
 from kubemoot.runtime.refusals import GpuBusy, Refusal
 from kubemoot.runtime.tokens import TokenEstimator
 
@@ -192,13 +192,13 @@ class AgentRuntime:
         thread_id: str,
         phase: str,
         messages: Sequence[Mapping[str, Any]],
-        candidates: Sequence[Candidate],
+        candidates: Sequence[CandidateModel],
         tools: Sequence[Tool] = (),
         wait: bool,
         done: asyncio.Event | None = None,
         sink: SignalSink | None = None,
         static: StaticTarget | None = None,
-        fallbacks: Sequence[Candidate] = (),
+        fallbacks: Sequence[CandidateModel] = (),
         held_plan: bool = False,
         settings: CallSettings | None = None,
     ) -> CallOutcome:
@@ -238,7 +238,7 @@ class AgentRuntime:
 
     def _placer(
         self, agent: str, thread_id: str, request: CallRequest, *, held_plan: bool,
-        wait: bool, static: StaticTarget | None, fallbacks: Sequence[Candidate],
+        wait: bool, static: StaticTarget | None, fallbacks: Sequence[CandidateModel],
     ) -> Callable[[str, Collection[str]], Any] | None:
         """The agent's own way to place, or None for the service's waiter."""
         first_try = [held_plan]
@@ -265,7 +265,7 @@ class AgentRuntime:
         holder: str,
         request: CallRequest,
         static: StaticTarget | None,
-        fallbacks: Sequence[Candidate],
+        fallbacks: Sequence[CandidateModel],
         *,
         exclude: Collection[str] = (),
     ) -> CallPlacement:

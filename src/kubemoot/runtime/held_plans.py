@@ -35,7 +35,7 @@ from kubemoot.providers.protocol import ProviderError
 from kubemoot.runtime import filters
 from kubemoot.runtime.faults import tolerated
 from kubemoot.runtime.lease import Lease
-from kubemoot.runtime.placement import Action, CallPlacement, Candidate
+from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.tickets import TicketGone
 from kubemoot.store.documents import TicketState
@@ -97,7 +97,7 @@ class SelectionPlanner:
         self,
         agent: str,
         thread: str,
-        candidates: Sequence[Candidate],
+        candidates: Sequence[CandidateModel],
         *,
         frequency: float | None = None,
         prompt_tokens: int | None = None,

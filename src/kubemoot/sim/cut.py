@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.settings import DEFAULTS
 from kubemoot.sim.scenario import ProviderSpec, Scenario
 from kubemoot.sim.workload import CallSpec, Discussion, Step, Trace, Turn
@@ -123,7 +123,7 @@ def cut_trace(
         cut_id = len(out_calls)
         out_calls.append(CutCall(cut_id, release, call.duration, tuple(c.model for c in band)))
         specs.append(CallSpec(cut_id, cut_id, f"{call.agent}#{cut_id}", call.phase,
-                              tuple(Candidate(c.model, c.score) for c in band),
+                              tuple(CandidateModel(c.model, c.score) for c in band),
                               call.duration, call.prompt_tokens))
     start = out_calls[0].release if out_calls else 0.0
     out_calls = [CutCall(c.call_id, c.release - start, c.duration, c.models)

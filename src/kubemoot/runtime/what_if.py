@@ -45,9 +45,9 @@ from kubemoot.runtime.snapshot import FleetSnapshot, ProviderSnapshot
 from kubemoot.settings import DEFAULTS, RuntimeSettings
 from kubemoot.store.documents import (
     DemandEntry,
-    LoadedModel,
     ProviderState,
     ProviderTickets,
+    ResidentModel,
     SelectionEntry,
     Ticket,
     TicketState,
@@ -291,7 +291,7 @@ def _provider_docs(
         max_parallel=provider.max_parallel,
         context_length=provider.context_length,
         loaded_models=[
-            LoadedModel(name=r.model, size_mib=r.size_mib, context_length=r.context_length)
+            ResidentModel(name=r.model, size_mib=r.size_mib, context_length=r.context_length)
             for r in provider.residents
         ],
         loaded_model_footprints={r.model: r.size_mib for r in provider.residents},

@@ -33,7 +33,7 @@ from kubemoot.emulation.engine import (
     VramOvercommit,
 )
 from kubemoot.emulation.prompt import Prompt
-from kubemoot.providers.protocol import ChatResult, LoadedModel, ProviderError, ProviderState
+from kubemoot.providers.protocol import ChatResult, ProviderError, ProviderState, ResidentModel
 from kubemoot.settings import DEFAULTS
 from kubemoot.sim.phases import CURRENT_CALL
 
@@ -210,7 +210,7 @@ class EmulatedGpu:
     def state_document(self, probed_at: float) -> ProviderState:
         """What ``/api/ps`` would show now, as the provider-state document."""
         loaded = [
-            LoadedModel(name=c.model, size_mib=c.footprint_mib,
+            ResidentModel(name=c.model, size_mib=c.footprint_mib,
                         context_length=(c.context_length if c.context_length is not None
                                         else self.context_length),
                         expires_at=None if c.expires_at == float("inf")

@@ -38,7 +38,7 @@ from kubemoot.runtime.calls import (
     CallService,
     RefusedBeforeSending,
 )
-from kubemoot.runtime.held_plans import SelectionPlanner
+from kubemoot.runtime.held_plans import HeldPlans
 from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
 from kubemoot.runtime.refusals import GpuBusy, Refusal
 from kubemoot.runtime.tokens import TokenEstimator
@@ -155,14 +155,14 @@ class AgentRuntime:
         self,
         *,
         calls: CallService,
-        selection: SelectionPlanner,
+        held_plans: HeldPlans,
         pool: ChatPool,
         limits: ToolLoopLimits | None = None,
     ) -> None:
         self.calls = calls
         self.planner = calls.planner
         self.waiter = calls.waiter
-        self.selection = selection
+        self.held_plans = held_plans
         self.pool = pool
         self.clock = calls.clock
         self.limits = limits or ToolLoopLimits()
@@ -246,7 +246,7 @@ class AgentRuntime:
         async def place(holder: str, exclude: Collection[str]) -> CallPlacement:
             if first_try[0]:
                 first_try[0] = False
-                held = await self.selection.take(agent, thread_id,
+                held = await self.held_plans.take(agent, thread_id,
                                                  prompt_tokens=request.prompt_tokens)
                 if held is not None:
                     return held

@@ -37,7 +37,7 @@ from kubemoot.providers.protocol import ChatResult, ProviderError, ProviderState
 from kubemoot.settings import DEFAULTS
 from kubemoot.sim.phases import CURRENT_CALL
 
-__all__ = ["EmulatedGpu", "GpuEvents", "ModelSize", "Prompt", "Served", "VramOvercommit"]
+__all__ = ["EmulatedGpu", "GpuEvents", "ModelSize", "Prompt", "ServedPrompt", "VramOvercommit"]
 
 
 class GpuEvents:
@@ -64,7 +64,7 @@ class _CardEvents(EngineEvents):
 
 
 @dataclass(frozen=True, slots=True)
-class Served:
+class ServedPrompt:
     """What one call met on the card, in loop seconds."""
 
     started: float  # it got a slot: its prefill begins
@@ -173,7 +173,7 @@ class EmulatedGpu:
     async def serve_prompt(self, model: str, duration: float, *,
                            prompt: Prompt | None = None,
                            num_ctx: int | None = None,
-                           keep_alive: float | None = None) -> Served:
+                           keep_alive: float | None = None) -> ServedPrompt:
         """Run one call: the engine cuts ``prompt`` to the context if it must, the slot
         evaluates what its cache does not hold (prefill), then ``duration`` seconds of
         generation. ``num_ctx`` other than the copy's reloads it, as Ollama does.
@@ -196,7 +196,7 @@ class EmulatedGpu:
                 await engine.clock.sleep(prefill + duration)
             finally:
                 engine.give_slot(copy, grant)
-            return Served(started, started + prefill, prefill, grant.cached_tokens,
+            return ServedPrompt(started, started + prefill, prefill, grant.cached_tokens,
                           fitted.tokens if fitted else 0,
                           fitted.truncated if fitted else False)
         finally:

@@ -17,7 +17,7 @@ from kubemoot.clock import SystemClock
 from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 from kubemoot.store.memory import MemoryKV
@@ -47,7 +47,7 @@ async def _expiry_after_one_call(make_emulator: Callable[..., OllamaEmulator],
             outcome = await stack.agents.call(
                 agent="crew/coordinator", thread_id="t1", phase="synthesis",
                 messages=[{"role": "user", "content": "hello"}],
-                candidates=[Candidate(TINY.name, 50.0)], wait=True)
+                candidates=[CandidateModel(TINY.name, 50.0)], wait=True)
         finally:
             await stack.close()
         assert outcome.refusal is None, outcome

@@ -109,7 +109,7 @@ async def build_stack(
     # that cannot watch still works, by reading.
     await runtime.start()
     runtime.calls.after_load = after_call
-    agents = AgentRuntime(calls=runtime.calls, selection=runtime.selection,
+    agents = AgentRuntime(calls=runtime.calls, held_plans=runtime.held_plans,
                           pool=ChatPool(client_factory,
                                         keep_alive=settings.engine_keep_alive_seconds),
                           limits=limits)

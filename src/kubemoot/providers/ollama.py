@@ -40,7 +40,6 @@ from kubemoot.clock import Clock, SystemClock
 from kubemoot.providers.dcgm import VramReading, fetch_dcgm_vram
 from kubemoot.providers.protocol import (
     ChatResult,
-    LoadedModel,
     ModelNotFound,
     ProviderBadResponse,
     ProviderDeadlineExceeded,
@@ -48,6 +47,7 @@ from kubemoot.providers.protocol import (
     ProviderState,
     ProviderTimeout,
     ProviderUnavailable,
+    ResidentModel,
 )
 from kubemoot.settings import DEFAULT_RESERVE_MIB, DEFAULTS
 
@@ -402,7 +402,7 @@ class OllamaProvider:
                 disk_sizes[name] = _mib(entry.size, f"/api/tags size of {name}")
             if entry.digest:
                 disk_digests[name] = entry.digest
-        loaded: list[LoadedModel] = []
+        loaded: list[ResidentModel] = []
         for entry in ps.models:
             name = entry.name or entry.model
             if not name:
@@ -412,7 +412,7 @@ class OllamaProvider:
             if context is not None and context < 0:
                 raise ProviderBadResponse(f"/api/ps context_length of {name} is negative")
             expires: datetime | None = entry.expires_at
-            loaded.append(LoadedModel(
+            loaded.append(ResidentModel(
                 name=name,
                 size_mib=_mib(vram, f"/api/ps size_vram of {name}"),
                 context_length=context or None,

@@ -27,11 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from kubemoot.store.documents import LoadedModel, ProviderState
+from kubemoot.store.documents import ProviderState, ResidentModel
 
 __all__ = [
     "ChatResult",
-    "LoadedModel",
     "ModelNotFound",
     "ProviderBadResponse",
     "ProviderClient",
@@ -40,6 +39,7 @@ __all__ = [
     "ProviderState",
     "ProviderTimeout",
     "ProviderUnavailable",
+    "ResidentModel",
 ]
 
 

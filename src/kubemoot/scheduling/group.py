@@ -101,6 +101,8 @@ class BindingGroup:
     bound: tuple[str, ...] = field(init=False)  # distinct providers the group binds
     failed: tuple[PhasePlan, ...] = field(init=False)  # UNSCHEDULABLE phases
     unplaced: bool = field(init=False)  # some phase has no binding
+    #: (provider, the assumed count at which it fills up, 0 for no limit), set by the pass.
+    limits: tuple[tuple[str, int], ...] = field(init=False)
     _env: dict[str, str] | None = None
     _conditions: list[Condition] | None = None
     _last: LastUnschedulable | None = None
@@ -111,6 +113,7 @@ class BindingGroup:
         self.bound = tuple(dict.fromkeys(chosen))
         self.failed = tuple(p for p in self.phases if p.outcome is Outcome.UNSCHEDULABLE)
         self.unplaced = len(chosen) < len(self.phases)
+        self.limits = ()
 
     # ------------------------------------------------------------------ per Agent
 

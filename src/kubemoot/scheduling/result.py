@@ -179,6 +179,9 @@ class PhaseResult:
 class SharedBinding(Protocol):
     """Where an :class:`AgentResult` reads the parts it shares with similar Agents."""
 
+    @property
+    def policy(self) -> CrewSchedulingPolicy | None: ...
+
     def phase_results(self, subject: str, position: int) -> dict[str, PhaseResult]: ...
 
     def env(self) -> dict[str, str]: ...
@@ -234,6 +237,23 @@ class AgentResult:
         self._conditions = conditions if conditions is not None or shared is not None else []
         self._last = last_unschedulable
         self._last_known = shared is None
+
+    @classmethod
+    def shared_by(cls, agent: Agent, shared: SharedBinding, position: int) -> AgentResult:
+        """The result of an Agent bound by a shared decision, after ``position`` bindings.
+
+        The pass makes one per Agent, so it sets the slots directly instead of going
+        through the general constructor's defaults.
+        """
+        result = cls.__new__(cls)
+        result.agent = agent
+        result.policy = shared.policy
+        result.preferred = Phase.MULLING
+        result._shared = shared
+        result._position = position
+        result._phases = result._env = result._conditions = result._last = None
+        result._last_known = False
+        return result
 
     def __repr__(self) -> str:
         return f"AgentResult({self.namespace}/{self.name}, policy={self.policy_name})"

@@ -10,8 +10,8 @@ binding is *assumed* at once, so the parallelism gate of later agents sees it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from kubemoot.api import (
@@ -85,6 +85,26 @@ class PolicyPlan:
     def bias_active(self) -> bool:
         return bool(self.quality_bias)
 
+    def effective(self, capabilities: tuple[str, ...]) -> float | None:
+        """An Agent's effective bias under this plan (None without a qualityBias)."""
+        return None if self.bias is None else self.bias.effective(capabilities)
+
+
+@dataclass(slots=True)
+class _Governed:
+    """What every Agent of one (namespace, crew) shares: its policy, plan and groups."""
+
+    resolution: PolicyResolution
+    plan: PolicyPlan
+    #: Binding groups by effective bias (see :mod:`kubemoot.scheduling.group`).
+    groups: dict[float | None, BindingGroup] = field(default_factory=dict)
+    #: Effective bias by capability set; None when the plan has no qualityBias.
+    biases: dict[tuple[str, ...], float | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.plan.bias is not None:
+            self.biases = {}
+
 
 class SchedulingPass:
     """Schedules Agents one by one against a snapshot, sharing agent-independent work."""
@@ -97,8 +117,7 @@ class SchedulingPass:
         self.assumed: dict[str, int] = {}
         self._log: list[str] = []  # every assumed binding in order; a prefix replays `assumed`
         self._plans: dict[str | None, PolicyPlan] = {}
-        self._resolved: dict[tuple[str, str | None], tuple[PolicyResolution, PolicyPlan]] = {}
-        self._groups: dict[tuple[str, str | None, float | None], BindingGroup] = {}
+        self._resolved: dict[tuple[str, str | None], _Governed] = {}
         self._lists: dict[tuple[object, ...], CandidateList] = {}
         self._ordered: dict[tuple[tuple[object, ...], str | None], CandidateList] = {}
         self._json: dict[int, str] = {}  # candidate list id → its JSON (lists are kept alive)
@@ -171,36 +190,63 @@ class SchedulingPass:
         """Filter, score, spread and bind every phase of one Agent; assume its bindings."""
         # Straight from metadata: the Agent's properties cost a call each, once per Agent.
         metadata = agent.metadata
-        namespace = metadata.namespace or DEFAULT_NAMESPACE
-        crew = metadata.labels.get(CREW_LABEL)
-        resolved = self._resolved.get((namespace, crew))
-        if resolved is None:
-            resolution = self.snapshot.resolve_policy(agent)
-            resolved = (resolution, self.plan(resolution.policy))
-            self._resolved[(namespace, crew)] = resolved
-        resolution, plan = resolved
-        bias = None if plan.bias is None else plan.bias.effective(agent.spec.capabilities)
-        key = (namespace, crew, bias)
-        group = self._groups.get(key)
+        return self._assign(
+            agent, metadata.namespace or DEFAULT_NAMESPACE, metadata.labels.get(CREW_LABEL)
+        )
+
+    def schedule_all(self, agents: Sequence[Agent]) -> None:
+        """Schedule every Agent, in the pass's (namespace, name) order."""
+        assign = self._assign
+        for agent, namespace, crew in in_pass_order(agents):
+            assign(agent, namespace, crew)
+
+    def _assign(self, agent: Agent, namespace: str, crew: str | None) -> AgentResult:
+        """:meth:`schedule` with the Agent's namespace and crew label already read.
+
+        This runs once per Agent, so everything the Agent does not decide is looked up
+        in tables built once per policy: the group for its effective bias, and each
+        bound provider's count at which it fills up.
+        """
+        governed = self._resolved.get((namespace, crew))
+        if governed is None:
+            governed = self._govern(agent, namespace, crew)
+        biases = governed.biases
+        if biases is None:
+            bias = None
+        else:
+            # Agents repeat a handful of capability sets: parse each set once per policy.
+            capabilities = tuple(agent.spec.capabilities)
+            if capabilities in biases:
+                bias = biases[capabilities]
+            else:
+                bias = biases[capabilities] = governed.plan.effective(capabilities)
+        groups = governed.groups
+        group = groups.get(bias)
         if group is None or (group.version != self._saturation and not self._holds(group)):
-            group = self._bind(resolution, plan, bias)
-            self._groups[key] = group
-        position = len(self._log)
-        assumed, headroom = self.assumed, self.framework.headroom
-        for provider in group.bound:
-            count = assumed.get(provider, 0) + 1
-            assumed[provider] = count
-            self._log.append(provider)
-            limit = headroom.get(provider)
-            if limit is not None and count == limit + 1:
-                self._saturation += 1  # the provider just filled up: cached answers expire
+            group = groups[bias] = self._bind(governed.resolution, governed.plan, bias)
+        log = self._log
+        position = len(log)
+        if group.bound:
+            log.extend(group.bound)
+            assumed = self.assumed
+            for provider, full_at in group.limits:
+                count = assumed[provider] = assumed.get(provider, 0) + 1
+                if count == full_at:
+                    self._saturation += 1  # the provider just filled up: cached answers expire
         if group.failed:
-            agent_id = f"{agent.namespace}/{agent.metadata.name}"
+            agent_id = f"{namespace}/{agent.metadata.name}"
             for failed in group.failed:
-                self._event(plan, failed, agent_id)
-        result = AgentResult(agent, resolution.policy, shared=group, position=position)
+                self._event(governed.plan, failed, agent_id)
+        result = AgentResult.shared_by(agent, group, position)
         self._agents.append(result)
         return result
+
+    def _govern(self, agent: Agent, namespace: str, crew: str | None) -> _Governed:
+        """The policy an Agent's (namespace, crew) resolves to, with its plan; once each."""
+        resolution = self.snapshot.resolve_policy(agent)
+        plan = self.plan(resolution.policy)
+        found = self._resolved[(namespace, crew)] = _Governed(resolution, plan)
+        return found
 
     def _holds(self, group: BindingGroup) -> bool:
         """Whether a group decided before some provider filled up still decides the same.
@@ -257,10 +303,17 @@ class SchedulingPass:
             phases.append(PhasePlan(phase, ranking, Outcome.PLACE, chosen, reason, context))
             if phase in spread_phases and chosen.topology is not None:
                 used.add(chosen.topology)
-        return BindingGroup(
+        group = BindingGroup(
             self, resolution.policy, resolution.note, tuple(phases), self._saturation,
             resolution.reason,
         )
+        # The count at which each bound provider fills up (0: it has no agent limit).
+        headroom = self.framework.headroom
+        group.limits = tuple(
+            (provider, headroom[provider] + 1 if provider in headroom else 0)
+            for provider in group.bound
+        )
+        return group
 
     def _choose(
         self, ranking: Ranking, avoid: frozenset[str], spread: TopologySpread | None
@@ -489,9 +542,36 @@ def schedule_bundle(
         else ClusterSnapshot.from_bundle(bundle, config=config)
     )
     scheduling = SchedulingPass(snapshot, now=now)
-    for agent in sorted(snapshot.agents, key=_agent_order):
-        scheduling.schedule(agent)
+    scheduling.schedule_all(snapshot.agents)
     return scheduling.result()
+
+
+def in_pass_order(agents: Sequence[Agent]) -> Iterator[tuple[Agent, str, str | None]]:
+    """Agents in (namespace, name) order, each with its namespace and crew label.
+
+    Each Agent's metadata is read once here. Sorting the names of one namespace at a
+    time compares plain strings, which is several times cheaper than comparing a
+    (namespace, name) tuple per Agent; the order is the same.
+    """
+    by_namespace: dict[str, dict[str, tuple[Agent, str, str | None]]] = {}
+    for agent in agents:
+        metadata = agent.metadata
+        namespace = metadata.namespace or DEFAULT_NAMESPACE
+        named = by_namespace.get(namespace)
+        if named is None:
+            named = by_namespace[namespace] = {}
+        named[metadata.name] = (agent, namespace, metadata.labels.get(CREW_LABEL))
+    if sum(map(len, by_namespace.values())) != len(agents):
+        # Two Agents share a namespace and name (a bundle can say so): keep both, in
+        # the order given, as a stable sort of the pairs does.
+        for agent in sorted(agents, key=_agent_order):
+            metadata = agent.metadata
+            yield agent, metadata.namespace or DEFAULT_NAMESPACE, metadata.labels.get(CREW_LABEL)
+        return
+    for namespace in sorted(by_namespace):
+        named = by_namespace[namespace]
+        for name in sorted(named):
+            yield named[name]
 
 
 def _agent_order(agent: Agent) -> tuple[str, str]:

@@ -58,9 +58,15 @@ class PhasePlan:
     ranking: Ranking
     outcome: Outcome
     chosen: Ranked | None
-    reason: str
+    #: The reason, or (DEFER) a cached function that writes it when first read.
+    why: str | Callable[[], str]
     context: SpreadContext | None  # the spread state the phase was judged with
     failure_message: str | None = None  # UNSCHEDULABLE: the FailedScheduling message
+
+    @property
+    def reason(self) -> str:
+        why = self.why
+        return why if isinstance(why, str) else why()
 
     @property
     def endpoint(self) -> str | None:

@@ -10,9 +10,10 @@ binding is *assumed* at once, so the parallelism gate of later agents sees it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cache, partial
 
 from kubemoot.api import (
     CREW_LABEL,
@@ -54,13 +55,14 @@ from kubemoot.scheduling.result import (
     SchedulingEvent,
 )
 from kubemoot.scheduling.snapshot import ClusterSnapshot, PolicyResolution
-from kubemoot.scheduling.tables import Ranked, Ranking, RuleTable
+from kubemoot.scheduling.tables import ProviderTier, Ranked, Ranking, RuleTable
 from kubemoot.scheduling.warnings import snapshot_warnings
 
 __all__ = ["PolicyPlan", "SchedulingPass", "schedule_agent", "schedule_bundle"]
 
 #: Outcome, reason and (for UNSCHEDULABLE) the FailedScheduling message of an unplaced phase.
-_Unplaced = tuple[Outcome, str, str | None]
+#: A DEFER reason is written when first read (see :class:`PhasePlan`).
+_Unplaced = tuple[Outcome, str | Callable[[], str], str | None]
 _ORDER = {name: index for index, name in enumerate(GATES)}
 
 
@@ -411,10 +413,7 @@ class SchedulingPass:
     def _explain_unplaced(self, table: RuleTable, context: SpreadContext | None) -> _Unplaced:
         tier = table.tier
         facts = tier.facts
-        seen = self.assumed
-        parallelism = ParallelismGate.from_args(
-            self.framework.args(max_age_seconds=tier.max_age_seconds, assumed=dict(seen))
-        )
+        seen = dict(self.assumed)  # as of now: a DEFER reason is written when first read
         spread_gate = TopologySpreadGate(context)
 
         def full(placement: Placement) -> bool:
@@ -423,15 +422,16 @@ class SchedulingPass:
                 return False
             return seen.get(placement.model.spec.provider_ref, 0) > fact.headroom
 
-        waits: list[tuple[str, list[GateResult]]] = []
-        for placement in table.uncertain:
-            if full(placement) or spread_gate.check(placement).result is Verdict.FAIL:
-                continue
-            results = list(tier.results[placement.name])
-            results.insert(PROVIDER_GATES.index("VRAM") + 1, parallelism.check(placement))
-            waits.append((placement.name, [r for r in results if r.waits]))
-        if waits:
-            return Outcome.DEFER, defer_text(waits), None
+        waiting = [
+            placement
+            for placement in table.uncertain
+            if not full(placement) and spread_gate.check(placement).result is not Verdict.FAIL
+        ]
+        if waiting:
+            # The outcome is all the pass needs; the words cost a gate check per waiting
+            # candidate, and most groups are decided again before anyone reads them.
+            return Outcome.DEFER, cache(partial(self._defer_reason, tier, waiting, seen)), None
+        parallelism = self._parallelism(tier, seen)
         firsts: list[GateResult] = []
         for placement in self.framework.placements:
             first = table.first_failure(placement.name)
@@ -449,6 +449,23 @@ class SchedulingPass:
             unschedulable_text(table.phase, total, firsts, table.rule),
             count_message(table.phase, total, firsts),
         )
+
+    def _parallelism(self, tier: ProviderTier, seen: dict[str, int]) -> ParallelismGate:
+        return ParallelismGate.from_args(
+            self.framework.args(max_age_seconds=tier.max_age_seconds, assumed=seen)
+        )
+
+    def _defer_reason(
+        self, tier: ProviderTier, waiting: list[Placement], seen: dict[str, int]
+    ) -> str:
+        """What each waiting candidate waits on, with the bindings assumed back then."""
+        parallelism = self._parallelism(tier, seen)
+        waits: list[tuple[str, list[GateResult]]] = []
+        for placement in waiting:
+            results = list(tier.results[placement.name])
+            results.insert(PROVIDER_GATES.index("VRAM") + 1, parallelism.check(placement))
+            waits.append((placement.name, [r for r in results if r.waits]))
+        return defer_text(waits)
 
     # ------------------------------------------------------------------ status
 

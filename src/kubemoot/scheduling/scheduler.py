@@ -10,7 +10,7 @@ binding is *assumed* at once, so the parallelism gate of later agents sees it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache, partial
@@ -563,7 +563,7 @@ def schedule_bundle(
     return scheduling.result()
 
 
-def in_pass_order(agents: Sequence[Agent]) -> Iterator[tuple[Agent, str, str | None]]:
+def in_pass_order(agents: Sequence[Agent]) -> list[tuple[Agent, str, str | None]]:
     """Agents in (namespace, name) order, each with its namespace and crew label.
 
     Each Agent's metadata is read once here. Sorting the names of one namespace at a
@@ -581,14 +581,15 @@ def in_pass_order(agents: Sequence[Agent]) -> Iterator[tuple[Agent, str, str | N
     if sum(map(len, by_namespace.values())) != len(agents):
         # Two Agents share a namespace and name (a bundle can say so): keep both, in
         # the order given, as a stable sort of the pairs does.
-        for agent in sorted(agents, key=_agent_order):
-            metadata = agent.metadata
-            yield agent, metadata.namespace or DEFAULT_NAMESPACE, metadata.labels.get(CREW_LABEL)
-        return
+        return [
+            (agent, agent.metadata.namespace or DEFAULT_NAMESPACE, agent.crew)
+            for agent in sorted(agents, key=_agent_order)
+        ]
+    ordered: list[tuple[Agent, str, str | None]] = []
     for namespace in sorted(by_namespace):
         named = by_namespace[namespace]
-        for name in sorted(named):
-            yield named[name]
+        ordered.extend(map(named.__getitem__, sorted(named)))
+    return ordered
 
 
 def _agent_order(agent: Agent) -> tuple[str, str]:

@@ -10,7 +10,7 @@ binding is *assumed* at once, so the parallelism gate of later agents sees it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache, partial
@@ -50,6 +50,7 @@ from kubemoot.scheduling.plugins import (
 )
 from kubemoot.scheduling.result import (
     AgentResult,
+    AgentResults,
     PolicyResult,
     ScheduleResult,
     SchedulingEvent,
@@ -126,7 +127,8 @@ class SchedulingPass:
         self._sizes: dict[tuple[object, ...], dict[str, int]] = {}
         self._events: dict[tuple[str, str], SchedulingEvent] = {}
         self._unschedulable: dict[str, list[str]] = {}
-        self._agents: list[AgentResult] = []
+        self._results = AgentResults()
+        self._rows = self._results.rows
         #: Bumped whenever a provider fills up: answers cached before then may have changed.
         self._saturation = 0
         self._cursor: dict[int, int] = {}
@@ -192,56 +194,53 @@ class SchedulingPass:
         """Filter, score, spread and bind every phase of one Agent; assume its bindings."""
         # Straight from metadata: the Agent's properties cost a call each, once per Agent.
         metadata = agent.metadata
-        return self._assign(
-            agent, metadata.namespace or DEFAULT_NAMESPACE, metadata.labels.get(CREW_LABEL)
-        )
+        self._assign([(agent, metadata.namespace or DEFAULT_NAMESPACE,
+                       metadata.labels.get(CREW_LABEL))])
+        return self._results[-1]
 
     def schedule_all(self, agents: Sequence[Agent]) -> None:
         """Schedule every Agent, in the pass's (namespace, name) order."""
-        assign = self._assign
-        for agent, namespace, crew in in_pass_order(agents):
-            assign(agent, namespace, crew)
+        self._assign(in_pass_order(agents))
 
-    def _assign(self, agent: Agent, namespace: str, crew: str | None) -> AgentResult:
-        """:meth:`schedule` with the Agent's namespace and crew label already read.
+    def _assign(self, agents: Iterable[tuple[Agent, str, str | None]]) -> None:
+        """Bind Agents whose namespace and crew label are already read, in the order given.
 
-        This runs once per Agent, so everything the Agent does not decide is looked up
-        in tables built once per policy: the group for its effective bias, and each
-        bound provider's count at which it fills up.
+        The body runs once per Agent, so it only looks things up: the policy of the
+        (namespace, crew), the group for the Agent's effective bias, and the count at
+        which each provider the group binds fills up. The Agent's result is recorded as
+        (Agent, group, bindings assumed before it) and made when first read.
         """
-        governed = self._resolved.get((namespace, crew))
-        if governed is None:
-            governed = self._govern(agent, namespace, crew)
-        biases = governed.biases
-        if biases is None:
-            bias = None
-        else:
-            # Agents repeat a handful of capability sets: parse each set once per policy.
-            capabilities = tuple(agent.spec.capabilities)
-            if capabilities in biases:
-                bias = biases[capabilities]
+        resolved, log, assumed = self._resolved, self._log, self.assumed
+        record = self._rows.append
+        for agent, namespace, crew in agents:
+            governed = resolved.get((namespace, crew))
+            if governed is None:
+                governed = self._govern(agent, namespace, crew)
+            biases = governed.biases
+            if biases is None:
+                bias = None
             else:
-                bias = biases[capabilities] = governed.plan.effective(capabilities)
-        groups = governed.groups
-        group = groups.get(bias)
-        if group is None or (group.version != self._saturation and not self._holds(group)):
-            group = groups[bias] = self._bind(governed.resolution, governed.plan, bias)
-        log = self._log
-        position = len(log)
-        if group.bound:
-            log.extend(group.bound)
-            assumed = self.assumed
-            for provider, full_at in group.limits:
-                count = assumed[provider] = assumed.get(provider, 0) + 1
-                if count == full_at:
-                    self._saturation += 1  # the provider just filled up: cached answers expire
-        if group.failed:
-            agent_id = f"{namespace}/{agent.metadata.name}"
-            for failed in group.failed:
-                self._event(governed.plan, failed, agent_id)
-        result = AgentResult.shared_by(agent, group, position)
-        self._agents.append(result)
-        return result
+                # Agents repeat a handful of capability sets: parse each once per policy.
+                capabilities = tuple(agent.spec.capabilities)
+                if capabilities in biases:
+                    bias = biases[capabilities]
+                else:
+                    bias = biases[capabilities] = governed.plan.effective(capabilities)
+            groups = governed.groups
+            group = groups.get(bias)
+            if group is None or (group.version != self._saturation and not self._holds(group)):
+                group = groups[bias] = self._bind(governed.resolution, governed.plan, bias)
+            record((agent, group, len(log)))
+            if group.bound:
+                log.extend(group.bound)
+                for provider, full_at in group.limits:
+                    count = assumed[provider] = assumed.get(provider, 0) + 1
+                    if count == full_at:
+                        self._saturation += 1  # it just filled up: cached answers expire
+            if group.failed:
+                agent_id = f"{namespace}/{agent.metadata.name}"
+                for failed in group.failed:
+                    self._event(governed.plan, failed, agent_id)
 
     def _govern(self, agent: Agent, namespace: str, crew: str | None) -> _Governed:
         """The policy an Agent's (namespace, crew) resolves to, with its plan; once each."""
@@ -539,7 +538,7 @@ class SchedulingPass:
         return ScheduleResult(
             now=self.now,
             scheduler_version=SCHEDULER_VERSION,
-            agents=list(self._agents),
+            agents=self._results.copy(),
             events=list(self._events.values()),
             policies=policies,
             warnings=snapshot_warnings(self.snapshot.models, self.snapshot.providers),

@@ -7,14 +7,18 @@ in (namespace, name) order, and each must agree with the full decision record.
 
 from __future__ import annotations
 
+import gc
 import random
 from datetime import timedelta
 from typing import Any
+
+import pytest
 
 from kubemoot.api import Agent
 from kubemoot.gates import Outcome
 from kubemoot.scheduling import ClusterSnapshot, SchedulingPass, schedule_bundle
 from kubemoot.scheduling.messages import defer_reason
+from kubemoot.scheduling.scheduler import collector_paused
 from kubemoot.testing.builders import agent, model, policy, provider, rule, selector
 
 from .conftest import NOW
@@ -116,3 +120,20 @@ def test_agents_that_share_a_namespace_and_name_are_both_scheduled_in_the_order_
     result = schedule_bundle(snapshot, now=NOW)
     assert [a.name for a in result.agents] == ["a", "b", "same", "same"]
     assert result.agents[2].agent is first and result.agents[3].agent is second
+
+
+def test_the_collector_is_paused_for_a_pass_only() -> None:
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collector_paused():
+        raise RuntimeError("a pass that fails still turns the collector back on")
+    assert gc.isenabled()
+    gc.disable()  # whoever turned it off keeps it off
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -10,9 +10,10 @@ stays full and one that still has room leaves the walk where it was. A
 before reusing it and decides afresh when it does not.
 
 An Agent keeps only what is its own: its name and how many bindings the pass had
-assumed before it. Its :class:`~kubemoot.scheduling.result.PhaseResult` objects, env
-and conditions are built from the group when first read, so a pass over thousands of
-Agents allocates one small object per Agent.
+assumed before it. The pass records that as one row per Agent; its
+:class:`~kubemoot.scheduling.result.AgentResult`, phase results, env and conditions are
+built from the group when first read, so a pass over tens of thousands of Agents makes
+one tuple per Agent and no result nobody reads.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
         ("schedule.py",
          ["--agents", "200", "--models", "50", "--providers", "10", "--policies", "5",
           "--repeat", "1"],
-         {"agentsPerSecond", "ratioToFloor", "ratioToFloorAt10x", "agentsPerSecondAt10x"}),
+         {"agentsPerSecond", "ratioToFloor", "ratioToFloorAt10x", "agentsPerSecondAt10x",
+          "ratioToAgentFloorAt10x"}),
         pytest.param(
             "kv.py",
             ["--seconds", "0.5", "--claimers", "4", "--processes", "1", "--samples", "50",

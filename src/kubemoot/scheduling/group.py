@@ -10,9 +10,10 @@ stays full and one that still has room leaves the walk where it was. A
 before reusing it and decides afresh when it does not.
 
 An Agent keeps only what is its own: its name and how many bindings the pass had
-assumed before it. Its :class:`~kubemoot.scheduling.result.PhaseResult` objects, env
-and conditions are built from the group when first read, so a pass over thousands of
-Agents allocates one small object per Agent.
+assumed before it. The pass records that as one row per Agent; its
+:class:`~kubemoot.scheduling.result.AgentResult`, phase results, env and conditions are
+built from the group when first read, so a pass over tens of thousands of Agents makes
+one tuple per Agent and no result nobody reads.
 """
 
 from __future__ import annotations
@@ -58,9 +59,15 @@ class PhasePlan:
     ranking: Ranking
     outcome: Outcome
     chosen: Ranked | None
-    reason: str
+    #: The reason, or (DEFER) a cached function that writes it when first read.
+    why: str | Callable[[], str]
     context: SpreadContext | None  # the spread state the phase was judged with
     failure_message: str | None = None  # UNSCHEDULABLE: the FailedScheduling message
+
+    @property
+    def reason(self) -> str:
+        why = self.why
+        return why if isinstance(why, str) else why()
 
     @property
     def endpoint(self) -> str | None:
@@ -101,6 +108,8 @@ class BindingGroup:
     bound: tuple[str, ...] = field(init=False)  # distinct providers the group binds
     failed: tuple[PhasePlan, ...] = field(init=False)  # UNSCHEDULABLE phases
     unplaced: bool = field(init=False)  # some phase has no binding
+    #: (provider, the assumed count at which it fills up, 0 for no limit), set by the pass.
+    limits: tuple[tuple[str, int], ...] = field(init=False)
     _env: dict[str, str] | None = None
     _conditions: list[Condition] | None = None
     _last: LastUnschedulable | None = None
@@ -111,6 +120,7 @@ class BindingGroup:
         self.bound = tuple(dict.fromkeys(chosen))
         self.failed = tuple(p for p in self.phases if p.outcome is Outcome.UNSCHEDULABLE)
         self.unplaced = len(chosen) < len(self.phases)
+        self.limits = ()
 
     # ------------------------------------------------------------------ per Agent
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from kubemoot.api import (
     Agent,
@@ -35,6 +35,7 @@ from kubemoot.scheduling.warnings import ObjectWarning
 
 __all__ = [
     "AgentResult",
+    "AgentResults",
     "PhaseResult",
     "PolicyResult",
     "ScheduleResult",
@@ -179,6 +180,9 @@ class PhaseResult:
 class SharedBinding(Protocol):
     """Where an :class:`AgentResult` reads the parts it shares with similar Agents."""
 
+    @property
+    def policy(self) -> CrewSchedulingPolicy | None: ...
+
     def phase_results(self, subject: str, position: int) -> dict[str, PhaseResult]: ...
 
     def env(self) -> dict[str, str]: ...
@@ -234,6 +238,23 @@ class AgentResult:
         self._conditions = conditions if conditions is not None or shared is not None else []
         self._last = last_unschedulable
         self._last_known = shared is None
+
+    @classmethod
+    def shared_by(cls, agent: Agent, shared: SharedBinding, position: int) -> AgentResult:
+        """The result of an Agent bound by a shared decision, after ``position`` bindings.
+
+        The pass makes one per Agent, so it sets the slots directly instead of going
+        through the general constructor's defaults.
+        """
+        result = cls.__new__(cls)
+        result.agent = agent
+        result.policy = shared.policy
+        result.preferred = Phase.MULLING
+        result._shared = shared
+        result._position = position
+        result._phases = result._env = result._conditions = result._last = None
+        result._last_known = False
+        return result
 
     def __repr__(self) -> str:
         return f"AgentResult({self.namespace}/{self.name}, policy={self.policy_name})"
@@ -328,6 +349,59 @@ class AgentResult:
         }
 
 
+class AgentResults(Sequence[AgentResult]):
+    """A pass's Agent results in pass order, each made when first read.
+
+    The pass records one row per Agent, (Agent, shared decision, bindings assumed
+    before it), which is all an :class:`AgentResult` is built from; a pass over tens of
+    thousands of Agents then makes none it is not asked for. A result, once made, is
+    the same object on every read.
+    """
+
+    __slots__ = ("_made", "rows")
+
+    def __init__(
+        self,
+        rows: list[tuple[Agent, SharedBinding, int]] | None = None,
+        made: dict[int, AgentResult] | None = None,
+    ) -> None:
+        self.rows: list[tuple[Agent, SharedBinding, int]] = [] if rows is None else rows
+        self._made: dict[int, AgentResult] = {} if made is None else made
+
+    def copy(self) -> AgentResults:
+        """The results so far: later rows are not seen; results made are shared."""
+        return AgentResults(list(self.rows), self._made)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @overload
+    def __getitem__(self, index: int) -> AgentResult: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[AgentResult]: ...
+
+    def __getitem__(self, index: int | slice) -> AgentResult | list[AgentResult]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self.rows)))]
+        if index < 0:
+            index += len(self.rows)
+        found = self._made.get(index)
+        if found is None:
+            if not 0 <= index < len(self.rows):
+                raise IndexError("AgentResults index out of range")
+            agent, shared, position = self.rows[index]
+            found = self._made[index] = AgentResult.shared_by(agent, shared, position)
+        return found
+
+    def __iter__(self) -> Iterator[AgentResult]:
+        for index in range(len(self.rows)):
+            yield self[index]
+
+    def __repr__(self) -> str:
+        return f"AgentResults({len(self.rows)} agents)"
+
+
 @dataclass(slots=True)
 class SchedulingEvent:
     """A Kubernetes Event to emit; repeats of one message are counted, as kube does."""
@@ -373,7 +447,7 @@ class ScheduleResult:
 
     now: datetime
     scheduler_version: str
-    agents: list[AgentResult]
+    agents: Sequence[AgentResult]
     events: list[SchedulingEvent]
     policies: list[PolicyResult]
     #: What is well-formed but almost surely a mistake (a providerRef naming nothing).

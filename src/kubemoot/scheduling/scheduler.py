@@ -9,10 +9,13 @@ binding is *assumed* at once, so the parallelism gate of later agents sees it.
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cache, partial
 
 from kubemoot.api import (
     CREW_LABEL,
@@ -49,18 +52,20 @@ from kubemoot.scheduling.plugins import (
 )
 from kubemoot.scheduling.result import (
     AgentResult,
+    AgentResults,
     PolicyResult,
     ScheduleResult,
     SchedulingEvent,
 )
 from kubemoot.scheduling.snapshot import ClusterSnapshot, PolicyResolution
-from kubemoot.scheduling.tables import Ranked, Ranking, RuleTable
+from kubemoot.scheduling.tables import ProviderTier, Ranked, Ranking, RuleTable
 from kubemoot.scheduling.warnings import snapshot_warnings
 
 __all__ = ["PolicyPlan", "SchedulingPass", "schedule_agent", "schedule_bundle"]
 
 #: Outcome, reason and (for UNSCHEDULABLE) the FailedScheduling message of an unplaced phase.
-_Unplaced = tuple[Outcome, str, str | None]
+#: A DEFER reason is written when first read (see :class:`PhasePlan`).
+_Unplaced = tuple[Outcome, str | Callable[[], str], str | None]
 _ORDER = {name: index for index, name in enumerate(GATES)}
 
 
@@ -85,6 +90,26 @@ class PolicyPlan:
     def bias_active(self) -> bool:
         return bool(self.quality_bias)
 
+    def effective(self, capabilities: tuple[str, ...]) -> float | None:
+        """An Agent's effective bias under this plan (None without a qualityBias)."""
+        return None if self.bias is None else self.bias.effective(capabilities)
+
+
+@dataclass(slots=True)
+class _Governed:
+    """What every Agent of one (namespace, crew) shares: its policy, plan and groups."""
+
+    resolution: PolicyResolution
+    plan: PolicyPlan
+    #: Binding groups by effective bias (see :mod:`kubemoot.scheduling.group`).
+    groups: dict[float | None, BindingGroup] = field(default_factory=dict)
+    #: Effective bias by capability set; None when the plan has no qualityBias.
+    biases: dict[tuple[str, ...], float | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.plan.bias is not None:
+            self.biases = {}
+
 
 class SchedulingPass:
     """Schedules Agents one by one against a snapshot, sharing agent-independent work."""
@@ -97,15 +122,15 @@ class SchedulingPass:
         self.assumed: dict[str, int] = {}
         self._log: list[str] = []  # every assumed binding in order; a prefix replays `assumed`
         self._plans: dict[str | None, PolicyPlan] = {}
-        self._resolved: dict[tuple[str, str | None], tuple[PolicyResolution, PolicyPlan]] = {}
-        self._groups: dict[tuple[str, str | None, float | None], BindingGroup] = {}
+        self._resolved: dict[tuple[str, str | None], _Governed] = {}
         self._lists: dict[tuple[object, ...], CandidateList] = {}
         self._ordered: dict[tuple[tuple[object, ...], str | None], CandidateList] = {}
         self._json: dict[int, str] = {}  # candidate list id → its JSON (lists are kept alive)
         self._sizes: dict[tuple[object, ...], dict[str, int]] = {}
         self._events: dict[tuple[str, str], SchedulingEvent] = {}
         self._unschedulable: dict[str, list[str]] = {}
-        self._agents: list[AgentResult] = []
+        self._results = AgentResults()
+        self._rows = self._results.rows
         #: Bumped whenever a provider fills up: answers cached before then may have changed.
         self._saturation = 0
         self._cursor: dict[int, int] = {}
@@ -171,36 +196,60 @@ class SchedulingPass:
         """Filter, score, spread and bind every phase of one Agent; assume its bindings."""
         # Straight from metadata: the Agent's properties cost a call each, once per Agent.
         metadata = agent.metadata
-        namespace = metadata.namespace or DEFAULT_NAMESPACE
-        crew = metadata.labels.get(CREW_LABEL)
-        resolved = self._resolved.get((namespace, crew))
-        if resolved is None:
-            resolution = self.snapshot.resolve_policy(agent)
-            resolved = (resolution, self.plan(resolution.policy))
-            self._resolved[(namespace, crew)] = resolved
-        resolution, plan = resolved
-        bias = None if plan.bias is None else plan.bias.effective(agent.spec.capabilities)
-        key = (namespace, crew, bias)
-        group = self._groups.get(key)
-        if group is None or (group.version != self._saturation and not self._holds(group)):
-            group = self._bind(resolution, plan, bias)
-            self._groups[key] = group
-        position = len(self._log)
-        assumed, headroom = self.assumed, self.framework.headroom
-        for provider in group.bound:
-            count = assumed.get(provider, 0) + 1
-            assumed[provider] = count
-            self._log.append(provider)
-            limit = headroom.get(provider)
-            if limit is not None and count == limit + 1:
-                self._saturation += 1  # the provider just filled up: cached answers expire
-        if group.failed:
-            agent_id = f"{agent.namespace}/{agent.metadata.name}"
-            for failed in group.failed:
-                self._event(plan, failed, agent_id)
-        result = AgentResult(agent, resolution.policy, shared=group, position=position)
-        self._agents.append(result)
-        return result
+        self._assign([(agent, metadata.namespace or DEFAULT_NAMESPACE,
+                       metadata.labels.get(CREW_LABEL))])
+        return self._results[-1]
+
+    def schedule_all(self, agents: Sequence[Agent]) -> None:
+        """Schedule every Agent, in the pass's (namespace, name) order."""
+        self._assign(in_pass_order(agents))
+
+    def _assign(self, agents: Iterable[tuple[Agent, str, str | None]]) -> None:
+        """Bind Agents whose namespace and crew label are already read, in the order given.
+
+        The body runs once per Agent, so it only looks things up: the policy of the
+        (namespace, crew), the group for the Agent's effective bias, and the count at
+        which each provider the group binds fills up. The Agent's result is recorded as
+        (Agent, group, bindings assumed before it) and made when first read.
+        """
+        resolved, log, assumed = self._resolved, self._log, self.assumed
+        record = self._rows.append
+        for agent, namespace, crew in agents:
+            governed = resolved.get((namespace, crew))
+            if governed is None:
+                governed = self._govern(agent, namespace, crew)
+            biases = governed.biases
+            if biases is None:
+                bias = None
+            else:
+                # Agents repeat a handful of capability sets: parse each once per policy.
+                capabilities = tuple(agent.spec.capabilities)
+                if capabilities in biases:
+                    bias = biases[capabilities]
+                else:
+                    bias = biases[capabilities] = governed.plan.effective(capabilities)
+            groups = governed.groups
+            group = groups.get(bias)
+            if group is None or (group.version != self._saturation and not self._holds(group)):
+                group = groups[bias] = self._bind(governed.resolution, governed.plan, bias)
+            record((agent, group, len(log)))
+            if group.bound:
+                log.extend(group.bound)
+                for provider, full_at in group.limits:
+                    count = assumed[provider] = assumed.get(provider, 0) + 1
+                    if count == full_at:
+                        self._saturation += 1  # it just filled up: cached answers expire
+            if group.failed:
+                agent_id = f"{namespace}/{agent.metadata.name}"
+                for failed in group.failed:
+                    self._event(governed.plan, failed, agent_id)
+
+    def _govern(self, agent: Agent, namespace: str, crew: str | None) -> _Governed:
+        """The policy an Agent's (namespace, crew) resolves to, with its plan; once each."""
+        resolution = self.snapshot.resolve_policy(agent)
+        plan = self.plan(resolution.policy)
+        found = self._resolved[(namespace, crew)] = _Governed(resolution, plan)
+        return found
 
     def _holds(self, group: BindingGroup) -> bool:
         """Whether a group decided before some provider filled up still decides the same.
@@ -257,10 +306,17 @@ class SchedulingPass:
             phases.append(PhasePlan(phase, ranking, Outcome.PLACE, chosen, reason, context))
             if phase in spread_phases and chosen.topology is not None:
                 used.add(chosen.topology)
-        return BindingGroup(
+        group = BindingGroup(
             self, resolution.policy, resolution.note, tuple(phases), self._saturation,
             resolution.reason,
         )
+        # The count at which each bound provider fills up (0: it has no agent limit).
+        headroom = self.framework.headroom
+        group.limits = tuple(
+            (provider, headroom[provider] + 1 if provider in headroom else 0)
+            for provider in group.bound
+        )
+        return group
 
     def _choose(
         self, ranking: Ranking, avoid: frozenset[str], spread: TopologySpread | None
@@ -358,10 +414,7 @@ class SchedulingPass:
     def _explain_unplaced(self, table: RuleTable, context: SpreadContext | None) -> _Unplaced:
         tier = table.tier
         facts = tier.facts
-        seen = self.assumed
-        parallelism = ParallelismGate.from_args(
-            self.framework.args(max_age_seconds=tier.max_age_seconds, assumed=dict(seen))
-        )
+        seen = dict(self.assumed)  # as of now: a DEFER reason is written when first read
         spread_gate = TopologySpreadGate(context)
 
         def full(placement: Placement) -> bool:
@@ -370,15 +423,16 @@ class SchedulingPass:
                 return False
             return seen.get(placement.model.spec.provider_ref, 0) > fact.headroom
 
-        waits: list[tuple[str, list[GateResult]]] = []
-        for placement in table.uncertain:
-            if full(placement) or spread_gate.check(placement).result is Verdict.FAIL:
-                continue
-            results = list(tier.results[placement.name])
-            results.insert(PROVIDER_GATES.index("VRAM") + 1, parallelism.check(placement))
-            waits.append((placement.name, [r for r in results if r.waits]))
-        if waits:
-            return Outcome.DEFER, defer_text(waits), None
+        waiting = [
+            placement
+            for placement in table.uncertain
+            if not full(placement) and spread_gate.check(placement).result is not Verdict.FAIL
+        ]
+        if waiting:
+            # The outcome is all the pass needs; the words cost a gate check per waiting
+            # candidate, and most groups are decided again before anyone reads them.
+            return Outcome.DEFER, cache(partial(self._defer_reason, tier, waiting, seen)), None
+        parallelism = self._parallelism(tier, seen)
         firsts: list[GateResult] = []
         for placement in self.framework.placements:
             first = table.first_failure(placement.name)
@@ -396,6 +450,23 @@ class SchedulingPass:
             unschedulable_text(table.phase, total, firsts, table.rule),
             count_message(table.phase, total, firsts),
         )
+
+    def _parallelism(self, tier: ProviderTier, seen: dict[str, int]) -> ParallelismGate:
+        return ParallelismGate.from_args(
+            self.framework.args(max_age_seconds=tier.max_age_seconds, assumed=seen)
+        )
+
+    def _defer_reason(
+        self, tier: ProviderTier, waiting: list[Placement], seen: dict[str, int]
+    ) -> str:
+        """What each waiting candidate waits on, with the bindings assumed back then."""
+        parallelism = self._parallelism(tier, seen)
+        waits: list[tuple[str, list[GateResult]]] = []
+        for placement in waiting:
+            results = list(tier.results[placement.name])
+            results.insert(PROVIDER_GATES.index("VRAM") + 1, parallelism.check(placement))
+            waits.append((placement.name, [r for r in results if r.waits]))
+        return defer_text(waits)
 
     # ------------------------------------------------------------------ status
 
@@ -469,7 +540,7 @@ class SchedulingPass:
         return ScheduleResult(
             now=self.now,
             scheduler_version=SCHEDULER_VERSION,
-            agents=list(self._agents),
+            agents=self._results.copy(),
             events=list(self._events.values()),
             policies=policies,
             warnings=snapshot_warnings(self.snapshot.models, self.snapshot.providers),
@@ -483,15 +554,64 @@ def schedule_bundle(
     config: KubemootConfig | None = None,
 ) -> ScheduleResult:
     """Schedule every Agent of a bundle (or snapshot) at ``now``."""
-    snapshot = (
-        bundle
-        if isinstance(bundle, ClusterSnapshot)
-        else ClusterSnapshot.from_bundle(bundle, config=config)
-    )
-    scheduling = SchedulingPass(snapshot, now=now)
-    for agent in sorted(snapshot.agents, key=_agent_order):
-        scheduling.schedule(agent)
-    return scheduling.result()
+    with collector_paused():
+        snapshot = (
+            bundle
+            if isinstance(bundle, ClusterSnapshot)
+            else ClusterSnapshot.from_bundle(bundle, config=config)
+        )
+        scheduling = SchedulingPass(snapshot, now=now)
+        scheduling.schedule_all(snapshot.agents)
+        return scheduling.result()
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector stays off for the length of one pass.
+
+    A pass allocates a few small objects per Agent and keeps them until its result is
+    dropped, so a collection in the middle of it frees nothing; yet every allocation
+    counts toward the next one, and the oldest generation's collections walk every live
+    object, the whole parsed cluster included. At 50,000 Agents one such collection
+    costs more than the pass. The collector resumes, with its counts, after the pass.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def in_pass_order(agents: Sequence[Agent]) -> list[tuple[Agent, str, str | None]]:
+    """Agents in (namespace, name) order, each with its namespace and crew label.
+
+    Each Agent's metadata is read once here. Sorting the names of one namespace at a
+    time compares plain strings, which is several times cheaper than comparing a
+    (namespace, name) tuple per Agent; the order is the same.
+    """
+    by_namespace: dict[str, dict[str, tuple[Agent, str, str | None]]] = {}
+    for agent in agents:
+        metadata = agent.metadata
+        namespace = metadata.namespace or DEFAULT_NAMESPACE
+        named = by_namespace.get(namespace)
+        if named is None:
+            named = by_namespace[namespace] = {}
+        named[metadata.name] = (agent, namespace, metadata.labels.get(CREW_LABEL))
+    if sum(map(len, by_namespace.values())) != len(agents):
+        # Two Agents share a namespace and name (a bundle can say so): keep both, in
+        # the order given, as a stable sort of the pairs does.
+        return [
+            (agent, agent.metadata.namespace or DEFAULT_NAMESPACE, agent.crew)
+            for agent in sorted(agents, key=_agent_order)
+        ]
+    ordered: list[tuple[Agent, str, str | None]] = []
+    for namespace in sorted(by_namespace):
+        named = by_namespace[namespace]
+        ordered.extend(map(named.__getitem__, sorted(named)))
+    return ordered
 
 
 def _agent_order(agent: Agent) -> tuple[str, str]:

@@ -69,6 +69,7 @@ class DemandBoard:
         #: Each entry parsed once per revision: the board is read for every placement
         #: round in the demand window, and most entries have not changed since.
         self._parsed: dict[str, tuple[int, DemandEntry | SelectionEntry]] = {}
+        self._shapes: dict[str, tuple[str, tuple[str, ...]]] = {}
 
     # -- writers ---------------------------------------------------------------------
 
@@ -97,7 +98,10 @@ class DemandBoard:
         current = await self._bucket.get(key)
         count = 0.0
         if current is not None:
-            previous = DemandEntry.from_json(current.value)
+            # parsed once per revision, like the snapshot's reads: most calls of a model
+            # find the entry the snapshot (or this process's last call) already parsed
+            previous = self._parse(key, current.revision, current.value, selecting=False)
+            assert isinstance(previous, DemandEntry)
             if previous.expires_at > now:
                 count = _decayed(
                     previous.count, previous.last_used_at, now, self.use_window_seconds
@@ -106,7 +110,8 @@ class DemandBoard:
         entry = DemandEntry(
             expires_at=now + 5 * self.use_window_seconds, count=count + 1.0, last_used_at=now
         )
-        await self._bucket.put(key, entry.to_json())
+        # What this process wrote needs no parsing when it reads it back.
+        self._parsed[key] = (await self._bucket.put(key, entry.to_json()), entry)
 
     async def record_selection(
         self, agent: str, models: Sequence[str], frequency: float
@@ -133,9 +138,8 @@ class DemandBoard:
         for key, entry in zip(keys, entries, strict=True):
             if entry is None:
                 continue
-            kind, _, rest = key.partition(".")
             try:
-                segments = [decode_token(s) for s in rest.split(".")] if rest else []
+                kind, segments = self._shape(key)
                 selecting = kind == SELECTION and len(segments) == 1
                 parsed = self._parse(key, entry.revision, entry.value, selecting=selecting)
             except ValueError as error:  # a key or value this version does not understand
@@ -158,6 +162,8 @@ class DemandBoard:
                 uses[segments[0]] = (count, demand.last_used_at)
         for gone in self._parsed.keys() - set(keys):
             del self._parsed[gone]
+        for gone in self._shapes.keys() - set(keys):
+            del self._shapes[gone]
         models = set(waiters) | set(intents) | set(uses) | set(prediction)
         return DemandSnapshot(
             at=now,
@@ -179,6 +185,16 @@ class DemandBoard:
             return await bucket.get_many(keys)
         # On a networked store the reads go out together: one round trip, not one per key.
         return list(await asyncio.gather(*(bucket.get(k) for k in keys)))
+
+    def _shape(self, key: str) -> tuple[str, tuple[str, ...]]:
+        """The key's kind and its decoded segments, worked out once per key (a key that
+        does not decode raises every time it is read, so each read notes it)."""
+        known = self._shapes.get(key)
+        if known is None:
+            kind, _, rest = key.partition(".")
+            segments = tuple(decode_token(s) for s in rest.split(".")) if rest else ()
+            known = self._shapes[key] = (kind, segments)
+        return known
 
     def _parse(
         self, key: str, revision: int, value: bytes, *, selecting: bool

@@ -31,8 +31,8 @@ __all__ = ["MemoryBucket", "MemoryKV"]
 
 @dataclass(slots=True)
 class _Item:
-    value: bytes
-    revision: int
+    #: made once per write: every read of this revision hands out the same (frozen) entry
+    entry: Entry
     expires_at: float | None
 
 
@@ -71,7 +71,8 @@ class MemoryBucket:
         else:
             lifetime = ttl if ttl is not None else self._max_age
             expires_at = None if lifetime is None else self._clock.now() + lifetime
-            self._items[key] = _Item(value=value, revision=revision, expires_at=expires_at)
+            self._items[key] = _Item(Entry(key=key, value=value, revision=revision),
+                                     expires_at)
         change = Change(bucket=self.name, key=key, value=value, revision=revision)
         for watch in list(self._watchers):
             watch.push(change)
@@ -81,9 +82,7 @@ class MemoryBucket:
 
     def _entry(self, key: str) -> Entry | None:
         item = self._live(key)
-        if item is None:
-            return None
-        return Entry(key=key, value=item.value, revision=item.revision)
+        return None if item is None else item.entry
 
     async def get(self, key: str) -> Entry | None:
         self._check_open()
@@ -125,7 +124,7 @@ class MemoryBucket:
     async def update(self, key: str, value: bytes, *, expected_revision: int) -> int:
         self._check_open()
         item = self._live(key)
-        current = 0 if item is None else item.revision
+        current = 0 if item is None else item.entry.revision
         if current != expected_revision or item is None:
             raise RevisionMismatch(
                 f"bucket {self.name!r}: key {key!r} is at revision {current}, "
@@ -141,7 +140,7 @@ class MemoryBucket:
         self._check_open()
         item = self._live(key)
         if expected_revision is not None:
-            current = 0 if item is None else item.revision
+            current = 0 if item is None else item.entry.revision
             if current != expected_revision:
                 raise RevisionMismatch(
                     f"bucket {self.name!r}: key {key!r} is at revision {current}, "

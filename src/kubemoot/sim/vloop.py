@@ -35,6 +35,8 @@ class _VirtualSelector(selectors.BaseSelector):
     def __init__(self, loop: VirtualTimeLoop) -> None:
         self._real = selectors.DefaultSelector()
         self._loop = loop
+        #: How many file objects the loop registers for itself (its wake-up pipe).
+        self.own = 0
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.register(fileobj, events, data)
@@ -52,6 +54,12 @@ class _VirtualSelector(selectors.BaseSelector):
         self._real.close()
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout == 0 and len(self._real.get_map()) <= self.own:
+            # Callbacks are ready and nothing but the loop's own wake-up pipe is
+            # registered: a poll (a system call every turn) could only drain that pipe,
+            # which the next idle turn does; a callback sent from another thread is in
+            # the ready queue already.
+            return []
         events = self._real.select(0)
         if events or timeout == 0:
             return events
@@ -69,7 +77,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def __init__(self, *, start: float = 0.0) -> None:
         self._virtual_now = start
-        super().__init__(selector=_VirtualSelector(self))
+        selector = _VirtualSelector(self)
+        super().__init__(selector=selector)
+        selector.own = len(selector.get_map())
         # Handles whose deadline is within this of now run together; virtual time has
         # no jitter, so a tiny resolution keeps distinct events distinct.
         self._clock_resolution = 1e-9

@@ -54,11 +54,14 @@ class MemoryBucket:
         if self._closed:
             raise StoreUnavailable(f"bucket {self.name!r}: the store is closed")
 
-    def _live(self, key: str) -> _Item | None:
+    def _live(self, key: str, now: float | None = None) -> _Item | None:
+        """The key's item unless it expired (``now``: the time, when the caller has it)."""
         item = self._items.get(key)
         if item is None:
             return None
-        if item.expires_at is not None and item.expires_at <= self._clock.now():
+        if item.expires_at is not None and item.expires_at <= (
+            self._clock.now() if now is None else now
+        ):
             del self._items[key]
             return None
         return item
@@ -80,8 +83,8 @@ class MemoryBucket:
 
     # -- Bucket protocol -------------------------------------------------------------
 
-    def _entry(self, key: str) -> Entry | None:
-        item = self._live(key)
+    def _entry(self, key: str, now: float | None = None) -> Entry | None:
+        item = self._live(key, now)
         return None if item is None else item.entry
 
     async def get(self, key: str) -> Entry | None:
@@ -106,7 +109,8 @@ class MemoryBucket:
         def read() -> None:  # where the gather's tasks would run
             try:
                 self._check_open()
-                entries = [self._entry(key) for key in keys]
+                now = self._clock.now()
+                entries = [self._entry(key, now) for key in keys]
             except StoreUnavailable as error:
                 loop.call_soon(_fail, answer, error)
             else:
@@ -151,7 +155,8 @@ class MemoryBucket:
 
     async def keys(self) -> list[str]:
         self._check_open()
-        return sorted(key for key in list(self._items) if self._live(key) is not None)
+        now = self._clock.now()  # one reading for all: a listing is one instant
+        return sorted(key for key in list(self._items) if self._live(key, now) is not None)
 
     def watch(self) -> QueueWatch:
         self._check_open()

@@ -167,9 +167,10 @@ class _Turns:
     def __init__(self, lease: Lease) -> None:
         self._lease = lease
         self._loop = asyncio.get_running_loop()
-        #: Done when the task this replaces would be: the lease ended, or a renewal
-        #: found the ticket gone.
-        self.done: asyncio.Future[None] = self._loop.create_future()
+        #: True where the task this replaces would be done: the lease ended, or a
+        #: renewal found the ticket gone.
+        self.done = False
+        self._stoppers: list[asyncio.Future[None]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._renewal: asyncio.Task[None] | None = None
         self._stopping = False
@@ -178,7 +179,7 @@ class _Turns:
         self._loop.call_soon(self._arm)  # where the task's first step ran
 
     def _arm(self) -> None:
-        if self._lease._stopped.is_set():
+        if self._stopping:
             self._finish()
             return
         self._timer = self._loop.call_later(self._lease.interval_seconds, self._due)
@@ -194,7 +195,7 @@ class _Turns:
         self._renewal = self._loop.create_task(self._renew_turn())
 
     async def _renew_turn(self) -> None:
-        if await self._lease._renew_once() and not self._lease._stopped.is_set():
+        if await self._lease._renew_once() and not self._stopping:
             self._timer = self._loop.call_later(self._lease.interval_seconds, self._due)
         else:
             self._finish()
@@ -203,8 +204,12 @@ class _Turns:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if not self.done.done():
-            self.done.set_result(None)
+        if not self.done:
+            self.done = True
+            # A stopper goes on a turn later, as one awaiting the shielded task did.
+            for stopper in self._stoppers:
+                self._loop.call_soon(_resolve, stopper)
+            self._stoppers.clear()
 
     def _after(self, turns: int, then: Callable[[], None]) -> None:
         if turns <= 0:
@@ -217,6 +222,15 @@ class _Turns:
             self._stopping = True
             if self._timer is not None:  # waiting for the next renewal: wake as it did
                 self._after(self._STOP_TURNS, self._finish)
-        if self._renewal is not None and self._renewal is asyncio.current_task():
+        if self.done or (self._renewal is not None
+                         and self._renewal is asyncio.current_task()):
             return
-        await asyncio.shield(self.done)
+        # Cancelling the stopper leaves the renewal in flight to finish (harmless).
+        stopper: asyncio.Future[None] = self._loop.create_future()
+        self._stoppers.append(stopper)
+        await stopper
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

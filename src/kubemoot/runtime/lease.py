@@ -11,8 +11,11 @@ look idle to other planners, who could unload it under the running call.
     async with planner.lease(placement):   # or tickets.lease(provider, ticket_id)
         ...  # the call runs; its ticket is renewed on the injected clock
 
-The renewals wait on the injected clock's ``wait_for`` (a stop or the next turn,
-whichever comes first), so the simulator's virtual time drives them like any timer.
+The renewals follow the injected clock, so the simulator's virtual time drives them
+like any timer. On a clock that waits with the running loop's own timers (the system
+clock, the loop clock) a lease is one loop timer and starts a task only when a renewal
+is due; on any other clock (a test's manual clock) it is a task that waits on the
+clock's ``wait_for`` (a stop or the next turn, whichever comes first).
 """
 
 from __future__ import annotations

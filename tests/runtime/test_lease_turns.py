@@ -163,3 +163,27 @@ def test_a_lease_whose_ticket_is_gone_stops_renewing_and_says_so() -> None:
     assert timer[:2] == task[:2]
     assert timer[0] == [True, 0, 0]  # a finished lease stops at once
     assert len(timer[1]) == 1  # one try, then no more
+
+
+class _Broken:
+    """A renewer with a bug: renewing raises what no lease expects."""
+
+    async def renew(self, provider: str, ticket_id: str, *,
+                    ttl_seconds: float | None = None) -> Ticket:
+        raise RuntimeError("a bug in renewing")
+
+
+@pytest.mark.parametrize("own_time", [False, True])
+def test_a_renewal_that_fails_unexpectedly_ends_the_lease_and_its_stop_says_why(
+    own_time: bool,
+) -> None:
+    async def main() -> None:
+        loop_clock = LoopClock(epoch=NOW)
+        clock = _OwnTimeClock(loop_clock) if own_time else loop_clock
+        lease = Lease(_Broken(), "gpu-a", "t-1", clock=clock, ttl_seconds=TTL)
+        lease.start()
+        await asyncio.sleep(TTL)  # past the first renewal
+        with pytest.raises(RuntimeError, match="a bug in renewing"):
+            await lease.stop()
+
+    run_virtual(main())

@@ -198,10 +198,14 @@ class _Turns:
         self._renewal = self._loop.create_task(self._renew_turn())
 
     async def _renew_turn(self) -> None:
-        if await self._lease._renew_once() and not self._stopping:
-            self._timer = self._loop.call_later(self._lease.interval_seconds, self._due)
-        else:
-            self._finish()
+        renewed = False
+        try:
+            renewed = await self._lease._renew_once()
+        finally:  # a renewal that failed unexpectedly ends the lease (stop raises it)
+            if renewed and not self._stopping:
+                self._timer = self._loop.call_later(self._lease.interval_seconds, self._due)
+            else:
+                self._finish()
 
     def _finish(self) -> None:
         if self._timer is not None:
@@ -225,13 +229,18 @@ class _Turns:
             self._stopping = True
             if self._timer is not None:  # waiting for the next renewal: wake as it did
                 self._after(self._STOP_TURNS, self._finish)
-        if self.done or (self._renewal is not None
-                         and self._renewal is asyncio.current_task()):
+        renewal = self._renewal
+        if renewal is not None and renewal is asyncio.current_task():
             return
-        # Cancelling the stopper leaves the renewal in flight to finish (harmless).
-        stopper: asyncio.Future[None] = self._loop.create_future()
-        self._stoppers.append(stopper)
-        await stopper
+        if not self.done:
+            # Cancelling the stopper leaves the renewal in flight to finish (harmless).
+            stopper: asyncio.Future[None] = self._loop.create_future()
+            self._stoppers.append(stopper)
+            await stopper
+        if renewal is not None and renewal.done() and not renewal.cancelled():
+            failure = renewal.exception()
+            if failure is not None:  # as the lease task's own failure was, to the stopper
+                raise failure
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -131,8 +131,20 @@ async def _stop_while_renewing(lease: Lease, turns: _Turns) -> list[object]:
     return [await turns.stop_counted(lease), lease.renewals]
 
 
+async def _stop_at_the_renewal_instant(lease: Lease, turns: _Turns) -> list[object]:
+    await asyncio.sleep(TTL * 10 / 3)  # the tenth renewal is due as this sleep ends
+    return [await turns.stop_counted(lease), lease.renewals]
+
+
+async def _stop_just_after_the_renewal_instant(lease: Lease, turns: _Turns) -> list[object]:
+    await asyncio.sleep(TTL / 3)
+    await asyncio.sleep(0)  # the renewal's timer has fired; its renewal is under way
+    return [await turns.stop_counted(lease), lease.renewals]
+
+
 @pytest.mark.parametrize("scenario", [_stop_at_once, _stop_after_a_while, _renew_then_stop,
-                                      _stop_while_renewing])
+                                      _stop_while_renewing, _stop_at_the_renewal_instant,
+                                      _stop_just_after_the_renewal_instant])
 def test_the_timer_lease_renews_and_stops_in_the_turns_the_task_lease_did(
     scenario: Scenario,
 ) -> None:

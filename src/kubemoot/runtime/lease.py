@@ -189,12 +189,12 @@ class _Turns:
 
     def _due(self) -> None:
         self._timer = None
-        self._after(self._RENEW_TURNS, self._renew)
+        if not self._stopping:  # a stop that came first ends the lease without it
+            self._after(self._RENEW_TURNS, self._renew)
 
     def _renew(self) -> None:
-        if self._stopping:
-            self._finish()
-            return
+        # Even when a stop came meanwhile: the task, once its wait had timed out, renewed
+        # before it looked at the stop.
         self._renewal = self._loop.create_task(self._renew_turn())
 
     async def _renew_turn(self) -> None:

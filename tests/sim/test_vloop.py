@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 
 import pytest
 
@@ -49,3 +51,29 @@ def test_a_program_that_can_never_wake_raises_instead_of_hanging() -> None:
 
     with pytest.raises(SimulationStalled):
         run_virtual(main())
+
+
+def test_real_io_is_still_seen_while_callbacks_keep_the_loop_busy() -> None:
+    # The loop skips its per-turn poll only while nothing but its own wake-up pipe is
+    # registered: a socket's reader still fires among busy turns, and a callback from
+    # another thread runs without waiting for the loop to go idle.
+    async def main() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        turns = 0
+        read_at: list[int] = []
+        loop.add_reader(ours, lambda: read_at.append(turns) or ours.recv(16))
+        from_thread = asyncio.Event()
+        theirs.send(b"x")
+        threading.Thread(target=loop.call_soon_threadsafe, args=(from_thread.set,)).start()
+        while turns < 100_000 and not (read_at and from_thread.is_set()):
+            turns += 1
+            await asyncio.sleep(0)
+        loop.remove_reader(ours)
+        ours.close()
+        theirs.close()
+        return len(read_at), turns
+
+    reads, turns = run_virtual(main())
+    assert reads == 1
+    assert turns < 100_000  # both came while the loop never went idle

@@ -272,7 +272,9 @@ class ActiveCall:
         self.prompt_tokens = request.prompt_tokens
         self.failure_type: str | None = None
         self.record: CallRecord | None = None
-        self._lease = contextlib.AsyncExitStack()
+        # The lease's context, entered by the service and left when the call closes (held
+        # as is: an exit stack per call cost more than the one exit it would hold).
+        self._lease: contextlib.AbstractAsyncContextManager[object] | None = None
         self._closed = False
 
     @property
@@ -320,7 +322,14 @@ class ActiveCall:
             self.failure_type = failure_type
 
     async def _enter_lease(self) -> None:
-        await self._lease.enter_async_context(self.service.planner.lease(self.placement))
+        lease = self.service.planner.lease(self.placement)
+        await lease.__aenter__()
+        self._lease = lease
+
+    async def _leave_lease(self) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            await lease.__aexit__(None, None, None)
 
     async def close(self, *, ok: bool | None = None) -> CallRecord | None:
         """Stop the lease, re-probe after a load, learn, record use, release; once.
@@ -516,7 +525,7 @@ class CallService:
         """Stop renewing the lease; re-probe a provider whose memory the call changed,
         so the next placement sees the copy it loaded."""
         p = call.placement
-        await call._lease.aclose()
+        await call._leave_lease()
         if p.action in _CHANGES_MEMORY and self.after_load is not None:
             try:
                 await self.after_load(call.provider)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
@@ -28,7 +29,7 @@ from kubemoot.runtime.snapshot import DemandSnapshot, ModelDemand
 from kubemoot.settings import DEFAULTS, RuntimeSettings
 from kubemoot.store.documents import DemandEntry, SelectionEntry
 from kubemoot.store.keys import decode_token, join_key
-from kubemoot.store.protocol import Bucket
+from kubemoot.store.protocol import Bucket, Entry
 
 __all__ = ["DemandBoard"]
 
@@ -37,6 +38,13 @@ WAIT = "wait"
 INTENT = "intent"
 USE = "use"
 SELECTION = "sel"
+
+
+@runtime_checkable
+class _ReadsMany(Protocol):
+    """A bucket that reads several keys in one go (the embedded store does)."""
+
+    async def get_many(self, keys: Sequence[str]) -> list[Entry | None]: ...
 
 
 def _decayed(count: float, since: float | None, now: float, window: float) -> float:
@@ -61,6 +69,7 @@ class DemandBoard:
         #: Each entry parsed once per revision: the board is read for every placement
         #: round in the demand window, and most entries have not changed since.
         self._parsed: dict[str, tuple[int, DemandEntry | SelectionEntry]] = {}
+        self._shapes: dict[str, tuple[str, tuple[str, ...]]] = {}
 
     # -- writers ---------------------------------------------------------------------
 
@@ -89,7 +98,10 @@ class DemandBoard:
         current = await self._bucket.get(key)
         count = 0.0
         if current is not None:
-            previous = DemandEntry.from_json(current.value)
+            # parsed once per revision, like the snapshot's reads: most calls of a model
+            # find the entry the snapshot (or this process's last call) already parsed
+            previous = self._parse(key, current.revision, current.value, selecting=False)
+            assert isinstance(previous, DemandEntry)
             if previous.expires_at > now:
                 count = _decayed(
                     previous.count, previous.last_used_at, now, self.use_window_seconds
@@ -98,7 +110,8 @@ class DemandBoard:
         entry = DemandEntry(
             expires_at=now + 5 * self.use_window_seconds, count=count + 1.0, last_used_at=now
         )
-        await self._bucket.put(key, entry.to_json())
+        # What this process wrote needs no parsing when it reads it back.
+        self._parsed[key] = (await self._bucket.put(key, entry.to_json()), entry)
 
     async def record_selection(
         self, agent: str, models: Sequence[str], frequency: float
@@ -116,7 +129,7 @@ class DemandBoard:
     async def snapshot(self) -> DemandSnapshot:
         """Every live entry folded into per-model demand."""
         keys = await self._bucket.keys()
-        entries = await asyncio.gather(*(self._bucket.get(k) for k in keys))
+        entries = await self._read(keys)
         now = self._clock.now()
         waiters: dict[str, int] = {}
         intents: dict[str, int] = {}
@@ -125,9 +138,8 @@ class DemandBoard:
         for key, entry in zip(keys, entries, strict=True):
             if entry is None:
                 continue
-            kind, _, rest = key.partition(".")
             try:
-                segments = [decode_token(s) for s in rest.split(".")] if rest else []
+                kind, segments = self._shape(key)
                 selecting = kind == SELECTION and len(segments) == 1
                 parsed = self._parse(key, entry.revision, entry.value, selecting=selecting)
             except ValueError as error:  # a key or value this version does not understand
@@ -150,6 +162,8 @@ class DemandBoard:
                 uses[segments[0]] = (count, demand.last_used_at)
         for gone in self._parsed.keys() - set(keys):
             del self._parsed[gone]
+        for gone in self._shapes.keys() - set(keys):
+            del self._shapes[gone]
         models = set(waiters) | set(intents) | set(uses) | set(prediction)
         return DemandSnapshot(
             at=now,
@@ -164,6 +178,23 @@ class DemandBoard:
                 for m in models
             },
         )
+
+    async def _read(self, keys: list[str]) -> list[Entry | None]:
+        bucket = self._bucket
+        if isinstance(bucket, _ReadsMany):
+            return await bucket.get_many(keys)
+        # On a networked store the reads go out together: one round trip, not one per key.
+        return list(await asyncio.gather(*(bucket.get(k) for k in keys)))
+
+    def _shape(self, key: str) -> tuple[str, tuple[str, ...]]:
+        """The key's kind and its decoded segments, worked out once per key (a key that
+        does not decode raises every time it is read, so each read notes it)."""
+        known = self._shapes.get(key)
+        if known is None:
+            kind, _, rest = key.partition(".")
+            segments = tuple(decode_token(s) for s in rest.split(".")) if rest else ()
+            known = self._shapes[key] = (kind, segments)
+        return known
 
     def _parse(
         self, key: str, revision: int, value: bytes, *, selecting: bool

@@ -11,19 +11,23 @@ look idle to other planners, who could unload it under the running call.
     async with planner.lease(placement):   # or tickets.lease(provider, ticket_id)
         ...  # the call runs; its ticket is renewed on the injected clock
 
-The renewals wait on the injected clock's ``wait_for`` (a stop or the next turn,
-whichever comes first), so the simulator's virtual time drives them like any timer.
+The renewals follow the injected clock, so the simulator's virtual time drives them
+like any timer. On a clock that waits with the running loop's own timers (the system
+clock, the loop clock) a lease is one loop timer and starts a task only when a renewal
+is due; on any other clock (a test's manual clock) it is a task that waits on the
+clock's ``wait_for`` (a stop or the next turn, whichever comes first).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
 from kubemoot import metrics
-from kubemoot.clock import Clock
+from kubemoot.clock import Clock, LoopClock, SystemClock
 from kubemoot.store.documents import Ticket
 from kubemoot.store.protocol import KeyNotFound, StoreError
 
@@ -72,15 +76,25 @@ class Lease:
         self._ttl = ttl_seconds
         self._stopped = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._turns: _Turns | None = None
 
     def start(self) -> None:
         """Begin renewing (idempotent)."""
-        if self._task is None:
+        if self._task is not None or self._turns is not None:
+            return
+        if _loop_timed(self._clock):
+            self._turns = _Turns(self)
+            self._turns.start()
+        else:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
         """Stop renewing; a renewal in flight finishes first (it is harmless)."""
         self._stopped.set()
+        turns = self._turns
+        if turns is not None:
+            await turns.stop()
+            return
         task, self._task = self._task, None
         if task is not None and task is not asyncio.current_task():
             await asyncio.shield(task)
@@ -126,3 +140,109 @@ class Lease:
         self.renewals += 1
         metrics.LEASE_RENEWALS.labels(result="renewed").inc()
         return True
+
+
+def _loop_timed(clock: Clock) -> bool:
+    """Whether ``clock`` waits with the running loop's own timers (then a renewal can be
+    a loop timer); a clock that keeps its own time (a test's manual clock) cannot."""
+    return isinstance(clock, LoopClock | SystemClock)
+
+
+class _Turns:
+    """A lease's renewals as loop timers: no task unless a renewal is due.
+
+    Most calls end long before their first renewal (TTL/3), and a task per call that
+    only waits was a good part of the simulator's cost per call. This runs the same
+    schedule as :meth:`Lease._run` with one timer; a renewal gets a task of its own.
+
+    It also keeps that loop's *turns*: each step happens in the same loop iteration
+    (counted in ``call_soon`` hops) as in the task it replaces, and :meth:`stop` returns
+    the same number of turns later. Other tasks therefore interleave with a lease
+    exactly as before, which keeps the simulator's runs (decided by that interleaving)
+    identical.
+    """
+
+    #: Turns from a stop (or a renewal's timer) to where the task's wait ended: its
+    #: waiter task wakes, reports to ``wait_for``, which resumes the lease task.
+    _STOP_TURNS = 3
+    _RENEW_TURNS = 3
+
+    def __init__(self, lease: Lease) -> None:
+        self._lease = lease
+        self._loop = asyncio.get_running_loop()
+        #: True where the task this replaces would be done: the lease ended, or a
+        #: renewal found the ticket gone.
+        self.done = False
+        self._stoppers: list[asyncio.Future[None]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._renewal: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    def start(self) -> None:
+        self._loop.call_soon(self._arm)  # where the task's first step ran
+
+    def _arm(self) -> None:
+        if self._stopping:
+            self._finish()
+            return
+        self._timer = self._loop.call_later(self._lease.interval_seconds, self._due)
+
+    def _due(self) -> None:
+        self._timer = None
+        if not self._stopping:  # a stop that came first ends the lease without it
+            self._after(self._RENEW_TURNS, self._renew)
+
+    def _renew(self) -> None:
+        # Even when a stop came meanwhile: the task, once its wait had timed out, renewed
+        # before it looked at the stop.
+        self._renewal = self._loop.create_task(self._renew_turn())
+
+    async def _renew_turn(self) -> None:
+        renewed = False
+        try:
+            renewed = await self._lease._renew_once()
+        finally:  # a renewal that failed unexpectedly ends the lease (stop raises it)
+            if renewed and not self._stopping:
+                self._timer = self._loop.call_later(self._lease.interval_seconds, self._due)
+            else:
+                self._finish()
+
+    def _finish(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self.done:
+            self.done = True
+            # A stopper goes on a turn later, as one awaiting the shielded task did.
+            for stopper in self._stoppers:
+                self._loop.call_soon(_resolve, stopper)
+            self._stoppers.clear()
+
+    def _after(self, turns: int, then: Callable[[], None]) -> None:
+        if turns <= 0:
+            then()
+        else:
+            self._loop.call_soon(self._after, turns - 1, then)
+
+    async def stop(self) -> None:
+        if not self._stopping:
+            self._stopping = True
+            if self._timer is not None:  # waiting for the next renewal: wake as it did
+                self._after(self._STOP_TURNS, self._finish)
+        renewal = self._renewal
+        if renewal is not None and renewal is asyncio.current_task():
+            return
+        if not self.done:
+            # Cancelling the stopper leaves the renewal in flight to finish (harmless).
+            stopper: asyncio.Future[None] = self._loop.create_future()
+            self._stoppers.append(stopper)
+            await stopper
+        if renewal is not None and renewal.done() and not renewal.cancelled():
+            failure = renewal.exception()
+            if failure is not None:  # as the lease task's own failure was, to the stopper
+                raise failure
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -15,14 +15,23 @@ so it raises :class:`SimulationStalled` instead of hanging.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextvars
 import heapq
 import selectors
-from collections.abc import Coroutine, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, TypeVar, TypeVarTuple
 
 __all__ = ["SimulationStalled", "VirtualTimeLoop", "run_virtual"]
 
 T = TypeVar("T")
+_Ts = TypeVarTuple("_Ts")
+
+# asyncio's own thresholds (base_events): when cancelled timers are swept from the heap,
+# and the longest a poll may wait.
+_MIN_SCHEDULED = 100
+_MIN_CANCELLED = 0.5
+_MAXIMUM_SELECT_TIMEOUT = 24 * 3600
 
 
 class SimulationStalled(RuntimeError):
@@ -35,6 +44,8 @@ class _VirtualSelector(selectors.BaseSelector):
     def __init__(self, loop: VirtualTimeLoop) -> None:
         self._real = selectors.DefaultSelector()
         self._loop = loop
+        #: How many file objects the loop registers for itself (its wake-up pipe).
+        self.own = 0
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.register(fileobj, events, data)
@@ -52,6 +63,12 @@ class _VirtualSelector(selectors.BaseSelector):
         self._real.close()
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout == 0 and len(self._real.get_map()) <= self.own:
+            # Callbacks are ready and nothing but the loop's own wake-up pipe is
+            # registered: a poll (a system call every turn) could only drain that pipe,
+            # which the next idle turn does; a callback sent from another thread is in
+            # the ready queue already.
+            return []
         events = self._real.select(0)
         if events or timeout == 0:
             return events
@@ -67,9 +84,19 @@ class _VirtualSelector(selectors.BaseSelector):
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """An event loop whose clock is virtual and only moves when nothing is ready."""
 
+    # asyncio's own state, which this loop steps itself (typeshed leaves it out).
+    _scheduled: list[asyncio.TimerHandle]
+    _ready: collections.deque[asyncio.Handle]
+    _timer_cancelled_count: int
+    _stopping: bool
+    _debug: bool
+    _closed: bool
+
     def __init__(self, *, start: float = 0.0) -> None:
         self._virtual_now = start
-        super().__init__(selector=_VirtualSelector(self))
+        selector = _VirtualSelector(self)
+        super().__init__(selector=selector)
+        selector.own = len(selector.get_map())
         # Handles whose deadline is within this of now run together; virtual time has
         # no jitter, so a tiny resolution keeps distinct events distinct.
         self._clock_resolution = 1e-9
@@ -77,13 +104,73 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._virtual_now
 
+    def _run_once(self) -> None:
+        # asyncio's turn (BaseEventLoop._run_once: the same steps in the same order),
+        # without what virtual time makes idle: the poll on a busy turn when nothing of
+        # the program's is registered, and the wall clock. A simulated run is tens of
+        # thousands of turns, and this is where a turn's own cost lies.
+        if self._debug:
+            super()._run_once()  # type: ignore[misc]
+            return
+        scheduled: list[asyncio.TimerHandle] = self._scheduled
+        count = len(scheduled)
+        if count > _MIN_SCHEDULED and self._timer_cancelled_count / count > _MIN_CANCELLED:
+            kept = []
+            for timer in scheduled:
+                if timer._cancelled:  # type: ignore[attr-defined]
+                    timer._scheduled = False  # type: ignore[attr-defined]
+                else:
+                    kept.append(timer)
+            heapq.heapify(kept)
+            scheduled[:] = kept
+            self._timer_cancelled_count = 0
+        else:
+            while scheduled and scheduled[0]._cancelled:  # type: ignore[attr-defined]
+                self._timer_cancelled_count -= 1
+                heapq.heappop(scheduled)._scheduled = False  # type: ignore[attr-defined]
+        ready: collections.deque[asyncio.Handle] = self._ready
+        selector = self._selector  # type: ignore[attr-defined]
+        if ready or self._stopping:
+            if len(selector.get_map()) > selector.own:
+                self._process_events(selector.select(0))  # type: ignore[attr-defined]
+        else:
+            timeout = None
+            if scheduled:
+                timeout = min(max(0.0, scheduled[0].when() - self._virtual_now),
+                              _MAXIMUM_SELECT_TIMEOUT)
+            self._process_events(selector.select(timeout))  # type: ignore[attr-defined]
+        end = self._virtual_now + self._clock_resolution
+        while scheduled and scheduled[0].when() < end:
+            timer = heapq.heappop(scheduled)
+            timer._scheduled = False  # type: ignore[attr-defined]
+            ready.append(timer)
+        for _ in range(len(ready)):  # not the ones these schedule: they run next turn
+            handle = ready.popleft()
+            if not handle._cancelled:  # type: ignore[attr-defined]
+                handle._run()  # type: ignore[attr-defined]
+
+    def call_soon(
+        self, callback: Callable[[*_Ts], object], *args: *_Ts,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Handle:
+        # Every task step and every future's callback comes through here, tens of
+        # thousands of times per simulated run: the same FIFO append as asyncio's, with
+        # its thread and callback checks (debug mode only there too) left to debug mode.
+        if self._debug:
+            return super().call_soon(callback, *args, context=context)
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        handle = asyncio.Handle(callback, args, self, context)
+        self._ready.append(handle)
+        return handle
+
     def _advance_to_next_timer(self, timeout: float) -> None:
         # Jump exactly onto the earliest live deadline (not now + timeout, which can
         # fall a rounding error short of it and spin).
-        scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
+        scheduled: list[asyncio.TimerHandle] = self._scheduled
         while scheduled and scheduled[0].cancelled():
             heapq.heappop(scheduled)
-            self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
+            self._timer_cancelled_count -= 1
         target = scheduled[0].when() if scheduled else self._virtual_now + timeout
         self._virtual_now = max(self._virtual_now, target)
 

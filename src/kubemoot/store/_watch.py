@@ -56,7 +56,8 @@ class QueueWatch:
         return self
 
     async def __anext__(self) -> Change:
-        await self.ready()
+        if not self._started:  # checked here: a change read is one coroutine fewer
+            await self.ready()
         change = await self._queue.get()
         if change is None:
             self._queue.put_nowait(None)  # later calls end too

@@ -12,6 +12,8 @@ entries without sleeping. An expired entry reads as absent and produces no watch
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kubemoot.clock import Clock, SystemClock
@@ -29,8 +31,8 @@ __all__ = ["MemoryBucket", "MemoryKV"]
 
 @dataclass(slots=True)
 class _Item:
-    value: bytes
-    revision: int
+    #: made once per write: every read of this revision hands out the same (frozen) entry
+    entry: Entry
     expires_at: float | None
 
 
@@ -52,11 +54,14 @@ class MemoryBucket:
         if self._closed:
             raise StoreUnavailable(f"bucket {self.name!r}: the store is closed")
 
-    def _live(self, key: str) -> _Item | None:
+    def _live(self, key: str, now: float | None = None) -> _Item | None:
+        """The key's item unless it expired (``now``: the time, when the caller has it)."""
         item = self._items.get(key)
         if item is None:
             return None
-        if item.expires_at is not None and item.expires_at <= self._clock.now():
+        if item.expires_at is not None and item.expires_at <= (
+            self._clock.now() if now is None else now
+        ):
             del self._items[key]
             return None
         return item
@@ -69,7 +74,8 @@ class MemoryBucket:
         else:
             lifetime = ttl if ttl is not None else self._max_age
             expires_at = None if lifetime is None else self._clock.now() + lifetime
-            self._items[key] = _Item(value=value, revision=revision, expires_at=expires_at)
+            self._items[key] = _Item(Entry(key=key, value=value, revision=revision),
+                                     expires_at)
         change = Change(bucket=self.name, key=key, value=value, revision=revision)
         for watch in list(self._watchers):
             watch.push(change)
@@ -77,12 +83,41 @@ class MemoryBucket:
 
     # -- Bucket protocol -------------------------------------------------------------
 
+    def _entry(self, key: str, now: float | None = None) -> Entry | None:
+        item = self._live(key, now)
+        return None if item is None else item.entry
+
     async def get(self, key: str) -> Entry | None:
         self._check_open()
-        item = self._live(key)
-        if item is None:
-            return None
-        return Entry(key=key, value=item.value, revision=item.revision)
+        return self._entry(key)
+
+    async def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
+        """The entries of ``keys``, in order: what ``asyncio.gather`` of one
+        :meth:`get` per key answers, without a task per key.
+
+        The answer comes in the same loop turns as that gather's (the keys are read on
+        the next turn, the caller resumes two turns later), so code that switches to it
+        interleaves with other tasks exactly as before; only the per-key tasks and
+        their callbacks are saved. A reader of many small keys (the demand board reads
+        every entry per placement round) spends most of its time on those.
+        """
+        if not keys:
+            return []  # a gather of nothing is done at once: no turn passes either
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[list[Entry | None]] = loop.create_future()
+
+        def read() -> None:  # where the gather's tasks would run
+            try:
+                self._check_open()
+                now = self._clock.now()
+                entries = [self._entry(key, now) for key in keys]
+            except StoreUnavailable as error:
+                loop.call_soon(_fail, answer, error)
+            else:
+                loop.call_soon(_answer, answer, entries)  # where its last task reports
+
+        loop.call_soon(read)
+        return await answer
 
     async def create(self, key: str, value: bytes, *, ttl: float | None = None) -> int:
         self._check_open()
@@ -93,7 +128,7 @@ class MemoryBucket:
     async def update(self, key: str, value: bytes, *, expected_revision: int) -> int:
         self._check_open()
         item = self._live(key)
-        current = 0 if item is None else item.revision
+        current = 0 if item is None else item.entry.revision
         if current != expected_revision or item is None:
             raise RevisionMismatch(
                 f"bucket {self.name!r}: key {key!r} is at revision {current}, "
@@ -109,7 +144,7 @@ class MemoryBucket:
         self._check_open()
         item = self._live(key)
         if expected_revision is not None:
-            current = 0 if item is None else item.revision
+            current = 0 if item is None else item.entry.revision
             if current != expected_revision:
                 raise RevisionMismatch(
                     f"bucket {self.name!r}: key {key!r} is at revision {current}, "
@@ -120,7 +155,8 @@ class MemoryBucket:
 
     async def keys(self) -> list[str]:
         self._check_open()
-        return sorted(key for key in list(self._items) if self._live(key) is not None)
+        now = self._clock.now()  # one reading for all: a listing is one instant
+        return sorted(key for key in list(self._items) if self._live(key, now) is not None)
 
     def watch(self) -> QueueWatch:
         self._check_open()
@@ -138,6 +174,16 @@ class MemoryBucket:
         for watch in list(self._watchers):
             watch.end()
         self._watchers.clear()
+
+
+def _answer(future: asyncio.Future[list[Entry | None]], entries: list[Entry | None]) -> None:
+    if not future.done():  # the reader may have been cancelled meanwhile
+        future.set_result(entries)
+
+
+def _fail(future: asyncio.Future[list[Entry | None]], error: StoreUnavailable) -> None:
+    if not future.done():
+        future.set_exception(error)
 
 
 class MemoryKV:

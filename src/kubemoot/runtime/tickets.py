@@ -63,10 +63,12 @@ from kubemoot.runtime.ticket_decision import (
     TicketOp,
     decide,
 )
+from kubemoot.runtime.ticket_requests import Announcements
 from kubemoot.settings import DEFAULTS
 from kubemoot.store.documents import (
     ProviderState,
     ProviderTickets,
+    RequestKind,
     Ticket,
     TicketState,
 )
@@ -93,6 +95,10 @@ log = logging.getLogger(__name__)
 
 _RELEASE_PATIENCE = 16  # a release may lose this many times more races than a claim
 _CONTENDED_TURNS = 4  # a lane counts as contended for this many backoff caps after a loss
+# An operation is announced for other processes to apply once it lost this many races:
+# a single loss is ordinary traffic, and every announcement costs a write that every
+# process following the requests reads.
+_ANNOUNCE_AFTER_LOSSES = 2
 
 class ClaimOptions(TypedDict, total=False):
     """The optional arguments of :meth:`TicketManager.claim`, for callers that pass them on."""
@@ -138,20 +144,36 @@ class _Op:
     reread: bool = False  # CLAIM: decide on a freshly read state from now on
     attempts: int = 0
     abandoned: bool = False  # the caller was cancelled while waiting
+    announced: str | None = None  # the key of its announced request, while it waits
+    announced_until: float | None = None  # when that announcement lapses
 
     def request(self, ttl_seconds: float) -> TicketOp:
         """The operation as :func:`decide` sees it (``ttl_seconds``: the manager's)."""
         ttl = self.ttl_seconds if self.ttl_seconds is not None else ttl_seconds
         return TicketOp(self.kind, self.ticket_id, ticket=self.ticket, check=self.check,
-                        ttl_seconds=ttl, state=self.state, abandoned=self.abandoned)
+                        ttl_seconds=ttl, state=self.state, abandoned=self.abandoned,
+                        announced_until=self.announced_until)
+
+    @property
+    def announceable(self) -> bool:
+        """Whether another process could apply it: a claim without a check of its own
+        (a check is code), or a plain release; each is announced once."""
+        if self.announced is not None or self.announced_until is not None:
+            return False
+        if self.kind is OpKind.CLAIM:
+            return self.check is None and not self.abandoned
+        return self.kind is OpKind.RELEASE
 
 
 @dataclass(eq=False)
 class _Lane:
     """The queue of one provider's pending operations, and the task serving it."""
 
+    provider: str
     pending: list[_Op] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
+    # Set when a writer settled one of this lane's announced requests.
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
     # The document as this lane last wrote it: the next batch tries its CAS on it
     # without reading first; a lost race drops it and the next attempt reads.
     cached: tuple[ProviderTickets, int] | None = None
@@ -174,8 +196,16 @@ class TicketManager:
         backoff_base_seconds: float = 0.001,
         backoff_cap_seconds: float = 0.05,
         line_seconds: float = DEFAULTS.claim_line_seconds,
+        requests: Bucket | None = None,
+        request_seconds: float = DEFAULTS.claim_request_seconds,
     ) -> None:
         self._tickets = tickets
+        # Where claims that lost a race are announced for other writers to apply
+        # (:mod:`kubemoot.runtime.ticket_requests`); None: every claim races on its own.
+        self._announcements = (
+            None if requests is None
+            else Announcements(requests, clock=clock, seconds=request_seconds)
+        )
         self.line_seconds = line_seconds
         self._states = states
         self._clock = clock
@@ -185,6 +215,17 @@ class TicketManager:
         self._backoff_base = backoff_base_seconds
         self._backoff_cap = backoff_cap_seconds
         self._lanes: dict[str, _Lane] = {}
+
+    async def open(self) -> bool:
+        """Follow the requests other processes announce now, rather than from the first
+        operation on; whether they are followed (False without a requests bucket, or
+        when the store refused the watch: this process then applies nobody's)."""
+        return self._announcements is not None and await self._announcements.following()
+
+    async def aclose(self) -> None:
+        """Stop following announced requests (nothing to do without them)."""
+        if self._announcements is not None:
+            await self._announcements.aclose()
 
     # -- reading ---------------------------------------------------------------------
 
@@ -327,8 +368,16 @@ class TicketManager:
         attempts = max_attempts if max_attempts is not None else self.max_attempts
         return _Op(kind, ticket_id, future, attempts, **kw)  # type: ignore[arg-type]
 
+    def _lane(self, provider: str) -> _Lane:
+        lane = self._lanes.get(provider)
+        if lane is None:
+            lane = self._lanes[provider] = _Lane(provider)
+        return lane
+
     async def _submit(self, provider: str, op: _Op) -> Ticket | None:
-        lane = self._lanes.setdefault(provider, _Lane())
+        if self._announcements is not None:
+            self._announcements.follow()
+        lane = self._lane(provider)
         lane.pending.append(op)
         if lane.task is None or lane.task.done():
             lane.task = asyncio.get_running_loop().create_task(self._serve(provider, lane))
@@ -348,8 +397,11 @@ class TicketManager:
         assert ticket is not None
         orphan = self._op(OpKind.RELEASE, ticket.ticket_id, max_attempts=self._release_attempts)
         orphan.future.add_done_callback(lambda f: f.cancelled() or f.exception())
-        lane = self._lanes.setdefault(provider, _Lane())
-        lane.pending.append(orphan)
+        self._enqueue(provider, orphan)
+
+    def _enqueue(self, provider: str, op: _Op) -> None:
+        lane = self._lane(provider)
+        lane.pending.append(op)
         if lane.task is None or lane.task.done():
             lane.task = asyncio.get_running_loop().create_task(self._serve(provider, lane))
 
@@ -394,8 +446,7 @@ class TicketManager:
                             op.reread = True
                             retry.add(id(op))
                 if changed:
-                    written = ProviderTickets(provider=provider, tickets=decision.tickets,
-                                              line=decision.line)
+                    written = decision.document(provider)
                     if revision is None:
                         new_revision = await self._tickets.create(key, written.to_json())
                     else:
@@ -419,7 +470,8 @@ class TicketManager:
                     outages += 1
                     await self._clock.sleep(self._outage_backoff(outages))
                 else:
-                    await self._clock.sleep(self._backoff(conflicts))
+                    await self._announce(lane, batch)
+                    await self._pause(lane, self._backoff(conflicts))
                 continue
             except Exception as error:  # a bad document or a bug: fail this batch, not the lane
                 faults.noted(
@@ -430,10 +482,39 @@ class TicketManager:
                     self._finish(lane, op, error=error)
                 continue
             outages = 0
+            if self._announcements is not None:  # written: wake the announcers
+                self._announcements.settle(decision.settled, decision.found_settled)
             for op in batch:
                 if id(op) not in retry:
                     self._finish(lane, op, result=results.get(id(op)))
             conflicts = max(0, conflicts - 1)
+
+    async def _announce(self, lane: _Lane, batch: list[_Op]) -> None:
+        """Announce the batch's claims and releases that lost a race (once each), so
+        that whichever process writes the document next applies them, in order."""
+        announcements = self._announcements
+        if announcements is None:
+            return
+        for op in batch:
+            if op.future.done() or not op.announceable or op.attempts < _ANNOUNCE_AFTER_LOSSES:
+                continue
+            announced = await announcements.announce(
+                lane.provider,
+                RequestKind.CLAIM if op.kind is OpKind.CLAIM else RequestKind.RELEASE,
+                op.ticket_id, op.ticket, lane.wake,
+            )
+            if announced is not None:
+                op.announced, op.announced_until = announced
+
+    async def _pause(self, lane: _Lane, seconds: float) -> None:
+        """Back off; an announced request settled by another writer ends it early."""
+        if not any(op.announced for op in lane.pending):
+            await self._clock.sleep(seconds)
+            return
+        if not lane.wake.is_set():
+            with contextlib.suppress(TimeoutError):
+                await self._clock.wait_for(lane.wake.wait(), seconds)
+        lane.wake.clear()
 
     async def _read_for(
         self,
@@ -509,6 +590,19 @@ class TicketManager:
     ) -> None:
         with contextlib.suppress(ValueError):
             lane.pending.remove(op)
+        if op.announced is not None and self._announcements is not None:
+            self._announcements.withdraw(op.announced)
+            op.announced = None
+            granted = error is None and isinstance(result, Ticket)
+            if op.kind is OpKind.CLAIM and not granted and op.announced_until is not None:
+                # Its caller hears "no", yet a writer that saw the announcement could
+                # still grant it: a release that marks it served forbids that, and
+                # undoes a grant that already happened.
+                withdraw = self._op(OpKind.RELEASE, op.ticket_id,
+                                    max_attempts=self._release_attempts,
+                                    announced_until=op.announced_until)
+                withdraw.future.add_done_callback(lambda f: f.cancelled() or f.exception())
+                self._enqueue(lane.provider, withdraw)
         if op.future.done():
             return
         failure = error if error is not None else result
@@ -526,8 +620,10 @@ class TicketManager:
         batch: list[_Op],
     ) -> tuple[Decision, dict[int, Ticket | BaseException | None]]:
         """Decide every queued operation in order; each outcome as the caller gets it."""
+        announced = (() if self._announcements is None
+                     else self._announcements.pending(provider))
         decision = decide(document, state, now, [op.request(self.ttl_seconds) for op in batch],
-                          line_seconds=self.line_seconds)
+                          line_seconds=self.line_seconds, announced=announced)
         results: dict[int, Ticket | BaseException | None] = {}
         for op, outcome in zip(batch, decision.outcomes, strict=True):
             if isinstance(outcome, Refused):

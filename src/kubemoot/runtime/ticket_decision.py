@@ -94,9 +94,12 @@ class TicketOp:
     ttl_seconds: float = 0.0  # RENEW and STATE: the expiry moves to now + this
     state: TicketState | None = None  # STATE
     abandoned: bool = False  # CLAIM: nobody waits for it any more
-    # CLAIM or RELEASE of a claim that was announced: until then the ticket id stays
-    # marked served, so the announcement is never granted (again) by another writer.
+    # CLAIM that was announced: once granted, its ticket id stays marked served until
+    # then, so the announcement is never granted (again) by another writer.
     announced_until: float | None = None
+    # RELEASE that withdraws an announced claim its caller gave up on: marked served
+    # until then, so no writer grants the announcement afterwards.
+    withdraw_until: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,10 +188,10 @@ def decide(doc: ProviderTickets, state: ProviderState | None, now: float,
             if index is not None:
                 del tickets[index]
                 changed = True
-            if op.announced_until is not None and op.announced_until > now:
+            if op.withdraw_until is not None and op.withdraw_until > now:
                 # a claim announced and then given up: no late grant of its announcement
-                changed = changed or served.get(op.ticket_id) != op.announced_until
-                served[op.ticket_id] = op.announced_until
+                changed = changed or op.ticket_id not in served
+                served.setdefault(op.ticket_id, op.withdraw_until)
             outcomes.append(None)
         elif index is None:
             outcomes.append(Gone())

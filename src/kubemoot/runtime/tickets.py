@@ -70,6 +70,7 @@ from kubemoot.store.documents import (
     ProviderTickets,
     RequestKind,
     Ticket,
+    TicketRequest,
     TicketState,
 )
 from kubemoot.store.keys import encode_token
@@ -146,13 +147,16 @@ class _Op:
     abandoned: bool = False  # the caller was cancelled while waiting
     announced: str | None = None  # the key of its announced request, while it waits
     announced_until: float | None = None  # when that announcement lapses
+    withdraw_until: float | None = None  # RELEASE: withdraws an announced claim
 
     def request(self, ttl_seconds: float) -> TicketOp:
         """The operation as :func:`decide` sees it (``ttl_seconds``: the manager's)."""
         ttl = self.ttl_seconds if self.ttl_seconds is not None else ttl_seconds
         return TicketOp(self.kind, self.ticket_id, ticket=self.ticket, check=self.check,
                         ttl_seconds=ttl, state=self.state, abandoned=self.abandoned,
-                        announced_until=self.announced_until)
+                        announced_until=(self.announced_until
+                                         if self.kind is OpKind.CLAIM else None),
+                        withdraw_until=self.withdraw_until)
 
     @property
     def announceable(self) -> bool:
@@ -160,6 +164,8 @@ class _Op:
         (a check is code), or a plain release; each is announced once."""
         if self.announced is not None or self.announced_until is not None:
             return False
+        if self.withdraw_until is not None:
+            return False  # it must mark the claim served, which an announcement cannot
         if self.kind is OpKind.CLAIM:
             return self.check is None and not self.abandoned
         return self.kind is OpKind.RELEASE
@@ -221,6 +227,11 @@ class TicketManager:
         operation on; whether they are followed (False without a requests bucket, or
         when the store refused the watch: this process then applies nobody's)."""
         return self._announcements is not None and await self._announcements.following()
+
+    def announced(self, provider: str) -> list[TicketRequest]:
+        """Other processes' live announced requests on ``provider`` that this process
+        would apply in its next write there, oldest first."""
+        return [] if self._announcements is None else self._announcements.pending(provider)
 
     async def aclose(self) -> None:
         """Stop following announced requests (nothing to do without them)."""
@@ -529,7 +540,9 @@ class TicketManager:
                 return cached[0], cached[1], known
             document, revision = await self.read(provider)
             return document, revision, known
-        needs_state = any(op.kind is OpKind.CLAIM for op in batch)
+        needs_state = any(op.kind is OpKind.CLAIM for op in batch) or any(
+            r.kind is RequestKind.CLAIM for r in self.announced(provider)
+        )  # another process's announced claim is judged on the budget too
         if cached is not None:
             state = await self._state(provider) if needs_state else None
             return cached[0], cached[1], state
@@ -568,10 +581,14 @@ class TicketManager:
     def _count_attempt(
         self, lane: _Lane, batch: list[_Op], provider: str, error: StoreError
     ) -> None:
+        now = self._clock.now()
         for op in batch:
             op.attempts += 1
             if op.attempts < op.max_attempts:
                 continue
+            in_line = op.announced is not None and (op.announced_until or 0.0) > now
+            if in_line and not isinstance(error, StoreUnavailable):
+                continue  # announced: it waits for its turn until the announcement lapses
             if isinstance(error, StoreUnavailable):
                 self._finish(lane, op, error=error)
             else:
@@ -600,7 +617,7 @@ class TicketManager:
                 # undoes a grant that already happened.
                 withdraw = self._op(OpKind.RELEASE, op.ticket_id,
                                     max_attempts=self._release_attempts,
-                                    announced_until=op.announced_until)
+                                    withdraw_until=op.announced_until)
                 withdraw.future.add_done_callback(lambda f: f.cancelled() or f.exception())
                 self._enqueue(lane.provider, withdraw)
         if op.future.done():

@@ -25,6 +25,15 @@ with jitter (through the injected clock) before deciding again. Every decision i
 made against the document at the revision the write is conditional on, so the budget
 invariant is exactly as strong as with one claim per write.
 
+The line across processes. A lost race leaves no trace in the document, so an
+operation that lost two in a row is *announced* beside it
+(:mod:`kubemoot.runtime.ticket_requests`, when the manager is given the requests
+bucket), and every write of the document applies the announcements it knows of, oldest
+first, before its own operations. The announcer keeps trying meanwhile, waits between
+tries on its announcement being settled, and does not give up for lost races while the
+announcement is live. A claim with a check is never announced (no other process can
+run the check).
+
 Two release layers, both always present: :meth:`TicketManager.release` removes the
 ticket at once (use it in a ``finally``, or use :meth:`TicketManager.claimed`), and every
 ticket carries ``expiresAt``: readers ignore expired tickets and writers prune them, so a
@@ -442,6 +451,10 @@ class TicketManager:
                     provider, batch, cached, known
                 )
                 now = self._clock.now()
+                if self._answer_announced(lane, batch, document, now, fresh=cached is None):
+                    batch = [op for op in batch if not op.future.done()]
+                    if not batch:
+                        continue  # nothing of ours to write
                 decision, results = self._apply(provider, document, state, now, batch)
                 changed = decision.changed
                 # A "no" stands only on fresh state: the state read now, and a document
@@ -480,8 +493,12 @@ class TicketManager:
                 if isinstance(error, StoreUnavailable):
                     outages += 1
                     await self._clock.sleep(self._outage_backoff(outages))
+                elif await self._announce(lane, batch):
+                    # Just announced: try again at once. The processes that lost this
+                    # round announce together, and the next write any of them wins
+                    # serves them all; waiting out a backoff here left nobody writing.
+                    await self._pause(lane, self._rng.uniform(0.0, self._backoff_base))
                 else:
-                    await self._announce(lane, batch)
                     await self._pause(lane, self._backoff(conflicts))
                 continue
             except Exception as error:  # a bad document or a bug: fail this batch, not the lane
@@ -500,12 +517,14 @@ class TicketManager:
                     self._finish(lane, op, result=results.get(id(op)))
             conflicts = max(0, conflicts - 1)
 
-    async def _announce(self, lane: _Lane, batch: list[_Op]) -> None:
-        """Announce the batch's claims and releases that lost a race (once each), so
-        that whichever process writes the document next applies them, in order."""
+    async def _announce(self, lane: _Lane, batch: list[_Op]) -> bool:
+        """Announce the batch's claims and releases that lost races (once each), so
+        that whichever process writes the document next applies them, in order;
+        whether any was announced now."""
         announcements = self._announcements
         if announcements is None:
-            return
+            return False
+        fresh = False
         for op in batch:
             if op.future.done() or not op.announceable or op.attempts < _ANNOUNCE_AFTER_LOSSES:
                 continue
@@ -516,6 +535,34 @@ class TicketManager:
             )
             if announced is not None:
                 op.announced, op.announced_until = announced
+                fresh = True
+        return fresh
+
+    def _answer_announced(self, lane: _Lane, batch: list[_Op], document: ProviderTickets,
+                          now: float, *, fresh: bool) -> bool:
+        """Answer the announced operations another process already applied, as read.
+
+        Their answer no longer depends on this lane's write, and a write now would also
+        carry the announcements still pending, which makes it likely to lose: an answer
+        held back until this lane wins a race would keep the announcer waiting for
+        nothing. A claim is granted once its ticket is in any committed revision; a
+        release is done once its ticket is absent from a revision just read (a copy this
+        lane kept could predate the grant). Whether any was answered.
+        """
+        if self._announcements is None:
+            return False
+        present = {t.ticket_id: t for t in document.active(now)}
+        answered = False
+        for op in batch:
+            if op.announced is None or op.future.done():
+                continue
+            if op.kind is OpKind.CLAIM and op.ticket_id in present:
+                self._finish(lane, op, result=present[op.ticket_id])
+                answered = True
+            elif op.kind is OpKind.RELEASE and fresh and op.ticket_id not in present:
+                self._finish(lane, op, result=None)
+                answered = True
+        return answered
 
     async def _pause(self, lane: _Lane, seconds: float) -> None:
         """Back off; an announced request settled by another writer ends it early."""

@@ -26,7 +26,7 @@ made against the document at the revision the write is conditional on, so the bu
 invariant is exactly as strong as with one claim per write.
 
 The line across processes. A lost race leaves no trace in the document, so an
-operation that lost two in a row is *announced* beside it
+operation that lost one is *announced* beside it
 (:mod:`kubemoot.runtime.ticket_requests`, when the manager is given the requests
 bucket), and every write of the document applies the announcements it knows of, oldest
 first, before its own operations. The announcer keeps trying meanwhile, waits between
@@ -105,10 +105,11 @@ log = logging.getLogger(__name__)
 
 _RELEASE_PATIENCE = 16  # a release may lose this many times more races than a claim
 _CONTENDED_TURNS = 4  # a lane counts as contended for this many backoff caps after a loss
-# An operation is announced for other processes to apply once it lost this many races:
-# a single loss is ordinary traffic, and every announcement costs a write that every
-# process following the requests reads.
-_ANNOUNCE_AFTER_LOSSES = 2
+# An operation is announced for other processes to apply once it lost this many races.
+# Waiting for a second loss was tried: with twenty processes the losers then spent two
+# backoffs racing before anyone could serve them, and bench/kv.py's 20-process run gave
+# fewer claims per second than with no announcements at all.
+_ANNOUNCE_AFTER_LOSSES = 1
 
 class ClaimOptions(TypedDict, total=False):
     """The optional arguments of :meth:`TicketManager.claim`, for callers that pass them on."""

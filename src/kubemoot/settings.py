@@ -117,7 +117,7 @@ class RuntimeSettings:
     claim_line_seconds: float = 5.0
     #: How long a claim or release that lost a race stays announced for other
     #: processes' writers to apply (its claimer keeps trying on its own meanwhile).
-    claim_request_seconds: float = 2.0
+    claim_request_seconds: float = 0.5
     #: Prompt size assumed when a call is planned before its prompt exists.
     assumed_prompt_tokens: int = 2048
     #: What evaluating one prompt token costs an engine (prefill) when its slot's cache

@@ -18,6 +18,7 @@ import pytest
 from kubemoot.clock import Clock, SystemClock
 from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketManager
 from kubemoot.store.documents import (
+    AnnouncedRequests,
     ProviderTickets,
     RequestKind,
     Ticket,
@@ -145,9 +146,10 @@ async def test_a_waiter_that_died_leaves_the_line_when_its_place_lapses(
     ticket = Ticket(ticket_id="dead-claim", model="m", model_footprint_mib=4 * GIB,
                     holder_id="dead", state=TicketState.RUNNING, started_at=now,
                     expires_at=now + 180)
-    dead = TicketRequest(provider=PROVIDER, kind=RequestKind.CLAIM, ticket_id="dead-claim",
-                         ticket=ticket, expires_at=now + 2)
-    await requests.create(f"{encode_token(PROVIDER)}.claim.dead-claim", dead.to_json())
+    dead = AnnouncedRequests(provider=PROVIDER, requests=[TicketRequest(
+        provider=PROVIDER, kind=RequestKind.CLAIM, ticket_id="dead-claim", ticket=ticket,
+        expires_at=now + 2)])
+    await requests.create(f"{encode_token(PROVIDER)}.dead-process", dead.to_json())
     await until_stored(requests, lambda: manager.announced(PROVIDER), timeout=30,
                        what="the dead process's announcement seen")
     # The next write applies it: 4 GiB do not fit beside 6, so it takes a place in line.

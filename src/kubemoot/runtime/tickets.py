@@ -216,18 +216,19 @@ class TicketManager:
         request_seconds: float = DEFAULTS.claim_request_seconds,
     ) -> None:
         self._tickets = tickets
-        # Where claims that lost a race are announced for other writers to apply
-        # (:mod:`kubemoot.runtime.ticket_requests`); None: every claim races on its own.
-        self._announcements = (
-            None if requests is None
-            else Announcements(requests, clock=clock, seconds=request_seconds)
-        )
+
         self.line_seconds = line_seconds
         self._states = states
         self._clock = clock
         self.ttl_seconds = ttl_seconds
         self.max_attempts = max_attempts
         self._rng = rng if rng is not None else random.Random()
+        # Where claims that lost a race are announced for other writers to apply
+        # (:mod:`kubemoot.runtime.ticket_requests`); None: every claim races on its own.
+        self._announcements = (
+            None if requests is None
+            else Announcements(requests, clock=clock, seconds=request_seconds, rng=self._rng)
+        )
         self._backoff_base = backoff_base_seconds
         self._backoff_cap = backoff_cap_seconds
         self._lanes: dict[str, _Lane] = {}
@@ -525,19 +526,23 @@ class TicketManager:
         announcements = self._announcements
         if announcements is None:
             return False
-        fresh = False
-        for op in batch:
-            if op.future.done() or not op.announceable or op.attempts < _ANNOUNCE_AFTER_LOSSES:
-                continue
-            announced = await announcements.announce(
-                lane.provider,
-                RequestKind.CLAIM if op.kind is OpKind.CLAIM else RequestKind.RELEASE,
-                op.ticket_id, op.ticket, lane.wake,
-            )
-            if announced is not None:
-                op.announced, op.announced_until = announced
-                fresh = True
-        return fresh
+        due = [op for op in batch if not op.future.done() and op.announceable
+               and op.attempts >= _ANNOUNCE_AFTER_LOSSES]
+        if not due:
+            return False
+        requests = [
+            announcements.request(
+                lane.provider, op.ticket_id, ticket=op.ticket,
+                kind=RequestKind.CLAIM if op.kind is OpKind.CLAIM else RequestKind.RELEASE,
+            ) for op in due
+        ]
+        # One key for all of them, as the write that lost carried them all.
+        key = await announcements.announce(lane.provider, requests, lane.wake)
+        if key is None:
+            return False
+        for op, request in zip(due, requests, strict=True):
+            op.announced, op.announced_until = key, request.expires_at
+        return True
 
     def _answer_announced(self, lane: _Lane, batch: list[_Op], document: ProviderTickets,
                           now: float, *, fresh: bool) -> bool:
@@ -656,7 +661,7 @@ class TicketManager:
         with contextlib.suppress(ValueError):
             lane.pending.remove(op)
         if op.announced is not None and self._announcements is not None:
-            self._announcements.withdraw(op.announced)
+            self._announcements.answered(op.announced, op.ticket_id)
             op.announced = None
             granted = error is None and isinstance(result, Ticket)
             if op.kind is OpKind.CLAIM and not granted and op.announced_until is not None:

@@ -148,25 +148,35 @@ class RequestKind(StrEnum):
 
 
 class TicketRequest(_Doc):
-    """``kubemoot_ticket_requests/<provider>.<kind>.<ticketId>``: an announced request.
+    """One announced operation: a claim (with the ticket to grant) or a release.
 
-    A claimer (or releaser) that lost a compare-and-set race on the ticket document
-    writes its request here, under a key of its own, and keeps trying; whichever
-    process writes the document next applies every announced request it knows of, in
-    the order they were announced (the bucket's revisions), in the same write. A claim
-    is announced only when it carries no check of its own (a check is code, which
-    another process cannot run). Past ``expiresAt`` nobody applies it.
+    Past ``expiresAt`` nobody applies it. A claim is announced only when it carries no
+    check of its own (a check is code, which another process cannot run).
     """
 
-    version: int = DOCUMENT_VERSION
     provider: str
     kind: RequestKind
     ticket_id: str
     ticket: Ticket | None = None  # CLAIM: the ticket to grant
     expires_at: float
 
+
+class AnnouncedRequests(_Doc):
+    """``kubemoot_ticket_requests/<provider>.<announcementId>``: requests that lost a race.
+
+    A process whose compare-and-set on the ticket document lost writes what that write
+    carried here, under a key of its own (one key for all of its operations on the
+    provider, as its write would have batched them), and keeps trying; whichever process
+    writes the document next applies every announced request it knows of, in the order
+    they were announced (the bucket's revisions), in the same write.
+    """
+
+    version: int = DOCUMENT_VERSION
+    provider: str
+    requests: list[TicketRequest] = Field(default_factory=list)
+
     @classmethod
-    def from_json(cls, data: bytes) -> TicketRequest:
+    def from_json(cls, data: bytes) -> AnnouncedRequests:
         return cls.model_validate_json(data)
 
 

@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from kubemoot.clock import SystemClock
 from kubemoot.runtime.builder import build_runtime
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.runtime.planner import CallPlanner
-from kubemoot.store.documents import LoadedModel, ProviderState
+from kubemoot.store.documents import ProviderState, ResidentModel
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
 from kubemoot.store.protocol import KV, Bucket
@@ -45,11 +45,11 @@ def fleet(count: int, rng: random.Random) -> list[ProviderState]:
     states = []
     for i in range(count):
         total = rng.choice([16, 24, 32, 48, 80]) * 1024
-        residents: list[LoadedModel] = []
+        residents: list[ResidentModel] = []
         used = 0
         for model in rng.sample(MODELS, 3):
             if used + SIZES_MIB[model] <= total - 2048:
-                residents.append(LoadedModel(name=model, size_mib=SIZES_MIB[model]))
+                residents.append(ResidentModel(name=model, size_mib=SIZES_MIB[model]))
                 used += SIZES_MIB[model]
         states.append(ProviderState(
             provider=f"gpu-{i:04d}", endpoint=f"http://gpu-{i:04d}:11434", ready=True,
@@ -85,7 +85,7 @@ async def loop(
         if floor is not None:
             floor_samples.append(await round_trip(floor))
         model = rng.choice(MODELS)
-        candidates = [Candidate(model, 70), Candidate(rng.choice(MODELS), 65)]
+        candidates = [CandidateModel(model, 70), CandidateModel(rng.choice(MODELS), 65)]
         start_cpu = time.thread_time() if cpu is not None else 0.0
         start = time.perf_counter()
         placement = await planner.place(candidates, holder_id=f"bench-{i}", prompt_tokens=2000)

@@ -12,7 +12,7 @@ from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET, PROVIDER_TICKETS_BUCKET
 from kubemoot.store.memory import MemoryKV
@@ -50,7 +50,7 @@ async def test_cancelling_during_the_after_call_probe_still_releases_the_ticket(
         call = asyncio.create_task(stack.agents.call(
             agent="crew/a", thread_id="t1", phase="mulling",
             messages=[{"role": "user", "content": "hello"}],
-            candidates=[Candidate("small:1b", 50.0)], wait=False,
+            candidates=[CandidateModel("small:1b", 50.0)], wait=False,
         ))
         await asyncio.wait_for(probing.wait(), 10)
         assert await stack.tickets.active("gpu-a"), "the call holds a ticket while it runs"

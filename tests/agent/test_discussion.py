@@ -15,7 +15,7 @@ from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET, TicketState
 from kubemoot.store.memory import MemoryKV
@@ -62,11 +62,11 @@ async def crew_stack(emulators: Mapping[str, OllamaEmulator]) -> AsyncIterator[R
 
 def _member(name: str, *models: str) -> AgentProfile:
     return AgentProfile(id=f"crew/{name}", role="tooler",
-                        mulling=tuple(Candidate(m, 50.0) for m in models))
+                        mulling=tuple(CandidateModel(m, 50.0) for m in models))
 
 
 COORDINATOR = AgentProfile(id="crew/coordinator", role="coordinator",
-                           mulling=(Candidate("small:1b", 70.0),))
+                           mulling=(CandidateModel("small:1b", 70.0),))
 
 
 async def test_positions_carry_the_provider_and_model_the_call_ran_on(

@@ -29,7 +29,7 @@ from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime.circuit import CircuitBreakers, CircuitState
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 from kubemoot.store.memory import MemoryKV
@@ -91,7 +91,7 @@ async def _call(fleet: Fleet, text: str, tools: tuple[Tool, ...] = ()) -> Any:
     return await fleet.stack.agents.call(
         agent="crew/a", thread_id="t1", phase="mulling",
         messages=[{"role": "user", "content": text}],
-        candidates=[Candidate(SMALL.name, 50.0)], tools=tools, wait=False,
+        candidates=[CandidateModel(SMALL.name, 50.0)], tools=tools, wait=False,
     )
 
 
@@ -164,7 +164,7 @@ async def test_half_open_admits_one_trial_call(make_fleet: Callable[..., Any]) -
         assert fleet.circuits.state("gpu-a") is CircuitState.HALF_OPEN
 
         placements = await asyncio.gather(*(
-            fleet.stack.planner.place([Candidate(SMALL.name, 50.0)], holder_id=f"call-{i}")
+            fleet.stack.planner.place([CandidateModel(SMALL.name, 50.0)], holder_id=f"call-{i}")
             for i in range(8)
         ))
         placed = [p for p in placements if p.placed]
@@ -174,7 +174,7 @@ async def test_half_open_admits_one_trial_call(make_fleet: Callable[..., Any]) -
         # the trial succeeds: the circuit closes and calls flow again
         await fleet.stack.planner.finish(placed[0], seconds=0.1, ok=True)
         assert fleet.circuits.state("gpu-a") is CircuitState.CLOSED
-        again = await fleet.stack.planner.place([Candidate(SMALL.name, 50.0)],
+        again = await fleet.stack.planner.place([CandidateModel(SMALL.name, 50.0)],
                                                 holder_id="after")
         assert again.placed
         await fleet.stack.planner.finish(again, ok=True)
@@ -273,10 +273,10 @@ async def test_a_plan_that_cannot_be_released_is_logged_and_counted(
     fleet = await make_fleet(context=4096, chats=lambda provider, endpoint, settings:
                              StoreGoesAway(provider, endpoint, timeout=settings.timeout))
     box.append(fleet)
-    member = AgentProfile(id="crew/a", role="tooler", mulling=(Candidate(SMALL.name, 50.0),),
-                          triage=(Candidate(SMALL.name, 50.0),))
+    member = AgentProfile(id="crew/a", role="tooler", mulling=(CandidateModel(SMALL.name, 50.0),),
+                          triage=(CandidateModel(SMALL.name, 50.0),))
     coordinator = Coordinator(fleet.stack.agents, AgentProfile(
-        id="crew/coordinator", role="coordinator", mulling=(Candidate(SMALL.name, 70.0),),
+        id="crew/coordinator", role="coordinator", mulling=(CandidateModel(SMALL.name, 70.0),),
     ), deadline_seconds=10)
     fleet.emulator.fail_next(500, path="/api/chat")  # the triage fails: the plan stays held
     before = _sample(metrics.ERRORS_SURVIVED, component="agent", operation="release-plan",
@@ -300,7 +300,7 @@ async def test_half_open_admits_one_call_sharing_a_busy_copy(
     clock = ManualClock(1000.0)
     fleet = await make_fleet(clock=clock, num_parallel=1)
     try:
-        busy = await fleet.stack.planner.place([Candidate(SMALL.name, 50.0)],
+        busy = await fleet.stack.planner.place([CandidateModel(SMALL.name, 50.0)],
                                                holder_id="long-call")
         assert busy.placed  # holds the copy's only slot from here on
         fleet.circuits.record_failure("gpu-a")

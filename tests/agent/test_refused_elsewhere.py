@@ -20,7 +20,7 @@ from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.runtime.circuit import CircuitBreakers
-from kubemoot.runtime.placement import Action, Candidate
+from kubemoot.runtime.placement import Action, CandidateModel
 from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 from kubemoot.store.memory import MemoryKV
@@ -93,7 +93,7 @@ async def _call(fleet: Fleet, *, wait: bool) -> CallOutcome:
     return await fleet.stack.agents.call(
         agent="crew/a", thread_id="t1", phase="mulling",
         messages=[{"role": "user", "content": "hello"}],
-        candidates=[Candidate(SMALL.name, 50.0)], wait=wait,
+        candidates=[CandidateModel(SMALL.name, 50.0)], wait=wait,
     )
 
 

@@ -18,7 +18,7 @@ from kubemoot.clock import SystemClock
 from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import (
     PROVIDER_STATE_BUCKET,
@@ -72,7 +72,7 @@ async def _no_wait_call(make_emulator: Callable[..., OllamaEmulator], *,
             outcome = await stack.agents.call(
                 agent="crew/coordinator", thread_id="t1", phase="synthesis",
                 messages=[{"role": "user", "content": "hello"}],
-                candidates=[Candidate(SMALL.name, 50.0)], wait=False,
+                candidates=[CandidateModel(SMALL.name, 50.0)], wait=False,
                 static=StaticTarget("gpu-a", emulator.url, SMALL.name, 1024),
             )
             document, _ = await stack.tickets.read("gpu-a")

@@ -7,7 +7,7 @@ import pytest
 from kubemoot.agent.process import AgentIdentity, profile_from_env, sizes_from_env
 from kubemoot.agent.remote import CrewRef
 from kubemoot.api.errors import InputError
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.testing.state import provider_state
 
 ME = AgentIdentity("kubectl-agent", "crew-a", CrewRef("crew-a", "pilot"), "tooler")
@@ -25,8 +25,8 @@ def test_the_bound_model_leads_and_the_bound_endpoints_become_static_targets() -
     states = {"gpu-b": provider_state("gpu-b", context=8192)}
     profile = profile_from_env(env, ME, providers=states)
     assert profile.id == "crew-a/kubectl-agent" and profile.role == "tooler"
-    assert profile.mulling == (Candidate("qwen3:8b", 60.0), Candidate("qwen3:14b", 70.0))
-    assert profile.triage == (Candidate("phi3:mini"),)
+    assert profile.mulling == (CandidateModel("qwen3:8b", 60.0), CandidateModel("qwen3:14b", 70.0))
+    assert profile.triage == (CandidateModel("phi3:mini"),)
     assert profile.mulling_static is not None
     assert (profile.mulling_static.provider, profile.mulling_static.model,
             profile.mulling_static.context_length) == ("gpu-b", "qwen3:8b", 8192)
@@ -38,7 +38,7 @@ def test_an_unbound_agent_tries_the_lists_first_entries() -> None:
            "KUBEMOOT_MODEL_CANDIDATES_TRIAGE": '[{"model":"phi3:mini","score":100}]'}
     profile = profile_from_env(env, ME)
     assert [c.model for c in profile.mulling] == ["qwen3:14b", "qwen3:8b"]
-    assert profile.triage == (Candidate("phi3:mini"),)
+    assert profile.triage == (CandidateModel("phi3:mini"),)
     assert profile_from_env({}, ME).mulling == ()  # not bound yet: never selected
 
 

@@ -12,7 +12,7 @@ from kubemoot.agent.process import ProviderDirectory
 from kubemoot.agent.wiring import build_stack
 from kubemoot.clock import SystemClock
 from kubemoot.emulation.server import OllamaEmulator
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.store.bus import MemoryBus, Message
 from kubemoot.store.documents import (
     PROVIDER_STATE_BUCKET,
@@ -216,7 +216,7 @@ async def test_the_deadline_reaches_a_member_waiting_for_a_gpu_in_its_own_proces
         clock=SystemClock(), settings=FAST.runtime)
     assert isinstance(other.planner.clients, ProviderDirectory)
     await other.planner.clients.refresh()
-    busy = await other.planner.place([Candidate("qwen3:8b")], holder_id="someone-else",
+    busy = await other.planner.place([CandidateModel("qwen3:8b")], holder_id="someone-else",
                                      prompt_tokens=100)
     assert busy.placed
     # The coordinator's deadline is 1 s; the member would wait 20 s on its own.

@@ -12,7 +12,7 @@ import pytest
 from kubemoot.clock import ManualClock
 from kubemoot.dashboard.fleet import FleetView
 from kubemoot.runtime.snapshot import ProviderSnapshot
-from kubemoot.store.documents import LoadedModel, ProviderState, Ticket, TicketState
+from kubemoot.store.documents import ProviderState, ResidentModel, Ticket, TicketState
 from kubemoot.store.memory import MemoryKV
 from tests.dashboard.conftest import T0, Writers, state, ticket
 
@@ -23,8 +23,8 @@ def _two_runners() -> ProviderState:
     """An engine that reports two runners of one model (two contexts, say)."""
     doc = state(loaded={"qwen3:14b": 12288})
     doc.loaded_models = [
-        LoadedModel(name="qwen3:14b", size_mib=12288, context_length=4096),
-        LoadedModel(name="qwen3:14b", size_mib=13312, context_length=8192),
+        ResidentModel(name="qwen3:14b", size_mib=12288, context_length=4096),
+        ResidentModel(name="qwen3:14b", size_mib=13312, context_length=8192),
     ]
     return doc
 

@@ -165,9 +165,9 @@ def test_the_config_docs_gateway_md_shows_reads_as_it_says() -> None:
 @pytest.mark.parametrize("spelling", ["vramMiB", "vramMib"])
 def test_scenarios_and_placement_states_take_either_spelling(spelling: str) -> None:
     from kubemoot.runtime.what_if import DeclaredModel
-    from kubemoot.sim.scenario import ModelSpec
+    from kubemoot.sim.scenario import ScenarioModel
 
-    assert ModelSpec.model_validate({"name": "q:1", spelling: 512}).vram_mib == 512
+    assert ScenarioModel.model_validate({"name": "q:1", spelling: 512}).vram_mib == 512
     assert DeclaredModel.model_validate({"name": "q:1", spelling: 512}).vram_mib == 512
 
 

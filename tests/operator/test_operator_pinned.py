@@ -10,7 +10,7 @@ import pytest
 
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.runtime.pinning import missing_pinned, pinned_by_provider
-from kubemoot.store.documents import LoadedModel, ProviderState, ProviderTickets
+from kubemoot.store.documents import ProviderState, ProviderTickets, ResidentModel
 from kubemoot.testing import builders as b
 
 from .conftest import Cluster, Emulators, eventually, settle
@@ -109,7 +109,7 @@ async def test_a_provider_not_ready_is_not_loaded_into(
 
 def _state(provider: str, *, ready: bool = True, loaded: tuple[str, ...] = ()) -> ProviderState:
     return ProviderState(provider=provider, endpoint=f"http://{provider}:11434", ready=ready,
-                         loaded_models=[LoadedModel(name=m, size_mib=1) for m in loaded])
+                         loaded_models=[ResidentModel(name=m, size_mib=1) for m in loaded])
 
 
 @pytest.mark.parametrize(("states", "pins", "missing"), [

@@ -16,7 +16,7 @@ from kubemoot.clock import LoopClock, ScaledClock
 from kubemoot.emulation.engine import (
     CardSpec,
     EngineEvents,
-    ModelTooLarge,
+    ModelExceedsCard,
     OllamaEngine,
     QueueFull,
     UnloadReason,
@@ -118,7 +118,7 @@ def test_each_request_brings_its_own_keep_alive() -> None:
 def test_a_full_line_refuses_and_a_model_larger_than_the_card_fails() -> None:
     async def main() -> None:
         engine = _card(_Log(), max_queue=1)
-        with pytest.raises(ModelTooLarge, match="needs 9300 MiB, the card has 9216"):
+        with pytest.raises(ModelExceedsCard, match="needs 9300 MiB, the card has 9216"):
             await engine.acquire("huge", 9300)
         got = await engine.acquire("m", 1000)
         slot = await engine.take_slot(got.copy)

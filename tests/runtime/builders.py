@@ -11,7 +11,7 @@ from kubemoot.runtime.capacity import CapacityWatch
 from kubemoot.runtime.circuit import CircuitBreakers
 from kubemoot.runtime.demand import DemandBoard
 from kubemoot.runtime.latency import LatencyTracker
-from kubemoot.runtime.placement import CallPlacement, Candidate
+from kubemoot.runtime.placement import CallPlacement, CandidateModel
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
@@ -74,8 +74,8 @@ class Harness:
         await self.kv.close()
 
 
-def candidates(*models: str | tuple[str, float]) -> list[Candidate]:
-    return [Candidate(m) if isinstance(m, str) else Candidate(m[0], m[1]) for m in models]
+def candidates(*models: str | tuple[str, float]) -> list[CandidateModel]:
+    return [CandidateModel(m) if isinstance(m, str) else CandidateModel(m[0], m[1]) for m in models]
 
 
 async def harness(

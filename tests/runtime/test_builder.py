@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from kubemoot import metrics
 from kubemoot.clock import ManualClock
 from kubemoot.runtime.builder import build_runtime
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.runtime.refusals import Reason
 from kubemoot.settings import RuntimeSettings
 from kubemoot.sim.gpu import EmulatedGpu
@@ -79,11 +79,11 @@ async def test_the_settings_reach_tickets_circuits_and_the_waiter() -> None:
 
     # Two faults open gpu-a's circuit: the next call is not sent there.
     for _ in range(2):
-        placement = await runtime.planner.place([Candidate("qwen3:8b")], holder_id="me")
+        placement = await runtime.planner.place([CandidateModel("qwen3:8b")], holder_id="me")
         assert placement.provider == "gpu-a"
         await runtime.planner.finish(placement, ok=False)
     runtime.view.invalidate()
-    placement = await runtime.planner.place([Candidate("qwen3:8b")], holder_id="me")
+    placement = await runtime.planner.place([CandidateModel("qwen3:8b")], holder_id="me")
     assert placement.provider is None
     await kv.close()
 
@@ -101,7 +101,7 @@ async def test_a_store_that_cannot_watch_stands_busy_calls_aside_at_once() -> No
     await runtime.start(follow=False)
     assert runtime.waking is None  # no wake source
     waits = metrics.WAITS._value.get()  # type: ignore[attr-defined]
-    placement = await runtime.waiter.place([Candidate("qwen3:8b")], agent="alice")
+    placement = await runtime.waiter.place([CandidateModel("qwen3:8b")], agent="alice")
     assert placement.ticket is None and placement.reason == Reason.GPU_BUSY.value
     assert metrics.WAITS._value.get() == waits  # type: ignore[attr-defined]  # never joined a line
     await runtime.close()
@@ -119,7 +119,7 @@ def test_the_simulator_runs_with_circuit_breakers() -> None:
         policy = KubemootPolicy(RuntimeSettings(circuit_failure_threshold=1))
         await policy.start(ctx)
         call = CallSpec(call_id=1, discussion_id=1, agent="alice", phase="answer",
-                        candidates=(Candidate("qwen3:8b", 70.0),), duration=1.0,
+                        candidates=(CandidateModel("qwen3:8b", 70.0),), duration=1.0,
                         prompt_tokens=100)
         first = await policy.run_call(call, ctx)
         assert first.status == FINISHED

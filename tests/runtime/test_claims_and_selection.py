@@ -5,7 +5,7 @@ from __future__ import annotations
 from kubemoot.runtime import options
 from kubemoot.runtime.claims import Claims
 from kubemoot.runtime.cost import OptionKind
-from kubemoot.runtime.held_plans import SelectionPlanner
+from kubemoot.runtime.held_plans import HeldPlans
 from kubemoot.runtime.placement import Action
 from kubemoot.store.documents import TicketState
 from kubemoot.store.keys import join_key
@@ -64,7 +64,7 @@ async def test_two_planners_cannot_spend_one_victim_twice(make) -> None:
 async def test_held_plan_lifecycle(make) -> None:
     h = await make([gpu("a", 24), gpu("b", 24, residents={"qwen3:8b": 6})],
                    declared={"qwen3:14b": 12})
-    plans = SelectionPlanner(h.planner, clock=h.clock, board=h.board)
+    plans = HeldPlans(h.planner, clock=h.clock, board=h.board)
 
     placed = await plans.commit_to_thread(
         "crew/a", "t1", candidates(("qwen3:14b", 70), ("qwen3:8b", 30))
@@ -99,7 +99,7 @@ async def test_held_plan_lifecycle(make) -> None:
 
 async def test_held_plan_released_on_stand_aside_and_after_three_minutes(make) -> None:
     h = await make([gpu("a", 24)], declared={"m": 12})
-    plans = SelectionPlanner(h.planner, clock=h.clock, board=h.board)
+    plans = HeldPlans(h.planner, clock=h.clock, board=h.board)
     await plans.commit_to_thread("crew/a", "t1", candidates("m"))
     await plans.release("crew/a", "t1")  # stood aside
     assert await h.active("a") == []
@@ -114,7 +114,7 @@ async def test_held_plan_released_on_stand_aside_and_after_three_minutes(make) -
 
 async def test_held_plan_on_a_provider_gone_unready_is_released(make) -> None:
     h = await make([gpu("a", 24)], declared={"m": 12})
-    plans = SelectionPlanner(h.planner, clock=h.clock)
+    plans = HeldPlans(h.planner, clock=h.clock)
     await plans.commit_to_thread("crew/a", "t1", candidates("m"))
     await h.set_state(gpu("a", 24, ready=False))
     assert await plans.take("crew/a", "t1") is None

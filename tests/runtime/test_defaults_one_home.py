@@ -46,7 +46,7 @@ from kubemoot.runtime.snapshot import ProviderSnapshot
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.what_if import SnapshotSettings
 from kubemoot.sim.gpu import EmulatedGpu
-from kubemoot.sim.scenario import ProviderSpec, ScenarioSettings
+from kubemoot.sim.scenario import ScenarioProvider, ScenarioSettings
 from kubemoot.store.documents import ProviderState
 from kubemoot.agent.discussion import Coordinator
 from kubemoot.operator.reconciler import Reconciler
@@ -80,7 +80,7 @@ seen = {
     "EmulatedGpu.reserve_mib": (default(EmulatedGpu, "reserve_mib"), 777),
     "EmulatedGpu.load_rate_mibps": (default(EmulatedGpu, "load_rate_mibps"), d.load_rate_mibps),
     "EmulatedGpu.unload_seconds": (default(EmulatedGpu, "unload_seconds"), d.unload_seconds),
-    "ProviderSpec.reserve_mib": (ProviderSpec.model_fields["reserve_mib"].default, 777),
+    "ScenarioProvider.reserve_mib": (ScenarioProvider.model_fields["reserve_mib"].default, 777),
     "ScenarioSettings.load_rate_mibps":
         (ScenarioSettings().load_rate_mibps, d.load_rate_mibps),
     "ScenarioSettings.unload_seconds": (ScenarioSettings().unload_seconds, d.unload_seconds),

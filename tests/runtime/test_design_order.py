@@ -3,7 +3,7 @@ equally cheap copies go to the one with fewer calls in flight before the name.""
 
 from __future__ import annotations
 
-from kubemoot.runtime.held_plans import SelectionPlanner
+from kubemoot.runtime.held_plans import HeldPlans
 from kubemoot.runtime.placement import Action
 from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import SelectionEntry, TicketState
@@ -50,7 +50,7 @@ async def test_the_forecast_uses_how_often_each_agent_is_selected(make) -> None:
     # crew/a takes part in every thread, crew/b in one of four: their forecasts differ.
     h = await make([gpu("g", 48)], declared={"m": 4, "n": 4},
                    settings=RuntimeSettings())
-    plans = SelectionPlanner(h.planner, clock=h.clock, board=h.board)
+    plans = HeldPlans(h.planner, clock=h.clock, board=h.board)
     await plans.commit_to_thread("crew/b", "t1", candidates("n"))
     for thread in ("t1", "t2", "t3", "t4"):
         await plans.commit_to_thread("crew/a", thread, candidates("m"))

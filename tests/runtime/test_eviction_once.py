@@ -20,7 +20,7 @@ from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.runtime.builder import Runtime, build_runtime
-from kubemoot.runtime.placement import Action, Candidate
+from kubemoot.runtime.placement import Action, CandidateModel
 from kubemoot.settings import RuntimeSettings
 from kubemoot.store import open_store
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET, ProviderTickets
@@ -96,7 +96,7 @@ async def test_one_eviction_is_counted_once_across_two_replicas(
     await b.start(follow=False, watch=False)
     try:
         await b.view.snapshot()  # B's view: big:14b idle, no ticket anywhere
-        first = asyncio.ensure_future(a.planner.place([Candidate(LEFT.name)], holder_id="a"))
+        first = asyncio.ensure_future(a.planner.place([CandidateModel(LEFT.name)], holder_id="a"))
         await asyncio.wait_for(held.unloading.wait(), 30)  # A's ticket plans big:14b
 
         async def planned() -> bool:
@@ -106,7 +106,7 @@ async def test_one_eviction_is_counted_once_across_two_replicas(
 
         await until_stored(b.tickets_bucket, planned, timeout=30, what="A's plan in NATS")
         # B still prices on its old view, where big:14b is an idle victim nobody planned
-        second = await b.planner.place([Candidate(RIGHT.name)], holder_id="b")
+        second = await b.planner.place([CandidateModel(RIGHT.name)], holder_id="b")
         held.go.set()
         placed = [await first, second]
         assert [p.action for p in placed] == [Action.UNLOAD, Action.UNLOAD]

@@ -14,8 +14,8 @@ from kubemoot.emulation.server import EmulatedModel, OllamaEmulator
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient
-from kubemoot.runtime.held_plans import SelectionPlanner
-from kubemoot.runtime.placement import Action, Candidate
+from kubemoot.runtime.held_plans import HeldPlans
+from kubemoot.runtime.placement import Action, CandidateModel
 from kubemoot.settings import RuntimeSettings
 from kubemoot.sim.vloop import run_virtual
 from kubemoot.store.documents import (
@@ -42,7 +42,7 @@ def test_a_plan_held_longer_than_the_ticket_ttl_is_taken_with_a_fresh_expiry() -
         clock = LoopClock(epoch=NOW)
         h = await harness([gpu("a", 24)], declared={"m": 12}, settings=SHORT_TTL,
                           kv=MemoryKV(clock=clock), clock=clock)  # type: ignore[arg-type]
-        plans = SelectionPlanner(h.planner, clock=clock)
+        plans = HeldPlans(h.planner, clock=clock)
         placed = await plans.commit_to_thread("crew/a", "t1", candidates("m"))
         await asyncio.sleep(100.0)  # triage takes longer than the ticket's TTL
         alive = len(await h.active("a"))
@@ -66,7 +66,7 @@ def test_a_dropped_plan_stops_renewing() -> None:
         clock = LoopClock(epoch=NOW)
         h = await harness([gpu("a", 24)], declared={"m": 12}, settings=SHORT_TTL,
                           kv=MemoryKV(clock=clock), clock=clock)  # type: ignore[arg-type]
-        plans = SelectionPlanner(h.planner, clock=clock)
+        plans = HeldPlans(h.planner, clock=clock)
         await plans.commit_to_thread("crew/a", "t1", candidates("m"))
         plan = plans.held("crew/a", "t1")
         assert plan is not None and plan.lease is not None
@@ -122,7 +122,7 @@ async def test_a_running_call_renews_its_ticket_until_it_ends(
         call = asyncio.create_task(stack.agents.call(
             agent="crew/a", thread_id="t1", phase="mulling",
             messages=[{"role": "user", "content": "hello"}],
-            candidates=[Candidate("long:1b", 50.0)], wait=False,
+            candidates=[CandidateModel("long:1b", 50.0)], wait=False,
         ))
 
         changes = (await kv.bucket(PROVIDER_TICKETS_BUCKET)).watch()

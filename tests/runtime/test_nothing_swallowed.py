@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from kubemoot import metrics
-from kubemoot.runtime.held_plans import SelectionPlanner
+from kubemoot.runtime.held_plans import HeldPlans
 from kubemoot.runtime.placement import Action
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import StoreUnavailable
@@ -75,7 +75,7 @@ async def test_a_failed_intent_write_is_logged_and_counted_and_the_plan_goes_on(
     make, caplog: pytest.LogCaptureFixture
 ) -> None:
     h = await make([gpu("a", 24)], declared={"m": 12})
-    plans = SelectionPlanner(h.planner, clock=h.clock, board=_DownBoard())
+    plans = HeldPlans(h.planner, clock=h.clock, board=_DownBoard())
     before = _count("intent", "store")
     with caplog.at_level(logging.WARNING):
         placed = await plans.commit_to_thread("crew/a", "t1", candidates("m"))

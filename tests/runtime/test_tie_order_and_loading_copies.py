@@ -20,7 +20,7 @@ import pytest
 
 from kubemoot.runtime.cost import CostModel, Option, OptionKind
 from kubemoot.runtime.occupancy import OccupancyBook
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ProviderSnapshot
 from kubemoot.runtime.what_if import PlacementState, decide
 from kubemoot.settings import RuntimeSettings
@@ -42,7 +42,7 @@ def state(providers: list[dict[str, Any]], **extra: Any) -> PlacementState:
 
 
 async def place(snapshot: PlacementState, *models: str | tuple[str, float]) -> dict[str, Any]:
-    candidates = [Candidate(m) if isinstance(m, str) else Candidate(*m) for m in models]
+    candidates = [CandidateModel(m) if isinstance(m, str) else CandidateModel(*m) for m in models]
     return (await decide(snapshot, candidates)).to_dict()
 
 

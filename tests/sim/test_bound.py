@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.sim.bound import lower_bound, pooled_busy_time, spt_total_wait
 from kubemoot.sim.scenario import Scenario, load_scenario, parse_scenario
 from kubemoot.sim.simulation import simulate
@@ -203,7 +203,7 @@ def _traces(draw: st.DrawFn, *, chains: bool) -> Trace:
             budget -= width
             calls = []
             for _ in range(width):
-                calls.append(CallSpec(call_id, d_id, f"a{d_id}", "p", (Candidate("m", 0),),
+                calls.append(CallSpec(call_id, d_id, f"a{d_id}", "p", (CandidateModel("m", 0),),
                                       float(draw(st.integers(1, 4))), 100))
                 call_id += 1
             steps.append(Step(tuple(calls), float(draw(st.integers(0, 1)))))

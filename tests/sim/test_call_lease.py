@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.settings import RuntimeSettings
 from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FINISHED
@@ -22,7 +22,7 @@ from kubemoot.sim.workload import CallSpec, Trace
 
 TTL = 60.0
 LONG = CallSpec(call_id=1, discussion_id=1, agent="crew/a", phase="mulling",
-                candidates=(Candidate("m:7b", 50.0),), duration=10 * TTL, prompt_tokens=100)
+                candidates=(CandidateModel("m:7b", 50.0),), duration=10 * TTL, prompt_tokens=100)
 
 
 def test_a_virtual_call_past_the_ttl_keeps_its_ticket_and_its_vram() -> None:

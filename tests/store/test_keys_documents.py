@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from kubemoot.store.documents import (
     DemandEntry,
-    LoadedModel,
     ProviderState,
     ProviderTickets,
+    ResidentModel,
     SelectionEntry,
     Ticket,
     TicketState,
@@ -68,7 +68,7 @@ def sample_state() -> ProviderState:
         reserve_mib=1024,
         max_parallel=2,
         context_length=8192,
-        loaded_models=[LoadedModel(name="qwen3:14b", size_mib=12288, digest="sha256:ab")],
+        loaded_models=[ResidentModel(name="qwen3:14b", size_mib=12288, digest="sha256:ab")],
         loaded_model_footprints={"qwen3:14b": 12288},
     )
 

@@ -17,7 +17,7 @@ from kubemoot.agent.discussion import AgentProfile
 from kubemoot.agent.runtime import StaticTarget
 from kubemoot.agent.toolloop import Tool
 from kubemoot.api import ModelProvider, Phase
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.scheduling import PhaseResult, ScheduleResult
 
 __all__ = ["COORDINATOR_ROLE", "profiles_from_schedule"]
@@ -40,13 +40,13 @@ def _static(
     return StaticTarget(phase.provider, endpoint, phase.model_id, context)
 
 
-def _candidates(phase: PhaseResult | None) -> tuple[Candidate, ...]:
+def _candidates(phase: PhaseResult | None) -> tuple[CandidateModel, ...]:
     if phase is None:
         return ()
-    listed = tuple(Candidate(model, score) for model, score in phase.candidates)
+    listed = tuple(CandidateModel(model, score) for model, score in phase.candidates)
     if phase.model_id is not None and (not listed or listed[0].model != phase.model_id):
         # the bound model leads the list; keep it first even if a list came without it
-        listed = (Candidate(phase.model_id, phase.score or 0.0),
+        listed = (CandidateModel(phase.model_id, phase.score or 0.0),
                   *(c for c in listed if c.model != phase.model_id))
     return listed
 
@@ -78,7 +78,7 @@ def profiles_from_schedule(
             id=f"{agent.namespace}/{agent.name}",
             role=role,
             mulling=candidates,
-            triage=(Candidate(bound_triage.model),) if bound_triage is not None else (),
+            triage=(CandidateModel(bound_triage.model),) if bound_triage is not None else (),
             mulling_static=_static(mulling, by_name, endpoints),
             triage_static=bound_triage,
             system_prompt=f"You are {agent.name}, a {role} in an engineering crew.",

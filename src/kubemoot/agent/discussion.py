@@ -38,7 +38,7 @@ from kubemoot.agent.signals import (
 )
 from kubemoot.agent.toolloop import Tool
 from kubemoot.api import Phase
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.runtime.refusals import Reason
 from kubemoot.settings import DEFAULTS
 
@@ -69,8 +69,8 @@ class AgentProfile:
 
     id: str  # namespace/name
     role: str  # coordinator, tooler, analyst…
-    mulling: tuple[Candidate, ...]  # preferred first, as the control plane published
-    triage: tuple[Candidate, ...] = ()
+    mulling: tuple[CandidateModel, ...]  # preferred first, as the control plane published
+    triage: tuple[CandidateModel, ...] = ()
     mulling_static: StaticTarget | None = None
     triage_static: StaticTarget | None = None
     system_prompt: str = "You are a member of an engineering crew."
@@ -164,10 +164,10 @@ class Coordinator:
             sink.add(self._sink.emit)
         await self._advise(thread)
         selected = self.select(thread, members)
-        selection = self.runtime.selection
+        held_plans = self.runtime.held_plans
         for member in selected if self._remote is None else ():
             try:
-                await selection.commit_to_thread(member.id, thread.id, member.mulling)
+                await held_plans.commit_to_thread(member.id, thread.id, member.mulling)
             except Exception as error:  # planning ahead is an optimisation, never fatal
                 metrics.survived("agent", "plan", metrics.STORE,
                                  f"planning at selection failed for {member.id}", error,
@@ -193,7 +193,7 @@ class Coordinator:
             # On cancellation the members are still unwinding (releasing tickets and
             # plans); wait for them, so whoever cancelled us can then close the store.
             await asyncio.gather(*tasks, return_exceptions=True)
-            await selection.close_thread(thread.id)
+            await held_plans.close_thread(thread.id)
         still_waiting = _still_waiting(record.signals)
         settlement, answer = await self._settle(thread, record.signals, still_waiting, sink)
         return DiscussionResult(thread, settlement, answer, record.signals,
@@ -262,7 +262,7 @@ class Coordinator:
             # a plan nobody took (stood aside, failed) must not keep its memory; when the
             # store refuses, the plan's TTL frees it
             try:
-                await self.runtime.selection.release(agent.id, thread.id)
+                await self.runtime.held_plans.release(agent.id, thread.id)
             except Exception as error:
                 metrics.survived("agent", "release-plan", metrics.STORE,
                                  f"releasing the plan of {agent.id} for thread "

@@ -56,12 +56,14 @@ class PooledChat:
     """A client bound to one model and one set of call settings."""
 
     def __init__(
-        self, client: ProviderClient, *, provider: str, model: str, settings: CallSettings
+        self, client: ProviderClient, *, provider: str, model: str, settings: CallSettings,
+        keep_alive: float | None = None,
     ) -> None:
         self.client = client
         self.provider = provider
         self.model = model
         self.settings = settings
+        self.keep_alive = keep_alive
 
     @property
     def endpoint(self) -> str:
@@ -80,14 +82,19 @@ class PooledChat:
             num_ctx=num_ctx,
             tools=tools,
             options=self.settings.options() or None,
+            keep_alive=self.keep_alive,
         )
 
 
 class ChatPool:
     """Lazily built chat clients keyed by endpoint, model and settings."""
 
-    def __init__(self, factory: ClientFactory) -> None:
+    def __init__(self, factory: ClientFactory, *, keep_alive: float | None = None) -> None:
+        # Every chat asks the engine for the runtime's keep-alive, as the gateway and the
+        # simulator do: the engine's own default (5 min in Ollama) would unload a copy
+        # the runtime still counts on for its warm calls.
         self._factory = factory
+        self._keep_alive = keep_alive
         self._chats: dict[PoolKey, PooledChat] = {}
         self._lock = asyncio.Lock()
 
@@ -107,7 +114,8 @@ class ChatPool:
         chat = self._chats.get(key)
         if chat is None:
             client = self._factory(provider, endpoint, key.settings)
-            chat = PooledChat(client, provider=provider, model=model, settings=key.settings)
+            chat = PooledChat(client, provider=provider, model=model, settings=key.settings,
+                              keep_alive=self._keep_alive)
             self._chats[key] = chat
         return chat
 

@@ -47,7 +47,7 @@ from kubemoot.clock import Clock
 from kubemoot.providers.prober import Prober, Publish, publish_to_kv
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime.occupancy import OccupancyBook
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.settings import Settings
 from kubemoot.store.bus import Bus
 from kubemoot.store.declared import MODEL_SIZES_BUCKET, read_declared_sizes
@@ -113,10 +113,10 @@ class AgentIdentity:
         return self.role == COORDINATOR_ROLE
 
 
-def _candidates(env: Mapping[str, str], variable: str) -> tuple[Candidate, ...]:
+def _candidates(env: Mapping[str, str], variable: str) -> tuple[CandidateModel, ...]:
     items = json_list(env, variable, example='[{"model":"qwen3:14b","score":70}]',
                       limit=MAX_CANDIDATES, what="candidates")
-    out: list[Candidate] = []
+    out: list[CandidateModel] = []
     for index, item in enumerate(items):
         where = f"{variable}[{index}]"
         if not isinstance(item, dict):
@@ -128,7 +128,7 @@ def _candidates(env: Mapping[str, str], variable: str) -> tuple[Candidate, ...]:
         if isinstance(score, bool) or not isinstance(score, int | float) or score != score \
                 or abs(score) == float("inf"):
             raise InputError(f"must be a finite number, got {score!r}", field=f"{where}.score")
-        out.append(Candidate(model.strip(), float(score)))
+        out.append(CandidateModel(model.strip(), float(score)))
     return tuple(out)
 
 
@@ -200,7 +200,7 @@ def profile_from_env(
     if bound and (not listed or listed[0].model != bound):
         # the bound model leads, as in the control plane's list
         score = next((c.score for c in listed if c.model == bound), 0.0)
-        listed = (Candidate(bound, score), *(c for c in listed if c.model != bound))
+        listed = (CandidateModel(bound, score), *(c for c in listed if c.model != bound))
     triage_model = env.get(ENV_TRIAGE_MODEL_ID, "").strip()
     if not triage_model:
         # Not bound (yet): the published list's first entry is the one to try; the bound
@@ -212,7 +212,7 @@ def profile_from_env(
         id=identity.id,
         role=identity.role,
         mulling=listed,
-        triage=(Candidate(triage_model),) if triage_model else (),
+        triage=(CandidateModel(triage_model),) if triage_model else (),
         mulling_static=_static(bound, env.get(ENV_MODEL_ENDPOINT, ""), states),
         triage_static=_static(triage_model, env.get(ENV_TRIAGE_ENDPOINT, ""), states),
         system_prompt=system_prompt or

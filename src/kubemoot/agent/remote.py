@@ -51,7 +51,7 @@ from kubemoot.agent.signals import (
     SignalSink,
     SignalType,
 )
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.settings import Settings
 from kubemoot.store.bus import Bus, BusError, Message, Subscription
 from kubemoot.store.keys import encode_token
@@ -180,7 +180,7 @@ def _profile_to_wire(profile: AgentProfile) -> dict[str, Any]:
 def _profile_from_wire(body: dict[str, Any]) -> AgentProfile:
     return AgentProfile(
         id=str(body["id"]), role=str(body["role"]),
-        mulling=tuple(Candidate(str(c["model"]), float(c["score"]))
+        mulling=tuple(CandidateModel(str(c["model"]), float(c["score"]))
                       for c in body.get("mulling") or ()),
         unschedulable={str(k): str(v) for k, v in (body.get("unschedulable") or {}).items()},
     )
@@ -294,10 +294,10 @@ class CrewMember:
         outbox = _Outbox(self.bus, self.crew.thread_subject(thread.id, agent))
         self._outboxes[thread.id] = outbox
         beat = asyncio.ensure_future(self._heartbeat(outbox))
-        selection = self.runtime.selection
+        held_plans = self.runtime.held_plans
         try:
             try:  # planning at selection: the load overlaps triage
-                await selection.commit_to_thread(agent, thread.id, self.profile.mulling)
+                await held_plans.commit_to_thread(agent, thread.id, self.profile.mulling)
             except Exception as error:  # an optimisation, never fatal
                 log.warning("planning at selection failed for %s: %s", agent, error)
             await self._engine.evaluate(self.profile, thread, done, outbox)
@@ -310,7 +310,7 @@ class CrewMember:
             outbox.send("final")  # queued first: a second cancellation cannot lose it
             try:
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(selection.close_thread(thread.id))
+                    await asyncio.shield(held_plans.close_thread(thread.id))
             finally:
                 await outbox.close()
                 self._outboxes.pop(thread.id, None)

@@ -38,8 +38,8 @@ from kubemoot.runtime.calls import (
     CallService,
     RefusedBeforeSending,
 )
-from kubemoot.runtime.held_plans import SelectionPlanner
-from kubemoot.runtime.placement import Action, CallPlacement, Candidate
+from kubemoot.runtime.held_plans import HeldPlans
+from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
 from kubemoot.runtime.refusals import GpuBusy, Refusal
 from kubemoot.runtime.tokens import TokenEstimator
 
@@ -155,14 +155,14 @@ class AgentRuntime:
         self,
         *,
         calls: CallService,
-        selection: SelectionPlanner,
+        held_plans: HeldPlans,
         pool: ChatPool,
         limits: ToolLoopLimits | None = None,
     ) -> None:
         self.calls = calls
         self.planner = calls.planner
         self.waiter = calls.waiter
-        self.selection = selection
+        self.held_plans = held_plans
         self.pool = pool
         self.clock = calls.clock
         self.limits = limits or ToolLoopLimits()
@@ -192,13 +192,13 @@ class AgentRuntime:
         thread_id: str,
         phase: str,
         messages: Sequence[Mapping[str, Any]],
-        candidates: Sequence[Candidate],
+        candidates: Sequence[CandidateModel],
         tools: Sequence[Tool] = (),
         wait: bool,
         done: asyncio.Event | None = None,
         sink: SignalSink | None = None,
         static: StaticTarget | None = None,
-        fallbacks: Sequence[Candidate] = (),
+        fallbacks: Sequence[CandidateModel] = (),
         held_plan: bool = False,
         settings: CallSettings | None = None,
     ) -> CallOutcome:
@@ -238,7 +238,7 @@ class AgentRuntime:
 
     def _placer(
         self, agent: str, thread_id: str, request: CallRequest, *, held_plan: bool,
-        wait: bool, static: StaticTarget | None, fallbacks: Sequence[Candidate],
+        wait: bool, static: StaticTarget | None, fallbacks: Sequence[CandidateModel],
     ) -> Callable[[str, Collection[str]], Any] | None:
         """The agent's own way to place, or None for the service's waiter."""
         first_try = [held_plan]
@@ -246,7 +246,7 @@ class AgentRuntime:
         async def place(holder: str, exclude: Collection[str]) -> CallPlacement:
             if first_try[0]:
                 first_try[0] = False
-                held = await self.selection.take(agent, thread_id,
+                held = await self.held_plans.take(agent, thread_id,
                                                  prompt_tokens=request.prompt_tokens)
                 if held is not None:
                     return held
@@ -265,7 +265,7 @@ class AgentRuntime:
         holder: str,
         request: CallRequest,
         static: StaticTarget | None,
-        fallbacks: Sequence[Candidate],
+        fallbacks: Sequence[CandidateModel],
         *,
         exclude: Collection[str] = (),
     ) -> CallPlacement:

@@ -109,6 +109,8 @@ async def build_stack(
     # that cannot watch still works, by reading.
     await runtime.start()
     runtime.calls.after_load = after_call
-    agents = AgentRuntime(calls=runtime.calls, selection=runtime.selection,
-                          pool=ChatPool(client_factory), limits=limits)
+    agents = AgentRuntime(calls=runtime.calls, held_plans=runtime.held_plans,
+                          pool=ChatPool(client_factory,
+                                        keep_alive=settings.engine_keep_alive_seconds),
+                          limits=limits)
     return RuntimeStack(runtime, agents)

@@ -13,11 +13,11 @@ from kubemoot.api.agent import (
     AgentScheduling,
     AgentSpec,
     AgentStatus,
-    Candidate,
     DecisionSummary,
     GateFailure,
     LastUnschedulable,
     PhaseBinding,
+    PhaseCandidate,
 )
 from kubemoot.api.archetype import (
     ArchetypePhase,
@@ -107,7 +107,6 @@ __all__ = [
     "ArchetypeSpec",
     "ArchetypeStatus",
     "Bundle",
-    "Candidate",
     "Condition",
     "ConfigSpec",
     "ConfigStatus",
@@ -133,6 +132,7 @@ __all__ = [
     "ObjectMeta",
     "Phase",
     "PhaseBinding",
+    "PhaseCandidate",
     "PolicySpec",
     "PolicyStatus",
     "PreferTerm",

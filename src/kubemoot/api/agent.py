@@ -15,11 +15,11 @@ __all__ = [
     "AgentScheduling",
     "AgentSpec",
     "AgentStatus",
-    "Candidate",
     "DecisionSummary",
     "GateFailure",
     "LastUnschedulable",
     "PhaseBinding",
+    "PhaseCandidate",
 ]
 
 # The label that ties an Agent to the CrewSchedulingPolicy whose crewRef equals it.
@@ -40,7 +40,7 @@ class AgentSpec(BaseModel):
     )
 
 
-class Candidate(Strict):
+class PhaseCandidate(Strict):
     """One entry of a phase's ranked candidate list (model identifier and quality score)."""
 
     model: str
@@ -95,7 +95,7 @@ class PhaseBinding(BaseModel):
     score: Score | None = None
     outcome: Literal["PLACE", "UNSCHEDULABLE", "DEFER"] | None = None
     reason: str | None = None
-    candidates: list[Candidate] = Field(default_factory=list)
+    candidates: list[PhaseCandidate] = Field(default_factory=list)
     decision: DecisionSummary | None = None
 
 

@@ -13,6 +13,11 @@ the stale evidence said is kept in the result's evidence as ``verdictIfFresh``. 
 without ``observedAt`` keeps its gate verdicts, and the ``freshness`` gate reports
 UNKNOWN: its age cannot be shown, so it cannot be feasible, but a declared violation
 still rules it out.
+
+The classes are named ``Node…Gate`` because they judge a node of a PlacementRequest;
+the scheduling plugins that judge a (Model, ModelProvider) pair keep the bare names
+(``kubemoot.scheduling.plugins.RuntimeGate`` and the rest). The ``name`` strings in the
+records are unchanged: lower-case here, capitalised there, and the two records never meet.
 """
 
 from __future__ import annotations
@@ -27,14 +32,14 @@ from kubemoot.gates import Gate, GateResult, Verdict
 
 __all__ = [
     "GATE_FIELDS",
-    "AcceleratorGate",
-    "ArtifactGate",
-    "FreshnessGate",
-    "LicenseGate",
-    "MemoryGate",
+    "NodeAcceleratorGate",
+    "NodeArtifactGate",
     "NodeCandidate",
-    "PolicyGate",
-    "RuntimeGate",
+    "NodeFreshnessGate",
+    "NodeLicenseGate",
+    "NodeMemoryGate",
+    "NodePolicyGate",
+    "NodeRuntimeGate",
     "capability_gates",
     "has_verified_replica",
     "rfc3339",
@@ -135,7 +140,7 @@ class _CapabilityGate:
         return GateResult.unknown(self.name, f"{node.name} declares no {field}", missingField=field)
 
 
-class ArtifactGate(_CapabilityGate):
+class NodeArtifactGate(_CapabilityGate):
     """Exact digest and replica state; DESIGN §8.
 
     No artifact list at all → UNKNOWN; no replica of the artifact → PASS without
@@ -195,7 +200,7 @@ def _replica_problem(replica: ArtifactReplica, digest: str) -> str | None:
     return None
 
 
-class RuntimeGate(_CapabilityGate):
+class NodeRuntimeGate(_CapabilityGate):
     """The workload's runtime profile must be among the node's declared runtimes."""
 
     name = "runtime"
@@ -215,7 +220,7 @@ class RuntimeGate(_CapabilityGate):
         )
 
 
-class AcceleratorGate(_CapabilityGate):
+class NodeAcceleratorGate(_CapabilityGate):
     """The node's declared accelerator type must be one the workload accepts.
 
     Compared case-insensitively. A label such as ``accelerator: h100`` never counts.
@@ -241,7 +246,7 @@ class AcceleratorGate(_CapabilityGate):
         )
 
 
-class MemoryGate(_CapabilityGate):
+class NodeMemoryGate(_CapabilityGate):
     """Admission-safe device memory must cover the workload's requirement."""
 
     name = "memory"
@@ -259,7 +264,7 @@ class MemoryGate(_CapabilityGate):
         return GateResult.fail(self.name, f"{have} GiB < {need} GiB required", **evidence)
 
 
-class LicenseGate(_CapabilityGate):
+class NodeLicenseGate(_CapabilityGate):
     """The node's license state for the artifact must be ALLOW.
 
     A workload can only require ALLOW (its contract refuses anything weaker), so a node
@@ -280,7 +285,7 @@ class LicenseGate(_CapabilityGate):
         )
 
 
-class PolicyGate(_CapabilityGate):
+class NodePolicyGate(_CapabilityGate):
     """A workload that must not reach the outside cannot run where egress is allowed."""
 
     name = "policy"
@@ -300,7 +305,7 @@ class PolicyGate(_CapabilityGate):
         )
 
 
-class FreshnessGate:
+class NodeFreshnessGate:
     """Is the node's evidence recent enough to decide on? PASS, STALE, or UNKNOWN."""
 
     name = "freshness"
@@ -343,11 +348,11 @@ class FreshnessGate:
 def capability_gates(workload: Workload) -> Sequence[Gate[NodeCandidate]]:
     """The gates in the order the record shows them."""
     return (
-        ArtifactGate(workload),
-        RuntimeGate(workload),
-        AcceleratorGate(workload),
-        MemoryGate(workload),
-        LicenseGate(workload),
-        PolicyGate(workload),
-        FreshnessGate(),
+        NodeArtifactGate(workload),
+        NodeRuntimeGate(workload),
+        NodeAcceleratorGate(workload),
+        NodeMemoryGate(workload),
+        NodeLicenseGate(workload),
+        NodePolicyGate(workload),
+        NodeFreshnessGate(),
     )

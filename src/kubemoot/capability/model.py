@@ -25,7 +25,7 @@ __all__ = [
     "ArtifactReplica",
     "Authority",
     "EgressPolicy",
-    "Freshness",
+    "EvidenceFreshness",
     "LicenseState",
     "NodeEvidence",
     "PlacementRequest",
@@ -134,7 +134,7 @@ class NodeEvidence(_Document):
     _zone = field_validator("observed_at")(_utc)
 
 
-class Freshness(_Document):
+class EvidenceFreshness(_Document):
     """How old capability evidence may be before its gates turn STALE."""
 
     max_age_seconds: float = Field(
@@ -146,7 +146,7 @@ class RequestSpec(_Document):
     """The decision's inputs: when, how fresh, for what workload, over which nodes."""
 
     now: datetime | None = None
-    freshness: Freshness = Field(default_factory=Freshness)
+    freshness: EvidenceFreshness = Field(default_factory=EvidenceFreshness)
     workload: Workload
     nodes: list[NodeEvidence] = Field(default_factory=list, max_length=MAX_ITEMS)
     # The license/policy registry the node states were read from (recorded, not judged).

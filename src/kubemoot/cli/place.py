@@ -23,7 +23,7 @@ from kubemoot.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from kubemoot.runtime.placement import CallPlacement, Candidate
+    from kubemoot.runtime.placement import CallPlacement, CandidateModel
     from kubemoot.runtime.what_if import PlacementState
 
 _ACTION_TEXT = {
@@ -93,7 +93,7 @@ def _known_models(state: PlacementState) -> set[str]:
 
 
 def _check_known(
-    state: PlacementState, wanted: list[Candidate], *, file: Path, preferred: str
+    state: PlacementState, wanted: list[CandidateModel], *, file: Path, preferred: str
 ) -> None:
     """Refuse a model the snapshot knows nothing about.
 

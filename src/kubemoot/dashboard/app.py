@@ -145,6 +145,21 @@ class FleetCollector(Collector):
         return [ready, vram, age, tickets, clients, store_up]
 
 
+FIRST_STATE_MARK = "<!--first-state-->"
+
+
+def first_state(snapshot: dict[str, Any]) -> str:
+    """``snapshot`` as a JSON data block for the page (read, never run, by the script).
+
+    Names in it come from other processes: ``<`` is written as ``\\u003c`` so that no
+    value can close the element (``</script>``) or open a comment, and ``&`` as
+    ``\\u0026``; JSON reads both back unchanged.
+    """
+    text = json.dumps(snapshot, separators=(",", ":"))
+    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return f'<script id="first-state" type="application/json">{text}</script>'
+
+
 def _asset(name: str) -> str:
     return resources.files("kubemoot.dashboard").joinpath("assets", name).read_text("utf-8")
 
@@ -164,7 +179,10 @@ def create_app(
     done = stopping or asyncio.Event()
 
     async def page(request: Request) -> Response:
-        return HTMLResponse(_asset("index.html"))
+        # The page carries the snapshot of this moment, so its first paint shows the
+        # fleet instead of empty tables until the event stream's first update.
+        return HTMLResponse(_asset("index.html").replace(
+            FIRST_STATE_MARK, first_state(view.snapshot())))
 
     async def static(request: Request) -> Response:
         name = request.path_params["name"]

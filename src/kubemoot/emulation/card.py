@@ -28,8 +28,8 @@ from kubemoot.emulation.engine import (
     CardSpec,
     EngineCopy,
     EngineEvents,
+    ModelExceedsCard,
     ModelSize,
-    ModelTooLarge,
     OllamaEngine,
     QueueFull,
     SlotGrant,
@@ -443,7 +443,7 @@ class EmulatorEngine:
             got = await self.card.acquire(model.name, model.size,
                                           context_length=context_length,
                                           keep_alive=keep_alive)
-        except ModelTooLarge:
+        except ModelExceedsCard:
             raise EmulatorError(
                 500, f"model {model.name} needs {need} MiB but the emulated GPU offers "
                 f"{self.card.usable_mib} MiB ({self.config.vram_mib} MiB less a "

@@ -60,8 +60,8 @@ __all__ = [
     "EngineCopy",
     "EngineError",
     "EngineEvents",
+    "ModelExceedsCard",
     "ModelSize",
-    "ModelTooLarge",
     "OllamaEngine",
     "Prompt",
     "QueueFull",
@@ -84,7 +84,7 @@ class EngineError(Exception):
     """A request the engine refuses."""
 
 
-class ModelTooLarge(EngineError):
+class ModelExceedsCard(EngineError):
     """The model's footprint exceeds everything the card offers."""
 
     def __init__(self, model: str, need_mib: int, usable_mib: int) -> None:
@@ -387,7 +387,7 @@ class OllamaEngine:
         if request.footprint_mib > self.usable_mib:
             self._pending.popleft()
             request.future.set_exception(
-                ModelTooLarge(request.model, request.footprint_mib, self.usable_mib))
+                ModelExceedsCard(request.model, request.footprint_mib, self.usable_mib))
             return True
         if any(c.state == CopyState.LOADING for c in self.copies.values()):
             return False  # loads happen one at a time

@@ -36,7 +36,7 @@ from kubemoot.gateway.keys import ANONYMOUS, ApiKeys
 from kubemoot.gateway.listings import created_epoch, merge_tags
 from kubemoot.gateway.requests import InferenceRequest, model_name, read_json
 from kubemoot.providers.protocol import ProviderClient, ProviderError
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.runtime.refusals import ProviderDown, providers_down
 from kubemoot.serving import StreamWithCleanup
 from kubemoot.store.protocol import StoreError
@@ -54,7 +54,7 @@ class VirtualModels:
     def names(self) -> list[str]:
         return []
 
-    def candidates(self, name: str) -> list[Candidate] | None:
+    def candidates(self, name: str) -> list[CandidateModel] | None:
         return None
 
 
@@ -245,7 +245,7 @@ class GatewayApp:
 
     # -- models --------------------------------------------------------------------
 
-    async def _candidates(self, name: str) -> list[Candidate]:
+    async def _candidates(self, name: str) -> list[CandidateModel]:
         """The call's candidate list: a virtual name's, or the one model named."""
         virtual = self.virtual.candidates(name)
         if virtual:
@@ -267,7 +267,7 @@ class GatewayApp:
                 raise refusal_error(ProviderDown(tuple(down)), name=f'"{name}"', budget=0,
                                     retry_after=retry)
             raise unknown_model(name)
-        return [Candidate(model)]
+        return [CandidateModel(model)]
 
     # -- inference -----------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from kubemoot.runtime.calls import (
     CallService,
     RefusedBeforeSending,
 )
-from kubemoot.runtime.placement import Action, Candidate
+from kubemoot.runtime.placement import Action, CandidateModel
 from kubemoot.runtime.refusals import GpuBusy
 from kubemoot.settings import GatewaySettings
 
@@ -95,7 +95,7 @@ class CallDesk:
         # 0 (unload after this call) is short too: the copy would vanish unseen
         return _whole(max(asked, fresh))
 
-    def request(self, req: InferenceRequest, candidates: Sequence[Candidate], *,
+    def request(self, req: InferenceRequest, candidates: Sequence[CandidateModel], *,
                 caller: str, budget: float, left: asyncio.Event) -> CallRequest:
         """The runtime's view of one HTTP call (its prompt estimated, its own checks)."""
         prompt_tokens = (self.calls.estimate(candidates[0].model, req.messages, req.tools)
@@ -109,7 +109,7 @@ class CallDesk:
             prompt_tokens=prompt_tokens, budget=budget, done=left, abandon_when_done=True,
             holder=thread)
 
-    async def start(self, req: InferenceRequest, candidates: Sequence[Candidate], *,
+    async def start(self, req: InferenceRequest, candidates: Sequence[CandidateModel], *,
                     caller: str, budget: float, left: asyncio.Event, path: str,
                     legacy_embeddings: bool = False) -> PlacedCall:
         """Place the call and open its upstream request, while watching the client.
@@ -154,7 +154,7 @@ class CallDesk:
         return call
 
     def _refusal(self, refused: CallRefused, req: InferenceRequest,
-                 candidates: Sequence[Candidate], budget: float) -> GatewayError:
+                 candidates: Sequence[CandidateModel], budget: float) -> GatewayError:
         refusal = refused.refusal
         retry = (self.calls.retry_after(refusal) if isinstance(refusal, GpuBusy)
                  else max(1, math.ceil(self.settings.provider_probe_seconds)))

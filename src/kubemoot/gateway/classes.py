@@ -15,14 +15,14 @@ from kubemoot.api.model import Model
 from kubemoot.api.modelclass import ModelClass
 from kubemoot.api.provider import ModelProvider
 from kubemoot.gateway.app import VirtualModels
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.scheduling.model_class import ModelClassCandidates, resolve_model_class
 
 __all__ = ["ModelClassBook", "runtime_candidates"]
 
 
 def runtime_candidates(resolved: ModelClassCandidates,
-                       runtime_tolerance: float) -> list[Candidate]:
+                       runtime_tolerance: float) -> list[CandidateModel]:
     """The class's candidates in the runtime's terms.
 
     The runtime admits candidates within *its* tolerance of the preferred score; a
@@ -34,11 +34,11 @@ def runtime_candidates(resolved: ModelClassCandidates,
         return []
     tolerance = resolved.tolerance
     if tolerance is None:
-        return [Candidate(model, score) for model, score in pairs]
+        return [CandidateModel(model, score) for model, score in pairs]
     if tolerance == 0:
-        return [Candidate(pairs[0][0], pairs[0][1])]
+        return [CandidateModel(pairs[0][0], pairs[0][1])]
     factor = runtime_tolerance / tolerance
-    return [Candidate(model, score * factor) for model, score in pairs]
+    return [CandidateModel(model, score * factor) for model, score in pairs]
 
 
 class ModelClassBook(VirtualModels):
@@ -49,7 +49,7 @@ class ModelClassBook(VirtualModels):
                  now: datetime | None = None) -> None:
         models, providers = list(models), list(providers)
         when = now or datetime.now(UTC)
-        self._lists: dict[str, list[Candidate]] = {}
+        self._lists: dict[str, list[CandidateModel]] = {}
         for model_class in classes:
             resolved = resolve_model_class(model_class, models, providers, now=when,
                                            default_tolerance=runtime_tolerance)
@@ -58,6 +58,6 @@ class ModelClassBook(VirtualModels):
     def names(self) -> list[str]:
         return sorted(self._lists)
 
-    def candidates(self, name: str) -> list[Candidate] | None:
+    def candidates(self, name: str) -> list[CandidateModel] | None:
         found = self._lists.get(name)
         return list(found) if found else None

@@ -20,7 +20,7 @@ from kubemoot.gateway.errors import GatewayError
 from kubemoot.gateway.requests import InferenceRequest
 from kubemoot.runtime.calls import CallRefused
 from kubemoot.runtime.pinning import PINNED_CALLER, missing_pinned
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.store.documents import ProviderState
 
 __all__ = ["PINNED_CALLER", "load_missing_pinned"]
@@ -41,7 +41,7 @@ async def load_missing_pinned(desk: CallDesk, states: Mapping[str, ProviderState
 
 async def _load(desk: CallDesk, provider: str, model: str, providers: list[str]) -> bool:
     req = InferenceRequest.parse("generate", {"model": model, "stream": False})
-    request = desk.request(req, [Candidate(model)], caller=PINNED_CALLER, budget=0.0,
+    request = desk.request(req, [CandidateModel(model)], caller=PINNED_CALLER, budget=0.0,
                            left=asyncio.Event())
     try:
         # confined to the pinned server: every other provider is excluded

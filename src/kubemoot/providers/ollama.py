@@ -40,7 +40,6 @@ from kubemoot.clock import Clock, SystemClock
 from kubemoot.providers.dcgm import VramReading, fetch_dcgm_vram
 from kubemoot.providers.protocol import (
     ChatResult,
-    LoadedModel,
     ModelNotFound,
     ProviderBadResponse,
     ProviderDeadlineExceeded,
@@ -48,6 +47,7 @@ from kubemoot.providers.protocol import (
     ProviderState,
     ProviderTimeout,
     ProviderUnavailable,
+    ResidentModel,
 )
 from kubemoot.settings import DEFAULT_RESERVE_MIB, DEFAULTS
 
@@ -402,7 +402,7 @@ class OllamaProvider:
                 disk_sizes[name] = _mib(entry.size, f"/api/tags size of {name}")
             if entry.digest:
                 disk_digests[name] = entry.digest
-        loaded: list[LoadedModel] = []
+        loaded: list[ResidentModel] = []
         for entry in ps.models:
             name = entry.name or entry.model
             if not name:
@@ -412,7 +412,7 @@ class OllamaProvider:
             if context is not None and context < 0:
                 raise ProviderBadResponse(f"/api/ps context_length of {name} is negative")
             expires: datetime | None = entry.expires_at
-            loaded.append(LoadedModel(
+            loaded.append(ResidentModel(
                 name=name,
                 size_mib=_mib(vram, f"/api/ps size_vram of {name}"),
                 context_length=context or None,
@@ -481,6 +481,7 @@ class OllamaProvider:
         num_ctx: int | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         options: Mapping[str, Any] | None = None,
+        keep_alive: float | None = None,
     ) -> ChatResult:
         """One non-streaming ``/api/chat``; ``num_ctx`` goes into ``options``."""
         merged: dict[str, Any] = dict(options or {})
@@ -492,7 +493,7 @@ class OllamaProvider:
                 lambda: self._client.chat(
                     model=model, messages=list(messages),
                     tools=list(tools) if tools else None,
-                    options=merged or None, stream=False,
+                    options=merged or None, stream=False, keep_alive=keep_alive,
                 ),
             )
         try:

@@ -27,11 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from kubemoot.store.documents import LoadedModel, ProviderState
+from kubemoot.store.documents import ProviderState, ResidentModel
 
 __all__ = [
     "ChatResult",
-    "LoadedModel",
     "ModelNotFound",
     "ProviderBadResponse",
     "ProviderClient",
@@ -40,6 +39,7 @@ __all__ = [
     "ProviderState",
     "ProviderTimeout",
     "ProviderUnavailable",
+    "ResidentModel",
 ]
 
 
@@ -160,8 +160,11 @@ class ProviderClient(Protocol):
         num_ctx: int | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         options: Mapping[str, Any] | None = None,
+        keep_alive: float | None = None,
     ) -> ChatResult:
-        """One non-streaming chat call; ``num_ctx`` is the per-request context."""
+        """One non-streaming chat call; ``num_ctx`` is the per-request context and
+        ``keep_alive`` (seconds) how long the engine keeps the model after it (None:
+        the engine's default)."""
         ...
 
     async def close(self) -> None:

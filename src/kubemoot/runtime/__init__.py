@@ -8,7 +8,7 @@ state-driven wait and honest refusals. See ``docs/runtime.md``.
 Entry points: :func:`kubemoot.runtime.builder.build_runtime` (the one assembly),
 :class:`kubemoot.runtime.planner.CallPlanner` (``place``, ``take_queue``, ``lease``,
 ``finish``), :class:`kubemoot.runtime.waiting.CapacityWaiter`,
-:class:`kubemoot.runtime.held_plans.SelectionPlanner`,
+:class:`kubemoot.runtime.held_plans.HeldPlans`,
 :class:`kubemoot.runtime.placement.CallPlacement`.
 
 One placement: :mod:`~kubemoot.runtime.options` prices a round's options (pure, over a

@@ -4,7 +4,7 @@ The demo and the agent runtime (through :mod:`kubemoot.agent.wiring`), the simul
 ``kubemoot`` policy, ``kubemoot place`` and the tests all call :func:`build_runtime`,
 so "the simulator runs the production runtime" holds by construction: the same parts
 (latency tracker, circuit breakers, view, tickets, demand board, occupancy, planner,
-capacity watch, waiter, selection planner, call service) built from the same settings.
+capacity watch, waiter, held plans, call service) built from the same settings.
 
 Building and starting are two steps: between them a caller may seed the buckets (the
 simulator publishes its cards' states, ``kubemoot place`` writes a snapshot) and
@@ -25,7 +25,7 @@ from kubemoot.runtime.calls import CallService
 from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
 from kubemoot.runtime.circuit import CircuitBreakers
 from kubemoot.runtime.demand import DemandBoard
-from kubemoot.runtime.held_plans import SelectionPlanner
+from kubemoot.runtime.held_plans import HeldPlans
 from kubemoot.runtime.latency import LatencyTracker
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.planner import CallPlanner
@@ -63,7 +63,7 @@ class Runtime:
     planner: CallPlanner
     watch: CapacityWatch
     waiter: CapacityWaiter
-    selection: SelectionPlanner
+    held_plans: HeldPlans
     calls: CallService  # every call's lifecycle (its after_load hook is the caller's)
 
     async def start(self, *, follow: bool = True, watch: bool = True) -> None:
@@ -134,9 +134,9 @@ async def build_runtime(
     )
     watch = CapacityWatch(states, tickets_bucket, clock=clock)
     waiter = CapacityWaiter(planner, clock=clock, watch=watch, board=board)
-    selection = SelectionPlanner(planner, clock=clock, board=board)
+    held_plans = HeldPlans(planner, clock=clock, board=board)
     calls = CallService(planner, waiter, clock, board=board,
                         idle_retry_seconds=settings.probe_interval_seconds)
     return Runtime(kv, clock, settings, states, tickets_bucket, demand_bucket, latency,
                    circuits, view, tickets, board, occupancy, planner, watch, waiter,
-                   selection, calls)
+                   held_plans, calls)

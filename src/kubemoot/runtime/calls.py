@@ -35,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.runtime import options
-from kubemoot.runtime.placement import Action, CallPlacement, Candidate
+from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.record import call_decision
 from kubemoot.runtime.refusals import GpuBusy, Refusal
@@ -86,7 +86,7 @@ class CallRequest:
     call placed just as it was set: a client that went away).
     """
 
-    candidates: tuple[Candidate, ...]
+    candidates: tuple[CandidateModel, ...]
     agent: str
     thread_id: str
     phase: str

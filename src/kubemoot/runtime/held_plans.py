@@ -1,6 +1,6 @@
 """Planning at selection: place the first mulling call as soon as an agent is selected.
 
-:meth:`SelectionPlanner.commit_to_thread` runs the moment a coordinator picks an agent
+:meth:`HeldPlans.commit_to_thread` runs the moment a coordinator picks an agent
 for a thread. It announces the models the agent will want (intents), feeds the demand
 forecast with the selection, and plans the agent's first mulling call right away with a
 guessed prompt size; the ticket that plan claims is kept as a *held* plan. A model that
@@ -35,7 +35,7 @@ from kubemoot.providers.protocol import ProviderError
 from kubemoot.runtime import filters
 from kubemoot.runtime.faults import tolerated
 from kubemoot.runtime.lease import Lease
-from kubemoot.runtime.placement import Action, CallPlacement, Candidate
+from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.tickets import TicketGone
 from kubemoot.store.documents import TicketState
@@ -69,7 +69,7 @@ class HeldPlan:
     lease: Lease | None = field(default=None, repr=False)
 
 
-class SelectionPlanner:
+class HeldPlans:
     """Holds plans per (agent, thread)."""
 
     def __init__(
@@ -97,7 +97,7 @@ class SelectionPlanner:
         self,
         agent: str,
         thread: str,
-        candidates: Sequence[Candidate],
+        candidates: Sequence[CandidateModel],
         *,
         frequency: float | None = None,
         prompt_tokens: int | None = None,

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 
 from kubemoot.api import Model
 from kubemoot.runtime.calls import CallRefused, CallRequest, CallService
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.store.documents import ProviderState
 
 __all__ = ["PINNED_CALLER", "load_pinned", "missing_pinned", "pinned_by_provider"]
@@ -58,7 +58,7 @@ async def load_pinned(calls: CallService, *, provider: str, model: str,
                       providers: Collection[str], load: Load) -> bool:
     """Place a load of ``model`` on ``provider`` only, run ``load``, release; whether it
     went through. A busy card refuses at once (budget 0); a failed load is logged."""
-    request = CallRequest((Candidate(model),), agent=PINNED_CALLER,
+    request = CallRequest((CandidateModel(model),), agent=PINNED_CALLER,
                           thread_id=calls.thread_id(PINNED_CALLER), phase=PINNED_CALLER,
                           budget=0.0)
     try:

@@ -29,7 +29,7 @@ CLAIMING_ACTIONS = frozenset({Action.WARM, Action.LOADING, Action.COLD_LOAD, Act
 
 
 @dataclass(frozen=True, slots=True)
-class Candidate:
+class CandidateModel:
     """A candidate model for the call with its quality score (preferred first in lists)."""
 
     model: str

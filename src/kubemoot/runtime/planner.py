@@ -38,7 +38,7 @@ from kubemoot.runtime.cost import Option, OptionKind
 from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.options import Round
-from kubemoot.runtime.placement import Action, CallPlacement, Candidate
+from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
 from kubemoot.runtime.prefix import PrefixBook
 from kubemoot.runtime.record import build_record
 from kubemoot.runtime.refusals import GpuBusy, Reason, Refusal, classify
@@ -120,7 +120,7 @@ class CallPlanner:
             self._demand_seen, self._demand_read_at = seen, now
         return seen
 
-    def in_tolerance(self, candidates: Sequence[Candidate]) -> list[Candidate]:
+    def in_tolerance(self, candidates: Sequence[CandidateModel]) -> list[CandidateModel]:
         """The preferred model, then the others within tolerance, highest score first."""
         preferred, rest = candidates[0], candidates[1:]
         floor = preferred.score - self.settings.candidate_tolerance
@@ -138,7 +138,7 @@ class CallPlanner:
 
     async def place(
         self,
-        candidates: Sequence[Candidate],
+        candidates: Sequence[CandidateModel],
         *,
         holder_id: str,
         prompt_tokens: int | None = None,
@@ -170,7 +170,7 @@ class CallPlanner:
 
     async def _place(
         self,
-        candidates: Sequence[Candidate],
+        candidates: Sequence[CandidateModel],
         *,
         holder_id: str,
         prompt_tokens: int | None,

@@ -46,7 +46,7 @@ from kubemoot.clock import Clock
 from kubemoot.runtime.capacity import CapacityWatch, WatchUnavailable
 from kubemoot.runtime.faults import tolerated
 from kubemoot.runtime.options import could_help
-from kubemoot.runtime.placement import Action, CallPlacement, Candidate
+from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.refusals import GpuBusy, Reason
 from kubemoot.runtime.snapshot import FleetSnapshot
@@ -71,7 +71,7 @@ class WaiterBoard(Protocol):
     async def remove_waiter(self, model: str, agent: str) -> None: ...
 
 
-LineKey = tuple[tuple[Candidate, ...], int | None, TicketState, frozenset[str]]
+LineKey = tuple[tuple[CandidateModel, ...], int | None, TicketState, frozenset[str]]
 """Candidates, prompt tokens, ticket state and the providers the call must avoid."""
 
 
@@ -125,7 +125,7 @@ class CapacityWaiter:
 
     async def place(
         self,
-        candidates: Sequence[Candidate],
+        candidates: Sequence[CandidateModel],
         *,
         agent: str,
         holder_id: str | None = None,

@@ -40,14 +40,14 @@ from kubemoot.clock import ManualClock
 from kubemoot.runtime.builder import build_runtime
 from kubemoot.runtime.demand import DemandBoard
 from kubemoot.runtime.occupancy import OccupancyBook
-from kubemoot.runtime.placement import CallPlacement, Candidate
+from kubemoot.runtime.placement import CallPlacement, CandidateModel
 from kubemoot.runtime.snapshot import FleetSnapshot, ProviderSnapshot
 from kubemoot.settings import DEFAULTS, RuntimeSettings
 from kubemoot.store.documents import (
     DemandEntry,
-    LoadedModel,
     ProviderState,
     ProviderTickets,
+    ResidentModel,
     SelectionEntry,
     Ticket,
     TicketState,
@@ -195,12 +195,12 @@ def load_state(path: str | Path) -> PlacementState:
     return load_single(path, KIND, PlacementState)
 
 
-def parse_candidates(text: str | None, model: str) -> list[Candidate]:
+def parse_candidates(text: str | None, model: str) -> list[CandidateModel]:
     """``--candidates`` JSON (preferred first); without it, just ``model``."""
     import json
 
     if text is None:
-        return [Candidate(model)]
+        return [CandidateModel(model)]
     try:
         data = json.loads(text)
     except ValueError as error:
@@ -209,7 +209,7 @@ def parse_candidates(text: str | None, model: str) -> list[Candidate]:
         raise InputError("must be a non-empty JSON list", field="--candidates")
     if len(data) > MAX_ITEMS:
         raise InputError(f"must list at most {MAX_ITEMS:,} candidates", field="--candidates")
-    candidates: list[Candidate] = []
+    candidates: list[CandidateModel] = []
     for index, item in enumerate(data):
         where = f"--candidates[{index}]"
         if not isinstance(item, dict) or not isinstance(item.get("model"), str):
@@ -226,10 +226,10 @@ def parse_candidates(text: str | None, model: str) -> list[Candidate]:
                 f"got {shown}",
                 field=f"{where}.score",
             )
-        candidates.append(Candidate(item["model"], float(score)))
+        candidates.append(CandidateModel(item["model"], float(score)))
     if candidates[0].model != model:
         # --model names the preferred model; keep the list's order otherwise.
-        candidates = [Candidate(model, candidates[0].score)] + [
+        candidates = [CandidateModel(model, candidates[0].score)] + [
             c for c in candidates if c.model != model
         ]
     return candidates
@@ -241,7 +241,7 @@ def _epoch(moment: datetime) -> float:
 
 async def decide(
     state: PlacementState,
-    candidates: Sequence[Candidate],
+    candidates: Sequence[CandidateModel],
     *,
     prompt_tokens: int | None = None,
 ) -> CallPlacement:
@@ -291,7 +291,7 @@ def _provider_docs(
         max_parallel=provider.max_parallel,
         context_length=provider.context_length,
         loaded_models=[
-            LoadedModel(name=r.model, size_mib=r.size_mib, context_length=r.context_length)
+            ResidentModel(name=r.model, size_mib=r.size_mib, context_length=r.context_length)
             for r in provider.residents
         ],
         loaded_model_footprints={r.model: r.size_mib for r in provider.residents},

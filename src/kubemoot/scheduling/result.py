@@ -25,8 +25,8 @@ from kubemoot.api import (
     LastUnschedulable,
     Phase,
     PhaseBinding,
+    PhaseCandidate,
 )
-from kubemoot.api import Candidate as ApiCandidate
 from kubemoot.api.agent import SUMMARY_FAILURES, SUMMARY_TEXT, SUMMARY_TRIGGERS
 from kubemoot.gates import DecisionRecord, Outcome
 from kubemoot.scheduling.bind import CandidateList, env_score
@@ -172,7 +172,7 @@ class PhaseResult:
             score=self.score,
             outcome=self.outcome.value,
             reason=self.reason,
-            candidates=[ApiCandidate(model=m, score=s) for m, s in self.candidates],
+            candidates=[PhaseCandidate(model=m, score=s) for m, s in self.candidates],
         )
 
 

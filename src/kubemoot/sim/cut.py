@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.settings import DEFAULTS
-from kubemoot.sim.scenario import ProviderSpec, Scenario
+from kubemoot.sim.scenario import Scenario, ScenarioProvider
 from kubemoot.sim.workload import CallSpec, Discussion, Step, Trace, Turn
 
 __all__ = ["Cut", "CutCall", "CutCard", "cut_trace"]
@@ -72,11 +72,11 @@ def _release_times(trace: Trace) -> list[tuple[float, CallSpec]]:
     return sorted(out, key=lambda r: (r[0], r[1].call_id))
 
 
-def _cards(scenario: Scenario, count: int) -> list[ProviderSpec]:
+def _cards(scenario: Scenario, count: int) -> list[ScenarioProvider]:
     """``count`` cards, one from each provider group in turn (a mix of card kinds)."""
     groups = [[g] * g.count for g in scenario.spec.providers]
     taken: Counter[str] = Counter()
-    picked: list[ProviderSpec] = []
+    picked: list[ScenarioProvider] = []
     while len(picked) < count and any(groups):
         for group in groups:
             if group and len(picked) < count:
@@ -123,7 +123,7 @@ def cut_trace(
         cut_id = len(out_calls)
         out_calls.append(CutCall(cut_id, release, call.duration, tuple(c.model for c in band)))
         specs.append(CallSpec(cut_id, cut_id, f"{call.agent}#{cut_id}", call.phase,
-                              tuple(Candidate(c.model, c.score) for c in band),
+                              tuple(CandidateModel(c.model, c.score) for c in band),
                               call.duration, call.prompt_tokens))
     start = out_calls[0].release if out_calls else 0.0
     out_calls = [CutCall(c.call_id, c.release - start, c.duration, c.models)

@@ -33,11 +33,11 @@ from kubemoot.emulation.engine import (
     VramOvercommit,
 )
 from kubemoot.emulation.prompt import Prompt
-from kubemoot.providers.protocol import ChatResult, LoadedModel, ProviderError, ProviderState
+from kubemoot.providers.protocol import ChatResult, ProviderError, ProviderState, ResidentModel
 from kubemoot.settings import DEFAULTS
 from kubemoot.sim.phases import CURRENT_CALL
 
-__all__ = ["EmulatedGpu", "GpuEvents", "ModelSize", "Prompt", "Served", "VramOvercommit"]
+__all__ = ["EmulatedGpu", "GpuEvents", "ModelSize", "Prompt", "ServedPrompt", "VramOvercommit"]
 
 
 class GpuEvents:
@@ -64,7 +64,7 @@ class _CardEvents(EngineEvents):
 
 
 @dataclass(frozen=True, slots=True)
-class Served:
+class ServedPrompt:
     """What one call met on the card, in loop seconds."""
 
     started: float  # it got a slot: its prefill begins
@@ -173,7 +173,7 @@ class EmulatedGpu:
     async def serve_prompt(self, model: str, duration: float, *,
                            prompt: Prompt | None = None,
                            num_ctx: int | None = None,
-                           keep_alive: float | None = None) -> Served:
+                           keep_alive: float | None = None) -> ServedPrompt:
         """Run one call: the engine cuts ``prompt`` to the context if it must, the slot
         evaluates what its cache does not hold (prefill), then ``duration`` seconds of
         generation. ``num_ctx`` other than the copy's reloads it, as Ollama does.
@@ -196,7 +196,7 @@ class EmulatedGpu:
                 await engine.clock.sleep(prefill + duration)
             finally:
                 engine.give_slot(copy, grant)
-            return Served(started, started + prefill, prefill, grant.cached_tokens,
+            return ServedPrompt(started, started + prefill, prefill, grant.cached_tokens,
                           fitted.tokens if fitted else 0,
                           fitted.truncated if fitted else False)
         finally:
@@ -210,7 +210,7 @@ class EmulatedGpu:
     def state_document(self, probed_at: float) -> ProviderState:
         """What ``/api/ps`` would show now, as the provider-state document."""
         loaded = [
-            LoadedModel(name=c.model, size_mib=c.footprint_mib,
+            ResidentModel(name=c.model, size_mib=c.footprint_mib,
                         context_length=(c.context_length if c.context_length is not None
                                         else self.context_length),
                         expires_at=None if c.expires_at == float("inf")
@@ -243,6 +243,7 @@ class EmulatedGpu:
         num_ctx: int | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         options: Mapping[str, Any] | None = None,
+        keep_alive: float | None = None,
     ) -> ChatResult:
         duration = float((options or {}).get("simDurationSeconds", 1.0))
         served = await self.serve_prompt(model, duration, num_ctx=num_ctx)

@@ -58,10 +58,10 @@ __all__ = [
     "CrewSpec",
     "FanOutSpec",
     "LatencySpec",
-    "ModelSpec",
     "PhaseSpec",
-    "ProviderSpec",
     "Scenario",
+    "ScenarioModel",
+    "ScenarioProvider",
     "ScenarioSettings",
     "load_scenario",
     "parse_scenario",
@@ -92,14 +92,14 @@ class _Spec(EitherMibSpelling):
     )
 
 
-class ModelSpec(_Spec):
+class ScenarioModel(_Spec):
     """A model: its VRAM occupancy (weights plus KV slab), as Ollama would report it."""
 
     name: str = Field(min_length=1)
     vram_mib: Mib = Field(gt=0)
 
 
-class ProviderSpec(_Spec):
+class ScenarioProvider(_Spec):
     """One GPU (or ``count`` identical ones)."""
 
     name: str = Field(min_length=1)
@@ -112,7 +112,7 @@ class ProviderSpec(_Spec):
     count: int = Field(default=1, ge=1, le=MAX_PROVIDERS)
 
     @model_validator(mode="after")
-    def _memory_left(self) -> ProviderSpec:
+    def _memory_left(self) -> ScenarioProvider:
         if self.reserve_mib >= self.vram_mib:  # the engine would offer nothing
             raise ValueError(
                 f"reserveMiB ({self.reserve_mib}) must be less than vramMiB ({self.vram_mib})"
@@ -193,8 +193,8 @@ class ScenarioSpec(_Spec):
     duration_seconds: float = Field(gt=0, le=MAX_SIMULATED_SECONDS)
     seed: Seed = 1
     settings: ScenarioSettings = Field(default_factory=ScenarioSettings)
-    models: list[ModelSpec] = Field(min_length=1, max_length=MAX_ITEMS)
-    providers: list[ProviderSpec] = Field(min_length=1, max_length=MAX_ITEMS)
+    models: list[ScenarioModel] = Field(min_length=1, max_length=MAX_ITEMS)
+    providers: list[ScenarioProvider] = Field(min_length=1, max_length=MAX_ITEMS)
     crews: list[CrewSpec] = Field(min_length=1, max_length=MAX_ITEMS)
 
     @model_validator(mode="after")

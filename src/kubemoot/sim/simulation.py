@@ -26,7 +26,7 @@ from kubemoot.sim.scenario import Scenario
 from kubemoot.sim.vloop import run_virtual
 from kubemoot.sim.workload import CallSpec, Discussion, Trace, Turn, build_trace
 
-__all__ = ["POLICY_NAMES", "PolicyRun", "Served", "SimulationResult", "make_policy",
+__all__ = ["POLICY_NAMES", "PolicyRun", "ServedCall", "SimulationResult", "make_policy",
            "run_policy", "simulate"]
 
 POLICY_NAMES: tuple[str, ...] = ("kubemoot", *BASELINES)
@@ -63,11 +63,11 @@ class PolicyRun:
     # call id → (wait, its split by phase) for finished calls: compares policies call by call
     waits_by_call: dict[int, tuple[float, dict[WaitSource, float]]] = field(default_factory=dict)
     # call id → where and when a finished call ran: the optimum's hint and the timelines
-    served: dict[int, Served] = field(default_factory=dict)
+    served: dict[int, ServedCall] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
-class Served:
+class ServedCall:
     """Where a finished call ran, and when it was issued, started and ended."""
 
     card: str
@@ -213,14 +213,14 @@ async def _run(scenario: Scenario, trace: Trace, policy_name: str, seed: int) ->
         by_call=by_call,
     )
     statuses: dict[int, str] = {}
-    served: dict[int, Served] = {}
+    served: dict[int, ServedCall] = {}
     for record in recorder.calls:
         if record.call_id in statuses:
             raise AssertionError(f"call {record.call_id} ended twice")
         statuses[record.call_id] = record.outcome.status
         o = record.outcome
         if o.status == FINISHED and o.provider and o.model and o.started is not None:
-            served[record.call_id] = Served(o.provider, o.model, record.issued, o.started,
+            served[record.call_id] = ServedCall(o.provider, o.model, record.issued, o.started,
                                             record.ended)
     return PolicyRun(
         report, recorder.loads, recorder.unloads, recorder.vram_samples,

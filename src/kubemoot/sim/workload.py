@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass
 
 from kubemoot.emulation.prompt import Prompt
-from kubemoot.runtime.placement import Candidate
+from kubemoot.runtime.placement import CandidateModel
 from kubemoot.sim.scenario import CrewSpec, LatencySpec, Scenario
 
 __all__ = ["CallSpec", "Discussion", "Step", "Trace", "Turn", "build_trace"]
@@ -34,7 +34,7 @@ class CallSpec:
     discussion_id: int
     agent: str
     phase: str
-    candidates: tuple[Candidate, ...]  # preferred first
+    candidates: tuple[CandidateModel, ...]  # preferred first
     duration: float
     prompt_tokens: int
     #: the prompt as blocks, for the engine's prefix cache (None: a prompt of
@@ -137,7 +137,7 @@ def build_trace(scenario: Scenario, *, seed: int | None = None) -> Trace:
             history: list[int] = []  # the tokens of each earlier step of this thread
             for phase_name, durations, prompts, think in steps:
                 phase = phases[phase_name]
-                cands = tuple(Candidate(c.model, c.score) for c in phase.candidates)
+                cands = tuple(CandidateModel(c.model, c.score) for c in phase.candidates)
                 thread = (Prompt.thread(f"{d_id}/{agent}", history, system=phase.prompt_tokens)
                           if phase.thread_tokens else None)
                 calls: list[CallSpec] = []

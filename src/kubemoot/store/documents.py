@@ -41,7 +41,7 @@ class _Doc(BaseModel):
         return self.model_dump_json(by_alias=True).encode("utf-8")
 
 
-class LoadedModel(_Doc):
+class ResidentModel(_Doc):
     """A model resident on a provider, as its engine reports it."""
 
     name: str
@@ -66,7 +66,7 @@ class ProviderState(_Doc):
     max_parallel: int = 1
     context_length: int | None = None  # configured per-slot context; None: unknown
     runtime_version: str | None = None  # the engine's own version (/api/version); None: unknown
-    loaded_models: list[LoadedModel] = Field(default_factory=list)
+    loaded_models: list[ResidentModel] = Field(default_factory=list)
     # first observed KV-inclusive footprint per model, kept across unloads
     loaded_model_footprints: dict[str, int] = Field(default_factory=dict)
     # on-disk sizes from /api/tags, for the occupancy estimate of never-loaded models

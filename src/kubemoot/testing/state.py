@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubemoot.settings import DEFAULTS
-from kubemoot.store.documents import LoadedModel, ProviderState, Ticket, TicketState
+from kubemoot.store.documents import ProviderState, ResidentModel, Ticket, TicketState
 
 __all__ = ["GIB", "NOW", "gpu", "provider_state", "ticket"]
 
@@ -63,7 +63,7 @@ def provider_state(
         max_parallel=slots,
         context_length=context,
         loaded_models=[
-            LoadedModel(name=m, size_mib=size, context_length=contexts.get(m),
+            ResidentModel(name=m, size_mib=size, context_length=contexts.get(m),
                         digest=digest.get(m))
             for m, size in (loaded or {}).items()
         ],

@@ -210,5 +210,13 @@ function chooseCall(event) {
 document.getElementById("agents").addEventListener("click", chooseCall);
 document.getElementById("agents").addEventListener("keydown", chooseCall);
 
+// The snapshot the page was served with: drawn before the event stream's first update
+// (not counted in kubemootUpdates, which counts what the stream brought).
+const firstState = document.getElementById("first-state");
+if (firstState) {
+  latest = JSON.parse(firstState.textContent);
+  receivedAt = Date.now();
+  draw();
+}
 connect();
 setInterval(draw, 1000); // ages move between events

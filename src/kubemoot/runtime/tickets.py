@@ -216,7 +216,6 @@ class TicketManager:
         request_seconds: float = DEFAULTS.claim_request_seconds,
     ) -> None:
         self._tickets = tickets
-
         self.line_seconds = line_seconds
         self._states = states
         self._clock = clock

@@ -27,6 +27,10 @@ A second contended run spreads the same claimers over ``--many-processes`` proce
 (default 20, one claimer each: every agent pod is a process) and reports
 ``fairnessProcesses``, ``claimsPerSecondProcesses`` and ``p99MsProcesses``.
 
+Every worker's ticket manager has the claim line's entrance (claims and releases that
+lost a race announced in ``kubemoot_ticket_requests`` for any writer to apply;
+``docs/shared-state.md``); ``--announce off`` runs the same workers without it.
+
 The last line is one JSON object with the figures the issue asks for.
 """
 

@@ -41,10 +41,11 @@ class LosingBucket:
     def __init__(self, inner: Bucket) -> None:
         self.inner = inner
         self.name = inner.name
+        self.losing = True  # False: the rival has stopped
 
     async def get(self, key: str) -> Entry | None:
         entry = await self.inner.get(key)
-        if entry is not None:
+        if entry is not None and self.losing:
             # The rival's write; a compare-and-set itself, so that it never puts back a
             # stale copy over another process's write (then that write moved the key).
             with contextlib.suppress(RevisionMismatch):
@@ -168,3 +169,32 @@ async def test_a_waiter_that_died_leaves_the_line_when_its_place_lapses(
         granted.ticket_id]
     assert manager.announced(PROVIDER) == []  # lapsed: nobody applies it any more
     await manager.aclose()
+
+
+async def test_a_claim_given_up_after_its_announcement_leaves_nothing_behind(
+        shared: Shared) -> None:
+    losing = LosingBucket(shared.tickets)
+    slow = shared.manager(1, tickets=losing)  # type: ignore[arg-type]
+    fast = shared.manager(2)
+    assert await slow.open() and await fast.open()
+    waiting = asyncio.create_task(slow.claim(PROVIDER, "m", 6 * GIB, "slow"))
+    await until_stored(shared.requests, lambda: fast.announced(PROVIDER), timeout=30,
+                       what="the slow claim announced and seen by the other process")
+    waiting.cancel()  # its caller gives up while the announcement is still live
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    losing.losing = False  # the slow process's next write gets in: it withdraws the claim
+
+    async def withdrawn() -> bool:
+        document, _ = await fast.read(PROVIDER)
+        return bool(document.served)
+
+    # Marked served (a writer whose view of the announcement is late grants it nothing;
+    # tests/runtime/test_ticket_decision.py shows that rule), and its key deleted.
+    await until_stored(shared.tickets, withdrawn, timeout=30, what="the claim withdrawn")
+    await until_stored(shared.requests, lambda: not fast.announced(PROVIDER), timeout=30,
+                       what="the given-up announcement deleted")
+    mine = await fast.claim(PROVIDER, "m", 6 * GIB, "fast")
+    assert [t.ticket_id for t in await fast.active(PROVIDER)] == [mine.ticket_id]
+    await slow.aclose()
+    await fast.aclose()

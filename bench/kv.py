@@ -27,6 +27,10 @@ A second contended run spreads the same claimers over ``--many-processes`` proce
 (default 20, one claimer each: every agent pod is a process) and reports
 ``fairnessProcesses``, ``claimsPerSecondProcesses`` and ``p99MsProcesses``.
 
+Every worker's ticket manager has the claim line's entrance (claims and releases that
+lost a race announced in ``kubemoot_ticket_requests`` for any writer to apply;
+``docs/shared-state.md``); ``--announce off`` runs the same workers without it.
+
 The last line is one JSON object with the figures the issue asks for.
 """
 
@@ -49,6 +53,7 @@ from kubemoot.settings import NatsSettings
 from kubemoot.store.documents import (
     PROVIDER_STATE_BUCKET,
     PROVIDER_TICKETS_BUCKET,
+    TICKET_REQUESTS_BUCKET,
     ProviderState,
 )
 from kubemoot.store.memory import MemoryKV
@@ -115,10 +120,13 @@ async def in_turns(
     return samples
 
 
-async def manager(kv: KV) -> TicketManager:
+async def manager(kv: KV, *, announce: bool = True) -> TicketManager:
+    """A ticket manager as a runtime builds one; ``announce``: with the claim line's
+    entrance (claims that lost a race announced for other processes to apply)."""
     tickets = await kv.bucket(PROVIDER_TICKETS_BUCKET, max_age=600)
     states = await kv.bucket(PROVIDER_STATE_BUCKET, max_age=600)
-    return TicketManager(tickets, states, clock=SystemClock())
+    requests = await kv.bucket(TICKET_REQUESTS_BUCKET, max_age=60) if announce else None
+    return TicketManager(tickets, states, clock=SystemClock(), requests=requests)
 
 
 def bench_state() -> ProviderState:
@@ -161,17 +169,19 @@ async def uncontended(kv: KV, n: int) -> tuple[list[float], list[float], list[fl
 
 def worker(
     url: str, claimers: int, seconds: float, start: Any, seed: int,
-    held: Any, overcommits: Any, results: Any,
+    held: Any, overcommits: Any, results: Any, announce: bool,
 ) -> None:  # fmt: skip
-    asyncio.run(_worker(url, claimers, seconds, start, seed, held, overcommits, results))
+    asyncio.run(_worker(url, claimers, seconds, start, seed, held, overcommits, results,
+                        announce))
 
 
 async def _worker(
     url: str, claimers: int, seconds: float, start: Any, seed: int,
-    held: Any, overcommits: Any, results: Any,
+    held: Any, overcommits: Any, results: Any, announce: bool,
 ) -> None:  # fmt: skip
     kv = await NatsKV.connect(NatsSettings(servers=[url], name=f"bench-{seed}"))
-    tickets = await manager(kv)
+    tickets = await manager(kv, announce=announce)
+    await tickets.open()  # follow the others' announcements from the start
     rng = random.Random(seed)
     latencies: list[float] = []
     counts = {"rejected": 0, "conflicts": 0, "unavailable": 0, "releaseFailures": 0}
@@ -217,10 +227,13 @@ async def _worker(
         await asyncio.gather(*(claimer(i) for i in range(claimers)))
     finally:
         results.put((latencies, counts))
+        await tickets.aclose()
         await kv.close()
 
 
-def contended(url: str, claimers: int, processes: int, seconds: float) -> dict[str, float]:
+def contended(
+    url: str, claimers: int, processes: int, seconds: float, announce: bool = True
+) -> dict[str, float]:
     context = mp.get_context("spawn")
     held = context.Value("q", 0)
     overcommits = context.Value("q", 0)
@@ -232,7 +245,7 @@ def contended(url: str, claimers: int, processes: int, seconds: float) -> dict[s
     workers = [
         context.Process(
             target=worker,
-            args=(url, n, seconds, start, seed, held, overcommits, results),
+            args=(url, n, seconds, start, seed, held, overcommits, results, announce),
         )
         for seed, n in enumerate(counts)
     ]
@@ -281,7 +294,12 @@ async def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--many-processes", type=int, default=20,
                         help="a second contended run with the claimers in this many processes "
                              "(each agent pod is a process); 0 skips it")
+    parser.add_argument("--announce", choices=("on", "off"), default="on",
+                        help="off: claims that lose a race are not announced for other "
+                             "processes to apply (every claim races on its own, as before "
+                             "the claim line's entrance existed)")
     args = parser.parse_args(argv)
+    announce = args.announce == "on"
 
     async with running_nats_server() as server:
         nats_kv = await NatsKV.connect(NatsSettings(servers=[server.url]))
@@ -303,7 +321,8 @@ async def main(argv: list[str]) -> dict[str, Any]:
               f"p99 {ms(percentile(reading, 0.99))} ms, p99/floor p99 {reading_ratio:.2f}")
         loop = asyncio.get_running_loop()
         figures = await loop.run_in_executor(
-            None, contended, server.url, args.claimers, args.processes, args.seconds
+            None, contended, server.url, args.claimers, args.processes, args.seconds,
+            announce,
         )
         print(f"contended: {args.claimers} claimers in {args.processes} processes "
               f"(one NATS connection each) for {args.seconds} s: {figures}")
@@ -311,7 +330,7 @@ async def main(argv: list[str]) -> dict[str, Any]:
         if args.many_processes:
             many = min(args.many_processes, args.claimers)
             spread = await loop.run_in_executor(
-                None, contended, server.url, args.claimers, many, args.seconds
+                None, contended, server.url, args.claimers, many, args.seconds, announce
             )
             print(f"contended: {args.claimers} claimers in {many} processes "
                   f"(one NATS connection each) for {args.seconds} s: {spread}")

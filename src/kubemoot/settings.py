@@ -115,6 +115,9 @@ class RuntimeSettings:
     #: A claimer refused for memory keeps its place in the provider's line this long
     #: after its last try (claimers across processes are served first come first).
     claim_line_seconds: float = 5.0
+    #: How long a claim or release that lost a race stays announced for other
+    #: processes' writers to apply (its claimer keeps trying on its own meanwhile).
+    claim_request_seconds: float = 0.5
     #: Prompt size assumed when a call is planned before its prompt exists.
     assumed_prompt_tokens: int = 2048
     #: What evaluating one prompt token costs an engine (prefill) when its slot's cache

@@ -7,6 +7,8 @@ checked by hand.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kubemoot.runtime.ticket_decision import (
     LINE_AHEAD,
@@ -17,7 +19,14 @@ from kubemoot.runtime.ticket_decision import (
     TicketOp,
     decide,
 )
-from kubemoot.store.documents import LineEntry, ProviderTickets, Ticket, TicketState
+from kubemoot.store.documents import (
+    LineEntry,
+    ProviderTickets,
+    RequestKind,
+    Ticket,
+    TicketRequest,
+    TicketState,
+)
 from kubemoot.testing.state import provider_state
 
 NOW = 1000.0
@@ -109,3 +118,111 @@ def test_an_abandoned_claim_is_skipped() -> None:
     op = TicketOp(OpKind.CLAIM, "t", ticket=_ticket("t", 1000), abandoned=True)
     decision = decide(_doc(), STATE, NOW, [op], line_seconds=LINE_SECONDS)
     assert decision.outcomes == [None] and decision.tickets == [] and not decision.changed
+
+
+# -- requests announced by other processes (the claim line's entrance) ---------------
+
+
+def _announced(ticket_id: str, mib: int, *, expires_at: float = NOW + 2,
+               kind: RequestKind = RequestKind.CLAIM) -> TicketRequest:
+    ticket = _ticket(ticket_id, mib) if kind is RequestKind.CLAIM else None
+    return TicketRequest(provider="gpu", kind=kind, ticket_id=ticket_id, ticket=ticket,
+                         expires_at=expires_at)
+
+
+def test_announced_claims_go_before_the_batch_oldest_first() -> None:
+    # Two claimers of other processes lost their races and announced; this process's
+    # own claim came later. 6000 + 3000 fit, the newcomer's 2000 no longer does.
+    announced = [_announced("a", 6000), _announced("b", 3000)]
+    decision = decide(_doc(), STATE, NOW, [_claim("mine", 2000)],
+                      line_seconds=LINE_SECONDS, announced=announced)
+    assert [t.ticket_id for t in decision.tickets] == ["a", "b"]
+    assert decision.outcomes == [Refused(NO_ROOM)]
+    assert [r.ticket_id for r in decision.settled] == ["a", "b"]
+    assert decision.served == {"a": NOW + 2, "b": NOW + 2}  # never granted twice
+    # Without the announcements the newcomer's write would have won the memory.
+    alone = decide(_doc(), STATE, NOW, [_claim("mine", 2000)], line_seconds=LINE_SECONDS)
+    assert isinstance(alone.outcomes[0], Ticket)
+
+
+def test_an_announced_claim_is_granted_once_even_after_its_release() -> None:
+    first = decide(_doc(), STATE, NOW, [], line_seconds=LINE_SECONDS,
+                   announced=[_announced("a", 6000)])
+    doc = first.document("gpu")
+    # Its holder released it; a writer whose view of the requests is late sees it still.
+    released = decide(doc, STATE, NOW + 0.5, [TicketOp(OpKind.RELEASE, "a")],
+                      line_seconds=LINE_SECONDS)
+    late = decide(released.document("gpu"), STATE, NOW + 1, [], line_seconds=LINE_SECONDS,
+                  announced=[_announced("a", 6000)])
+    assert late.tickets == [] and not late.changed
+    assert [r.ticket_id for r in late.found_settled] == ["a"] and late.settled == []
+
+
+def test_an_announced_claim_that_does_not_fit_keeps_a_place_in_the_line() -> None:
+    decision = decide(_doc(_ticket("big", 8000)), STATE, NOW, [], line_seconds=LINE_SECONDS,
+                      announced=[_announced("waiter", 4000)])
+    assert decision.settled == [] and decision.changed
+    assert [(e.holder_id, e.footprint_mib) for e in decision.line] == [("waiter", 4000)]
+    # "big" goes; the waiter's place promises it 4000, so a newcomer of 7000 waits.
+    later = decide(_doc(line=tuple(decision.line)), STATE, NOW + 1, [_claim("new", 7000)],
+                   line_seconds=LINE_SECONDS)
+    assert later.outcomes == [Refused(LINE_AHEAD)]
+
+
+def test_lapsed_announcements_and_marks_are_ignored_and_pruned() -> None:
+    doc = ProviderTickets(provider="gpu", served={"old": NOW - 1, "young": NOW + 1})
+    decision = decide(doc, STATE, NOW, [], line_seconds=LINE_SECONDS,
+                      announced=[_announced("dead", 1000, expires_at=NOW)])
+    assert decision.tickets == [] and decision.settled == []
+    # dropped from what a write would carry, but no reason to write on their own
+    assert decision.served == {"young": NOW + 1} and not decision.changed
+
+
+def test_an_announced_release_and_a_withdrawn_claim() -> None:
+    doc = _doc(_ticket("a", 1000))
+    decision = decide(doc, STATE, NOW, [], line_seconds=LINE_SECONDS,
+                      announced=[_announced("a", 0, kind=RequestKind.RELEASE)])
+    assert decision.tickets == [] and [r.ticket_id for r in decision.settled] == ["a"]
+    # A claimer that gave up on an announced claim withdraws it: marked served, so a
+    # writer that still sees the announcement does not grant it afterwards.
+    withdrawn = decide(_doc(), STATE, NOW, [TicketOp(OpKind.RELEASE, "b",
+                                                     withdraw_until=NOW + 2)],
+                       line_seconds=LINE_SECONDS)
+    after = decide(withdrawn.document("gpu"), STATE, NOW + 1, [], line_seconds=LINE_SECONDS,
+                   announced=[_announced("b", 1000)])
+    assert after.tickets == []
+
+
+def test_a_document_written_before_the_line_and_the_marks_still_reads() -> None:
+    old = (b'{"version": 1, "provider": "gpu", "tickets": [{"ticketId": "a", "model": "m",'
+           b' "modelFootprintMiB": 1000, "holderId": "h", "state": "running",'
+           b' "startedAt": 1.0, "expiresAt": 2000.0, "evicts": {}}]}')
+    doc = ProviderTickets.from_json(old)
+    assert doc.line == [] and doc.served == {}
+    assert [t.ticket_id for t in decide(doc, STATE, NOW, [], line_seconds=LINE_SECONDS,
+                                        announced=[_announced("b", 1000)]).tickets] == [
+        "a", "b"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    held=st.lists(st.integers(0, 6000), max_size=3),
+    announced=st.lists(st.integers(1, 6000), max_size=8),
+    mine=st.lists(st.integers(0, 6000), max_size=4),
+)
+def test_announced_claims_never_overcommit_and_are_served_first_come(
+        held: list[int], announced: list[int], mine: list[int]) -> None:
+    doc = _doc(*(_ticket(f"h{i}", mib) for i, mib in enumerate(held)))
+    requests = [_announced(f"a{i}", mib) for i, mib in enumerate(announced)]
+    decision = decide(doc, STATE, NOW, [_claim(f"m{i}", mib) for i, mib in enumerate(mine)],
+                      line_seconds=LINE_SECONDS, announced=requests)
+    new = [t for t in decision.tickets if not t.ticket_id.startswith("h")]
+    assert sum(t.model_footprint_mib for t in new) <= max(0, 10000 - sum(held))
+    # First come: the first announced claim left waiting is promised all that is left,
+    # so nothing after it (announced later, or this process's own) takes any memory.
+    granted = [t.ticket_id for t in new]
+    order = [r.ticket_id for r in requests] + [f"m{i}" for i in range(len(mine))]
+    waiting = next((i for i, r in enumerate(requests) if r.ticket_id not in granted), None)
+    if waiting is not None:
+        later = [t for t in new if order.index(t.ticket_id) > waiting]
+        assert all(t.model_footprint_mib == 0 for t in later)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kubemoot.clock import SystemClock
 from kubemoot.runtime import ticket_decision
 from kubemoot.runtime.budget import budget_allows
 from kubemoot.runtime.snapshot import ProviderSnapshot
@@ -19,7 +20,7 @@ from kubemoot.store.documents import (
     TicketState,
 )
 from kubemoot.store.keys import encode_token
-from kubemoot.store.memory import MemoryBucket
+from kubemoot.store.memory import MemoryBucket, MemoryKV
 from kubemoot.store.protocol import Bucket, Entry
 from kubemoot.testing.state import GIB, provider_state
 from kubemoot.testing.waiting import until_stored
@@ -279,19 +280,24 @@ async def test_claim_conflict_after_bounded_attempts() -> None:
 
 
 async def race(store: StoreUnderTest, usable: int, footprints: list[int], managers: int,
-               rounds: int, *, with_state: bool = False) -> int:
+               rounds: int, *, with_state: bool = False, announce: bool = False) -> int:
     """Claimers race on one provider; returns overcommits seen (must be 0).
 
     ``with_state``: claimers pass the provider state they hold, as the runtime does.
+    ``announce``: the managers announce lost races and apply each other's (the claim
+    line across processes).
     """
     tickets = await store.bucket("tickets")
     states = await store.bucket("states")
+    requests = await store.bucket("requests") if announce else None
     state = provider_state(PROVIDER, usable_mib=usable)
     await states.put(encode_token(PROVIDER), state.to_json())
     watch = tickets.watch()
     await watch.ready()
     pool = [TicketManager(tickets, states, clock=store.clock, rng=random.Random(i),
-                          max_attempts=50) for i in range(managers)]
+                          max_attempts=50, requests=requests) for i in range(managers)]
+    for manager in pool:
+        await manager.open()
     held = 0
     overcommits = 0
     last_seen = 0  # the newest revision the checker has looked at
@@ -368,6 +374,8 @@ async def race(store: StoreUnderTest, usable: int, footprints: list[int], manage
             raise AssertionError("the watch missed the final revision") from None
     await watch.aclose()
     await checker
+    for manager in pool:
+        await manager.aclose()
     assert await TicketManager(tickets, states, clock=store.clock).active(PROVIDER) == []
     return overcommits
 
@@ -445,15 +453,37 @@ async def test_racing_claimers_never_overcommit_nats(
             await s.kv.close()
 
 
+@pytest.mark.parametrize("announce", [False, True], ids=["racing", "claim-line"])
 @pytest.mark.parametrize("with_state", [False, True], ids=["reading-state", "callers-state"])
 async def test_racing_claimers_on_nats_checked_at_every_revision(
-    nats_url: str, with_state: bool
+    nats_url: str, with_state: bool, announce: bool
 ) -> None:
     store = await make_store("nats", nats_url)
     try:
         assert await race(store, 12 * GIB, [4 * GIB, 5 * GIB, 3 * GIB, 6 * GIB, 2 * GIB,
                                             7 * GIB], managers=3, rounds=6,
-                          with_state=with_state) == 0
+                          with_state=with_state, announce=announce) == 0
     finally:
         await store.kv.close()
+
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    usable=st.integers(min_value=1, max_value=40).map(lambda g: g * GIB),
+    footprints=st.lists(st.integers(min_value=0, max_value=16 * GIB), min_size=2, max_size=12),
+    managers=st.integers(min_value=2, max_value=4),
+)
+async def test_racing_claimers_with_the_claim_line_never_overcommit_memory_store(
+    usable: int, footprints: list[int], managers: int
+) -> None:
+    # The wall clock: an announcer waits for another manager's write or a short
+    # backoff, and a manual clock moves only when someone sleeps on it.
+    clock = SystemClock()
+
+    async def no_time(seconds: float) -> None:
+        raise AssertionError("this race lets no time pass")
+
+    store = StoreUnderTest("memory", MemoryKV(clock), clock, no_time, no_time)
+    assert await race(store, usable, footprints, managers, rounds=5, announce=True) == 0
 

@@ -19,7 +19,17 @@ The rules, in arrival order:
 * **renew**, **state** — the ticket's expiry moves to now + its TTL (and a state change
   sets the state); an absent ticket is :class:`Gone`.
 
-Expired tickets and lapsed places in the line are pruned by every decision that writes.
+Before the batch, the requests other processes *announced* after losing a race (see
+:class:`~kubemoot.store.documents.TicketRequest`) are applied in the order they were
+announced: an announced claim is granted when it fits beside the line's promises and
+was not served before (it is then marked ``served`` until its announcement lapses, so a
+writer with a late view never grants it twice); one that does not fit takes its place
+in the line, as a refused claim does, and is left for its claimer to hear "no" on its
+own next decision. An announced release removes its ticket. Announced requests were
+waiting before anything in the batch, which is why they go first.
+
+Expired tickets, lapsed places in the line and lapsed ``served`` marks are pruned by
+every decision that writes.
 """
 
 from __future__ import annotations
@@ -34,7 +44,9 @@ from kubemoot.store.documents import (
     LineEntry,
     ProviderState,
     ProviderTickets,
+    RequestKind,
     Ticket,
+    TicketRequest,
     TicketState,
 )
 
@@ -82,6 +94,12 @@ class TicketOp:
     ttl_seconds: float = 0.0  # RENEW and STATE: the expiry moves to now + this
     state: TicketState | None = None  # STATE
     abandoned: bool = False  # CLAIM: nobody waits for it any more
+    # CLAIM that was announced: once granted, its ticket id stays marked served until
+    # then, so the announcement is never granted (again) by another writer.
+    announced_until: float | None = None
+    # RELEASE that withdraws an announced claim its caller gave up on: marked served
+    # until then, so no writer grants the announcement afterwards.
+    withdraw_until: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,26 +121,50 @@ abandoned claim that was skipped)."""
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """The document's next tickets and line, whether that is a change to write, and
-    each operation's outcome (in the order of the operations)."""
+    """The document's next tickets, line and served marks, whether that is a change to
+    write, each operation's outcome (in the order of the operations), the announced
+    requests this decision applies (granted, or released), and those it found applied
+    already (by an earlier write)."""
 
     tickets: list[Ticket]
     line: list[LineEntry]
     changed: bool
     outcomes: list[Outcome]
+    served: dict[str, float]
+    settled: list[TicketRequest]
+    found_settled: list[TicketRequest]
+
+    def document(self, provider: str) -> ProviderTickets:
+        """The ticket document to write."""
+        return ProviderTickets(provider=provider, tickets=self.tickets, line=self.line,
+                               served=self.served)
 
 
 def decide(doc: ProviderTickets, state: ProviderState | None, now: float,
-           ops: Sequence[TicketOp], *, line_seconds: float) -> Decision:
+           ops: Sequence[TicketOp], *, line_seconds: float,
+           announced: Sequence[TicketRequest] = ()) -> Decision:
     """Decide every operation in order against ``doc`` and ``state`` at ``now``.
 
     ``line_seconds`` is how long a claimer refused for memory keeps its place in the
-    line after its last try.
+    line after its last try. ``announced``: the requests other processes announced for
+    this provider, in the order they were announced; they are applied first.
     """
     tickets = doc.active(now)
     line = [entry for entry in doc.line if entry.expires_at > now]
-    # Writers prune expired tickets and lapsed places in the line.
+    served = {tid: until for tid, until in doc.served.items() if until > now}
+    # Writers prune expired tickets, lapsed places in the line and lapsed marks. Marks
+    # lapse all the time under contention (one per announced claim granted) and are
+    # harmless once lapsed, so they are dropped whenever a write happens but never
+    # make one: otherwise every decision would have to win a write to give any answer.
     changed = len(tickets) != len(doc.tickets) or len(line) != len(doc.line)
+    settled: list[TicketRequest] = []
+    found_settled: list[TicketRequest] = []
+    for request in announced:
+        done, wrote = _apply_announced(request, state, tickets, line, served, now,
+                                       line_seconds)
+        if done:
+            (settled if wrote else found_settled).append(request)
+        changed = changed or wrote
     outcomes: list[Outcome] = []
     for op in ops:
         index = next((i for i, t in enumerate(tickets) if t.ticket_id == op.ticket_id), None)
@@ -134,21 +176,24 @@ def decide(doc: ProviderTickets, state: ProviderState | None, now: float,
             if op.abandoned:
                 outcomes.append(None)  # nobody is waiting for it any more
                 continue
-            reason, line_changed = _refusal(state, tickets, line, now, op, line_seconds)
+            reason, ceiling = _refusal(state, tickets, line, now, op.ticket, op.check)
             if reason is not None:
                 outcomes.append(Refused(reason))
-                changed = line_changed or changed
+                changed = _keep_place(line, now, op.ticket, ceiling, line_seconds) or changed
                 continue
-            tickets.append(op.ticket)
+            _grant(op.ticket, tickets, line)
+            if op.announced_until is not None:
+                served[op.ticket_id] = op.announced_until
             outcomes.append(op.ticket)
             changed = True
-            kept = [e for e in line if e.holder_id != op.ticket.holder_id]
-            if len(kept) != len(line):
-                line[:] = kept  # served: out of the line
         elif op.kind is OpKind.RELEASE:
             if index is not None:
                 del tickets[index]
                 changed = True
+            if op.withdraw_until is not None and op.withdraw_until > now:
+                # a claim announced and then given up: no late grant of its announcement
+                changed = changed or op.ticket_id not in served
+                served.setdefault(op.ticket_id, op.withdraw_until)
             outcomes.append(None)
         elif index is None:
             outcomes.append(Gone())
@@ -160,7 +205,44 @@ def decide(doc: ProviderTickets, state: ProviderState | None, now: float,
             tickets[index] = current.model_copy(update=update)
             outcomes.append(tickets[index])
             changed = True
-    return Decision(tickets, line, changed, outcomes)
+    return Decision(tickets, line, changed, outcomes, served, settled, found_settled)
+
+
+def _grant(ticket: Ticket, tickets: list[Ticket], line: list[LineEntry]) -> None:
+    tickets.append(ticket)
+    kept = [e for e in line if e.holder_id != ticket.holder_id]
+    if len(kept) != len(line):
+        line[:] = kept  # served: out of the line
+
+
+def _apply_announced(
+    request: TicketRequest,
+    state: ProviderState | None,
+    tickets: list[Ticket],
+    line: list[LineEntry],
+    served: dict[str, float],
+    now: float,
+    line_seconds: float,
+) -> tuple[bool, bool]:
+    """Apply one announced request; (settled, changed the document)."""
+    present = any(t.ticket_id == request.ticket_id for t in tickets)
+    if request.kind is RequestKind.RELEASE:
+        if not present:
+            return True, False
+        tickets[:] = [t for t in tickets if t.ticket_id != request.ticket_id]
+        return True, True
+    if present or request.ticket_id in served:
+        return True, False  # granted already (and perhaps released since)
+    if request.expires_at <= now or request.ticket is None:
+        return False, False  # lapsed: its claimer decides it itself
+    reason, ceiling = _refusal(state, tickets, line, now, request.ticket, None)
+    if reason is not None:
+        # Not now: it keeps a place in the line like any claimer refused for memory,
+        # so what is freed later goes to it first; its claimer hears "no" itself.
+        return False, _keep_place(line, now, request.ticket, ceiling, line_seconds)
+    _grant(request.ticket, tickets, line)
+    served[request.ticket_id] = request.expires_at
+    return True, True
 
 
 def _refusal(
@@ -168,16 +250,15 @@ def _refusal(
     tickets: list[Ticket],
     line: list[LineEntry],
     now: float,
-    op: TicketOp,
-    line_seconds: float,
-) -> tuple[str | None, bool]:
-    """Why the claim cannot be granted (None: it can), and whether a refusal for
-    memory changed the line. The provider's headroom is counted once per claim."""
-    ticket = op.ticket
-    assert ticket is not None
+    ticket: Ticket,
+    check: Check | None,
+) -> tuple[str | None, int | None]:
+    """Why the claim cannot be granted (None: it can), and the provider's ceiling for
+    it (what it could ever free; None when a refusal is no wait for memory). The
+    provider's headroom is counted once per claim."""
     footprint = ticket.model_footprint_mib
-    if footprint <= 0 and op.check is None:
-        return None, False  # spends nothing and asks nothing: nothing to judge
+    if footprint <= 0 and check is None:
+        return None, None  # spends nothing and asks nothing: nothing to judge
     p = ProviderSnapshot.of_documents(state, tickets, now)
     headroom = ceiling = None
     if p is not None and footprint > 0:
@@ -191,10 +272,10 @@ def _refusal(
         if ahead and not fits(footprint + ahead, headroom):
             reason = LINE_AHEAD
     if reason is None:
-        if op.check is not None and (p is None or not op.check(p)):
-            return CHECK_FAILED, False
-        return None, False
-    return reason, _keep_place(line, now, ticket, ceiling, line_seconds)
+        if check is not None and (p is None or not check(p)):
+            return CHECK_FAILED, None  # not a wait for memory: no place in the line
+        return None, ceiling
+    return reason, ceiling
 
 
 def _keep_place(line: list[LineEntry], now: float, ticket: Ticket, ceiling: int | None,

@@ -17,6 +17,9 @@ from kubemoot.settings import DEFAULT_RESERVE_MIB
 
 PROVIDER_STATE_BUCKET = "kubemoot_provider_state"
 PROVIDER_TICKETS_BUCKET = "kubemoot_provider_tickets"
+#: Claims and releases that lost a race, announced for any writer of the ticket
+#: document to apply (one key per request, so announcing needs no compare-and-set).
+TICKET_REQUESTS_BUCKET = "kubemoot_ticket_requests"
 MODEL_DEMAND_BUCKET = "kubemoot_model_demand"
 #: The demand bucket's max age (DESIGN §6): whatever its writers forget is gone by then.
 MODEL_DEMAND_MAX_AGE_SECONDS = 6 * 3600.0
@@ -115,13 +118,18 @@ class ProviderTickets(_Doc):
 
     One document per provider so a single compare-and-set covers its whole budget.
     ``line`` lists, first come first, the claimers refused for memory that are still
-    trying; memory freed on the provider goes to them in that order.
+    trying; memory freed on the provider goes to them in that order. ``served`` maps
+    the ticket id of every announced claim already granted to the time its
+    announcement lapses: a writer that still sees the announcement must not grant it
+    a second time after its holder released it. Documents written before either field
+    existed read as an empty line and nothing served.
     """
 
     version: int = DOCUMENT_VERSION
     provider: str
     tickets: list[Ticket] = Field(default_factory=list)
     line: list[LineEntry] = Field(default_factory=list)
+    served: dict[str, float] = Field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: bytes) -> ProviderTickets:
@@ -130,6 +138,46 @@ class ProviderTickets(_Doc):
     def active(self, now: float) -> list[Ticket]:
         """Tickets not yet expired; readers ignore the rest."""
         return [t for t in self.tickets if t.expires_at > now]
+
+
+class RequestKind(StrEnum):
+    """What an announced ticket request asks of the ticket document."""
+
+    CLAIM = "claim"
+    RELEASE = "release"
+
+
+class TicketRequest(_Doc):
+    """One announced operation: a claim (with the ticket to grant) or a release.
+
+    Past ``expiresAt`` nobody applies it. A claim is announced only when it carries no
+    check of its own (a check is code, which another process cannot run).
+    """
+
+    provider: str
+    kind: RequestKind
+    ticket_id: str
+    ticket: Ticket | None = None  # CLAIM: the ticket to grant
+    expires_at: float
+
+
+class AnnouncedRequests(_Doc):
+    """``kubemoot_ticket_requests/<provider>.<announcementId>``: requests that lost a race.
+
+    A process whose compare-and-set on the ticket document lost writes what that write
+    carried here, under a key of its own (one key for all of its operations on the
+    provider, as its write would have batched them), and keeps trying; whichever process
+    writes the document next applies every announced request it knows of, in the order
+    they were announced (the bucket's revisions), in the same write.
+    """
+
+    version: int = DOCUMENT_VERSION
+    provider: str
+    requests: list[TicketRequest] = Field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> AnnouncedRequests:
+        return cls.model_validate_json(data)
 
 
 class DemandEntry(_Doc):

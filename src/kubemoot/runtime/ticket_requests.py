@@ -1,0 +1,221 @@
+"""The entrance to a provider's claim line: requests announced beside the ticket document.
+
+A claimer that loses a compare-and-set race on a provider's ticket document has written
+nothing, so no other process can know that it waits, and with one claimer per process
+(every agent pod is one) the fastest process wins again and again. Writing its place
+into the document would need the very race it lost. So a loser *announces* what its
+write carried instead: it creates a key of its own in ``kubemoot_ticket_requests``
+(``<provider>.<announcementId>``), which no other writer contends for, and the bucket's
+revisions order the announcements first come first. Every process that writes ticket
+documents follows the bucket and, in its next write of that provider's document,
+applies every request announced there, oldest first
+(:func:`~kubemoot.runtime.ticket_decision.decide`). One write then serves claimers in
+many processes, and a claimer that keeps losing is served by whoever wins.
+
+The announcer keeps trying on its own as well and waits between tries on this watch
+(the writer that settles the last request of an announcement deletes its key, which
+wakes the announcer). This module keeps the followed requests and the keys; the
+decision is :mod:`kubemoot.runtime.ticket_decision`'s, the retries are
+:mod:`kubemoot.runtime.tickets`'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from dataclasses import dataclass, field
+
+from kubemoot.clock import Clock
+from kubemoot.runtime import faults
+from kubemoot.runtime.watching import Followers
+from kubemoot.store.documents import AnnouncedRequests, TicketRequest
+from kubemoot.store.keys import encode_token
+from kubemoot.store.protocol import Bucket, Change, StoreError, Watch
+
+__all__ = ["Announcements"]
+
+log = logging.getLogger(__name__)
+
+_SITE = "ticket-requests"
+
+
+@dataclass
+class _Own:
+    """One of our announcements: what wakes its waiter, and which of its requests
+    still wait for an answer."""
+
+    wake: asyncio.Event
+    waiting: set[str] = field(default_factory=set)  # ticket ids
+    gone: bool = False  # a writer deleted the key (settled all of it)
+
+
+class Announcements:
+    """This process's view of the announced requests, and its own announcements."""
+
+    def __init__(self, bucket: Bucket, *, clock: Clock, seconds: float,
+                 rng: random.Random) -> None:
+        self._bucket = bucket
+        self._clock = clock
+        self._rng = rng
+        self.seconds = seconds  # how long an announcement may be applied
+        # provider → key → its requests not yet known settled, in announcement order
+        self._pending: dict[str, dict[str, list[TicketRequest]]] = {}
+        self._own: dict[str, _Own] = {}
+        self._followers = Followers(_SITE, "ticket-request")
+        self._opening: asyncio.Task[None] | None = None
+        self._following = False
+        self._deletes: set[asyncio.Task[None]] = set()
+
+    # -- following ------------------------------------------------------------------
+
+    def follow(self) -> None:
+        """Start following the bucket (once; again after the watch failed or ended)."""
+        if self._opening is None or (self._opening.done() and not self._following):
+            self._opening = asyncio.get_running_loop().create_task(self._open())
+
+    async def following(self) -> bool:
+        """Follow the bucket, ready before this returns; whether the watch is open."""
+        self.follow()
+        assert self._opening is not None
+        await asyncio.shield(self._opening)
+        return self._following
+
+    async def _open(self) -> None:
+        try:
+            await self._followers.open([self._bucket])
+        except StoreError as error:
+            # Without the watch this process applies nobody else's requests; its own
+            # claims still work as before (announcing is an addition, not a need).
+            faults.noted(_SITE, faults.STORE, "following announced ticket requests", error)
+            return
+        self._following = True
+        self._followers.start(self._read)
+
+    async def _read(self, watch: Watch) -> None:
+        try:
+            async for change in watch:
+                self._take(change)
+        finally:
+            self._following = False  # the next operation opens it again
+
+    def _take(self, change: Change) -> None:
+        if change.value is None:
+            for requests in self._pending.values():
+                requests.pop(change.key, None)
+            own = self._own.get(change.key)
+            if own is not None:
+                own.gone = True
+                own.wake.set()  # settled by a writer: its announcer looks again
+            return
+        if change.key in self._own:
+            return  # our own: the batch that announced it decides it
+        try:
+            announced = AnnouncedRequests.from_json(change.value)
+        except ValueError as error:
+            faults.noted(_SITE, faults.UNREADABLE, f"announced ticket requests {change.key}",
+                         error)
+            return
+        self._pending.setdefault(announced.provider, {})[change.key] = list(announced.requests)
+
+    async def aclose(self) -> None:
+        """Stop following; pending deletions of keys finish first."""
+        if self._deletes:
+            await asyncio.gather(*self._deletes, return_exceptions=True)
+        if self._opening is not None and not self._opening.done():
+            self._opening.cancel()
+        await self._followers.close()
+
+    # -- what writers apply ------------------------------------------------------------
+
+    def pending(self, provider: str) -> list[TicketRequest]:
+        """Other processes' live requests on ``provider``, oldest announcement first."""
+        keys = self._pending.get(provider)
+        if not keys:
+            return []
+        now = self._clock.now()
+        live: list[TicketRequest] = []
+        for key in list(keys):
+            requests = [r for r in keys[key] if r.expires_at > now]
+            if requests:
+                keys[key] = requests
+                live.extend(requests)
+            else:
+                del keys[key]  # lapsed: its announcer deletes the key (or the bucket's age)
+        return live
+
+    def settle(self, applied: list[TicketRequest], found: list[TicketRequest]) -> None:
+        """Forget the requests a successful write ``applied`` and those it ``found``
+        applied by someone else. An announcement this write completed is deleted (that
+        wakes its announcer); one completed by someone else is left to that writer (a
+        delete by every process that noticed would be read by all of them)."""
+        done = {(r.provider, r.kind, r.ticket_id): r for r in applied}
+        noticed = {(r.provider, r.kind, r.ticket_id) for r in found}
+        for provider in {r.provider for r in (*applied, *found)}:
+            keys = self._pending.get(provider, {})
+            for key in list(keys):
+                before = keys[key]
+                left = [r for r in before if (r.provider, r.kind, r.ticket_id) not in done
+                        and (r.provider, r.kind, r.ticket_id) not in noticed]
+                if len(left) == len(before):
+                    continue
+                if left:
+                    keys[key] = left
+                    continue
+                del keys[key]
+                if any((r.provider, r.kind, r.ticket_id) in done for r in before):
+                    self._delete(key)
+
+    # -- our own announcements ---------------------------------------------------------
+
+    async def announce(self, provider: str, requests: list[TicketRequest],
+                       wake: asyncio.Event) -> str | None:
+        """Announce ``requests`` under one key; the key, or None when the store refused.
+
+        ``wake`` is set when a writer settles the last of them.
+        """
+        token = uuid.UUID(int=self._rng.getrandbits(128), version=4)
+        key = f"{encode_token(provider)}.{encode_token(str(token))}"
+        self._own[key] = _Own(wake, {r.ticket_id for r in requests})
+        announced = AnnouncedRequests(provider=provider, requests=requests)
+        try:
+            # No per-key TTL: the bucket's max age removes a key its announcer never
+            # deleted, and nobody applies a request after its expiresAt in any case.
+            await self._bucket.create(key, announced.to_json())
+        except StoreError as error:
+            del self._own[key]
+            # Not announced: the operations go on racing as they would without the line.
+            log.debug("announcing %s failed: %s", key, error)
+            return None
+        return key
+
+    def request(self, provider: str, ticket_id: str, **fields: object) -> TicketRequest:
+        """One request to announce, lapsing ``seconds`` from now."""
+        return TicketRequest(provider=provider, ticket_id=ticket_id,
+                             expires_at=self._clock.now() + self.seconds,
+                             **fields)  # type: ignore[arg-type]
+
+    def answered(self, key: str, ticket_id: str) -> None:
+        """One of our announced requests has its answer; the last one withdraws the
+        announcement (its key is deleted unless a writer did so already)."""
+        own = self._own.get(key)
+        if own is None:
+            return
+        own.waiting.discard(ticket_id)
+        if own.waiting:
+            return
+        del self._own[key]
+        if not own.gone:
+            self._delete(key)
+
+    def _delete(self, key: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._delete_now(key))
+        self._deletes.add(task)
+        task.add_done_callback(self._deletes.discard)
+
+    async def _delete_now(self, key: str) -> None:
+        try:
+            await self._bucket.delete(key)
+        except StoreError as error:  # it lapses anyway, and writers ignore it by then
+            faults.noted(_SITE, faults.CLEANUP, f"deleting announced requests {key}", error)

@@ -1,0 +1,200 @@
+"""The claim line across processes: two ticket managers on one store, as two processes.
+
+Each manager stands for a process of its own (one store connection each on NATS); the
+first's writes all lose their races to a rival, as a slow process's would, and only the
+line lets it be served before a later claimer whose write wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from kubemoot.clock import Clock, SystemClock
+from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketManager
+from kubemoot.store.documents import (
+    AnnouncedRequests,
+    ProviderTickets,
+    RequestKind,
+    Ticket,
+    TicketRequest,
+    TicketState,
+)
+from kubemoot.store.keys import encode_token
+from kubemoot.store.memory import MemoryKV
+from kubemoot.store.protocol import KV, Bucket, Entry, RevisionMismatch
+from kubemoot.testing.state import GIB, provider_state
+from kubemoot.testing.waiting import until_stored
+from tests.store.conftest import StoreUnderTest
+from tests.store.test_tickets import PROVIDER
+
+
+class LosingBucket:
+    """A real bucket where a rival writes the key between each of this process's reads
+    and its write, so every compare-and-set this process tries loses."""
+
+    def __init__(self, inner: Bucket) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.losing = True  # False: the rival has stopped
+
+    async def get(self, key: str) -> Entry | None:
+        entry = await self.inner.get(key)
+        if entry is not None and self.losing:
+            # The rival's write; a compare-and-set itself, so that it never puts back a
+            # stale copy over another process's write (then that write moved the key).
+            with contextlib.suppress(RevisionMismatch):
+                await self.inner.update(key, entry.value, expected_revision=entry.revision)
+        return entry
+
+    def __getattr__(self, attribute: str) -> object:
+        return getattr(self.inner, attribute)
+
+
+@dataclass
+class Shared:
+    """The buckets two processes share, and the clock their managers read."""
+
+    tickets: Bucket
+    states: Bucket
+    requests: Bucket
+    clock: Clock
+
+    def manager(self, seed: int, *, tickets: Bucket | None = None,
+                line: bool = True) -> TicketManager:
+        # Announcements last long enough for a loaded machine to get the other
+        # process's write in; without the line, 40 lost races end the claim.
+        return TicketManager(tickets or self.tickets, self.states, clock=self.clock,
+                             rng=random.Random(seed), max_attempts=40,
+                             requests=self.requests if line else None, request_seconds=60)
+
+
+@pytest.fixture
+async def shared(store: StoreUnderTest) -> AsyncIterator[Shared]:
+    # A lost race backs off for a few milliseconds on the managers' clock; the embedded
+    # store gets the wall clock here so those waits pass by themselves.
+    kv: KV = store.kv if store.kind == "nats" else MemoryKV(SystemClock())
+    clock = store.clock if store.kind == "nats" else SystemClock()
+    states = await kv.bucket(store.name("states"), max_age=600)
+    await states.put(encode_token(PROVIDER),
+                     provider_state(PROVIDER, usable_mib=8 * GIB).to_json())
+    tickets = await kv.bucket(store.name("tickets"), max_age=600)
+    await tickets.put(encode_token(PROVIDER), ProviderTickets(provider=PROVIDER).to_json())
+    yield Shared(tickets, states, await kv.bucket(store.name("requests"), max_age=600),
+                 clock)
+    if store.kind == "memory":
+        await kv.close()
+
+
+async def test_the_earlier_waiter_in_another_process_is_served_first(
+        shared: Shared) -> None:
+    slow = shared.manager(1, tickets=LosingBucket(shared.tickets))  # type: ignore[arg-type]
+    fast = shared.manager(2)
+    assert await slow.open() and await fast.open()
+    waiting = asyncio.create_task(slow.claim(PROVIDER, "m", 6 * GIB, "slow"))
+    # The slow process lost its races and announced its claim; the fast one sees it.
+    await until_stored(shared.requests, lambda: fast.announced(PROVIDER), timeout=30,
+                       what="the slow claim announced and seen by the other process")
+    # The fast process's write wins, yet the 6 GiB go to the claim that came first.
+    with pytest.raises(ClaimRejected, match="does not fit"):
+        await fast.claim(PROVIDER, "m", 6 * GIB, "fast")
+    ticket = await asyncio.wait_for(waiting, 30)
+    assert [t.ticket_id for t in await fast.active(PROVIDER)] == [ticket.ticket_id]
+    # The announcement is gone once served, and a second look grants nothing twice.
+    await until_stored(shared.requests, lambda: not fast.announced(PROVIDER), timeout=30,
+                       what="the served announcement removed")
+    # The slow process's release loses its races too, and is announced like the claim:
+    # the fast process's next write applies it before its own claim.
+    releasing = asyncio.create_task(slow.release(PROVIDER, ticket.ticket_id))
+    await until_stored(shared.requests, lambda: fast.announced(PROVIDER), timeout=30,
+                       what="the slow release announced and seen by the other process")
+    again = await fast.claim(PROVIDER, "m", 6 * GIB, "fast")
+    await asyncio.wait_for(releasing, 30)
+    assert [t.ticket_id for t in await fast.active(PROVIDER)] == [again.ticket_id]
+    await slow.aclose()
+    await fast.aclose()
+
+
+async def test_without_the_line_the_later_write_wins(shared: Shared) -> None:
+    # The same race with nothing announced: the slow claimer never gets in.
+    slow = shared.manager(1, tickets=LosingBucket(shared.tickets), line=False)  # type: ignore[arg-type]
+    fast = shared.manager(2, line=False)
+    waiting = asyncio.create_task(slow.claim(PROVIDER, "m", 6 * GIB, "slow"))
+    granted = await fast.claim(PROVIDER, "m", 6 * GIB, "fast")
+    with pytest.raises(ClaimConflict):
+        await asyncio.wait_for(waiting, 60)
+    assert [t.ticket_id for t in await fast.active(PROVIDER)] == [granted.ticket_id]
+
+
+async def test_a_waiter_that_died_leaves_the_line_when_its_place_lapses(
+        store: StoreUnderTest) -> None:
+    tickets = await store.bucket("tickets")
+    states = await store.bucket("states")
+    requests = await store.bucket("requests")
+    await states.put(encode_token(PROVIDER),
+                     provider_state(PROVIDER, usable_mib=8 * GIB).to_json())
+    manager = TicketManager(tickets, states, clock=store.clock, rng=random.Random(3),
+                            requests=requests, line_seconds=5.0)
+    assert await manager.open()
+    big = await manager.claim(PROVIDER, "m", 6 * GIB, "holder")
+    # A process announced a 4 GiB claim and died; its announcement lapses in 2 s.
+    now = store.clock.now()
+    ticket = Ticket(ticket_id="dead-claim", model="m", model_footprint_mib=4 * GIB,
+                    holder_id="dead", state=TicketState.RUNNING, started_at=now,
+                    expires_at=now + 180)
+    dead = AnnouncedRequests(provider=PROVIDER, requests=[TicketRequest(
+        provider=PROVIDER, kind=RequestKind.CLAIM, ticket_id="dead-claim", ticket=ticket,
+        expires_at=now + 2)])
+    await requests.create(f"{encode_token(PROVIDER)}.dead-process", dead.to_json())
+    await until_stored(requests, lambda: manager.announced(PROVIDER), timeout=30,
+                       what="the dead process's announcement seen")
+    # The next write applies it: 4 GiB do not fit beside 6, so it takes a place in line.
+    await manager.renew(PROVIDER, big.ticket_id)
+    document, _ = await manager.read(PROVIDER)
+    assert [e.holder_id for e in document.line] == ["dead"]
+    assert [t.ticket_id for t in document.tickets] == [big.ticket_id]
+    await store.age(3.0)  # the announcement lapsed; the place in line has not
+    await manager.release(PROVIDER, big.ticket_id)
+    with pytest.raises(ClaimRejected, match="promised to claimers in line"):
+        await manager.claim(PROVIDER, "m", 6 * GIB, "later")
+    await store.age(3.0)  # five seconds after its last try the dead waiter's place lapses
+    granted = await manager.claim(PROVIDER, "m", 6 * GIB, "later")
+    document, _ = await manager.read(PROVIDER)
+    assert document.line == [] and [t.ticket_id for t in document.tickets] == [
+        granted.ticket_id]
+    assert manager.announced(PROVIDER) == []  # lapsed: nobody applies it any more
+    await manager.aclose()
+
+
+async def test_a_claim_given_up_after_its_announcement_leaves_nothing_behind(
+        shared: Shared) -> None:
+    losing = LosingBucket(shared.tickets)
+    slow = shared.manager(1, tickets=losing)  # type: ignore[arg-type]
+    fast = shared.manager(2)
+    assert await slow.open() and await fast.open()
+    waiting = asyncio.create_task(slow.claim(PROVIDER, "m", 6 * GIB, "slow"))
+    await until_stored(shared.requests, lambda: fast.announced(PROVIDER), timeout=30,
+                       what="the slow claim announced and seen by the other process")
+    waiting.cancel()  # its caller gives up while the announcement is still live
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    losing.losing = False  # the slow process's next write gets in: it withdraws the claim
+
+    async def withdrawn() -> bool:
+        document, _ = await fast.read(PROVIDER)
+        return bool(document.served)
+
+    # Marked served (a writer whose view of the announcement is late grants it nothing;
+    # tests/runtime/test_ticket_decision.py shows that rule), and its key deleted.
+    await until_stored(shared.tickets, withdrawn, timeout=30, what="the claim withdrawn")
+    await until_stored(shared.requests, lambda: not fast.announced(PROVIDER), timeout=30,
+                       what="the given-up announcement deleted")
+    mine = await fast.claim(PROVIDER, "m", 6 * GIB, "fast")
+    assert [t.ticket_id for t in await fast.active(PROVIDER)] == [mine.ticket_id]
+    await slow.aclose()
+    await fast.aclose()

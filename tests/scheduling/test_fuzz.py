@@ -15,18 +15,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kubemoot.api import InputError, SchedulingRule
+from kubemoot.api import InputError
 from kubemoot.api.loader import load_bundle
-from kubemoot.gates import Outcome
 from kubemoot.scheduling import schedule_bundle
-from kubemoot.scheduling.messages import (
-    defer_reason,
-    failed_scheduling_message,
-    unschedulable_reason,
-)
 from kubemoot.testing.builders import agent, model, policy, provider, rule, selector
 
-from .conftest import NOW, run
+from .conftest import NOW, assert_phases_agree_with_their_records, run
 
 PROVIDERS = ("p0", "p1", "p2")
 LABELS = st.fixed_dictionaries(
@@ -143,25 +137,7 @@ def a_cluster(draw: st.DrawFn) -> dict[str, Any]:
 def test_fast_path_agrees_with_the_engine(cluster: dict[str, Any]) -> None:
     result = run(**cluster)
     assert len(result.agents) == len(cluster["agents"])
-    for scheduled in result.agents:
-        for phase in scheduled.phases.values():
-            record = phase.decision
-            assert record.outcome is phase.outcome, (scheduled.name, phase.phase)
-            if phase.outcome is Outcome.PLACE:
-                assert record.chosen == phase.model
-                assert record.scores[record.chosen] == phase.score
-                # a bound model is listed first among the candidates
-                assert phase.candidates[0][0] == phase.model_id
-            else:
-                assert phase.placement is None
-            if phase.outcome is Outcome.DEFER:
-                assert phase.reason == defer_reason(record)
-            if phase.outcome is Outcome.UNSCHEDULABLE:
-                table_rule = scheduled.policy and scheduled.policy.spec.rule_for(phase.phase)
-                assert phase.reason == unschedulable_reason(
-                    record, phase.phase, table_rule or SchedulingRule(phase=phase.phase)
-                )
-                assert phase.failure_message == failed_scheduling_message(record, phase.phase)
+    assert_phases_agree_with_their_records(result)
     result.to_dict()  # renders without error
 
 

@@ -17,11 +17,10 @@ import pytest
 from kubemoot.api import Agent
 from kubemoot.gates import Outcome
 from kubemoot.scheduling import ClusterSnapshot, SchedulingPass, schedule_bundle
-from kubemoot.scheduling.messages import defer_reason
 from kubemoot.scheduling.scheduler import collector_paused
 from kubemoot.testing.builders import agent, model, policy, provider, rule, selector
 
-from .conftest import NOW
+from .conftest import NOW, assert_phases_agree_with_their_records
 
 TOOLS = {"capability/tool-calling": "true"}
 CAPABILITIES = ("tool-calling", "reasoning", "coding", "kubernetes")
@@ -89,14 +88,7 @@ def test_a_pass_agrees_with_scheduling_agent_by_agent_and_with_the_engine() -> N
     assert result.to_dict() == _one_by_one(snapshot)
     outcomes = {p.outcome for a in result.agents for p in a.phases.values()}
     assert {Outcome.PLACE, Outcome.DEFER} <= outcomes  # providers fill up, some are unknown
-    for scheduled in result.agents:
-        for phase in scheduled.phases.values():
-            record = phase.decision
-            assert record.outcome is phase.outcome, (scheduled.name, phase.phase)
-            if phase.outcome is Outcome.PLACE:
-                assert record.chosen == phase.model
-            if phase.outcome is Outcome.DEFER:
-                assert phase.reason == defer_reason(record)
+    assert_phases_agree_with_their_records(result)
 
 
 def test_a_second_pass_over_the_same_snapshot_gives_the_same_answers() -> None:

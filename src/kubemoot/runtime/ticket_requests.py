@@ -150,21 +150,20 @@ class Announcements:
         applied by someone else. An announcement this write completed is deleted (that
         wakes its announcer); one completed by someone else is left to that writer (a
         delete by every process that noticed would be read by all of them)."""
-        done = {(r.provider, r.kind, r.ticket_id): r for r in applied}
-        noticed = {(r.provider, r.kind, r.ticket_id) for r in found}
+        done = {r.identity for r in applied}
+        known = done | {r.identity for r in found}
         for provider in {r.provider for r in (*applied, *found)}:
             keys = self._pending.get(provider, {})
             for key in list(keys):
                 before = keys[key]
-                left = [r for r in before if (r.provider, r.kind, r.ticket_id) not in done
-                        and (r.provider, r.kind, r.ticket_id) not in noticed]
+                left = [r for r in before if r.identity not in known]
                 if len(left) == len(before):
                     continue
                 if left:
                     keys[key] = left
                     continue
                 del keys[key]
-                if any((r.provider, r.kind, r.ticket_id) in done for r in before):
+                if any(r.identity in done for r in before):
                     self._delete(key)
 
     # -- our own announcements ---------------------------------------------------------

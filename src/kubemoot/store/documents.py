@@ -160,6 +160,11 @@ class TicketRequest(_Doc):
     ticket: Ticket | None = None  # CLAIM: the ticket to grant
     expires_at: float
 
+    @property
+    def identity(self) -> tuple[str, RequestKind, str]:
+        """Which operation this is, whoever announced or applied it."""
+        return self.provider, self.kind, self.ticket_id
+
 
 class AnnouncedRequests(_Doc):
     """``kubemoot_ticket_requests/<provider>.<announcementId>``: requests that lost a race.

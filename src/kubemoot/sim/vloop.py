@@ -15,23 +15,15 @@ so it raises :class:`SimulationStalled` instead of hanging.
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextvars
 import heapq
 import selectors
-from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, TypeVar, TypeVarTuple
+from collections.abc import Coroutine, Mapping
+from typing import Any, TypeVar
 
 __all__ = ["SimulationStalled", "VirtualTimeLoop", "run_virtual"]
 
 T = TypeVar("T")
-_Ts = TypeVarTuple("_Ts")
 
-# asyncio's own thresholds (base_events): when cancelled timers are swept from the heap,
-# and the longest a poll may wait.
-_MIN_SCHEDULED = 100
-_MIN_CANCELLED = 0.5
-_MAXIMUM_SELECT_TIMEOUT = 24 * 3600
 
 
 class SimulationStalled(RuntimeError):
@@ -84,13 +76,9 @@ class _VirtualSelector(selectors.BaseSelector):
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """An event loop whose clock is virtual and only moves when nothing is ready."""
 
-    # asyncio's own state, which this loop steps itself (typeshed leaves it out).
+    # asyncio's own state, which the timer jump reads (typeshed leaves it out).
     _scheduled: list[asyncio.TimerHandle]
-    _ready: collections.deque[asyncio.Handle]
     _timer_cancelled_count: int
-    _stopping: bool
-    _debug: bool
-    _closed: bool
 
     def __init__(self, *, start: float = 0.0) -> None:
         self._virtual_now = start
@@ -103,66 +91,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual_now
-
-    def _run_once(self) -> None:
-        # asyncio's turn (BaseEventLoop._run_once: the same steps in the same order),
-        # without what virtual time makes idle: the poll on a busy turn when nothing of
-        # the program's is registered, and the wall clock. A simulated run is tens of
-        # thousands of turns, and this is where a turn's own cost lies.
-        if self._debug:
-            super()._run_once()  # type: ignore[misc]
-            return
-        scheduled: list[asyncio.TimerHandle] = self._scheduled
-        count = len(scheduled)
-        if count > _MIN_SCHEDULED and self._timer_cancelled_count / count > _MIN_CANCELLED:
-            kept = []
-            for timer in scheduled:
-                if timer._cancelled:  # type: ignore[attr-defined]
-                    timer._scheduled = False  # type: ignore[attr-defined]
-                else:
-                    kept.append(timer)
-            heapq.heapify(kept)
-            scheduled[:] = kept
-            self._timer_cancelled_count = 0
-        else:
-            while scheduled and scheduled[0]._cancelled:  # type: ignore[attr-defined]
-                self._timer_cancelled_count -= 1
-                heapq.heappop(scheduled)._scheduled = False  # type: ignore[attr-defined]
-        ready: collections.deque[asyncio.Handle] = self._ready
-        selector = self._selector  # type: ignore[attr-defined]
-        if ready or self._stopping:
-            if len(selector.get_map()) > selector.own:
-                self._process_events(selector.select(0))  # type: ignore[attr-defined]
-        else:
-            timeout = None
-            if scheduled:
-                timeout = min(max(0.0, scheduled[0].when() - self._virtual_now),
-                              _MAXIMUM_SELECT_TIMEOUT)
-            self._process_events(selector.select(timeout))  # type: ignore[attr-defined]
-        end = self._virtual_now + self._clock_resolution
-        while scheduled and scheduled[0].when() < end:
-            timer = heapq.heappop(scheduled)
-            timer._scheduled = False  # type: ignore[attr-defined]
-            ready.append(timer)
-        for _ in range(len(ready)):  # not the ones these schedule: they run next turn
-            handle = ready.popleft()
-            if not handle._cancelled:  # type: ignore[attr-defined]
-                handle._run()  # type: ignore[attr-defined]
-
-    def call_soon(
-        self, callback: Callable[[*_Ts], object], *args: *_Ts,
-        context: contextvars.Context | None = None,
-    ) -> asyncio.Handle:
-        # Every task step and every future's callback comes through here, tens of
-        # thousands of times per simulated run: the same FIFO append as asyncio's, with
-        # its thread and callback checks (debug mode only there too) left to debug mode.
-        if self._debug:
-            return super().call_soon(callback, *args, context=context)
-        if self._closed:
-            raise RuntimeError("Event loop is closed")
-        handle = asyncio.Handle(callback, args, self, context)
-        self._ready.append(handle)
-        return handle
 
     def _advance_to_next_timer(self, timeout: float) -> None:
         # Jump exactly onto the earliest live deadline (not now + timeout, which can

@@ -18,7 +18,7 @@ one tuple per Agent and no result nobody reads.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -45,10 +45,11 @@ from kubemoot.scheduling.bind import (
     sizes_json,
 )
 from kubemoot.scheduling.plugins import SpreadContext
-from kubemoot.scheduling.result import PhaseResult
+from kubemoot.scheduling.result import PhaseResult, Row
+from kubemoot.scheduling.roster import Segment
 from kubemoot.scheduling.tables import Ranked, Ranking
 
-__all__ = ["BindingGroup", "GroupContext", "PhasePlan"]
+__all__ = ["AgentRun", "BindingGroup", "GroupContext", "PhasePlan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,3 +250,31 @@ class BindingGroup:
             # AmbiguousCrewRef still schedules with one policy, but a person must choose.
             conditions.append(condition("PolicyResolved", "False", self.resolved, self.note))
         return conditions
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRun:
+    """Agents ``start`` to ``end`` of a segment, bound by their groups' standing decisions.
+
+    The pass records a run as one value; its rows, (Agent, group, bindings assumed
+    before it), are written out when the results are first read.
+    """
+
+    segment: Segment
+    start: int
+    end: int
+    groups: tuple[BindingGroup | None, ...]  # by slot; None for a slot not in the run
+    slots: tuple[int, ...]  # the slot of each of the segment's classes
+    position: int  # bindings the pass had assumed before the run's first Agent
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def rows(self) -> Iterator[Row]:
+        agents, class_ids = self.segment.agents, self.segment.class_ids
+        groups, slots, position = self.groups, self.slots, self.position
+        for index in range(self.start, self.end):
+            group = groups[slots[class_ids[index]]]
+            assert group is not None  # every class in the run has its group
+            yield agents[index], group, position
+            position += len(group.bound)

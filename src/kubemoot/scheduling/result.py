@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, overload
@@ -38,6 +38,8 @@ __all__ = [
     "AgentResults",
     "PhaseResult",
     "PolicyResult",
+    "Row",
+    "RowBatch",
     "ScheduleResult",
     "SchedulingEvent",
     "SharedBinding",
@@ -190,6 +192,35 @@ class SharedBinding(Protocol):
     def conditions(self) -> list[Condition]: ...
 
     def last_unschedulable(self, agent: Agent) -> LastUnschedulable | None: ...
+
+    @property
+    def bound(self) -> tuple[str, ...]:
+        """The distinct providers each of its Agents is bound to (assumed by the pass)."""
+        ...
+
+
+Row = tuple[Agent, SharedBinding, int]
+
+
+class RowBatch(Protocol):
+    """Rows a pass recorded together, written out only when the results are read."""
+
+    def __len__(self) -> int: ...
+
+    def rows(self) -> Iterable[Row]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _OneRow:
+    """A single row recorded after a batch."""
+
+    row: Row
+
+    def __len__(self) -> int:
+        return 1
+
+    def rows(self) -> Iterable[Row]:
+        return (self.row,)
 
 
 class AgentResult:
@@ -354,26 +385,53 @@ class AgentResults(Sequence[AgentResult]):
 
     The pass records one row per Agent, (Agent, shared decision, bindings assumed
     before it), which is all an :class:`AgentResult` is built from; a pass over tens of
-    thousands of Agents then makes none it is not asked for. A result, once made, is
-    the same object on every read.
+    thousands of Agents then makes none it is not asked for. Rows can also arrive as
+    batches (a run of Agents that shared their decisions), written out as rows when
+    the results are first read. A result, once made, is the same object on every read.
     """
 
-    __slots__ = ("_made", "rows")
+    __slots__ = ("_count", "_made", "_pending", "_rows")
 
     def __init__(
         self,
-        rows: list[tuple[Agent, SharedBinding, int]] | None = None,
+        rows: list[Row] | None = None,
         made: dict[int, AgentResult] | None = None,
+        pending: list[RowBatch] | None = None,
     ) -> None:
-        self.rows: list[tuple[Agent, SharedBinding, int]] = [] if rows is None else rows
+        self._rows: list[Row] = [] if rows is None else rows
         self._made: dict[int, AgentResult] = {} if made is None else made
+        self._pending: list[RowBatch] = [] if pending is None else pending
+        self._count = len(self._rows) + sum(map(len, self._pending))
+
+    def add(self, row: Row) -> None:
+        """One Agent's row, after every row and batch added so far."""
+        if self._pending:
+            self._pending.append(_OneRow(row))  # after the batches, still unwritten
+        else:
+            self._rows.append(row)
+        self._count += 1
+
+    def add_batch(self, batch: RowBatch) -> None:
+        """A batch of rows, written out when first read."""
+        self._pending.append(batch)
+        self._count += len(batch)
+
+    @property
+    def rows(self) -> list[Row]:
+        """Every row, in pass order (batches are written out now)."""
+        if self._pending:
+            extend = self._rows.extend
+            for batch in self._pending:
+                extend(batch.rows())
+            self._pending.clear()
+        return self._rows
 
     def copy(self) -> AgentResults:
         """The results so far: later rows are not seen; results made are shared."""
-        return AgentResults(list(self.rows), self._made)
+        return AgentResults(list(self._rows), self._made, list(self._pending))
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self._count
 
     @overload
     def __getitem__(self, index: int) -> AgentResult: ...
@@ -383,23 +441,23 @@ class AgentResults(Sequence[AgentResult]):
 
     def __getitem__(self, index: int | slice) -> AgentResult | list[AgentResult]:
         if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self.rows)))]
+            return [self[i] for i in range(*index.indices(self._count))]
         if index < 0:
-            index += len(self.rows)
+            index += self._count
         found = self._made.get(index)
         if found is None:
-            if not 0 <= index < len(self.rows):
+            if not 0 <= index < self._count:
                 raise IndexError("AgentResults index out of range")
             agent, shared, position = self.rows[index]
             found = self._made[index] = AgentResult.shared_by(agent, shared, position)
         return found
 
     def __iter__(self) -> Iterator[AgentResult]:
-        for index in range(len(self.rows)):
+        for index in range(self._count):
             yield self[index]
 
     def __repr__(self) -> str:
-        return f"AgentResults({len(self.rows)} agents)"
+        return f"AgentResults({self._count} agents)"
 
 
 @dataclass(slots=True)

@@ -10,12 +10,14 @@ binding is *assumed* at once, so the parallelism gate of later agents sees it.
 from __future__ import annotations
 
 import gc
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache, partial
+from itertools import chain
 
 from kubemoot.api import (
     CREW_LABEL,
@@ -42,7 +44,7 @@ from kubemoot.scheduling.bind import (
 )
 from kubemoot.scheduling.candidate import Placement
 from kubemoot.scheduling.framework import PROVIDER_GATES, SCHEDULER_VERSION, Framework
-from kubemoot.scheduling.group import BindingGroup, PhasePlan
+from kubemoot.scheduling.group import AgentRun, BindingGroup, PhasePlan
 from kubemoot.scheduling.messages import count_message, defer_text, unschedulable_text
 from kubemoot.scheduling.plugins import (
     GATES,
@@ -57,6 +59,7 @@ from kubemoot.scheduling.result import (
     ScheduleResult,
     SchedulingEvent,
 )
+from kubemoot.scheduling.roster import AgentRoster, Segment
 from kubemoot.scheduling.snapshot import ClusterSnapshot, PolicyResolution
 from kubemoot.scheduling.tables import ProviderTier, Ranked, Ranking, RuleTable
 from kubemoot.scheduling.warnings import snapshot_warnings
@@ -90,7 +93,7 @@ class PolicyPlan:
     def bias_active(self) -> bool:
         return bool(self.quality_bias)
 
-    def effective(self, capabilities: tuple[str, ...]) -> float | None:
+    def effective(self, capabilities: Iterable[str]) -> float | None:
         """An Agent's effective bias under this plan (None without a qualityBias)."""
         return None if self.bias is None else self.bias.effective(capabilities)
 
@@ -120,7 +123,11 @@ class SchedulingPass:
         self.framework = Framework(snapshot.placements, now=now, settings=snapshot.settings)
         #: Agents bound to each provider so far in this pass (kube-scheduler's assumed pods).
         self.assumed: dict[str, int] = {}
-        self._log: list[str] = []  # every assumed binding in order; a prefix replays `assumed`
+        #: Bindings assumed so far. Every assumed binding in order (a prefix replays
+        #: ``assumed``) is written out from the results' rows when a decision is replayed.
+        self._logged = 0
+        self._log: list[str] = []
+        self._log_rows = 0  # rows whose bindings ``_log`` holds
         self._plans: dict[str | None, PolicyPlan] = {}
         self._resolved: dict[tuple[str, str | None], _Governed] = {}
         self._lists: dict[tuple[object, ...], CandidateList] = {}
@@ -130,7 +137,6 @@ class SchedulingPass:
         self._events: dict[tuple[str, str], SchedulingEvent] = {}
         self._unschedulable: dict[str, list[str]] = {}
         self._results = AgentResults()
-        self._rows = self._results.rows
         #: Bumped whenever a provider fills up: answers cached before then may have changed.
         self._saturation = 0
         self._cursor: dict[int, int] = {}
@@ -200,9 +206,18 @@ class SchedulingPass:
                        metadata.labels.get(CREW_LABEL))])
         return self._results[-1]
 
-    def schedule_all(self, agents: Sequence[Agent]) -> None:
-        """Schedule every Agent, in the pass's (namespace, name) order."""
-        self._assign(in_pass_order(agents))
+    def schedule_all(self, agents: Sequence[Agent] | AgentRoster) -> None:
+        """Schedule every Agent, in the pass's (namespace, name) order.
+
+        Agents are read from a roster (:mod:`kubemoot.scheduling.roster`; one is made
+        from a sequence): namespace by namespace, the pass walks the Agents' classes and
+        counts how many bindings each run of Agents adds, instead of stepping Agent by
+        Agent (see :meth:`_assign_segment`). The results are those of :meth:`schedule`
+        called for each Agent in that order.
+        """
+        roster = agents if isinstance(agents, AgentRoster) else AgentRoster(agents)
+        for segment in roster.segments():
+            self._assign_segment(segment)
 
     def _assign(self, agents: Iterable[tuple[Agent, str, str | None]]) -> None:
         """Bind Agents whose namespace and crew label are already read, in the order given.
@@ -212,37 +227,189 @@ class SchedulingPass:
         which each provider the group binds fills up. The Agent's result is recorded as
         (Agent, group, bindings assumed before it) and made when first read.
         """
-        resolved, log, assumed = self._resolved, self._log, self.assumed
-        record = self._rows.append
+        resolved, assumed = self._resolved, self.assumed
+        record = self._results.add
         for agent, namespace, crew in agents:
             governed = resolved.get((namespace, crew))
             if governed is None:
                 governed = self._govern(agent, namespace, crew)
-            biases = governed.biases
-            if biases is None:
-                bias = None
-            else:
-                # Agents repeat a handful of capability sets: parse each once per policy.
-                capabilities = tuple(agent.spec.capabilities)
-                if capabilities in biases:
-                    bias = biases[capabilities]
-                else:
-                    bias = biases[capabilities] = governed.plan.effective(capabilities)
+            bias = self._bias(governed, tuple(agent.spec.capabilities))
             groups = governed.groups
             group = groups.get(bias)
             if group is None or (group.version != self._saturation and not self._holds(group)):
                 group = groups[bias] = self._bind(governed.resolution, governed.plan, bias)
-            record((agent, group, len(log)))
+            record((agent, group, self._logged))
             if group.bound:
-                log.extend(group.bound)
+                self._logged += len(group.bound)
                 for provider, full_at in group.limits:
                     count = assumed[provider] = assumed.get(provider, 0) + 1
                     if count == full_at:
                         self._saturation += 1  # it just filled up: cached answers expire
             if group.failed:
-                agent_id = f"{namespace}/{agent.metadata.name}"
-                for failed in group.failed:
-                    self._event(governed.plan, failed, agent_id)
+                self._failed(governed.plan, group, namespace, agent)
+
+    def _assign_segment(self, segment: Segment) -> None:
+        """Bind one namespace's Agents, run by run.
+
+        Agents of one class bind with one group (their policy and bias), and a group's
+        decision stands until a provider fills up (:meth:`_holds`). So between two
+        *events* (an Agent whose group must be decided, or an Agent after which some
+        provider is full) every Agent reuses its group's decision, and what the run
+        does to the pass is counts: how many Agents of each group it holds, found by
+        bisecting the group's positions. Events are found the same way: provider P
+        fills at the n-th Agent, counted from here, of the groups that bind P, where n is
+        the headroom P has left. The Agent at an event is bound as :meth:`_assign` binds
+        one. Decisions therefore happen at the same Agents, with the same assumed
+        counts, as Agent by Agent; the rows of a run are written when first read.
+        """
+        namespace = segment.namespace
+        # A slot is one (policy resolution, bias) among the namespace's classes.
+        slot_of: dict[tuple[int, float | None], int] = {}
+        slots: list[tuple[_Governed, float | None]] = []
+        members: list[list[int]] = []
+        slot_of_class: list[int] = []
+        for class_id, (crew, capabilities) in enumerate(segment.classes):
+            governed = self._resolved.get((namespace, crew))
+            if governed is None:
+                governed = self._govern(segment.first(class_id), namespace, crew)
+            bias = self._bias(governed, capabilities)
+            slot = slot_of.get((id(governed), bias))
+            if slot is None:
+                slot = slot_of[(id(governed), bias)] = len(slots)
+                slots.append((governed, bias))
+                members.append([])
+            members[slot].append(class_id)
+            slot_of_class.append(slot)
+        positions = [
+            segment.positions[classes[0]]
+            if len(classes) == 1
+            else tuple(sorted(chain.from_iterable(segment.positions[c] for c in classes)))
+            for classes in members
+        ]
+        classes = tuple(slot_of_class)
+        cursor = [0] * len(slots)  # per slot: how many of its Agents are bound
+        assumed, total, at = self.assumed, len(segment.agents), 0
+        while at < total:
+            groups = [governed.groups.get(bias) for governed, bias in slots]
+            stop, next_slot, active = total, -1, []
+            for slot, group in enumerate(groups):
+                if group is None or (
+                    group.version != self._saturation and not self._holds(group)
+                ):
+                    if cursor[slot] < len(positions[slot]) and positions[slot][cursor[slot]] < stop:
+                        stop, next_slot = positions[slot][cursor[slot]], slot
+                else:
+                    active.append(slot)
+            if stop == at:  # an event: this Agent's group is decided first
+                slot = next_slot
+                governed, bias = slots[slot]
+                group = governed.groups[bias] = self._bind(
+                    governed.resolution, governed.plan, bias
+                )
+                self._step(governed, group, segment, at)
+                cursor[slot] += 1
+                at += 1
+                continue
+            stop = self._first_fill(groups, active, positions, cursor, stop)
+            run_groups = tuple(groups)
+            self._results.add_batch(
+                AgentRun(segment, at, stop, run_groups, classes, self._logged)
+            )
+            failing = False
+            for slot in active:
+                count = bisect_left(positions[slot], stop, cursor[slot]) - cursor[slot]
+                if not count:
+                    continue
+                cursor[slot] += count
+                group = groups[slot]
+                assert group is not None  # active
+                failing = failing or bool(group.failed)
+                self._logged += count * len(group.bound)
+                for provider, full_at in group.limits:
+                    filled = assumed[provider] = assumed.get(provider, 0) + count
+                    if filled == full_at:
+                        self._saturation += 1
+            if failing:  # events name each Agent, in pass order
+                class_ids = segment.class_ids
+                for position in range(at, stop):
+                    slot = slot_of_class[class_ids[position]]
+                    group = run_groups[slot]
+                    if group is not None and group.failed:
+                        governed = slots[slot][0]
+                        self._failed(governed.plan, group, namespace, segment.agents[position])
+            at = stop
+
+    def _first_fill(
+        self,
+        groups: list[BindingGroup | None],
+        active: list[int],
+        positions: list[tuple[int, ...]],
+        cursor: list[int],
+        stop: int,
+    ) -> int:
+        """Where a run from the cursors ends: ``stop``, or just after the first Agent
+        whose bindings fill a provider (the n-th Agent binding it, n its headroom left)."""
+        holders: dict[str, list[int]] = {}
+        left: dict[str, int] = {}
+        assumed = self.assumed
+        for slot in active:
+            group = groups[slot]
+            assert group is not None
+            for provider, full_at in group.limits:
+                if full_at:  # 0: no agent limit
+                    holders.setdefault(provider, []).append(slot)
+                    left[provider] = full_at - assumed.get(provider, 0)
+        for provider, slots in holders.items():
+            need = left[provider]  # ≥ 1: an active group binds no full provider
+            if len(slots) == 1:
+                slot = slots[0]
+                index = cursor[slot] + need - 1
+                if index >= len(positions[slot]):
+                    continue
+                position = positions[slot][index]
+            else:
+                nearest = sorted(
+                    chain.from_iterable(
+                        positions[slot][cursor[slot] : cursor[slot] + need] for slot in slots
+                    )
+                )
+                if len(nearest) < need:
+                    continue
+                position = nearest[need - 1]
+            if position < stop:
+                stop = position + 1
+        return stop
+
+    def _step(self, governed: _Governed, group: BindingGroup, segment: Segment, at: int) -> None:
+        """Bind the Agent at ``at`` of a segment with ``group``: :meth:`_assign`'s body."""
+        agent = segment.agents[at]
+        self._results.add((agent, group, self._logged))
+        if group.bound:
+            self._logged += len(group.bound)
+            assumed = self.assumed
+            for provider, full_at in group.limits:
+                count = assumed[provider] = assumed.get(provider, 0) + 1
+                if count == full_at:
+                    self._saturation += 1
+        if group.failed:
+            self._failed(governed.plan, group, segment.namespace, agent)
+
+    def _bias(self, governed: _Governed, capabilities: tuple[str, ...]) -> float | None:
+        """An Agent's effective bias under its policy; each capability set parsed once."""
+        biases = governed.biases
+        if biases is None:
+            return None
+        if capabilities in biases:
+            return biases[capabilities]
+        found = biases[capabilities] = governed.plan.effective(capabilities)
+        return found
+
+    def _failed(
+        self, plan: PolicyPlan, group: BindingGroup, namespace: str, agent: Agent
+    ) -> None:
+        agent_id = f"{namespace}/{agent.metadata.name}"
+        for failed in group.failed:
+            self._event(plan, failed, agent_id)
 
     def _govern(self, agent: Agent, namespace: str, crew: str | None) -> _Governed:
         """The policy an Agent's (namespace, crew) resolves to, with its plan; once each."""
@@ -367,7 +534,12 @@ class SchedulingPass:
     ) -> DecisionRecord:
         """The full decision record of a phase, replayed with the bindings assumed before
         the Agent (the first ``position`` entries of the pass's binding log)."""
-        seen = dict(Counter(self._log[:position]))
+        log = self._log
+        rows = self._results.rows
+        for _, group, _ in rows[self._log_rows :]:
+            log.extend(group.bound)
+        self._log_rows = len(rows)
+        seen = dict(Counter(log[:position]))
         return self.framework.decide(ranking, subject=subject, assumed=seen, spread=spread)
 
     def candidates(self, ranking: Ranking, bound: str | None) -> CandidateList:
@@ -561,7 +733,7 @@ def schedule_bundle(
             else ClusterSnapshot.from_bundle(bundle, config=config)
         )
         scheduling = SchedulingPass(snapshot, now=now)
-        scheduling.schedule_all(snapshot.agents)
+        scheduling.schedule_all(snapshot.roster)
         return scheduling.result()
 
 
@@ -583,41 +755,6 @@ def collector_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-def in_pass_order(agents: Sequence[Agent]) -> list[tuple[Agent, str, str | None]]:
-    """Agents in (namespace, name) order, each with its namespace and crew label.
-
-    Each Agent's metadata is read once here. Sorting the names of one namespace at a
-    time compares plain strings, which is several times cheaper than comparing a
-    (namespace, name) tuple per Agent; the order is the same.
-    """
-    by_namespace: dict[str, dict[str, tuple[Agent, str, str | None]]] = {}
-    for agent in agents:
-        metadata = agent.metadata
-        namespace = metadata.namespace or DEFAULT_NAMESPACE
-        named = by_namespace.get(namespace)
-        if named is None:
-            named = by_namespace[namespace] = {}
-        named[metadata.name] = (agent, namespace, metadata.labels.get(CREW_LABEL))
-    if sum(map(len, by_namespace.values())) != len(agents):
-        # Two Agents share a namespace and name (a bundle can say so): keep both, in
-        # the order given, as a stable sort of the pairs does.
-        return [
-            (agent, agent.metadata.namespace or DEFAULT_NAMESPACE, agent.crew)
-            for agent in sorted(agents, key=_agent_order)
-        ]
-    ordered: list[tuple[Agent, str, str | None]] = []
-    for namespace in sorted(by_namespace):
-        named = by_namespace[namespace]
-        ordered.extend(map(named.__getitem__, sorted(named)))
-    return ordered
-
-
-def _agent_order(agent: Agent) -> tuple[str, str]:
-    """(namespace, name): the pass's reproducible order (an Agent is always namespaced)."""
-    metadata = agent.metadata
-    return metadata.namespace or DEFAULT_NAMESPACE, metadata.name
 
 
 def schedule_agent(agent: Agent, snapshot: ClusterSnapshot, now: datetime) -> AgentResult:

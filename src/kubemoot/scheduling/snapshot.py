@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import chain
 
 from kubemoot.api import (
     Agent,
@@ -21,6 +22,7 @@ from kubemoot.api import (
 from kubemoot.api.loader import Bundle
 from kubemoot.scheduling.archetypes import CONSENT_3, DEFAULT_ARCHETYPE, builtin_archetypes
 from kubemoot.scheduling.candidate import Placement, fleet_footprints
+from kubemoot.scheduling.roster import AgentRoster
 
 __all__ = ["ClusterSnapshot", "PolicyResolution"]
 
@@ -46,6 +48,9 @@ class ClusterSnapshot:
     policies: tuple[CrewSchedulingPolicy, ...] = ()
     archetypes: dict[str, MootArchetype] = field(default_factory=builtin_archetypes)
     settings: SchedulerSettings = field(default_factory=SchedulerSettings)
+    #: The Agents filed for a pass (:mod:`kubemoot.scheduling.roster`): one kept between
+    #: snapshots by whoever keeps the Agents, else made from ``agents`` when first read.
+    agent_roster: AgentRoster | None = field(default=None, repr=False, compare=False)
     placements: tuple[Placement, ...] = field(init=False)
     _by_namespace: dict[str, list[CrewSchedulingPolicy]] = field(init=False, repr=False)
 
@@ -65,8 +70,21 @@ class ClusterSnapshot:
         by_namespace: dict[str, list[CrewSchedulingPolicy]] = {}
         for policy in sorted(self.policies, key=lambda p: p.metadata.name):
             by_namespace.setdefault(policy.namespace or "default", []).append(policy)
+        if self.agent_roster is not None and not self.agents:
+            segments = self.agent_roster.segments()
+            object.__setattr__(
+                self, "agents", tuple(chain.from_iterable(s.agents for s in segments))
+            )
         object.__setattr__(self, "placements", placements)
         object.__setattr__(self, "_by_namespace", by_namespace)
+
+    @property
+    def roster(self) -> AgentRoster:
+        """The snapshot's Agents filed for a pass; made once when not given."""
+        if self.agent_roster is None:
+            object.__setattr__(self, "agent_roster", AgentRoster(self.agents))
+        assert self.agent_roster is not None
+        return self.agent_roster
 
     @classmethod
     def build(
@@ -78,8 +96,13 @@ class ClusterSnapshot:
         policies: Iterable[CrewSchedulingPolicy] = (),
         archetypes: Iterable[MootArchetype] = (),
         config: KubemootConfig | None = None,
+        roster: AgentRoster | None = None,
     ) -> ClusterSnapshot:
-        """A snapshot from resources; bundle archetypes override the built-in ones."""
+        """A snapshot from resources; bundle archetypes override the built-in ones.
+
+        ``roster``: the Agents, already filed (kept up to date between snapshots); then
+        ``agents`` may be left out, and if given must be the roster's Agents.
+        """
         known = builtin_archetypes()
         known.update({archetype.metadata.name: archetype for archetype in archetypes})
         return cls(
@@ -89,6 +112,7 @@ class ClusterSnapshot:
             policies=tuple(policies),
             archetypes=known,
             settings=(config or KubemootConfig.defaults()).spec.scheduler,
+            agent_roster=roster,
         )
 
     @classmethod

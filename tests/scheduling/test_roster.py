@@ -1,0 +1,184 @@
+"""The roster a pass reads its Agents from, and the run-by-run pass over it.
+
+A whole pass files the Agents by namespace and class (crew label, capabilities) and
+binds each namespace in runs of Agents that reuse their groups' decisions. Its answers
+must be those of scheduling the Agents one by one in (namespace, name) order, whatever
+the cluster: providers that several groups fill together, providers without an agent
+limit, UNSCHEDULABLE phases (events name each Agent), several crews in a namespace.
+A roster kept between passes and told of edits, moves and deletions must give what a
+roster filed afresh gives.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from kubemoot.api import Agent
+from kubemoot.gates import Outcome
+from kubemoot.scheduling import ClusterSnapshot, SchedulingPass, schedule_bundle
+from kubemoot.scheduling.roster import AgentRoster
+from kubemoot.testing.builders import agent, model, policy, provider, rule
+
+from .conftest import NOW, assert_phases_agree_with_their_records
+
+TOOLS = {"tools": "true"}
+CAPABILITIES = ("tool-calling", "reasoning", "coding")
+
+
+def _cluster(rng: random.Random) -> dict[str, Any]:
+    providers = [
+        provider(
+            f"gpu-{index}",
+            vram_total_mib=rng.choice((None, 24576, 49152)),
+            # None: no agent limit, so that provider never fills.
+            max_parallel=rng.choice((None, 1, 2, 4)),
+            agent_count=rng.randrange(0, 2),
+            last_probed_at=NOW - timedelta(seconds=rng.choice((5, 30, 600))),
+        )
+        for index in range(8)
+    ]
+    models = [
+        model(
+            f"m-{index:02d}",
+            model_id=f"m:{index % 5}",
+            provider=f"gpu-{index % 8}",
+            vram_mib=rng.choice((3500, 9216)),
+            labels={
+                "latencyClass": rng.choice(("low", "high")),
+                **(TOOLS if rng.random() < 0.7 else {}),
+            },
+        )
+        for index in range(20)
+    ]
+    policies = [
+        policy("p-a", "ns-a", crew_ref="alpha", rules=[rule("mulling", require=TOOLS)],
+               quality_bias={"reasoning": "0.9", "coding": "0.2", "default": "0.5"},
+               spread=["mulling", "triage"]),
+        policy("p-b", "ns-a", crew_ref="beta", rules=[rule("triage", require=TOOLS)]),
+        # Nothing carries this label: triage is UNSCHEDULABLE, one event per Agent.
+        policy("p-c", "ns-b", crew_ref="gamma", rules=[rule("triage", require={"no": "x"})],
+               quality_bias={"reasoning": "0.1", "default": "0.7"}),
+    ]
+    agents = []
+    for index in rng.sample(range(120), 120):
+        namespace = rng.choice(("ns-a", "ns-a", "ns-b", "ns-c"))
+        crew = rng.choice(("alpha", "beta", "gamma", None))
+        agents.append(
+            agent(f"agent-{index:03d}", namespace, crew=crew,
+                  capabilities=rng.sample(CAPABILITIES, rng.randint(0, 2)))
+        )
+    return {"models": models, "providers": providers, "policies": policies, "agents": agents}
+
+
+def _one_by_one(snapshot: ClusterSnapshot) -> dict[str, Any]:
+    scheduling = SchedulingPass(snapshot, now=NOW)
+    for each in sorted(snapshot.agents, key=lambda a: (a.namespace or "default", a.metadata.name)):
+        scheduling.schedule(each)
+    return scheduling.result().to_dict(decisions=False)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_pass_run_by_run_agrees_with_one_agent_at_a_time(seed: int) -> None:
+    snapshot = ClusterSnapshot.build(**_cluster(random.Random(seed)))
+    result = schedule_bundle(snapshot, now=NOW)
+    assert result.to_dict(decisions=False) == _one_by_one(snapshot)
+    outcomes = {p.outcome for a in result.agents for p in a.phases.values()}
+    assert Outcome.UNSCHEDULABLE in outcomes and result.events
+
+
+def test_the_run_by_run_pass_agrees_with_the_decision_records() -> None:
+    snapshot = ClusterSnapshot.build(**_cluster(random.Random(3)))
+    result = schedule_bundle(snapshot, now=NOW)
+    assert_phases_agree_with_their_records(result)
+
+
+def test_results_read_in_any_order_are_the_same() -> None:
+    snapshot = ClusterSnapshot.build(**_cluster(random.Random(4)))
+    forward = schedule_bundle(snapshot, now=NOW)
+    backward = schedule_bundle(snapshot, now=NOW)
+    # The last result read first writes out every run before it.
+    last = backward.agents[len(backward.agents) - 1].to_dict()
+    assert last == forward.agents[-1].to_dict()
+    assert backward.to_dict() == forward.to_dict()
+
+
+def _edited(original: Agent, *, crew: str | None, capabilities: list[str]) -> Agent:
+    return agent(original.metadata.name, original.namespace or "default", crew=crew,
+                 capabilities=capabilities)
+
+
+def test_a_kept_roster_told_of_changes_gives_the_answers_of_a_fresh_one() -> None:
+    cluster = _cluster(random.Random(8))
+    agents: list[Agent] = cluster.pop("agents")
+    roster = AgentRoster(agents)
+    first = schedule_bundle(ClusterSnapshot.build(**cluster, roster=roster), now=NOW)
+    assert first.to_dict(decisions=False) == schedule_bundle(
+        ClusterSnapshot.build(**cluster, agents=agents), now=NOW
+    ).to_dict(decisions=False)
+    before = {segment.namespace: segment for segment in roster.segments()}
+
+    by_name = {a.metadata.name: a for a in agents}
+    in_a = sorted(n for n, a in by_name.items() if a.namespace == "ns-a")
+    in_b = sorted(n for n, a in by_name.items() if a.namespace == "ns-b")
+    # An edit: other capabilities, so another class (and under p-a another bias) ...
+    edited = _edited(by_name[in_a[0]], crew="alpha", capabilities=["reasoning"])
+    # ... a move to another crew, so another policy and group ...
+    moved = _edited(by_name[in_a[1]], crew="beta", capabilities=[])
+    # ... a deletion, and an Agent that is new.
+    deleted = by_name[in_a[2]]
+    added = agent("agent-new", "ns-a", crew="alpha", capabilities=["coding"])
+    for changed in (edited, moved, added):
+        roster.put(changed)
+    roster.discard("ns-a", deleted.metadata.name)
+    roster.discard("ns-a", "no-such-agent")  # nothing to forget: nothing changes
+    now_agents = [
+        {edited.metadata.name: edited, moved.metadata.name: moved}.get(a.metadata.name, a)
+        for a in agents
+        if a is not deleted
+    ] + [added]
+    assert len(roster) == len(now_agents)
+
+    fresh = ClusterSnapshot.build(**cluster, agents=now_agents)
+    kept = ClusterSnapshot.build(**cluster, roster=roster)
+    assert [a.metadata.name for a in kept.agents] == [
+        a.metadata.name
+        for a in sorted(now_agents, key=lambda a: (a.namespace or "default", a.metadata.name))
+    ]
+    second = schedule_bundle(kept, now=NOW)
+    assert second.to_dict(decisions=False) == schedule_bundle(fresh, now=NOW).to_dict(
+        decisions=False
+    )
+    assert second.to_dict(decisions=False) == _one_by_one(fresh)
+    # Only the namespace that changed was filed again.
+    after = {segment.namespace: segment for segment in roster.segments()}
+    assert after["ns-a"] is not before["ns-a"]
+    assert in_b and after["ns-b"] is before["ns-b"]
+    assert after["ns-c"] is before["ns-c"]
+
+    # The second time: the namespace emptied of every Agent is gone from the pass.
+    for name in in_b:
+        roster.discard("ns-b", name)
+    third = schedule_bundle(ClusterSnapshot.build(**cluster, roster=roster), now=NOW)
+    assert {a.namespace for a in third.agents} == {"ns-a", "ns-c"}
+    rest = [a for a in now_agents if a.namespace != "ns-b"]
+    assert third.to_dict(decisions=False) == schedule_bundle(
+        ClusterSnapshot.build(**cluster, agents=rest), now=NOW
+    ).to_dict(decisions=False)
+
+
+def test_an_agent_put_again_replaces_its_twins_too() -> None:
+    twins = [agent("same", "ns-a", crew="alpha"), agent("same", "ns-a", crew="beta")]
+    roster = AgentRoster([*twins, agent("other", "ns-a")])
+    assert len(roster) == 3
+    assert [a.metadata.labels.get("kubemoot.ai/crew") for a in roster.agents()] == [
+        None, "alpha", "beta"
+    ]
+    roster.put(agent("same", "ns-a", crew="gamma"))
+    assert len(roster) == 2
+    assert [a.metadata.labels.get("kubemoot.ai/crew") for a in roster.agents()] == [
+        None, "gamma"
+    ]

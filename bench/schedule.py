@@ -42,8 +42,7 @@ from typing import Any
 
 from kubemoot.api import CREW_LABEL, Agent, CrewSchedulingPolicy, Model, ModelProvider
 from kubemoot.api.loader import Bundle
-from kubemoot.scheduling import ClusterSnapshot, ScheduleResult, schedule_bundle
-from kubemoot.scheduling.roster import AgentRoster
+from kubemoot.scheduling import AgentRoster, ClusterSnapshot, ScheduleResult, schedule_bundle
 
 NOW = datetime(2026, 5, 15, 12, 0, tzinfo=UTC)
 FAMILIES = ("qwen3", "llama3", "mistral", "gemma3", "phi4")

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
          ["--agents", "200", "--models", "50", "--providers", "10", "--policies", "5",
           "--repeat", "1"],
          {"agentsPerSecond", "ratioToFloor", "ratioToFloorAt10x", "agentsPerSecondAt10x",
-          "ratioToAgentFloorAt10x"}),
+          "ratioToAgentFloorAt10x", "ratioToFloorAt10xFiled"}),
         pytest.param(
             "kv.py",
             ["--seconds", "0.5", "--claimers", "4", "--processes", "1", "--samples", "50",

@@ -6,7 +6,9 @@ values. No I/O, no clock reads (``now`` is a parameter), no module state. The
 operator and ``kubemoot schedule`` call the same entry points:
 
 * :func:`schedule_bundle` — one pass over every Agent of a bundle or snapshot;
-* :class:`SchedulingPass` / :func:`schedule_agent` — Agent by Agent.
+* :class:`SchedulingPass` / :func:`schedule_agent` — Agent by Agent;
+* :class:`AgentRoster` — Agents filed for a pass, kept between passes by a caller that
+  tells it of each change.
 
 Plugins (one gate or scorer per module) live in :mod:`kubemoot.scheduling.plugins`;
 the framework that orders, caches and weighs them in :mod:`.framework`.
@@ -33,6 +35,7 @@ from kubemoot.scheduling.result import (
     ScheduleResult,
     SchedulingEvent,
 )
+from kubemoot.scheduling.roster import AgentRoster
 from kubemoot.scheduling.scheduler import SchedulingPass, schedule_agent, schedule_bundle
 from kubemoot.scheduling.snapshot import ClusterSnapshot, PolicyResolution
 
@@ -48,6 +51,7 @@ __all__ = [
     "SCHEDULER_VERSION",
     "SCORING_POLICY_VERSION",
     "AgentResult",
+    "AgentRoster",
     "ClusterSnapshot",
     "Framework",
     "PhaseResult",

@@ -243,8 +243,8 @@ def measure(bundle: Bundle, repeat: int) -> Timings:
         found.read = min(found.read, read_seconds(found.result))
         start = clock()
         roster = AgentRoster(bundle.agents)
-        for _segment in roster.segments():
-            pass
+        for segment in roster.segments():
+            _ = segment.agents  # filed in name order, as a kept roster is after one pass
         found.filing = min(found.filing, clock() - start)
         # The snapshot is built inside the timing, as schedule_bundle builds it above.
         start = clock()

@@ -29,7 +29,12 @@ TOOLS = {"tools": "true"}
 CAPABILITIES = ("tool-calling", "reasoning", "coding")
 
 
-def _cluster(rng: random.Random) -> dict[str, Any]:
+#: One crew label per namespace: a pass groups such a namespace by capabilities alone
+#: (ns-a, ns-b: under a qualityBias) or binds it whole without sorting it (ns-c).
+ONE_CREW = {"ns-a": "alpha", "ns-b": "gamma", "ns-c": None}
+
+
+def _cluster(rng: random.Random, *, one_crew: bool = False) -> dict[str, Any]:
     providers = [
         provider(
             f"gpu-{index}",
@@ -66,7 +71,7 @@ def _cluster(rng: random.Random) -> dict[str, Any]:
     agents = []
     for index in rng.sample(range(120), 120):
         namespace = rng.choice(("ns-a", "ns-a", "ns-b", "ns-c"))
-        crew = rng.choice(("alpha", "beta", "gamma", None))
+        crew = ONE_CREW[namespace] if one_crew else rng.choice(("alpha", "beta", "gamma", None))
         agents.append(
             agent(f"agent-{index:03d}", namespace, crew=crew,
                   capabilities=rng.sample(CAPABILITIES, rng.randint(0, 2)))
@@ -81,9 +86,10 @@ def _one_by_one(snapshot: ClusterSnapshot) -> dict[str, Any]:
     return scheduling.result().to_dict(decisions=False)
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_a_pass_run_by_run_agrees_with_one_agent_at_a_time(seed: int) -> None:
-    snapshot = ClusterSnapshot.build(**_cluster(random.Random(seed)))
+@pytest.mark.parametrize("one_crew", [False, True])
+@pytest.mark.parametrize("seed", range(8))
+def test_a_pass_run_by_run_agrees_with_one_agent_at_a_time(seed: int, one_crew: bool) -> None:
+    snapshot = ClusterSnapshot.build(**_cluster(random.Random(seed), one_crew=one_crew))
     result = schedule_bundle(snapshot, now=NOW)
     assert result.to_dict(decisions=False) == _one_by_one(snapshot)
     outcomes = {p.outcome for a in result.agents for p in a.phases.values()}

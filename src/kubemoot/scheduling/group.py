@@ -264,17 +264,17 @@ class AgentRun:
     start: int
     end: int
     groups: tuple[BindingGroup | None, ...]  # by slot; None for a slot not in the run
-    slots: tuple[int, ...]  # the slot of each of the segment's classes
+    slot_at: list[int] | None  # each position's slot; None: every Agent is in slot 0
     position: int  # bindings the pass had assumed before the run's first Agent
 
     def __len__(self) -> int:
         return self.end - self.start
 
     def rows(self) -> Iterator[Row]:
-        agents, class_ids = self.segment.agents, self.segment.class_ids
-        groups, slots, position = self.groups, self.slots, self.position
+        agents, groups, slot_at = self.segment.agents, self.groups, self.slot_at
+        position = self.position
         for index in range(self.start, self.end):
-            group = groups[slots[class_ids[index]]]
-            assert group is not None  # every class in the run has its group
+            group = groups[0 if slot_at is None else slot_at[index]]
+            assert group is not None  # every slot in the run has its group
             yield agents[index], group, position
             position += len(group.bound)

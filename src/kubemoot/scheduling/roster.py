@@ -4,9 +4,11 @@ A pass binds Agents in (namespace, name) order, and within one pass an Agent's p
 depend on nothing of its own but its namespace, its crew label (which policy governs
 it) and its capabilities (its effective bias under that policy); see
 :mod:`kubemoot.scheduling.group`. The roster files each Agent under its namespace and
-under its *class*, the (crew, capability set) pair, and keeps each namespace's Agents
-sorted by name with, for every class, the positions its Agents hold. A pass then walks
-classes and counts instead of reading every Agent (:meth:`SchedulingPass.schedule_all`).
+name with its crew label; a namespace's :class:`Segment` says which crews it holds and,
+when a pass needs them, its Agents in name order and their capabilities. A pass then
+groups a namespace's Agents by what they bind with and walks the groups and counts
+instead of the Agents (:meth:`SchedulingPass.schedule_all`); a namespace whose Agents
+all bind alike is not even sorted.
 
 The roster is built once from a bundle (``kubemoot schedule``), or kept by whoever
 holds Agents between passes and told of each change (:meth:`AgentRoster.put`,
@@ -17,66 +19,101 @@ the namespace is next read.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 
 from kubemoot.api import CREW_LABEL, DEFAULT_NAMESPACE, Agent
 
-__all__ = ["AgentClass", "AgentRoster", "Segment"]
+__all__ = ["AgentRoster", "Segment"]
 
-#: What decides an Agent's binding besides its namespace: its crew label and its
-#: capabilities (as listed; Agents that list the same set in another order land in
-#: classes with the same effective bias, so they still share decisions).
-AgentClass = tuple[str | None, tuple[str, ...]]
-#: An Agent as filed: the Agent and its class, both read once.
-_Entry = tuple[Agent, AgentClass]
+#: An Agent as filed: the Agent and its crew label, read once.
+_Entry = tuple[Agent, str | None]
+_AGENT, _CREW = itemgetter(0), itemgetter(1)
+_CAPABILITIES = attrgetter("spec.capabilities")
 
 
-@dataclass(frozen=True, slots=True)
 class Segment:
-    """One namespace's Agents in name order, with each Agent's class."""
+    """One namespace's Agents, as of when the segment was made.
 
-    namespace: str
-    agents: tuple[Agent, ...]
-    #: The distinct classes, in order of first appearance.
-    classes: tuple[AgentClass, ...]
-    #: For each class, the positions of its Agents, ascending.
-    positions: tuple[tuple[int, ...], ...]
-    _class_ids: list[int] | None = field(default=None, compare=False, repr=False)
+    What a pass asks of it is worked out on first use and kept: the distinct crew
+    labels (always), the Agents in name order with each one's crew label (when the
+    namespace's Agents do not all bind alike, or when results are read), and each
+    one's capabilities (only under a policy with a qualityBias).
+    """
 
-    def first(self, class_id: int) -> Agent:
-        """An Agent of the class (the first in name order)."""
-        return self.agents[self.positions[class_id][0]]
+    __slots__ = ("_agents", "_by_name", "_capabilities", "_crew_at", "_crews", "_size",
+                 "_twins", "namespace")
 
-    @classmethod
-    def of(cls, namespace: str, entries: list[_Entry]) -> Segment:
-        """A namespace's segment from its entries, already in pass order."""
-        by_class: dict[AgentClass, list[int]] = {}
-        for position, (_, key) in enumerate(entries):
-            found = by_class.get(key)
-            if found is None:
-                by_class[key] = [position]
-            else:
-                found.append(position)
-        return cls(
-            namespace,
-            tuple(map(itemgetter(0), entries)),
-            tuple(by_class),
-            tuple(map(tuple, by_class.values())),
-        )
+    def __init__(
+        self, namespace: str, by_name: dict[str, _Entry], twins: dict[str, list[_Entry]]
+    ) -> None:
+        self.namespace = namespace
+        # Copies: a pass's results still read this segment after the roster changes.
+        self._by_name = dict(by_name)
+        self._twins = {name: list(more) for name, more in twins.items()}
+        self._size = len(by_name) + sum(map(len, twins.values()))
+        self._crews: dict[str | None, Agent] | None = None
+        self._agents: tuple[Agent, ...] | None = None
+        self._crew_at: list[str | None] | None = None
+        self._capabilities: list[tuple[str, ...]] | None = None
+
+    def __len__(self) -> int:
+        return self._size
 
     @property
-    def class_ids(self) -> list[int]:
-        """The class (an index into ``classes``) of each Agent, by position; made when
-        first read (a pass reads it only to write out results)."""
-        found = self._class_ids
-        if found is None:
-            found = [0] * len(self.agents)
-            for class_id, positions in enumerate(self.positions):
-                for position in positions:
-                    found[position] = class_id
-            object.__setattr__(self, "_class_ids", found)
-        return found
+    def crews(self) -> dict[str | None, Agent]:
+        """Each distinct crew label (None: no label) with one Agent that carries it."""
+        if self._crews is None:
+            entries = list(self._by_name.values())
+            for more in self._twins.values():
+                entries.extend(more)
+            labels = set(map(_CREW, entries))
+            if len(labels) == 1:  # the usual namespace: any Agent stands for the crew
+                self._crews = {labels.pop(): entries[0][0]}
+            else:
+                self._crews = {}
+                for agent, crew in entries:
+                    if crew not in self._crews:
+                        self._crews[crew] = agent
+                        if len(self._crews) == len(labels):
+                            break
+        return self._crews
+
+    def _order(self) -> None:
+        by_name = self._by_name
+        # Plain strings sort several times faster than (namespace, name) pairs.
+        names = sorted(by_name)
+        entries = list(map(by_name.__getitem__, names))
+        if self._twins:
+            # Agents that share a name follow the first, in the order they came.
+            for index in range(len(names) - 1, -1, -1):
+                more = self._twins.get(names[index])
+                if more:
+                    entries[index + 1 : index + 1] = more
+        self._agents = tuple(map(_AGENT, entries))
+        self._crew_at = list(map(_CREW, entries))
+
+    @property
+    def agents(self) -> tuple[Agent, ...]:
+        """The Agents in pass order (name order)."""
+        if self._agents is None:
+            self._order()
+        assert self._agents is not None
+        return self._agents
+
+    @property
+    def crew_at(self) -> list[str | None]:
+        """Each Agent's crew label, by position in pass order."""
+        if self._crew_at is None:
+            self._order()
+        assert self._crew_at is not None
+        return self._crew_at
+
+    @property
+    def capabilities(self) -> list[tuple[str, ...]]:
+        """Each Agent's capabilities, by position in pass order."""
+        if self._capabilities is None:
+            self._capabilities = list(map(tuple, map(_CAPABILITIES, self.agents)))
+        return self._capabilities
 
 
 class AgentRoster:
@@ -87,32 +124,30 @@ class AgentRoster:
     def __init__(self, agents: Iterable[Agent] = ()) -> None:
         self._named: dict[str, dict[str, _Entry]] = {}
         #: Further Agents with a namespace and name already filed (a bundle may hold
-        #: them), in the order they came; the pass binds them after the first.
-        self._twins: dict[tuple[str, str], list[_Entry]] = {}
+        #: them), by namespace and name, in the order they came.
+        self._twins: dict[str, dict[str, list[_Entry]]] = {}
         self._segments: dict[str, Segment] = {}  # namespaces filed since their last change
-        self._count = 0
-        named = self._named
+        named, twins = self._named, 0
         for agent in agents:
             # Each Agent's fields are read once, here, for every later pass.
             metadata = agent.metadata
             namespace = metadata.namespace or DEFAULT_NAMESPACE
-            entry = (agent, (metadata.labels.get(CREW_LABEL), tuple(agent.spec.capabilities)))
             by_name = named.get(namespace)
             if by_name is None:
                 by_name = named[namespace] = {}
-            if metadata.name in by_name:
-                self._twins.setdefault((namespace, metadata.name), []).append(entry)
-            else:
-                by_name[metadata.name] = entry
-            self._count += 1
+            entry = (agent, metadata.labels.get(CREW_LABEL))
+            if by_name.setdefault(metadata.name, entry) is not entry:
+                self._twins.setdefault(namespace, {}).setdefault(metadata.name, []).append(entry)
+                twins += 1
+        self._count = sum(map(len, named.values())) + twins
 
     def put(self, agent: Agent) -> None:
         """Add an Agent, or replace the one with its namespace and name (an edit)."""
         metadata = agent.metadata
         namespace = metadata.namespace or DEFAULT_NAMESPACE
         self.discard(namespace, metadata.name)
-        key = (metadata.labels.get(CREW_LABEL), tuple(agent.spec.capabilities))
-        self._named.setdefault(namespace, {})[metadata.name] = (agent, key)
+        entry = (agent, metadata.labels.get(CREW_LABEL))
+        self._named.setdefault(namespace, {})[metadata.name] = entry
         self._count += 1
         self._segments.pop(namespace, None)
 
@@ -122,9 +157,11 @@ class AgentRoster:
         if by_name is None or name not in by_name:
             return
         del by_name[name]
-        self._count -= 1 + len(self._twins.pop((namespace, name), ()))
+        twins = self._twins.get(namespace, {})
+        self._count -= 1 + len(twins.pop(name, ()))
         if not by_name:
             del self._named[namespace]
+            self._twins.pop(namespace, None)
         self._segments.pop(namespace, None)
 
     def segments(self) -> Iterator[Segment]:
@@ -132,21 +169,10 @@ class AgentRoster:
         for namespace in sorted(self._named):
             found = self._segments.get(namespace)
             if found is None:
-                found = self._segments[namespace] = Segment.of(namespace, self._ordered(namespace))
+                found = self._segments[namespace] = Segment(
+                    namespace, self._named[namespace], self._twins.get(namespace, {})
+                )
             yield found
-
-    def _ordered(self, namespace: str) -> list[_Entry]:
-        by_name = self._named[namespace]
-        # Plain strings sort several times faster than (namespace, name) pairs.
-        names = sorted(by_name)
-        entries = list(map(by_name.__getitem__, names))
-        if self._twins:
-            twins = self._twins
-            for index in range(len(names) - 1, -1, -1):
-                more = twins.get((namespace, names[index]))
-                if more:
-                    entries[index + 1 : index + 1] = more
-        return entries
 
     def agents(self) -> Iterator[Agent]:
         """Every Agent, in pass order."""

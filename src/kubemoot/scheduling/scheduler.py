@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache, partial
 from itertools import chain
+from typing import Any
 
 from kubemoot.api import (
     CREW_LABEL,
@@ -262,33 +263,10 @@ class SchedulingPass:
         one. Decisions therefore happen at the same Agents, with the same assumed
         counts, as Agent by Agent; the rows of a run are written when first read.
         """
+        slots, slot_at, positions = self._slots(segment)
         namespace = segment.namespace
-        # A slot is one (policy resolution, bias) among the namespace's classes.
-        slot_of: dict[tuple[int, float | None], int] = {}
-        slots: list[tuple[_Governed, float | None]] = []
-        members: list[list[int]] = []
-        slot_of_class: list[int] = []
-        for class_id, (crew, capabilities) in enumerate(segment.classes):
-            governed = self._resolved.get((namespace, crew))
-            if governed is None:
-                governed = self._govern(segment.first(class_id), namespace, crew)
-            bias = self._bias(governed, capabilities)
-            slot = slot_of.get((id(governed), bias))
-            if slot is None:
-                slot = slot_of[(id(governed), bias)] = len(slots)
-                slots.append((governed, bias))
-                members.append([])
-            members[slot].append(class_id)
-            slot_of_class.append(slot)
-        positions = [
-            segment.positions[classes[0]]
-            if len(classes) == 1
-            else tuple(sorted(chain.from_iterable(segment.positions[c] for c in classes)))
-            for classes in members
-        ]
-        classes = tuple(slot_of_class)
         cursor = [0] * len(slots)  # per slot: how many of its Agents are bound
-        assumed, total, at = self.assumed, len(segment.agents), 0
+        assumed, total, at = self.assumed, len(segment), 0
         while at < total:
             groups = [governed.groups.get(bias) for governed, bias in slots]
             stop, next_slot, active = total, -1, []
@@ -296,24 +274,24 @@ class SchedulingPass:
                 if group is None or (
                     group.version != self._saturation and not self._holds(group)
                 ):
-                    if cursor[slot] < len(positions[slot]) and positions[slot][cursor[slot]] < stop:
-                        stop, next_slot = positions[slot][cursor[slot]], slot
+                    mine = positions[slot]
+                    if cursor[slot] < len(mine) and mine[cursor[slot]] < stop:
+                        stop, next_slot = mine[cursor[slot]], slot
                 else:
                     active.append(slot)
             if stop == at:  # an event: this Agent's group is decided first
-                slot = next_slot
-                governed, bias = slots[slot]
+                governed, bias = slots[next_slot]
                 group = governed.groups[bias] = self._bind(
                     governed.resolution, governed.plan, bias
                 )
-                self._step(governed, group, segment, at)
-                cursor[slot] += 1
+                self._step(governed, group, segment, at, slot_at)
+                cursor[next_slot] += 1
                 at += 1
                 continue
             stop = self._first_fill(groups, active, positions, cursor, stop)
             run_groups = tuple(groups)
             self._results.add_batch(
-                AgentRun(segment, at, stop, run_groups, classes, self._logged)
+                AgentRun(segment, at, stop, run_groups, slot_at, self._logged)
             )
             failing = False
             for slot in active:
@@ -330,20 +308,79 @@ class SchedulingPass:
                     if filled == full_at:
                         self._saturation += 1
             if failing:  # events name each Agent, in pass order
-                class_ids = segment.class_ids
                 for position in range(at, stop):
-                    slot = slot_of_class[class_ids[position]]
+                    slot = 0 if slot_at is None else slot_at[position]
                     group = run_groups[slot]
                     if group is not None and group.failed:
                         governed = slots[slot][0]
                         self._failed(governed.plan, group, namespace, segment.agents[position])
             at = stop
 
+    def _slots(
+        self, segment: Segment
+    ) -> tuple[list[tuple[_Governed, float | None]], list[int] | None, list[Sequence[int]]]:
+        """A namespace's slots (policy resolution and bias), each Agent's slot by
+        position (None: one slot holds them all) and each slot's positions, ascending.
+
+        Whole-list operations (zip, map, a stable sort by slot) do the per-Agent part.
+        """
+        namespace = segment.namespace
+        governed_of: dict[str | None, _Governed] = {}
+        for crew, someone in segment.crews.items():
+            found = self._resolved.get((namespace, crew))
+            governed_of[crew] = found or self._govern(someone, namespace, crew)
+        total = len(segment)
+        biased = any(governed.biases is not None for governed in governed_of.values())
+        if not biased and len({id(g) for g in governed_of.values()}) == 1:
+            # The usual namespace: one policy, no qualityBias. Its Agents are not even
+            # sorted (rows are written in name order when read).
+            only = next(iter(governed_of.values()))
+            return [(only, None)], None, [range(total)]
+        slot_of: dict[tuple[int, float | None], int] = {}
+        slots: list[tuple[_Governed, float | None]] = []
+
+        def slot(governed: _Governed, bias: float | None) -> int:
+            found = slot_of.get((id(governed), bias))
+            if found is None:
+                found = slot_of[(id(governed), bias)] = len(slots)
+                slots.append((governed, bias))
+            return found
+
+        if biased and len(governed_of) == 1:
+            # One crew under a qualityBias: the capabilities alone pick the slot.
+            governed = next(iter(governed_of.values()))
+            keys: list[Any] = segment.capabilities
+            slot_of_key: dict[Any, int] = dict.fromkeys(keys, 0)
+            for capabilities in slot_of_key:
+                slot_of_key[capabilities] = slot(governed, self._bias(governed, capabilities))
+        elif biased:
+            keys = list(zip(segment.crew_at, segment.capabilities, strict=True))
+            slot_of_key = dict.fromkeys(keys, 0)
+            for crew, capabilities in slot_of_key:
+                governed = governed_of[crew]
+                slot_of_key[(crew, capabilities)] = slot(
+                    governed, self._bias(governed, capabilities)
+                )
+        else:
+            keys = segment.crew_at
+            slot_of_key = {crew: slot(g, None) for crew, g in governed_of.items()}
+        slot_at = list(map(slot_of_key.__getitem__, keys))
+        # A stable sort by slot lists each slot's positions in ascending order.
+        by_slot = sorted(range(total), key=slot_at.__getitem__)
+        counts = Counter(slot_at)
+        positions: list[Sequence[int]] = []
+        start = 0
+        for index in range(len(slots)):
+            end = start + counts[index]
+            positions.append(by_slot[start:end])
+            start = end
+        return slots, slot_at, positions
+
     def _first_fill(
         self,
         groups: list[BindingGroup | None],
         active: list[int],
-        positions: list[tuple[int, ...]],
+        positions: list[Sequence[int]],
         cursor: list[int],
         stop: int,
     ) -> int:
@@ -380,10 +417,18 @@ class SchedulingPass:
                 stop = position + 1
         return stop
 
-    def _step(self, governed: _Governed, group: BindingGroup, segment: Segment, at: int) -> None:
+    def _step(
+        self,
+        governed: _Governed,
+        group: BindingGroup,
+        segment: Segment,
+        at: int,
+        slot_at: list[int] | None,
+    ) -> None:
         """Bind the Agent at ``at`` of a segment with ``group``: :meth:`_assign`'s body."""
-        agent = segment.agents[at]
-        self._results.add((agent, group, self._logged))
+        self._results.add_batch(
+            AgentRun(segment, at, at + 1, (group,), None, self._logged)
+        )
         if group.bound:
             self._logged += len(group.bound)
             assumed = self.assumed
@@ -392,7 +437,7 @@ class SchedulingPass:
                 if count == full_at:
                     self._saturation += 1
         if group.failed:
-            self._failed(governed.plan, group, segment.namespace, agent)
+            self._failed(governed.plan, group, segment.namespace, segment.agents[at])
 
     def _bias(self, governed: _Governed, capabilities: tuple[str, ...]) -> float | None:
         """An Agent's effective bias under its policy; each capability set parsed once."""

@@ -19,16 +19,20 @@ the namespace is next read.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from operator import attrgetter, itemgetter
+from operator import attrgetter, methodcaller
 
 from kubemoot.api import CREW_LABEL, DEFAULT_NAMESPACE, Agent
 
 __all__ = ["AgentRoster", "Segment"]
 
-#: An Agent as filed: the Agent and its crew label, read once.
-_Entry = tuple[Agent, str | None]
-_AGENT, _CREW = itemgetter(0), itemgetter(1)
+_LABELS = attrgetter("metadata.labels")
+_CREW = methodcaller("get", CREW_LABEL)
 _CAPABILITIES = attrgetter("spec.capabilities")
+
+
+def _crews(agents: Iterable[Agent]) -> Iterator[str | None]:
+    """Each Agent's crew label, read by ``map`` rather than a loop of our own."""
+    return map(_CREW, map(_LABELS, agents))
 
 
 class Segment:
@@ -44,7 +48,7 @@ class Segment:
                  "_twins", "namespace")
 
     def __init__(
-        self, namespace: str, by_name: dict[str, _Entry], twins: dict[str, list[_Entry]]
+        self, namespace: str, by_name: dict[str, Agent], twins: dict[str, list[Agent]]
     ) -> None:
         self.namespace = namespace
         # Copies: a pass's results still read this segment after the roster changes.
@@ -63,15 +67,15 @@ class Segment:
     def crews(self) -> dict[str | None, Agent]:
         """Each distinct crew label (None: no label) with one Agent that carries it."""
         if self._crews is None:
-            entries = list(self._by_name.values())
+            agents = list(self._by_name.values())
             for more in self._twins.values():
-                entries.extend(more)
-            labels = set(map(_CREW, entries))
+                agents.extend(more)
+            labels = set(_crews(agents))
             if len(labels) == 1:  # the usual namespace: any Agent stands for the crew
-                self._crews = {labels.pop(): entries[0][0]}
+                self._crews = {labels.pop(): agents[0]}
             else:
                 self._crews = {}
-                for agent, crew in entries:
+                for agent, crew in zip(agents, _crews(agents), strict=True):
                     if crew not in self._crews:
                         self._crews[crew] = agent
                         if len(self._crews) == len(labels):
@@ -82,15 +86,14 @@ class Segment:
         by_name = self._by_name
         # Plain strings sort several times faster than (namespace, name) pairs.
         names = sorted(by_name)
-        entries = list(map(by_name.__getitem__, names))
+        agents = list(map(by_name.__getitem__, names))
         if self._twins:
             # Agents that share a name follow the first, in the order they came.
             for index in range(len(names) - 1, -1, -1):
                 more = self._twins.get(names[index])
                 if more:
-                    entries[index + 1 : index + 1] = more
-        self._agents = tuple(map(_AGENT, entries))
-        self._crew_at = list(map(_CREW, entries))
+                    agents[index + 1 : index + 1] = more
+        self._agents = tuple(agents)
 
     @property
     def agents(self) -> tuple[Agent, ...]:
@@ -104,8 +107,7 @@ class Segment:
     def crew_at(self) -> list[str | None]:
         """Each Agent's crew label, by position in pass order."""
         if self._crew_at is None:
-            self._order()
-        assert self._crew_at is not None
+            self._crew_at = list(_crews(self.agents))
         return self._crew_at
 
     @property
@@ -122,22 +124,23 @@ class AgentRoster:
     __slots__ = ("_count", "_named", "_segments", "_twins")
 
     def __init__(self, agents: Iterable[Agent] = ()) -> None:
-        self._named: dict[str, dict[str, _Entry]] = {}
+        self._named: dict[str, dict[str, Agent]] = {}
         #: Further Agents with a namespace and name already filed (a bundle may hold
         #: them), by namespace and name, in the order they came.
-        self._twins: dict[str, dict[str, list[_Entry]]] = {}
+        self._twins: dict[str, dict[str, list[Agent]]] = {}
         self._segments: dict[str, Segment] = {}  # namespaces filed since their last change
         named, twins = self._named, 0
         for agent in agents:
-            # Each Agent's fields are read once, here, for every later pass.
+            # The loop reads only what files the Agent; labels and capabilities are read
+            # per namespace, by map, when a pass asks for them.
             metadata = agent.metadata
             namespace = metadata.namespace or DEFAULT_NAMESPACE
             by_name = named.get(namespace)
             if by_name is None:
                 by_name = named[namespace] = {}
-            entry = (agent, metadata.labels.get(CREW_LABEL))
-            if by_name.setdefault(metadata.name, entry) is not entry:
-                self._twins.setdefault(namespace, {}).setdefault(metadata.name, []).append(entry)
+            size = len(by_name)
+            if by_name.setdefault(metadata.name, agent) is not agent or len(by_name) == size:
+                self._twins.setdefault(namespace, {}).setdefault(metadata.name, []).append(agent)
                 twins += 1
         self._count = sum(map(len, named.values())) + twins
 
@@ -146,8 +149,7 @@ class AgentRoster:
         metadata = agent.metadata
         namespace = metadata.namespace or DEFAULT_NAMESPACE
         self.discard(namespace, metadata.name)
-        entry = (agent, metadata.labels.get(CREW_LABEL))
-        self._named.setdefault(namespace, {})[metadata.name] = entry
+        self._named.setdefault(namespace, {})[metadata.name] = agent
         self._count += 1
         self._segments.pop(namespace, None)
 

@@ -4,11 +4,12 @@ A pass binds Agents in (namespace, name) order, and within one pass an Agent's p
 depend on nothing of its own but its namespace, its crew label (which policy governs
 it) and its capabilities (its effective bias under that policy); see
 :mod:`kubemoot.scheduling.group`. The roster files each Agent under its namespace and
-name with its crew label; a namespace's :class:`Segment` says which crews it holds and,
-when a pass needs them, its Agents in name order and their capabilities. A pass then
-groups a namespace's Agents by what they bind with and walks the groups and counts
-instead of the Agents (:meth:`SchedulingPass.schedule_all`); a namespace whose Agents
-all bind alike is not even sorted.
+name with the number of its *class*, the (crew label, capabilities) pair; a
+namespace's :class:`Segment` says which classes it holds and, when a pass needs them,
+its Agents in name order with their classes. A pass groups a namespace's classes by
+what they bind with and walks the groups and counts instead of the Agents
+(:meth:`SchedulingPass.schedule_all`); a namespace whose Agents all bind alike is not
+even sorted.
 
 The roster is built once from a bundle (``kubemoot schedule``), or kept by whoever
 holds Agents between passes and told of each change (:meth:`AgentRoster.put`,
@@ -19,81 +20,92 @@ the namespace is next read.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from operator import attrgetter, methodcaller
+from operator import itemgetter
 
 from kubemoot.api import CREW_LABEL, DEFAULT_NAMESPACE, Agent
 
-__all__ = ["AgentRoster", "Segment"]
+__all__ = ["AgentClass", "AgentRoster", "Segment"]
 
-_LABELS = attrgetter("metadata.labels")
-_CREW = methodcaller("get", CREW_LABEL)
-_CAPABILITIES = attrgetter("spec.capabilities")
-
-
-def _crews(agents: Iterable[Agent]) -> Iterator[str | None]:
-    """Each Agent's crew label, read by ``map`` rather than a loop of our own."""
-    return map(_CREW, map(_LABELS, agents))
+#: What decides an Agent's binding besides its namespace: its crew label and its
+#: capabilities as listed.
+AgentClass = tuple[str | None, tuple[str, ...]]
+#: An Agent as filed: the Agent and its class's number in the roster.
+_Entry = tuple[Agent, int]
+_AGENT, _NUMBER = itemgetter(0), itemgetter(1)
 
 
 class Segment:
     """One namespace's Agents, as of when the segment was made.
 
-    What a pass asks of it is worked out on first use and kept: the distinct crew
-    labels (always), the Agents in name order with each one's crew label (when the
-    namespace's Agents do not all bind alike, or when results are read), and each
-    one's capabilities (only under a policy with a qualityBias).
+    Everything is read from the entries the roster filed (an Agent and its class
+    number), never from the Agents again: a namespace's Agents lie scattered in memory
+    among the others', so reading their fields here would cost a cache miss each.
+    What a pass asks is worked out on first use and kept: the classes present
+    (always), and the Agents in name order with their classes (only when they do not
+    all bind alike, or when results are read).
     """
 
-    __slots__ = ("_agents", "_by_name", "_capabilities", "_crew_at", "_crews", "_size",
-                 "_twins", "namespace")
+    __slots__ = ("_agents", "_by_name", "_class_at", "_classes", "_held", "_size", "_twins",
+                 "namespace")
 
     def __init__(
-        self, namespace: str, by_name: dict[str, Agent], twins: dict[str, list[Agent]]
+        self,
+        namespace: str,
+        by_name: dict[str, _Entry],
+        twins: dict[str, list[_Entry]],
+        classes: list[AgentClass],
     ) -> None:
         self.namespace = namespace
         # Copies: a pass's results still read this segment after the roster changes.
         self._by_name = dict(by_name)
         self._twins = {name: list(more) for name, more in twins.items()}
+        self._classes = classes  # the roster's, by number; numbers are never reused
         self._size = len(by_name) + sum(map(len, twins.values()))
-        self._crews: dict[str | None, Agent] | None = None
+        self._held: dict[int, Agent] | None = None
         self._agents: tuple[Agent, ...] | None = None
-        self._crew_at: list[str | None] | None = None
-        self._capabilities: list[tuple[str, ...]] | None = None
+        self._class_at: list[int] | None = None
 
     def __len__(self) -> int:
         return self._size
 
+    def _entries(self) -> list[_Entry]:
+        entries = list(self._by_name.values())
+        for more in self._twins.values():
+            entries.extend(more)
+        return entries
+
     @property
-    def crews(self) -> dict[str | None, Agent]:
-        """Each distinct crew label (None: no label) with one Agent that carries it."""
-        if self._crews is None:
-            agents = list(self._by_name.values())
-            for more in self._twins.values():
-                agents.extend(more)
-            labels = set(_crews(agents))
-            if len(labels) == 1:  # the usual namespace: any Agent stands for the crew
-                self._crews = {labels.pop(): agents[0]}
-            else:
-                self._crews = {}
-                for agent, crew in zip(agents, _crews(agents), strict=True):
-                    if crew not in self._crews:
-                        self._crews[crew] = agent
-                        if len(self._crews) == len(labels):
-                            break
-        return self._crews
+    def held(self) -> dict[int, Agent]:
+        """The class numbers present, each with one Agent of that class."""
+        if self._held is None:
+            entries = self._entries()
+            numbers = set(map(_NUMBER, entries))
+            held: dict[int, Agent] = {}
+            for agent, number in entries:
+                if number not in held:
+                    held[number] = agent
+                    if len(held) == len(numbers):
+                        break
+            self._held = held
+        return self._held
+
+    def agent_class(self, number: int) -> AgentClass:
+        """The (crew label, capabilities) of a class number."""
+        return self._classes[number]
 
     def _order(self) -> None:
         by_name = self._by_name
         # Plain strings sort several times faster than (namespace, name) pairs.
         names = sorted(by_name)
-        agents = list(map(by_name.__getitem__, names))
+        entries = list(map(by_name.__getitem__, names))
         if self._twins:
             # Agents that share a name follow the first, in the order they came.
             for index in range(len(names) - 1, -1, -1):
                 more = self._twins.get(names[index])
                 if more:
-                    agents[index + 1 : index + 1] = more
-        self._agents = tuple(agents)
+                    entries[index + 1 : index + 1] = more
+        self._agents = tuple(map(_AGENT, entries))
+        self._class_at = list(map(_NUMBER, entries))
 
     @property
     def agents(self) -> tuple[Agent, ...]:
@@ -104,52 +116,64 @@ class Segment:
         return self._agents
 
     @property
-    def crew_at(self) -> list[str | None]:
-        """Each Agent's crew label, by position in pass order."""
-        if self._crew_at is None:
-            self._crew_at = list(_crews(self.agents))
-        return self._crew_at
-
-    @property
-    def capabilities(self) -> list[tuple[str, ...]]:
-        """Each Agent's capabilities, by position in pass order."""
-        if self._capabilities is None:
-            self._capabilities = list(map(tuple, map(_CAPABILITIES, self.agents)))
-        return self._capabilities
+    def class_at(self) -> list[int]:
+        """Each Agent's class number, by position in pass order."""
+        if self._class_at is None:
+            self._order()
+        assert self._class_at is not None
+        return self._class_at
 
 
 class AgentRoster:
     """Agents filed by namespace and name, read as :class:`Segment` s in pass order."""
 
-    __slots__ = ("_count", "_named", "_segments", "_twins")
+    __slots__ = ("_class_of", "_classes", "_count", "_named", "_segments", "_twins")
 
     def __init__(self, agents: Iterable[Agent] = ()) -> None:
-        self._named: dict[str, dict[str, Agent]] = {}
+        self._named: dict[str, dict[str, _Entry]] = {}
         #: Further Agents with a namespace and name already filed (a bundle may hold
         #: them), by namespace and name, in the order they came.
-        self._twins: dict[str, dict[str, list[Agent]]] = {}
+        self._twins: dict[str, dict[str, list[_Entry]]] = {}
         self._segments: dict[str, Segment] = {}  # namespaces filed since their last change
+        #: Class numbers by crew label and capabilities, and the classes by number.
+        self._class_of: dict[str | None, dict[tuple[str, ...], int]] = {}
+        self._classes: list[AgentClass] = []
         named, twins = self._named, 0
         for agent in agents:
-            # The loop reads only what files the Agent; labels and capabilities are read
-            # per namespace, by map, when a pass asks for them.
+            # Every field a pass needs is read here, once, in the order the Agents came
+            # (which is how they lie in memory: reading them later, namespace by
+            # namespace, would jump from one to the next).
             metadata = agent.metadata
             namespace = metadata.namespace or DEFAULT_NAMESPACE
             by_name = named.get(namespace)
             if by_name is None:
                 by_name = named[namespace] = {}
+            entry = (agent, self._number(metadata.labels.get(CREW_LABEL),
+                                         tuple(agent.spec.capabilities)))
             size = len(by_name)
-            if by_name.setdefault(metadata.name, agent) is not agent or len(by_name) == size:
-                self._twins.setdefault(namespace, {}).setdefault(metadata.name, []).append(agent)
+            if by_name.setdefault(metadata.name, entry) is not entry or len(by_name) == size:
+                self._twins.setdefault(namespace, {}).setdefault(metadata.name, []).append(entry)
                 twins += 1
         self._count = sum(map(len, named.values())) + twins
+
+    def _number(self, crew: str | None, capabilities: tuple[str, ...]) -> int:
+        """The number of the class (crew, capabilities), given on first sight."""
+        by_capabilities = self._class_of.get(crew)
+        if by_capabilities is None:
+            by_capabilities = self._class_of[crew] = {}
+        number = by_capabilities.get(capabilities)
+        if number is None:
+            number = by_capabilities[capabilities] = len(self._classes)
+            self._classes.append((crew, capabilities))
+        return number
 
     def put(self, agent: Agent) -> None:
         """Add an Agent, or replace the one with its namespace and name (an edit)."""
         metadata = agent.metadata
         namespace = metadata.namespace or DEFAULT_NAMESPACE
         self.discard(namespace, metadata.name)
-        self._named.setdefault(namespace, {})[metadata.name] = agent
+        number = self._number(metadata.labels.get(CREW_LABEL), tuple(agent.spec.capabilities))
+        self._named.setdefault(namespace, {})[metadata.name] = (agent, number)
         self._count += 1
         self._segments.pop(namespace, None)
 
@@ -172,7 +196,10 @@ class AgentRoster:
             found = self._segments.get(namespace)
             if found is None:
                 found = self._segments[namespace] = Segment(
-                    namespace, self._named[namespace], self._twins.get(namespace, {})
+                    namespace,
+                    self._named[namespace],
+                    self._twins.get(namespace, {}),
+                    self._classes,
                 )
             yield found
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache, partial
 from itertools import chain
-from typing import Any
 
 from kubemoot.api import (
     CREW_LABEL,
@@ -140,7 +139,9 @@ class SchedulingPass:
         self._results = AgentResults()
         #: Bumped whenever a provider fills up: answers cached before then may have changed.
         self._saturation = 0
-        self._cursor: dict[int, int] = {}
+        #: Per ranking (by id; rankings live as long as the pass): the ranks not yet
+        #: found full, in rank order.
+        self._open: dict[int, list[int]] = {}
         self._unplaced_cache: dict[tuple[int, int, SpreadContext | None], _Unplaced] = {}
 
     # ------------------------------------------------------------------ policies
@@ -322,49 +323,30 @@ class SchedulingPass:
         """A namespace's slots (policy resolution and bias), each Agent's slot by
         position (None: one slot holds them all) and each slot's positions, ascending.
 
-        Whole-list operations (zip, map, a stable sort by slot) do the per-Agent part.
+        Slots are found per class; whole-list operations (map, a stable sort by slot) do
+        the per-Agent part, and only when the namespace holds more than one slot.
         """
         namespace = segment.namespace
-        governed_of: dict[str | None, _Governed] = {}
-        for crew, someone in segment.crews.items():
-            found = self._resolved.get((namespace, crew))
-            governed_of[crew] = found or self._govern(someone, namespace, crew)
-        total = len(segment)
-        biased = any(governed.biases is not None for governed in governed_of.values())
-        if not biased and len({id(g) for g in governed_of.values()}) == 1:
-            # The usual namespace: one policy, no qualityBias. Its Agents are not even
-            # sorted (rows are written in name order when read).
-            only = next(iter(governed_of.values()))
-            return [(only, None)], None, [range(total)]
         slot_of: dict[tuple[int, float | None], int] = {}
         slots: list[tuple[_Governed, float | None]] = []
-
-        def slot(governed: _Governed, bias: float | None) -> int:
+        slot_of_class: dict[int, int] = {}
+        for number, someone in segment.held.items():
+            crew, capabilities = segment.agent_class(number)
+            governed = self._resolved.get((namespace, crew))
+            if governed is None:
+                governed = self._govern(someone, namespace, crew)
+            bias = self._bias(governed, capabilities)
             found = slot_of.get((id(governed), bias))
             if found is None:
                 found = slot_of[(id(governed), bias)] = len(slots)
                 slots.append((governed, bias))
-            return found
-
-        if biased and len(governed_of) == 1:
-            # One crew under a qualityBias: the capabilities alone pick the slot.
-            governed = next(iter(governed_of.values()))
-            keys: list[Any] = segment.capabilities
-            slot_of_key: dict[Any, int] = dict.fromkeys(keys, 0)
-            for capabilities in slot_of_key:
-                slot_of_key[capabilities] = slot(governed, self._bias(governed, capabilities))
-        elif biased:
-            keys = list(zip(segment.crew_at, segment.capabilities, strict=True))
-            slot_of_key = dict.fromkeys(keys, 0)
-            for crew, capabilities in slot_of_key:
-                governed = governed_of[crew]
-                slot_of_key[(crew, capabilities)] = slot(
-                    governed, self._bias(governed, capabilities)
-                )
-        else:
-            keys = segment.crew_at
-            slot_of_key = {crew: slot(g, None) for crew, g in governed_of.items()}
-        slot_at = list(map(slot_of_key.__getitem__, keys))
+            slot_of_class[number] = found
+        total = len(segment)
+        if len(slots) == 1:
+            # Every Agent binds alike (one policy, one bias): the namespace is not even
+            # sorted; its rows are written in name order when read.
+            return slots, None, [range(total)]
+        slot_at = list(map(slot_of_class.__getitem__, segment.class_at))
         # A stable sort by slot lists each slot's positions in ascending order.
         by_slot = sorted(range(total), key=slot_at.__getitem__)
         counts = Counter(slot_at)
@@ -543,27 +525,31 @@ class SchedulingPass:
         )
         seen = self.assumed
         # Assumed bindings only grow during a pass, so a provider that is full stays full:
-        # the ranking's full head is skipped once for every later Agent.
-        start = self._cursor.get(id(ranking), 0)
-        while start < len(order):
-            position = order[start]
-            limit = headroom[position]
-            if limit is None or seen.get(providers[position], 0) <= limit:
-                break
-            start += 1
-        self._cursor[id(ranking)] = start
+        # a rank found full is dropped from the ranking's open ranks for every later walk.
+        ranks = self._open.get(id(ranking))
+        if ranks is None:
+            ranks = self._open[id(ranking)] = list(range(len(order)))
         fallback: int | None = None
-        for rank in range(start, len(order)):
+        kept: list[int] = []  # the ranks walked that are not full
+        chosen: int | None = None
+        for rank in ranks:
             position = order[rank]
             limit = headroom[position]
             if limit is not None and seen.get(providers[position], 0) > limit:
                 continue  # the Parallelism gate FAILs once earlier bindings fill it
+            kept.append(rank)
             value = topology[position]
             if avoid and value is not None and value in avoid:
                 if fallback is None:
                     fallback = rank
                 continue
-            return ranking.entry(rank), True
+            chosen = rank
+            break
+        walked = len(ranks) if chosen is None else ranks.index(chosen, len(kept) - 1) + 1
+        if walked != len(kept):
+            ranks[:walked] = kept
+        if chosen is not None:
+            return ranking.entry(chosen), True
         if (
             fallback is not None
             and spread is not None

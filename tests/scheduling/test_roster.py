@@ -188,3 +188,17 @@ def test_an_agent_put_again_replaces_its_twins_too() -> None:
     assert [a.metadata.labels.get("kubemoot.ai/crew") for a in roster.agents()] == [
         None, "gamma"
     ]
+
+
+def test_an_agent_added_to_a_filed_namespace_brings_its_class_to_the_pass() -> None:
+    cluster = _cluster(random.Random(9), one_crew=True)
+    agents: list[Agent] = cluster.pop("agents")
+    roster = AgentRoster(agents)
+    schedule_bundle(ClusterSnapshot.build(**cluster, roster=roster), now=NOW)
+    # A class ns-a has not held: another crew, so another policy and another group.
+    newcomer = agent("agent-000a", "ns-a", crew="beta", capabilities=["coding"])
+    roster.put(newcomer)
+    kept = schedule_bundle(ClusterSnapshot.build(**cluster, roster=roster), now=NOW)
+    fresh = ClusterSnapshot.build(**cluster, agents=[*agents, newcomer])
+    assert kept.to_dict(decisions=False) == _one_by_one(fresh)
+    assert kept.agent("ns-a", "agent-000a").policy_name == "p-b"  # type: ignore[union-attr]

@@ -54,6 +54,7 @@ class Segment:
         by_name: dict[str, _Entry],
         twins: dict[str, list[_Entry]],
         classes: list[AgentClass],
+        held: dict[int, Agent] | None = None,
     ) -> None:
         self.namespace = namespace
         # Copies: a pass's results still read this segment after the roster changes.
@@ -61,7 +62,7 @@ class Segment:
         self._twins = {name: list(more) for name, more in twins.items()}
         self._classes = classes  # the roster's, by number; numbers are never reused
         self._size = len(by_name) + sum(map(len, twins.values()))
-        self._held: dict[int, Agent] | None = None
+        self._held = None if held is None else dict(held)
         self._agents: tuple[Agent, ...] | None = None
         self._class_at: list[int] | None = None
 
@@ -127,7 +128,7 @@ class Segment:
 class AgentRoster:
     """Agents filed by namespace and name, read as :class:`Segment` s in pass order."""
 
-    __slots__ = ("_class_of", "_classes", "_count", "_named", "_segments", "_twins")
+    __slots__ = ("_class_of", "_classes", "_count", "_held", "_named", "_segments", "_twins")
 
     def __init__(self, agents: Iterable[Agent] = ()) -> None:
         self._named: dict[str, dict[str, _Entry]] = {}
@@ -138,7 +139,10 @@ class AgentRoster:
         #: Class numbers by crew label and capabilities, and the classes by number.
         self._class_of: dict[str | None, dict[tuple[str, ...], int]] = {}
         self._classes: list[AgentClass] = []
-        named, twins = self._named, 0
+        #: Per namespace, the class numbers present with one Agent of each, kept while
+        #: filing; a namespace that loses an Agent has it worked out again when read.
+        self._held: dict[str, dict[int, Agent]] = {}
+        named, class_of, held, twins = self._named, self._class_of, self._held, 0
         for agent in agents:
             # Every field a pass needs is read here, once, in the order the Agents came
             # (which is how they lie in memory: reading them later, namespace by
@@ -148,8 +152,14 @@ class AgentRoster:
             by_name = named.get(namespace)
             if by_name is None:
                 by_name = named[namespace] = {}
-            entry = (agent, self._number(metadata.labels.get(CREW_LABEL),
-                                         tuple(agent.spec.capabilities)))
+                held[namespace] = {}
+            crew, capabilities = metadata.labels.get(CREW_LABEL), tuple(agent.spec.capabilities)
+            by_capabilities = class_of.get(crew)
+            number = None if by_capabilities is None else by_capabilities.get(capabilities)
+            if number is None:
+                number = self._number(crew, capabilities)
+            entry = (agent, number)
+            held[namespace].setdefault(number, agent)
             size = len(by_name)
             if by_name.setdefault(metadata.name, entry) is not entry or len(by_name) == size:
                 self._twins.setdefault(namespace, {}).setdefault(metadata.name, []).append(entry)
@@ -173,7 +183,12 @@ class AgentRoster:
         namespace = metadata.namespace or DEFAULT_NAMESPACE
         self.discard(namespace, metadata.name)
         number = self._number(metadata.labels.get(CREW_LABEL), tuple(agent.spec.capabilities))
+        if namespace not in self._named:
+            self._held[namespace] = {}
         self._named.setdefault(namespace, {})[metadata.name] = (agent, number)
+        held = self._held.get(namespace)
+        if held is not None:
+            held.setdefault(number, agent)
         self._count += 1
         self._segments.pop(namespace, None)
 
@@ -183,6 +198,7 @@ class AgentRoster:
         if by_name is None or name not in by_name:
             return
         del by_name[name]
+        self._held.pop(namespace, None)  # its class may have gone with it
         twins = self._twins.get(namespace, {})
         self._count -= 1 + len(twins.pop(name, ()))
         if not by_name:
@@ -200,6 +216,7 @@ class AgentRoster:
                     self._named[namespace],
                     self._twins.get(namespace, {}),
                     self._classes,
+                    self._held.get(namespace),
                 )
             yield found
 

@@ -285,7 +285,7 @@ class SchedulingPass:
                 group = governed.groups[bias] = self._bind(
                     governed.resolution, governed.plan, bias
                 )
-                self._step(governed, group, segment, at, slot_at)
+                self._step(governed, group, segment, at)
                 cursor[next_slot] += 1
                 at += 1
                 continue
@@ -405,7 +405,6 @@ class SchedulingPass:
         group: BindingGroup,
         segment: Segment,
         at: int,
-        slot_at: list[int] | None,
     ) -> None:
         """Bind the Agent at ``at`` of a segment with ``group``: :meth:`_assign`'s body."""
         self._results.add_batch(

@@ -142,28 +142,34 @@ class AgentRoster:
         #: Per namespace, the class numbers present with one Agent of each, kept while
         #: filing; a namespace that loses an Agent has it worked out again when read.
         self._held: dict[str, dict[int, Agent]] = {}
-        named, class_of, held, twins = self._named, self._class_of, self._held, 0
+        named, class_of, twins = self._named, self._class_of, 0
+        # Both of a namespace's dicts come from one lookup per Agent.
+        spaces: dict[str, tuple[dict[str, _Entry], dict[int, Agent]]] = {}
         for agent in agents:
             # Every field a pass needs is read here, once, in the order the Agents came
             # (which is how they lie in memory: reading them later, namespace by
             # namespace, would jump from one to the next).
             metadata = agent.metadata
             namespace = metadata.namespace or DEFAULT_NAMESPACE
-            by_name = named.get(namespace)
-            if by_name is None:
-                by_name = named[namespace] = {}
-                held[namespace] = {}
+            space = spaces.get(namespace)
+            if space is None:
+                space = spaces[namespace] = ({}, {})
+                named[namespace], self._held[namespace] = space
+            by_name, held = space
             crew, capabilities = metadata.labels.get(CREW_LABEL), tuple(agent.spec.capabilities)
             by_capabilities = class_of.get(crew)
             number = None if by_capabilities is None else by_capabilities.get(capabilities)
             if number is None:
                 number = self._number(crew, capabilities)
             entry = (agent, number)
-            held[namespace].setdefault(number, agent)
-            size = len(by_name)
-            if by_name.setdefault(metadata.name, entry) is not entry or len(by_name) == size:
-                self._twins.setdefault(namespace, {}).setdefault(metadata.name, []).append(entry)
+            if number not in held:
+                held[number] = agent
+            name = metadata.name
+            if name in by_name:
+                self._twins.setdefault(namespace, {}).setdefault(name, []).append(entry)
                 twins += 1
+            else:
+                by_name[name] = entry
         self._count = sum(map(len, named.values())) + twins
 
     def _number(self, crew: str | None, capabilities: tuple[str, ...]) -> int:

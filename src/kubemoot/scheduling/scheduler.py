@@ -330,15 +330,23 @@ class SchedulingPass:
         slot_of: dict[tuple[int, float | None], int] = {}
         slots: list[tuple[_Governed, float | None]] = []
         slot_of_class: dict[int, int] = {}
+        # Per class, not per Agent; yet a small namespace may hold nearly as many
+        # classes as Agents, so the body stays lean: the policy is looked up again only
+        # when the crew changes, and a bias only under a qualityBias.
+        last: object = slot_of  # no crew label is this
+        governed: _Governed | None = None
         for number, someone in segment.held.items():
             crew, capabilities = segment.agent_class(number)
-            governed = self._resolved.get((namespace, crew))
-            if governed is None:
-                governed = self._govern(someone, namespace, crew)
-            bias = self._bias(governed, capabilities)
-            found = slot_of.get((id(governed), bias))
+            if crew != last or governed is None:
+                last = crew
+                governed = self._resolved.get((namespace, crew))
+                if governed is None:
+                    governed = self._govern(someone, namespace, crew)
+            bias = None if governed.biases is None else self._bias(governed, capabilities)
+            key = (id(governed), bias)
+            found = slot_of.get(key)
             if found is None:
-                found = slot_of[(id(governed), bias)] = len(slots)
+                found = slot_of[key] = len(slots)
                 slots.append((governed, bias))
             slot_of_class[number] = found
         total = len(segment)

@@ -8,9 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-import httpx
-
-from kubemoot.gateway.upstream import upstream_client
+from kubemoot.gateway.upstream import Upstream
 
 
 @dataclass
@@ -49,20 +47,32 @@ async def _serving(engine: _Engine) -> AsyncIterator[str]:
 async def test_a_kept_connection_serves_the_next_calls() -> None:
     engine = _Engine(close_after_reply=False)
     async with _serving(engine) as url:
-        http = upstream_client(timeout=httpx.Timeout(10), connections=4)
-        async with http:
+        http = Upstream(timeout=10, connect_timeout=10, connections=4)
+        try:
             for _ in range(3):
-                assert (await http.get(url + "/")).text == "ok"
+                assert await _text(http, url) == "ok"
+        finally:
+            await http.aclose()
     assert engine.connections == 1
 
 
 async def test_a_connection_the_engine_closed_is_not_reused() -> None:
     engine = _Engine(close_after_reply=True)
     async with _serving(engine) as url:
-        http = upstream_client(timeout=httpx.Timeout(10), connections=4)
-        async with http:
-            assert (await http.get(url + "/")).text == "ok"
+        http = Upstream(timeout=10, connect_timeout=10, connections=4)
+        try:
+            assert await _text(http, url) == "ok"
             await engine.hung_up.wait()  # the idle connection in the pool is now dead
             # the second time: the pool sees the hang-up and opens a new connection
-            assert (await http.get(url + "/")).text == "ok"
+            assert await _text(http, url) == "ok"
+        finally:
+            await http.aclose()
     assert engine.connections == 2
+
+
+async def _text(http: Upstream, url: str) -> str:
+    response = await http.get(url + "/")
+    try:
+        return (await response.read()).decode()
+    finally:
+        await response.aclose()

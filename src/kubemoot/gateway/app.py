@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
@@ -18,7 +17,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -31,10 +29,11 @@ from kubemoot.gateway import openai as oai
 from kubemoot.gateway.calls import CallDesk, PlacedCall
 from kubemoot.gateway.catalogue import known_models, resolve_name
 from kubemoot.gateway.errors import GatewayError, error_response, refusal_error, unknown_model
-from kubemoot.gateway.jsoncodec import JsonReply, dumps
+from kubemoot.gateway.jsoncodec import JsonReply, dumps, loads
 from kubemoot.gateway.keys import ANONYMOUS, ApiKeys
 from kubemoot.gateway.listings import created_epoch, merge_tags
 from kubemoot.gateway.requests import InferenceRequest, model_name, read_json
+from kubemoot.gateway.upstream import UpstreamError
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime.placement import CandidateModel
 from kubemoot.runtime.refusals import ProviderDown, providers_down
@@ -154,7 +153,7 @@ class GatewayApp:
 
     async def _version(self, request: Request) -> Response:
         for endpoint in await self._endpoints():
-            with contextlib.suppress(httpx.HTTPError, ValueError, AttributeError):
+            with contextlib.suppress(UpstreamError, ValueError, AttributeError):
                 reply = await self._get(endpoint, "/api/version")
                 if isinstance(reply.get("version"), str):
                     return JSONResponse({"version": reply["version"]})
@@ -175,8 +174,12 @@ class GatewayApp:
     async def _get(self, endpoint: str, path: str) -> dict[str, Any]:
         response = await self.desk.http.get(
             endpoint.rstrip("/") + path, timeout=self.desk.settings.listing_timeout_seconds)
-        response.raise_for_status()
-        value = response.json()
+        try:
+            value = await response.json()
+        finally:
+            await response.aclose()
+        if response.status >= 400:
+            raise UpstreamError(f"{path} answered HTTP {response.status}")
         if not isinstance(value, dict):
             raise ValueError(f"{path} answered {type(value).__name__}")
         return value
@@ -188,7 +191,7 @@ class GatewayApp:
         async def one(endpoint: str) -> dict[str, Any] | None:
             try:
                 return await self._get(endpoint, path)
-            except (httpx.HTTPError, ValueError) as error:
+            except (UpstreamError, ValueError) as error:
                 log.warning("gateway: %s of %s failed: %s", path, endpoint, error)
                 return None
 
@@ -232,12 +235,16 @@ class GatewayApp:
                 try:
                     response = await self.desk.http.post(
                         p.state.endpoint.rstrip("/") + "/api/show",
-                        json={**body, "model": model},
+                        dumps({**body, "model": model}),
                         timeout=self.desk.settings.listing_timeout_seconds)
-                except httpx.HTTPError as error:
+                    try:
+                        content = await response.read()
+                    finally:
+                        await response.aclose()
+                except UpstreamError as error:
                     log.warning("gateway: /api/show on %s failed: %s", p.name, error)
                     continue  # another provider that has the model may answer
-                return Response(response.content, status_code=response.status_code,
+                return Response(content, status_code=response.status,
                                 media_type="application/json")
         # the name is known (_candidates said so): its providers are away, not the model
         raise GatewayError(503, f"no provider that has {model} answers now",
@@ -306,7 +313,8 @@ class GatewayApp:
         call = await self._start(request, req, path, legacy_embeddings=legacy_embeddings)
         if req.stream:
             return _call_stream(call, call.lines(), media_type="application/x-ndjson")
-        return JsonReply(await call.json(), headers=call.headers())
+        _, raw = await call.answer()  # checked whole JSON: its bytes go to the client as they are
+        return Response(raw, media_type="application/json", headers=call.headers())
 
     async def _chat(self, request: Request) -> Response:
         return await self._ollama_call(request, "chat", "/api/chat")
@@ -377,7 +385,7 @@ class GatewayApp:
             first = True
             async for raw in call.lines():
                 try:
-                    line = json.loads(raw)  # one whole line
+                    line = loads(raw)  # one whole line
                 except ValueError:
                     continue
                 if not isinstance(line, dict):

@@ -21,11 +21,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from kubemoot.gateway import jsoncodec
 from kubemoot.gateway.errors import GatewayError, as_asked, prompt_too_large, refusal_error
 from kubemoot.gateway.requests import InferenceRequest
+from kubemoot.gateway.upstream import ConnectFailed, Upstream, UpstreamError, UpstreamResponse
 from kubemoot.runtime.builder import Runtime
 from kubemoot.runtime.calls import (
     ActiveCall,
@@ -49,7 +48,7 @@ class CallDesk:
     """Starts and forwards gateway calls over one runtime."""
 
     runtime: Runtime
-    http: httpx.AsyncClient
+    http: Upstream
     settings: GatewaySettings
     # provider → models pinned there: a call to a pinned copy keeps it loaded
     pinned: Mapping[str, Sequence[str]] = field(default_factory=dict)
@@ -171,7 +170,7 @@ class PlacedCall:
         self.request = request
         self.active = active
         self.placement = active.placement
-        self._upstream: httpx.Response | None = None
+        self._upstream: UpstreamResponse | None = None
         self._closed = False
 
     @property
@@ -247,50 +246,47 @@ class PlacedCall:
             raise GatewayError(499, "the client went away before the engine answered")
         opening.result()
 
-    async def open(self, path: str, body: dict[str, Any]) -> httpx.Response:
+    async def open(self, path: str, body: dict[str, Any]) -> UpstreamResponse:
         """Send the request upstream; an error status becomes a GatewayError."""
         assert self.placement.endpoint is not None
         url = f"{self.placement.endpoint.rstrip('/')}{path}"
         provider = self.placement.provider or ""
         try:
-            request = self.desk.http.build_request("POST", url, content=jsoncodec.dumps(body),
-                                                   headers=_JSON_BODY)
-            response = await self.desk.http.send(request, stream=True)
-        except httpx.ConnectError as error:
+            response = await self.desk.http.post(url, jsoncodec.dumps(body))
+        except ConnectFailed as error:
             # no connection, so not a byte of the request left: the one failure that
             # may be placed again (elsewhere); the circuit still counts it
             raise RefusedBeforeSending(
                 provider, f"provider {provider} refused the connection: {error}") from None
-        except httpx.HTTPError as error:
+        except UpstreamError as error:
             self.active.note(ok=False)
             raise GatewayError(502, f"provider {provider} did not answer: "
                                f"{type(error).__name__}: {error}",
                                code="provider_error") from None
         self._upstream = response
         self.active.note(model_calls=1)
-        if response.status_code >= 400:
+        if response.status >= 400:
             try:
-                text = (await response.aread()).decode("utf-8", "replace")
-            except httpx.HTTPError:
+                text = (await response.read()).decode("utf-8", "replace")
+            except UpstreamError:
                 text = ""
-            if response.status_code >= 500:  # a 4xx is the request's fault, not the provider's
+            if response.status >= 500:  # a 4xx is the request's fault, not the provider's
                 self.active.note(ok=False)
-            raise _upstream_error(response.status_code, text, self)
+            raise _upstream_error(response.status, text, self)
         if self.request.stream:
             self.active.first_byte()  # the first chunk came with the headers
         return response
 
     async def lines(self) -> AsyncIterator[bytes]:
-        """The engine's NDJSON lines (newline kept); the call is closed when they end
-        or stop."""
+        """The engine's NDJSON lines (newline kept), as it sent them; the call is closed
+        when they end or stop."""
         assert self._upstream is not None
         ok: bool | None = None  # None: the client left, which is no provider's fault
         try:
-            async for line in self._upstream.aiter_lines():
-                if line.strip():
-                    yield line.encode("utf-8") + b"\n"
+            async for line in self._upstream.lines():
+                yield line
             ok = True
-        except httpx.HTTPError as error:
+        except UpstreamError as error:
             # The client already has 200 and part of the answer: the last line must say
             # the answer is incomplete (DESIGN §9), never end as if it were whole.
             ok = False
@@ -303,16 +299,21 @@ class PlacedCall:
 
     async def json(self) -> Any:
         """The engine's whole (non-streamed) answer as JSON; closed afterwards."""
+        return (await self.answer())[0]
+
+    async def answer(self) -> tuple[Any, bytes]:
+        """The engine's whole (non-streamed) answer, parsed and as it came; closed
+        afterwards."""
         assert self._upstream is not None
         ok: bool | None = None
         try:
-            raw = await self._upstream.aread()
+            raw = await self._upstream.read()
             value = jsoncodec.loads(raw)
             ok = True
             # the answer came whole: inference began its own time before its arrival
             self.active.first_byte(at=self.desk.calls.clock.now() - _compute_seconds(value))
-            return value
-        except (httpx.HTTPError, ValueError) as error:
+            return value, raw
+        except (UpstreamError, ValueError) as error:
             ok = False
             raise GatewayError(502, f"provider {self.placement.provider} gave a broken "
                                f"answer: {type(error).__name__}",

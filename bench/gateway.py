@@ -27,8 +27,8 @@
 Every server is its own process (``kubemoot emulate-ollama``, ``kubemoot gateway``,
 ``litellm``), as in a deployment. Human-readable lines first; the last line is one JSON
 object: ``{"addedP50Ms": …, "addedP99Ms": …, "throughputRatio": …, "addedP50MsOpenAI": …,
-"throughputRatioOpenAI": …, "gatewayCpuMsPerCall": …,
-"gatewayCpuMsPerCallOpenAI": …, "engineCpuMsPerCall": …, "addedP50MsVsLiteLLM": …, "throughputVsLiteLLM": …,
+"throughputRatioOpenAI": …, "gatewayCpuMsPerCall": …, "gatewayCpuMsPerCallOpenAI": …,
+"engineCpuMsPerCall": …, "addedP50MsVsLiteLLM": …, "throughputVsLiteLLM": …,
 "overcommits": …}`` (the LiteLLM keys only when it ran).
 """
 

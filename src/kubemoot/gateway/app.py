@@ -26,7 +26,7 @@ from starlette.routing import Route
 from kubemoot import __version__, metrics
 from kubemoot.gateway import completions as legacy
 from kubemoot.gateway import openai as oai
-from kubemoot.gateway.calls import CallDesk, PlacedCall
+from kubemoot.gateway.calls import CallDesk, CallEnds, PlacedCall
 from kubemoot.gateway.catalogue import known_models, resolve_name
 from kubemoot.gateway.errors import GatewayError, error_response, refusal_error, unknown_model
 from kubemoot.gateway.jsoncodec import JsonReply, dumps, loads
@@ -285,19 +285,19 @@ class GatewayApp:
         listens for the disconnect and ends the wait or the upstream request."""
         candidates = await self._candidates(req.model)
         budget = self.desk.budget(request.headers.get("x-kubemoot-wait-budget"))
-        left = asyncio.Event()
+        ends = CallEnds()
 
         async def watch_disconnect() -> None:
             while True:
                 message = await request.receive()
                 if message["type"] == "http.disconnect":
-                    left.set()
+                    ends.client_left()
                     return
 
         watcher = asyncio.ensure_future(watch_disconnect())
         try:
             return await self.desk.start(req, candidates, caller=request.state.caller,
-                                         budget=budget, left=left, path=path,
+                                         budget=budget, ends=ends, path=path,
                                          legacy_embeddings=legacy_embeddings)
         finally:
             watcher.cancel()

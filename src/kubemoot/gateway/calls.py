@@ -17,7 +17,7 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,9 +38,41 @@ from kubemoot.runtime.placement import Action, CandidateModel
 from kubemoot.runtime.refusals import GpuBusy
 from kubemoot.settings import GatewaySettings
 
-__all__ = ["CallDesk", "PlacedCall", "error_line", "shutting_down"]
+__all__ = ["CallDesk", "CallEnds", "PlacedCall", "error_line", "shutting_down"]
 
 log = logging.getLogger(__name__)
+
+
+class CallEnds:
+    """What ends a gateway call early: its client leaving, or the gateway draining.
+
+    Told by callbacks rather than by a task waiting on each event: every task a call
+    starts is loop work the gateway pays on each request.
+    """
+
+    __slots__ = ("_on_left", "ended", "left")
+
+    def __init__(self) -> None:
+        #: The client went away.
+        self.left = False
+        #: The call's wait for capacity ends: the client left, or the gateway drains.
+        self.ended = asyncio.Event()
+        self._on_left: list[Callable[[], object]] = []
+
+    def client_left(self) -> None:
+        if self.left:
+            return
+        self.left = True
+        self.ended.set()
+        for callback in list(self._on_left):
+            callback()
+
+    def on_left(self, callback: Callable[[], object]) -> None:
+        self._on_left.append(callback)
+
+    def forget(self, callback: Callable[[], object]) -> None:
+        with contextlib.suppress(ValueError):
+            self._on_left.remove(callback)
 
 
 @dataclass(slots=True)
@@ -53,8 +85,11 @@ class CallDesk:
     # provider → models pinned there: a call to a pinned copy keeps it loaded
     pinned: Mapping[str, Sequence[str]] = field(default_factory=dict)
     in_flight: set[PlacedCall] = field(default_factory=set)
-    #: Set once the gateway begins to shut down: no call is placed or sent after it.
+    #: Set once the gateway begins to shut down (:meth:`drain`): no call is placed or
+    #: sent after it.
     draining: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The calls being placed or sent: a drain ends their waits.
+    _waiting: set[CallEnds] = field(default_factory=set)
 
     @property
     def calls(self) -> CallService:
@@ -108,8 +143,14 @@ class CallDesk:
             prompt_tokens=prompt_tokens, budget=budget, done=left, abandon_when_done=True,
             holder=thread)
 
+    def drain(self) -> None:
+        """Place and send no more calls; end the waits of those still waiting (503)."""
+        self.draining.set()
+        for ends in list(self._waiting):
+            ends.ended.set()
+
     async def start(self, req: InferenceRequest, candidates: Sequence[CandidateModel], *,
-                    caller: str, budget: float, left: asyncio.Event, path: str,
+                    caller: str, budget: float, ends: CallEnds, path: str,
                     legacy_embeddings: bool = False) -> PlacedCall:
         """Place the call and open its upstream request, while watching the client.
 
@@ -120,9 +161,8 @@ class CallDesk:
         if self.draining.is_set():
             raise shutting_down()
         # The wait ends when the client leaves or the gateway begins to shut down.
-        ended = asyncio.Event()
-        relay = asyncio.ensure_future(_first_of(ended, left, self.draining))
-        request = self.request(req, candidates, caller=caller, budget=budget, left=ended)
+        request = self.request(req, candidates, caller=caller, budget=budget,
+                               left=ends.ended)
 
         async def send(active: ActiveCall) -> PlacedCall:
             if self.draining.is_set():  # placed as the drain began: never sent
@@ -131,17 +171,18 @@ class CallDesk:
             self.in_flight.add(call)
             try:
                 await call.open_watching(path, call.upstream_body(
-                    legacy_embeddings=legacy_embeddings), left)
+                    legacy_embeddings=legacy_embeddings), ends)
             except BaseException:
                 await call.close_upstream()
                 self.in_flight.discard(call)
                 raise
             return call
 
+        self._waiting.add(ends)
         try:
             _active, call = await self.calls.start(request, send)
         except CallAbandoned:
-            if self.draining.is_set() and not left.is_set():
+            if self.draining.is_set() and not ends.left:
                 raise shutting_down() from None
             raise GatewayError(499, "the client went away while its call waited") from None
         except CallRefused as refused:
@@ -149,7 +190,7 @@ class CallDesk:
         except RefusedBeforeSending as refused:  # the second refusal is the answer
             raise GatewayError(502, refused.message, code="provider_error") from None
         finally:
-            relay.cancel()
+            self._waiting.discard(ends)
         return call
 
     def _refusal(self, refused: CallRefused, req: InferenceRequest,
@@ -228,23 +269,26 @@ class PlacedCall:
             return True
         return p.context_length is not None and p.context_length == self.request.num_ctx
 
-    async def open_watching(self, path: str, body: dict[str, Any],
-                            left: asyncio.Event) -> None:
-        """:meth:`open`, given up (499) when the client leaves before the engine answers."""
-        opening = asyncio.ensure_future(self.open(path, body))
-        gone = asyncio.ensure_future(left.wait())
-        try:
-            await asyncio.wait({opening, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not opening.done():
-                opening.cancel()
-                with contextlib.suppress(asyncio.CancelledError, GatewayError,
-                                         RefusedBeforeSending):
-                    await opening
-        if opening.cancelled():
+    async def open_watching(self, path: str, body: dict[str, Any], ends: CallEnds) -> None:
+        """:meth:`open`, given up (499) when the client leaves before the engine answers.
+
+        The client's leaving cancels this very task (no task of its own to watch it);
+        a cancellation that came from elsewhere as well (the server's shutdown) goes on.
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        if ends.left:
             raise GatewayError(499, "the client went away before the engine answered")
-        opening.result()
+        ends.on_left(task.cancel)
+        try:
+            await self.open(path, body)
+        except asyncio.CancelledError:
+            if ends.left and task.uncancel() == 0:
+                raise GatewayError(499, "the client went away before the engine "
+                                   "answered") from None
+            raise
+        finally:
+            ends.forget(task.cancel)
 
     async def open(self, path: str, body: dict[str, Any]) -> UpstreamResponse:
         """Send the request upstream; an error status becomes a GatewayError."""
@@ -353,17 +397,6 @@ def shutting_down() -> GatewayError:
 def error_line(message: str) -> bytes:
     """A stream's final NDJSON line saying why it ends early (Ollama's error shape)."""
     return jsoncodec.dumps({"error": message}) + b"\n"
-
-
-async def _first_of(target: asyncio.Event, *events: asyncio.Event) -> None:
-    """Set ``target`` once any of ``events`` is set."""
-    waits = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        target.set()
-    finally:
-        for w in waits:
-            w.cancel()
 
 
 def _whole(seconds: float) -> float | int:

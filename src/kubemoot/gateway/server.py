@@ -318,7 +318,7 @@ class GatewayServer:
         hold, then close clients."""
         if self.desk is not None:
             # at once: calls waiting for capacity are answered 503, none is sent now
-            self.desk.draining.set()
+            self.desk.drain()
         await self._web.stop()
         if self.health is not None:
             await self.health.stop()

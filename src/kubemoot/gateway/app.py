@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -22,10 +22,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kubemoot import __version__, metrics
 from kubemoot.gateway import completions as legacy
 from kubemoot.gateway import openai as oai
+from kubemoot.gateway.access import INFERENCE_ROUTES
 from kubemoot.gateway.calls import CallDesk, CallEnds, PlacedCall
 from kubemoot.gateway.catalogue import known_models, resolve_name
 from kubemoot.gateway.errors import GatewayError, error_response, refusal_error, unknown_model
@@ -68,6 +70,8 @@ class GatewayApp:
     virtual: VirtualModels = field(default_factory=VirtualModels)
     reprobe: Callable[[str], Awaitable[None]] | None = None
     app: Starlette = field(init=False)
+    #: :attr:`app` with the inference routes looked up by path first (:class:`_Direct`).
+    asgi: ASGIApp = field(init=False)
     # Every model a provider has listed since start-up: a provider that cannot be
     # probed for a moment publishes no list, and its models are then busy, not typos.
     _seen: set[str] = field(default_factory=set, init=False)
@@ -99,6 +103,7 @@ class GatewayApp:
             routes.append(Route(path, o(self._not_implemented), methods=methods))
         self.app = Starlette(routes=routes, exception_handlers={
             HTTPException: self._http_exception})
+        self.asgi = _Direct(self.app, [r for r in routes if r.path in INFERENCE_ROUTES])
 
     # -- the error boundary --------------------------------------------------------
 
@@ -425,6 +430,36 @@ class GatewayApp:
         return JSONResponse(oai.embeddings_reply(reply, model=_answered_by(call, req),
                                                  encoding=encoding),
                             headers=call.headers())
+
+
+class _Direct:
+    """The inference routes by a dictionary lookup; every other request to Starlette.
+
+    Starlette finds a route by trying each route's pattern in turn and passes the
+    request through two middlewares of its own; for the few routes that carry the load,
+    whose paths are fixed, one lookup does it. Their handlers are wrapped by
+    ``GatewayApp._guard``, so every error already has its answer, as under Starlette.
+    The route goes into the scope as Starlette puts it there: the access log and the
+    metrics name requests by it.
+    """
+
+    __slots__ = ("_app", "_routes")
+
+    def __init__(self, app: ASGIApp, routes: Iterable[Route]) -> None:
+        self._app = app
+        self._routes = {(r.path, m): r for r in routes for m in r.methods or ()}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = (self._routes.get((scope["path"], scope["method"]))
+                 if scope["type"] == "http" else None)
+        if route is None:
+            await self._app(scope, receive, send)
+            return
+        scope["route"] = route
+        scope["path_params"] = {}
+        handler = route.endpoint
+        response = await handler(Request(scope, receive, send))
+        await response(scope, receive, send)
 
 
 def _answered_by(call: PlacedCall, req: InferenceRequest) -> str:

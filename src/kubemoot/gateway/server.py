@@ -197,7 +197,7 @@ class GatewayServer:
             unready_after_failures=self.settings.unready_after_failures, keys=self.keys)
         health.start()
         app.app.router.routes[0:0] = health.routes()  # first: they win over app's own
-        guard = self.guard = Guard(app.app, GuardPolicy.of(self.settings,
+        guard = self.guard = Guard(app.asgi, GuardPolicy.of(self.settings,
                                                            bound_host=self.host),
                                    store_lost=health.store_lost)
         return AccessLog(guard, on_outcome=health.outcome)

@@ -215,14 +215,20 @@ async def throughput(url: str, seconds: float, clients: int, route: str = "ollam
     return (await measured_throughput(url, seconds, clients, route))[0]
 
 
+#: CPU milliseconds per answered call of the load generator (this process), by URL.
+CLIENT_CPU_MS: dict[str, float] = {}
+
+
 async def measured_throughput(url: str, seconds: float, clients: int,
                               route: str = "ollama") -> tuple[float, float | None]:
     """Requests per second, and the CPU milliseconds per answered call of the process
-    serving ``url`` (None when unknown)."""
+    serving ``url`` (None when unknown); the clients' own go to ``CLIENT_CPU_MS``."""
     pid = PIDS.get(url)
-    before = cpu_seconds(pid) if pid else None
+    before, ours = (cpu_seconds(pid) if pid else None), time.process_time()
     rate, done = await _drive(url, seconds, clients, route)
-    after = cpu_seconds(pid) if pid else None
+    after, ours = (cpu_seconds(pid) if pid else None), time.process_time() - ours
+    if done:
+        CLIENT_CPU_MS[url] = 1000 * ours / done
     if before is None or after is None or not done:
         return rate, None
     return rate, 1000 * (after - before) / done
@@ -322,7 +328,8 @@ async def main() -> None:
             print(f"{route} route, {args.clients} clients: direct {direct_rps:.0f} req/s, "
                   f"gateway {gateway_rps:.0f} req/s (ratio {ours[route]['throughputRatio']:.2f}); "
                   f"CPU per call: gateway {gateway_cpu or 0:.2f} ms, "
-                  f"engine {engine_cpu or 0:.2f} ms")
+                  f"engine {engine_cpu or 0:.2f} ms, clients {CLIENT_CPU_MS.get(direct, 0):.2f} "
+                  f"ms direct and {CLIENT_CPU_MS.get(through, 0):.2f} ms through the gateway")
         theirs = await versus_litellm(args, direct, emulator_port)
     print(f"({time.monotonic() - began:.1f} s so far)")
     over = await overcommits(args.requests)

@@ -39,6 +39,7 @@ from kubemoot.gateway.upstream import UpstreamError
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime.placement import CandidateModel
 from kubemoot.runtime.refusals import ProviderDown, providers_down
+from kubemoot.runtime.snapshot import FleetSnapshot
 from kubemoot.serving import StreamWithCleanup
 from kubemoot.store.protocol import StoreError
 
@@ -76,6 +77,9 @@ class GatewayApp:
     # probed for a moment publishes no list, and its models are then busy, not typos.
     _seen: set[str] = field(default_factory=set, init=False)
     _listed: set[str] = field(default_factory=set, init=False)  # providers seen ready
+    # What _seen and _listed were last brought up to date from: the providers' probed
+    # states change with probes, not with the tickets every call moves.
+    _learned_from: tuple[object, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
         o, a = self._ollama, self._openai
@@ -266,8 +270,7 @@ class GatewayApp:
         if not fleet.providers:
             raise GatewayError(503, "no provider has published its state yet",
                                code="no_provider", headers={"Retry-After": "5"})
-        self._seen |= known_models(fleet, self.declared)
-        self._listed |= {p.name for p in fleet.providers if p.state.ready}
+        self._learn(fleet)
         model = resolve_name(name, self._seen)
         if model is None:
             # A server that has not answered since start-up has listed nothing: the name
@@ -280,6 +283,16 @@ class GatewayApp:
                                     retry_after=retry)
             raise unknown_model(name)
         return [CandidateModel(model)]
+
+    def _learn(self, fleet: FleetSnapshot) -> None:
+        """Add what ``fleet`` lists to the models and providers seen since start-up."""
+        source = (self.declared, *(p.state for p in fleet.providers))
+        if len(source) == len(self._learned_from) and all(
+                a is b for a, b in zip(source, self._learned_from, strict=True)):
+            return  # no probe and no reload since: nothing new to learn
+        self._learned_from = source
+        self._seen |= known_models(fleet, self.declared)
+        self._listed |= {p.name for p in fleet.providers if p.state.ready}
 
     # -- inference -----------------------------------------------------------------
 

@@ -7,6 +7,10 @@
   and p99 minus the direct ones (goal: p50 ≤ 2 ms on both routes).
 * **Throughput**: requests per second at 32 concurrent clients, through the gateway
   and direct, on each route (goal: ratio ≥ 0.8).
+* **CPU per call**: the gateway's own CPU seconds (user + system, from ``/proc``) over
+  the calls it answered in the throughput run, and the engine's in the direct run. On a
+  machine shared with other work the rates move with the neighbours' load; the CPU a
+  call costs moves far less, so before/after comparisons read this one first.
 * **Against LiteLLM**: when LiteLLM's proxy is installed (``pip install -e '.[bench]'``,
   or ``--litellm PATH``), the same two measurements through it, in front of the same
   emulator: upstream ``openai/`` to the emulator's ``/v1`` (the OpenAI route) and
@@ -23,7 +27,8 @@
 Every server is its own process (``kubemoot emulate-ollama``, ``kubemoot gateway``,
 ``litellm``), as in a deployment. Human-readable lines first; the last line is one JSON
 object: ``{"addedP50Ms": …, "addedP99Ms": …, "throughputRatio": …, "addedP50MsOpenAI": …,
-"throughputRatioOpenAI": …, "addedP50MsVsLiteLLM": …, "throughputVsLiteLLM": …,
+"throughputRatioOpenAI": …, "gatewayCpuMsPerCall": …, "gatewayCpuMsPerCallOpenAI": …,
+"engineCpuMsPerCall": …, "addedP50MsVsLiteLLM": …, "throughputVsLiteLLM": …,
 "overcommits": …}`` (the LiteLLM keys only when it ran).
 """
 
@@ -49,6 +54,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from kubemoot.testing.nats_server import NatsServer, free_port  # noqa: E402
 
 KUBEMOOT = [sys.executable, "-c", "from kubemoot.cli import main; main()"]
+#: The process behind each URL ``servers`` started (for its CPU time).
+PIDS: dict[str, int] = {}
 MODEL = "qwen3:8b"
 BODY = {"model": MODEL, "stream": False, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -64,6 +71,7 @@ def servers(*commands: list[str]) -> Iterator[list[str]]:
         urls = [f"http://127.0.0.1:{c[-1].rsplit(':', 1)[-1]}" for c in commands]
         for url, process in zip(urls, processes, strict=True):
             _wait_up(url, process)
+            PIDS[url] = process.pid
         yield urls
     finally:
         for process in processes:
@@ -194,7 +202,39 @@ async def latency(
     return pct(g, .5) - pct(d, .5), pct(g, .99) - pct(d, .99)
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """A process's CPU time so far (user + system), or None where /proc does not tell."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def throughput(url: str, seconds: float, clients: int, route: str = "ollama") -> float:
+    return (await measured_throughput(url, seconds, clients, route))[0]
+
+
+#: CPU milliseconds per answered call of the load generator (this process), by URL.
+CLIENT_CPU_MS: dict[str, float] = {}
+
+
+async def measured_throughput(url: str, seconds: float, clients: int,
+                              route: str = "ollama") -> tuple[float, float | None]:
+    """Requests per second, and the CPU milliseconds per answered call of the process
+    serving ``url`` (None when unknown); the clients' own go to ``CLIENT_CPU_MS``."""
+    pid = PIDS.get(url)
+    before, ours = (cpu_seconds(pid) if pid else None), time.process_time()
+    rate, done = await _drive(url, seconds, clients, route)
+    after, ours = (cpu_seconds(pid) if pid else None), time.process_time() - ours
+    if done:
+        CLIENT_CPU_MS[url] = 1000 * ours / done
+    if before is None or after is None or not done:
+        return rate, None
+    return rate, 1000 * (after - before) / done
+
+
+async def _drive(url: str, seconds: float, clients: int, route: str) -> tuple[float, int]:
     path, body = ROUTES[route]
     done = 0
     refused: dict[int, int] = {}
@@ -215,7 +255,7 @@ async def throughput(url: str, seconds: float, clients: int, route: str = "ollam
         await asyncio.gather(*(worker() for _ in range(clients)))
         if refused:
             print(f"{url}: refusals by status {refused}")
-        return done / (time.perf_counter() - began)
+        return done / (time.perf_counter() - began), done
 
 
 async def overcommits(requests: int) -> int:
@@ -277,13 +317,19 @@ async def main() -> None:
                          gateway_port)) as (direct, through):
         for route in ROUTES:
             p50, p99 = await latency(direct, through, args.calls, route)
-            direct_rps = await throughput(direct, args.seconds, args.clients, route)
-            gateway_rps = await throughput(through, args.seconds, args.clients, route)
+            direct_rps, engine_cpu = await measured_throughput(direct, args.seconds,
+                                                               args.clients, route)
+            gateway_rps, gateway_cpu = await measured_throughput(through, args.seconds,
+                                                                 args.clients, route)
             ours[route] = {"addedP50Ms": p50, "addedP99Ms": p99, "directRps": direct_rps,
                            "gatewayRps": gateway_rps,
-                           "throughputRatio": gateway_rps / direct_rps if direct_rps else 0.0}
+                           "throughputRatio": gateway_rps / direct_rps if direct_rps else 0.0,
+                           "gatewayCpuMs": gateway_cpu or 0.0, "engineCpuMs": engine_cpu or 0.0}
             print(f"{route} route, {args.clients} clients: direct {direct_rps:.0f} req/s, "
-                  f"gateway {gateway_rps:.0f} req/s (ratio {ours[route]['throughputRatio']:.2f})")
+                  f"gateway {gateway_rps:.0f} req/s (ratio {ours[route]['throughputRatio']:.2f}); "
+                  f"CPU per call: gateway {gateway_cpu or 0:.2f} ms, "
+                  f"engine {engine_cpu or 0:.2f} ms, clients {CLIENT_CPU_MS.get(direct, 0):.2f} "
+                  f"ms direct and {CLIENT_CPU_MS.get(through, 0):.2f} ms through the gateway")
         theirs = await versus_litellm(args, direct, emulator_port)
     print(f"({time.monotonic() - began:.1f} s so far)")
     over = await overcommits(args.requests)
@@ -295,6 +341,9 @@ async def main() -> None:
         "addedP50MsOpenAI": round(v1["addedP50Ms"], 3),
         "addedP99MsOpenAI": round(v1["addedP99Ms"], 3),
         "throughputRatioOpenAI": round(v1["throughputRatio"], 3),
+        "gatewayCpuMsPerCall": round(api["gatewayCpuMs"], 3),
+        "gatewayCpuMsPerCallOpenAI": round(v1["gatewayCpuMs"], 3),
+        "engineCpuMsPerCall": round(api["engineCpuMs"], 3),
         "overcommits": over,
         "directRps": round(api["directRps"], 1), "gatewayRps": round(api["gatewayRps"], 1),
         "clients": args.clients, "calls": args.calls,

@@ -22,6 +22,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -61,6 +62,17 @@ class AccessLog:
         self.app = app
         self.on_outcome = on_outcome
         self.clock = clock
+        # Each metric's child per label values, looked up once: prometheus_client takes
+        # a lock and builds a key on every ``labels`` call. The labels are a closed set
+        # (route templates, statuses, providers), so these stay small.
+        self._children: dict[tuple[object, ...], Any] = {}
+
+    def _child(self, metric: Any, *values: str) -> Any:
+        key = (metric, *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -96,22 +108,24 @@ class AccessLog:
     def _count(self, scope: Scope, status: int, decision: dict[str, str],
                first: float | None, total: float, tail: bytes) -> None:
         route = route_template(scope)
-        metrics.GATEWAY_REQUESTS.labels(route=route, status=str(status)).inc()
+        code = str(status)
+        self._child(metrics.GATEWAY_REQUESTS, route, code).inc()
         provider = decision.get("provider", "")
         tokens = {kind: int(found.group(1)) for kind, pattern in _COUNTS.items()
                   if (found := _last(pattern, tail)) is not None} if provider else {}
         if provider:
-            metrics.GATEWAY_CALLS.labels(provider=provider, route=route,
-                                         status=str(status)).inc()
-            metrics.GATEWAY_CALL_SECONDS.labels(provider=provider).observe(total)
+            self._child(metrics.GATEWAY_CALLS, provider, route, code).inc()
+            self._child(metrics.GATEWAY_CALL_SECONDS, provider).observe(total)
             if first is not None:
-                metrics.GATEWAY_FIRST_BYTE_SECONDS.labels(provider=provider).observe(first)
+                self._child(metrics.GATEWAY_FIRST_BYTE_SECONDS, provider).observe(first)
             for kind, count in tokens.items():
-                metrics.GATEWAY_TOKENS.labels(provider=provider, kind=kind).inc(count)
+                self._child(metrics.GATEWAY_TOKENS, provider, kind).inc(count)
         if self.on_outcome is not None and route in INFERENCE_ROUTES:
             self.on_outcome(status)
         if scope["path"] in UNLIMITED_PATHS and status < 400:
             return  # probes and scrapes come every few seconds: not worth a line each
+        if not log.isEnabledFor(logging.INFO):
+            return  # nobody reads the line: not worth building
         client = scope.get("client")
         caller = (scope.get("state") or {}).get("caller", "-")
         words = [f'{client[0] if client else "-"} {caller} {scope["method"]} '

@@ -10,34 +10,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kubemoot import __version__, metrics
 from kubemoot.gateway import completions as legacy
 from kubemoot.gateway import openai as oai
-from kubemoot.gateway.calls import CallDesk, PlacedCall
+from kubemoot.gateway.access import INFERENCE_ROUTES
+from kubemoot.gateway.calls import CallDesk, CallEnds, PlacedCall
 from kubemoot.gateway.catalogue import known_models, resolve_name
 from kubemoot.gateway.errors import GatewayError, error_response, refusal_error, unknown_model
-from kubemoot.gateway.jsoncodec import JsonReply, dumps
+from kubemoot.gateway.jsoncodec import JsonReply, dumps, loads
 from kubemoot.gateway.keys import ANONYMOUS, ApiKeys
 from kubemoot.gateway.listings import created_epoch, merge_tags
 from kubemoot.gateway.requests import InferenceRequest, model_name, read_json
+from kubemoot.gateway.upstream import UpstreamError
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime.placement import CandidateModel
 from kubemoot.runtime.refusals import ProviderDown, providers_down
+from kubemoot.runtime.snapshot import FleetSnapshot
 from kubemoot.serving import StreamWithCleanup
 from kubemoot.store.protocol import StoreError
 
@@ -69,10 +71,15 @@ class GatewayApp:
     virtual: VirtualModels = field(default_factory=VirtualModels)
     reprobe: Callable[[str], Awaitable[None]] | None = None
     app: Starlette = field(init=False)
+    #: :attr:`app` with the inference routes looked up by path first (:class:`_Direct`).
+    asgi: ASGIApp = field(init=False)
     # Every model a provider has listed since start-up: a provider that cannot be
     # probed for a moment publishes no list, and its models are then busy, not typos.
     _seen: set[str] = field(default_factory=set, init=False)
     _listed: set[str] = field(default_factory=set, init=False)  # providers seen ready
+    # What _seen and _listed were last brought up to date from: the providers' probed
+    # states change with probes, not with the tickets every call moves.
+    _learned_from: tuple[object, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
         o, a = self._ollama, self._openai
@@ -100,6 +107,7 @@ class GatewayApp:
             routes.append(Route(path, o(self._not_implemented), methods=methods))
         self.app = Starlette(routes=routes, exception_handlers={
             HTTPException: self._http_exception})
+        self.asgi = _Direct(self.app, [r for r in routes if r.path in INFERENCE_ROUTES])
 
     # -- the error boundary --------------------------------------------------------
 
@@ -154,7 +162,7 @@ class GatewayApp:
 
     async def _version(self, request: Request) -> Response:
         for endpoint in await self._endpoints():
-            with contextlib.suppress(httpx.HTTPError, ValueError, AttributeError):
+            with contextlib.suppress(UpstreamError, ValueError, AttributeError):
                 reply = await self._get(endpoint, "/api/version")
                 if isinstance(reply.get("version"), str):
                     return JSONResponse({"version": reply["version"]})
@@ -175,8 +183,12 @@ class GatewayApp:
     async def _get(self, endpoint: str, path: str) -> dict[str, Any]:
         response = await self.desk.http.get(
             endpoint.rstrip("/") + path, timeout=self.desk.settings.listing_timeout_seconds)
-        response.raise_for_status()
-        value = response.json()
+        try:
+            value = await response.json()
+        finally:
+            await response.aclose()
+        if response.status >= 400:
+            raise UpstreamError(f"{path} answered HTTP {response.status}")
         if not isinstance(value, dict):
             raise ValueError(f"{path} answered {type(value).__name__}")
         return value
@@ -188,7 +200,7 @@ class GatewayApp:
         async def one(endpoint: str) -> dict[str, Any] | None:
             try:
                 return await self._get(endpoint, path)
-            except (httpx.HTTPError, ValueError) as error:
+            except (UpstreamError, ValueError) as error:
                 log.warning("gateway: %s of %s failed: %s", path, endpoint, error)
                 return None
 
@@ -232,12 +244,16 @@ class GatewayApp:
                 try:
                     response = await self.desk.http.post(
                         p.state.endpoint.rstrip("/") + "/api/show",
-                        json={**body, "model": model},
+                        dumps({**body, "model": model}),
                         timeout=self.desk.settings.listing_timeout_seconds)
-                except httpx.HTTPError as error:
+                    try:
+                        content = await response.read()
+                    finally:
+                        await response.aclose()
+                except UpstreamError as error:
                     log.warning("gateway: /api/show on %s failed: %s", p.name, error)
                     continue  # another provider that has the model may answer
-                return Response(response.content, status_code=response.status_code,
+                return Response(content, status_code=response.status,
                                 media_type="application/json")
         # the name is known (_candidates said so): its providers are away, not the model
         raise GatewayError(503, f"no provider that has {model} answers now",
@@ -254,8 +270,7 @@ class GatewayApp:
         if not fleet.providers:
             raise GatewayError(503, "no provider has published its state yet",
                                code="no_provider", headers={"Retry-After": "5"})
-        self._seen |= known_models(fleet, self.declared)
-        self._listed |= {p.name for p in fleet.providers if p.state.ready}
+        self._learn(fleet)
         model = resolve_name(name, self._seen)
         if model is None:
             # A server that has not answered since start-up has listed nothing: the name
@@ -269,6 +284,16 @@ class GatewayApp:
             raise unknown_model(name)
         return [CandidateModel(model)]
 
+    def _learn(self, fleet: FleetSnapshot) -> None:
+        """Add what ``fleet`` lists to the models and providers seen since start-up."""
+        source = (self.declared, *(p.state for p in fleet.providers))
+        if len(source) == len(self._learned_from) and all(
+                a is b for a, b in zip(source, self._learned_from, strict=True)):
+            return  # no probe and no reload since: nothing new to learn
+        self._learned_from = source
+        self._seen |= known_models(fleet, self.declared)
+        self._listed |= {p.name for p in fleet.providers if p.state.ready}
+
     # -- inference -----------------------------------------------------------------
 
     async def _start(self, request: Request, req: InferenceRequest, path: str, *,
@@ -278,19 +303,19 @@ class GatewayApp:
         listens for the disconnect and ends the wait or the upstream request."""
         candidates = await self._candidates(req.model)
         budget = self.desk.budget(request.headers.get("x-kubemoot-wait-budget"))
-        left = asyncio.Event()
+        ends = CallEnds()
 
         async def watch_disconnect() -> None:
             while True:
                 message = await request.receive()
                 if message["type"] == "http.disconnect":
-                    left.set()
+                    ends.client_left()
                     return
 
         watcher = asyncio.ensure_future(watch_disconnect())
         try:
             return await self.desk.start(req, candidates, caller=request.state.caller,
-                                         budget=budget, left=left, path=path,
+                                         budget=budget, ends=ends, path=path,
                                          legacy_embeddings=legacy_embeddings)
         finally:
             watcher.cancel()
@@ -306,7 +331,8 @@ class GatewayApp:
         call = await self._start(request, req, path, legacy_embeddings=legacy_embeddings)
         if req.stream:
             return _call_stream(call, call.lines(), media_type="application/x-ndjson")
-        return JsonReply(await call.json(), headers=call.headers())
+        _, raw = await call.answer()  # checked whole JSON: its bytes go to the client as they are
+        return Response(raw, media_type="application/json", headers=call.headers())
 
     async def _chat(self, request: Request) -> Response:
         return await self._ollama_call(request, "chat", "/api/chat")
@@ -377,7 +403,7 @@ class GatewayApp:
             first = True
             async for raw in call.lines():
                 try:
-                    line = json.loads(raw)  # one whole line
+                    line = loads(raw)  # one whole line
                 except ValueError:
                     continue
                 if not isinstance(line, dict):
@@ -417,6 +443,36 @@ class GatewayApp:
         return JSONResponse(oai.embeddings_reply(reply, model=_answered_by(call, req),
                                                  encoding=encoding),
                             headers=call.headers())
+
+
+class _Direct:
+    """The inference routes by a dictionary lookup; every other request to Starlette.
+
+    Starlette finds a route by trying each route's pattern in turn and passes the
+    request through two middlewares of its own; for the few routes that carry the load,
+    whose paths are fixed, one lookup does it. Their handlers are wrapped by
+    ``GatewayApp._guard``, so every error already has its answer, as under Starlette.
+    The route goes into the scope as Starlette puts it there: the access log and the
+    metrics name requests by it.
+    """
+
+    __slots__ = ("_app", "_routes")
+
+    def __init__(self, app: ASGIApp, routes: Iterable[Route]) -> None:
+        self._app = app
+        self._routes = {(r.path, m): r for r in routes for m in r.methods or ()}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = (self._routes.get((scope["path"], scope["method"]))
+                 if scope["type"] == "http" else None)
+        if route is None:
+            await self._app(scope, receive, send)
+            return
+        scope["route"] = route
+        scope["path_params"] = {}
+        handler = route.endpoint
+        response = await handler(Request(scope, receive, send))
+        await response(scope, receive, send)
 
 
 def _answered_by(call: PlacedCall, req: InferenceRequest) -> str:

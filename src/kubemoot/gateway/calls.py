@@ -17,15 +17,14 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import httpx
 
 from kubemoot.gateway import jsoncodec
 from kubemoot.gateway.errors import GatewayError, as_asked, prompt_too_large, refusal_error
 from kubemoot.gateway.requests import InferenceRequest
+from kubemoot.gateway.upstream import ConnectFailed, Upstream, UpstreamError, UpstreamResponse
 from kubemoot.runtime.builder import Runtime
 from kubemoot.runtime.calls import (
     ActiveCall,
@@ -39,9 +38,41 @@ from kubemoot.runtime.placement import Action, CandidateModel
 from kubemoot.runtime.refusals import GpuBusy
 from kubemoot.settings import GatewaySettings
 
-__all__ = ["CallDesk", "PlacedCall", "error_line", "shutting_down"]
+__all__ = ["CallDesk", "CallEnds", "PlacedCall", "error_line", "shutting_down"]
 
 log = logging.getLogger(__name__)
+
+
+class CallEnds:
+    """What ends a gateway call early: its client leaving, or the gateway draining.
+
+    Told by callbacks rather than by a task waiting on each event: every task a call
+    starts is loop work the gateway pays on each request.
+    """
+
+    __slots__ = ("_on_left", "ended", "left")
+
+    def __init__(self) -> None:
+        #: The client went away.
+        self.left = False
+        #: The call's wait for capacity ends: the client left, or the gateway drains.
+        self.ended = asyncio.Event()
+        self._on_left: list[Callable[[], object]] = []
+
+    def client_left(self) -> None:
+        if self.left:
+            return
+        self.left = True
+        self.ended.set()
+        for callback in list(self._on_left):
+            callback()
+
+    def on_left(self, callback: Callable[[], object]) -> None:
+        self._on_left.append(callback)
+
+    def forget(self, callback: Callable[[], object]) -> None:
+        with contextlib.suppress(ValueError):
+            self._on_left.remove(callback)
 
 
 @dataclass(slots=True)
@@ -49,13 +80,16 @@ class CallDesk:
     """Starts and forwards gateway calls over one runtime."""
 
     runtime: Runtime
-    http: httpx.AsyncClient
+    http: Upstream
     settings: GatewaySettings
     # provider → models pinned there: a call to a pinned copy keeps it loaded
     pinned: Mapping[str, Sequence[str]] = field(default_factory=dict)
     in_flight: set[PlacedCall] = field(default_factory=set)
-    #: Set once the gateway begins to shut down: no call is placed or sent after it.
+    #: Set once the gateway begins to shut down (:meth:`drain`): no call is placed or
+    #: sent after it.
     draining: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The calls being placed or sent: a drain ends their waits.
+    _waiting: set[CallEnds] = field(default_factory=set)
 
     @property
     def calls(self) -> CallService:
@@ -109,8 +143,14 @@ class CallDesk:
             prompt_tokens=prompt_tokens, budget=budget, done=left, abandon_when_done=True,
             holder=thread)
 
+    def drain(self) -> None:
+        """Place and send no more calls; end the waits of those still waiting (503)."""
+        self.draining.set()
+        for ends in list(self._waiting):
+            ends.ended.set()
+
     async def start(self, req: InferenceRequest, candidates: Sequence[CandidateModel], *,
-                    caller: str, budget: float, left: asyncio.Event, path: str,
+                    caller: str, budget: float, ends: CallEnds, path: str,
                     legacy_embeddings: bool = False) -> PlacedCall:
         """Place the call and open its upstream request, while watching the client.
 
@@ -121,9 +161,8 @@ class CallDesk:
         if self.draining.is_set():
             raise shutting_down()
         # The wait ends when the client leaves or the gateway begins to shut down.
-        ended = asyncio.Event()
-        relay = asyncio.ensure_future(_first_of(ended, left, self.draining))
-        request = self.request(req, candidates, caller=caller, budget=budget, left=ended)
+        request = self.request(req, candidates, caller=caller, budget=budget,
+                               left=ends.ended)
 
         async def send(active: ActiveCall) -> PlacedCall:
             if self.draining.is_set():  # placed as the drain began: never sent
@@ -132,17 +171,18 @@ class CallDesk:
             self.in_flight.add(call)
             try:
                 await call.open_watching(path, call.upstream_body(
-                    legacy_embeddings=legacy_embeddings), left)
+                    legacy_embeddings=legacy_embeddings), ends)
             except BaseException:
                 await call.close_upstream()
                 self.in_flight.discard(call)
                 raise
             return call
 
+        self._waiting.add(ends)
         try:
             _active, call = await self.calls.start(request, send)
         except CallAbandoned:
-            if self.draining.is_set() and not left.is_set():
+            if self.draining.is_set() and not ends.left:
                 raise shutting_down() from None
             raise GatewayError(499, "the client went away while its call waited") from None
         except CallRefused as refused:
@@ -150,7 +190,7 @@ class CallDesk:
         except RefusedBeforeSending as refused:  # the second refusal is the answer
             raise GatewayError(502, refused.message, code="provider_error") from None
         finally:
-            relay.cancel()
+            self._waiting.discard(ends)
         return call
 
     def _refusal(self, refused: CallRefused, req: InferenceRequest,
@@ -171,7 +211,7 @@ class PlacedCall:
         self.request = request
         self.active = active
         self.placement = active.placement
-        self._upstream: httpx.Response | None = None
+        self._upstream: UpstreamResponse | None = None
         self._closed = False
 
     @property
@@ -229,68 +269,68 @@ class PlacedCall:
             return True
         return p.context_length is not None and p.context_length == self.request.num_ctx
 
-    async def open_watching(self, path: str, body: dict[str, Any],
-                            left: asyncio.Event) -> None:
-        """:meth:`open`, given up (499) when the client leaves before the engine answers."""
-        opening = asyncio.ensure_future(self.open(path, body))
-        gone = asyncio.ensure_future(left.wait())
-        try:
-            await asyncio.wait({opening, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not opening.done():
-                opening.cancel()
-                with contextlib.suppress(asyncio.CancelledError, GatewayError,
-                                         RefusedBeforeSending):
-                    await opening
-        if opening.cancelled():
-            raise GatewayError(499, "the client went away before the engine answered")
-        opening.result()
+    async def open_watching(self, path: str, body: dict[str, Any], ends: CallEnds) -> None:
+        """:meth:`open`, given up (499) when the client leaves before the engine answers.
 
-    async def open(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        The client's leaving cancels this very task (no task of its own to watch it);
+        a cancellation that came from elsewhere as well (the server's shutdown) goes on.
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        if ends.left:
+            raise GatewayError(499, "the client went away before the engine answered")
+        ends.on_left(task.cancel)
+        try:
+            await self.open(path, body)
+        except asyncio.CancelledError:
+            if ends.left and task.uncancel() == 0:
+                raise GatewayError(499, "the client went away before the engine "
+                                   "answered") from None
+            raise
+        finally:
+            ends.forget(task.cancel)
+
+    async def open(self, path: str, body: dict[str, Any]) -> UpstreamResponse:
         """Send the request upstream; an error status becomes a GatewayError."""
         assert self.placement.endpoint is not None
         url = f"{self.placement.endpoint.rstrip('/')}{path}"
         provider = self.placement.provider or ""
         try:
-            request = self.desk.http.build_request("POST", url, content=jsoncodec.dumps(body),
-                                                   headers=_JSON_BODY)
-            response = await self.desk.http.send(request, stream=True)
-        except httpx.ConnectError as error:
+            response = await self.desk.http.post(url, jsoncodec.dumps(body))
+        except ConnectFailed as error:
             # no connection, so not a byte of the request left: the one failure that
             # may be placed again (elsewhere); the circuit still counts it
             raise RefusedBeforeSending(
                 provider, f"provider {provider} refused the connection: {error}") from None
-        except httpx.HTTPError as error:
+        except UpstreamError as error:
             self.active.note(ok=False)
             raise GatewayError(502, f"provider {provider} did not answer: "
                                f"{type(error).__name__}: {error}",
                                code="provider_error") from None
         self._upstream = response
         self.active.note(model_calls=1)
-        if response.status_code >= 400:
+        if response.status >= 400:
             try:
-                text = (await response.aread()).decode("utf-8", "replace")
-            except httpx.HTTPError:
+                text = (await response.read()).decode("utf-8", "replace")
+            except UpstreamError:
                 text = ""
-            if response.status_code >= 500:  # a 4xx is the request's fault, not the provider's
+            if response.status >= 500:  # a 4xx is the request's fault, not the provider's
                 self.active.note(ok=False)
-            raise _upstream_error(response.status_code, text, self)
+            raise _upstream_error(response.status, text, self)
         if self.request.stream:
             self.active.first_byte()  # the first chunk came with the headers
         return response
 
     async def lines(self) -> AsyncIterator[bytes]:
-        """The engine's NDJSON lines (newline kept); the call is closed when they end
-        or stop."""
+        """The engine's NDJSON lines (newline kept), as it sent them; the call is closed
+        when they end or stop."""
         assert self._upstream is not None
         ok: bool | None = None  # None: the client left, which is no provider's fault
         try:
-            async for line in self._upstream.aiter_lines():
-                if line.strip():
-                    yield line.encode("utf-8") + b"\n"
+            async for line in self._upstream.lines():
+                yield line
             ok = True
-        except httpx.HTTPError as error:
+        except UpstreamError as error:
             # The client already has 200 and part of the answer: the last line must say
             # the answer is incomplete (DESIGN §9), never end as if it were whole.
             ok = False
@@ -303,16 +343,21 @@ class PlacedCall:
 
     async def json(self) -> Any:
         """The engine's whole (non-streamed) answer as JSON; closed afterwards."""
+        return (await self.answer())[0]
+
+    async def answer(self) -> tuple[Any, bytes]:
+        """The engine's whole (non-streamed) answer, parsed and as it came; closed
+        afterwards."""
         assert self._upstream is not None
         ok: bool | None = None
         try:
-            raw = await self._upstream.aread()
+            raw = await self._upstream.read()
             value = jsoncodec.loads(raw)
             ok = True
             # the answer came whole: inference began its own time before its arrival
             self.active.first_byte(at=self.desk.calls.clock.now() - _compute_seconds(value))
-            return value
-        except (httpx.HTTPError, ValueError) as error:
+            return value, raw
+        except (UpstreamError, ValueError) as error:
             ok = False
             raise GatewayError(502, f"provider {self.placement.provider} gave a broken "
                                f"answer: {type(error).__name__}",
@@ -352,17 +397,6 @@ def shutting_down() -> GatewayError:
 def error_line(message: str) -> bytes:
     """A stream's final NDJSON line saying why it ends early (Ollama's error shape)."""
     return jsoncodec.dumps({"error": message}) + b"\n"
-
-
-async def _first_of(target: asyncio.Event, *events: asyncio.Event) -> None:
-    """Set ``target`` once any of ``events`` is set."""
-    waits = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        target.set()
-    finally:
-        for w in waits:
-            w.cancel()
 
 
 def _whole(seconds: float) -> float | int:

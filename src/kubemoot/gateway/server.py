@@ -16,7 +16,6 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 
-import httpx
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kubemoot.clock import Clock, SystemClock
@@ -29,7 +28,7 @@ from kubemoot.gateway.guard import Guard, GuardPolicy
 from kubemoot.gateway.health import GatewayHealth
 from kubemoot.gateway.keys import ApiKeys
 from kubemoot.gateway.pinning import load_missing_pinned
-from kubemoot.gateway.upstream import upstream_client
+from kubemoot.gateway.upstream import Upstream
 from kubemoot.providers.factory import ProviderClients
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import KVStatePublisher, Prober
@@ -46,6 +45,8 @@ __all__ = ["GatewayServer", "ProviderSource"]
 
 log = logging.getLogger(__name__)
 
+# How long opening a connection to an engine may take (a call's own timeout is longer).
+_CONNECT_SECONDS = 10.0
 # Connections the kernel queues before the gateway accepts them: calls come in bursts.
 _LISTEN_BACKLOG = 1024
 
@@ -119,7 +120,7 @@ class GatewayServer:
         self.stack: Runtime | None = None
         self.desk: CallDesk | None = None
         self.prober: Prober | None = None
-        self._http: httpx.AsyncClient | None = None
+        self._http: Upstream | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.health: GatewayHealth | None = None
         self.guard: Guard | None = None
@@ -181,11 +182,9 @@ class GatewayServer:
         runtime.calls.after_load = self._reprobe
         runtime.calls.idle_retry_seconds = self.settings.provider_probe_seconds
         runtime.calls.listeners.extend(self.on_call)
-        self._http = upstream_client(
-            timeout=httpx.Timeout(self.settings.call_timeout_seconds, connect=10.0),
-            # httpcore scans its whole pool for every request: a pool sized to the
-            # concurrency a fleet of engines takes keeps that scan short
-            connections=self.settings.upstream_connections)
+        self._http = Upstream(timeout=self.settings.call_timeout_seconds,
+                              connect_timeout=_CONNECT_SECONDS,
+                              connections=self.settings.upstream_connections)
         self.desk = CallDesk(runtime, self._http, self.settings, pinned=self.pinned)
         self._ensure_probe_loop()
 
@@ -198,7 +197,7 @@ class GatewayServer:
             unready_after_failures=self.settings.unready_after_failures, keys=self.keys)
         health.start()
         app.app.router.routes[0:0] = health.routes()  # first: they win over app's own
-        guard = self.guard = Guard(app.app, GuardPolicy.of(self.settings,
+        guard = self.guard = Guard(app.asgi, GuardPolicy.of(self.settings,
                                                            bound_host=self.host),
                                    store_lost=health.store_lost)
         return AccessLog(guard, on_outcome=health.outcome)
@@ -319,7 +318,7 @@ class GatewayServer:
         hold, then close clients."""
         if self.desk is not None:
             # at once: calls waiting for capacity are answered 503, none is sent now
-            self.desk.draining.set()
+            self.desk.drain()
         await self._web.stop()
         if self.health is not None:
             await self.health.stop()

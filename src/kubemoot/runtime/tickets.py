@@ -31,8 +31,9 @@ operation that lost one is *announced* beside it
 bucket), and every write of the document applies the announcements it knows of, oldest
 first, before its own operations. The announcer keeps trying meanwhile, waits between
 tries on its announcement being settled, and does not give up for lost races while the
-announcement is live. A claim with a check is never announced (no other process can
-run the check).
+announcement is live. A claim's condition (:class:`~kubemoot.store.documents.ClaimCondition`)
+is data and travels with the announcement, so any writer judges it; a claim with a
+check in code is never announced (no other process can run the check).
 
 Two release layers, both always present: :meth:`TicketManager.release` removes the
 ticket at once (use it in a ``finally``, or use :meth:`TicketManager.claimed`), and every
@@ -75,6 +76,7 @@ from kubemoot.runtime.ticket_decision import (
 from kubemoot.runtime.ticket_requests import Announcements
 from kubemoot.settings import DEFAULTS
 from kubemoot.store.documents import (
+    ClaimCondition,
     ProviderState,
     ProviderTickets,
     RequestKind,
@@ -117,6 +119,7 @@ class ClaimOptions(TypedDict, total=False):
     state: TicketState
     evicts: Mapping[str, int] | None
     check: Check | None
+    condition: ClaimCondition | None
     provider_state: ProviderState | None
 
 
@@ -149,6 +152,7 @@ class _Op:
     max_attempts: int
     ticket: Ticket | None = None  # CLAIM: the ticket to add
     check: Check | None = None
+    condition: ClaimCondition | None = None
     ttl_seconds: float | None = None  # RENEW
     state: TicketState | None = None  # STATE
     known_state: ProviderState | None = None  # CLAIM: the state the caller holds
@@ -163,15 +167,17 @@ class _Op:
         """The operation as :func:`decide` sees it (``ttl_seconds``: the manager's)."""
         ttl = self.ttl_seconds if self.ttl_seconds is not None else ttl_seconds
         return TicketOp(self.kind, self.ticket_id, ticket=self.ticket, check=self.check,
-                        ttl_seconds=ttl, state=self.state, abandoned=self.abandoned,
+                        condition=self.condition, ttl_seconds=ttl, state=self.state,
+                        abandoned=self.abandoned,
                         announced_until=(self.announced_until
                                          if self.kind is OpKind.CLAIM else None),
                         withdraw_until=self.withdraw_until)
 
     @property
     def announceable(self) -> bool:
-        """Whether another process could apply it: a claim without a check of its own
-        (a check is code), or a plain release; each is announced once."""
+        """Whether another process could apply it: a claim without a check in code (its
+        condition is data and travels along), or a plain release; each is announced
+        once."""
         if self.announced is not None or self.announced_until is not None:
             return False
         if self.withdraw_until is not None:
@@ -288,16 +294,21 @@ class TicketManager:
         state: TicketState = TicketState.RUNNING,
         evicts: Mapping[str, int] | None = None,
         check: Check | None = None,
+        condition: ClaimCondition | None = None,
         provider_state: ProviderState | None = None,
     ) -> Ticket:
         """Claim ``footprint_mib`` of the provider's VRAM for ``model``.
+
+        ``condition`` is what must hold besides the memory, as data: it is judged in
+        whichever process's write grants the claim, so the claim may be announced.
+        ``check`` is the same in code, judged only here (such a claim is never announced).
 
         ``provider_state`` is the provider's state as the caller last saw it; with it the
         claim is decided without reading the state first, and only a refusal or a lost
         race costs a fresh read (the answer always rests on a read state then).
 
-        Raises :class:`ClaimRejected` when the budget (or ``check``) says no,
-        :class:`ClaimConflict` when every attempt lost a race, and
+        Raises :class:`ClaimRejected` when the budget (or the condition, or ``check``)
+        says no, :class:`ClaimConflict` when every attempt lost a race, and
         :class:`~kubemoot.store.protocol.StoreUnavailable` when the store is unreachable.
         """
         now = self._clock.now()
@@ -313,7 +324,7 @@ class TicketManager:
         )
         op = self._op(
             OpKind.CLAIM, ticket.ticket_id, ticket=ticket, check=check,
-            known_state=provider_state,
+            condition=condition, known_state=provider_state,
         )
         try:
             granted = await self._submit(provider, op)
@@ -531,7 +542,7 @@ class TicketManager:
             return False
         requests = [
             announcements.request(
-                lane.provider, op.ticket_id, ticket=op.ticket,
+                lane.provider, op.ticket_id, ticket=op.ticket, condition=op.condition,
                 kind=RequestKind.CLAIM if op.kind is OpKind.CLAIM else RequestKind.RELEASE,
             ) for op in due
         ]

@@ -27,7 +27,7 @@ from kubemoot.store.documents import (
 )
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
-from kubemoot.store.protocol import KV, Bucket, Entry, RevisionMismatch
+from kubemoot.store.protocol import KV, Bucket, RevisionMismatch
 from kubemoot.testing.state import GIB, provider_state
 from kubemoot.testing.waiting import until_stored
 from tests.store.conftest import StoreUnderTest
@@ -35,22 +35,23 @@ from tests.store.test_tickets import PROVIDER
 
 
 class LosingBucket:
-    """A real bucket where a rival writes the key between each of this process's reads
-    and its write, so every compare-and-set this process tries loses."""
+    """A real bucket where a rival writes the key just before each compare-and-set of
+    this process, so every one it tries loses (whether it read the revision it writes
+    on, kept it from its own last write, or had it delivered by a watch)."""
 
     def __init__(self, inner: Bucket) -> None:
         self.inner = inner
         self.name = inner.name
         self.losing = True  # False: the rival has stopped
 
-    async def get(self, key: str) -> Entry | None:
+    async def update(self, key: str, value: bytes, *, expected_revision: int) -> int:
         entry = await self.inner.get(key)
         if entry is not None and self.losing:
             # The rival's write; a compare-and-set itself, so that it never puts back a
             # stale copy over another process's write (then that write moved the key).
             with contextlib.suppress(RevisionMismatch):
                 await self.inner.update(key, entry.value, expected_revision=entry.revision)
-        return entry
+        return await self.inner.update(key, value, expected_revision=expected_revision)
 
     def __getattr__(self, attribute: str) -> object:
         return getattr(self.inner, attribute)

@@ -73,6 +73,7 @@ from kubemoot.runtime.ticket_decision import (
     TicketOp,
     decide,
 )
+from kubemoot.runtime.ticket_documents import Followed, TicketDocuments
 from kubemoot.runtime.ticket_requests import Announcements
 from kubemoot.settings import DEFAULTS
 from kubemoot.store.documents import (
@@ -156,7 +157,8 @@ class _Op:
     ttl_seconds: float | None = None  # RENEW
     state: TicketState | None = None  # STATE
     known_state: ProviderState | None = None  # CLAIM: the state the caller holds
-    reread: bool = False  # CLAIM: decide on a freshly read state from now on
+    reread: bool = False  # CLAIM: decide on a freshly read state and document from now on
+    fresh_state: bool = False  # CLAIM: decide on a freshly read state from now on
     attempts: int = 0
     abandoned: bool = False  # the caller was cancelled while waiting
     announced: str | None = None  # the key of its announced request, while it waits
@@ -194,11 +196,20 @@ class _Lane:
     provider: str
     pending: list[_Op] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
-    # Set when a writer settled one of this lane's announced requests.
+    # Set when a writer settled one of this lane's announced requests, or when the
+    # followed document changed (either may answer an announced operation).
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    # The document as this lane last wrote it: the next batch tries its CAS on it
-    # without reading first; a lost race drops it and the next attempt reads.
+    # The document as this lane last wrote it (or read it and left it): the next batch
+    # tries its CAS on it without reading first; a lost race drops it.
     cached: tuple[ProviderTickets, int] | None = None
+    # The newest revision of the document this lane has read, written or been
+    # delivered: a document at it is as fresh as this process knows.
+    seen: int = 0
+    # The document as the watch delivers it, once this lane lost a race.
+    followed: Followed | None = None
+    # The revision this lane last lost a race on: the next try waits briefly for the
+    # watch to deliver the one that beat it instead of reading.
+    lost_on: int | None = None
     # When this lane last lost a race (on the injected clock); None: never.
     lost_at: float | None = None
 
@@ -237,6 +248,9 @@ class TicketManager:
         self._backoff_base = backoff_base_seconds
         self._backoff_cap = backoff_cap_seconds
         self._lanes: dict[str, _Lane] = {}
+        # Followed after a lost race, and only with the line (the watch is what tells
+        # an announcer it was served).
+        self._documents = None if requests is None else TicketDocuments(tickets)
 
     async def open(self) -> bool:
         """Follow the requests other processes announce now, rather than from the first
@@ -250,9 +264,11 @@ class TicketManager:
         return [] if self._announcements is None else self._announcements.pending(provider)
 
     async def aclose(self) -> None:
-        """Stop following announced requests (nothing to do without them)."""
+        """Stop following announced requests and ticket documents (if it did)."""
         if self._announcements is not None:
             await self._announcements.aclose()
+        if self._documents is not None:
+            await self._documents.aclose()
 
     # -- reading ---------------------------------------------------------------------
 
@@ -444,26 +460,31 @@ class TicketManager:
         while lane.pending:
             if lane.cached is not None and self._contended(lane):
                 # A winner holding the fresh revision would win again and again (the
-                # losers must read first), also across operations: one claimer per
-                # process releases and claims again in tasks of their own. Under recent
-                # contention step aside briefly and read anew instead.
+                # losers must wait for the watch or read first), also across operations:
+                # one claimer per process releases and claims again in tasks of their
+                # own. Under recent contention step aside briefly instead.
                 lane.cached = None
                 await self._clock.sleep(
                     self._rng.uniform(self._backoff_base * 2, self._backoff_base * 6)
                 )
-                continue
             batch = list(lane.pending)
             cached, lane.cached = lane.cached, None
+            own = cached is not None  # a copy this lane wrote: a loss on it is no race lost
+            delivered = await self._delivered(lane, cached)
+            if delivered is not None:
+                cached, own = delivered, False
             if any(op.reread for op in batch):
                 cached = None  # a claim to decide afresh: read the document too
             known = _known_state(batch)
             retry: set[int] = set()  # claims to decide again on a freshly read state
             try:
                 document, revision, state = await self._read_for(
-                    provider, batch, cached, known
+                    lane, batch, cached, known
                 )
+                lane.seen = max(lane.seen, revision or 0)
                 now = self._clock.now()
-                if self._answer_announced(lane, batch, document, now, fresh=cached is None):
+                fresh = cached is None or cached[1] >= lane.seen
+                if self._answer_announced(lane, batch, document, now, fresh=fresh):
                     batch = [op for op in batch if not op.future.done()]
                     if not batch:
                         continue  # nothing of ours to write
@@ -471,9 +492,10 @@ class TicketManager:
                 changed = decision.changed
                 # A "no" stands only on fresh state: the state read now, and a document
                 # read now or proven current by this batch's compare-and-set. A "no" on
-                # the caller's copy of the state or on the copy this lane last wrote may
-                # be that copy's age (another process released meanwhile): those claims
-                # stay queued and are decided again on a fresh read.
+                # the caller's copy of the state, on the copy this lane last wrote or on
+                # one the watch delivered may be that copy's age (another process
+                # released meanwhile): those claims stay queued and are decided again
+                # on a fresh read.
                 if known is not None or (cached is not None and not changed):
                     for op in batch:
                         if op.kind is OpKind.CLAIM and isinstance(
@@ -483,23 +505,33 @@ class TicketManager:
                             retry.add(id(op))
                 if changed:
                     written = decision.document(provider)
+                    value = written.to_json()
                     if revision is None:
-                        new_revision = await self._tickets.create(key, written.to_json())
+                        new_revision = await self._tickets.create(key, value)
                     else:
                         new_revision = await self._tickets.update(
-                            key, written.to_json(), expected_revision=revision
+                            key, value, expected_revision=revision
                         )
                     lane.cached = (written, new_revision)
+                    lane.seen = max(lane.seen, new_revision)
+                    if lane.followed is not None and self._documents is not None:
+                        self._documents.noted(key, value, new_revision)
                 elif revision is not None and not retry:
                     lane.cached = (document, revision)
             except (RevisionMismatch, KeyExists, StoreUnavailable) as error:
-                for op in batch:  # the next attempt reads the state with the document
-                    op.reread = op.reread or op.kind is OpKind.CLAIM
+                for op in batch:
+                    # The next attempt reads the state: a lost race may mean the card
+                    # changed too. The document comes from the watch when it follows.
+                    op.fresh_state = op.fresh_state or op.kind is OpKind.CLAIM
+                    if isinstance(error, StoreUnavailable):
+                        op.reread = op.reread or op.kind is OpKind.CLAIM
                 if isinstance(error, RevisionMismatch | KeyExists):
                     metrics.CAS_CONFLICTS.inc()
                     lane.lost_at = self._clock.now()
-                if cached is not None and isinstance(error, RevisionMismatch | KeyExists):
-                    continue  # the cached copy was stale: read and decide again, no penalty
+                    lane.lost_on = None if cached is None else cached[1]
+                    self._follow(lane, key)
+                    if own:
+                        continue  # the kept copy was stale: decide again, no penalty
                 conflicts += 1
                 self._count_attempt(lane, batch, provider, error)
                 if isinstance(error, StoreUnavailable):
@@ -522,12 +554,38 @@ class TicketManager:
                     self._finish(lane, op, error=error)
                 continue
             outages = 0
-            if self._announcements is not None:  # written: wake the announcers
+            if self._announcements is not None:  # written: forget what it settled
                 self._announcements.settle(decision.settled, decision.found_settled)
             for op in batch:
                 if id(op) not in retry:
                     self._finish(lane, op, result=results.get(id(op)))
             conflicts = max(0, conflicts - 1)
+
+    def _follow(self, lane: _Lane, key: str) -> None:
+        """Follow the lane's document from now on (the line is on and a race was lost)."""
+        if self._documents is not None and (
+            lane.followed is None or not self._documents.following
+        ):
+            lane.followed = self._documents.follow(key, lane.wake)
+
+    async def _delivered(
+        self, lane: _Lane, cached: tuple[ProviderTickets, int] | None
+    ) -> tuple[ProviderTickets, int] | None:
+        """The followed document when the watch delivered a newer revision than
+        ``cached``; after a lost race, the revision that beat it is waited for briefly
+        (it is usually on its way already) rather than read."""
+        followed = lane.followed
+        if followed is None:
+            return None
+        if cached is None and lane.lost_on is not None and followed.revision <= lane.lost_on:
+            followed.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await self._clock.wait_for(followed.changed.wait(), self._backoff_base * 5)
+        lane.lost_on = None
+        if followed.value is None or followed.revision <= (0 if cached is None else cached[1]):
+            return None
+        lane.seen = max(lane.seen, followed.revision)
+        return ProviderTickets.from_json(followed.value), followed.revision
 
     async def _announce(self, lane: _Lane, batch: list[_Op]) -> bool:
         """Announce the batch's claims and releases that lost races (once each), so
@@ -581,23 +639,50 @@ class TicketManager:
         return answered
 
     async def _pause(self, lane: _Lane, seconds: float) -> None:
-        """Back off; an announced request settled by another writer ends it early."""
+        """Back off; a delivered document that answers an announced operation (its
+        ticket granted, or released) ends it early, and so does the deletion of an
+        announcement by the writer that settled it."""
         if not any(op.announced for op in lane.pending):
             await self._clock.sleep(seconds)
             return
-        if not lane.wake.is_set():
-            with contextlib.suppress(TimeoutError):
-                await self._clock.wait_for(lane.wake.wait(), seconds)
+        deadline = self._clock.now() + seconds
+        while (left := deadline - self._clock.now()) > 0:
+            if not lane.wake.is_set():
+                try:
+                    await self._clock.wait_for(lane.wake.wait(), left)
+                except TimeoutError:
+                    break
+            lane.wake.clear()
+            if self._answerable(lane):
+                break
         lane.wake.clear()
+
+    def _answerable(self, lane: _Lane) -> bool:
+        """Whether the newest delivered document answers one of the lane's announced
+        operations, by a look at its bytes (a ticket id is in them or not), or another
+        writer deleted an announcement (the old signal)."""
+        followed = lane.followed
+        value = None if followed is None else followed.value
+        for op in lane.pending:
+            if op.announced is None:
+                continue
+            if self._announcements is not None and self._announcements.gone(op.announced):
+                return True
+            if value is not None and (op.ticket_id.encode() in value) is (
+                op.kind is OpKind.CLAIM
+            ):
+                return True
+        return False
 
     async def _read_for(
         self,
-        provider: str,
+        lane: _Lane,
         batch: list[_Op],
         cached: tuple[ProviderTickets, int] | None,
         known: ProviderState | None,
     ) -> tuple[ProviderTickets, int | None, ProviderState | None]:
         """The ticket document (cached or read) and, when a claim needs it, the state."""
+        provider = lane.provider
         if known is not None:  # the callers hold the state: at most the document is read
             if cached is not None:
                 return cached[0], cached[1], known
@@ -725,6 +810,7 @@ def _known_state(batch: list[_Op]) -> ProviderState | None:
     The newest submission's copy is used: it was taken last.
     """
     claims = [op for op in batch if op.kind is OpKind.CLAIM]
-    if not claims or any(op.known_state is None or op.reread for op in claims):
+    if not claims or any(op.known_state is None or op.reread or op.fresh_state
+                         for op in claims):
         return None
     return claims[-1].known_state

@@ -579,8 +579,7 @@ class TicketManager:
             return None
         if cached is None and lane.lost_on is not None and followed.revision <= lane.lost_on:
             followed.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await self._clock.wait_for(followed.changed.wait(), self._backoff_base * 5)
+            await self._until(followed.changed, self._backoff_base * 5)
         lane.lost_on = None
         if followed.value is None or followed.revision <= (0 if cached is None else cached[1]):
             return None
@@ -647,15 +646,30 @@ class TicketManager:
             return
         deadline = self._clock.now() + seconds
         while (left := deadline - self._clock.now()) > 0:
-            if not lane.wake.is_set():
-                try:
-                    await self._clock.wait_for(lane.wake.wait(), left)
-                except TimeoutError:
-                    break
+            if not await self._until(lane.wake, left):
+                break
             lane.wake.clear()
             if self._answerable(lane):
                 break
         lane.wake.clear()
+
+    async def _until(self, event: asyncio.Event, seconds: float) -> bool:
+        """Wait until ``event`` is set or ``seconds`` passed; whether it was set.
+
+        The time passes by the injected clock's ``sleep``, as every backoff here does:
+        a manual clock advances itself for it (a test never has to move the clock for a
+        claim to go on), a virtual loop's costs nothing real.
+        """
+        if event.is_set():
+            return True
+        waiter = asyncio.ensure_future(event.wait())
+        sleeper = asyncio.ensure_future(self._clock.sleep(seconds))
+        try:
+            await asyncio.wait((waiter, sleeper), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            sleeper.cancel()
+        return event.is_set()
 
     def _answerable(self, lane: _Lane) -> bool:
         """Whether the newest delivered document answers one of the lane's announced

@@ -467,6 +467,13 @@ class TicketManager:
                 await self._clock.sleep(
                     self._rng.uniform(self._backoff_base * 2, self._backoff_base * 6)
                 )
+            if lane.followed is not None and self._contended(lane):
+                # The lane lost a race moments ago: its new operations are announced
+                # before their first try rather than after losing it, so the next write
+                # by anyone carries them. In bench/kv.py's 20-process run, three runs
+                # in turns each: 60.0, 87.7, 77.3 claims/s this way, 55.7, 56.0, 38.7
+                # announcing after the first loss (load average 13 to 23).
+                await self._announce(lane, lane.pending, eager=True)
             batch = list(lane.pending)
             cached, lane.cached = lane.cached, None
             own = cached is not None  # a copy this lane wrote: a loss on it is no race lost
@@ -586,15 +593,15 @@ class TicketManager:
         lane.seen = max(lane.seen, followed.revision)
         return ProviderTickets.from_json(followed.value), followed.revision
 
-    async def _announce(self, lane: _Lane, batch: list[_Op]) -> bool:
+    async def _announce(self, lane: _Lane, batch: list[_Op], *, eager: bool = False) -> bool:
         """Announce the batch's claims and releases that lost races (once each), so
         that whichever process writes the document next applies them, in order;
-        whether any was announced now."""
+        whether any was announced now. ``eager``: before their first try as well."""
         announcements = self._announcements
         if announcements is None:
             return False
         due = [op for op in batch if not op.future.done() and op.announceable
-               and op.attempts >= _ANNOUNCE_AFTER_LOSSES]
+               and (eager or op.attempts >= _ANNOUNCE_AFTER_LOSSES)]
         if not due:
             return False
         requests = [

@@ -535,7 +535,7 @@ class TicketManager:
                 if isinstance(error, RevisionMismatch | KeyExists):
                     metrics.CAS_CONFLICTS.inc()
                     lane.lost_at = self._clock.now()
-                    lane.lost_on = None if cached is None else cached[1]
+                    lane.lost_on = lane.seen  # the newest revision known lost the race
                     self._follow(lane, key)
                     if own:
                         continue  # the kept copy was stale: decide again, no penalty
@@ -584,11 +584,15 @@ class TicketManager:
         followed = lane.followed
         if followed is None:
             return None
-        if cached is None and lane.lost_on is not None and followed.revision <= lane.lost_on:
+        lost, lane.lost_on = lane.lost_on, None
+        if cached is None and lost is not None and followed.revision <= lost:
             followed.changed.clear()
             await self._until(followed.changed, self._backoff_base * 5)
-        lane.lost_on = None
-        if followed.value is None or followed.revision <= (0 if cached is None else cached[1]):
+        # Only a revision newer than what this lane knows lost, and not older than the
+        # newest it has read or written, is worth a compare-and-set.
+        stale = cached[1] if cached is not None else lost if lost is not None else 0
+        if (followed.value is None or followed.revision <= stale
+                or followed.revision < lane.seen):
             return None
         lane.seen = max(lane.seen, followed.revision)
         return ProviderTickets.from_json(followed.value), followed.revision

@@ -199,3 +199,40 @@ async def test_a_claim_given_up_after_its_announcement_leaves_nothing_behind(
     assert fast.announced(PROVIDER) == []
     await slow.aclose()
     await fast.aclose()
+
+
+class CountedReads:
+    """A real bucket that counts this process's reads of it."""
+
+    def __init__(self, inner: Bucket) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.reads = 0
+
+    async def get(self, key: str) -> object:
+        self.reads += 1
+        return await self.inner.get(key)
+
+    def __getattr__(self, attribute: str) -> object:
+        return getattr(self.inner, attribute)
+
+
+@pytest.mark.parametrize("line", [True, False], ids=["line", "no-line"])
+async def test_after_a_lost_race_the_next_writes_need_no_read(shared: Shared,
+                                                              line: bool) -> None:
+    # Two processes write the same document in turns, so each of A's kept copies is
+    # stale by its next claim. With the line, A follows the document's watch after its
+    # first lost race and writes on the delivered revision; without, it reads each time.
+    counted = CountedReads(shared.tickets)
+    a = shared.manager(1, tickets=counted, line=line)  # type: ignore[arg-type]
+    b = shared.manager(2)
+    for turn in range(6):
+        await b.claim(PROVIDER, "m", 0, f"b-{turn}")
+        await a.claim(PROVIDER, "m", 0, f"a-{turn}")
+    # The first claim reads (nothing kept yet), and so does the try after the first
+    # lost race (the revision that beat it came before the watch began).
+    assert counted.reads <= 2 if line else counted.reads == 6
+    active = await b.active(PROVIDER)
+    assert len(active) == 12
+    await a.aclose()
+    await b.aclose()

@@ -31,6 +31,10 @@ Every worker's ticket manager has the claim line's entrance (claims and releases
 lost a race announced in ``kubemoot_ticket_requests`` for any writer to apply;
 ``docs/shared-state.md``); ``--announce off`` runs the same workers without it.
 
+``--count-requests`` counts, in every worker, the requests its ticket manager sends the
+server (gets, creates and deletes per bucket; compare-and-sets won and lost) and prints
+them per granted claim for each contended run (key ``requestsPerClaimProcesses``).
+
 The last line is one JSON object with the figures the issue asks for.
 """
 
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import multiprocessing as mp
 import random
@@ -58,7 +63,7 @@ from kubemoot.store.documents import (
 )
 from kubemoot.store.memory import MemoryKV
 from kubemoot.store.nats import NatsKV
-from kubemoot.store.protocol import KV, StoreError
+from kubemoot.store.protocol import KV, Bucket, Entry, RevisionMismatch, StoreError, Watch
 from kubemoot.testing.nats_server import running_nats_server
 
 PROVIDER = "gpu-a"
@@ -120,12 +125,62 @@ async def in_turns(
     return samples
 
 
-async def manager(kv: KV, *, announce: bool = True) -> TicketManager:
+class CountingBucket:
+    """A bucket that counts the requests sent through it (``--count-requests``)."""
+
+    def __init__(self, inner: Bucket, what: str, counts: collections.Counter[str]) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._what = what
+        self._counts = counts
+
+    async def get(self, key: str) -> Entry | None:
+        self._counts[f"{self._what} get"] += 1
+        return await self.inner.get(key)
+
+    async def create(self, key: str, value: bytes, *, ttl: float | None = None) -> int:
+        self._counts[f"{self._what} create"] += 1
+        return await self.inner.create(key, value, ttl=ttl)
+
+    async def update(self, key: str, value: bytes, *, expected_revision: int) -> int:
+        try:
+            revision = await self.inner.update(key, value, expected_revision=expected_revision)
+        except RevisionMismatch:
+            self._counts[f"{self._what} update lost"] += 1
+            raise
+        self._counts[f"{self._what} update won"] += 1
+        return revision
+
+    async def put(self, key: str, value: bytes) -> int:
+        self._counts[f"{self._what} put"] += 1
+        return await self.inner.put(key, value)
+
+    async def delete(self, key: str, *, expected_revision: int | None = None) -> None:
+        self._counts[f"{self._what} delete"] += 1
+        await self.inner.delete(key, expected_revision=expected_revision)
+
+    async def keys(self) -> list[str]:
+        return await self.inner.keys()
+
+    def watch(self) -> Watch:
+        return self.inner.watch()
+
+
+async def manager(kv: KV, *, announce: bool = True,
+                  counts: collections.Counter[str] | None = None) -> TicketManager:
     """A ticket manager as a runtime builds one; ``announce``: with the claim line's
-    entrance (claims that lost a race announced for other processes to apply)."""
-    tickets = await kv.bucket(PROVIDER_TICKETS_BUCKET, max_age=600)
-    states = await kv.bucket(PROVIDER_STATE_BUCKET, max_age=600)
-    requests = await kv.bucket(TICKET_REQUESTS_BUCKET, max_age=60) if announce else None
+    entrance (claims that lost a race announced for other processes to apply);
+    ``counts``: count the requests it sends."""
+    tickets: Bucket = await kv.bucket(PROVIDER_TICKETS_BUCKET, max_age=600)
+    states: Bucket = await kv.bucket(PROVIDER_STATE_BUCKET, max_age=600)
+    requests: Bucket | None = (
+        await kv.bucket(TICKET_REQUESTS_BUCKET, max_age=60) if announce else None
+    )
+    if counts is not None:
+        tickets = CountingBucket(tickets, "tickets", counts)
+        states = CountingBucket(states, "state", counts)
+        if requests is not None:
+            requests = CountingBucket(requests, "requests", counts)
     return TicketManager(tickets, states, clock=SystemClock(), requests=requests)
 
 
@@ -169,18 +224,19 @@ async def uncontended(kv: KV, n: int) -> tuple[list[float], list[float], list[fl
 
 def worker(
     url: str, claimers: int, seconds: float, start: Any, seed: int,
-    held: Any, overcommits: Any, results: Any, announce: bool,
+    held: Any, overcommits: Any, results: Any, announce: bool, count: bool = False,
 ) -> None:  # fmt: skip
     asyncio.run(_worker(url, claimers, seconds, start, seed, held, overcommits, results,
-                        announce))
+                        announce, count))
 
 
 async def _worker(
     url: str, claimers: int, seconds: float, start: Any, seed: int,
-    held: Any, overcommits: Any, results: Any, announce: bool,
+    held: Any, overcommits: Any, results: Any, announce: bool, count: bool,
 ) -> None:  # fmt: skip
     kv = await NatsKV.connect(NatsSettings(servers=[url], name=f"bench-{seed}"))
-    tickets = await manager(kv, announce=announce)
+    requests: collections.Counter[str] = collections.Counter()
+    tickets = await manager(kv, announce=announce, counts=requests if count else None)
     await tickets.open()  # follow the others' announcements from the start
     rng = random.Random(seed)
     latencies: list[float] = []
@@ -190,6 +246,7 @@ async def _worker(
     # interpreters starting up take seconds of CPU, and a fixed start time let the first
     # ones race while the rest were still importing (a start-up figure, not a claim one).
     await asyncio.get_running_loop().run_in_executor(None, start.wait, 300)
+    requests.clear()  # from the start on: opening the watches is no claim's cost
     stop = time.perf_counter() + seconds
 
     async def claimer(index: int) -> None:
@@ -226,14 +283,15 @@ async def _worker(
     try:
         await asyncio.gather(*(claimer(i) for i in range(claimers)))
     finally:
-        results.put((latencies, counts))
+        results.put((latencies, counts, dict(requests)))
         await tickets.aclose()
         await kv.close()
 
 
 def contended(
-    url: str, claimers: int, processes: int, seconds: float, announce: bool = True
-) -> dict[str, float]:
+    url: str, claimers: int, processes: int, seconds: float, announce: bool = True,
+    count: bool = False,
+) -> dict[str, Any]:
     context = mp.get_context("spawn")
     held = context.Value("q", 0)
     overcommits = context.Value("q", 0)
@@ -245,7 +303,8 @@ def contended(
     workers = [
         context.Process(
             target=worker,
-            args=(url, n, seconds, start, seed, held, overcommits, results, announce),
+            args=(url, n, seconds, start, seed, held, overcommits, results, announce,
+                  count),
         )
         for seed, n in enumerate(counts)
     ]
@@ -254,8 +313,10 @@ def contended(
     latencies: list[float] = []
     per_worker: list[int] = []  # claims granted to each process
     rejected = conflicts = unavailable = release_failures = 0
+    sent: collections.Counter[str] = collections.Counter()
     for _ in workers:
-        sample, counts = results.get(timeout=120)
+        sample, counts, requests = results.get(timeout=120)
+        sent.update(requests)
         latencies.extend(sample)
         per_worker.append(len(sample))
         rejected += counts["rejected"]
@@ -275,6 +336,8 @@ def contended(
         "overcommits": int(overcommits.value),
         "fairness": fairness(per_worker),
         "claimsPerProcess": sorted(per_worker),
+        **({"requestsPerClaim": {k: round(v / max(1, len(latencies)), 2)
+                                 for k, v in sorted(sent.items())}} if count else {}),
     }
 
 
@@ -298,6 +361,9 @@ async def main(argv: list[str]) -> dict[str, Any]:
                         help="off: claims that lose a race are not announced for other "
                              "processes to apply (every claim races on its own, as before "
                              "the claim line's entrance existed)")
+    parser.add_argument("--count-requests", action="store_true",
+                        help="count the requests every worker's ticket manager sends, per "
+                             "granted claim")
     args = parser.parse_args(argv)
     announce = args.announce == "on"
 
@@ -322,7 +388,7 @@ async def main(argv: list[str]) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         figures = await loop.run_in_executor(
             None, contended, server.url, args.claimers, args.processes, args.seconds,
-            announce,
+            announce, args.count_requests,
         )
         print(f"contended: {args.claimers} claimers in {args.processes} processes "
               f"(one NATS connection each) for {args.seconds} s: {figures}")
@@ -330,7 +396,8 @@ async def main(argv: list[str]) -> dict[str, Any]:
         if args.many_processes:
             many = min(args.many_processes, args.claimers)
             spread = await loop.run_in_executor(
-                None, contended, server.url, args.claimers, many, args.seconds, announce
+                None, contended, server.url, args.claimers, many, args.seconds, announce,
+                args.count_requests,
             )
             print(f"contended: {args.claimers} claimers in {many} processes "
                   f"(one NATS connection each) for {args.seconds} s: {spread}")
@@ -353,6 +420,8 @@ async def main(argv: list[str]) -> dict[str, Any]:
             "claimsPerSecondProcesses": spread["claimsPerSecond"],
             "p99MsProcesses": spread["p99Ms"],
             "overcommitsProcesses": spread["overcommits"],
+            **({"requestsPerClaimProcesses": spread["requestsPerClaim"]}
+               if args.count_requests else {}),
         } if spread else {}),
     }
 

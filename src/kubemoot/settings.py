@@ -116,7 +116,8 @@ class RuntimeSettings:
     #: after its last try (claimers across processes are served first come first).
     claim_line_seconds: float = 5.0
     #: How long a claim or release that lost a race stays announced for other
-    #: processes' writers to apply (its claimer keeps trying on its own meanwhile).
+    #: processes' writers to apply (its claimer keeps trying on its own meanwhile);
+    #: 0 announces nothing: every claim races on its own, and no watch is opened.
     claim_request_seconds: float = 0.5
     #: Prompt size assumed when a call is planned before its prompt exists.
     assumed_prompt_tokens: int = 2048

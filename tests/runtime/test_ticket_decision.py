@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kubemoot.runtime.ticket_decision import (
+    CHECK_FAILED,
     LINE_AHEAD,
     NO_ROOM,
     Gone,
@@ -20,6 +21,7 @@ from kubemoot.runtime.ticket_decision import (
     decide,
 )
 from kubemoot.store.documents import (
+    ClaimCondition,
     LineEntry,
     ProviderTickets,
     RequestKind,
@@ -226,3 +228,46 @@ def test_announced_claims_never_overcommit_and_are_served_first_come(
     if waiting is not None:
         later = [t for t in new if order.index(t.ticket_id) > waiting]
         assert all(t.model_footprint_mib == 0 for t in later)
+
+
+def test_an_announced_claims_condition_is_judged_by_the_writer() -> None:
+    # Another process's unload plan: "old" must still be resident and idle. The writer
+    # judges that on the documents it writes, as the claimer's own write would have.
+    state = provider_state("gpu", usable_mib=10000, loaded={"old": 4000})
+    plan = _ticket("plan", 4000).model_copy(update={"evicts": {"old": 4000}})
+    request = TicketRequest(provider="gpu", kind=RequestKind.CLAIM, ticket_id="plan",
+                            ticket=plan, expires_at=NOW + 2,
+                            condition=ClaimCondition(idle_victims=["old"]))
+    busy = _ticket("user", 0).model_copy(update={"model": "old"})  # someone uses "old"
+    refused = decide(_doc(busy), state, NOW, [], line_seconds=LINE_SECONDS,
+                     announced=[request])
+    assert [t.ticket_id for t in refused.tickets] == ["user"]
+    assert refused.settled == [] and refused.line == []  # not a wait for memory
+    granted = decide(_doc(), state, NOW, [], line_seconds=LINE_SECONDS, announced=[request])
+    assert [(t.ticket_id, t.evicts_first) for t in granted.tickets] == [("plan", ["old"])]
+    # A second plan sharing the victim is granted too (they share its memory) but does
+    # not report the eviction: the first plan's ticket does.
+    second = _claim("second", 0).ticket
+    assert second is not None
+    shared = decide(granted.document("gpu"), state, NOW, [TicketOp(
+        OpKind.CLAIM, "second", ticket=second.model_copy(update={"evicts": {"old": 4000}}),
+        condition=ClaimCondition(idle_victims=["old"]))], line_seconds=LINE_SECONDS)
+    outcome = shared.outcomes[0]
+    assert isinstance(outcome, Ticket) and outcome.evicts_first == []
+
+
+@pytest.mark.parametrize(
+    ("condition", "granted"),
+    [
+        pytest.param(ClaimCondition(prompt_tokens=100), True, id="context-holds"),
+        pytest.param(ClaimCondition(prompt_tokens=9000), False, id="context-too-small"),
+        pytest.param(ClaimCondition(warm=True), False, id="no-copy"),
+    ],
+)
+def test_a_claims_condition_is_data(condition: ClaimCondition, granted: bool) -> None:
+    state = provider_state("gpu", usable_mib=10000, context=8192)
+    op = TicketOp(OpKind.CLAIM, "t", ticket=_ticket("t", 1000), condition=condition)
+    decision = decide(_doc(), state, NOW, [op], line_seconds=LINE_SECONDS)
+    assert isinstance(decision.outcomes[0], Ticket) is granted
+    if not granted:
+        assert decision.outcomes == [Refused(CHECK_FAILED)]

@@ -38,6 +38,8 @@ from kubemoot.store.documents import (
     MODEL_DEMAND_MAX_AGE_SECONDS,
     PROVIDER_STATE_BUCKET,
     PROVIDER_TICKETS_BUCKET,
+    TICKET_REQUESTS_BUCKET,
+    TICKET_REQUESTS_MAX_AGE_SECONDS,
 )
 from kubemoot.store.protocol import KV, Bucket
 
@@ -77,6 +79,8 @@ class Runtime:
         """
         if follow:
             await self.view.follow()
+            # the claim line's entrance: other processes' announced claims, from now on
+            await self.tickets.open()
         if watch:
             # On failure watch.started stays False: the waiter stands busy calls aside.
             with contextlib.suppress(WatchUnavailable):
@@ -91,6 +95,7 @@ class Runtime:
         """Stop the capacity watch and the view's watches (the store stays open)."""
         await self.watch.close()
         await self.view.close()
+        await self.tickets.aclose()
 
 
 async def build_runtime(
@@ -113,6 +118,12 @@ async def build_runtime(
     states = await kv.bucket(PROVIDER_STATE_BUCKET)
     tickets_bucket = await kv.bucket(PROVIDER_TICKETS_BUCKET)
     demand_bucket = await kv.bucket(MODEL_DEMAND_BUCKET, max_age=MODEL_DEMAND_MAX_AGE_SECONDS)
+    # Claims that lost a race are announced here for any process's writer to apply
+    # (the claim line across processes); a request time of 0 keeps every claim racing.
+    requests = (
+        await kv.bucket(TICKET_REQUESTS_BUCKET, max_age=TICKET_REQUESTS_MAX_AGE_SECONDS)
+        if settings.claim_request_seconds > 0 else None
+    )
     latency = LatencyTracker(
         alpha=settings.latency_ema_alpha, default_seconds=settings.default_latency_seconds
     )
@@ -125,7 +136,9 @@ async def build_runtime(
     tickets = TicketManager(tickets_bucket, states, clock=clock,
                             ttl_seconds=settings.ticket_ttl_seconds,
                             max_attempts=settings.claim_attempts, rng=rng,
-                            line_seconds=settings.claim_line_seconds)
+                            line_seconds=settings.claim_line_seconds,
+                            requests=requests,
+                            request_seconds=settings.claim_request_seconds)
     board = DemandBoard(demand_bucket, clock=clock, settings=settings)
     occupancy = OccupancyBook(settings=settings, declared=declared)
     planner = CallPlanner(

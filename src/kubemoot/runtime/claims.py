@@ -2,21 +2,25 @@
 
 :class:`Claims` turns an :class:`~kubemoot.runtime.cost.Option` of a
 :class:`~kubemoot.runtime.options.Round` into a ticket through the
-:class:`~kubemoot.runtime.tickets.TicketManager`. Every claim carries a check that
-re-judges the option inside the compare-and-set, against the documents being updated,
-so an option that went away between pricing and claiming is refused (``None``), never
-overcommitted: a copy must still be there, usable, and (unless the call queues) have
-a free slot; a cold load's provider must still be ready with a context that holds the
-prompt (the memory itself is the budget's to judge).
+:class:`~kubemoot.runtime.tickets.TicketManager`. Every claim carries a condition
+that re-judges the option inside the compare-and-set, against the documents being
+updated, so an option that went away between pricing and claiming is refused
+(``None``), never overcommitted: a copy must still be there, usable, and (unless the
+call queues) have a free slot; a cold load's provider must still be ready with a
+context that holds the prompt (the memory itself is the budget's to judge). The
+condition is data (:class:`~kubemoot.store.documents.ClaimCondition`), so a claim that
+lost a race can be announced on the claim line and granted by another process's write,
+which judges the same condition (:mod:`kubemoot.runtime.conditions`).
 
 Claim first, then release. An unload plan's ticket is claimed *before* anything is
 unloaded and names its victims (``evicts``), so the budget counts their memory as
 credit exactly once across all planners. Inside the compare-and-set the claim is
 refused when a victim picked up a ticket of its own in the meantime (someone started
-using it) or is no longer resident. Only after the claim holds are the victims
-unloaded through the provider client and their residency entries dropped from the
-provider-state document; an unload that fails releases the ticket and counts against
-the provider's circuit.
+using it) or is no longer resident. The writer that grants it records which victims
+no earlier live ticket planned (``evictsFirst``): this claim reports their eviction.
+Only after the claim holds are the victims unloaded through the provider client and
+their residency entries dropped from the provider-state document; an unload that fails
+releases the ticket and counts against the provider's circuit.
 """
 
 from __future__ import annotations
@@ -27,13 +31,12 @@ from dataclasses import dataclass
 
 from kubemoot import metrics
 from kubemoot.providers.protocol import ProviderClient, ProviderError
-from kubemoot.runtime import faults, filters
+from kubemoot.runtime import faults
 from kubemoot.runtime.cost import Option, OptionKind
 from kubemoot.runtime.options import Round
-from kubemoot.runtime.snapshot import ProviderSnapshot
 from kubemoot.runtime.tickets import Check, ClaimConflict, ClaimRejected, TicketManager
 from kubemoot.runtime.view import ProviderView
-from kubemoot.store.documents import ProviderState, Ticket, TicketState
+from kubemoot.store.documents import ClaimCondition, ProviderState, Ticket, TicketState
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import Bucket, RevisionMismatch
 
@@ -86,23 +89,15 @@ class Claims:
             state is TicketState.RUNNING
         ):
             state = TicketState.LOADING
-        planned_before: set[str] = set()
-        check = _check_for(rnd, option)
-
-        def owning(snapshot: ProviderSnapshot) -> bool:
-            # inside the compare-and-set: the victims another ticket already planned
-            # are that ticket's evictions, not this one's (the last run is the one kept)
-            planned_before.clear()
-            planned_before.update(snapshot.planned_victims())
-            return check(snapshot)
-
         ticket = await self.claim_ticket(
-            option, holder_id, state=state, check=owning if option.victims else check,
+            option, holder_id, state=state, condition=condition_for(rnd, option),
             provider_state=p.state,
         )
         if ticket is None:
             return None
-        ours = tuple(v for v in option.victims if v not in planned_before)
+        # The victims another ticket already planned are that ticket's evictions.
+        first = set(ticket.evicts_first or ())
+        ours = tuple(v for v in option.victims if v in first)
         if option.victims and not await self._unload_victims(option, ticket, ours):
             return None
         return Claim(option, ticket, p.state.endpoint, p.context_for(option.model), ours)
@@ -113,18 +108,21 @@ class Claims:
         holder_id: str,
         *,
         state: TicketState,
-        check: Check,
+        condition: ClaimCondition | None = None,
+        check: Check | None = None,
         provider_state: ProviderState | None = None,
     ) -> Ticket | None:
         """The ticket of ``option`` (its footprint and victims), or ``None`` if refused.
 
-        ``provider_state`` is the round's copy, so the claim need not read it again.
+        ``condition`` (data) and ``check`` (code, which keeps the claim off the line)
+        are what must hold besides the memory. ``provider_state`` is the round's copy,
+        so the claim need not read it again.
         """
         try:
             ticket = await self.tickets.claim(
                 option.provider, option.model, option.footprint_mib, holder_id,
                 state=state, evicts=dict(option.evicts) or None, check=check,
-                provider_state=provider_state,
+                condition=condition, provider_state=provider_state,
             )
         except (ClaimRejected, ClaimConflict):
             self.view.invalidate(option.provider)  # the state moved: read it again
@@ -156,48 +154,22 @@ class Claims:
         return True
 
 
-# -- the checks made inside the compare-and-set ------------------------------------
+# -- the conditions judged inside the compare-and-set ------------------------------
 
 
-def _check_for(rnd: Round, option: Option) -> Check:
+def condition_for(rnd: Round, option: Option) -> ClaimCondition:
+    """What must still hold for ``option`` when its claim is granted, in any process."""
     if option.kind is OptionKind.UNLOAD:
-        return victims_idle_check(option, rnd.prompt_tokens)
+        # every victim still resident and without a ticket, and the load still possible
+        return ClaimCondition(prompt_tokens=rnd.prompt_tokens,
+                              idle_victims=list(option.victims))
     if option.kind is OptionKind.COLD_LOAD:
-        return _cold_check(option.model, rnd.prompt_tokens)
-    return _copy_check(option, rnd.prompt_tokens, free_slot=option.kind is not OptionKind.QUEUE,
-                       ahead=rnd.ahead_of(option.provider, option.model))
-
-
-def _copy_check(option: Option, prompt_tokens: int | None, *, free_slot: bool,
-                ahead: int) -> Check:
-    def check(p: ProviderSnapshot) -> bool:
-        if not p.has_copy(option.model):
-            return False
-        if not filters.feasible(filters.warm_gates(p, option.model, prompt_tokens)):
-            return False
-        return not free_slot or p.has_free_slot(option.model, ahead=ahead)
-
-    return check
-
-
-def _cold_check(model: str, prompt_tokens: int | None) -> Check:
-    def check(p: ProviderSnapshot) -> bool:
-        gates = [filters.ready_gate(p), filters.context_gate(p, model, prompt_tokens)]
-        return filters.feasible(gates)  # the memory itself is the budget's to judge
-
-    return check
-
-
-def victims_idle_check(option: Option, prompt_tokens: int | None) -> Check:
-    """Inside the CAS: every victim still resident and without a ticket of its own."""
-
-    def check(p: ProviderSnapshot) -> bool:
-        busy = {t.model for t in p.tickets}
-        if any(v in busy or not p.is_resident(v) for v in option.victims):
-            return False
-        return _cold_check(option.model, prompt_tokens)(p)
-
-    return check
+        return ClaimCondition(prompt_tokens=rnd.prompt_tokens)
+    free_slot = option.kind is not OptionKind.QUEUE
+    return ClaimCondition(
+        prompt_tokens=rnd.prompt_tokens, warm=True,
+        free_slot_ahead=rnd.ahead_of(option.provider, option.model) if free_slot else None,
+    )
 
 
 async def drop_residency(states: Bucket, provider: str, model: str) -> bool:

@@ -11,22 +11,26 @@ The rules, in arrival order:
 
 * **claim** — granted when the ticket's footprint fits the provider's headroom (counting
   the victims it plans to unload) *and* the memory is not promised to claimers in the
-  provider's line before it, and when its own check holds; a claim refused for memory
+  provider's line before it, and when its condition (data) and its check (code) hold;
+  a claim refused for memory
   takes a place in the line (or keeps it) so memory freed later drains to it first. A
   claim whose ticket is already present was granted by a write whose acknowledgement
-  was lost: granted again, not added twice.
+  was lost: granted again, not added twice. A granted ticket that plans victims is
+  told which of them no earlier live ticket planned (``evictsFirst``).
 * **release** — the ticket goes; an absent one is already released.
 * **renew**, **state** — the ticket's expiry moves to now + its TTL (and a state change
   sets the state); an absent ticket is :class:`Gone`.
 
 Before the batch, the requests other processes *announced* after losing a race (see
 :class:`~kubemoot.store.documents.TicketRequest`) are applied in the order they were
-announced: an announced claim is granted when it fits beside the line's promises and
-was not served before (it is then marked ``served`` until its announcement lapses, so a
-writer with a late view never grants it twice); one that does not fit takes its place
-in the line, as a refused claim does, and is left for its claimer to hear "no" on its
-own next decision. An announced release removes its ticket. Announced requests were
-waiting before anything in the batch, which is why they go first.
+announced: an announced claim is granted when it fits beside the line's promises, its
+condition holds (:mod:`kubemoot.runtime.conditions`), and it was not served before (it
+is then marked ``served`` until its announcement lapses, so a writer with a late view
+never grants it twice); one that does not fit takes its place in the line, as a
+refused claim does, and one whose condition fails is left alone; either way its
+claimer hears "no" on its own next decision. An announced release removes its ticket.
+Announced requests were waiting before anything in the batch, which is why they go
+first.
 
 Expired tickets, lapsed places in the line and lapsed ``served`` marks are pruned by
 every decision that writes.
@@ -39,8 +43,10 @@ from dataclasses import dataclass
 from enum import Enum
 
 from kubemoot.runtime.budget import fits
+from kubemoot.runtime.conditions import holds
 from kubemoot.runtime.snapshot import ProviderSnapshot
 from kubemoot.store.documents import (
+    ClaimCondition,
     LineEntry,
     ProviderState,
     ProviderTickets,
@@ -90,7 +96,8 @@ class TicketOp:
     kind: OpKind
     ticket_id: str
     ticket: Ticket | None = None  # CLAIM: the ticket to add
-    check: Check | None = None  # CLAIM
+    check: Check | None = None  # CLAIM: code, judged only by the claimer's process
+    condition: ClaimCondition | None = None  # CLAIM: data, judged by any writer
     ttl_seconds: float = 0.0  # RENEW and STATE: the expiry moves to now + this
     state: TicketState | None = None  # STATE
     abandoned: bool = False  # CLAIM: nobody waits for it any more
@@ -176,15 +183,16 @@ def decide(doc: ProviderTickets, state: ProviderState | None, now: float,
             if op.abandoned:
                 outcomes.append(None)  # nobody is waiting for it any more
                 continue
-            reason, ceiling = _refusal(state, tickets, line, now, op.ticket, op.check)
+            reason, ceiling = _refusal(state, tickets, line, now, op.ticket, op.check,
+                                       op.condition)
             if reason is not None:
                 outcomes.append(Refused(reason))
                 changed = _keep_place(line, now, op.ticket, ceiling, line_seconds) or changed
                 continue
-            _grant(op.ticket, tickets, line)
+            granted = _grant(op.ticket, tickets, line)
             if op.announced_until is not None:
                 served[op.ticket_id] = op.announced_until
-            outcomes.append(op.ticket)
+            outcomes.append(granted)
             changed = True
         elif op.kind is OpKind.RELEASE:
             if index is not None:
@@ -208,11 +216,19 @@ def decide(doc: ProviderTickets, state: ProviderState | None, now: float,
     return Decision(tickets, line, changed, outcomes, served, settled, found_settled)
 
 
-def _grant(ticket: Ticket, tickets: list[Ticket], line: list[LineEntry]) -> None:
+def _grant(ticket: Ticket, tickets: list[Ticket], line: list[LineEntry]) -> Ticket:
+    """Add the ticket (out of the line); the ticket as granted."""
+    if ticket.evicts:
+        # Two plans may share a victim; the one whose ticket came first reports it.
+        planned = {v for t in tickets for v in t.evicts}
+        first = [v for v in ticket.evicts if v not in planned]
+        if first != ticket.evicts_first:
+            ticket = ticket.model_copy(update={"evicts_first": first})
     tickets.append(ticket)
     kept = [e for e in line if e.holder_id != ticket.holder_id]
     if len(kept) != len(line):
         line[:] = kept  # served: out of the line
+    return ticket
 
 
 def _apply_announced(
@@ -235,7 +251,8 @@ def _apply_announced(
         return True, False  # granted already (and perhaps released since)
     if request.expires_at <= now or request.ticket is None:
         return False, False  # lapsed: its claimer decides it itself
-    reason, ceiling = _refusal(state, tickets, line, now, request.ticket, None)
+    reason, ceiling = _refusal(state, tickets, line, now, request.ticket, None,
+                               request.condition)
     if reason is not None:
         # Not now: it keeps a place in the line like any claimer refused for memory,
         # so what is freed later goes to it first; its claimer hears "no" itself.
@@ -252,12 +269,13 @@ def _refusal(
     now: float,
     ticket: Ticket,
     check: Check | None,
+    condition: ClaimCondition | None,
 ) -> tuple[str | None, int | None]:
     """Why the claim cannot be granted (None: it can), and the provider's ceiling for
     it (what it could ever free; None when a refusal is no wait for memory). The
     provider's headroom is counted once per claim."""
     footprint = ticket.model_footprint_mib
-    if footprint <= 0 and check is None:
+    if footprint <= 0 and check is None and condition is None:
         return None, None  # spends nothing and asks nothing: nothing to judge
     p = ProviderSnapshot.of_documents(state, tickets, now)
     headroom = ceiling = None
@@ -272,6 +290,8 @@ def _refusal(
         if ahead and not fits(footprint + ahead, headroom):
             reason = LINE_AHEAD
     if reason is None:
+        if condition is not None and not holds(condition, p, ticket.model):
+            return CHECK_FAILED, None
         if check is not None and (p is None or not check(p)):
             return CHECK_FAILED, None  # not a wait for memory: no place in the line
         return None, ceiling

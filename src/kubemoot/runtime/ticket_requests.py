@@ -12,10 +12,15 @@ applies every request announced there, oldest first
 (:func:`~kubemoot.runtime.ticket_decision.decide`). One write then serves claimers in
 many processes, and a claimer that keeps losing is served by whoever wins.
 
-The announcer keeps trying on its own as well and waits between tries on this watch
-(the writer that settles the last request of an announcement deletes its key, which
-wakes the announcer). This module keeps the followed requests and the keys; the
-decision is :mod:`kubemoot.runtime.ticket_decision`'s, the retries are
+The announcer keeps trying on its own as well, and between tries it waits on the
+ticket document's own watch (:mod:`kubemoot.runtime.ticket_documents`): the revision
+that carries its ticket answers it. Nobody deletes the key (a deletion is one more
+delivery to every process): a writer that finds an announcement settled in the
+document (granted, or marked ``served``) writes nothing for it and forgets it, a
+request is never applied after its ``expiresAt``, and the bucket's max age removes the
+key. Writers of earlier versions deleted the keys they settled; such a deletion still
+wakes the announcer. This module keeps the followed requests and the
+keys; the decision is :mod:`kubemoot.runtime.ticket_decision`'s, the retries are
 :mod:`kubemoot.runtime.tickets`'.
 """
 
@@ -66,7 +71,6 @@ class Announcements:
         self._followers = Followers(_SITE, "ticket-request")
         self._opening: asyncio.Task[None] | None = None
         self._following = False
-        self._deletes: set[asyncio.Task[None]] = set()
 
     # -- following ------------------------------------------------------------------
 
@@ -120,9 +124,7 @@ class Announcements:
         self._pending.setdefault(announced.provider, {})[change.key] = list(announced.requests)
 
     async def aclose(self) -> None:
-        """Stop following; pending deletions of keys finish first."""
-        if self._deletes:
-            await asyncio.gather(*self._deletes, return_exceptions=True)
+        """Stop following."""
         if self._opening is not None and not self._opening.done():
             self._opening.cancel()
         await self._followers.close()
@@ -147,24 +149,24 @@ class Announcements:
 
     def settle(self, applied: list[TicketRequest], found: list[TicketRequest]) -> None:
         """Forget the requests a successful write ``applied`` and those it ``found``
-        applied by someone else. An announcement this write completed is deleted (that
-        wakes its announcer); one completed by someone else is left to that writer (a
-        delete by every process that noticed would be read by all of them)."""
-        done = {r.identity for r in applied}
-        known = done | {r.identity for r in found}
+        applied by someone else. The keys are their announcers' to delete: an announcer
+        learns from the ticket document's watch that it was served, and a delete here
+        would cost a round trip and a delivery to every process for nothing."""
+        known = {r.identity for r in (*applied, *found)}
         for provider in {r.provider for r in (*applied, *found)}:
             keys = self._pending.get(provider, {})
             for key in list(keys):
-                before = keys[key]
-                left = [r for r in before if r.identity not in known]
-                if len(left) == len(before):
-                    continue
+                left = [r for r in keys[key] if r.identity not in known]
                 if left:
                     keys[key] = left
-                    continue
-                del keys[key]
-                if any(r.identity in done for r in before):
-                    self._delete(key)
+                else:
+                    del keys[key]
+
+    def gone(self, key: str) -> bool:
+        """Whether a writer deleted our announcement ``key`` (a writer of an earlier
+        version does so once it settled all of it)."""
+        own = self._own.get(key)
+        return own is not None and own.gone
 
     # -- our own announcements ---------------------------------------------------------
 
@@ -196,25 +198,13 @@ class Announcements:
                              **fields)  # type: ignore[arg-type]
 
     def answered(self, key: str, ticket_id: str) -> None:
-        """One of our announced requests has its answer; the last one withdraws the
-        announcement (its key is deleted unless a writer did so already)."""
+        """One of our announced requests has its answer; the last one ends the
+        announcement here. Its key is not deleted: a deletion would be delivered to
+        every process that follows the bucket, and nobody applies a request after its
+        ``expiresAt`` anyway. The bucket's max age removes the key."""
         own = self._own.get(key)
         if own is None:
             return
         own.waiting.discard(ticket_id)
-        if own.waiting:
-            return
-        del self._own[key]
-        if not own.gone:
-            self._delete(key)
-
-    def _delete(self, key: str) -> None:
-        task = asyncio.get_running_loop().create_task(self._delete_now(key))
-        self._deletes.add(task)
-        task.add_done_callback(self._deletes.discard)
-
-    async def _delete_now(self, key: str) -> None:
-        try:
-            await self._bucket.delete(key)
-        except StoreError as error:  # it lapses anyway, and writers ignore it by then
-            faults.noted(_SITE, faults.CLEANUP, f"deleting announced requests {key}", error)
+        if not own.waiting:
+            del self._own[key]

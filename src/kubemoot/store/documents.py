@@ -20,6 +20,9 @@ PROVIDER_TICKETS_BUCKET = "kubemoot_provider_tickets"
 #: Claims and releases that lost a race, announced for any writer of the ticket
 #: document to apply (one key per request, so announcing needs no compare-and-set).
 TICKET_REQUESTS_BUCKET = "kubemoot_ticket_requests"
+#: Its max age: removes the key of an announcer that died before deleting it (nobody
+#: applies a request after its ``expiresAt`` in any case, a fraction of a second).
+TICKET_REQUESTS_MAX_AGE_SECONDS = 60.0
 MODEL_DEMAND_BUCKET = "kubemoot_model_demand"
 #: The demand bucket's max age (DESIGN §6): whatever its writers forget is gone by then.
 MODEL_DEMAND_MAX_AGE_SECONDS = 6 * 3600.0
@@ -102,6 +105,10 @@ class Ticket(_Doc):
     started_at: float
     expires_at: float
     evicts: dict[str, int] = Field(default_factory=dict)  # planned victims: model → MiB
+    # The planned victims no earlier live ticket planned when this one was granted, set
+    # by whichever writer granted it: its holder reports their eviction (once, DESIGN §9).
+    # Absent (None) on tickets that plan no victims: the wire stays DESIGN §6's there.
+    evicts_first: list[str] | None = None
 
 
 class LineEntry(_Doc):
@@ -135,6 +142,11 @@ class ProviderTickets(_Doc):
     def from_json(cls, data: bytes) -> ProviderTickets:
         return cls.model_validate_json(data)
 
+    def to_json(self) -> bytes:
+        # No field of the document or its tickets is None but a ticket's evictsFirst
+        # when it plans no victims, which is then left off the wire.
+        return self.model_dump_json(by_alias=True, exclude_none=True).encode("utf-8")
+
     def active(self, now: float) -> list[Ticket]:
         """Tickets not yet expired; readers ignore the rest."""
         return [t for t in self.tickets if t.expires_at > now]
@@ -147,17 +159,40 @@ class RequestKind(StrEnum):
     RELEASE = "release"
 
 
+class ClaimCondition(_Doc):
+    """What a claim asks of its provider besides memory, as data any writer can judge.
+
+    The claimer priced an option on its view of the provider; the condition says what
+    must still hold in the documents being written for the option to be what it
+    priced, so a writer in another process can grant an announced claim exactly when
+    its claimer would have. It concerns the ticket's model.
+    """
+
+    # The provider must be ready (always asked for today; kept so a later claim may not).
+    ready: bool = True
+    # The model's context on the provider must hold this many tokens (None: no prompt).
+    prompt_tokens: int | None = None
+    # A copy of the model must be resident or loading, and not planned for unload.
+    warm: bool = False
+    # A call slot on that copy must be free once this many earlier calls took theirs
+    # (None: the call queues and needs no free slot).
+    free_slot_ahead: int | None = None
+    # Every one of these must still be resident and without a ticket of its own.
+    idle_victims: list[str] = Field(default_factory=list)
+
+
 class TicketRequest(_Doc):
     """One announced operation: a claim (with the ticket to grant) or a release.
 
-    Past ``expiresAt`` nobody applies it. A claim is announced only when it carries no
-    check of its own (a check is code, which another process cannot run).
+    Past ``expiresAt`` nobody applies it. A claim carries its condition as data (a
+    check in code, which another process cannot run, is never announced).
     """
 
     provider: str
     kind: RequestKind
     ticket_id: str
     ticket: Ticket | None = None  # CLAIM: the ticket to grant
+    condition: ClaimCondition | None = None  # CLAIM: None asks only for the memory
     expires_at: float
 
     @property

@@ -1,0 +1,42 @@
+"""Judging a claim's condition: pure, the same in every process.
+
+A :class:`~kubemoot.store.documents.ClaimCondition` is what the runtime's claims used
+to carry as code ("the copy still has a free slot", "the victims are still idle").
+As data it travels in an announced request, and whichever writer applies the request
+judges it here, against the documents it is about to write, with the very gates the
+runtime priced the option with (:mod:`kubemoot.runtime.filters`). Inside a claim the
+provider's circuit is not known (circuits are each process's own), so the circuit gate
+passes; the claimer priced the option with its own circuits before claiming.
+"""
+
+from __future__ import annotations
+
+from kubemoot.runtime import filters
+from kubemoot.runtime.snapshot import ProviderSnapshot
+from kubemoot.store.documents import ClaimCondition
+
+__all__ = ["holds"]
+
+
+def holds(condition: ClaimCondition, p: ProviderSnapshot | None, model: str) -> bool:
+    """Whether ``condition`` holds for a claim of ``model`` on the provider ``p``.
+
+    The provider must be ready in every case; a provider without a state holds no
+    condition, since nothing about it is known.
+    """
+    if p is None:
+        return False
+    if condition.idle_victims:
+        busy = {t.model for t in p.tickets}
+        if any(v in busy or not p.is_resident(v) for v in condition.idle_victims):
+            return False
+    if condition.warm:
+        if not p.has_copy(model):
+            return False
+        gates = filters.warm_gates(p, model, condition.prompt_tokens)
+    else:  # a load: the memory itself is the budget's to judge
+        gates = [filters.ready_gate(p), filters.context_gate(p, model, condition.prompt_tokens)]
+    if not filters.feasible(gates):
+        return False
+    ahead = condition.free_slot_ahead
+    return ahead is None or p.has_free_slot(model, ahead=ahead)

@@ -196,7 +196,7 @@ class ProviderSnapshot:
     @property
     def copies(self) -> frozenset[str]:
         """Models resident here or being loaded here by a ticket."""
-        return self._per_model().copies
+        return self._budgeted().copies
 
     def credit_mib(self, victims: Iterable[str]) -> int:
         """Memory the distinct ``victims`` free, counting only those still resident."""
@@ -265,7 +265,7 @@ class ProviderSnapshot:
 
     def has_copy(self, model: str) -> bool:
         """Resident, or being loaded by a ticket."""
-        return model in self._per_model().copies
+        return model in self._budgeted().copies
 
     def context_for(self, model: str) -> int | None:
         """Context of (this provider, model): observed when loaded, else configured."""
@@ -315,26 +315,38 @@ class _Residency:
 
 
 class _Budget:
-    """What a claim's headroom needs: memory still loading, models planned for unload."""
+    """What a claim asks first: memory still loading, models planned for unload, and
+    which models have a copy here (resident, or loading for a ticket)."""
 
-    __slots__ = ("loading_mib", "victims")
+    __slots__ = ("copies", "loading_mib", "victims")
 
-    def __init__(self, loading_mib: int, victims: frozenset[str]) -> None:
+    def __init__(self, loading_mib: int, victims: frozenset[str],
+                 copies: frozenset[str]) -> None:
         self.loading_mib = loading_mib
         self.victims = victims
+        self.copies = copies
 
     @classmethod
     def of(cls, tickets: tuple[Ticket, ...], residents: dict[str, int]) -> _Budget:
-        return cls(
-            sum(t.model_footprint_mib for t in tickets if t.model not in residents),
-            frozenset(v for t in tickets for v in t.evicts),
-        )
+        loading_mib = 0
+        loading: set[str] = set()
+        victims: set[str] = set()
+        for t in tickets:
+            if t.evicts:
+                victims.update(t.evicts)
+            if t.model in residents:
+                continue
+            loading_mib += t.model_footprint_mib
+            # the same rule as _loaders: a sized ticket, or one in state loading
+            if t.model_footprint_mib > 0 or t.state is TicketState.LOADING:
+                loading.add(t.model)
+        return cls(loading_mib, frozenset(victims), frozenset(residents) | loading)
 
 
 class _Calls:
-    """Per model: its tickets, the calls in flight, its loader, and its copies."""
+    """Per model: its tickets, the calls in flight, and its loader."""
 
-    __slots__ = ("by_model", "copies", "first_call", "in_flight", "load_mib", "load_started")
+    __slots__ = ("by_model", "first_call", "in_flight", "load_mib", "load_started")
 
     def __init__(self, by_model: dict[str, list[Ticket]], residents: dict[str, int]) -> None:
         self.by_model = by_model
@@ -355,7 +367,6 @@ class _Calls:
             m: ts[0].model_footprint_mib for m, ts in loaders.items()
             if ts[0].model_footprint_mib > 0
         }
-        self.copies: frozenset[str] = frozenset(residents) | frozenset(loaders)
 
     @classmethod
     def of(cls, tickets: tuple[Ticket, ...], residents: dict[str, int]) -> _Calls:

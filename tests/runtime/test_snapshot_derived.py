@@ -120,3 +120,19 @@ def test_a_snapshot_is_a_value_equal_by_its_documents_and_never_changed() -> Non
     with pytest.raises((AttributeError, FrozenInstanceError)):
         first.tickets = ()  # type: ignore[misc]
     assert NOW > 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(earlier=_snapshots(), later=_snapshots(), model=st.sampled_from(MODELS))
+def test_a_rebuilt_snapshot_shares_only_a_residency_of_the_same_state(
+    earlier: ProviderSnapshot, later: ProviderSnapshot, model: str
+) -> None:
+    assert earlier.resident_total >= 0  # worked out on the earlier one
+    same_state = ProviderSnapshot(state=earlier.state, tickets=later.tickets,
+                                  latency_seconds=2.0).sharing_residency(earlier)
+    other_state = ProviderSnapshot(state=later.state,
+                                   tickets=later.tickets).sharing_residency(earlier)
+    for rebuilt in (same_state, other_state):
+        expected = _expected(rebuilt, model)
+        for question, ask in _QUESTIONS.items():
+            assert ask(rebuilt, model) == expected[question], question

@@ -138,6 +138,14 @@ class ProviderSnapshot:
 
     # -- derived, on first use --------------------------------------------------------
 
+    def sharing_residency(self, earlier: ProviderSnapshot) -> ProviderSnapshot:
+        """This snapshot, told what ``earlier`` worked out of the same state document
+        (only its tickets, latency or circuit differ): the residency is not derived
+        again. Returns ``self``."""
+        if earlier.state is self.state and self._residency is None:
+            object.__setattr__(self, "_residency", earlier._residency)
+        return self
+
     def _resident(self) -> _Residency:
         found = self._residency
         if found is None:

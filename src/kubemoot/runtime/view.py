@@ -361,6 +361,8 @@ class ProviderView:
         snapshot = ProviderSnapshot(
             state=shown, tickets=active, latency_seconds=latency, circuit_open=circuit_open
         )
+        if cached is not None:  # most rebuilds follow a ticket change: the state is the same
+            snapshot.sharing_residency(cached.snapshot)
         valid_until = min((t.expires_at for t in active), default=float("inf"))
         if (expiry := next_expiry(shown)) is not None:  # rebuilt when a copy lapses
             valid_until = min(valid_until, expiry)

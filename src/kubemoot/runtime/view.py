@@ -296,8 +296,14 @@ class ProviderView:
     def _current_index(self, now: float) -> FleetIndex:
         dirty = self._dirty
         self._dirty = set()
-        while self._lapses and self._lapses[0][0] <= now:
-            dirty.add(heapq.heappop(self._lapses)[1])
+        lapses = self._lapses
+        while lapses and lapses[0][0] <= now:
+            at, name = heapq.heappop(lapses)
+            built = self._built.get(name)
+            # an entry of a snapshot since replaced lapses nothing: its successor has
+            # an entry of its own (a rebuild would find the cached snapshot still good)
+            if built is not None and built.valid_until == at:
+                dirty.add(name)
         if self.latency.revision != self._latency_revision:
             dirty.update(self._docs)  # someone else fed the tracker: look at every provider
             self._latency_revision = self.latency.revision

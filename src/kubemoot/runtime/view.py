@@ -299,10 +299,10 @@ class ProviderView:
         lapses = self._lapses
         while lapses and lapses[0][0] <= now:
             at, name = heapq.heappop(lapses)
-            built = self._built.get(name)
+            held = self._built.get(name)
             # an entry of a snapshot since replaced lapses nothing: its successor has
             # an entry of its own (a rebuild would find the cached snapshot still good)
-            if built is not None and built.valid_until == at:
+            if held is not None and held.valid_until == at:
                 dirty.add(name)
         if self.latency.revision != self._latency_revision:
             dirty.update(self._docs)  # someone else fed the tracker: look at every provider

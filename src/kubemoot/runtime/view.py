@@ -249,7 +249,9 @@ class ProviderView:
             return
         state, doc = current
         kept = [] if doc is None else [t for t in doc.tickets if t.ticket_id != ticket.ticket_id]
-        self._docs[provider] = (state, _own_tickets(provider, [*kept, ticket]))
+        self._docs[provider] = (
+            state, ProviderTickets(provider=provider, tickets=[*kept, ticket])
+        )
         self._dirty.add(provider)
 
     def note_released(self, provider: str, ticket_id: str) -> None:
@@ -261,7 +263,7 @@ class ProviderView:
         if doc is None:
             return
         kept = [t for t in doc.tickets if t.ticket_id != ticket_id]
-        self._docs[provider] = (state, _own_tickets(provider, kept))
+        self._docs[provider] = (state, ProviderTickets(provider=provider, tickets=kept))
         self._dirty.add(provider)
 
     def observe_latency(self, provider: str, endpoint: str, seconds: float) -> None:
@@ -470,14 +472,6 @@ class ProviderView:
                 self._unreadable.discard(name)
             self._dirty.add(name)
         return doc
-
-
-def _own_tickets(provider: str, tickets: list[Ticket]) -> ProviderTickets:
-    """The view's copy of a ticket document after this process's own claim or release.
-
-    Built without validation: every ticket in it was validated already (read from the
-    store, or made by the claim), and the view reads only the tickets."""
-    return ProviderTickets.model_construct(provider=provider, tickets=tickets)
 
 
 def _decode(key: str) -> str | None:

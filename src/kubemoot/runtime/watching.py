@@ -98,5 +98,5 @@ class ParsedDocuments(Generic[_D]):
             if held is None or held[0] < revision:
                 self._held[key] = (revision, found)
         if isinstance(found, ValueError):
-            raise found
+            raise found.with_traceback(None)  # raised again: no trail of earlier raises
         return found

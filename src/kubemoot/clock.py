@@ -61,17 +61,17 @@ class LoopClock:
         # the loop time that ``epoch`` stands for; by default the first reading
         self._anchor: float | None = anchor
 
-    def _loop_time(self) -> float:
-        loop_time = asyncio.get_running_loop().time()
-        if self._anchor is None:
-            self._anchor = loop_time
-        return loop_time - self._anchor
-
     def now(self) -> float:
+        # One frame: the runtime asks the time several times per call (the simulator
+        # about fifty thousand times per run).
         try:
-            return self._epoch + self._loop_time()
+            loop_time = asyncio.get_running_loop().time()
         except RuntimeError:  # no running loop: time stands at the anchor
             return self._epoch
+        anchor = self._anchor
+        if anchor is None:
+            anchor = self._anchor = loop_time
+        return self._epoch + (loop_time - anchor)
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))

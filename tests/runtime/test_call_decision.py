@@ -14,6 +14,8 @@ from kubemoot.runtime.record import (
     option_id,
 )
 from kubemoot.runtime.refusals import GpuBusy
+from kubemoot.testing.state import GIB, provider_state
+from tests.runtime.builders import harness
 
 
 def _placement(options: int, failed: int) -> CallPlacement:
@@ -27,7 +29,7 @@ def _placement(options: int, failed: int) -> CallPlacement:
     record = build_record(subject="call", gates=gates, options=priced, chosen=chosen,
                           outcome=Outcome.PLACE, reason="cheapest")
     return CallPlacement(Action.UNLOAD, provider=chosen.provider, model=chosen.model,
-                         evicted=("phi3:mini",), options=tuple(priced), decision=record)
+                         evicted=("phi3:mini",), options=tuple(priced), explanation=record)
 
 
 def test_a_small_decision_is_kept_whole() -> None:
@@ -59,3 +61,25 @@ def test_a_placement_without_a_record_still_says_what_it_did() -> None:
     assert summary["action"] == "static" and summary["chosen"] is None
     assert summary["options"] == [] and summary["failedGates"] == []
     assert summary["reason"] == "gpu-busy"
+
+
+async def test_a_record_read_later_is_the_record_read_at_once() -> None:
+    """A placed call's record is built on first read: read after the fleet moved on
+    (more placements, a release), it says what it would have said at once."""
+    fleet = [provider_state("gpu-a", usable_mib=20 * GIB, loaded={"m": 8 * GIB}),
+             provider_state("gpu-b", usable_mib=20 * GIB)]
+    at_once, later = await harness(fleet), await harness(fleet)
+    first = await at_once.place("m", "n", holder="one")
+    read_at_once = first.decision
+    deferred = await later.place("m", "n", holder="one")
+    second = await later.place("n", holder="two")  # the next call's round
+    assert deferred.ticket is not None
+    await later.tickets.release(deferred.provider or "", deferred.ticket.ticket_id)
+    assert second.decision is not None
+    assert read_at_once is not None and deferred.decision is not None
+    assert deferred.decision.to_dict() == read_at_once.to_dict()
+    assert deferred.decision is deferred.decision  # built once
+    assert deferred.decision.outcome is Outcome.PLACE and deferred.decision.candidates
+    assert call_decision(deferred) == call_decision(first)
+    await at_once.close()
+    await later.close()

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
 import pytest
 
+from kubemoot.api.errors import InputError
 from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE
 from kubemoot.sim.report import write_report
 from kubemoot.sim.scenario import Scenario, load_scenario
-from kubemoot.sim.simulation import POLICY_NAMES, SimulationResult, simulate
+from kubemoot.sim.simulation import POLICY_NAMES, SimulationResult, _run, run_policy, simulate
+from kubemoot.sim.vloop import run_virtual
 from kubemoot.sim.workload import build_trace
 
 
@@ -124,3 +127,19 @@ def test_on_fleet_16_the_runtime_opens_copies_for_backlogs_instead_of_standing_a
     assert ours.finished == ours.calls
     assert ours.wait["mean"] < by["static"].wait["mean"]
     assert ours.cold_loads < by["round-robin"].cold_loads / 2
+
+
+def test_a_run_puts_the_collector_back_as_it_found_it(homelab_short: Scenario) -> None:
+    """The run tunes the cycle collector for itself; the process gets its settings back
+    (also when the run fails), and a run decides the same with either setting."""
+    before = gc.get_threshold()
+    trace = build_trace(homelab_short, seed=homelab_short.spec.seed)
+    tuned = run_policy(homelab_short, trace, "kubemoot", seed=homelab_short.spec.seed)
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(InputError):
+        run_policy(homelab_short, trace, "no-such-policy", seed=homelab_short.spec.seed)
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
+    untuned = run_virtual(_run(homelab_short, trace, "kubemoot", homelab_short.spec.seed))
+    assert tuned.served == untuned.served and tuned.statuses == untuned.statuses

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from kubemoot.clock import LoopClock
-from kubemoot.sim.vloop import SimulationStalled, run_virtual
+from kubemoot.sim.vloop import SimulationStalled, loop_clock, run_virtual
 
 
 def test_an_hour_of_sleeps_costs_no_real_time_and_keeps_order() -> None:
@@ -77,3 +77,38 @@ def test_real_io_is_still_seen_while_callbacks_keep_the_loop_busy() -> None:
     reads, turns = run_virtual(main())
     assert reads == 1
     assert turns < 100_000  # both came while the loop never went idle
+
+
+@pytest.mark.parametrize("anchor", [None, 0.0, 5.0])
+def test_the_virtual_loop_clock_reads_what_a_loop_clock_reads(anchor: float | None) -> None:
+    """The simulator's clock reads the virtual loop directly: the same floats as a plain
+    loop clock at every instant, before and after each wait, and a plain clock's answer
+    off that loop."""
+    epoch = 1_767_225_600.0
+    clocks: list[LoopClock] = []
+
+    async def main() -> list[tuple[float, float]]:
+        await asyncio.sleep(0.1)  # an unanchored clock anchors at its first reading
+        fast, plain = loop_clock(epoch=epoch, anchor=anchor), LoopClock(epoch=epoch,
+                                                                          anchor=anchor)
+        assert type(fast) is not LoopClock  # the virtual loop's own kind
+        clocks.append(fast)
+        readings = []
+        for wait in (0.0, 0.3, 1e-9, 7.25, 3600.0):
+            await asyncio.sleep(wait)
+            readings.append((fast.now(), plain.now()))
+        return readings
+
+    for fast_reading, plain_reading in run_virtual(main(), start=12.5):
+        assert fast_reading == plain_reading
+    fast = clocks[0]
+    assert fast.now() == epoch  # no loop running: time stands at the anchor
+
+    async def on_another_loop() -> tuple[float, float, float]:
+        loop = asyncio.get_running_loop()
+        return loop.time(), fast.now(), loop.time()
+
+    before, reading, after = asyncio.run(on_another_loop())
+    start = 12.5 + 0.1 if anchor is None else anchor
+    assert epoch + (before - start) <= reading <= epoch + (after - start)
+    assert type(loop_clock(epoch=epoch)) is LoopClock  # off a virtual loop: a plain one

@@ -32,6 +32,32 @@ async def test_get_of_an_absent_key_is_none(store: StoreUnderTest) -> None:
     assert await bucket.get("missing") is None
 
 
+async def test_get_many_answers_in_order_what_one_get_per_key_answers(
+    store: StoreUnderTest,
+) -> None:
+    bucket = await store.bucket("c")
+    await bucket.put("a", b"one")
+    second = await bucket.put("b", b"two")
+    await bucket.put("gone", b"three")
+    await bucket.delete("gone")
+    keys = ["b", "missing", "a", "gone", "b"]
+    many = await bucket.get_many(keys)
+    assert many == [await bucket.get(k) for k in keys]
+    assert [e.value if e else None for e in many] == [b"two", None, b"one", None, b"two"]
+    assert many[0] is not None and many[0].revision == second
+    assert await bucket.get_many([]) == []
+
+
+async def test_get_many_after_a_change_reads_the_new_revision(store: StoreUnderTest) -> None:
+    bucket = await store.bucket("c")
+    first = await bucket.put("k", b"one")
+    assert [e.revision for e in await bucket.get_many(["k"]) if e] == [first]
+    second = await bucket.update("k", b"two", expected_revision=first)
+    assert [(e.value, e.revision) for e in await bucket.get_many(["k"]) if e] == [
+        (b"two", second)
+    ]
+
+
 async def test_create_then_get_returns_value_and_revision(store: StoreUnderTest) -> None:
     bucket = await store.bucket("c")
     revision = await bucket.create("k", b"one")

@@ -32,6 +32,7 @@ from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
 from kubemoot.runtime.waiting import CapacityWaiter
+from kubemoot.runtime.watching import ParsedDocuments
 from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import (
     MODEL_DEMAND_BUCKET,
@@ -40,6 +41,7 @@ from kubemoot.store.documents import (
     PROVIDER_TICKETS_BUCKET,
     TICKET_REQUESTS_BUCKET,
     TICKET_REQUESTS_MAX_AGE_SECONDS,
+    ProviderTickets,
 )
 from kubemoot.store.protocol import KV, Bucket
 
@@ -131,8 +133,10 @@ async def build_runtime(
         clock=clock, threshold=settings.circuit_failure_threshold,
         cooldown_seconds=settings.circuit_cooldown_seconds,
     )
+    # The view and the capacity watch both follow the ticket bucket: one parse each.
+    ticket_documents = ParsedDocuments(ProviderTickets.from_json)
     view = ProviderView(states, tickets_bucket, clock=clock, settings=settings,
-                        latency=latency, circuits=circuits)
+                        latency=latency, circuits=circuits, ticket_documents=ticket_documents)
     tickets = TicketManager(tickets_bucket, states, clock=clock,
                             ttl_seconds=settings.ticket_ttl_seconds,
                             max_attempts=settings.claim_attempts, rng=rng,
@@ -145,7 +149,7 @@ async def build_runtime(
         view, tickets, states=states, settings=settings,
         occupancy=occupancy, demand=board, clients=clients,
     )
-    watch = CapacityWatch(states, tickets_bucket, clock=clock)
+    watch = CapacityWatch(states, tickets_bucket, clock=clock, documents=ticket_documents)
     waiter = CapacityWaiter(planner, clock=clock, watch=watch, board=board)
     held_plans = HeldPlans(planner, clock=clock, board=board)
     calls = CallService(planner, waiter, clock, board=board,

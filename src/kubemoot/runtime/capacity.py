@@ -19,7 +19,7 @@ import logging
 
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
-from kubemoot.runtime.watching import Followers
+from kubemoot.runtime.watching import Followers, ParsedDocuments
 from kubemoot.store.documents import ProviderTickets
 from kubemoot.store.protocol import Bucket, Change, StoreError, Watch
 
@@ -35,8 +35,13 @@ class WatchUnavailable(Exception):
 class CapacityWatch:
     """A change counter over the provider-state and ticket buckets."""
 
-    def __init__(self, states: Bucket, tickets: Bucket, *, clock: Clock) -> None:
+    def __init__(
+        self, states: Bucket, tickets: Bucket, *, clock: Clock,
+        documents: ParsedDocuments[ProviderTickets] | None = None,
+    ) -> None:
         self._buckets = (states, tickets)
+        #: The ticket documents, parsed once per revision (shared with the provider view).
+        self._documents = documents or ParsedDocuments(ProviderTickets.from_json)
         self._tickets_bucket = tickets.name
         self._clock = clock
         self._counter = 0
@@ -74,15 +79,15 @@ class CapacityWatch:
         for key in await tickets.keys():
             entry = await tickets.get(key)
             if entry is not None:
-                self._note_tickets(key, entry.value)
+                self._note_tickets(key, entry.revision, entry.value)
 
-    def _note_tickets(self, key: str, value: bytes | None) -> None:
+    def _note_tickets(self, key: str, revision: int, value: bytes | None) -> None:
         now = self._clock.now()
         if value is None:
             self._expiries.pop(key, None)
             return
         try:
-            document = ProviderTickets.from_json(value)
+            document = self._documents.of(key, revision, value)
         except ValueError as error:
             # Its expiries stay as last known: an unreadable document frees nothing. The
             # provider view reports (logs and counts) the same document once; not again.
@@ -107,7 +112,7 @@ class CapacityWatch:
 
     def _on_change(self, change: Change) -> None:
         if change.bucket == self._tickets_bucket:
-            self._note_tickets(change.key, change.value)
+            self._note_tickets(change.key, change.revision, change.value)
         self.notify()
 
     def notify(self) -> None:

@@ -18,10 +18,8 @@ it never causes a load.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
 
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
@@ -29,7 +27,7 @@ from kubemoot.runtime.snapshot import DemandSnapshot, ModelDemand
 from kubemoot.settings import DEFAULTS, RuntimeSettings
 from kubemoot.store.documents import DemandEntry, SelectionEntry
 from kubemoot.store.keys import decode_token, join_key
-from kubemoot.store.protocol import Bucket, Entry
+from kubemoot.store.protocol import Bucket
 
 __all__ = ["DemandBoard"]
 
@@ -38,13 +36,6 @@ WAIT = "wait"
 INTENT = "intent"
 USE = "use"
 SELECTION = "sel"
-
-
-@runtime_checkable
-class _ReadsMany(Protocol):
-    """A bucket that reads several keys in one go (the embedded store does)."""
-
-    async def get_many(self, keys: Sequence[str]) -> list[Entry | None]: ...
 
 
 def _decayed(count: float, since: float | None, now: float, window: float) -> float:
@@ -129,7 +120,7 @@ class DemandBoard:
     async def snapshot(self) -> DemandSnapshot:
         """Every live entry folded into per-model demand."""
         keys = await self._bucket.keys()
-        entries = await self._read(keys)
+        entries = await self._bucket.get_many(keys)
         now = self._clock.now()
         waiters: dict[str, int] = {}
         intents: dict[str, int] = {}
@@ -178,13 +169,6 @@ class DemandBoard:
                 for m in models
             },
         )
-
-    async def _read(self, keys: list[str]) -> list[Entry | None]:
-        bucket = self._bucket
-        if isinstance(bucket, _ReadsMany):
-            return await bucket.get_many(keys)
-        # On a networked store the reads go out together: one round trip, not one per key.
-        return list(await asyncio.gather(*(bucket.get(k) for k in keys)))
 
     def _shape(self, key: str) -> tuple[str, tuple[str, ...]]:
         """The key's kind and its decoded segments, worked out once per key (a key that

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -54,9 +55,25 @@ class CallPlacement:
     evicted: tuple[str, ...] = ()
     refusal: Refusal | None = None
     options: tuple[Option, ...] = ()
-    decision: DecisionRecord | None = None
+    #: The decision record, or the way to build it on first use (:attr:`decision`): most
+    #: placements' records are never read (the simulator keeps no call records), and a
+    #: record of a busy fleet lists the gates of every option.
+    explanation: DecisionRecord | Callable[[], DecisionRecord] | None = field(
+        default=None, repr=False, compare=False
+    )
     waited_seconds: float = 0.0
     context_length: int | None = None
+    _built: DecisionRecord | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def decision(self) -> DecisionRecord | None:
+        """The placement's decision record (gates of every option, scores, reason)."""
+        given = self.explanation
+        if given is None or isinstance(given, DecisionRecord):
+            return given
+        if self._built is None:
+            object.__setattr__(self, "_built", given())
+        return self._built
 
     @property
     def placed(self) -> bool:

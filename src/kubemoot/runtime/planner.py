@@ -30,6 +30,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from kubemoot import metrics
+from kubemoot.gates.record import DecisionRecord
 from kubemoot.gates.results import Outcome
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime import faults, options
@@ -299,16 +300,21 @@ class CallPlanner:
         self, rnd: Round, claim: Claim, priced: list[Option], why: str
     ) -> CallPlacement:
         option = claim.option
-        chosen = next(
-            (o for o in priced if (o.provider, o.model, o.kind) ==
-             (option.provider, option.model, option.kind)),
-            option,
-        )
-        record = build_record(
-            subject=f"call:{option.model}", gates=rnd.gates, options=priced, chosen=chosen,
-            outcome=Outcome.PLACE, reason=f"{why}; {option.provider} for {option.model} "
-            f"at {option.seconds:.3f} s",
-        )
+        options = tuple(priced)
+        gates = dict(rnd.gates)  # as they stand now: the record is built when first read
+
+        def record() -> DecisionRecord:
+            chosen = next(
+                (o for o in options if (o.provider, o.model, o.kind) ==
+                 (option.provider, option.model, option.kind)),
+                option,
+            )
+            return build_record(
+                subject=f"call:{option.model}", gates=gates, options=options, chosen=chosen,
+                outcome=Outcome.PLACE, reason=f"{why}; {option.provider} for {option.model} "
+                f"at {option.seconds:.3f} s",
+            )
+
         return CallPlacement(
             _ACTION_OF[option.kind],
             provider=option.provider,
@@ -316,8 +322,8 @@ class CallPlanner:
             model=option.model,
             ticket=claim.ticket,
             evicted=claim.evicted,
-            options=tuple(priced),
-            decision=record,
+            options=options,
+            explanation=record,
             context_length=claim.context_length,
         )
 
@@ -338,7 +344,7 @@ class CallPlanner:
             endpoint=p.state.endpoint if p is not None else None,
             model=best.model,
             options=tuple(priced),
-            decision=record,
+            explanation=record,
             context_length=p.context_for(best.model) if p is not None else None,
         )
 
@@ -351,7 +357,8 @@ class CallPlanner:
             subject=f"call:{models[0]}", gates=rnd.gates, options=priced, chosen=None,
             outcome=outcome, reason=_REASON_TEXT[refusal.reason].format(model=models[0]),
         )
-        return CallPlacement(action, refusal=refusal, options=tuple(priced), decision=record)
+        return CallPlacement(action, refusal=refusal, options=tuple(priced),
+                             explanation=record)
 
     async def admit(self, placement: CallPlacement) -> bool:
         """Commit a claimed placement to its provider's circuit; a half-open circuit

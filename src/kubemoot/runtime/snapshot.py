@@ -45,7 +45,9 @@ def next_expiry(state: ProviderState) -> float | None:
     return min(ends) - EXPIRY_MARGIN_SECONDS if ends else None
 
 
-@dataclass(frozen=True, slots=True)
+_UNSET: object = object()
+
+
 class ProviderSnapshot:
     """One provider: its published state, its live tickets, its latency and circuit.
 
@@ -58,87 +60,130 @@ class ProviderSnapshot:
 
     The pricing reads it from the view's snapshots, the ticket budget from a snapshot
     of the documents a claim is deciding on (:meth:`of_documents`), so both agree.
+
+    A value: equal when its four inputs are, and never changed after it is made. What
+    is derived from the inputs is worked out on first use, in three groups (residency,
+    budget, per-model calls), because most snapshots answer few questions: a claim asks
+    only for its headroom and ceiling, and most snapshots of a fleet are never looked at
+    before the next change replaces them.
     """
 
-    state: ProviderState
-    tickets: tuple[Ticket, ...] = ()  # active (unexpired) at the snapshot's time
-    latency_seconds: float = DEFAULTS.default_latency_seconds
-    circuit_open: bool = False
-    #: Σ footprints of the resident models, in MiB (derived).
-    resident_total: int = field(default=0, init=False, compare=False)
-    #: Σ footprints of tickets whose model is not resident yet: copies still loading.
-    loading_mib: int = field(default=0, init=False, compare=False)
-    #: ``totalVram − reserve``; ``None`` when the total is unknown.
-    usable_mib: int | None = field(default=None, init=False, compare=False)
-    #: ``usable − resident − loading``; ``None`` when the total is unknown.
-    free_mib: int | None = field(default=None, init=False, compare=False)
-    #: Calls the provider serves at once per model (at least one).
-    slots: int = field(default=1, init=False, compare=False)
-    #: The provider's name (derived: a placement reads it for every copy it looks at).
-    name: str = field(default="", init=False, compare=False)
-    # Derived once: a placement asks these questions for every provider and model.
-    _residents: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
-    _tickets_by_model: dict[str, list[Ticket]] = field(
-        default_factory=dict, repr=False, compare=False
+    __slots__ = (
+        "_budget",
+        "_calls",
+        "_residency",
+        "circuit_open",
+        "latency_seconds",
+        "name",
+        "slots",
+        "state",
+        "tickets",
+        "usable_mib",
     )
-    _victims: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
-    _copies: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
-    _in_flight: dict[str, tuple[Ticket, ...]] = field(
-        default_factory=dict, repr=False, compare=False
-    )
-    _first_call: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
-    _load_started: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
-    _load_mib: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
-    _contexts: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        residents: dict[str, int] = {}
-        contexts: dict[str, int] = {}
-        for loaded in self.state.loaded_models:
-            residents[loaded.name] = residents.get(loaded.name, 0) + loaded.size_mib
-            if loaded.context_length is not None:
-                contexts.setdefault(loaded.name, loaded.context_length)
-        by_model: dict[str, list[Ticket]] = {}
-        for t in self.tickets:
-            by_model.setdefault(t.model, []).append(t)
-        loaders = {
-            m: found for m, ts in by_model.items()
-            if m not in residents and (found := _loaders(ts))
-        }
-        loading_mib = sum(
-            t.model_footprint_mib for t in self.tickets if t.model not in residents
+    state: ProviderState
+    tickets: tuple[Ticket, ...]  # active (unexpired) at the snapshot's time
+    latency_seconds: float
+    circuit_open: bool
+    #: ``totalVram − reserve``; ``None`` when the total is unknown.
+    usable_mib: int | None
+    #: Calls the provider serves at once per model (at least one).
+    slots: int
+    #: The provider's name (a placement reads it for every copy it looks at).
+    name: str
+    _residency: _Residency | None
+    _budget: _Budget | None
+    _calls: _Calls | None
+
+    def __init__(
+        self,
+        state: ProviderState,
+        tickets: tuple[Ticket, ...] = (),
+        latency_seconds: float = DEFAULTS.default_latency_seconds,
+        circuit_open: bool = False,
+    ) -> None:
+        put = object.__setattr__
+        put(self, "state", state)
+        put(self, "tickets", tickets)
+        put(self, "latency_seconds", latency_seconds)
+        put(self, "circuit_open", circuit_open)
+        total = state.total_vram_mib
+        put(self, "usable_mib", None if total is None else total - state.reserve_mib)
+        put(self, "slots", max(1, state.max_parallel))
+        put(self, "name", state.provider)
+        put(self, "_residency", None)
+        put(self, "_budget", None)
+        put(self, "_calls", None)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"ProviderSnapshot is immutable; cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"ProviderSnapshot is immutable; cannot delete {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, ProviderSnapshot)
+        return (self.state, self.tickets, self.latency_seconds, self.circuit_open) == (
+            other.state, other.tickets, other.latency_seconds, other.circuit_open
         )
-        resident_total = sum(residents.values())
-        total = self.state.total_vram_mib
-        usable = None if total is None else total - self.state.reserve_mib
-        derived: dict[str, object] = {
-            "_residents": residents,
-            "_tickets_by_model": by_model,
-            "resident_total": resident_total,
-            "loading_mib": loading_mib,
-            "usable_mib": usable,
-            "free_mib": None if usable is None else usable - resident_total - loading_mib,
-            "slots": max(1, self.state.max_parallel),
-            "name": self.state.provider,
-            "_contexts": contexts,
-        }
-        in_flight = {
-            m: calls for m, ts in by_model.items()
-            if (calls := tuple(t for t in ts if t.state is not TicketState.HELD))
-        }
-        derived["_in_flight"] = in_flight
-        derived["_first_call"] = {
-            m: min(t.started_at for t in calls) for m, calls in in_flight.items()
-        }
-        derived["_load_started"] = {m: ts[0].started_at for m, ts in loaders.items()}
-        derived["_load_mib"] = {
-            m: ts[0].model_footprint_mib for m, ts in loaders.items()
-            if ts[0].model_footprint_mib > 0
-        }
-        derived["_victims"] = frozenset(v for t in self.tickets for v in t.evicts)
-        derived["_copies"] = frozenset(residents) | frozenset(loaders)
-        for name, value in derived.items():
-            object.__setattr__(self, name, value)
+
+    __hash__ = None  # type: ignore[assignment]  # its state is a mutable document
+
+    def __repr__(self) -> str:
+        return (f"ProviderSnapshot(state={self.state!r}, tickets={self.tickets!r}, "
+                f"latency_seconds={self.latency_seconds!r}, "
+                f"circuit_open={self.circuit_open!r})")
+
+    # -- derived, on first use --------------------------------------------------------
+
+    def sharing_residency(self, earlier: ProviderSnapshot) -> ProviderSnapshot:
+        """This snapshot, told what ``earlier`` worked out of the same state document
+        (only its tickets, latency or circuit differ): the residency is not derived
+        again. Returns ``self``."""
+        if earlier.state is self.state and self._residency is None:
+            object.__setattr__(self, "_residency", earlier._residency)
+        return self
+
+    def _resident(self) -> _Residency:
+        found = self._residency
+        if found is None:
+            found = _Residency.of(self.state)
+            object.__setattr__(self, "_residency", found)
+        return found
+
+    def _budgeted(self) -> _Budget:
+        found = self._budget
+        if found is None:
+            found = _Budget.of(self.tickets, self._resident().footprints)
+            object.__setattr__(self, "_budget", found)
+        return found
+
+    def _per_model(self) -> _Calls:
+        found = self._calls
+        if found is None:
+            found = _Calls.of(self.tickets, self._resident().footprints)
+            object.__setattr__(self, "_calls", found)
+        return found
+
+    @property
+    def resident_total(self) -> int:
+        """Σ footprints of the resident models, in MiB."""
+        return self._resident().total
+
+    @property
+    def loading_mib(self) -> int:
+        """Σ footprints of tickets whose model is not resident yet: copies still loading."""
+        return self._budgeted().loading_mib
+
+    @property
+    def free_mib(self) -> int | None:
+        """``usable − resident − loading``; ``None`` when the total is unknown."""
+        usable = self.usable_mib
+        if usable is None:
+            return None
+        return usable - self._resident().total - self._budgeted().loading_mib
 
     @classmethod
     def of_documents(
@@ -154,16 +199,16 @@ class ProviderSnapshot:
     @property
     def residents(self) -> dict[str, int]:
         """Models the engine reports loaded, with their footprints in MiB."""
-        return dict(self._residents)
+        return dict(self._resident().footprints)
 
     @property
     def copies(self) -> frozenset[str]:
         """Models resident here or being loaded here by a ticket."""
-        return self._copies
+        return self._budgeted().copies
 
     def credit_mib(self, victims: Iterable[str]) -> int:
         """Memory the distinct ``victims`` free, counting only those still resident."""
-        residents = self._residents
+        residents = self._resident().footprints
         return sum(residents[v] for v in set(victims) if v in residents)
 
     def headroom_mib(self, evicts: Iterable[str] = ()) -> int | None:
@@ -176,7 +221,7 @@ class ProviderSnapshot:
         free = self.free_mib
         if free is None:
             return None
-        return free + self.credit_mib(self._victims | set(evicts))
+        return free + self.credit_mib(self._budgeted().victims | set(evicts))
 
     def ceiling_mib(self, evicts: Iterable[str] = ()) -> int | None:
         """What a ticket planning ``evicts`` could ever get here, were every ticket gone."""
@@ -187,29 +232,29 @@ class ProviderSnapshot:
 
     def has_free_slot(self, model: str, *, ahead: int = 0) -> bool:
         """A slot on the copy of ``model`` is free once ``ahead`` earlier calls took theirs."""
-        return len(self._in_flight.get(model, ())) + ahead < self.slots
+        return len(self._per_model().in_flight.get(model, ())) + ahead < self.slots
 
     def is_resident(self, model: str) -> bool:
-        return model in self._residents
+        return model in self._resident().footprints
 
     def planned_victims(self) -> frozenset[str]:
         """Models some active ticket here plans to unload."""
-        return self._victims
+        return self._budgeted().victims
 
     def in_flight(self, model: str) -> tuple[Ticket, ...]:
         """Calls running (or waiting for their load) on this provider's copy of ``model``.
 
         A held plan is not a call yet, so it takes no slot.
         """
-        return self._in_flight.get(model, ())
+        return self._per_model().in_flight.get(model, ())
 
     def first_call_started(self, model: str) -> float | None:
         """When the earliest call in flight on the copy of ``model`` was claimed."""
-        return self._first_call.get(model)
+        return self._per_model().first_call.get(model)
 
     def load_started(self, model: str) -> float | None:
         """When a ticket began loading the copy of ``model``; None when none is loading."""
-        return self._load_started.get(model)
+        return self._per_model().load_started.get(model)
 
     def load_mib(self, model: str) -> int | None:
         """The footprint the ticket loading ``model`` here claimed; ``None`` when unknown.
@@ -218,22 +263,22 @@ class ProviderSnapshot:
         counted from. It is unknown for a copy whose loader claimed no footprint (a
         loading ticket written by hand without one, for a model nothing else sizes).
         """
-        return self._load_mib.get(model)
+        return self._per_model().load_mib.get(model)
 
     def loading_tickets(self, model: str) -> list[Ticket]:
         """Tickets whose memory is a copy of ``model`` not yet reported resident."""
-        if model in self._residents:
+        if model in self._resident().footprints:
             return []
-        return _loaders(self._tickets_by_model.get(model, ()))
+        return _loaders(self._per_model().by_model.get(model, ()))
 
     def has_copy(self, model: str) -> bool:
         """Resident, or being loaded by a ticket."""
-        return model in self._copies
+        return model in self._budgeted().copies
 
     def context_for(self, model: str) -> int | None:
         """Context of (this provider, model): observed when loaded, else configured."""
         # The first loaded entry of the model that reports a context wins (derived once).
-        context = self._contexts.get(model)
+        context = self._resident().contexts.get(model)
         return self.state.context_length if context is None else context
 
 
@@ -254,6 +299,89 @@ def _loaders(tickets: Iterable[Ticket]) -> list[Ticket]:
     return sorted(
         (t for t in tickets if t.state is TicketState.LOADING), key=lambda t: t.started_at
     )
+
+
+class _Residency:
+    """What the engine reports loaded: footprint and first known context per model."""
+
+    __slots__ = ("contexts", "footprints", "total")
+
+    def __init__(self, footprints: dict[str, int], contexts: dict[str, int]) -> None:
+        self.footprints = footprints
+        self.contexts = contexts
+        self.total = sum(footprints.values())
+
+    @classmethod
+    def of(cls, state: ProviderState) -> _Residency:
+        footprints: dict[str, int] = {}
+        contexts: dict[str, int] = {}
+        for loaded in state.loaded_models:
+            footprints[loaded.name] = footprints.get(loaded.name, 0) + loaded.size_mib
+            if loaded.context_length is not None:
+                contexts.setdefault(loaded.name, loaded.context_length)
+        return cls(footprints, contexts)
+
+
+class _Budget:
+    """What a claim asks first: memory still loading, models planned for unload, and
+    which models have a copy here (resident, or loading for a ticket)."""
+
+    __slots__ = ("copies", "loading_mib", "victims")
+
+    def __init__(self, loading_mib: int, victims: frozenset[str],
+                 copies: frozenset[str]) -> None:
+        self.loading_mib = loading_mib
+        self.victims = victims
+        self.copies = copies
+
+    @classmethod
+    def of(cls, tickets: tuple[Ticket, ...], residents: dict[str, int]) -> _Budget:
+        loading_mib = 0
+        loading: set[str] = set()
+        victims: set[str] = set()
+        for t in tickets:
+            if t.evicts:
+                victims.update(t.evicts)
+            if t.model in residents:
+                continue
+            loading_mib += t.model_footprint_mib
+            # the same rule as _loaders: a sized ticket, or one in state loading
+            if t.model_footprint_mib > 0 or t.state is TicketState.LOADING:
+                loading.add(t.model)
+        return cls(loading_mib, frozenset(victims), frozenset(residents) | loading)
+
+
+class _Calls:
+    """Per model: its tickets, the calls in flight, and its loader."""
+
+    __slots__ = ("by_model", "first_call", "in_flight", "load_mib", "load_started")
+
+    def __init__(self, by_model: dict[str, list[Ticket]], residents: dict[str, int]) -> None:
+        self.by_model = by_model
+        loaders = {
+            m: found for m, ts in by_model.items()
+            if m not in residents and (found := _loaders(ts))
+        }
+        in_flight = {
+            m: calls for m, ts in by_model.items()
+            if (calls := tuple(t for t in ts if t.state is not TicketState.HELD))
+        }
+        self.in_flight: dict[str, tuple[Ticket, ...]] = in_flight
+        self.first_call: dict[str, float] = {
+            m: min(t.started_at for t in calls) for m, calls in in_flight.items()
+        }
+        self.load_started: dict[str, float] = {m: ts[0].started_at for m, ts in loaders.items()}
+        self.load_mib: dict[str, int] = {
+            m: ts[0].model_footprint_mib for m, ts in loaders.items()
+            if ts[0].model_footprint_mib > 0
+        }
+
+    @classmethod
+    def of(cls, tickets: tuple[Ticket, ...], residents: dict[str, int]) -> _Calls:
+        by_model: dict[str, list[Ticket]] = {}
+        for t in tickets:
+            by_model.setdefault(t.model, []).append(t)
+        return cls(by_model, residents)
 
 
 _GENERATIONS = itertools.count(1)

@@ -39,7 +39,7 @@ from kubemoot.runtime.snapshot import (
     live_state,
     next_expiry,
 )
-from kubemoot.runtime.watching import Followers
+from kubemoot.runtime.watching import Followers, ParsedDocuments
 from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import ProviderState, ProviderTickets, Ticket
 from kubemoot.store.keys import decode_token, encode_token
@@ -63,7 +63,7 @@ _T = TypeVar("_T")
 class _ParsedOnce(Generic[_T]):
     """Documents by key, each parsed once per revision; an older revision is skipped."""
 
-    def __init__(self, parse: Callable[[str, bytes | None], _T | None]) -> None:
+    def __init__(self, parse: Callable[[str, int, bytes | None], _T | None]) -> None:
         self._parse = parse
         self._held: dict[str, tuple[int, _T | None]] = {}
 
@@ -73,7 +73,7 @@ class _ParsedOnce(Generic[_T]):
             return held[1]
         if held is not None and held[0] > revision:
             return _SKIP  # an older version than the one we hold
-        document = self._parse(key, value)
+        document = self._parse(key, revision, value)
         self._held[key] = (revision, document)
         return document
 
@@ -108,8 +108,11 @@ class ProviderView:
         settings: RuntimeSettings,
         latency: LatencyTracker,
         circuits: CircuitBreakers | None = None,
+        ticket_documents: ParsedDocuments[ProviderTickets] | None = None,
     ) -> None:
         self._states, self._tickets = states, tickets
+        #: The ticket documents, parsed once per revision (shared with the capacity watch).
+        self._ticket_documents = ticket_documents or ParsedDocuments(ProviderTickets.from_json)
         self.clock = clock
         self._settings = settings
         #: Each endpoint's call latency (the queue price), fed by finished calls.
@@ -295,8 +298,14 @@ class ProviderView:
     def _current_index(self, now: float) -> FleetIndex:
         dirty = self._dirty
         self._dirty = set()
-        while self._lapses and self._lapses[0][0] <= now:
-            dirty.add(heapq.heappop(self._lapses)[1])
+        lapses = self._lapses
+        while lapses and lapses[0][0] <= now:
+            at, name = heapq.heappop(lapses)
+            held = self._built.get(name)
+            # an entry of a snapshot since replaced lapses nothing: its successor has
+            # an entry of its own (a rebuild would find the cached snapshot still good)
+            if held is not None and held.valid_until == at:
+                dirty.add(name)
         if self.latency.revision != self._latency_revision:
             dirty.update(self._docs)  # someone else fed the tracker: look at every provider
             self._latency_revision = self.latency.revision
@@ -358,6 +367,8 @@ class ProviderView:
         snapshot = ProviderSnapshot(
             state=shown, tickets=active, latency_seconds=latency, circuit_open=circuit_open
         )
+        if cached is not None:  # most rebuilds follow a ticket change: the state is the same
+            snapshot.sharing_residency(cached.snapshot)
         valid_until = min((t.expires_at for t in active), default=float("inf"))
         if (expiry := next_expiry(shown)) is not None:  # rebuilt when a copy lapses
             valid_until = min(valid_until, expiry)
@@ -422,7 +433,7 @@ class ProviderView:
 
     # -- parsing, once per revision ---------------------------------------------------
 
-    def _parse_state(self, key: str, value: bytes | None) -> ProviderState | None:
+    def _parse_state(self, key: str, revision: int, value: bytes | None) -> ProviderState | None:
         if value is None:
             return None
         try:
@@ -440,12 +451,14 @@ class ProviderView:
             return None
         return state
 
-    def _parse_tickets(self, key: str, value: bytes | None) -> ProviderTickets | None:
+    def _parse_tickets(
+        self, key: str, revision: int, value: bytes | None
+    ) -> ProviderTickets | None:
         doc: ProviderTickets | None = None
         unreadable = False
         if value is not None:
             try:
-                doc = ProviderTickets.from_json(value)
+                doc = self._ticket_documents.of(key, revision, value)
             except ValueError as error:
                 unreadable = True
                 faults.noted("tickets", faults.UNREADABLE,

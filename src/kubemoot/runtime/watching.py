@@ -5,6 +5,9 @@ the provider-state and ticket buckets. Opening is all or nothing (a component wi
 its watches would miss changes without knowing it), and closing always finishes: a
 watch that fails to close is being dropped anyway, so that is logged and counted, never
 raised.
+
+Both see every change of a ticket document, so they share one parse of each revision
+(:class:`ParsedDocuments`): a claim or release costs one parse per process, not two.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine, Iterable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from kubemoot.runtime import faults
 from kubemoot.store.protocol import Bucket, Watch
 
-__all__ = ["Followers"]
+__all__ = ["Followers", "ParsedDocuments"]
+
+_D = TypeVar("_D")
 
 
 class Followers:
@@ -64,3 +69,34 @@ class Followers:
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
+
+
+class ParsedDocuments(Generic[_D]):
+    """The documents of one bucket by key, each revision parsed once for every reader.
+
+    Only the newest revision parsed per key is kept. A value that does not parse keeps
+    its error, raised to every reader that asks for that revision, so each reader still
+    handles an unreadable document in its own way. Readers must not change what they
+    get: it is shared.
+    """
+
+    def __init__(self, parse: Callable[[bytes], _D]) -> None:
+        self._parse = parse
+        self._held: dict[str, tuple[int, _D | ValueError]] = {}
+
+    def of(self, key: str, revision: int, value: bytes) -> _D:
+        """The document ``value`` (revision ``revision`` of ``key``); ``ValueError``
+        when it does not parse."""
+        held = self._held.get(key)
+        if held is not None and held[0] == revision:
+            found = held[1]
+        else:
+            try:
+                found = self._parse(value)
+            except ValueError as error:
+                found = error
+            if held is None or held[0] < revision:
+                self._held[key] = (revision, found)
+        if isinstance(found, ValueError):
+            raise found.with_traceback(None)  # raised again: no trail of earlier raises
+        return found

@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kubemoot.clock import LoopClock
 from kubemoot.emulation.engine import (
     OLLAMA_KEEP_ALIVE_SECONDS,
     CardSpec,
@@ -36,6 +35,7 @@ from kubemoot.emulation.prompt import Prompt
 from kubemoot.providers.protocol import ChatResult, ProviderError, ProviderState, ResidentModel
 from kubemoot.settings import DEFAULTS
 from kubemoot.sim.phases import CURRENT_CALL
+from kubemoot.sim.vloop import loop_clock
 
 __all__ = ["EmulatedGpu", "GpuEvents", "ModelSize", "Prompt", "ServedPrompt", "VramOvercommit"]
 
@@ -110,7 +110,7 @@ class EmulatedGpu:
                         prefill_seconds_per_token=prefill_seconds_per_token)
         # the engine counts in loop seconds; its books (used_mib, peak_mib, vram_checks,
         # busy_seconds) are read from it directly (virtual under the simulator), from loop time 0
-        self.engine = OllamaEngine(name, card, clock=LoopClock(epoch=0.0, anchor=0.0),
+        self.engine = OllamaEngine(name, card, clock=loop_clock(epoch=0.0, anchor=0.0),
                                    events=_CardEvents(name, self._events))
 
     # -- observation -----------------------------------------------------------------

@@ -45,6 +45,7 @@ from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE, SimulatedOutcome
 from kubemoot.sim.phases import CURRENT_CALL
 from kubemoot.sim.policies import Policy, SimContext
+from kubemoot.sim.vloop import loop_clock
 from kubemoot.sim.workload import CallSpec
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
@@ -94,7 +95,7 @@ class KubemootPolicy(Policy):
         return self._runtime
 
     async def start(self, ctx: SimContext) -> None:
-        clock = LoopClock(epoch=ctx.epoch)
+        clock = loop_clock(epoch=ctx.epoch)
         clock.now()  # anchor the clock at loop time 0
         wait_limit = ctx.extras.get("gpu_wait_limit_seconds", DEFAULTS.gpu_wait_limit_seconds)
         limit = (float(wait_limit) if isinstance(wait_limit, int | float)

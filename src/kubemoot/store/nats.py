@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import nats
@@ -120,6 +120,10 @@ class NatsBucket:
         if found.value is None:  # a limit marker left by expiry
             return None
         return Entry(key=key, value=bytes(found.value), revision=int(found.revision))
+
+    async def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
+        # The gets go out together: one round trip's wait for all of them.
+        return list(await asyncio.gather(*(self.get(key) for key in keys)))
 
     async def create(self, key: str, value: bytes, *, ttl: float | None = None) -> int:
         msg_ttl = None if ttl is None else max(1, math.ceil(ttl))

@@ -17,7 +17,7 @@ Error tree::
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -86,6 +86,11 @@ class Bucket(Protocol):
 
     async def get(self, key: str) -> Entry | None:
         """The current entry, or ``None`` when absent (or expired)."""
+        ...
+
+    async def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
+        """The entries of ``keys`` in order (``None`` for each absent one), read
+        together: a reader of many keys pays about one round trip, not one per key."""
         ...
 
     async def create(self, key: str, value: bytes, *, ttl: float | None = None) -> int:

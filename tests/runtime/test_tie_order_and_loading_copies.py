@@ -257,3 +257,24 @@ def test_cross_field_errors_name_file_document_kind_and_field(
     assert done.returncode == 2
     assert f"{path}, document 1 (0-based), PlacementState/s01, {field}:" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_card_loads_one_model_at_a_time() -> None:
+    # Two loads claimed on one card: 12 GiB 4 s ago, then 6 GiB 1 s ago. The engine
+    # loads them one after another, so the second starts when the first ends (in 8 s)
+    # and ends 6 s later: 14 s from now, not the 5 s its own size would say.
+    card = ProviderSnapshot(
+        state=gpu("l", 48),
+        tickets=(ticket("big", age=4, footprint_gib=12, state=TicketState.LOADING),
+                 ticket("small", age=1, footprint_gib=6, state=TicketState.LOADING)),
+    )
+    cost = CostModel(FleetSnapshot.of(NOW, [card]), settings=RuntimeSettings(),
+                     occupancy=OccupancyBook(), demand=DemandSnapshot())
+    assert cost.remaining(card, "big") == pytest.approx(8.0)
+    assert cost.remaining(card, "small") == pytest.approx(14.0)
+    # A load on a card with nothing else loading ends its own load time after its claim.
+    alone = ProviderSnapshot(state=gpu("a", 48), tickets=(
+        ticket("small", age=1, footprint_gib=6, state=TicketState.LOADING),))
+    cost = CostModel(FleetSnapshot.of(NOW, [alone]), settings=RuntimeSettings(),
+                     occupancy=OccupancyBook(), demand=DemandSnapshot())
+    assert cost.remaining(alone, "small") == pytest.approx(5.0)

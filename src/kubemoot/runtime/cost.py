@@ -16,7 +16,8 @@ unit so that one comparison decides between them::
     demand(V)      = waiters + intents + 0.5 · (recentUse + prediction)
 
     warm/loading copy : remaining + queue
-    cold load         : load(M) + 0.001 · freeAfter / GiB + max(0, k − s) · latency / s
+    cold load         : line(P) + load(M) + 0.001 · freeAfter / GiB + max(0, k − s) · latency / s
+                        ; line(P): until the loads under way on P have ended
     unload plan       : load(M) + Σ (unload + load(v) · demand(v))
 
 In the one comparison a queue is priced with the calls expected behind it
@@ -208,6 +209,11 @@ class CostModel:
             self._lines[p.name] = line
         return line
 
+    def load_line_wait(self, p: ProviderSnapshot) -> float:
+        """Seconds until ``p`` has finished the loads under way: a new load starts then."""
+        line = self._load_line(p)
+        return max(0.0, max(line.values()) - self.fleet.now) if line else 0.0
+
     def remaining(self, p: ProviderSnapshot, model: str) -> float:
         """Load time still to go for a copy being loaded (0 for a resident copy)."""
         ends = self.load_ends_at(p, model)
@@ -304,7 +310,7 @@ class CostModel:
         """Load ``model`` onto free room on ``p`` (the caller checked it fits)."""
         free = p.free_mib or 0
         free_after_gib = (free - occupancy) / MIB_PER_GIB
-        seconds = load_seconds(occupancy, self.settings)
+        seconds = load_seconds(occupancy, self.settings) + self.load_line_wait(p)
         seconds += BEST_FIT_SECONDS_PER_GIB * free_after_gib
         seconds += self.crowding(p, model, occupancy)
         return Option(OptionKind.COLD_LOAD, p.name, model, seconds, footprint_mib=occupancy)

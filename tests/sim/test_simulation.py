@@ -99,6 +99,24 @@ def test_tiny_scenario_matches_the_placement_derived_by_hand(scenarios: Path) ->
     assert ours.wait["mean"] == pytest.approx(result.bound.mean_wait, abs=1e-3)
 
 
+def test_each_selected_agent_is_planned_for_its_first_mulling_call(
+    homelab_short: Scenario,
+) -> None:
+    # homelab: every agent runs triage (qwen3:8b) and then mulling. The selection comes
+    # when the discussion arrives, names the mulling candidates and the first mulling
+    # call, and lists every call of the agent's thread (its intents last until they end).
+    trace = build_trace(homelab_short)
+    turns = {(str(d.discussion_id), t.agent): (d, t) for d in trace.discussions for t in d.turns}
+    assert len(trace.selections) == len(turns)
+    for s in trace.selections:
+        discussion, turn = turns[(s.thread, s.agent)]
+        calls = [c for step in turn.steps for c in step.calls]
+        first = next(c for c in calls if c.phase == "mulling")
+        assert s.at == discussion.arrival and s.first_call == first.call_id
+        assert s.candidates == first.candidates and calls[0].phase == "triage"
+        assert s.calls == tuple(c.call_id for c in calls)
+
+
 def test_round_robin_thrashes_where_kubemoot_keeps_models_home(
     homelab_result: SimulationResult,
 ) -> None:

@@ -143,10 +143,10 @@ class DemandBoard:
         if forecast is not None:
             prediction = dict(forecast[1])
             known = self._folded.get(key)
-            if known is not None and isinstance(known[3], SelectionEntry):
-                if known[3].expires_at > now:
-                    for model in set(known[3].models):
-                        prediction[model] = prediction.get(model, 0.0) - known[3].frequency
+            replaced = known[3] if known is not None else None
+            if isinstance(replaced, SelectionEntry) and replaced.expires_at > now:
+                for model in set(replaced.models):
+                    prediction[model] = prediction.get(model, 0.0) - replaced.frequency
             for model in set(entry.models):
                 prediction[model] = prediction.get(model, 0.0) + entry.frequency
             # a model nobody names any more leaves, not as a rounding error's residue

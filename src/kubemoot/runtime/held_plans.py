@@ -178,6 +178,11 @@ class HeldPlans:
         return new_thread
 
     def _forget_before(self, start: float) -> None:
+        # Threads are kept in the order they were first seen, so the first is the
+        # oldest: when it is still in the window, nothing is to be forgotten.
+        oldest = next(iter(self._threads.values()), None)
+        if oldest is None or oldest >= start:
+            return
         self._threads = {t: at for t, at in self._threads.items() if at >= start}
         for agent in list(self._selected):
             kept = {t: at for t, at in self._selected[agent].items() if t in self._threads}

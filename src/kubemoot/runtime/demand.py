@@ -81,7 +81,7 @@ class DemandBoard:
         self._folded: dict[
             str, tuple[int, str, tuple[str, ...], DemandEntry | SelectionEntry]] = {}
         #: when the forecast was last read, and the prediction it gave
-        self._forecast: tuple[float, dict[str, float]] | None = None
+        self._forecast: tuple[float, dict[str, float], float] | None = None
 
     # -- writers ---------------------------------------------------------------------
 
@@ -151,7 +151,7 @@ class DemandBoard:
                 prediction[model] = prediction.get(model, 0.0) + entry.frequency
             # a model nobody names any more leaves, not as a rounding error's residue
             prediction = {m: v for m, v in prediction.items() if abs(v) > 1e-9}
-            self._forecast = (forecast[0], prediction)
+            self._forecast = (forecast[0], prediction, min(forecast[2], entry.expires_at))
         self._folded[key] = (revision, SELECTION, (agent,), entry)
 
     # -- reader ----------------------------------------------------------------------
@@ -160,19 +160,23 @@ class DemandBoard:
         """Every live entry folded into per-model demand.
 
         The forecast (the ``sel`` entries, one per agent selected in the last hour) is
-        read again only every :data:`FORECAST_REFRESH_SECONDS`; in between the last
-        reading's prediction stands. Waiters, intents and use are read every time.
+        read again only every :data:`FORECAST_REFRESH_SECONDS`, or sooner when an entry
+        it counted expires; in between the last reading's prediction stands (with this
+        process's own selections applied). Waiters, intents and use are read every time.
         """
         keys = await self._bucket.keys()
         now = self._clock.now()
         forecast = self._forecast
-        refresh = forecast is None or now - forecast[0] >= FORECAST_REFRESH_SECONDS
+        # read again when the window has passed, or an entry counted in it has expired
+        refresh = (forecast is None or now - forecast[0] >= FORECAST_REFRESH_SECONDS
+                   or now >= forecast[2])
         wanted = keys if refresh else [k for k in keys if not k.startswith(_SELECTION_PREFIX)]
         entries = await self._read(wanted)
         waiters: dict[str, int] = {}
         intents: dict[str, int] = {}
         uses: dict[str, tuple[float, float | None]] = {}
         prediction: dict[str, float] = {}
+        expiry = float("inf")  # the first counted forecast entry to expire
         folded = self._folded
         for key, entry in zip(wanted, entries, strict=True):
             if entry is None:
@@ -194,6 +198,7 @@ class DemandBoard:
                 folded[key] = (entry.revision, kind, segments, parsed)
             if isinstance(parsed, SelectionEntry):
                 if parsed.expires_at > now:
+                    expiry = min(expiry, parsed.expires_at)
                     for model in set(parsed.models):
                         prediction[model] = prediction.get(model, 0.0) + parsed.frequency
                 continue
@@ -207,7 +212,7 @@ class DemandBoard:
                 count = _decayed(demand.count, demand.last_used_at, now, self.use_window_seconds)
                 uses[segments[0]] = (count, demand.last_used_at)
         if refresh:
-            self._forecast = (now, prediction)
+            self._forecast = (now, prediction, expiry)
         elif forecast is not None:
             prediction = forecast[1]
         live = set(keys)

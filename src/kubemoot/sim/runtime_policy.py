@@ -47,6 +47,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
 
+from kubemoot import metrics
 from kubemoot.clock import LoopClock
 from kubemoot.providers.protocol import ProviderClient, ProviderError, ProviderUnavailable
 from kubemoot.runtime.builder import Runtime, build_runtime
@@ -165,8 +166,10 @@ class KubemootPolicy(Policy):
         try:
             await self._runtime.held_plans.commit_to_thread(
                 selection.agent, selection.thread, selection.candidates)
-        except Exception:  # planning ahead is an optimisation, never fatal (as the agent's)
-            log.exception("planning at selection failed for %s", selection.agent)
+        except Exception as error:  # planning ahead is an optimisation, never fatal
+            metrics.survived("sim", "plan", metrics.STORE,
+                             f"planning at selection failed for {selection.agent}", error,
+                             logger=log)
 
     async def _call_ended(self, call: CallSpec, finished: bool) -> None:
         """Withdraw the thread's intents (and an unused plan) once it has no calls left."""

@@ -32,7 +32,8 @@ from typing import Protocol
 
 from kubemoot.clock import Clock
 from kubemoot.providers.protocol import ProviderError
-from kubemoot.runtime import filters
+from kubemoot.runtime import filters, options
+from kubemoot.runtime.cost import OptionKind
 from kubemoot.runtime.faults import tolerated
 from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
@@ -138,6 +139,9 @@ class HeldPlans:
                     self._written[who] = share
         self._intents[(agent, thread)] = models
         assumed = prompt_tokens or self._planner.settings.assumed_prompt_tokens
+        shared = await self._shares_a_copy(candidates, assumed)
+        if shared is not None:
+            return shared  # nothing to hold (see below): the first call places itself
         placement = await self._planner.place(
             candidates, holder_id=f"{agent}@{thread}", prompt_tokens=assumed,
             ticket_state=TicketState.HELD,
@@ -166,6 +170,24 @@ class HeldPlans:
             plan.preload = self._start_preload(placement)
         self._plans[(agent, thread)] = plan
         return placement
+
+    async def _shares_a_copy(
+        self, candidates: Sequence[CandidateModel], prompt_tokens: int
+    ) -> CallPlacement | None:
+        """The copy the plan would share, when one is resident or coming with a free slot
+        (DESIGN §5's cheap cases, which win before any load is priced); ``None`` when
+        the plan has to be placed. Such a plan is not held, so it is not claimed
+        either: a claim given back at once would only wake the calls waiting in line."""
+        planner = self._planner
+        rnd = await planner.new_round(prompt_tokens)
+        models = [c.model for c in planner.in_tolerance(candidates)]
+        for find in (options.warm_options, options.joinable_loading):  # steps 1-2, then 3
+            for model in models:
+                for option in find(rnd, model):
+                    action = Action.WARM if option.kind is OptionKind.WARM else Action.LOADING
+                    return CallPlacement(action, provider=option.provider,
+                                         model=option.model, options=(option,))
+        return None
 
     def _count_selection(self, agent: str, thread: str, models: tuple[str, ...]) -> bool:
         """Count the selection in the forecast; whether ``thread`` is new."""

@@ -9,6 +9,10 @@ every plan is a ticket and every intent is on the demand board, plans made at ab
 same time account for one another, and agents wanting the same model end up sharing a
 copy instead of loading several.
 
+Only a plan that starts a load is held. A plan that would share a copy already resident
+or coming (with a free slot) is not claimed at all: the intents are published and the
+first call places itself when it comes.
+
 The forecast. Each selection is recorded with the agent's *selection frequency*: the
 share of the threads this planner saw within ``selection_window_seconds`` that selected
 the agent. An agent in every thread forecasts 1 for its models, one in every fourth

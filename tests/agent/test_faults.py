@@ -67,7 +67,8 @@ def make_fleet(
 
     async def make(*, clock: Clock | None = None, num_parallel: int = 2,
                    after_call: AfterCall | None = None, tool_rule: Any = None,
-                   chats: ClientFactory = factory, context: int = 1024) -> Fleet:
+                   chats: ClientFactory = factory, context: int = 1024,
+                   warm: bool = True) -> Fleet:
         emulator = make_emulator(models=(SMALL,), vram_mib=8192, num_parallel=num_parallel,
                                  tool_rule=tool_rule, context_length=context)
         clock = clock or SystemClock()
@@ -75,7 +76,8 @@ def make_fleet(
         client = OllamaProvider("gpu-a", emulator.url, context_length=context,
                                 num_parallel=num_parallel, total_vram_mib=8192,
                                 reserve_mib=512)
-        await client.preload(SMALL.name)  # warm: every placement below is a warm one
+        if warm:
+            await client.preload(SMALL.name)  # warm: every placement below is a warm one
         await Prober([client], clock=clock,
                      publish=publish_to_kv(await kv.bucket(PROVIDER_STATE_BUCKET))).probe_all()
         stack = await build_stack(kv, clients={"gpu-a": client}, client_factory=chats,
@@ -269,8 +271,10 @@ async def test_a_plan_that_cannot_be_released_is_logged_and_counted(
             finally:  # after the triage call: the held plan cannot be dropped
                 await box[0].kv.close()
 
-    # room for the prompt a plan assumes before the question is known
-    fleet = await make_fleet(context=4096, chats=lambda provider, endpoint, settings:
+    # room for the prompt a plan assumes before the question is known; the model is not
+    # loaded yet, so the plan made at selection starts its load and is held
+    fleet = await make_fleet(context=4096, warm=False,
+                             chats=lambda provider, endpoint, settings:
                              StoreGoesAway(provider, endpoint, timeout=settings.timeout))
     box.append(fleet)
     member = AgentProfile(id="crew/a", role="tooler", mulling=(CandidateModel(SMALL.name, 50.0),),

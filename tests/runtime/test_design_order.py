@@ -3,7 +3,8 @@ equally cheap copies go to the one with fewer calls in flight before the name.""
 
 from __future__ import annotations
 
-from kubemoot.runtime.held_plans import HeldPlans
+from kubemoot.runtime.demand import FORECAST_REFRESH_SECONDS, DemandBoard
+from kubemoot.runtime.held_plans import SHARE_TOLERANCE, HeldPlans
 from kubemoot.runtime.placement import Action
 from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import SelectionEntry, TicketState
@@ -65,3 +66,41 @@ async def test_the_forecast_uses_how_often_each_agent_is_selected(make) -> None:
     assert await frequency("crew/b") == 0.25
     demand = await h.board.snapshot()
     assert demand.of("n").prediction == 0.25 and demand.of("m").prediction == 1.0
+
+
+async def test_another_process_s_forecast_shows_once_the_forecast_is_read_again(make) -> None:
+    # The forecast is read from the board every FORECAST_REFRESH_SECONDS; this process's
+    # own selections show at once, another process's at the next reading.
+    h = await make([gpu("g", 48)], declared={"m": 4, "n": 4}, settings=RuntimeSettings())
+    await h.board.record_selection("crew/a", ["m"], 1.0)
+    assert (await h.board.snapshot()).of("m").prediction == 1.0
+    other = DemandBoard(h.demand_bucket, clock=h.clock)  # another process's board
+    await other.record_selection("crew/b", ["n"], 0.5)
+    await h.board.record_selection("crew/a", ["m"], 0.5)  # own: replaces its 1.0 at once
+    seen = await h.board.snapshot()
+    assert seen.of("m").prediction == 0.5 and seen.of("n").prediction == 0.0
+    h.clock.advance(FORECAST_REFRESH_SECONDS)
+    seen = await h.board.snapshot()
+    assert seen.of("m").prediction == 0.5 and seen.of("n").prediction == 0.5
+
+
+async def test_a_new_thread_rewrites_only_the_shares_that_moved(make) -> None:
+    # Ten threads select crew/a; crew/b was in the first only. Each new thread lowers
+    # crew/b's share (1/2, 1/3, ...); its entry is written again only once the share
+    # has moved by more than SHARE_TOLERANCE of what the board holds.
+    h = await make([gpu("g", 48)], declared={"m": 4, "n": 4}, settings=RuntimeSettings())
+    plans = HeldPlans(h.planner, clock=h.clock, board=h.board)
+    await plans.commit_to_thread("crew/b", "t0", candidates("n"))
+    written: list[float] = []
+    for k in range(10):
+        await plans.commit_to_thread("crew/a", f"t{k}", candidates("m"))
+        await plans.close_thread(f"t{k}")
+        entry = await h.demand_bucket.get(join_key("sel", "crew/b"))
+        assert entry is not None
+        written.append(SelectionEntry.from_json(entry.value).frequency)
+    assert plans.frequency("crew/b") == 0.1
+    # every share on the board is within the tolerance of the true one, or was rewritten
+    for k, share in enumerate(written):
+        true = 1 / (k + 1)
+        assert abs(share - true) <= SHARE_TOLERANCE * share
+    assert len(set(written)) < len(written)  # some threads wrote nothing for crew/b

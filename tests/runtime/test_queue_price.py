@@ -14,6 +14,7 @@ import pytest
 from kubemoot.runtime.cost import CostModel, Option, OptionKind
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.snapshot import DemandSnapshot, FleetSnapshot, ModelDemand, ProviderSnapshot
+from kubemoot.runtime.what_if import PlacementState
 from kubemoot.settings import RuntimeSettings
 from kubemoot.testing.state import NOW, gpu
 from tests.runtime.test_tie_order_and_loading_copies import ago, options, place, state
@@ -104,6 +105,27 @@ async def test_a_lone_call_converges_on_the_copy_being_loaded() -> None:
 async def test_company_behind_a_loading_copy_pays_for_a_second_one() -> None:
     out = await place(_loading_14b({"qwen3:14b": {"waiters": 4}}), "qwen3:14b")
     assert (out["action"], out["provider"]) == ("cold-load", "c-b")
+
+
+def _loading_14b_with_8b_in_band(demand: dict[str, Any]) -> Any:
+    # As above, but the call's band holds qwen3:8b too (6 GiB: 6 s to load on c-b,
+    # against 11 s left of the 14b's load and a call ahead on its one slot).
+    doc = _loading_14b(demand).model_dump(by_alias=True, mode="json")
+    doc["models"].append({"name": "qwen3:8b", "vramMiB": 6144})
+    return PlacementState.model_validate(doc)
+
+
+async def test_a_lone_call_converges_even_when_a_band_model_would_load_sooner() -> None:
+    out = await place(_loading_14b_with_8b_in_band({}), ("qwen3:14b", 60), ("qwen3:8b", 55))
+    assert (out["action"], out["provider"], out["model"]) == ("queue", "l-a", "qwen3:14b")
+
+
+async def test_company_behind_a_loading_copy_may_pay_for_a_band_model_elsewhere() -> None:
+    # Waiters for the 14b make its coming copy's queue dear; the cheapest option of the
+    # one comparison is then the 8b on the idle card, and step 3 no longer holds it back.
+    out = await place(_loading_14b_with_8b_in_band({"qwen3:14b": {"waiters": 4}}),
+                      ("qwen3:14b", 60), ("qwen3:8b", 55))
+    assert (out["action"], out["provider"], out["model"]) == ("cold-load", "c-b", "qwen3:8b")
 
 
 # -- the slot-aware cold-load price (DESIGN §5) ---------------------------------------

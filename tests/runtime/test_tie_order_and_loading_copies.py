@@ -190,9 +190,10 @@ async def test_e03b_queue_at_the_warm_candidate(declared: int | None) -> None:
     assert (out["action"], out["provider"], out["model"]) == ("queue", "l-a", "qwen3:14b")
     # l-a: 8 s of load left, then one 30 s call ahead; c-b: 15 s + one 20 s call. The
     # in-band candidate's cold load beside the coming copy is priced too (8 GiB at
-    # 1 GiB/s, plus the best-fit term for the 3 GiB left), yet step 3 still converges.
+    # 1 GiB/s once the 14b's load there has ended, 8 s from now: a card loads one model
+    # at a time; plus the best-fit term for the 3 GiB left), yet step 3 still converges.
     assert sorted(options(out), key=lambda o: o[3]) == [
-        ("cold-load", "l-a", "qwen3:8b", 8.003),
+        ("cold-load", "l-a", "qwen3:8b", 16.003),
         ("queue", "c-b", "qwen3:8b", 35.0), ("queue", "l-a", "qwen3:14b", 38.0)]
 
 
@@ -257,3 +258,27 @@ def test_cross_field_errors_name_file_document_kind_and_field(
     assert done.returncode == 2
     assert f"{path}, document 1 (0-based), PlacementState/s01, {field}:" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_card_loads_one_model_at_a_time() -> None:
+    # Two loads claimed on one card: 12 GiB 4 s ago, then 6 GiB 1 s ago. The engine
+    # loads them one after another, so the second starts when the first ends (in 8 s)
+    # and ends 6 s later: 14 s from now, not the 5 s its own size would say.
+    card = ProviderSnapshot(
+        state=gpu("l", 48),
+        tickets=(ticket("big", age=4, footprint_gib=12, state=TicketState.LOADING),
+                 ticket("small", age=1, footprint_gib=6, state=TicketState.LOADING)),
+    )
+    cost = CostModel(FleetSnapshot.of(NOW, [card]), settings=RuntimeSettings(),
+                     occupancy=OccupancyBook(), demand=DemandSnapshot())
+    assert cost.remaining(card, "big") == pytest.approx(8.0)
+    assert cost.remaining(card, "small") == pytest.approx(14.0)
+    # A new load there starts when both have ended: 14 s, then its own 4 s (4 GiB), plus
+    # the best-fit term for the 48 − 1 − 12 − 6 − 4 = 25 GiB left.
+    assert cost.cold_option(card, "new", 4 * 1024).seconds == pytest.approx(18.025)
+    # A load on a card with nothing else loading ends its own load time after its claim.
+    alone = ProviderSnapshot(state=gpu("a", 48), tickets=(
+        ticket("small", age=1, footprint_gib=6, state=TicketState.LOADING),))
+    cost = CostModel(FleetSnapshot.of(NOW, [alone]), settings=RuntimeSettings(),
+                     occupancy=OccupancyBook(), demand=DemandSnapshot())
+    assert cost.remaining(alone, "small") == pytest.approx(5.0)

@@ -105,3 +105,40 @@ def test_a_reactive_schedule_loads_only_once_a_call_asks() -> None:
     cut = _cut(_card(20, 1), {"A": 10}, [(20, 5, ("A",))])
     assert solve(cut, time_limit_seconds=5).total_wait == pytest.approx(0.0)
     assert solve(cut, time_limit_seconds=5, reactive=True).total_wait == pytest.approx(10.0)
+
+
+def test_a_selected_schedule_loads_once_the_agent_is_selected() -> None:
+    # A's one call comes at 20 s; its agent was selected at 14 s (triage ran between).
+    # The load may start at 14: it ends at 24, so the call waits 4 s, between the
+    # clairvoyant 0 s and the reactive 10 s.
+    cut = Cut("hand", (_card(20, 1),), {"A": 10 * GIB}, (CutCall(0, 20, 5, ("A",), 14),))
+    assert solve(cut, time_limit_seconds=5).total_wait == pytest.approx(0.0)
+    assert solve(cut, time_limit_seconds=5, selected=True).total_wait == pytest.approx(4.0)
+    assert solve(cut, time_limit_seconds=5, reactive=True).total_wait == pytest.approx(10.0)
+    # A call without a selection time is selected when it is issued.
+    alone = Cut("hand", (_card(20, 1),), {"A": 10 * GIB}, (CutCall(0, 20, 5, ("A",)),))
+    assert solve(alone, time_limit_seconds=5, selected=True).total_wait == pytest.approx(10.0)
+    with pytest.raises(ValueError, match="pick one"):
+        solve(cut, time_limit_seconds=5, selected=True, reactive=True)
+
+
+def test_the_cut_keeps_when_each_agent_was_selected() -> None:
+    # long-discussion: a thread's first call comes a think gap (3 s) after its
+    # discussion selected the agent; later calls of the thread keep that selection time.
+    scenario = load_scenario(SCENARIOS / "long-discussion.yaml")
+    trace = build_trace(scenario)
+    cut = cut_trace(scenario, trace, cards=3, models=4, calls=40)
+    assert cut.trace is not None
+    for call in cut.calls:
+        assert 0.0 <= call.selected_at <= call.release
+    # every selection in the cut names a call of the cut, whose agent it plans for
+    assert cut.trace.selections
+    specs = {c.call_id: c for c in cut.trace.calls()}
+    for s in cut.trace.selections:
+        assert specs[s.first_call].agent == s.agent
+        assert s.at == cut.calls[s.first_call].selected_at
+        assert s.first_call in s.calls
+    # the first discussion started before the cut's first call: selected at its start
+    assert cut.calls[0].selected_at == 0.0
+    later = [c for c in cut.calls if c.selected_at > 0.0]
+    assert later and all(c.release - c.selected_at >= 3.0 - 1e-9 for c in later)

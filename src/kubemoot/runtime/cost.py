@@ -9,13 +9,15 @@ unit so that one comparison decides between them::
     free(P)        = usable(P) − resident(P)
     load(M)        = occupancy(M) / loadRate
     remaining(P,M) = max(0, load(M) − (now − loadStartedAt))   ; load(M) of this load:
-                     its ticket's footprint / loadRate, else occupancy(M) / loadRate
+                     its ticket's footprint / loadRate, else occupancy(M) / loadRate;
+                     a load claimed behind another on P starts when that one ends
     queue(P,M)     = 0 if inflight < slots
                      else soonestRemaining + (inflight − slots) · latency / slots
     demand(V)      = waiters + intents + 0.5 · (recentUse + prediction)
 
     warm/loading copy : remaining + queue
-    cold load         : load(M) + 0.001 · freeAfter / GiB + max(0, k − s) · latency / s
+    cold load         : line(P) + load(M) + 0.001 · freeAfter / GiB + max(0, k − s) · latency / s
+                        ; line(P): until the loads under way on P have ended
     unload plan       : load(M) + Σ (unload + load(v) · demand(v))
 
 In the one comparison a queue is priced with the calls expected behind it
@@ -144,6 +146,7 @@ class CostModel:
         #: call (:func:`kubemoot.runtime.options.spread`): company the demand board may
         #: not show yet, when they were issued in the same instant.
         self.queued_ahead: dict[str, int] = {}
+        self._lines: dict[str, dict[str, float]] = {}
 
     # -- per model -------------------------------------------------------------------
 
@@ -174,15 +177,42 @@ class CostModel:
         falls back to occupancy(M). When nothing sizes the model at all, the remaining
         time is unknown and counted at its lower bound, 0 s: the copy is still the
         model's only one (a model of unknown size cannot be cold-loaded), and a call
-        that joins it starts the moment the engine reports it loaded.
+        that joins it starts the moment the engine reports it loaded. A card loads one
+        model at a time, so a load claimed while another is under way there ends its
+        own load time after that one (:meth:`_load_line`).
         """
-        started = p.load_started(model)
-        if started is None:
+        if p.load_started(model) is None:
             return None
+        return self._load_line(p)[model]
+
+    def _own_load(self, p: ProviderSnapshot, model: str) -> float:
+        """Seconds the load of ``model`` under way on ``p`` takes on its own."""
         mib = p.load_mib(model)
         if mib is None:
-            return started + (self.load(model) or 0.0)
-        return started + load_seconds(mib, self.settings)
+            return self.load(model) or 0.0
+        return load_seconds(mib, self.settings)
+
+    def _load_line(self, p: ProviderSnapshot) -> dict[str, float]:
+        """When each copy loading on ``p`` finishes: a card loads one model at a time,
+        in the order the loads were claimed, so a load claimed behind another one
+        starts when that one ends (computed once per provider and round)."""
+        line = self._lines.get(p.name)
+        if line is None:
+            loading = sorted(
+                (started, m) for m in {t.model for t in p.tickets}
+                if (started := p.load_started(m)) is not None
+            )
+            line, free_at = {}, float("-inf")
+            for started, m in loading:
+                free_at = max(started, free_at) + self._own_load(p, m)
+                line[m] = free_at
+            self._lines[p.name] = line
+        return line
+
+    def load_line_wait(self, p: ProviderSnapshot) -> float:
+        """Seconds until ``p`` has finished the loads under way: a new load starts then."""
+        line = self._load_line(p)
+        return max(0.0, max(line.values()) - self.fleet.now) if line else 0.0
 
     def remaining(self, p: ProviderSnapshot, model: str) -> float:
         """Load time still to go for a copy being loaded (0 for a resident copy)."""
@@ -280,7 +310,7 @@ class CostModel:
         """Load ``model`` onto free room on ``p`` (the caller checked it fits)."""
         free = p.free_mib or 0
         free_after_gib = (free - occupancy) / MIB_PER_GIB
-        seconds = load_seconds(occupancy, self.settings)
+        seconds = load_seconds(occupancy, self.settings) + self.load_line_wait(p)
         seconds += BEST_FIT_SECONDS_PER_GIB * free_after_gib
         seconds += self.crowding(p, model, occupancy)
         return Option(OptionKind.COLD_LOAD, p.name, model, seconds, footprint_mib=occupancy)

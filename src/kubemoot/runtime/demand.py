@@ -36,6 +36,14 @@ WAIT = "wait"
 INTENT = "intent"
 USE = "use"
 SELECTION = "sel"
+_SELECTION_PREFIX = SELECTION + "."
+
+#: How long the forecast read from the board stands before it is read again. The
+#: forecast is a share of the threads of the last hour, so it moves slowly, while the
+#: board holds one entry per agent selected in that hour: reading them all on every
+#: placement round made the read grow with the fleet's agents (fleet-16: about 130
+#: entries a read, most of them forecast).
+FORECAST_REFRESH_SECONDS = 30.0
 
 
 def _decayed(count: float, since: float | None, now: float, window: float) -> float:
@@ -61,6 +69,10 @@ class DemandBoard:
         #: round in the demand window, and most entries have not changed since.
         self._parsed: dict[str, tuple[int, DemandEntry | SelectionEntry]] = {}
         self._shapes: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._folded: dict[
+            str, tuple[int, str, tuple[str, ...], DemandEntry | SelectionEntry]] = {}
+        #: when the forecast was last read, and the prediction it gave
+        self._forecast: tuple[float, dict[str, float], float] | None = None
 
     # -- writers ---------------------------------------------------------------------
 
@@ -108,37 +120,76 @@ class DemandBoard:
         self, agent: str, models: Sequence[str], frequency: float
     ) -> None:
         """The agent's candidate models and how often it is selected (its forecast)."""
+        now = self._clock.now()
         entry = SelectionEntry(
-            expires_at=self._clock.now() + self.selection_ttl_seconds,
+            expires_at=now + self.selection_ttl_seconds,
             models=list(dict.fromkeys(models)),
             frequency=frequency,
         )
-        await self._bucket.put(join_key(SELECTION, agent), entry.to_json())
+        key = join_key(SELECTION, agent)
+        revision = await self._bucket.put(key, entry.to_json())
+        # This process's own writes show in the forecast it holds at once: the entry
+        # it replaces comes out of the prediction, the new one goes in.
+        forecast = self._forecast
+        if forecast is not None:
+            prediction = dict(forecast[1])
+            known = self._folded.get(key)
+            replaced = known[3] if known is not None else None
+            if isinstance(replaced, SelectionEntry) and replaced.expires_at > now:
+                for model in set(replaced.models):
+                    prediction[model] = prediction.get(model, 0.0) - replaced.frequency
+            for model in set(entry.models):
+                prediction[model] = prediction.get(model, 0.0) + entry.frequency
+            # a model nobody names any more leaves, not as a rounding error's residue
+            prediction = {m: v for m, v in prediction.items() if abs(v) > 1e-9}
+            self._forecast = (forecast[0], prediction, min(forecast[2], entry.expires_at))
+        self._folded[key] = (revision, SELECTION, (agent,), entry)
 
     # -- reader ----------------------------------------------------------------------
 
     async def snapshot(self) -> DemandSnapshot:
-        """Every live entry folded into per-model demand."""
+        """Every live entry folded into per-model demand.
+
+        The forecast (the ``sel`` entries, one per agent selected in the last hour) is
+        read again only every :data:`FORECAST_REFRESH_SECONDS`, or sooner when an entry
+        it counted expires; in between the last reading's prediction stands (with this
+        process's own selections applied). Waiters, intents and use are read every time.
+        """
         keys = await self._bucket.keys()
-        entries = await self._bucket.get_many(keys)
         now = self._clock.now()
+        forecast = self._forecast
+        # read again when the window has passed, or an entry counted in it has expired
+        refresh = (forecast is None or now - forecast[0] >= FORECAST_REFRESH_SECONDS
+                   or now >= forecast[2])
+        wanted = keys if refresh else [k for k in keys if not k.startswith(_SELECTION_PREFIX)]
+        entries = await self._bucket.get_many(wanted)
         waiters: dict[str, int] = {}
         intents: dict[str, int] = {}
         uses: dict[str, tuple[float, float | None]] = {}
         prediction: dict[str, float] = {}
-        for key, entry in zip(keys, entries, strict=True):
+        expiry = float("inf")  # the first counted forecast entry to expire
+        folded = self._folded
+        for key, entry in zip(wanted, entries, strict=True):
             if entry is None:
                 continue
-            try:
-                kind, segments = self._shape(key)
-                selecting = kind == SELECTION and len(segments) == 1
-                parsed = self._parse(key, entry.revision, entry.value, selecting=selecting)
-            except ValueError as error:  # a key or value this version does not understand
-                faults.noted("demand", faults.UNREADABLE,
-                             f"demand entry {key} unreadable; left out", error)
-                continue
+            # One look-up for a key unchanged since the last read (most of them: every
+            # selected agent has an entry, and the board is read every demand window).
+            known = folded.get(key)
+            if known is not None and known[0] == entry.revision:
+                _revision, kind, segments, parsed = known
+            else:
+                try:
+                    kind, segments = self._shape(key)
+                    selecting = kind == SELECTION and len(segments) == 1
+                    parsed = self._parse(key, entry.revision, entry.value, selecting=selecting)
+                except ValueError as error:  # a key or value this version does not understand
+                    faults.noted("demand", faults.UNREADABLE,
+                                 f"demand entry {key} unreadable; left out", error)
+                    continue
+                folded[key] = (entry.revision, kind, segments, parsed)
             if isinstance(parsed, SelectionEntry):
                 if parsed.expires_at > now:
+                    expiry = min(expiry, parsed.expires_at)
                     for model in set(parsed.models):
                         prediction[model] = prediction.get(model, 0.0) + parsed.frequency
                 continue
@@ -151,10 +202,14 @@ class DemandBoard:
             elif kind == USE and len(segments) == 1:
                 count = _decayed(demand.count, demand.last_used_at, now, self.use_window_seconds)
                 uses[segments[0]] = (count, demand.last_used_at)
-        for gone in self._parsed.keys() - set(keys):
-            del self._parsed[gone]
-        for gone in self._shapes.keys() - set(keys):
-            del self._shapes[gone]
+        if refresh:
+            self._forecast = (now, prediction, expiry)
+        elif forecast is not None:
+            prediction = forecast[1]
+        live = set(keys)
+        for cache in (self._parsed, self._shapes, folded):
+            for gone in cache.keys() - live:
+                del cache[gone]
         models = set(waiters) | set(intents) | set(uses) | set(prediction)
         return DemandSnapshot(
             at=now,

@@ -9,6 +9,10 @@ every plan is a ticket and every intent is on the demand board, plans made at ab
 same time account for one another, and agents wanting the same model end up sharing a
 copy instead of loading several.
 
+Only a plan that starts a load is held. A plan that would share a copy already resident
+or coming (with a free slot) is not claimed at all: the intents are published and the
+first call places itself when it comes.
+
 The forecast. Each selection is recorded with the agent's *selection frequency*: the
 share of the threads this planner saw within ``selection_window_seconds`` that selected
 the agent. An agent in every thread forecasts 1 for its models, one in every fourth
@@ -32,7 +36,8 @@ from typing import Protocol
 
 from kubemoot.clock import Clock
 from kubemoot.providers.protocol import ProviderError
-from kubemoot.runtime import filters
+from kubemoot.runtime import filters, options
+from kubemoot.runtime.cost import OptionKind
 from kubemoot.runtime.faults import tolerated
 from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
@@ -41,6 +46,13 @@ from kubemoot.runtime.tickets import TicketGone
 from kubemoot.store.documents import TicketState
 
 log = logging.getLogger(__name__)
+
+#: A new thread lowers every other known agent's share a little; an agent's entry is
+#: written again only once its share has moved by more than this part of what the
+#: board holds. Rewriting every agent on every thread made the board's writes grow
+#: with agents × threads (fleet-16: 12,172 writes in an hour, against 1,045
+#: selections), and the forecast only orders victims and weighs their reloads.
+SHARE_TOLERANCE = 0.1
 
 
 class SelectionBoard(Protocol):
@@ -89,6 +101,7 @@ class HeldPlans:
         self._threads: dict[str, float] = {}
         self._selected: dict[str, dict[str, float]] = {}
         self._models_of: dict[str, tuple[str, ...]] = {}
+        self._written: dict[str, float] = {}  # the share last written per agent
 
     def held(self, agent: str, thread: str) -> HeldPlan | None:
         return self._plans.get((agent, thread))
@@ -114,22 +127,41 @@ class HeldPlans:
             with tolerated("intent", f"publishing the intents of {agent}"):
                 for model in models:
                     await self._board.add_intent(model, agent)
-            # A new thread changes every known agent's share: write them all again.
+            # A new thread changes every known agent's share: write again the ones that
+            # moved by more than SHARE_TOLERANCE of what the board holds.
             others = [a for a in self._selected if a != agent] if new_thread else []
             for who in [agent, *others]:
                 share = self.frequency(who)
                 if who == agent and frequency is not None:
                     share = frequency
+                written = self._written.get(who)
+                if who != agent and written is not None and (
+                        abs(share - written) <= SHARE_TOLERANCE * written):
+                    continue
                 with tolerated("selection", f"recording the selection of {who}"):
                     await self._board.record_selection(who, self._models_of[who], share)
+                    self._written[who] = share
         self._intents[(agent, thread)] = models
         assumed = prompt_tokens or self._planner.settings.assumed_prompt_tokens
+        shared = await self._shares_a_copy(candidates, assumed)
+        if shared is not None:
+            return shared  # nothing to hold (see below): the first call places itself
         placement = await self._planner.place(
             candidates, holder_id=f"{agent}@{thread}", prompt_tokens=assumed,
             ticket_state=TicketState.HELD,
         )
         if placement.ticket is None:
             return placement  # nothing held: the first call places (and waits) itself
+        if placement.action not in (Action.COLD_LOAD, Action.UNLOAD):
+            # A copy that is already there or coming gains nothing from being planned
+            # ahead. Held, the plan would send the first call to the copy chosen at
+            # selection even when the calls placed during triage (a held plan takes no
+            # slot) have filled its slots since: it would queue in the engine, unseen.
+            # So only a plan that starts a load is held; the first call places when it
+            # comes (a scratch run of bench/quality.py holding every plan: fleet-16 1.06 s
+            # mean wait, against 0.62 s holding only loads).
+            await self._planner.release(placement)
+            return placement
         plan = HeldPlan(agent, thread, placement, self._clock.now(), models)
         assert placement.provider is not None
         # Held for as long as the plan lives (up to the held-plan TTL), which may be
@@ -143,6 +175,24 @@ class HeldPlans:
         self._plans[(agent, thread)] = plan
         return placement
 
+    async def _shares_a_copy(
+        self, candidates: Sequence[CandidateModel], prompt_tokens: int
+    ) -> CallPlacement | None:
+        """The copy the plan would share, when one is resident or coming with a free slot
+        (DESIGN §5's cheap cases, which win before any load is priced); ``None`` when
+        the plan has to be placed. Such a plan is not held, so it is not claimed
+        either: a claim given back at once would only wake the calls waiting in line."""
+        planner = self._planner
+        rnd = await planner.new_round(prompt_tokens)
+        models = [c.model for c in planner.in_tolerance(candidates)]
+        for find in (options.warm_options, options.joinable_loading):  # steps 1-2, then 3
+            for model in models:
+                for option in find(rnd, model):
+                    action = Action.WARM if option.kind is OptionKind.WARM else Action.LOADING
+                    return CallPlacement(action, provider=option.provider,
+                                         model=option.model, options=(option,))
+        return None
+
     def _count_selection(self, agent: str, thread: str, models: tuple[str, ...]) -> bool:
         """Count the selection in the forecast; whether ``thread`` is new."""
         now = self._clock.now()
@@ -154,6 +204,11 @@ class HeldPlans:
         return new_thread
 
     def _forget_before(self, start: float) -> None:
+        # Threads are kept in the order they were first seen, so the first is the
+        # oldest: when it is still in the window, nothing is to be forgotten.
+        oldest = next(iter(self._threads.values()), None)
+        if oldest is None or oldest >= start:
+            return
         self._threads = {t: at for t, at in self._threads.items() if at >= start}
         for agent in list(self._selected):
             kept = {t: at for t, at in self._selected[agent].items() if t in self._threads}
@@ -162,6 +217,7 @@ class HeldPlans:
             else:
                 del self._selected[agent]
                 self._models_of.pop(agent, None)
+                self._written.pop(agent, None)
 
     def frequency(self, agent: str) -> float:
         """The share of the threads in the window that selected ``agent`` (0 to 1)."""

@@ -16,8 +16,9 @@ Three facts hold in every run of every compared policy in which all calls finish
   set ``S`` never run more than ``slots(S)`` at once (per card: slots × the largest
   number of models of ``S`` that fit together).
 * **First loads.** Cards start empty and the policies load a model only for a call that
-  prefers it, so no copy of ``m`` exists before ``ready(m)``: the earliest issue of a
-  call preferring ``m`` plus its shortest load time.
+  prefers it, and no earlier than its agent's selection, so no copy of ``m`` exists
+  before ``ready(m)``: the earliest selection of an agent whose mulling call prefers
+  ``m`` (a triage call's issue, for a triage model) plus its shortest load time.
 * **Turns.** A turn's waits add up to at least its delay: (its end) − (its unhindered
   end); and within a step, all waits but the largest add up to at least what the
   step's other calls must queue among themselves on ``slots`` servers (shortest first).
@@ -48,7 +49,7 @@ from dataclasses import dataclass
 
 from kubemoot.settings import DEFAULTS
 from kubemoot.sim.scenario import Scenario
-from kubemoot.sim.workload import CallSpec, Trace, Turn
+from kubemoot.sim.workload import TRIAGE, CallSpec, Trace, Turn
 
 __all__ = ["LowerBound", "lower_bound", "pooled_busy_time", "spt_total_wait"]
 
@@ -186,7 +187,10 @@ def _first_ready(scenario: Scenario, trace: Trace) -> dict[str, float]:
             for step in turn.steps:
                 t += step.think_seconds
                 for call in step.calls:
-                    earliest[call.model] = min(earliest.get(call.model, t), t)
+                    # A selected agent's mulling model may start loading at selection
+                    # (the discussion's arrival), before the call is issued.
+                    at = t if call.phase == TRIAGE else discussion.arrival
+                    earliest[call.model] = min(earliest.get(call.model, at), at)
                 t += max(c.duration for c in step.calls)
     return dict(sorted((m, earliest[m] + load[m]) for m in earliest if m in load))
 

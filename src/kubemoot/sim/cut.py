@@ -7,6 +7,13 @@ plus the durations and think times before it), so the trace no longer depends on
 policy and every policy and the solver see the very same release times. The cut is
 also a scenario and a :class:`~kubemoot.sim.workload.Trace` (one single-call discussion
 per call), so the simulator runs every policy on it unchanged.
+
+Each call also keeps when its agent was *selected* (its discussion's arrival, never
+before the cut's start, when the cards are empty), and the cut's trace keeps the
+selections whose first mulling call is in the cut, with that call's agent, so a policy
+that plans at selection does so on the cut as it would on the scenario. The offline
+optimum may be asked to load nothing before a call's agent was selected
+(:func:`kubemoot.sim.optimum.solve`).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from dataclasses import dataclass
 from kubemoot.runtime.placement import CandidateModel
 from kubemoot.settings import DEFAULTS
 from kubemoot.sim.scenario import Scenario, ScenarioProvider
-from kubemoot.sim.workload import CallSpec, Discussion, Step, Trace, Turn
+from kubemoot.sim.workload import CallSpec, Discussion, Selection, Step, Trace, Turn
 
 __all__ = ["Cut", "CutCall", "CutCard", "cut_trace"]
 
@@ -38,12 +45,18 @@ class CutCard:
 
 @dataclass(frozen=True, slots=True)
 class CutCall:
-    """One call: issued at ``release``, computes ``duration``, on any of ``models``."""
+    """One call: issued at ``release``, computes ``duration``, on any of ``models``;
+    its agent was selected at ``selected`` (``None``: when it was issued)."""
 
     call_id: int
     release: float
     duration: float
     models: tuple[str, ...]  # the preferred model first, then the in-band candidates
+    selected: float | None = None
+
+    @property
+    def selected_at(self) -> float:
+        return self.release if self.selected is None else min(self.selected, self.release)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,17 +72,18 @@ class Cut:
     trace: Trace | None = None
 
 
-def _release_times(trace: Trace) -> list[tuple[float, CallSpec]]:
-    """Each call with the time it is issued when nothing waits (see the module docstring)."""
-    out: list[tuple[float, CallSpec]] = []
+def _release_times(trace: Trace) -> list[tuple[float, float, CallSpec]]:
+    """Each call with the time it is issued when nothing waits (see the module
+    docstring) and its discussion's arrival (when its agent was selected)."""
+    out: list[tuple[float, float, CallSpec]] = []
     for discussion in trace.discussions:
         for turn in discussion.turns:
             at = discussion.arrival
             for step in turn.steps:
                 at += step.think_seconds
-                out.extend((at, call) for call in step.calls)
+                out.extend((at, discussion.arrival, call) for call in step.calls)
                 at += max(call.duration for call in step.calls)
-    return sorted(out, key=lambda r: (r[0], r[1].call_id))
+    return sorted(out, key=lambda r: (r[0], r[2].call_id))
 
 
 def _cards(scenario: Scenario, count: int) -> list[ScenarioProvider]:
@@ -107,12 +121,13 @@ def cut_trace(
     largest = max(c.vram_mib - c.reserve_mib for c in chosen_cards)
     sizes = {m.name: m.vram_mib for m in spec.models if m.vram_mib <= largest}
     timed = _release_times(trace)
-    asked = Counter(call.model for _t, call in timed if call.model in sizes)
+    asked = Counter(call.model for _t, _s, call in timed if call.model in sizes)
     kept = {m for m, _n in asked.most_common(models)}
     rate = spec.settings.load_rate_mibps
     out_calls: list[CutCall] = []
     specs: list[CallSpec] = []
-    for release, call in timed:
+    cut_of: dict[int, int] = {}  # the scenario trace's call id → the cut's
+    for release, selected, call in timed:
         if len(out_calls) >= calls:
             break
         if call.model not in kept:
@@ -121,13 +136,18 @@ def cut_trace(
         band = tuple(c for c in call.candidates
                      if c.model in kept and c.score >= top - tolerance)
         cut_id = len(out_calls)
-        out_calls.append(CutCall(cut_id, release, call.duration, tuple(c.model for c in band)))
+        cut_of[call.call_id] = cut_id
+        out_calls.append(CutCall(cut_id, release, call.duration, tuple(c.model for c in band),
+                                 selected))
         specs.append(CallSpec(cut_id, cut_id, f"{call.agent}#{cut_id}", call.phase,
                               tuple(CandidateModel(c.model, c.score) for c in band),
                               call.duration, call.prompt_tokens))
     start = out_calls[0].release if out_calls else 0.0
-    out_calls = [CutCall(c.call_id, c.release - start, c.duration, c.models)
+    # Before the cut's start its cards are empty and nothing was selected yet.
+    out_calls = [CutCall(c.call_id, c.release - start, c.duration, c.models,
+                         max(0.0, c.selected_at - start))
                  for c in out_calls]
+    selections = _selections(trace, cut_of, out_calls, specs)
     discussions = tuple(
         Discussion(s.call_id, "cut", c.release, (Turn(s.agent, (Step((s,), 0.0),)),))
         for s, c in zip(specs, out_calls, strict=True)
@@ -147,4 +167,20 @@ def cut_trace(
         for c in chosen_cards
     )
     return Cut(f"{scenario.name}-cut", card_rules, {m: sizes[m] for m in sorted(kept)},
-               tuple(out_calls), sub, Trace(discussions, len(specs)))
+               tuple(out_calls), sub, Trace(discussions, len(specs), selections))
+
+
+def _selections(
+    trace: Trace, cut_of: dict[int, int], calls: list[CutCall], specs: list[CallSpec]
+) -> tuple[Selection, ...]:
+    """The scenario's selections whose first mulling call is in the cut, in cut terms:
+    that call's agent and band, the turn's calls that are in the cut."""
+    out: list[Selection] = []
+    for s in trace.selections:
+        first = cut_of.get(s.first_call)
+        if first is None:
+            continue
+        mine = tuple(cut_of[c] for c in s.calls if c in cut_of)
+        out.append(Selection(calls[first].selected_at, s.thread, specs[first].agent,
+                             specs[first].candidates, first, mine))
+    return tuple(sorted(out, key=lambda s: (s.at, s.first_call)))

@@ -136,6 +136,7 @@ def solve(
     workers: int = 1,
     hint: Mapping[int, Hint] | None = None,
     reactive: bool = False,
+    selected: bool = False,
 ) -> Optimum:
     """The schedule of ``cut`` with the least total wait (see the module docstring).
 
@@ -151,11 +152,21 @@ def solve(
     serves. The schedule still knows the future (which calls come, how long they run),
     but it cannot have a model ready before anyone asked for it, as no online policy
     can without a forecast.
+
+    ``selected`` is the same rule with the moment the call's agent was selected
+    (:attr:`CutCall.selected_at`) in place of its issue: the foresight the spec allows
+    an online runtime, which plans a selected agent's first call and starts its load at
+    selection ("nothing is loaded without a selected agent behind it").
     """
+    if reactive and selected:
+        raise ValueError("reactive and selected are two different rules: pick one")
     from ortools.sat.python import cp_model  # optional dependency: only the bench needs it
 
     model = cp_model.CpModel()
     releases = [_ticks_down(c.release) for c in cut.calls]
+    # The earliest a load for the call may start: when it was issued, or selected.
+    asked_at = ([_ticks_down(c.selected_at) for c in cut.calls] if selected else releases)
+    restricted = reactive or selected
     durations = [max(1, _ticks_down(c.duration)) for c in cut.calls]
     load_ticks = {
         (card.name, m): _ticks_down(size / card.load_rate_mibps)
@@ -214,10 +225,10 @@ def solve(
             model.add(start + durations[j] <= copy.end).only_enforce_if(x)
             copy.runs.append(model.new_optional_fixed_size_interval_var(
                 start, durations[j], x, f"run {j} on {where}"))
-            if reactive:
+            if restricted:
                 first = model.new_bool_var(f"call {j} asks for {where}")
                 model.add_implication(first, x)
-                model.add(copy.begin >= releases[j]).only_enforce_if(first)
+                model.add(copy.begin >= asked_at[j]).only_enforce_if(first)
                 copy.askers.append(first)
             mine.append((where, x))
         if not mine:
@@ -231,7 +242,7 @@ def solve(
             for where, x in mine:
                 model.add_hint(x, where == (h.card, h.model, h.load))
     for copy in copies.values():
-        if reactive:
+        if restricted:
             model.add(sum(copy.askers) == copy.present)  # one call asked for the load
         if copy.runs:
             model.add_cumulative(copy.runs, [1] * len(copy.runs), copy.slots)

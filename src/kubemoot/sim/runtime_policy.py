@@ -26,19 +26,33 @@ runtime's own unload plans make room, so a copy need not expire on the client's 
 timer (DESIGN §5, residency is a lease). A thread's prompt goes to the engine, whose
 per-slot cache decides its prefill; the runtime's prefix book prices it per copy from
 the calls it made (which copy served the thread last).
+
+Agents are planned at selection as the agent runtime plans them (the spec's "Planning
+at selection"): when a discussion selects its agents (the trace's selections), each
+selected agent's :meth:`~kubemoot.runtime.held_plans.HeldPlans.commit_to_thread` runs
+in turn, so agents selected together see each other's tickets and intents; it
+publishes the agent's intents, places its first mulling call with the assumed prompt
+size and, when that plan is a load, starts the load while triage runs. The first
+mulling call takes the held plan (or places afresh when it no longer fits), exactly as
+:class:`~kubemoot.agent.runtime.AgentRuntime` does. The intents are withdrawn, and an
+unused plan released, once every call of the agent's thread has ended, or at once when
+one of them stood aside or failed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
 
+from kubemoot import metrics
 from kubemoot.clock import LoopClock
 from kubemoot.providers.protocol import ProviderClient, ProviderError, ProviderUnavailable
 from kubemoot.runtime.builder import Runtime, build_runtime
 from kubemoot.runtime.calls import ActiveCall, CallRefused, CallRequest, RefusedBeforeSending
-from kubemoot.runtime.placement import Action
+from kubemoot.runtime.placement import Action, CallPlacement
 from kubemoot.runtime.prefix import PrefixBook, ThreadPrompt
 from kubemoot.settings import DEFAULTS, RuntimeSettings
 from kubemoot.sim.gpu import EmulatedGpu
@@ -46,12 +60,14 @@ from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE, Simulat
 from kubemoot.sim.phases import CURRENT_CALL
 from kubemoot.sim.policies import Policy, SimContext
 from kubemoot.sim.vloop import loop_clock
-from kubemoot.sim.workload import CallSpec
+from kubemoot.sim.workload import CallSpec, Selection
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
 from kubemoot.store.protocol import Bucket
 
 __all__ = ["KubemootPolicy"]
+
+log = logging.getLogger(__name__)
 
 
 class _StatePublisher:
@@ -88,6 +104,14 @@ class KubemootPolicy(Policy):
         self._settings = settings
         self._runtime: Runtime | None = None
         self._prefix: PrefixBook | None = None
+        # Planning at selection: each selection by its first mulling call, its commit
+        # (a task, awaited by that call and by the selector), and per call the
+        # selection whose thread it belongs to, with the calls still to end.
+        self._selection_of: dict[int, Selection] = {}
+        self._first_of: dict[int, Selection] = {}
+        self._commits: dict[int, asyncio.Task[None]] = {}
+        self._calls_left: dict[int, int] = {}
+        self._selector: asyncio.Task[None] | None = None
 
     @property
     def runtime(self) -> Runtime | None:
@@ -111,8 +135,60 @@ class KubemootPolicy(Policy):
         for gpu in ctx.gpus.values():
             await _StatePublisher(gpu, runtime.states, clock).publish()
         await runtime.start()
+        selections = ctx.trace.selections
+        for selection in selections:
+            self._first_of[selection.first_call] = selection
+            self._calls_left[selection.first_call] = len(selection.calls)
+            for call_id in selection.calls:
+                self._selection_of[call_id] = selection
+        if selections:
+            self._selector = asyncio.get_running_loop().create_task(self._select(selections))
+
+    async def _select(self, selections: tuple[Selection, ...]) -> None:
+        """Commit each selected agent at its selection time, one after another."""
+        loop = asyncio.get_running_loop()
+        for selection in selections:
+            delay = selection.at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await self._committed(selection)
+
+    def _committed(self, selection: Selection) -> asyncio.Task[None]:
+        """The commit of ``selection`` (started on first ask: the selector, or its first
+        call when that call comes in the same instant before the selector)."""
+        task = self._commits.get(selection.first_call)
+        if task is None:
+            task = self._commits[selection.first_call] = (
+                asyncio.get_running_loop().create_task(self._commit(selection)))
+        return task
+
+    async def _commit(self, selection: Selection) -> None:
+        assert self._runtime is not None
+        try:
+            await self._runtime.held_plans.commit_to_thread(
+                selection.agent, selection.thread, selection.candidates)
+        except Exception as error:  # planning ahead is an optimisation, never fatal
+            metrics.survived("sim", "plan", metrics.STORE,
+                             f"planning at selection failed for {selection.agent}", error,
+                             logger=log)
+
+    async def _call_ended(self, call: CallSpec, finished: bool) -> None:
+        """Withdraw the thread's intents (and an unused plan) once it has no calls left."""
+        selection = self._selection_of.get(call.call_id)
+        if selection is None or self._runtime is None:
+            return
+        key = selection.first_call
+        left = self._calls_left.get(key, 0) - 1
+        self._calls_left[key] = left
+        if left <= 0 or not finished:
+            self._calls_left[key] = 0
+            await self._runtime.held_plans.release(selection.agent, selection.thread)
 
     async def stop(self) -> None:
+        if self._selector is not None:
+            self._selector.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._selector
         if self._runtime is not None:
             await self._runtime.close()
             await self._runtime.kv.close()
@@ -167,21 +243,53 @@ class KubemootPolicy(Policy):
             active.note(ok=True, model_calls=1)
             return started
 
+        finished = False
         try:
+            placer = await self._held_placer(call, request)
             try:
-                active, started = await runtime.calls.start(request, send)
-            finally:
-                if prefix is not None:
-                    prefix.forget(holder)  # refused or failed: nothing to price any more
-        except CallRefused as refused:
-            if refused.refusal.final:
-                return SimulatedOutcome(REFUSED, model=call.model,
+                try:
+                    active, started = await runtime.calls.start(request, send, placer=placer)
+                finally:
+                    if prefix is not None:
+                        prefix.forget(holder)  # refused or failed: nothing to price any more
+            except CallRefused as refused:
+                if refused.refusal.final:
+                    return SimulatedOutcome(REFUSED, model=call.model,
+                                            reason=refused.refusal.reason.value)
+                return SimulatedOutcome(STOOD_ASIDE, model=call.model,
                                         reason=refused.refusal.reason.value)
-            return SimulatedOutcome(STOOD_ASIDE, model=call.model,
-                                    reason=refused.refusal.reason.value)
-        except (ProviderError, RefusedBeforeSending) as error:
-            return SimulatedOutcome(FAILED, model=call.model, reason=str(error))
-        async with active:
-            pass  # the call ran in send; leaving the block releases and records it
-        return SimulatedOutcome(FINISHED, provider=active.provider, model=active.model,
-                                started=started, evicted=active.placement.evicted)
+            except (ProviderError, RefusedBeforeSending) as error:
+                return SimulatedOutcome(FAILED, model=call.model, reason=str(error))
+            async with active:
+                pass  # the call ran in send; leaving the block releases and records it
+            finished = True
+            return SimulatedOutcome(FINISHED, provider=active.provider, model=active.model,
+                                    started=started, evicted=active.placement.evicted)
+        finally:
+            await self._call_ended(call, finished)
+
+    async def _held_placer(
+        self, call: CallSpec, request: CallRequest
+    ) -> Callable[[str, Collection[str]], Awaitable[CallPlacement]] | None:
+        """For a selected agent's first mulling call: take the plan held since its
+        selection, else place through the waiter (as the agent runtime's placer does);
+        ``None`` for every other call (the service's own waiter)."""
+        selection = self._first_of.get(call.call_id)
+        runtime = self._runtime
+        if selection is None or runtime is None:
+            return None
+        await self._committed(selection)
+        first_try = [True]
+
+        async def place(holder: str, exclude: Collection[str]) -> CallPlacement:
+            if first_try[0]:
+                first_try[0] = False
+                held = await runtime.held_plans.take(selection.agent, selection.thread,
+                                                     prompt_tokens=request.prompt_tokens)
+                if held is not None:
+                    return held
+            return await runtime.waiter.place(
+                request.candidates, agent=request.agent, holder_id=holder,
+                prompt_tokens=request.prompt_tokens, exclude=exclude)
+
+        return place

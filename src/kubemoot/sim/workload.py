@@ -11,6 +11,14 @@ issued depends on how fast the policy served the previous one (an agent waits fo
 answer), so only each turn's first step has a fixed issue time: the discussion's start.
 Every random draw comes from a generator seeded by (seed, crew instance), so the trace
 is identical across policies and runs.
+
+A discussion *selects* its agents when it arrives, before any of them calls. The trace
+records each selection (:class:`Selection`): the agent, the thread, its mulling
+candidates and its calls, so a policy that plans at selection (the spec's
+``commitToThread``: publish intents, hold a plan for the first mulling call, start its
+load while triage runs) can do so; the others ignore it. An agent's *mulling* phase is
+its first phase not named ``triage`` (the triage path places only its bound model and
+is not planned ahead).
 """
 
 from __future__ import annotations
@@ -23,7 +31,10 @@ from kubemoot.emulation.prompt import Prompt
 from kubemoot.runtime.placement import CandidateModel
 from kubemoot.sim.scenario import CrewSpec, LatencySpec, Scenario
 
-__all__ = ["CallSpec", "Discussion", "Step", "Trace", "Turn", "build_trace"]
+__all__ = ["TRIAGE", "CallSpec", "Discussion", "Selection", "Step", "Trace", "Turn", "build_trace"]
+
+#: The phase name of the triage path: never planned at selection.
+TRIAGE = "triage"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +81,28 @@ class Discussion:
 
 
 @dataclass(frozen=True, slots=True)
+class Selection:
+    """An agent selected for a thread at ``at``, before its first call.
+
+    ``candidates`` are its mulling phase's (preferred first); ``first_call`` is the id
+    of that phase's first call, the one a plan held from selection is for; ``calls``
+    are the ids of every call the agent makes in the thread (its intents last until
+    they have all ended).
+    """
+
+    at: float
+    thread: str
+    agent: str
+    candidates: tuple[CandidateModel, ...]
+    first_call: int
+    calls: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Trace:
     discussions: tuple[Discussion, ...]  # by arrival
     call_count: int
+    selections: tuple[Selection, ...] = ()  # by time
 
     def calls(self) -> list[CallSpec]:
         return [c for d in self.discussions for t in d.turns for s in t.steps for c in s.calls]
@@ -128,6 +158,7 @@ def build_trace(scenario: Scenario, *, seed: int | None = None) -> Trace:
                 raw.append((arrival, instance, chosen, turns, crew))
     raw.sort(key=lambda r: (r[0], r[1]))
     discussions: list[Discussion] = []
+    selections: list[Selection] = []
     call_id = 0
     for d_id, (arrival, instance, chosen, turns, crew) in enumerate(raw):
         phases = {p.name: p for p in crew.phases}
@@ -150,6 +181,20 @@ def build_trace(scenario: Scenario, *, seed: int | None = None) -> Trace:
                 if phase.thread_tokens:
                     history.append(phase.thread_tokens)
                 built_steps.append(Step(tuple(calls), think))
-            built_turns.append(Turn(agent, tuple(built_steps)))
+            turn = Turn(agent, tuple(built_steps))
+            built_turns.append(turn)
+            selection = _selection(turn, arrival, str(d_id))
+            if selection is not None:
+                selections.append(selection)
         discussions.append(Discussion(d_id, instance, arrival, tuple(built_turns)))
-    return Trace(tuple(discussions), call_id)
+    return Trace(tuple(discussions), call_id, tuple(selections))
+
+
+def _selection(turn: Turn, at: float, thread: str) -> Selection | None:
+    """The turn's selection, or None when it has no mulling phase (triage only)."""
+    calls = [c for s in turn.steps for c in s.calls]
+    first = next((c for c in calls if c.phase != TRIAGE), None)
+    if first is None:
+        return None
+    return Selection(at, thread, turn.agent, first.candidates, first.call_id,
+                     tuple(c.call_id for c in calls))

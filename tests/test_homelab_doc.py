@@ -99,11 +99,14 @@ def servers() -> Iterator[dict[str, str]]:
     fleet = described_fleet(GUIDE.read_text())
     catalogue = {m.name: m for m in DEFAULT_MODELS}
     assert set(fleet.models) <= set(catalogue), fleet.models
-    # keep-alive is in emulated seconds: five real minutes
+    # Keep-alives are emulated seconds, the gateway's too: it asks the engine for its
+    # engine_keep_alive (1,800 s), 18 real seconds here, so a copy the guide loaded is
+    # still listed when a later block runs on a busy machine (at 0.001 it lapsed after
+    # 1.8 s, and `/api/ps` missed qwen3:32b whenever the block between took longer).
     with emulator_factory({"num_parallel": fleet.num_parallel,
                            "context_length": fleet.context_length,
                            "models": tuple(catalogue[m] for m in fleet.models),
-                           "time_scale": 0.001, "keep_alive_s": 300_000.0}) as make:
+                           "time_scale": 0.01, "keep_alive_s": 30_000.0}) as make:
         made: dict[str, OllamaEmulator] = {host: make(vram_mib=gib * 1024)
                                            for host, gib in fleet.vram_gib.items()}
         yield {host: emulator.url for host, emulator in made.items()}

@@ -9,7 +9,11 @@ tests/test_markers.py checks that no fixture or test starting either escapes thi
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
+
+from kubemoot.testing.nats_server import NatsServer
 
 #: Fixtures that start or connect to a real nats-server.
 NATS_FIXTURES = frozenset({"nats_url", "nats_kv", "own_server", "guarded_url", "nats",
@@ -27,3 +31,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.nats)
         if names & BROWSER_FIXTURES:
             item.add_marker(pytest.mark.browser)
+
+
+@pytest.fixture
+async def nats() -> AsyncIterator[NatsServer]:
+    """A nats-server of the test's own on a free loopback port (a test may stop it)."""
+    server = NatsServer()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.close()

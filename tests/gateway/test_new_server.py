@@ -9,7 +9,7 @@ is published — not answer 404 for minutes.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -27,16 +27,6 @@ pytestmark = pytest.mark.nats
 
 FRESH = EmulatedModel("fresh:3b", 1500, family="fresh")
 PROBE_SECONDS = 0.5
-
-
-@pytest.fixture
-async def nats() -> AsyncIterator[NatsServer]:
-    server = NatsServer()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.close()
 
 
 async def _replica(url: str, emulators: dict[str, OllamaEmulator]

@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -30,16 +30,6 @@ pytestmark = pytest.mark.nats
 
 KUBEMOOT = [sys.executable, "-c", "from kubemoot.cli import main; main()"]
 MODELS = ("small:1b", "medium:7b", "plain:latest")
-
-
-@pytest.fixture
-async def nats() -> AsyncIterator[NatsServer]:
-    server = NatsServer()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.close()
 
 
 async def _serving(url: str, process: subprocess.Popen[bytes]) -> None:

@@ -11,7 +11,6 @@ announced, and the other runtime's next claim applies it in the same write.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -57,16 +56,6 @@ class LosingTickets:
 
     async def close(self) -> None:
         await self.kv.close()
-
-
-@pytest.fixture
-async def nats() -> AsyncIterator[NatsServer]:
-    server = NatsServer()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.close()
 
 
 async def runtime(kv: KV) -> Runtime:

@@ -11,7 +11,7 @@ says nothing.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -34,16 +34,6 @@ BIG = EmulatedModel("big:14b", 6000)
 LEFT = EmulatedModel("left:7b", 3000)
 RIGHT = EmulatedModel("right:7b", 3000)
 SIZES = {m.name: m.size_mib for m in (BIG, LEFT, RIGHT)}
-
-
-@pytest.fixture
-async def nats() -> AsyncIterator[NatsServer]:
-    server = NatsServer()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.close()
 
 
 @pytest.fixture

@@ -106,6 +106,23 @@ class MemoryBucket:
         item = self._live(key, now)
         return None if item is None else item.entry
 
+    def _entries(self, keys: Sequence[str]) -> list[Entry | None]:
+        """What :meth:`_entry` answers for each key, in one loop: two calls per key
+        saved on the demand board's read of some fifty keys per placement round."""
+        now = self._clock.now()
+        items = self._items
+        entries: list[Entry | None] = []
+        for key in keys:
+            item = items.get(key)
+            if item is None:
+                entries.append(None)
+            elif item.expires_at is not None and item.expires_at <= now:
+                self._forget(key)  # as _live does: an expired item leaves on a read
+                entries.append(None)
+            else:
+                entries.append(item.entry)
+        return entries
+
     async def get(self, key: str) -> Entry | None:
         self._check_open()
         return self._entry(key)
@@ -128,8 +145,7 @@ class MemoryBucket:
         def read() -> None:  # where the gather's tasks would run
             try:
                 self._check_open()
-                now = self._clock.now()
-                entries = [self._entry(key, now) for key in keys]
+                entries = self._entries(keys)
             except StoreUnavailable as error:
                 loop.call_soon(_fail, answer, error)
             else:

@@ -73,8 +73,8 @@ class DemandBoard:
             str, tuple[int, str, tuple[str, ...], DemandEntry | SelectionEntry]] = {}
         #: when the forecast was last read, and the prediction it gave
         self._forecast: tuple[float, dict[str, float], float] | None = None
-        #: The last listing and its keys other than the forecast's: the listing is the
-        #: same from one round to the next more often than not, and then neither the
+        #: The last listing and its keys other than the forecast's: the listing is often the
+        #: same from one round to the next (fleet-16: two reads in five), and then neither the
         #: filtering nor the pruning of the caches below needs doing again. A writer
         #: that caches a key outside it forgets it, so that a key written and deleted
         #: between two reads is still pruned.

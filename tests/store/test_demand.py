@@ -6,9 +6,10 @@ import math
 
 import pytest
 
-from kubemoot.runtime.demand import DemandBoard
-from kubemoot.runtime.snapshot import ModelDemand
+from kubemoot.runtime.demand import FORECAST_REFRESH_SECONDS, DemandBoard
+from kubemoot.runtime.snapshot import DemandSnapshot, ModelDemand
 from kubemoot.settings import RuntimeSettings
+from kubemoot.store.protocol import Bucket
 from tests.store.conftest import StoreUnderTest
 
 
@@ -100,3 +101,67 @@ async def test_a_second_read_sees_entries_rewritten_and_removed_since(
     await demand.add_waiter("qwen3:8b", "crew-a/critic")
     third = await demand.snapshot()
     assert (third.of("qwen3:8b").prediction, third.of("qwen3:8b").waiters) == (0.25, 1)
+
+
+def _counts(snapshot: DemandSnapshot, *, forecast: bool) -> dict[str, tuple[object, ...]]:
+    """What a snapshot says per model; the prediction only with ``forecast`` (between
+    refreshes a board keeps the forecast it read, by design)."""
+    return {
+        model: (d.waiters, d.intents, d.last_used_at) + ((d.prediction,) if forecast else ())
+        for model, d in snapshot.models.items()
+        if forecast or d.waiters or d.intents or d.last_used_at is not None
+    }
+
+
+async def _as_a_full_read(
+    kept: DemandBoard, bucket: Bucket, store: StoreUnderTest, *, forecast: bool = False
+) -> None:
+    """``kept`` has read the board before and reads again (its cheap path); a board
+    that never read it reads everything. Both must say the same."""
+    cheap = await kept.snapshot()
+    full = await DemandBoard(bucket, clock=store.clock, settings=_SETTINGS).snapshot()
+    assert _counts(cheap, forecast=forecast) == _counts(full, forecast=forecast)
+    assert {m: d.recent_use for m, d in cheap.models.items() if d.recent_use} == (
+        pytest.approx({m: d.recent_use for m, d in full.models.items() if d.recent_use},
+                      rel=1e-3))  # on NATS the two reads are a moment apart: use decays
+
+
+_SETTINGS = RuntimeSettings(demand_wait_ttl_seconds=100.0, demand_intent_ttl_seconds=5.0,
+                            selection_window_seconds=100.0)
+
+
+async def test_a_repeated_read_says_what_a_full_read_says(store: StoreUnderTest) -> None:
+    # The board re-filters its listing and prunes its caches only when the listing
+    # changed; writes by others, rewrites, deletes and both kinds of expiry must show
+    # as they do to a board reading everything for the first time.
+    bucket = await store.bucket("demand", max_age=3.0)
+    kept = DemandBoard(bucket, clock=store.clock, settings=_SETTINGS)
+    other = DemandBoard(bucket, clock=store.clock, settings=_SETTINGS)
+    await kept.add_waiter("qwen3:8b", "crew-a/critic")
+    await other.add_intent("qwen3:32b", "crew-b/planner")
+    await other.record_use("qwen3:32b")
+    await kept.record_selection("crew-a/critic", ["qwen3:8b"], 0.5)
+    await _as_a_full_read(kept, bucket, store, forecast=True)
+    await _as_a_full_read(kept, bucket, store)  # nothing changed
+    await other.add_waiter("qwen3:8b", "crew-a/critic")  # same key, a new revision
+    await kept.record_use("qwen3:32b")
+    await _as_a_full_read(kept, bucket, store)
+    # written and gone again between two reads: the listing is as before
+    await other.add_waiter("llama3.1:8b", "crew-b/x")
+    await kept.record_use("llama3.1:8b")
+    await other.remove_waiter("llama3.1:8b", "crew-b/x")
+    await bucket.delete("use.llama3=2E1=3A8b")
+    await _as_a_full_read(kept, bucket, store)
+    await other.remove_intent("qwen3:32b", "crew-b/planner")
+    await other.record_selection("crew-b/planner", ["qwen3:32b"], 0.25)
+    await _as_a_full_read(kept, bucket, store)
+    await store.age(6.0)  # the intent's own expiry; the forecast is read again
+    await other.add_intent("qwen3:8b", "crew-b/planner")
+    await _as_a_full_read(kept, bucket, store)
+    await store.age(FORECAST_REFRESH_SECONDS)
+    await _as_a_full_read(kept, bucket, store, forecast=True)
+    await store.age_on_server(3.5)  # the bucket's max age removes every key
+    await _as_a_full_read(kept, bucket, store)  # (the forecast stands until its refresh)
+    await kept.add_waiter("qwen3:8b", "crew-a/critic")
+    await _as_a_full_read(kept, bucket, store)
+    assert (await kept.snapshot()).of("qwen3:8b").waiters == 1

@@ -80,3 +80,35 @@ async def test_get_many_reads_and_returns_in_the_turns_of_a_gather(read: Reader)
 
 async def test_get_many_and_a_gather_interleave_the_same() -> None:
     assert await _interleaved(_many) == await _interleaved(_gathered)
+
+
+async def test_the_kept_listing_is_what_a_sweep_of_the_items_finds() -> None:
+    # The bucket keeps its keys in order as it writes; a listing must still be the
+    # present keys, sorted, after overwrites, deletes, TTLs, a max age and a re-create.
+    clock = ManualClock(1000.0)
+    bucket = await MemoryKV(clock=clock).bucket("demand", max_age=50.0)
+
+    async def present() -> list[str]:
+        found = [k for k in ("a", "b", "c", "d", "e") if await bucket.get(k) is not None]
+        return sorted(found)
+
+    await bucket.put("c", b"1")
+    await bucket.create("a", b"1", ttl=5.0)
+    await bucket.put("e", b"1")
+    await bucket.put("b", b"1")
+    assert await bucket.keys() == ["a", "b", "c", "e"]
+    await bucket.put("c", b"2")  # an overwrite is not a second key
+    await bucket.delete("e")
+    await bucket.delete("never-there")
+    assert await bucket.keys() == ["a", "b", "c"] == await present()
+    clock.advance(6.0)  # "a" lapses on its TTL
+    assert await bucket.keys() == ["b", "c"]
+    await bucket.create("a", b"again", ttl=100.0)
+    clock.advance(30.0)
+    await bucket.put("b", b"kept alive")  # its max age counts from this write
+    clock.advance(30.0)  # "c" (written 66 s ago) lapses; "a" and "b" stay
+    assert await bucket.keys() == ["a", "b"] == await present()
+    clock.advance(100.0)
+    assert await bucket.keys() == []
+    await bucket.put("d", b"1")
+    assert await bucket.keys() == ["d"] == await present()

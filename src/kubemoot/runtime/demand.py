@@ -73,6 +73,12 @@ class DemandBoard:
             str, tuple[int, str, tuple[str, ...], DemandEntry | SelectionEntry]] = {}
         #: when the forecast was last read, and the prediction it gave
         self._forecast: tuple[float, dict[str, float], float] | None = None
+        #: The last listing and its keys other than the forecast's: the listing is often the
+        #: same from one round to the next (fleet-16: two reads in five), and then neither the
+        #: filtering nor the pruning of the caches below needs doing again. A writer
+        #: that caches a key outside it forgets it, so that a key written and deleted
+        #: between two reads is still pruned.
+        self._listing: tuple[list[str], list[str], set[str]] | None = None
 
     # -- writers ---------------------------------------------------------------------
 
@@ -115,6 +121,7 @@ class DemandBoard:
         )
         # What this process wrote needs no parsing when it reads it back.
         self._parsed[key] = (await self._bucket.put(key, entry.to_json()), entry)
+        self._cached(key)
 
     async def record_selection(
         self, agent: str, models: Sequence[str], frequency: float
@@ -144,6 +151,11 @@ class DemandBoard:
             prediction = {m: v for m, v in prediction.items() if abs(v) > 1e-9}
             self._forecast = (forecast[0], prediction, min(forecast[2], entry.expires_at))
         self._folded[key] = (revision, SELECTION, (agent,), entry)
+        self._cached(key)
+
+    def _cached(self, key: str) -> None:
+        if self._listing is not None and key not in self._listing[2]:
+            self._listing = None  # the next read prunes the caches again
 
     # -- reader ----------------------------------------------------------------------
 
@@ -161,7 +173,14 @@ class DemandBoard:
         # read again when the window has passed, or an entry counted in it has expired
         refresh = (forecast is None or now - forecast[0] >= FORECAST_REFRESH_SECONDS
                    or now >= forecast[2])
-        wanted = keys if refresh else [k for k in keys if not k.startswith(_SELECTION_PREFIX)]
+        listing = self._listing
+        unchanged = listing is not None and keys == listing[0]
+        if refresh:
+            wanted = keys
+        elif listing is not None and unchanged:
+            wanted = listing[1]
+        else:
+            wanted = [k for k in keys if not k.startswith(_SELECTION_PREFIX)]
         entries = await self._bucket.get_many(wanted)
         waiters: dict[str, int] = {}
         intents: dict[str, int] = {}
@@ -206,10 +225,14 @@ class DemandBoard:
             self._forecast = (now, prediction, expiry)
         elif forecast is not None:
             prediction = forecast[1]
-        live = set(keys)
-        for cache in (self._parsed, self._shapes, folded):
-            for gone in cache.keys() - live:
-                del cache[gone]
+        if not unchanged:  # a key gone since the last listing leaves the caches
+            live = set(keys)
+            for cache in (self._parsed, self._shapes, folded):
+                for gone in cache.keys() - live:
+                    del cache[gone]
+            self._listing = (
+                keys, [k for k in keys if not k.startswith(_SELECTION_PREFIX)]
+                if refresh else wanted, live)
         models = set(waiters) | set(intents) | set(uses) | set(prediction)
         return DemandSnapshot(
             at=now,

@@ -13,6 +13,8 @@ entries without sleeping. An expired entry reads as absent and produces no watch
 from __future__ import annotations
 
 import asyncio
+import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,6 +46,12 @@ class MemoryBucket:
         self._clock = clock
         self._max_age = max_age
         self._items: dict[str, _Item] = {}
+        #: The present keys in order, kept up to date by every write and removal, so a
+        #: listing is a copy, not a sort (the demand board lists its bucket, about 130
+        #: keys on fleet-16, on every placement round). Expired keys leave it at the
+        #: next listing after ``_next_expiry``, the earliest any item may expire.
+        self._sorted: list[str] = []
+        self._next_expiry = math.inf
         self._sequence = 0
         self._watchers: set[QueueWatch] = set()
         self._closed = False
@@ -62,20 +70,31 @@ class MemoryBucket:
         if item.expires_at is not None and item.expires_at <= (
             self._clock.now() if now is None else now
         ):
-            del self._items[key]
+            self._forget(key)
             return None
         return item
+
+    def _forget(self, key: str) -> None:
+        del self._items[key]
+        del self._sorted[bisect.bisect_left(self._sorted, key)]
 
     def _write(self, key: str, value: bytes | None, *, ttl: float | None = None) -> int:
         self._sequence += 1
         revision = self._sequence
         if value is None:
-            self._items.pop(key, None)
+            if key in self._items:
+                self._forget(key)
         else:
             lifetime = ttl if ttl is not None else self._max_age
             expires_at = None if lifetime is None else self._clock.now() + lifetime
+            if key not in self._items:
+                bisect.insort(self._sorted, key)
             self._items[key] = _Item(Entry(key=key, value=value, revision=revision),
                                      expires_at)
+            if expires_at is not None and expires_at < self._next_expiry:
+                # an overwritten item's earlier expiry may stay the bound: a sweep at
+                # that time finds nothing to remove and sets the bound right
+                self._next_expiry = expires_at
         change = Change(bucket=self.name, key=key, value=value, revision=revision)
         for watch in list(self._watchers):
             watch.push(change)
@@ -86,6 +105,23 @@ class MemoryBucket:
     def _entry(self, key: str, now: float | None = None) -> Entry | None:
         item = self._live(key, now)
         return None if item is None else item.entry
+
+    def _entries(self, keys: Sequence[str]) -> list[Entry | None]:
+        """What :meth:`_entry` answers for each key, in one loop: two calls per key
+        saved on the demand board's read of some fifty keys per placement round."""
+        now = self._clock.now()
+        items = self._items
+        entries: list[Entry | None] = []
+        for key in keys:
+            item = items.get(key)
+            if item is None:
+                entries.append(None)
+            elif item.expires_at is not None and item.expires_at <= now:
+                self._forget(key)  # as _live does: an expired item leaves on a read
+                entries.append(None)
+            else:
+                entries.append(item.entry)
+        return entries
 
     async def get(self, key: str) -> Entry | None:
         self._check_open()
@@ -109,8 +145,7 @@ class MemoryBucket:
         def read() -> None:  # where the gather's tasks would run
             try:
                 self._check_open()
-                now = self._clock.now()
-                entries = [self._entry(key, now) for key in keys]
+                entries = self._entries(keys)
             except StoreUnavailable as error:
                 loop.call_soon(_fail, answer, error)
             else:
@@ -156,7 +191,13 @@ class MemoryBucket:
     async def keys(self) -> list[str]:
         self._check_open()
         now = self._clock.now()  # one reading for all: a listing is one instant
-        return sorted(key for key in list(self._items) if self._live(key, now) is not None)
+        if now >= self._next_expiry:  # something may have expired: sweep it out
+            for key in list(self._sorted):
+                self._live(key, now)
+            self._next_expiry = min(
+                (item.expires_at for item in self._items.values()
+                 if item.expires_at is not None), default=math.inf)
+        return list(self._sorted)
 
     def watch(self) -> QueueWatch:
         self._check_open()

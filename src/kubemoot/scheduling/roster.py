@@ -142,34 +142,44 @@ class AgentRoster:
         #: Per namespace, the class numbers present with one Agent of each, kept while
         #: filing; a namespace that loses an Agent has it worked out again when read.
         self._held: dict[str, dict[int, Agent]] = {}
-        named, class_of, twins = self._named, self._class_of, 0
+        named, class_of, classes, twins = self._named, self._class_of, self._classes, 0
         # Both of a namespace's dicts come from one lookup per Agent.
         spaces: dict[str, tuple[dict[str, _Entry], dict[int, Agent]]] = {}
+        # Bound once: at 5,000 Agents filing is a sizeable share of the whole pass, and
+        # each name looked up per Agent (a method, a global) is paid 5,000 times.
+        spaces_get, class_of_get = spaces.get, class_of.get
+        crew_label, default_namespace = CREW_LABEL, DEFAULT_NAMESPACE
         for agent in agents:
             # Every field a pass needs is read here, once, in the order the Agents came
             # (which is how they lie in memory: reading them later, namespace by
             # namespace, would jump from one to the next).
             metadata = agent.metadata
-            namespace = metadata.namespace or DEFAULT_NAMESPACE
-            space = spaces.get(namespace)
+            namespace = metadata.namespace or default_namespace
+            space = spaces_get(namespace)
             if space is None:
                 space = spaces[namespace] = ({}, {})
                 named[namespace], self._held[namespace] = space
             by_name, held = space
-            crew, capabilities = metadata.labels.get(CREW_LABEL), tuple(agent.spec.capabilities)
-            by_capabilities = class_of.get(crew)
-            number = None if by_capabilities is None else by_capabilities.get(capabilities)
+            crew, capabilities = metadata.labels.get(crew_label), tuple(agent.spec.capabilities)
+            by_capabilities = class_of_get(crew)
+            if by_capabilities is None:
+                by_capabilities = class_of[crew] = {}
+            number = by_capabilities.get(capabilities)
             if number is None:
-                number = self._number(crew, capabilities)
-            entry = (agent, number)
+                # A class's first sight, inline: with up to one class per two Agents
+                # (the bench's default), a call here would be paid thousands of times.
+                number = by_capabilities[capabilities] = len(classes)
+                classes.append((crew, capabilities))
             if number not in held:
                 held[number] = agent
             name = metadata.name
             if name in by_name:
-                self._twins.setdefault(namespace, {}).setdefault(name, []).append(entry)
+                self._twins.setdefault(namespace, {}).setdefault(name, []).append(
+                    (agent, number)
+                )
                 twins += 1
             else:
-                by_name[name] = entry
+                by_name[name] = (agent, number)
         self._count = sum(map(len, named.values())) + twins
 
     def _number(self, crew: str | None, capabilities: tuple[str, ...]) -> int:

@@ -15,19 +15,18 @@ import pytest
 
 from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.testing.nats_server import NatsServer, free_port
-from tests.gateway.test_replicas import (  # noqa: F401
+from tests.gateway.test_replicas import (
     KUBEMOOT,
     _serving,
     _tickets,
     _until_tickets,
-    nats,
 )
 
 pytestmark = pytest.mark.nats
 
 
 async def test_sigterm_releases_the_ticket_of_a_call_in_flight(
-        nats: NatsServer, make_emulator: Callable[..., OllamaEmulator]) -> None:  # noqa: F811
+        nats: NatsServer, make_emulator: Callable[..., OllamaEmulator]) -> None:
     # One emulated call lasts about a minute: it is surely running when the signal comes.
     emulator = make_emulator(time_scale=1.0, base_latency_s=60.0)
     port = free_port()
@@ -70,7 +69,7 @@ async def test_sigterm_releases_the_ticket_of_a_call_in_flight(
 
 @pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions"])
 async def test_sigterm_ends_a_long_stream_with_a_final_error_line(
-        nats: NatsServer, make_emulator: Callable[..., OllamaEmulator],  # noqa: F811
+        nats: NatsServer, make_emulator: Callable[..., OllamaEmulator],
         path: str) -> None:
     """Issue 22 fault 3: a stream still running when the grace ends is cut with an error
     line the client's library raises, never a silent 200 that merely stops."""

@@ -26,13 +26,9 @@ pytestmark = pytest.mark.nats
 
 
 @pytest.fixture
-async def nats_server() -> AsyncIterator[NatsServer]:
-    server = NatsServer()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.close()
+def nats_server(nats: NatsServer) -> NatsServer:
+    """The shared per-test nats-server (tests/conftest.py)."""
+    return nats
 
 
 @pytest.fixture

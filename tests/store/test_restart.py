@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -21,14 +20,9 @@ from tests.store.test_tickets import PROVIDER
 
 
 @pytest.fixture
-async def own_server() -> AsyncIterator[NatsServer]:
+def own_server(nats: NatsServer) -> NatsServer:
     """A server of this test's own: restarting it must not disturb other tests."""
-    server = NatsServer()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.close()
+    return nats
 
 
 async def connect(server: NatsServer) -> NatsKV:

@@ -217,18 +217,6 @@ class Timings:
     result: ScheduleResult | None = None
 
 
-def filed_snapshot(bundle: Bundle, roster: AgentRoster) -> ClusterSnapshot:
-    """The bundle's snapshot, its Agents given as a roster filed beforehand."""
-    return ClusterSnapshot.build(
-        models=bundle.models,
-        providers=bundle.providers,
-        policies=bundle.policies,
-        archetypes=bundle.archetypes,
-        config=bundle.config,
-        roster=roster,
-    )
-
-
 def measure(bundle: Bundle, repeat: int) -> Timings:
     """Best floor, per-Agent floor, pass, read, filing and filed-pass times over
     ``repeat`` alternating runs, and the last result."""
@@ -248,7 +236,7 @@ def measure(bundle: Bundle, repeat: int) -> Timings:
         found.filing = min(found.filing, clock() - start)
         # The snapshot is built inside the timing, as schedule_bundle builds it above.
         start = clock()
-        schedule_bundle(filed_snapshot(bundle, roster), now=NOW)
+        schedule_bundle(ClusterSnapshot.from_bundle(bundle, roster=roster), now=NOW)
         found.filed = min(found.filed, clock() - start)
     return found
 

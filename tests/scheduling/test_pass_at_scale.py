@@ -73,11 +73,12 @@ def _cluster(rng: random.Random) -> dict[str, Any]:
     return {"models": models, "providers": providers, "policies": policies, "agents": agents}
 
 
-def _one_by_one(snapshot: ClusterSnapshot) -> dict[str, Any]:
+def one_by_one(snapshot: ClusterSnapshot, *, decisions: bool = True) -> dict[str, Any]:
+    """The result of scheduling the snapshot's Agents one at a time, in name order."""
     scheduling = SchedulingPass(snapshot, now=NOW)
     for each in sorted(snapshot.agents, key=lambda a: (a.namespace or "default", a.metadata.name)):
         scheduling.schedule(each)
-    return scheduling.result().to_dict()
+    return scheduling.result().to_dict(decisions=decisions)
 
 
 def test_a_pass_agrees_with_scheduling_agent_by_agent_and_with_the_engine() -> None:
@@ -85,7 +86,7 @@ def test_a_pass_agrees_with_scheduling_agent_by_agent_and_with_the_engine() -> N
     result = schedule_bundle(snapshot, now=NOW)
     keys = [(a.namespace, a.name) for a in result.agents]
     assert keys == sorted(keys) and len(keys) == 400
-    assert result.to_dict() == _one_by_one(snapshot)
+    assert result.to_dict() == one_by_one(snapshot)
     outcomes = {p.outcome for a in result.agents for p in a.phases.values()}
     assert {Outcome.PLACE, Outcome.DEFER} <= outcomes  # providers fill up, some are unknown
     assert_phases_agree_with_their_records(result)

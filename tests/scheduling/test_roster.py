@@ -19,11 +19,12 @@ import pytest
 
 from kubemoot.api import Agent
 from kubemoot.gates import Outcome
-from kubemoot.scheduling import ClusterSnapshot, SchedulingPass, schedule_bundle
+from kubemoot.scheduling import ClusterSnapshot, schedule_bundle
 from kubemoot.scheduling.roster import AgentRoster
 from kubemoot.testing.builders import agent, model, policy, provider, rule
 
 from .conftest import NOW, assert_phases_agree_with_their_records
+from .test_pass_at_scale import one_by_one
 
 TOOLS = {"tools": "true"}
 CAPABILITIES = ("tool-calling", "reasoning", "coding")
@@ -79,19 +80,12 @@ def _cluster(rng: random.Random, *, one_crew: bool = False) -> dict[str, Any]:
     return {"models": models, "providers": providers, "policies": policies, "agents": agents}
 
 
-def _one_by_one(snapshot: ClusterSnapshot) -> dict[str, Any]:
-    scheduling = SchedulingPass(snapshot, now=NOW)
-    for each in sorted(snapshot.agents, key=lambda a: (a.namespace or "default", a.metadata.name)):
-        scheduling.schedule(each)
-    return scheduling.result().to_dict(decisions=False)
-
-
 @pytest.mark.parametrize("one_crew", [False, True])
 @pytest.mark.parametrize("seed", range(8))
 def test_a_pass_run_by_run_agrees_with_one_agent_at_a_time(seed: int, one_crew: bool) -> None:
     snapshot = ClusterSnapshot.build(**_cluster(random.Random(seed), one_crew=one_crew))
     result = schedule_bundle(snapshot, now=NOW)
-    assert result.to_dict(decisions=False) == _one_by_one(snapshot)
+    assert result.to_dict(decisions=False) == one_by_one(snapshot, decisions=False)
     outcomes = {p.outcome for a in result.agents for p in a.phases.values()}
     assert Outcome.UNSCHEDULABLE in outcomes and result.events
 
@@ -158,7 +152,7 @@ def test_a_kept_roster_told_of_changes_gives_the_answers_of_a_fresh_one() -> Non
     assert second.to_dict(decisions=False) == schedule_bundle(fresh, now=NOW).to_dict(
         decisions=False
     )
-    assert second.to_dict(decisions=False) == _one_by_one(fresh)
+    assert second.to_dict(decisions=False) == one_by_one(fresh, decisions=False)
     # Only the namespace that changed was filed again.
     after = {segment.namespace: segment for segment in roster.segments()}
     assert after["ns-a"] is not before["ns-a"]
@@ -200,5 +194,5 @@ def test_an_agent_added_to_a_filed_namespace_brings_its_class_to_the_pass() -> N
     roster.put(newcomer)
     kept = schedule_bundle(ClusterSnapshot.build(**cluster, roster=roster), now=NOW)
     fresh = ClusterSnapshot.build(**cluster, agents=[*agents, newcomer])
-    assert kept.to_dict(decisions=False) == _one_by_one(fresh)
+    assert kept.to_dict(decisions=False) == one_by_one(fresh, decisions=False)
     assert kept.agent("ns-a", "agent-000a").policy_name == "p-b"  # type: ignore[union-attr]

@@ -117,9 +117,11 @@ class ClusterSnapshot:
 
     @classmethod
     def from_bundle(
-        cls, bundle: Bundle, *, config: KubemootConfig | None = None
+        cls, bundle: Bundle, *, config: KubemootConfig | None = None,
+        roster: AgentRoster | None = None,
     ) -> ClusterSnapshot:
-        """A snapshot of a loaded bundle; ``config`` overrides the bundle's KubemootConfig."""
+        """A snapshot of a loaded bundle; ``config`` overrides the bundle's KubemootConfig;
+        ``roster``: the bundle's Agents filed beforehand (see :meth:`build`)."""
         return cls.build(
             models=bundle.models,
             providers=bundle.providers,
@@ -127,6 +129,7 @@ class ClusterSnapshot:
             policies=bundle.policies,
             archetypes=bundle.archetypes,
             config=config or bundle.config,
+            roster=roster,
         )
 
     def policies_in(self, namespace: str) -> list[CrewSchedulingPolicy]:

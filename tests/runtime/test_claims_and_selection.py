@@ -62,7 +62,7 @@ async def test_two_planners_cannot_spend_one_victim_twice(make) -> None:
 
 
 async def test_held_plan_lifecycle(make) -> None:
-    h = await make([gpu("a", 24), gpu("b", 24, residents={"qwen3:8b": 6})],
+    h = await make([gpu("a", 24), gpu("b", 24, residents={"qwen3:8b": 6}, slots=2)],
                    declared={"qwen3:14b": 12})
     plans = HeldPlans(h.planner, clock=h.clock, board=h.board)
 
@@ -78,9 +78,11 @@ async def test_held_plan_lifecycle(make) -> None:
     demand = await h.board.snapshot()
     assert demand.of("qwen3:14b").intents == 1 and demand.of("qwen3:14b").prediction == 1.0
 
-    # Another agent selected for the same thread converges on the held copy.
+    # Another agent selected for the same thread converges on the held copy, whose
+    # second slot no plan counts on yet.
     other = await plans.commit_to_thread("crew/b", "t1", candidates("qwen3:14b"))
     assert (other.action, other.provider) == (Action.LOADING, placed.provider)
+    assert plans.planned() == {("b", "qwen3:14b"): 2}
 
     # The first mulling call takes the plan: same ticket, now loading.
     taken = await plans.take("crew/a", "t1", prompt_tokens=1000)
@@ -88,6 +90,7 @@ async def test_held_plan_lifecycle(make) -> None:
     assert taken.ticket.ticket_id == placed.ticket.ticket_id
     assert taken.ticket.state is TicketState.LOADING
     assert await plans.take("crew/a", "t1") is None  # taken once
+    assert plans.planned() == {("b", "qwen3:14b"): 1}  # its call holds a ticket now
 
     # Thread close releases what is still held, and the intents.
     await plans.close_thread("t1")
@@ -95,6 +98,43 @@ async def test_held_plan_lifecycle(make) -> None:
     left = {t.holder_id for t in await h.active(placed.provider or "")}
     assert left == {"crew/a@t1"}  # the taken plan is the call's to release
     assert await h.demand_bucket.get(join_key("intent", "qwen3:14b", "crew/b")) is None
+    assert plans.planned() == {}
+
+
+async def test_agents_selected_together_do_not_count_on_the_same_free_slot(make) -> None:
+    # One warm copy with one free slot, and an idle card. The first agent's plan
+    # shares the copy (nothing held); the second would queue behind that first call
+    # (30 s latency prior) or load a copy of its own (12 s): it loads.
+    h = await make([gpu("warm", 24, residents={"m": 12}), gpu("idle", 24)])
+    plans = HeldPlans(h.planner, clock=h.clock, board=h.board)
+    first = await plans.commit_to_thread("crew/a", "t1", candidates("m"))
+    assert (first.action, first.provider, first.ticket) == (Action.WARM, "warm", None)
+    second = await plans.commit_to_thread("crew/b", "t1", candidates("m"))
+    assert (second.action, second.provider) == (Action.COLD_LOAD, "idle")
+    assert second.ticket is not None and second.ticket.state is TicketState.HELD
+    assert plans.planned() == {("warm", "m"): 1, ("idle", "m"): 1}
+
+
+async def test_a_held_load_counts_its_first_call_on_the_coming_copy(make) -> None:
+    # A held plan's ticket takes no slot (it is not a call yet); its first call will.
+    # With one slot, the second agent selected does not join the coming copy's slot:
+    # it loads a copy of its own.
+    h = await make([gpu("a", 24), gpu("b", 24)], declared={"m": 12})
+    plans = HeldPlans(h.planner, clock=h.clock, board=h.board)
+    first = await plans.commit_to_thread("crew/a", "t1", candidates("m"))
+    assert first.action is Action.COLD_LOAD
+    second = await plans.commit_to_thread("crew/b", "t1", candidates("m"))
+    assert second.action is Action.COLD_LOAD and second.provider != first.provider
+
+
+async def test_a_plan_whose_first_call_never_comes_stops_counting_after_the_ttl(make) -> None:
+    h = await make([gpu("warm", 24, residents={"m": 12})])
+    plans = HeldPlans(h.planner, clock=h.clock, board=h.board)
+    await plans.commit_to_thread("crew/a", "t1", candidates("m"))
+    assert plans.planned() == {("warm", "m"): 1}
+    h.clock.advance(180)
+    await plans.expire()
+    assert plans.planned() == {}
 
 
 async def test_held_plan_released_on_stand_aside_and_after_three_minutes(make) -> None:

@@ -3,6 +3,7 @@ and against every policy on a cut of a real scenario: no policy may beat it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,48 @@ def test_the_cut_keeps_when_each_agent_was_selected() -> None:
     assert cut.calls[0].selected_at == 0.0
     later = [c for c in cut.calls if c.selected_at > 0.0]
     assert later and all(c.release - c.selected_at >= 3.0 - 1e-9 for c in later)
+
+
+def test_the_answer_is_a_hint_naming_each_call_s_load() -> None:
+    # One 1-slot card, room for A alone next to nothing: the two A calls 60 s apart run
+    # on one load when it is kept, so both name load 0; B in between forces the second
+    # A load (12 GiB usable: A 10 and B 4 never fit together).
+    cut = _cut(_card(12, 1), {"A": 10, "B": 4},
+               [(0, 5, ("A",)), (30, 5, ("B",)), (60, 5, ("A",))])
+    best = solve(cut, time_limit_seconds=5)
+    assert best.proven
+    assert [(p.model, p.load) for p in best.placed] == [("A", 0), ("B", 0), ("A", 1)]
+    hints = best.hints()
+    assert hints[2] == Hint("gpu", "A", best.placed[2].start, 1)
+    # Started from its own answer, the search finds the same total.
+    assert solve(cut, time_limit_seconds=5, hint=hints).total_wait == pytest.approx(
+        best.total_wait)
+
+
+def test_a_search_stopped_early_keeps_the_stricter_rule_s_better_schedule() -> None:
+    # The selected rule's schedule obeys the unrestricted rule too. fleet-16's cut is far
+    # from proven in 0.02 s: that search stops at 1532.8 s in all, above the selected
+    # schedule found in 2 s, which it then keeps, with its own (lower) bound.
+    scenario = load_scenario(SCENARIOS / "fleet-16.yaml")
+    cut = cut_trace(scenario, build_trace(scenario), cards=3, models=4, calls=40)
+    selected = solve(cut, time_limit_seconds=2, selected=True)
+    hasty = solve(cut, time_limit_seconds=0.02)
+    assert hasty.total_wait > selected.total_wait
+    kept = hasty.or_stricter(selected)
+    assert (kept.total_wait, kept.placed) == (selected.total_wait, selected.placed)
+    assert kept.bound_total_wait == hasty.bound_total_wait and not kept.proven
+    # A stricter schedule that is no better changes nothing.
+    assert selected.or_stricter(hasty) is selected
+
+
+def test_a_stricter_schedule_on_the_looser_bound_is_proven() -> None:
+    # A's call at 20 s, its agent selected at 14 s. Say the unrestricted search stopped
+    # at 6 s of wait with its bound at 0 s: the selected schedule (4 s) is kept, not
+    # proven; one on the bound would be.
+    cut = Cut("hand", (_card(20, 1),), {"A": 10 * GIB}, (CutCall(0, 20, 5, ("A",), 14),))
+    selected = solve(cut, time_limit_seconds=5, selected=True)
+    stopped = replace(selected, total_wait=6.0, bound_total_wait=0.0, proven=False)
+    kept = stopped.or_stricter(selected)
+    assert (kept.total_wait, kept.proven) == (pytest.approx(4.0), False)
+    on_bound = replace(stopped, bound_total_wait=4.0)
+    assert on_bound.or_stricter(selected).proven

@@ -13,6 +13,13 @@ Only a plan that starts a load is held. A plan that would share a copy already r
 or coming (with a free slot) is not claimed at all: the intents are published and the
 first call places itself when it comes.
 
+Held or not, every plan *counts*: the copy it plans on is noted until the first call
+comes, and each later plan sees those first calls as calls queued ahead on their
+copies (``CallPlanner.place(planned=…)``). Neither kind takes a slot by itself (a held
+ticket is not a call, an unheld plan has no ticket), so without the count every agent
+selected in the same instant counted on the same free slot and none loaded a copy of
+its own (memory-tight cut: 4.03 s → see docs/runtime.md).
+
 The forecast. Each selection is recorded with the agent's *selection frequency*: the
 share of the threads this planner saw within ``selection_window_seconds`` that selected
 the agent. An agent in every thread forecasts 1 for its models, one in every fourth
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -102,9 +110,16 @@ class HeldPlans:
         self._selected: dict[str, dict[str, float]] = {}
         self._models_of: dict[str, tuple[str, ...]] = {}
         self._written: dict[str, float] = {}  # the share last written per agent
+        #: Per (agent, thread), the copy its plan counts on and when it was planned,
+        #: held or not, until the first mulling call comes (see the module docstring).
+        self._planned: dict[tuple[str, str], tuple[str, str, float]] = {}
 
     def held(self, agent: str, thread: str) -> HeldPlan | None:
         return self._plans.get((agent, thread))
+
+    def planned(self) -> dict[tuple[str, str], int]:
+        """First calls planned per copy ``(provider, model)`` that have not come yet."""
+        return dict(Counter((provider, model) for provider, model, _at in self._planned.values()))
 
     async def commit_to_thread(
         self,
@@ -143,13 +158,16 @@ class HeldPlans:
                     self._written[who] = share
         self._intents[(agent, thread)] = models
         assumed = prompt_tokens or self._planner.settings.assumed_prompt_tokens
-        shared = await self._shares_a_copy(candidates, assumed)
+        planned = self.planned()
+        shared = await self._shares_a_copy(candidates, assumed, planned)
         if shared is not None:
+            self._count_plan(agent, thread, shared)
             return shared  # nothing to hold (see below): the first call places itself
         placement = await self._planner.place(
             candidates, holder_id=f"{agent}@{thread}", prompt_tokens=assumed,
-            ticket_state=TicketState.HELD,
+            ticket_state=TicketState.HELD, planned=planned,
         )
+        self._count_plan(agent, thread, placement)
         if placement.ticket is None:
             return placement  # nothing held: the first call places (and waits) itself
         if placement.action not in (Action.COLD_LOAD, Action.UNLOAD):
@@ -175,15 +193,24 @@ class HeldPlans:
         self._plans[(agent, thread)] = plan
         return placement
 
+    def _count_plan(self, agent: str, thread: str, placement: CallPlacement) -> None:
+        """Note the copy the plan counts on (none for a plan that has to wait)."""
+        if placement.provider is not None and placement.model is not None:
+            self._planned[(agent, thread)] = (placement.provider, placement.model,
+                                              self._clock.now())
+
     async def _shares_a_copy(
-        self, candidates: Sequence[CandidateModel], prompt_tokens: int
+        self, candidates: Sequence[CandidateModel], prompt_tokens: int,
+        planned: dict[tuple[str, str], int],
     ) -> CallPlacement | None:
-        """The copy the plan would share, when one is resident or coming with a free slot
-        (DESIGN §5's cheap cases, which win before any load is priced); ``None`` when
-        the plan has to be placed. Such a plan is not held, so it is not claimed
-        either: a claim given back at once would only wake the calls waiting in line."""
+        """The copy the plan would share, when one is resident or coming with a slot
+        that no call and no earlier plan counts on (DESIGN §5's cheap cases, which win
+        before any load is priced); ``None`` when the plan has to be placed. Such a plan
+        is not held, so it is not claimed either: a claim given back at once would only
+        wake the calls waiting in line."""
         planner = self._planner
         rnd = await planner.new_round(prompt_tokens)
+        options.count_planned(rnd, planned)
         models = [c.model for c in planner.in_tolerance(candidates)]
         for find in (options.warm_options, options.joinable_loading):  # steps 1-2, then 3
             for model in models:
@@ -244,6 +271,7 @@ class HeldPlans:
     ) -> CallPlacement | None:
         """The held plan for the first mulling call, or ``None`` (place afresh)."""
         await self.expire()
+        self._planned.pop((agent, thread), None)  # the call is here: it counts itself
         plan = self._plans.pop((agent, thread), None)
         if plan is None:
             return None
@@ -275,6 +303,7 @@ class HeldPlans:
 
     async def release(self, agent: str, thread: str) -> None:
         """The agent's evaluation ended without the plan (stood aside or failed)."""
+        self._planned.pop((agent, thread), None)
         plan = self._plans.pop((agent, thread), None)
         if plan is not None:
             await self._drop(plan)
@@ -296,6 +325,9 @@ class HeldPlans:
         old = [k for k, plan in self._plans.items() if now - plan.held_at >= ttl]
         for key in old:
             await self._drop(self._plans.pop(key))
+        # An unheld plan whose first call never came stops counting after the same TTL.
+        for key in [k for k, (_p, _m, at) in self._planned.items() if now - at >= ttl]:
+            del self._planned[key]
         return len(old)
 
     async def _drop(self, plan: HeldPlan) -> None:

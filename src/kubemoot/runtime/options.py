@@ -20,7 +20,7 @@ the decision record.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
 
@@ -175,6 +175,20 @@ def spread(rnd: Round, models: Sequence[str], ahead: int) -> None:
         assert p is not None
         option = rnd.copy_option(p, model, rnd.ahead[key])
         heapq.heappush(heap, (option.seconds, order, name, model))
+
+
+def count_planned(rnd: Round, planned: Mapping[tuple[str, str], int]) -> None:
+    """Count the first calls planned onto copies at selection as calls ahead there.
+
+    A plan that shares a copy holds no ticket, and a held plan's ticket takes no slot
+    (it is not a call yet), so without this every agent selected in the same instant
+    would count on the same free slot and none would load a copy of its own. Only the
+    copies this round can see are counted.
+    """
+    for (provider, model), count in planned.items():
+        if count > 0 and rnd.fleet.provider(provider) is not None:
+            key = (provider, model)
+            rnd.ahead[key] = rnd.ahead.get(key, 0) + count
 
 
 def copy_options(

@@ -147,6 +147,7 @@ class CallPlanner:
         explain: bool = False,
         ahead: int = 0,
         exclude: Collection[str] = (),
+        planned: Mapping[tuple[str, str], int] | None = None,
     ) -> CallPlacement:
         """Place one call of the first (preferred) candidate or a tolerated alternative.
 
@@ -157,12 +158,17 @@ class CallPlanner:
         cases skip the full comparison and options that cannot win are not listed.
         ``exclude`` names providers this call must not go to (its connection was refused
         there before any byte was sent): they are left out of every round.
+        ``planned`` counts, per copy ``(provider, model)``, the first calls of agents
+        already planned onto it at selection (:class:`~kubemoot.runtime.held_plans.HeldPlans`):
+        those calls hold no slot yet, but they will take one when they come, so each
+        counts like a call queued ahead on that copy.
         """
         clock = self.view.clock
         began = clock.now()
         placement = await self._place(candidates, holder_id=holder_id,
                                       prompt_tokens=prompt_tokens, ticket_state=ticket_state,
-                                      explain=explain, ahead=ahead, exclude=exclude)
+                                      explain=explain, ahead=ahead, exclude=exclude,
+                                      planned=planned or {})
         metrics.PLACEMENT_SECONDS.observe(max(0.0, clock.now() - began))
         metrics.DECISIONS.labels(action=placement.action.value).inc()
         if placement.action is Action.REFUSE and placement.reason is not None:
@@ -179,6 +185,7 @@ class CallPlanner:
         explain: bool,
         ahead: int,
         exclude: Collection[str],
+        planned: Mapping[tuple[str, str], int],
     ) -> CallPlacement:
         if not candidates:
             raise ValueError("a call needs at least one candidate model")
@@ -188,6 +195,7 @@ class CallPlanner:
             rnd = await self.new_round(prompt_tokens, exclude=exclude)
             self._prefill(rnd, holder_id)
             options.spread(rnd, models, ahead)
+            options.count_planned(rnd, planned)
             placement = await self._place_round(rnd, models, holder_id, ticket_state, explain)
             if placement is not None and not await self.admit(placement):
                 continue  # a half-open provider's one trial went to another call
@@ -197,6 +205,7 @@ class CallPlanner:
         rnd = await self.new_round(prompt_tokens, exclude=exclude)
         self._prefill(rnd, holder_id)
         options.spread(rnd, models, ahead)
+        options.count_planned(rnd, planned)
         return self._unplaced(rnd, models, options.comparison(rnd, models, explain=True),
                               GpuBusy())
 

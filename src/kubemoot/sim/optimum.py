@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubemoot.sim.cut import Cut
@@ -53,6 +53,7 @@ class Placed:
     model: str
     start: float
     wait: float
+    load: int = 0  # which load of the model on the card it runs on (0: the first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,29 @@ class Optimum:
     @property
     def bound_mean_wait(self) -> float:
         return self.bound_total_wait / max(self.calls, 1)
+
+    def hints(self) -> dict[int, Hint]:
+        """This schedule as hints for another search (:func:`solve`'s ``hint``)."""
+        return {p.call_id: Hint(p.card, p.model, p.start, p.load) for p in self.placed}
+
+    def or_stricter(self, stricter: Optimum) -> Optimum:
+        """The better schedule of this search and one found under a stricter rule.
+
+        A schedule that obeys a stricter rule obeys every looser one (a load that waits
+        for a call's issue also waits for its agent's selection), so when a time limit
+        stopped this search above the stricter search's answer, that answer is the
+        better schedule for this rule too. The proven bound stays this search's own:
+        the stricter rule's bound does not hold here. So the reactive, selected and
+        unrestricted optima always come out in that order.
+        """
+        if stricter.calls != self.calls or stricter.total_wait >= self.total_wait:
+            return self
+        return replace(
+            self, total_wait=stricter.total_wait, placed=stricter.placed,
+            # the objective counts whole ticks: within half a tick of the bound is on it
+            proven=stricter.total_wait - self.bound_total_wait < TICK_SECONDS / 2,
+            status=f"{self.status}, its stricter rule's schedule",
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -267,7 +291,8 @@ def solve(
     for j, call in enumerate(cut.calls):
         where = next(w for w, x in choices[j] if solver.boolean_value(x))
         began = solver.value(starts[j]) * TICK_SECONDS
-        placed.append(Placed(call.call_id, where[0], where[1], began, began - call.release))
+        placed.append(Placed(call.call_id, where[0], where[1], began, began - call.release,
+                             where[2]))
     # The objective counts from the rounded issue times; the waits from the true ones.
     rounding = sum(releases) * TICK_SECONDS - sum(c.release for c in cut.calls)
     total = solver.objective_value * TICK_SECONDS + rounding

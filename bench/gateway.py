@@ -50,6 +50,9 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from wires import Wire, Wires, request_bytes, run  # noqa: E402  (bench/wires.py)
 
 from kubemoot.testing.nats_server import NatsServer, free_port  # noqa: E402
 
@@ -184,17 +187,23 @@ async def latency(
     """
     path, body = ROUTES[route]
     front_path, front_body = ROUTES[through_route or route]
-    targets = {direct: (path, body), through: (front_path, front_body)}
+    requests = {direct: request_bytes(direct, path, body),
+                through: request_bytes(through, front_path, front_body)}
     samples: dict[str, list[float]] = {direct: [], through: []}
-    async with httpx.AsyncClient(timeout=60) as http:
+    wires = {url: await Wire.open(url) for url in requests}
+    try:
         for _ in range(20):  # warm both paths (model loaded, connections open)
-            for url, (where, what) in targets.items():
-                (await http.post(url + where, json=what)).raise_for_status()
+            for url, request in requests.items():
+                _answered(url, await wires[url].call(request))
         for _ in range(calls):
-            for url, (where, what) in targets.items():
+            for url, request in requests.items():
                 began = time.perf_counter()
-                (await http.post(url + where, json=what)).raise_for_status()
+                status = await wires[url].call(request)
                 samples[url].append((time.perf_counter() - began) * 1000)
+                _answered(url, status)
+    finally:
+        for wire in wires.values():
+            wire.close()
     d, g = samples[direct], samples[through]
     print(f"{route} route, one client, {calls} calls each: direct p50 {pct(d, .5):.2f} ms "
           f"p99 {pct(d, .99):.2f} ms; {label} p50 {pct(g, .5):.2f} ms "
@@ -236,26 +245,16 @@ async def measured_throughput(url: str, seconds: float, clients: int,
 
 async def _drive(url: str, seconds: float, clients: int, route: str) -> tuple[float, int]:
     path, body = ROUTES[route]
-    done = 0
-    refused: dict[int, int] = {}
-    limits = httpx.Limits(max_connections=clients)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as http:
-        end = time.perf_counter() + seconds
+    wires = Wires(url, path, body, clients)
+    rate = await wires.drive(seconds)
+    if wires.refused:
+        print(f"{url}: refusals by status {wires.refused}")
+    return rate, wires.answered
 
-        async def worker() -> None:
-            nonlocal done
-            while time.perf_counter() < end:
-                answer = await http.post(url + path, json=body)
-                if answer.status_code == 200:
-                    done += 1  # only answers count; a refusal is no throughput
-                else:
-                    refused[answer.status_code] = refused.get(answer.status_code, 0) + 1
 
-        began = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(clients)))
-        if refused:
-            print(f"{url}: refusals by status {refused}")
-        return done / (time.perf_counter() - began), done
+def _answered(url: str, status: int) -> None:
+    if status != 200:
+        raise SystemExit(f"{url}: a latency call was answered {status}")
 
 
 async def overcommits(requests: int) -> int:
@@ -324,7 +323,8 @@ async def main() -> None:
             ours[route] = {"addedP50Ms": p50, "addedP99Ms": p99, "directRps": direct_rps,
                            "gatewayRps": gateway_rps,
                            "throughputRatio": gateway_rps / direct_rps if direct_rps else 0.0,
-                           "gatewayCpuMs": gateway_cpu or 0.0, "engineCpuMs": engine_cpu or 0.0}
+                           "gatewayCpuMs": gateway_cpu or 0.0, "engineCpuMs": engine_cpu or 0.0,
+                           "generatorCpuMs": CLIENT_CPU_MS.get(through, 0.0)}
             print(f"{route} route, {args.clients} clients: direct {direct_rps:.0f} req/s, "
                   f"gateway {gateway_rps:.0f} req/s (ratio {ours[route]['throughputRatio']:.2f}); "
                   f"CPU per call: gateway {gateway_cpu or 0:.2f} ms, "
@@ -344,6 +344,8 @@ async def main() -> None:
         "gatewayCpuMsPerCall": round(api["gatewayCpuMs"], 3),
         "gatewayCpuMsPerCallOpenAI": round(v1["gatewayCpuMs"], 3),
         "engineCpuMsPerCall": round(api["engineCpuMs"], 3),
+        "generatorCpuMsPerCall": round(api["generatorCpuMs"], 3),
+        "generatorCpuMsPerCallOpenAI": round(v1["generatorCpuMs"], 3),
         "overcommits": over,
         "directRps": round(api["directRps"], 1), "gatewayRps": round(api["gatewayRps"], 1),
         "clients": args.clients, "calls": args.calls,
@@ -382,4 +384,4 @@ async def versus_litellm(
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run(main())

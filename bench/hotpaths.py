@@ -15,6 +15,11 @@ Paths (``--path``, repeatable; all by default):
   clients post ``/api/chat`` and ``/v1/chat/completions`` through it to a zero-delay
   emulator (``bench/gateway.py``'s set-up); shares come from py-spy's samples (leaf frames
   for self time), not from cProfile. Skipped when py-spy is missing.
+* ``gateway-instructions`` — the same gateway run under valgrind's callgrind: the machine
+  instructions it executes per call on each route, one client posting ``--calls`` calls
+  in a row after a warm-up. Unlike time, an instruction count hardly moves with the
+  machine's load, so it compares two versions of the gateway on a shared machine. Skipped
+  when valgrind is missing.
 
 For each path it prints the top ``--top`` functions by self time with their share of the
 profiled time. The last line is one JSON object: for each path, its profiled seconds and
@@ -156,6 +161,80 @@ def gateway_profile(top: int, seconds: float = 15.0) -> dict[str, Any] | None:
         return _leaf_shares("gateway", raw.read_text(), top)
 
 
+def gateway_instructions(calls: int) -> dict[str, Any] | None:
+    """Instructions per call of the gateway process on each route, counted by callgrind."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    from wires import Wire, request_bytes
+
+    import gateway as bench  # bench/gateway.py
+
+    valgrind, control = shutil.which("valgrind"), shutil.which("callgrind_control")
+    if valgrind is None or control is None:
+        print("\ngateway-instructions: valgrind not installed, skipped")
+        return None
+    emulator_port, gateway_port = bench.free_port(), bench.free_port()
+    card = "vramMiB=24576,numParallel=32,contextLength=4096"
+    fast = [sys.executable, "-c", bench._FAST_EMULATOR, "24576", "32", str(emulator_port)]
+    # Probes are timed, and callgrind slows the gateway fifty-fold: a long interval keeps
+    # them (one after start-up) out of the counted calls.
+    front = bench.gateway([f"gpu=http://127.0.0.1:{emulator_port},{card}"], gateway_port,
+                          "--probe-interval", "1h")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    figures: dict[str, Any] = {}
+    with bench.servers(fast), tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "callgrind.out"
+        process = subprocess.Popen(
+            [valgrind, "--tool=callgrind", f"--callgrind-out-file={out}", *bench.KUBEMOOT,
+             *front], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        through = f"http://127.0.0.1:{gateway_port}"
+        try:
+            bench._wait_up(through, process, seconds=600)
+
+            async def post(route: str, count: int) -> None:
+                path, body = bench.ROUTES[route]
+                request = request_bytes(through, path, body)
+                wire = await Wire.open(through)
+                try:
+                    for _ in range(count):
+                        if (status := await wire.call(request)) != 200:
+                            raise SystemExit(f"gateway-instructions: {route} answered {status}")
+                finally:
+                    wire.close()
+
+            for route in bench.ROUTES:
+                asyncio.run(post(route, 50))  # warm: model loaded, caches filled
+                subprocess.run([control, "--zero", str(process.pid)], check=True,
+                               capture_output=True)
+                asyncio.run(post(route, calls))
+                subprocess.run([control, "--dump", str(process.pid)], check=True,
+                               capture_output=True)
+                dumps = sorted(Path(scratch).glob("callgrind.out*"),
+                               key=lambda p: p.stat().st_mtime)
+                figures[route] = _instructions(dumps[-1]) / calls
+                print(f"gateway-instructions: {route} route, {calls} calls in a row: "
+                      f"{figures[route] / 1e6:.3f} M instructions per call")
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    return {"instructionsPerCall": round(figures["ollama"]),
+            "instructionsPerCallOpenAI": round(figures["openai"]), "calls": calls}
+
+
+def _instructions(dump: Path) -> int:
+    """The total instruction count (Ir) of one callgrind dump."""
+    for line in dump.read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise SystemExit(f"{dump}: no totals in the callgrind dump")
+
+
 def _listener_pid(port: int) -> int:
     """The process listening on a loopback port (the gateway ``servers`` started)."""
     import subprocess
@@ -239,13 +318,21 @@ def profile(name: str, top: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--path", action="append", choices=[*sorted(PATHS), "gateway"],
+    parser.add_argument("--path", action="append",
+                        choices=[*sorted(PATHS), "gateway", "gateway-instructions"],
                         help="a hot path to profile (repeatable; default: all)")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--calls", type=int, default=300,
+                        help="calls per route counted by gateway-instructions")
     args = parser.parse_args()
     figures: dict[str, Any] = {}
     for name in args.path or [*PATHS, "gateway"]:
-        figures[name] = gateway_profile(args.top) if name == "gateway" else profile(name, args.top)
+        if name == "gateway":
+            figures[name] = gateway_profile(args.top)
+        elif name == "gateway-instructions":
+            figures[name] = gateway_instructions(args.calls)
+        else:
+            figures[name] = profile(name, args.top)
     print(json.dumps(figures))
 
 

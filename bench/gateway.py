@@ -252,9 +252,13 @@ async def _drive(url: str, seconds: float, clients: int, route: str) -> tuple[fl
     return rate, wires.answered
 
 
+class CallFailed(SystemExit):
+    """A latency call was not answered 200: the figures would mean nothing."""
+
+
 def _answered(url: str, status: int) -> None:
     if status != 200:
-        raise SystemExit(f"{url}: a latency call was answered {status}")
+        raise CallFailed(f"{url}: a latency call was answered {status}")
 
 
 async def overcommits(requests: int) -> int:
@@ -375,8 +379,13 @@ async def versus_litellm(
         with litellm_proxy(command, upstream, free_port()) as proxy:
             # LiteLLM serves only the OpenAI API: its clients speak /v1 on both routes, and
             # the direct figure is the engine's own route.
-            p50, p99 = await latency(direct, proxy, args.litellm_calls, route,
-                                     label="LiteLLM", through_route="openai")
+            try:
+                p50, p99 = await latency(direct, proxy, args.litellm_calls, route,
+                                         label="LiteLLM", through_route="openai")
+            except CallFailed as failed:
+                # a broken LiteLLM install must not cost the run its own figures
+                print(f"LiteLLM ({command}): {failed}; comparison skipped")
+                return {}
             rps = await throughput(proxy, args.seconds, args.clients, "openai")
         theirs[route] = {"addedP50Ms": p50, "addedP99Ms": p99, "gatewayRps": rps}
         print(f"{route} route, {args.clients} clients: LiteLLM {rps:.0f} req/s")

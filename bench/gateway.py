@@ -41,6 +41,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -142,8 +143,15 @@ def litellm_proxy(command: str, upstream: str, port: int) -> Iterator[str]:
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
            "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
            "OPENAI_API_KEY": "unused", "LITELLM_LOG": "ERROR"}
+    # A config file, not --model: recent proxies answer every call made through a
+    # --model-only start with a 500 ("'NoneType' object has no attribute 'acompletion'").
+    config = Path(tempfile.mkdtemp(prefix="litellm-")) / "config.yaml"
+    config.write_text(json.dumps({"model_list": [{
+        "model_name": MODEL,
+        "litellm_params": {"model": model, "api_base": api_base, "api_key": "unused"},
+    }]}))  # JSON is YAML
     process = subprocess.Popen(
-        [command, "--model", model, "--api_base", api_base, "--host", "127.0.0.1",
+        [command, "--config", str(config), "--host", "127.0.0.1",
          "--port", str(port), "--num_workers", "1"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
@@ -157,6 +165,7 @@ def litellm_proxy(command: str, upstream: str, port: int) -> Iterator[str]:
             process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             process.kill()
+        shutil.rmtree(config.parent, ignore_errors=True)
 
 
 def gateway(providers: list[str], port: int, *extra: str) -> list[str]:

@@ -41,6 +41,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -142,8 +143,15 @@ def litellm_proxy(command: str, upstream: str, port: int) -> Iterator[str]:
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
            "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
            "OPENAI_API_KEY": "unused", "LITELLM_LOG": "ERROR"}
+    # A config file, not --model: recent proxies answer every call made through a
+    # --model-only start with a 500 ("'NoneType' object has no attribute 'acompletion'").
+    config = Path(tempfile.mkdtemp(prefix="litellm-")) / "config.yaml"
+    config.write_text(json.dumps({"model_list": [{
+        "model_name": MODEL,
+        "litellm_params": {"model": model, "api_base": api_base, "api_key": "unused"},
+    }]}))  # JSON is YAML
     process = subprocess.Popen(
-        [command, "--model", model, "--api_base", api_base, "--host", "127.0.0.1",
+        [command, "--config", str(config), "--host", "127.0.0.1",
          "--port", str(port), "--num_workers", "1"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
@@ -157,6 +165,7 @@ def litellm_proxy(command: str, upstream: str, port: int) -> Iterator[str]:
             process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             process.kill()
+        shutil.rmtree(config.parent, ignore_errors=True)
 
 
 def gateway(providers: list[str], port: int, *extra: str) -> list[str]:
@@ -252,9 +261,13 @@ async def _drive(url: str, seconds: float, clients: int, route: str) -> tuple[fl
     return rate, wires.answered
 
 
+class CallFailed(SystemExit):
+    """A latency call was not answered 200: the figures would mean nothing."""
+
+
 def _answered(url: str, status: int) -> None:
     if status != 200:
-        raise SystemExit(f"{url}: a latency call was answered {status}")
+        raise CallFailed(f"{url}: a latency call was answered {status}")
 
 
 async def overcommits(requests: int) -> int:
@@ -375,8 +388,13 @@ async def versus_litellm(
         with litellm_proxy(command, upstream, free_port()) as proxy:
             # LiteLLM serves only the OpenAI API: its clients speak /v1 on both routes, and
             # the direct figure is the engine's own route.
-            p50, p99 = await latency(direct, proxy, args.litellm_calls, route,
-                                     label="LiteLLM", through_route="openai")
+            try:
+                p50, p99 = await latency(direct, proxy, args.litellm_calls, route,
+                                         label="LiteLLM", through_route="openai")
+            except CallFailed as failed:
+                # a broken LiteLLM install must not cost the run its own figures
+                print(f"LiteLLM ({command}): {failed}; comparison skipped")
+                return {}
             rps = await throughput(proxy, args.seconds, args.clients, "openai")
         theirs[route] = {"addedP50Ms": p50, "addedP99Ms": p99, "gatewayRps": rps}
         print(f"{route} route, {args.clients} clients: LiteLLM {rps:.0f} req/s")

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
+from starlette.types import Message, Receive, Scope, Send
 
 from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
@@ -112,3 +113,45 @@ async def test_origins_and_hosts_given_by_the_operator_are_allowed(
         other = await http.post("/api/chat", content=CHAT,
                                 headers={"Origin": "https://other.example.org"})
         assert other.status_code == 403
+
+
+async def test_each_host_is_judged_alike_every_time_and_made_up_hosts_stay_bounded() -> None:
+    """The guard remembers its judgment of each Host header (a client sends the same one
+    on every request); the judgment is the same as the first, and a client inventing
+    Host headers cannot grow what it remembers past its bound."""
+    from kubemoot.gateway import guard as guard_module
+    from kubemoot.gateway.guard import Guard, GuardPolicy
+
+    reached: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        reached.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    guard = Guard(app, GuardPolicy(allowed_hosts=("gw.lan",)))
+    statuses: list[int] = []
+
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def request(host: str, path: str = "/api/tags") -> int:
+        scope = {"type": "http", "method": "GET", "path": path,
+                 "headers": [(b"host", host.encode())]}
+        await guard(scope, receive, send)
+        return statuses[-1]
+
+    for _ in range(3):
+        assert await request("gw.lan:11435") == 200
+        assert await request("evil.example") == 403
+        assert await request("127.0.0.1:11435") == 200
+    for index in range(3 * guard_module._HOSTS_KEPT):
+        assert await request(f"made-up-{index}.example") == 403
+    assert len(guard._hosts) <= guard_module._HOSTS_KEPT
+    assert await request("evil.example") == 403
+    assert await request("gw.lan") == 200
+    assert reached == ["/api/tags"] * 7  # the allowed ones only

@@ -266,6 +266,12 @@ class GatewayApp:
         virtual = self.virtual.candidates(name)
         if virtual:
             return virtual
+        # A model seen before, with providers in view: the answer below would be the same
+        # (what was seen is never forgotten), without building the fleet snapshot that
+        # the previous call's ticket made stale. The planner builds its own.
+        if self.desk.runtime.view.has_providers and (
+                seen := resolve_name(name, self._seen)) is not None:
+            return [CandidateModel(seen)]
         fleet = await self.desk.runtime.view.snapshot()
         if not fleet.providers:
             raise GatewayError(503, "no provider has published its state yet",

@@ -75,15 +75,18 @@ class Guard:
     store_lost: Callable[[], str | None] = lambda: None
     in_flight: int = field(default=0, init=False)
     buffered: int = field(default=0, init=False)
+    #: Host header → allowed: every request of a client names the same host, and
+    #: judging one parses it as an address. Bounded: cleared when full, so Host headers
+    #: made up by a client cannot grow it.
+    _hosts: dict[str, bool] = field(default_factory=dict, init=False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         path = str(scope["path"])
-        headers = _headers(scope["headers"])
-        origin = headers.get("origin")
-        refusal = self._refusal(path, headers, origin)
+        host, origin = _host_and_origin(scope["headers"])
+        refusal = self._refusal(host, origin)
         if refusal is not None:
             await _answer(refusal, scope, receive, send)
             return
@@ -134,9 +137,17 @@ class Guard:
             self.in_flight -= 1
             self.buffered -= held
 
-    def _refusal(self, path: str, headers: dict[str, str],
-                 origin: str | None) -> GatewayError | None:
-        if not host_allowed(headers.get("host", ""), allowed=self.policy.allowed_hosts):
+    def _host_allowed(self, host: str) -> bool:
+        allowed = self._hosts.get(host)
+        if allowed is None:
+            if len(self._hosts) >= _HOSTS_KEPT:
+                self._hosts.clear()
+            allowed = self._hosts[host] = host_allowed(host,
+                                                       allowed=self.policy.allowed_hosts)
+        return allowed
+
+    def _refusal(self, host: str, origin: str | None) -> GatewayError | None:
+        if not self._host_allowed(host):
             metrics.GATEWAY_SHED.labels(reason="host").inc()
             return GatewayError(403, "this gateway answers only to loopback, IP addresses, "
                                 "the name it listens on and the names given with "
@@ -150,8 +161,19 @@ class Guard:
         return None
 
 
-def _headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
-    return {key.decode("latin-1"): value.decode("latin-1") for key, value in raw}
+_HOSTS_KEPT = 64
+
+
+def _host_and_origin(raw: Iterable[tuple[bytes, bytes]]) -> tuple[str, str | None]:
+    """The ``Host`` and ``Origin`` headers (the last of each, as a dict of them would
+    keep); only these two are decoded."""
+    host, origin = b"", None
+    for key, value in raw:
+        if key == b"host":
+            host = value
+        elif key == b"origin":
+            origin = value
+    return host.decode("latin-1"), None if origin is None else origin.decode("latin-1")
 
 
 async def _answer(error: GatewayError, scope: Scope, receive: Receive, send: Send) -> None:

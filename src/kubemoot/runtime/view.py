@@ -155,6 +155,23 @@ class ProviderView:
         """The number of the fleet index the last snapshot used (0 before any)."""
         return self._index.generation if self._index is not None else 0
 
+    @property
+    def has_providers(self) -> bool:
+        """Whether a snapshot taken now would show some provider, known without taking it.
+
+        True only when the documents in hand hold a provider's state and are current: no
+        watched change of a state document waits to be applied, and, when reading, the
+        last read is within the state cache. False means "not known": take a snapshot.
+        (A caller that needs only this, such as the gateway's check of a model it has
+        already seen, skips the rebuild every call's own ticket makes due.)
+        """
+        if not self._docs:
+            return False
+        if self._following and self._read_at > float("-inf"):
+            states = self._states.name
+            return not any(bucket == states for bucket, _ in self._pending)
+        return self.clock.now() - self._read_at < self._settings.state_cache_seconds
+
     def changed_since(self, generation: int) -> frozenset[str] | None:
         """Providers whose snapshot changed after ``generation``; None: unknown (all)."""
         if self._index is None or generation == self._index.generation:

@@ -25,6 +25,7 @@ from typing import Any
 from kubemoot import metrics
 from kubemoot.api import (
     DEFAULT_MAX_AGE_SECONDS,
+    DEFAULT_NAMESPACE,
     RESOURCE_TYPES,
     Agent,
     CrewSchedulingPolicy,
@@ -68,6 +69,7 @@ from kubemoot.runtime.builder import Runtime
 from kubemoot.runtime.pinning import pinned_by_provider
 from kubemoot.scheduling.candidate import stale_age
 from kubemoot.scheduling.result import AgentResult
+from kubemoot.scheduling.roster import AgentRoster
 from kubemoot.scheduling.scheduler import SchedulingPass
 from kubemoot.scheduling.snapshot import ClusterSnapshot
 from kubemoot.scheduling.warnings import PROVIDER_NOT_FOUND
@@ -178,6 +180,13 @@ class Reconciler:
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._writer = AgentWriter(kube, self.events)
+        #: Every Agent of the view, filed for a pass and kept between passes: a batch of
+        #: every Agent (a config, provider or Model change that concerns them all) files
+        #: only those that changed since the last one (kubemoot.scheduling.roster).
+        self.roster = AgentRoster()
+        #: The Agent object filed under each key; the kopf index keeps one parsed object
+        #: per version, so an unchanged Agent is the same object from one pass to the next.
+        self._filed: dict[str, Agent] = {}
         #: Objects created before this are not news when first seen (a restart).
         self.started_at = self.now()
 
@@ -320,19 +329,20 @@ class Reconciler:
             return
         async with self._lock:
             view = self.view()
-            agents = sorted(
-                (view.agents[k] for k in keys if k in view.agents), key=agent_key
-            )
-            if not agents:
+            batch = {k: view.agents[k] for k in keys if k in view.agents}
+            if not batch:
                 return
             now = self.now()
             snapshot = view.snapshot(exclude=keys, assumed=self.assumed)
             scheduling = SchedulingPass(snapshot, now=now)
+            # One pass over the batch in (namespace, name) order, as `kubemoot schedule`
+            # binds a bundle: the same Agents meet the same counts in both.
+            scheduling.schedule_all(self._file(view.agents, batch))
             policies: dict[str, CrewSchedulingPolicy] = {}
             freed: set[str] = set()
-            for agent in agents:
+            for result in scheduling.results:
+                agent = result.agent
                 key = agent_key(agent)
-                result = scheduling.schedule(agent)
                 kept = self._results.get(key)
                 if keep_feasible and kept is not None and still_feasible(kept, result):
                     result = kept
@@ -367,6 +377,26 @@ class Reconciler:
                     policies[result.policy.key] = result.policy
         await self.reconcile_policies(policies.values())
         await self._slots_freed(freed)
+
+    def _file(self, agents: Mapping[str, Agent], batch: Mapping[str, Agent]) -> AgentRoster:
+        """The batch filed for a pass: the kept roster when the batch is every Agent.
+
+        The kept roster is brought up to the view first, by identity: an Agent object
+        not filed under its key (new, edited, or only its status written back) is put,
+        a key gone from the view is discarded. A smaller batch is filed afresh; it is
+        as large as the Agents a change concerns, not the cluster.
+        """
+        if len(batch) != len(agents):
+            return AgentRoster(batch.values())
+        filed, roster = self._filed, self.roster
+        for key in [key for key in filed if key not in agents]:
+            gone = filed.pop(key)
+            roster.discard(gone.namespace or DEFAULT_NAMESPACE, gone.metadata.name)
+        for key, agent in agents.items():
+            if filed.get(key) is not agent:
+                filed[key] = agent
+                roster.put(agent)
+        return roster
 
     async def deployment_changed(
         self, event_type: str, namespace: str, deployment: Mapping[str, Any]

@@ -221,6 +221,11 @@ class SchedulingPass:
         for segment in roster.segments():
             self._assign_segment(segment)
 
+    @property
+    def results(self) -> Sequence[AgentResult]:
+        """The results of every Agent scheduled so far, in the order they were bound."""
+        return self._results
+
     def _assign(self, agents: Iterable[tuple[Agent, str, str | None]]) -> None:
         """Bind Agents whose namespace and crew label are already read, in the order given.
 

@@ -51,6 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
           "coldLoadRatioToRoundRobin", "meanWaitRatioToLowerBound",
           "simSecondsFor100kCalls"}),
         ("bound.py", [], {"homelabBound", "homelabBoundAllCandidates"}),
+        ("simcpu.py", ["--scenario", "homelab", "--duration", "300"],
+         {"pythonCalls", "cpuSecondsFor100kCalls", "servedCalls"}),
     ],
 )
 def test_bench_prints_its_figures_as_the_last_line(
@@ -67,3 +69,22 @@ def test_bench_prints_its_figures_as_the_last_line(
     for key in ("overcommits", "overcommitsProcesses"):
         if key in figures:
             assert figures[key] == 0
+
+
+def test_simcpu_hashes_the_decisions_of_each_scenario() -> None:
+    """The decisions digest is what a speed-only change is checked against: the same
+    scenarios give the same digest run after run, and different scenarios differ."""
+    def digests() -> dict[str, object]:
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "simcpu.py"), "--scenario", "homelab",
+             "--duration", "300", "--decisions", "homelab,memory-tight"],
+            cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        figures: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+        return figures
+
+    first, second = digests(), digests()
+    assert first["decisions"] == second["decisions"]
+    by_scenario = first["decisionsByScenario"]
+    assert isinstance(by_scenario, dict)
+    assert by_scenario["homelab"] != by_scenario["memory-tight"]

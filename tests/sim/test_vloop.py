@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 
 from kubemoot.clock import LoopClock
-from kubemoot.sim.vloop import SimulationStalled, loop_clock, run_virtual
+from kubemoot.sim.vloop import SimulationStalled, VirtualTimeLoop, loop_clock, run_virtual
 
 
 def test_an_hour_of_sleeps_costs_no_real_time_and_keeps_order() -> None:
@@ -112,3 +115,54 @@ def test_the_virtual_loop_clock_reads_what_a_loop_clock_reads(anchor: float | No
     start = 12.5 + 0.1 if anchor is None else anchor
     assert epoch + (before - start) <= reading <= epoch + (after - start)
     assert type(loop_clock(epoch=epoch)) is LoopClock  # off a virtual loop: a plain one
+
+
+class _AsyncioTurns(VirtualTimeLoop):
+    """The virtual loop taking asyncio's own turn instead of its shortened one."""
+
+    def _run_once(self) -> None:
+        asyncio.SelectorEventLoop._run_once(self)  # type: ignore[attr-defined]
+
+
+def _busy_program(seed: int) -> Callable[[], Coroutine[Any, Any, list[tuple[float, str]]]]:
+    async def program() -> list[tuple[float, str]]:
+        rng = random.Random(seed)
+        loop = asyncio.get_running_loop()
+        seen: list[tuple[float, str]] = []
+        # enough timers, most of them cancelled, for asyncio's bulk clean-up to run
+        timers = [loop.call_later(rng.uniform(0, 50), seen.append, (0.0, f"timer {i}"))
+                  for i in range(300)]
+        for timer in rng.sample(timers, 220):
+            timer.cancel()
+
+        async def worker(name: str) -> None:
+            for step in range(30):
+                choice = rng.random()
+                if choice < 0.4:
+                    await asyncio.sleep(rng.choice((0, 0, 0.5, 1e-10, rng.uniform(0, 9))))
+                elif choice < 0.7:
+                    loop.call_soon(seen.append, (loop.time(), f"{name} soon {step}"))
+                    await asyncio.sleep(0)
+                else:
+                    event = asyncio.Event()
+                    loop.call_later(rng.uniform(0, 3), event.set)
+                    await event.wait()
+                seen.append((loop.time(), f"{name} {step}"))
+
+        await asyncio.gather(*(worker(f"w{i}") for i in range(8)))
+        await asyncio.sleep(60)
+        return seen
+
+    return program
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_virtual_loop_turns_as_asyncio_does(seed: int) -> None:
+    ours = run_virtual(_busy_program(seed)())
+    loop = _AsyncioTurns()
+    try:
+        theirs = loop.run_until_complete(_busy_program(seed)())
+    finally:
+        loop.close()
+    assert ours == theirs
+    assert len(ours) > 240

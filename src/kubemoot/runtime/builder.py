@@ -81,6 +81,7 @@ class Runtime:
         """
         if follow:
             await self.view.follow()
+            await self.board.follow()
             # the claim line's entrance: other processes' announced claims, from now on
             await self.tickets.open()
         if watch:
@@ -97,6 +98,7 @@ class Runtime:
         """Stop the capacity watch and the view's watches (the store stays open)."""
         await self.watch.close()
         await self.view.close()
+        await self.board.close()
         await self.tickets.aclose()
 
 

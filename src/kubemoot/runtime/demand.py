@@ -23,20 +23,22 @@ from collections.abc import Sequence
 
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
+from kubemoot.runtime.demand_follow import (
+    FULL_READ_SECONDS,
+    INTENT,
+    SELECTION,
+    USE,
+    WAIT,
+    DemandMirror,
+)
+from kubemoot.runtime.demand_follow import SELECTION_PREFIX as _SELECTION_PREFIX
 from kubemoot.runtime.snapshot import DemandSnapshot, ModelDemand
 from kubemoot.settings import DEFAULTS, RuntimeSettings
 from kubemoot.store.documents import DemandEntry, SelectionEntry
 from kubemoot.store.keys import decode_token, join_key
-from kubemoot.store.protocol import Bucket
+from kubemoot.store.protocol import Bucket, StoreError
 
-__all__ = ["DemandBoard"]
-
-
-WAIT = "wait"
-INTENT = "intent"
-USE = "use"
-SELECTION = "sel"
-_SELECTION_PREFIX = SELECTION + "."
+__all__ = ["FULL_READ_SECONDS", "DemandBoard"]
 
 #: How long the forecast read from the board stands before it is read again. The
 #: forecast is a share of the threads of the last hour, so it moves slowly, while the
@@ -79,6 +81,42 @@ class DemandBoard:
         #: that caches a key outside it forgets it, so that a key written and deleted
         #: between two reads is still pruned.
         self._listing: tuple[list[str], list[str], set[str]] | None = None
+        #: the bucket's copy kept by a watch, while the board follows (:meth:`follow`)
+        self._mirror: DemandMirror | None = None
+
+    # -- following -------------------------------------------------------------------
+
+    async def follow(self) -> bool:
+        """Keep a copy of the bucket from a watch instead of reading it on every
+        :meth:`snapshot`; False when the store cannot watch (the board reads then)."""
+        if self._mirror is not None:
+            return True
+        try:
+            watch = self._bucket.watch()
+            await watch.ready()
+        except StoreError as error:
+            faults.noted("demand-watch", faults.STORE,
+                         "demand board cannot watch; it reads instead", error)
+            return False
+        self._mirror = DemandMirror(watch, self._fold_entry, self._forget)
+        return True
+
+    async def close(self) -> None:
+        """Stop following (the board keeps working by reading)."""
+        mirror, self._mirror = self._mirror, None
+        if mirror is not None:
+            await mirror.watch.aclose()
+
+    def _fold_entry(
+        self, key: str, revision: int, value: bytes
+    ) -> tuple[str, tuple[str, ...], DemandEntry | SelectionEntry]:
+        kind, segments = self._shape(key)
+        selecting = kind == SELECTION and len(segments) == 1
+        return kind, segments, self._parse(key, revision, value, selecting=selecting)
+
+    def _forget(self, key: str) -> None:
+        for cache in (self._parsed, self._shapes, self._folded):
+            cache.pop(key, None)  # type: ignore[attr-defined]
 
     # -- writers ---------------------------------------------------------------------
 
@@ -167,6 +205,12 @@ class DemandBoard:
         it counted expires; in between the last reading's prediction stands (with this
         process's own selections applied). Waiters, intents and use are read every time.
         """
+        mirror = self._mirror
+        if mirror is not None:
+            mirror.catch_up()
+            if not mirror.ended:
+                return await self._followed(mirror)
+            self._mirror = None  # the watch ended (the store closed): read from now on
         keys = await self._bucket.keys()
         now = self._clock.now()
         forecast = self._forecast
@@ -271,3 +315,123 @@ class DemandBoard:
         )
         self._parsed[key] = (revision, parsed)
         return parsed
+
+    # -- reading a followed board ----------------------------------------------------
+
+    async def _followed(self, mirror: DemandMirror) -> DemandSnapshot:
+        """What :meth:`snapshot`'s read answers, from the watched copy, in the same loop
+        turns (the simulator's decisions depend on the turns)."""
+        now = self._clock.now()
+        forecast = self._forecast
+        refresh = (forecast is None or now - forecast[0] >= FORECAST_REFRESH_SECONDS
+                   or now >= forecast[2])
+        seeded = mirror.seeded_at
+        if seeded is None or now - seeded >= FULL_READ_SECONDS:
+            keys = await self._bucket.keys()
+            if keys if refresh else any(not k.startswith(_SELECTION_PREFIX) for k in keys):
+                read = await self._bucket.get_many(keys)
+                mirror.seed([entry for entry in read if entry is not None], now)
+            else:  # the plain read would fetch nothing now: only drop what expired
+                mirror.prune(keys)
+            return self._fold_copy(mirror, now, refresh, forecast, skip=set())
+        wanted = bool(mirror.records) if refresh else mirror.wants_read
+        created = await mirror.turns() if wanted else set()
+        if created:  # keys created after the read began: the plain read has not seen them
+            return self._fold_copy(mirror, now, refresh, forecast, skip=created)
+        for key in mirror.unreadable:
+            if refresh or not key.startswith(_SELECTION_PREFIX):
+                error = mirror.records[key].error
+                assert error is not None
+                faults.noted("demand", faults.UNREADABLE,
+                             f"demand entry {key} unreadable; left out", error)
+        waiters, intents = mirror.tallies(now)
+        uses: dict[str, tuple[float, float | None]] = {}
+        records = mirror.records
+        for key in sorted(mirror.uses):
+            folded = records[key].folded
+            assert folded is not None
+            demand = folded[3]
+            if demand.expires_at > now:
+                assert isinstance(demand, DemandEntry)
+                count = _decayed(demand.count, demand.last_used_at, now, self.use_window_seconds)
+                uses[folded[2][0]] = (count, demand.last_used_at)
+        prediction: dict[str, float] = {}
+        if refresh:
+            expiry = float("inf")
+            for key in sorted(mirror.selections):
+                folded = records[key].folded
+                if folded is None:
+                    continue
+                self._folded[key] = folded
+                parsed = folded[3]
+                if isinstance(parsed, SelectionEntry) and parsed.expires_at > now:
+                    expiry = min(expiry, parsed.expires_at)
+                    for model in set(parsed.models):
+                        prediction[model] = prediction.get(model, 0.0) + parsed.frequency
+            self._forecast = (now, prediction, expiry)
+        elif forecast is not None:
+            prediction = forecast[1]
+        return _demand(now, waiters, intents, uses, prediction)
+
+    def _fold_copy(
+        self, mirror: DemandMirror, now: float, refresh: bool,
+        forecast: tuple[float, dict[str, float], float] | None, *, skip: set[str],
+    ) -> DemandSnapshot:
+        """The plain read's fold, entry by entry, over the copy less ``skip``."""
+        waiters: dict[str, int] = {}
+        intents: dict[str, int] = {}
+        uses: dict[str, tuple[float, float | None]] = {}
+        prediction: dict[str, float] = {}
+        expiry = float("inf")
+        records = mirror.records
+        for key in sorted(records):
+            if key in skip or (not refresh and key.startswith(_SELECTION_PREFIX)):
+                continue
+            record = records[key]
+            if record.folded is None:
+                assert record.error is not None
+                faults.noted("demand", faults.UNREADABLE,
+                             f"demand entry {key} unreadable; left out", record.error)
+                continue
+            _revision, kind, segments, parsed = record.folded
+            if kind == SELECTION:
+                self._folded[key] = record.folded
+            if isinstance(parsed, SelectionEntry):
+                if parsed.expires_at > now:
+                    expiry = min(expiry, parsed.expires_at)
+                    for model in set(parsed.models):
+                        prediction[model] = prediction.get(model, 0.0) + parsed.frequency
+                continue
+            if parsed.expires_at <= now:
+                continue
+            if kind in (WAIT, INTENT) and len(segments) == 2:
+                tally = waiters if kind == WAIT else intents
+                tally[segments[0]] = tally.get(segments[0], 0) + 1
+            elif kind == USE and len(segments) == 1:
+                count = _decayed(parsed.count, parsed.last_used_at, now, self.use_window_seconds)
+                uses[segments[0]] = (count, parsed.last_used_at)
+        if refresh:
+            self._forecast = (now, prediction, expiry)
+        elif forecast is not None:
+            prediction = forecast[1]
+        return _demand(now, waiters, intents, uses, prediction)
+
+
+def _demand(
+    now: float, waiters: dict[str, int], intents: dict[str, int],
+    uses: dict[str, tuple[float, float | None]], prediction: dict[str, float],
+) -> DemandSnapshot:
+    models = set(waiters) | set(intents) | set(uses) | set(prediction)
+    return DemandSnapshot(
+        at=now,
+        models={
+            m: ModelDemand(
+                waiters=waiters.get(m, 0),
+                intents=intents.get(m, 0),
+                recent_use=uses.get(m, (0.0, None))[0],
+                prediction=prediction.get(m, 0.0),
+                last_used_at=uses.get(m, (0.0, None))[1],
+            )
+            for m in models
+        },
+    )

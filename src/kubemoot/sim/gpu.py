@@ -17,8 +17,7 @@ went into :data:`kubemoot.sim.phases.CURRENT_CALL`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kubemoot.emulation.engine import (
     OLLAMA_KEEP_ALIVE_SECONDS,
@@ -63,9 +62,10 @@ class _CardEvents(EngineEvents):
         self._events.unloaded(self._gpu, model, reason.value, at)
 
 
-@dataclass(frozen=True, slots=True)
-class ServedPrompt:
-    """What one call met on the card, in loop seconds."""
+class ServedPrompt(NamedTuple):
+    """What one call met on the card, in loop seconds (a tuple: one is made for every
+    call the simulator serves, and a frozen dataclass sets each field through
+    ``object.__setattr__``)."""
 
     started: float  # it got a slot: its prefill begins
     first_token_at: float  # its prefill is done: ``started`` + ``prefill_seconds``

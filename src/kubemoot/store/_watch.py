@@ -7,6 +7,7 @@ hook on the first :meth:`ready` (or the first iteration), and torn down by a sto
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 from kubemoot.store.protocol import Change
@@ -17,25 +18,63 @@ Hook = Callable[["QueueWatch"], Awaitable[None]]
 
 
 class QueueWatch:
-    """Changes pushed by a store, read with ``async for``."""
+    """Changes pushed by a store, read with ``async for`` or taken with :meth:`drain`.
+
+    The pending changes are a deque and each waiting reader a future, as in
+    :class:`asyncio.Queue` (a reader wakes on the same loop turn as it would there), but
+    without the queue's bookkeeping: every write to a watched bucket pushes here, and
+    the embedded store's writes are the simulator's most frequent operation.
+    """
 
     def __init__(self, *, start: Hook | None = None, stop: Hook | None = None) -> None:
-        self._queue: asyncio.Queue[Change | None] = asyncio.Queue()
+        # None marks the end: it stays at the head once reached, so later reads end too
+        self._pending: deque[Change | None] = deque()
+        self._waiters: deque[asyncio.Future[None]] = deque()
         self._start = start
         self._stop = stop
         self._started = start is None
         self._start_lock = asyncio.Lock()
         self._ended = False
 
+    def _wake(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
     def push(self, change: Change) -> None:
         if not self._ended:
-            self._queue.put_nowait(change)
+            self._pending.append(change)
+            if self._waiters:
+                self._wake()
 
     def end(self) -> None:
         """End the iteration (the store closed); pending changes are still delivered."""
         if not self._ended:
             self._ended = True
-            self._queue.put_nowait(None)
+            self._pending.append(None)
+            if self._waiters:
+                self._wake()
+
+    def drain(self) -> list[Change] | None:
+        """The changes pending now, in order, without waiting; ``None`` once the watch
+        has ended and every change before the end was taken."""
+        pending = self._pending
+        if not pending:
+            return []
+        if pending[-1] is not None:
+            changes: list[Change] = list(pending)  # type: ignore[arg-type]
+            pending.clear()
+            return changes
+        if len(pending) == 1:
+            return None
+        # everything up to the end; the end itself stays for every later call
+        changes = [change for change in pending if change is not None]
+        pending.clear()
+        pending.append(None)
+        return changes
 
     async def ready(self) -> None:
         if self._started:
@@ -58,10 +97,24 @@ class QueueWatch:
     async def __anext__(self) -> Change:
         if not self._started:  # checked here: a change read is one coroutine fewer
             await self.ready()
-        change = await self._queue.get()
-        if change is None:
-            self._queue.put_nowait(None)  # later calls end too
+        pending = self._pending
+        while not pending:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                # as asyncio.Queue.get: a cancelled reader passes its wake-up on
+                waiter.cancel()
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                if pending and not waiter.cancelled():
+                    self._wake()
+                raise
+        change = pending[0]
+        if change is None:  # the end stays, so later calls end too
             raise StopAsyncIteration
+        pending.popleft()
         return change
 
     async def aclose(self) -> None:

@@ -69,6 +69,12 @@ class Watch(Protocol):
 
     async def __anext__(self) -> Change: ...
 
+    def drain(self) -> list[Change] | None:
+        """The changes that arrived and were not yet read, in order, without waiting
+        (a reader that catches up when it needs to, not on every change); ``None`` once
+        the watch has ended and every change before the end was taken."""
+        ...
+
     async def ready(self) -> None:
         """Establish the watch now (idempotent); changes count from the first call."""
         ...

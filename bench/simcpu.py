@@ -1,0 +1,147 @@
+"""The simulator's own work on one scenario, counted so that a busy machine cannot blur it.
+
+``bench/quality.py`` prints ``simCpuSecondsFor100kCalls``, the process's CPU seconds per
+call; on a shared machine those swing with the load by more than most changes. This
+bench counts what the kubemoot run does instead:
+
+* ``pythonCalls`` — the Python function calls of one kubemoot run on the scenario
+  (cProfile's total, after a warm-up run so that first-use costs stay out);
+* ``cpuSecondsFor100kCalls`` — the run's process CPU time per served call × 100,000,
+  unprofiled (noisy: for comparing within one run only);
+* with ``--decisions``: ``decisions``, a SHA-256 over every decision of the kubemoot runs
+  on each scenario asked for (where and when each call ran, how each call ended, every
+  load and unload), so a change meant for speed only can show it decides the same;
+* with ``--callgrind``: the instructions of the run (valgrind's callgrind, repeatable
+  under load), as the count of the whole process minus that of the same process with
+  the set-up only (imports, the scenario, its trace).
+
+    python bench/simcpu.py [--scenario fleet-16] [--duration S] [--decisions a,b,...]
+                           [--callgrind]
+
+The last line is one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import hashlib
+import json
+import pstats
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from kubemoot.sim import build_trace, load_scenario  # noqa: E402
+from kubemoot.sim.scenario import Scenario  # noqa: E402
+from kubemoot.sim.simulation import PolicyRun, run_policy  # noqa: E402
+from kubemoot.sim.workload import Trace  # noqa: E402
+
+SCENARIOS = ROOT / "examples" / "scenarios"
+POLICY = "kubemoot"
+
+
+def _prepare(name: str, duration: float | None) -> tuple[Scenario, Trace]:
+    scenario = load_scenario(SCENARIOS / f"{name}.yaml")
+    if duration is not None:
+        scenario = scenario.with_duration(duration)
+    return scenario, build_trace(scenario, seed=scenario.spec.seed)
+
+
+def _run(scenario: Scenario, trace: Trace) -> PolicyRun:
+    return run_policy(scenario, trace, POLICY, seed=scenario.spec.seed)
+
+
+def decisions_digest(run: PolicyRun) -> str:
+    """Every decision of one run, hashed: a served call's card, model and times, each
+    call's ending, each load and unload (``repr`` keeps floats exact)."""
+    digest = hashlib.sha256()
+    for call in sorted(run.served):
+        served = run.served[call]
+        digest.update(repr((call, served.card, served.model, served.issued,
+                            served.started, served.ended)).encode())
+    digest.update(repr(sorted(run.statuses.items())).encode())
+    digest.update(repr(run.loads).encode())
+    digest.update(repr(run.unloads).encode())
+    return digest.hexdigest()
+
+
+def _python_calls(scenario: Scenario, trace: Trace) -> tuple[int, PolicyRun]:
+    profiler = cProfile.Profile()
+    run = profiler.runcall(_run, scenario, trace)
+    return int(pstats.Stats(profiler).total_calls), run  # type: ignore[attr-defined]
+
+
+def _instructions(args: list[str]) -> int:
+    """The instructions valgrind's callgrind counts for this script run with ``args``."""
+    done = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+         sys.executable, str(Path(__file__).resolve()), *args],
+        capture_output=True, text=True, check=True,
+    )
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if found is None:
+        raise SystemExit(f"callgrind printed no count:\n{done.stderr[-1000:]}")
+    return int(found.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", default="fleet-16")
+    parser.add_argument("--duration", type=float, default=None,
+                        help="cut the scenario to this many seconds (a quick run)")
+    parser.add_argument("--decisions", default=None,
+                        help="comma-separated scenarios whose decisions are hashed")
+    parser.add_argument("--callgrind", action="store_true",
+                        help="count the run's instructions under valgrind (slow)")
+    # the child processes of --callgrind: set-up only, or set-up and one run
+    parser.add_argument("--stage", choices=("setup", "run"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.stage is not None:
+        scenario, trace = _prepare(args.scenario, args.duration)
+        if args.stage == "run":
+            _run(scenario, trace)
+        return
+
+    figures: dict[str, Any] = {"scenario": args.scenario}
+    scenario, trace = _prepare(args.scenario, args.duration)
+    _run(scenario, trace)  # warm-up: imports and first-use caches stay out of the counts
+    started = time.process_time()
+    run = _run(scenario, trace)
+    cpu = time.process_time() - started
+    served = max(len(run.served), 1)
+    figures["servedCalls"] = len(run.served)
+    figures["cpuSecondsFor100kCalls"] = round(cpu / served * 100_000, 1)
+    calls, profiled = _python_calls(scenario, trace)
+    if decisions_digest(profiled) != decisions_digest(run):
+        raise SystemExit("two runs of one trace decided differently: the run is not "
+                         "deterministic, so no figure here can be compared")
+    figures["pythonCalls"] = calls
+    if args.decisions:
+        digest = hashlib.sha256()
+        for name in args.decisions.split(","):
+            one = decisions_digest(_run(*_prepare(name.strip(), args.duration)))
+            figures.setdefault("decisionsByScenario", {})[name.strip()] = one[:16]
+            digest.update(one.encode())
+        figures["decisions"] = digest.hexdigest()[:16]
+    if args.callgrind:
+        if shutil.which("valgrind") is None:
+            raise SystemExit("--callgrind needs valgrind on the PATH")
+        base = ["--scenario", args.scenario]
+        if args.duration is not None:
+            base += ["--duration", str(args.duration)]
+        whole = _instructions([*base, "--stage", "run"])
+        setup = _instructions([*base, "--stage", "setup"])
+        figures["instructions"] = whole - setup
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

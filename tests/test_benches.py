@@ -50,6 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
           "coldLoadRatioToRoundRobin", "meanWaitRatioToLowerBound",
           "simSecondsFor100kCalls"}),
         ("bound.py", [], {"homelabBound", "homelabBoundAllCandidates"}),
+        ("operator_batch.py", ["--agents", "200", "--providers", "10", "--repeat", "1"],
+         {"agentByAgentMs", "keptRosterBatchMs", "batchSpeedup", "sameBindings"}),
     ],
 )
 def test_bench_prints_its_figures_as_the_last_line(
@@ -66,3 +68,5 @@ def test_bench_prints_its_figures_as_the_last_line(
     for key in ("overcommits", "overcommitsProcesses"):
         if key in figures:
             assert figures[key] == 0
+    if "sameBindings" in figures:  # the operator's batch binds as Agent by Agent did
+        assert figures["sameBindings"] is True

@@ -315,7 +315,7 @@ class Reconciler:
 
     async def reconcile_agents(
         self, keys: Collection[str], *, trigger: str, keep_feasible: bool = False,
-        trust_status: bool = False,
+        trust_status: bool = False, write_kept: bool = True,
     ) -> None:
         """Schedule the Agents ``keys`` (``namespace/name``) in one pass and write results.
 
@@ -326,6 +326,10 @@ class Reconciler:
         ``trust_status``: an Agent this process has not written yet (the operator
         restarted) keeps the binding its status holds while that binding stands, and
         nothing is written for it.
+        ``write_kept=False``: a result kept by ``keep_feasible`` is not written again.
+        It is what this process last wrote, so the write would change nothing but cost
+        a read of the Deployment per Agent; a caller whose trigger is the Deployment
+        itself (which may have lost the env) leaves it True.
         """
         if not keys:
             return
@@ -348,6 +352,11 @@ class Reconciler:
                 kept = self._results.get(key)
                 if keep_feasible and kept is not None and still_feasible(kept, result):
                     result = kept
+                    if not write_kept:
+                        self.reconciled.append((key, trigger))
+                        if result.policy is not None:
+                            policies[result.policy.key] = result.policy
+                        continue
                 elif trust_status and kept is None and status_binding_holds(agent, result):
                     self.reconciled.append((key, trigger))
                     self.assumed[key] = frozenset(bound_providers(agent))
@@ -429,7 +438,7 @@ class Reconciler:
         else:
             keys = affected_by_provider(snapshot, name, view.models.values())
         await self.reconcile_agents(keys, trigger=f"{kind}/{name} observed",
-                                    keep_feasible=True, trust_status=True)
+                                    keep_feasible=True, trust_status=True, write_kept=False)
 
     async def _slots_freed(self, providers: Collection[str]) -> None:
         """Schedule again the waiting Agents that could use a slot an Agent gave up.

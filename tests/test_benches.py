@@ -53,6 +53,8 @@ ROOT = Path(__file__).resolve().parents[1]
         ("bound.py", [], {"homelabBound", "homelabBoundAllCandidates"}),
         ("simcpu.py", ["--scenario", "homelab", "--duration", "300"],
          {"pythonCalls", "cpuSecondsFor100kCalls", "servedCalls"}),
+        ("operator_batch.py", ["--agents", "200", "--providers", "10", "--repeat", "1"],
+         {"agentByAgentMs", "keptRosterBatchMs", "batchSpeedup", "sameBindings"}),
     ],
 )
 def test_bench_prints_its_figures_as_the_last_line(
@@ -69,6 +71,8 @@ def test_bench_prints_its_figures_as_the_last_line(
     for key in ("overcommits", "overcommitsProcesses"):
         if key in figures:
             assert figures[key] == 0
+    if "sameBindings" in figures:  # the operator's batch binds as Agent by Agent did
+        assert figures["sameBindings"] is True
 
 
 def test_simcpu_hashes_the_decisions_of_each_scenario() -> None:

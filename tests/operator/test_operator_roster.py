@@ -15,7 +15,8 @@ from kubemoot.scheduling.scheduler import schedule_bundle
 from kubemoot.scheduling.snapshot import ClusterSnapshot
 from kubemoot.testing import builders as b
 
-from .conftest import Cluster, Emulators, eventually, settle
+from . import test_stable_bindings as solo
+from .conftest import Cluster, Emulators, eventually, operator_requests, settle
 from .test_operator_kopf import TOOLS, provider_manifest
 
 #: Two namespaces whose pair order and string order disagree.
@@ -113,3 +114,28 @@ async def test_the_kept_roster_follows_the_agents_and_binds_as_a_bundle_pass(
     now = reconciler.now()
     assert ([r.to_dict() for r in schedule_bundle(kept, now=now).agents]
             == [r.to_dict() for r in schedule_bundle(fresh, now=now).agents])
+
+
+async def test_a_recheck_that_keeps_the_result_writes_and_reads_nothing(
+    cluster: Cluster, emulators: Emulators
+) -> None:
+    """Live evidence keeps a binding (DESIGN §4); the kept result is what the operator
+    last wrote, so the recheck neither patches the Agent nor reads its Deployment."""
+    endpoints = await solo.two_cards(cluster, emulators)
+    first = solo.bound(cluster)
+    here = first["provider"]
+    agent_versions = cluster.versions("Agent", solo.AGENT, solo.NS)
+    mark, sent = len(cluster.reconciler.reconciled), len(operator_requests(cluster.server))
+
+    await solo.move(endpoints[here], load="qwen3:8b")  # a call loaded the model there
+    await solo.probe_all(cluster)
+    await eventually(lambda: solo.rechecked(cluster, mark, here),
+                     what="the Agent rechecked against the new evidence")
+    await settle(cluster)
+    assert solo.bound(cluster) == first
+    assert cluster.versions("Agent", solo.AGENT, solo.NS) == agent_versions
+    # Requests that name the Agent or its Deployment (not the watches and lists).
+    touched = [request for request in operator_requests(cluster.server)[sent:]
+               if request.name == solo.AGENT and request.resource is not None
+               and request.resource.plural in ("deployments", "agents")]
+    assert touched == []

@@ -25,7 +25,6 @@ from typing import Any
 from kubemoot import metrics
 from kubemoot.api import (
     DEFAULT_MAX_AGE_SECONDS,
-    DEFAULT_NAMESPACE,
     RESOURCE_TYPES,
     Agent,
     CrewSchedulingPolicy,
@@ -38,6 +37,7 @@ from kubemoot.api import (
 )
 from kubemoot.clock import Clock
 from kubemoot.gates import Outcome
+from kubemoot.operator.batch import KeptRoster
 from kubemoot.operator.binding import (
     AgentWriter,
     policy_conditions,
@@ -182,13 +182,15 @@ class Reconciler:
         self._writer = AgentWriter(kube, self.events)
         #: Every Agent of the view, filed for a pass and kept between passes: a batch of
         #: every Agent (a config, provider or Model change that concerns them all) files
-        #: only those that changed since the last one (kubemoot.scheduling.roster).
-        self.roster = AgentRoster()
-        #: The Agent object filed under each key; the kopf index keeps one parsed object
-        #: per version, so an unchanged Agent is the same object from one pass to the next.
-        self._filed: dict[str, Agent] = {}
+        #: only those that changed since the last one.
+        self.batches = KeptRoster()
         #: Objects created before this are not news when first seen (a restart).
         self.started_at = self.now()
+
+    @property
+    def roster(self) -> AgentRoster:
+        """The Agents as filed at the last batch of every Agent."""
+        return self.batches.roster
 
     async def close(self) -> None:
         """Close the Deployment watches, the provider clients and the API client."""
@@ -313,7 +315,7 @@ class Reconciler:
 
     async def reconcile_agents(
         self, keys: Collection[str], *, trigger: str, keep_feasible: bool = False,
-        trust_status: bool = False,
+        trust_status: bool = False, write_kept: bool = True,
     ) -> None:
         """Schedule the Agents ``keys`` (``namespace/name``) in one pass and write results.
 
@@ -324,6 +326,10 @@ class Reconciler:
         ``trust_status``: an Agent this process has not written yet (the operator
         restarted) keeps the binding its status holds while that binding stands, and
         nothing is written for it.
+        ``write_kept=False``: a result kept by ``keep_feasible`` is not written again.
+        It is what this process last wrote, so the write would change nothing but cost
+        a read of the Deployment per Agent; a caller whose trigger is the Deployment
+        itself (which may have lost the env) leaves it True.
         """
         if not keys:
             return
@@ -337,7 +343,7 @@ class Reconciler:
             scheduling = SchedulingPass(snapshot, now=now)
             # One pass over the batch in (namespace, name) order, as `kubemoot schedule`
             # binds a bundle: the same Agents meet the same counts in both.
-            scheduling.schedule_all(self._file(view.agents, batch))
+            scheduling.schedule_all(self.batches.file(view.agents, batch))
             policies: dict[str, CrewSchedulingPolicy] = {}
             freed: set[str] = set()
             for result in scheduling.results:
@@ -346,6 +352,11 @@ class Reconciler:
                 kept = self._results.get(key)
                 if keep_feasible and kept is not None and still_feasible(kept, result):
                     result = kept
+                    if not write_kept:
+                        self.reconciled.append((key, trigger))
+                        if result.policy is not None:
+                            policies[result.policy.key] = result.policy
+                        continue
                 elif trust_status and kept is None and status_binding_holds(agent, result):
                     self.reconciled.append((key, trigger))
                     self.assumed[key] = frozenset(bound_providers(agent))
@@ -377,26 +388,6 @@ class Reconciler:
                     policies[result.policy.key] = result.policy
         await self.reconcile_policies(policies.values())
         await self._slots_freed(freed)
-
-    def _file(self, agents: Mapping[str, Agent], batch: Mapping[str, Agent]) -> AgentRoster:
-        """The batch filed for a pass: the kept roster when the batch is every Agent.
-
-        The kept roster is brought up to the view first, by identity: an Agent object
-        not filed under its key (new, edited, or only its status written back) is put,
-        a key gone from the view is discarded. A smaller batch is filed afresh; it is
-        as large as the Agents a change concerns, not the cluster.
-        """
-        if len(batch) != len(agents):
-            return AgentRoster(batch.values())
-        filed, roster = self._filed, self.roster
-        for key in [key for key in filed if key not in agents]:
-            gone = filed.pop(key)
-            roster.discard(gone.namespace or DEFAULT_NAMESPACE, gone.metadata.name)
-        for key, agent in agents.items():
-            if filed.get(key) is not agent:
-                filed[key] = agent
-                roster.put(agent)
-        return roster
 
     async def deployment_changed(
         self, event_type: str, namespace: str, deployment: Mapping[str, Any]
@@ -447,7 +438,7 @@ class Reconciler:
         else:
             keys = affected_by_provider(snapshot, name, view.models.values())
         await self.reconcile_agents(keys, trigger=f"{kind}/{name} observed",
-                                    keep_feasible=True, trust_status=True)
+                                    keep_feasible=True, trust_status=True, write_kept=False)
 
     async def _slots_freed(self, providers: Collection[str]) -> None:
         """Schedule again the waiting Agents that could use a slot an Agent gave up.

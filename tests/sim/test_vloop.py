@@ -187,3 +187,27 @@ def test_a_callback_runs_in_the_context_it_was_given() -> None:
         return seen
 
     assert run_virtual(program()) == ["given", "copied"]
+
+
+def test_a_failing_callback_reaches_the_exception_handler_as_under_asyncio() -> None:
+    def boom() -> None:
+        raise ValueError("boom")
+
+    def reported(loop_class: type[VirtualTimeLoop]) -> tuple[str, object]:
+        loop = loop_class()
+        seen: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _loop, context: seen.append(context))
+
+        async def program() -> None:
+            asyncio.get_running_loop().call_soon(boom)
+            await asyncio.sleep(1)
+
+        try:
+            loop.run_until_complete(program())
+        finally:
+            loop.close()
+        [context] = seen
+        return context["message"], type(context["exception"])
+
+    assert reported(VirtualTimeLoop) == reported(_AsyncioTurns)
+    assert reported(VirtualTimeLoop)[1] is ValueError

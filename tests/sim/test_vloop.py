@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 import socket
 import threading
@@ -118,10 +119,13 @@ def test_the_virtual_loop_clock_reads_what_a_loop_clock_reads(anchor: float | No
 
 
 class _AsyncioTurns(VirtualTimeLoop):
-    """The virtual loop taking asyncio's own turn instead of its shortened one."""
+    """The virtual loop taking asyncio's own turn and ``call_soon`` instead of its own."""
 
     def _run_once(self) -> None:
         asyncio.SelectorEventLoop._run_once(self)  # type: ignore[attr-defined]
+
+    def call_soon(self, *args: Any, **options: Any) -> asyncio.Handle:
+        return asyncio.SelectorEventLoop.call_soon(self, *args, **options)
 
 
 def _busy_program(seed: int) -> Callable[[], Coroutine[Any, Any, list[tuple[float, str]]]]:
@@ -166,3 +170,44 @@ def test_the_virtual_loop_turns_as_asyncio_does(seed: int) -> None:
         loop.close()
     assert ours == theirs
     assert len(ours) > 240
+
+
+def test_a_callback_runs_in_the_context_it_was_given() -> None:
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="outer")
+
+    async def program() -> list[str]:
+        loop = asyncio.get_running_loop()
+        seen: list[str] = []
+        given = contextvars.copy_context()
+        given.run(var.set, "given")
+        loop.call_soon(lambda: seen.append(var.get()), context=given)
+        var.set("copied")
+        loop.call_soon(lambda: seen.append(var.get()))
+        await asyncio.sleep(0)
+        return seen
+
+    assert run_virtual(program()) == ["given", "copied"]
+
+
+def test_a_failing_callback_reaches_the_exception_handler_as_under_asyncio() -> None:
+    def boom() -> None:
+        raise ValueError("boom")
+
+    def reported(loop_class: type[VirtualTimeLoop]) -> tuple[str, object]:
+        loop = loop_class()
+        seen: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _loop, context: seen.append(context))
+
+        async def program() -> None:
+            asyncio.get_running_loop().call_soon(boom)
+            await asyncio.sleep(1)
+
+        try:
+            loop.run_until_complete(program())
+        finally:
+            loop.close()
+        [context] = seen
+        return context["message"], type(context["exception"])
+
+    assert reported(VirtualTimeLoop) == reported(_AsyncioTurns)
+    assert reported(VirtualTimeLoop)[1] is ValueError

@@ -122,7 +122,11 @@ class DemandBoard:
 
     async def _mark(self, kind: str, model: str, agent: str, ttl: float) -> None:
         entry = DemandEntry(expires_at=self._clock.now() + ttl)
-        await self._bucket.put(join_key(kind, model, agent), entry.to_json())
+        key = join_key(kind, model, agent)
+        # What this process wrote needs no parsing when it reads it back (a following
+        # board meets every one of its own writes again on its watch).
+        self._parsed[key] = (await self._bucket.put(key, entry.to_json()), entry)
+        self._cached(key)
 
     async def add_waiter(self, model: str, agent: str) -> None:
         """The agent waits for capacity for ``model`` (re-add to keep it alive)."""
@@ -173,6 +177,7 @@ class DemandBoard:
         )
         key = join_key(SELECTION, agent)
         revision = await self._bucket.put(key, entry.to_json())
+        self._parsed[key] = (revision, entry)
         # This process's own writes show in the forecast it holds at once: the entry
         # it replaces comes out of the prediction, the new one goes in.
         forecast = self._forecast

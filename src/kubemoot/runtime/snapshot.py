@@ -146,6 +146,8 @@ class ProviderSnapshot:
             object.__setattr__(self, "_residency", earlier._residency)
         return self
 
+    # Readers below write ``self._residency or self._resident()``: most questions find
+    # the group derived already, and a method call per question is most of their cost.
     def _resident(self) -> _Residency:
         found = self._residency
         if found is None:
@@ -156,26 +158,26 @@ class ProviderSnapshot:
     def _budgeted(self) -> _Budget:
         found = self._budget
         if found is None:
-            found = _Budget.of(self.tickets, self._resident().footprints)
+            found = _Budget.of(self.tickets, (self._residency or self._resident()).footprints)
             object.__setattr__(self, "_budget", found)
         return found
 
     def _per_model(self) -> _Calls:
         found = self._calls
         if found is None:
-            found = _Calls.of(self.tickets, self._resident().footprints)
+            found = _Calls.of(self.tickets, (self._residency or self._resident()).footprints)
             object.__setattr__(self, "_calls", found)
         return found
 
     @property
     def resident_total(self) -> int:
         """Σ footprints of the resident models, in MiB."""
-        return self._resident().total
+        return (self._residency or self._resident()).total
 
     @property
     def loading_mib(self) -> int:
         """Σ footprints of tickets whose model is not resident yet: copies still loading."""
-        return self._budgeted().loading_mib
+        return (self._budget or self._budgeted()).loading_mib
 
     @property
     def free_mib(self) -> int | None:
@@ -183,7 +185,8 @@ class ProviderSnapshot:
         usable = self.usable_mib
         if usable is None:
             return None
-        return usable - self._resident().total - self._budgeted().loading_mib
+        resident = (self._residency or self._resident()).total
+        return usable - resident - (self._budget or self._budgeted()).loading_mib
 
     @classmethod
     def of_documents(
@@ -199,16 +202,16 @@ class ProviderSnapshot:
     @property
     def residents(self) -> dict[str, int]:
         """Models the engine reports loaded, with their footprints in MiB."""
-        return dict(self._resident().footprints)
+        return dict((self._residency or self._resident()).footprints)
 
     @property
     def copies(self) -> frozenset[str]:
         """Models resident here or being loaded here by a ticket."""
-        return self._budgeted().copies
+        return (self._budget or self._budgeted()).copies
 
     def credit_mib(self, victims: Iterable[str]) -> int:
         """Memory the distinct ``victims`` free, counting only those still resident."""
-        residents = self._resident().footprints
+        residents = (self._residency or self._resident()).footprints
         return sum(residents[v] for v in set(victims) if v in residents)
 
     def headroom_mib(self, evicts: Iterable[str] = ()) -> int | None:
@@ -221,7 +224,7 @@ class ProviderSnapshot:
         free = self.free_mib
         if free is None:
             return None
-        return free + self.credit_mib(self._budgeted().victims | set(evicts))
+        return free + self.credit_mib((self._budget or self._budgeted()).victims | set(evicts))
 
     def ceiling_mib(self, evicts: Iterable[str] = ()) -> int | None:
         """What a ticket planning ``evicts`` could ever get here, were every ticket gone."""
@@ -232,29 +235,29 @@ class ProviderSnapshot:
 
     def has_free_slot(self, model: str, *, ahead: int = 0) -> bool:
         """A slot on the copy of ``model`` is free once ``ahead`` earlier calls took theirs."""
-        return len(self._per_model().in_flight.get(model, ())) + ahead < self.slots
+        return len((self._calls or self._per_model()).in_flight.get(model, ())) + ahead < self.slots
 
     def is_resident(self, model: str) -> bool:
-        return model in self._resident().footprints
+        return model in (self._residency or self._resident()).footprints
 
     def planned_victims(self) -> frozenset[str]:
         """Models some active ticket here plans to unload."""
-        return self._budgeted().victims
+        return (self._budget or self._budgeted()).victims
 
     def in_flight(self, model: str) -> tuple[Ticket, ...]:
         """Calls running (or waiting for their load) on this provider's copy of ``model``.
 
         A held plan is not a call yet, so it takes no slot.
         """
-        return self._per_model().in_flight.get(model, ())
+        return (self._calls or self._per_model()).in_flight.get(model, ())
 
     def first_call_started(self, model: str) -> float | None:
         """When the earliest call in flight on the copy of ``model`` was claimed."""
-        return self._per_model().first_call.get(model)
+        return (self._calls or self._per_model()).first_call.get(model)
 
     def load_started(self, model: str) -> float | None:
         """When a ticket began loading the copy of ``model``; None when none is loading."""
-        return self._per_model().load_started.get(model)
+        return (self._calls or self._per_model()).load_started.get(model)
 
     def load_mib(self, model: str) -> int | None:
         """The footprint the ticket loading ``model`` here claimed; ``None`` when unknown.
@@ -263,22 +266,22 @@ class ProviderSnapshot:
         counted from. It is unknown for a copy whose loader claimed no footprint (a
         loading ticket written by hand without one, for a model nothing else sizes).
         """
-        return self._per_model().load_mib.get(model)
+        return (self._calls or self._per_model()).load_mib.get(model)
 
     def loading_tickets(self, model: str) -> list[Ticket]:
         """Tickets whose memory is a copy of ``model`` not yet reported resident."""
-        if model in self._resident().footprints:
+        if model in (self._residency or self._resident()).footprints:
             return []
-        return _loaders(self._per_model().by_model.get(model, ()))
+        return _loaders((self._calls or self._per_model()).by_model.get(model, ()))
 
     def has_copy(self, model: str) -> bool:
         """Resident, or being loaded by a ticket."""
-        return model in self._budgeted().copies
+        return model in (self._budget or self._budgeted()).copies
 
     def context_for(self, model: str) -> int | None:
         """Context of (this provider, model): observed when loaded, else configured."""
         # The first loaded entry of the model that reports a context wins (derived once).
-        context = self._resident().contexts.get(model)
+        context = (self._residency or self._resident()).contexts.get(model)
         return self.state.context_length if context is None else context
 
 

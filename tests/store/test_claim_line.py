@@ -236,3 +236,30 @@ async def test_after_a_lost_race_the_next_writes_need_no_read(shared: Shared,
     assert len(active) == 12
     await a.aclose()
     await b.aclose()
+
+
+@pytest.mark.parametrize("line", [True, False], ids=["line", "no-line"])
+async def test_after_a_lost_race_the_state_comes_from_its_watch(shared: Shared,
+                                                                line: bool) -> None:
+    # As above, but counting reads of the provider state: a claim that lost a race used
+    # to read the state before each later try. With the line the lane follows the
+    # state's watch from its first lost race on and decides on what it delivers.
+    states = CountedReads(shared.states)
+    a = TicketManager(shared.tickets, states, clock=shared.clock,  # type: ignore[arg-type]
+                      rng=random.Random(1), max_attempts=40,
+                      requests=shared.requests if line else None, request_seconds=60)
+    b = shared.manager(2)
+    for turn in range(6):
+        await b.claim(PROVIDER, "m", 0, f"b-{turn}")
+        await a.claim(PROVIDER, "m", 0, f"a-{turn}")
+    # Reads until the watch is set up (the first claims', 3 here), none after: the
+    # read made with the watch ready stands until the watch delivers a change.
+    assert states.reads <= 4 if line else states.reads >= 6
+    assert len(await b.active(PROVIDER)) == 12
+    # A "no" on the delivered state is confirmed on a read one before it is answered.
+    before = states.reads
+    with pytest.raises(ClaimRejected):
+        await a.claim(PROVIDER, "m", 9 * GIB, "too-big")
+    assert states.reads == before + 1
+    await a.aclose()
+    await b.aclose()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from kubemoot.clock import Clock, SystemClock
+from kubemoot.runtime.ticket_requests import Announcements
 from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketManager
 from kubemoot.store.documents import (
     AnnouncedRequests,
@@ -263,3 +264,37 @@ async def test_after_a_lost_race_the_state_comes_from_its_watch(shared: Shared,
     assert states.reads == before + 1
     await a.aclose()
     await b.aclose()
+
+
+async def test_an_announcer_knows_when_an_older_one_waits_ahead_of_it(
+    shared: Shared,
+) -> None:
+    # Two processes' announcements on one provider: the later one is behind the
+    # earlier while the newest ticket document leaves the earlier unsettled, and its
+    # process lets the earlier one's write go first (tickets._wait_behind).
+    first, second = (
+        Announcements(shared.requests, clock=shared.clock, seconds=60,
+                      rng=random.Random(seed)) for seed in (1, 2)
+    )
+    assert await first.following() and await second.following()
+    ticket = Ticket(ticket_id="t-first", model="m", model_footprint_mib=GIB,
+                    holder_id="first", started_at=shared.clock.now(),
+                    expires_at=shared.clock.now() + 60, state=TicketState.RUNNING)
+    older = await first.announce(PROVIDER, [first.request(
+        PROVIDER, "t-first", ticket=ticket, kind=RequestKind.CLAIM)], asyncio.Event())
+    assert older is not None
+    for _ in range(500):  # its watch delivers the first announcement
+        if second.pending(PROVIDER):
+            break
+        await asyncio.sleep(0.01)
+    newer = await second.announce(PROVIDER, [second.request(
+        PROVIDER, "t-second", kind=RequestKind.RELEASE)], asyncio.Event())
+    assert newer is not None
+    unsettled = ProviderTickets(provider=PROVIDER).to_json()
+    assert second.behind(PROVIDER, newer, unsettled)
+    # Once a delivered document carries the earlier claim, nothing is ahead any more.
+    settled = ProviderTickets(provider=PROVIDER, tickets=[ticket]).to_json()
+    assert not second.behind(PROVIDER, newer, settled)
+    assert not first.behind(PROVIDER, older, unsettled)  # the oldest races
+    await first.aclose()
+    await second.aclose()

@@ -35,6 +35,10 @@ lost a race announced in ``kubemoot_ticket_requests`` for any writer to apply;
 server (gets, creates and deletes per bucket; compare-and-sets won and lost) and prints
 them per granted claim for each contended run (key ``requestsPerClaimProcesses``).
 
+``workerCpuMsPerClaim`` (and ``…Processes`` for the second run) is the CPU time all
+workers spent while claiming (``time.process_time``), per granted claim: unlike the
+claims per second it does not move with the machine's load.
+
 The last line is one JSON object with the figures the issue asks for.
 """
 
@@ -240,13 +244,15 @@ async def _worker(
     await tickets.open()  # follow the others' announcements from the start
     rng = random.Random(seed)
     latencies: list[float] = []
-    counts = {"rejected": 0, "conflicts": 0, "unavailable": 0, "releaseFailures": 0}
+    counts: dict[str, float] = {"rejected": 0, "conflicts": 0, "unavailable": 0,
+                                "releaseFailures": 0}
     known = bench_state()  # the state a runtime's provider view would hold
     # Every worker imported and connected before any claims: on a small machine twenty
     # interpreters starting up take seconds of CPU, and a fixed start time let the first
     # ones race while the rest were still importing (a start-up figure, not a claim one).
     await asyncio.get_running_loop().run_in_executor(None, start.wait, 300)
     requests.clear()  # from the start on: opening the watches is no claim's cost
+    cpu_start = time.process_time()  # this worker's CPU, whatever the machine's load
     stop = time.perf_counter() + seconds
 
     async def claimer(index: int) -> None:
@@ -283,6 +289,7 @@ async def _worker(
     try:
         await asyncio.gather(*(claimer(i) for i in range(claimers)))
     finally:
+        counts["cpuSeconds"] = time.process_time() - cpu_start
         results.put((latencies, counts, dict(requests)))
         await tickets.aclose()
         await kv.close()
@@ -313,6 +320,7 @@ def contended(
     latencies: list[float] = []
     per_worker: list[int] = []  # claims granted to each process
     rejected = conflicts = unavailable = release_failures = 0
+    cpu_seconds = 0.0  # all workers' CPU time while claiming
     sent: collections.Counter[str] = collections.Counter()
     for _ in workers:
         sample, counts, requests = results.get(timeout=120)
@@ -323,6 +331,7 @@ def contended(
         conflicts += counts["conflicts"]
         unavailable += counts["unavailable"]
         release_failures += counts["releaseFailures"]
+        cpu_seconds += counts["cpuSeconds"]
     for process in workers:
         process.join(timeout=30)
     return {
@@ -336,6 +345,7 @@ def contended(
         "overcommits": int(overcommits.value),
         "fairness": fairness(per_worker),
         "claimsPerProcess": sorted(per_worker),
+        "workerCpuMsPerClaim": round(cpu_seconds * 1000 / max(1, len(latencies)), 2),
         **({"requestsPerClaim": {k: round(v / max(1, len(latencies)), 2)
                                  for k, v in sorted(sent.items())}} if count else {}),
     }
@@ -415,11 +425,13 @@ async def main(argv: list[str]) -> dict[str, Any]:
         "natsFloorP99Ms": ms(percentile(nats_floor, 0.99)),
         "memoryFloorP99Ms": ms(percentile(memory_floor, 0.99)),
         "uncontendedP99Ms": ms(percentile(claims, 0.99)),
+        "workerCpuMsPerClaim": figures["workerCpuMsPerClaim"],
         **({
             "fairnessProcesses": spread["fairness"],
             "claimsPerSecondProcesses": spread["claimsPerSecond"],
             "p99MsProcesses": spread["p99Ms"],
             "overcommitsProcesses": spread["overcommits"],
+            "workerCpuMsPerClaimProcesses": spread["workerCpuMsPerClaim"],
             **({"requestsPerClaimProcesses": spread["requestsPerClaim"]}
                if args.count_requests else {}),
         } if spread else {}),

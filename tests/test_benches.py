@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
              "--many-processes", "2"],
             {"overcommits", "uncontendedP99Ratio", "contendedClaimsPerSecond",
              "contendedP99Ms", "fairness", "fairnessProcesses", "claimsPerSecondProcesses",
-             "overcommitsProcesses"},
+             "overcommitsProcesses", "workerCpuMsPerClaim", "workerCpuMsPerClaimProcesses"},
             marks=pytest.mark.nats,  # the bench starts its own nats-server
         ),
         pytest.param("place.py",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from kubemoot.clock import Clock, SystemClock
+from kubemoot.runtime.ticket_requests import Announcements
 from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketManager
 from kubemoot.store.documents import (
     AnnouncedRequests,
@@ -236,3 +237,64 @@ async def test_after_a_lost_race_the_next_writes_need_no_read(shared: Shared,
     assert len(active) == 12
     await a.aclose()
     await b.aclose()
+
+
+@pytest.mark.parametrize("line", [True, False], ids=["line", "no-line"])
+async def test_after_a_lost_race_the_state_comes_from_its_watch(shared: Shared,
+                                                                line: bool) -> None:
+    # As above, but counting reads of the provider state: a claim that lost a race used
+    # to read the state before each later try. With the line the lane follows the
+    # state's watch from its first lost race on and decides on what it delivers.
+    states = CountedReads(shared.states)
+    a = TicketManager(shared.tickets, states, clock=shared.clock,  # type: ignore[arg-type]
+                      rng=random.Random(1), max_attempts=40,
+                      requests=shared.requests if line else None, request_seconds=60)
+    b = shared.manager(2)
+    for turn in range(6):
+        await b.claim(PROVIDER, "m", 0, f"b-{turn}")
+        await a.claim(PROVIDER, "m", 0, f"a-{turn}")
+    # Reads until the watch is set up (the first claims', 3 here), none after: the
+    # read made with the watch ready stands until the watch delivers a change.
+    assert states.reads <= 4 if line else states.reads >= 6
+    assert len(await b.active(PROVIDER)) == 12
+    # A "no" on the delivered state is confirmed on a read one before it is answered.
+    before = states.reads
+    with pytest.raises(ClaimRejected):
+        await a.claim(PROVIDER, "m", 9 * GIB, "too-big")
+    assert states.reads == before + 1
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_an_announcer_knows_when_an_older_one_waits_ahead_of_it(
+    shared: Shared,
+) -> None:
+    # Two processes' announcements on one provider: the later one is behind the
+    # earlier while the newest ticket document leaves the earlier unsettled, and its
+    # process lets the earlier one's write go first (tickets._wait_behind).
+    first, second = (
+        Announcements(shared.requests, clock=shared.clock, seconds=60,
+                      rng=random.Random(seed)) for seed in (1, 2)
+    )
+    assert await first.following() and await second.following()
+    ticket = Ticket(ticket_id="t-first", model="m", model_footprint_mib=GIB,
+                    holder_id="first", started_at=shared.clock.now(),
+                    expires_at=shared.clock.now() + 60, state=TicketState.RUNNING)
+    older = await first.announce(PROVIDER, [first.request(
+        PROVIDER, "t-first", ticket=ticket, kind=RequestKind.CLAIM)], asyncio.Event())
+    assert older is not None
+    for _ in range(500):  # its watch delivers the first announcement
+        if second.pending(PROVIDER):
+            break
+        await asyncio.sleep(0.01)
+    newer = await second.announce(PROVIDER, [second.request(
+        PROVIDER, "t-second", kind=RequestKind.RELEASE)], asyncio.Event())
+    assert newer is not None
+    unsettled = ProviderTickets(provider=PROVIDER).to_json()
+    assert second.behind(PROVIDER, newer, unsettled)
+    # Once a delivered document carries the earlier claim, nothing is ahead any more.
+    settled = ProviderTickets(provider=PROVIDER, tickets=[ticket]).to_json()
+    assert not second.behind(PROVIDER, newer, settled)
+    assert not first.behind(PROVIDER, older, unsettled)  # the oldest races
+    await first.aclose()
+    await second.aclose()

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
 from kubemoot.runtime.watching import Followers
-from kubemoot.store.documents import AnnouncedRequests, TicketRequest
+from kubemoot.store.documents import AnnouncedRequests, RequestKind, TicketRequest
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import Bucket, Change, StoreError, Watch
 
@@ -54,6 +54,7 @@ class _Own:
     wake: asyncio.Event
     waiting: set[str] = field(default_factory=set)  # ticket ids
     gone: bool = False  # a writer deleted the key (settled all of it)
+    revision: int = 0  # its place in the bucket's order (0: not created yet)
 
 
 class Announcements:
@@ -68,6 +69,7 @@ class Announcements:
         # provider → key → its requests not yet known settled, in announcement order
         self._pending: dict[str, dict[str, list[TicketRequest]]] = {}
         self._own: dict[str, _Own] = {}
+        self._revisions: dict[str, int] = {}  # key → revision, of others' announcements
         self._followers = Followers(_SITE, "ticket-request")
         self._opening: asyncio.Task[None] | None = None
         self._following = False
@@ -108,6 +110,7 @@ class Announcements:
         if change.value is None:
             for requests in self._pending.values():
                 requests.pop(change.key, None)
+            self._revisions.pop(change.key, None)
             own = self._own.get(change.key)
             if own is not None:
                 own.gone = True
@@ -122,6 +125,7 @@ class Announcements:
                          error)
             return
         self._pending.setdefault(announced.provider, {})[change.key] = list(announced.requests)
+        self._revisions[change.key] = change.revision
 
     async def aclose(self) -> None:
         """Stop following."""
@@ -145,6 +149,7 @@ class Announcements:
                 live.extend(requests)
             else:
                 del keys[key]  # lapsed: its announcer deletes the key (or the bucket's age)
+                self._revisions.pop(key, None)
         return live
 
     def settle(self, applied: list[TicketRequest], found: list[TicketRequest]) -> None:
@@ -161,6 +166,30 @@ class Announcements:
                     keys[key] = left
                 else:
                     del keys[key]
+                    self._revisions.pop(key, None)
+
+    def behind(self, provider: str, key: str, document: bytes | None) -> bool:
+        """Whether another process announced a request on ``provider`` before our
+        announcement ``key`` that ``document`` (the newest ticket document delivered, as
+        bytes) has not settled yet: a claim whose ticket is not in it, or a release whose
+        ticket still is. Its announcer is ahead in the line, and the write that serves it
+        serves ours too."""
+        own = self._own.get(key)
+        keys = self._pending.get(provider)
+        if own is None or not own.revision or not keys or document is None:
+            return False
+        now = self._clock.now()
+        for other, requests in keys.items():
+            revision = self._revisions.get(other)
+            if revision is None or revision >= own.revision:
+                continue
+            for request in requests:
+                if request.expires_at <= now:
+                    continue
+                present = request.ticket_id.encode() in document
+                if present is (request.kind is RequestKind.RELEASE):
+                    return True
+        return False
 
     def gone(self, key: str) -> bool:
         """Whether a writer deleted our announcement ``key`` (a writer of an earlier
@@ -183,12 +212,15 @@ class Announcements:
         try:
             # No per-key TTL: the bucket's max age removes a key its announcer never
             # deleted, and nobody applies a request after its expiresAt in any case.
-            await self._bucket.create(key, announced.to_json())
+            revision = await self._bucket.create(key, announced.to_json())
         except StoreError as error:
             del self._own[key]
             # Not announced: the operations go on racing as they would without the line.
             log.debug("announcing %s failed: %s", key, error)
             return None
+        own = self._own.get(key)
+        if own is not None:
+            own.revision = revision
         return key
 
     def request(self, provider: str, ticket_id: str, **fields: object) -> TicketRequest:

@@ -22,6 +22,7 @@ from kubemoot.settings import RuntimeSettings
 from kubemoot.store import _watch
 from kubemoot.store.memory import MemoryBucket, MemoryKV
 from kubemoot.store.protocol import Change, ChangesLost, Entry
+from tests.store.conftest import StoreUnderTest
 
 MODELS = ("qwen3:8b", "qwen3:14b", "qwen3:32b", "llama3.1:8b")
 AGENTS = tuple(f"crew-{c}/agent-{a}" for c in "ab" for a in range(4))
@@ -194,3 +195,22 @@ async def test_a_board_that_lost_changes_reads_its_bucket_again(
     assert bucket.listings == 2
     assert snapshot.of("qwen3:14b").intents == len(AGENTS)
     assert snapshot.of("qwen3:8b").waiters == 0
+
+
+async def test_a_following_board_keeps_up_on_both_stores(store: StoreUnderTest) -> None:
+    bucket = await store.bucket("demand")
+    writer = DemandBoard(bucket, clock=store.clock)
+    follower = DemandBoard(bucket, clock=store.clock)
+    await writer.add_waiter("qwen3:8b", "crew-a/critic")  # before the watch: the first
+    assert await follower.follow()  # read fetches it
+    assert (await follower.snapshot()).of("qwen3:8b").waiters == 1
+    await writer.add_intent("qwen3:14b", "crew-a/planner")
+    await writer.remove_waiter("qwen3:8b", "crew-a/critic")
+    # a NATS watch delivers a moment later; the memory store's at once
+    for _ in range(200):
+        snapshot = await follower.snapshot()
+        if snapshot.of("qwen3:14b").intents == 1 and snapshot.of("qwen3:8b").waiters == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert (snapshot.of("qwen3:14b").intents, snapshot.of("qwen3:8b").waiters) == (1, 0)
+    await follower.close()

@@ -19,8 +19,10 @@ from kubemoot.clock import ManualClock
 from kubemoot.runtime.demand import FULL_READ_SECONDS, DemandBoard
 from kubemoot.runtime.snapshot import DemandSnapshot
 from kubemoot.settings import RuntimeSettings
+from kubemoot.store import _watch
 from kubemoot.store.memory import MemoryBucket, MemoryKV
-from kubemoot.store.protocol import Change, Entry
+from kubemoot.store.protocol import Change, ChangesLost, Entry
+from tests.store.conftest import StoreUnderTest
 
 MODELS = ("qwen3:8b", "qwen3:14b", "qwen3:32b", "llama3.1:8b")
 AGENTS = tuple(f"crew-{c}/agent-{a}" for c in "ab" for a in range(4))
@@ -155,3 +157,60 @@ async def test_a_watch_drains_what_is_pending_and_then_its_end() -> None:
     assert watch.drain() is None
     with pytest.raises(StopAsyncIteration):
         await watch.__anext__()
+
+
+async def test_a_drained_watch_forgets_past_its_bound_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_watch, "DRAINED_BOUND", 3)
+    kv = MemoryKV(ManualClock())
+    bucket = await kv.bucket("b")
+    watch = bucket.watch()
+    for n in range(3):  # never drained yet: an iterated watch keeps everything
+        await bucket.put(f"k{n}", b"v")
+    assert len(watch.drain() or []) == 3
+    for n in range(5):
+        await bucket.put(f"k{n}", b"w")
+    with pytest.raises(ChangesLost):
+        watch.drain()
+    assert [c.key for c in watch.drain() or []] == ["k3", "k4"]  # what came after the loss
+
+
+async def test_a_board_that_lost_changes_reads_its_bucket_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_watch, "DRAINED_BOUND", 4)
+    clock = ManualClock(start=0.0)
+    bucket = CountingBucket(clock)
+    writer = DemandBoard(bucket, clock=clock)
+    follower = DemandBoard(bucket, clock=clock)
+    assert await follower.follow()
+    await writer.add_waiter("qwen3:8b", "crew-a/critic")
+    await follower.snapshot()
+    for agent in AGENTS:  # more changes than the watch keeps, with nobody reading
+        await writer.add_intent("qwen3:14b", agent)
+    await writer.remove_waiter("qwen3:8b", "crew-a/critic")
+    assert bucket.listings == 1
+    snapshot = await follower.snapshot()  # the loss shows: the board reads it whole
+    assert bucket.listings == 2
+    assert snapshot.of("qwen3:14b").intents == len(AGENTS)
+    assert snapshot.of("qwen3:8b").waiters == 0
+
+
+async def test_a_following_board_keeps_up_on_both_stores(store: StoreUnderTest) -> None:
+    bucket = await store.bucket("demand")
+    writer = DemandBoard(bucket, clock=store.clock)
+    follower = DemandBoard(bucket, clock=store.clock)
+    await writer.add_waiter("qwen3:8b", "crew-a/critic")  # before the watch: the first
+    assert await follower.follow()  # read fetches it
+    assert (await follower.snapshot()).of("qwen3:8b").waiters == 1
+    await writer.add_intent("qwen3:14b", "crew-a/planner")
+    await writer.remove_waiter("qwen3:8b", "crew-a/critic")
+    # a NATS watch delivers a moment later; the memory store's at once
+    for _ in range(200):
+        snapshot = await follower.snapshot()
+        if snapshot.of("qwen3:14b").intents == 1 and snapshot.of("qwen3:8b").waiters == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert (snapshot.of("qwen3:14b").intents, snapshot.of("qwen3:8b").waiters) == (1, 0)
+    await follower.close()

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kubemoot.store.documents import DemandEntry, SelectionEntry
-from kubemoot.store.protocol import Entry, Watch
+from kubemoot.store.protocol import ChangesLost, Entry, Watch
 
 __all__ = ["FULL_READ_SECONDS", "INTENT", "SELECTION", "SELECTION_PREFIX", "USE", "WAIT",
            "DemandMirror", "Folded"]
@@ -91,7 +91,13 @@ class DemandMirror:
         arrive in revision order, so a key the read found absent ends absent again
         after its stale creation and deletion are replayed.
         """
-        changes = self.watch.drain()
+        try:
+            changes = self.watch.drain()
+        except ChangesLost:
+            # nobody read the board for long (an idle process): read it whole next time
+            # (the changes after the loss are pending still)
+            self.seeded_at = None
+            return set()
         if changes is None:
             self.ended = True
             return set()

@@ -10,9 +10,12 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from kubemoot.store.protocol import Change
+from kubemoot.store.protocol import Change, ChangesLost
 
-__all__ = ["QueueWatch"]
+__all__ = ["DRAINED_BOUND", "QueueWatch"]
+
+#: How many changes a drained watch keeps before it forgets them (see ``drain``).
+DRAINED_BOUND = 10_000
 
 Hook = Callable[["QueueWatch"], Awaitable[None]]
 
@@ -35,6 +38,9 @@ class QueueWatch:
         self._started = start is None
         self._start_lock = asyncio.Lock()
         self._ended = False
+        #: set by the first drain: a drained watch keeps at most this many changes
+        self._bound: int | None = None
+        self._lost = False
 
     def _wake(self) -> None:
         waiters = self._waiters
@@ -46,7 +52,11 @@ class QueueWatch:
 
     def push(self, change: Change) -> None:
         if not self._ended:
-            self._pending.append(change)
+            pending = self._pending
+            if self._bound is not None and len(pending) >= self._bound:
+                pending.clear()  # nobody drained for long: forget, and say so on drain
+                self._lost = True
+            pending.append(change)
             if self._waiters:
                 self._wake()
 
@@ -61,6 +71,10 @@ class QueueWatch:
     def drain(self) -> list[Change] | None:
         """The changes pending now, in order, without waiting; ``None`` once the watch
         has ended and every change before the end was taken."""
+        self._bound = DRAINED_BOUND
+        if self._lost:
+            self._lost = False
+            raise ChangesLost("the watch held more changes than it keeps; read again")
         pending = self._pending
         if not pending:
             return []

@@ -12,7 +12,8 @@ Error tree::
     ├── RevisionMismatch    update() when the key moved past the expected revision
     │                       (or is absent); re-read and decide again
     ├── KeyNotFound         an operation that needs an existing key found none
-    └── StoreUnavailable    the store cannot be reached now; retrying later may help
+    ├── StoreUnavailable    the store cannot be reached now; retrying later may help
+    └── ChangesLost         a drained watch forgot changes past its bound; read again
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ class KeyNotFound(StoreError):
 
 class StoreUnavailable(StoreError):
     """The store cannot be reached; the operation may succeed later."""
+
+
+class ChangesLost(StoreError):
+    """A watch read by ``drain`` held more changes than it keeps and forgot them: the
+    reader reads the bucket again (changes after the loss are still delivered)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +78,11 @@ class Watch(Protocol):
     def drain(self) -> list[Change] | None:
         """The changes that arrived and were not yet read, in order, without waiting
         (a reader that catches up when it needs to, not on every change); ``None`` once
-        the watch has ended and every change before the end was taken."""
+        the watch has ended and every change before the end was taken.
+
+        A watch that has been drained keeps a bounded number of pending changes, so a
+        reader that stops asking does not hold memory without end: past the bound it
+        forgets them, and the next ``drain`` raises :class:`ChangesLost`."""
         ...
 
     async def ready(self) -> None:

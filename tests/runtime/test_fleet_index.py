@@ -80,3 +80,20 @@ async def test_a_following_view_sees_changes_without_being_told(make) -> None:
     assert after.provider("a") is before.provider("a")  # unchanged providers are shared
     await h.view.close()
     assert not h.view.following
+
+
+def test_a_claim_moves_only_the_lists_it_changes() -> None:
+    # p0 holds a copy of "a" and of "b"; a call takes a slot on "a". The derived
+    # index must share the parent's warm list of "b" (nothing about it moved) rather
+    # than copy it, and still equal a fresh build.
+    def p0(*tickets: object) -> ProviderSnapshot:
+        return ProviderSnapshot(state=gpu("p0", 48, residents={"a": 4, "b": 4}, slots=2),
+                                tickets=tuple(tickets))  # type: ignore[arg-type]
+
+    others = [ProviderSnapshot(state=gpu("p1", 48, residents={"b": 4}, slots=2))]
+    index = FleetIndex.build([p0(), *others])
+    busy = p0(ticket("a", ident="call-1"))
+    derived = index.replaced([busy])
+    assert derived.free_copies("b") is index.free_copies("b")
+    assert derived.free_copies("a") is not index.free_copies("a")
+    assert _view(derived) == _view(FleetIndex.build([busy, *others]))

@@ -31,12 +31,12 @@ def holds(condition: ClaimCondition, p: ProviderSnapshot | None, model: str) -> 
         if any(v in busy or not p.is_resident(v) for v in condition.idle_victims):
             return False
     if condition.warm:
-        if not p.has_copy(model):
+        # The gates' verdict without building their evidence: every writer judges
+        # every announced claim's condition on each write.
+        if not p.has_copy(model) or not filters.warm_ok(p, model, condition.prompt_tokens):
             return False
-        gates = filters.warm_gates(p, model, condition.prompt_tokens)
-    else:  # a load: the memory itself is the budget's to judge
-        gates = [filters.ready_gate(p), filters.context_gate(p, model, condition.prompt_tokens)]
-    if not filters.feasible(gates):
+    elif not filters.feasible([filters.ready_gate(p),  # a load: the memory is the budget's
+                               filters.context_gate(p, model, condition.prompt_tokens)]):
         return False
     ahead = condition.free_slot_ahead
     return ahead is None or p.has_free_slot(model, ahead=ahead)

@@ -462,41 +462,56 @@ class FleetIndex:
         free = self._free.derived()
         new = list(changed)
 
-        def take_out(old: ProviderSnapshot) -> None:
-            for model in old.copies:
-                # the names are sorted: find the one by bisection, not by a scan
-                names = copies.get(model, ())
-                at = bisect_left(names, old.name)
-                if at < len(names) and names[at] == old.name:
-                    names = names[:at] + names[at + 1:]
-                if names:
-                    copies[model] = names
-                else:
-                    copies.pop(model, None)
-            free.take(old)
-            mib = old.free_mib
+        def drop_copy(model: str, name: str) -> None:
+            # the names are sorted: find the one by bisection, not by a scan
+            names = copies.get(model, ())
+            at = bisect_left(names, name)
+            if at < len(names) and names[at] == name:
+                names = names[:at] + names[at + 1:]
+            if names:
+                copies[model] = names
+            else:
+                copies.pop(model, None)
+
+        def add_copy(model: str, name: str) -> None:
+            names = copies.get(model, ())
+            at = bisect_left(names, name)
+            copies[model] = (*names[:at], name, *names[at:])
+
+        def drop_room(mib: int | None, name: str) -> None:
             if mib is not None:
-                at = bisect_left(room, (mib, old.name))
-                if at < len(room) and room[at] == (mib, old.name):
+                at = bisect_left(room, (mib, name))
+                if at < len(room) and room[at] == (mib, name):
                     del room[at]
 
         for name in removed:
             old = by_name.pop(name, None)
             if old is not None:
-                take_out(old)
+                for model in old.copies:
+                    drop_copy(model, old.name)
+                free.take(old)
+                drop_room(old.free_mib, old.name)
         for p in new:
             old = by_name.get(p.name)
-            if old is not None:
-                take_out(old)
             by_name[p.name] = p
-            for model in p.copies:
-                names = copies.get(model, ())
-                at = bisect_left(names, p.name)
-                copies[model] = (*names[:at], p.name, *names[at:])
-            free.put(p)
+            # Only what differs from the provider's previous snapshot moves: a claim or
+            # release changes its tickets (and so its free memory and slots), rarely its
+            # copies, and most models' lists stay shared with the parent index.
+            old_copies = frozenset() if old is None else old.copies
+            for model in old_copies - p.copies:
+                drop_copy(model, p.name)
+            for model in p.copies - old_copies:
+                add_copy(model, p.name)
+            if old is None:
+                free.put(p)
+            else:
+                free.moved(old, p)
             mib = p.free_mib
-            if mib is not None:
-                insort(room, (mib, p.name))
+            if old is None or old.free_mib != mib:
+                if old is not None:
+                    drop_room(old.free_mib, p.name)
+                if mib is not None:
+                    insort(room, (mib, p.name))
         return FleetIndex(by_name, copies, room, free, parent=self.generation,
                           changed=tuple(new))
 
@@ -591,6 +606,22 @@ class _FreeCopies:
             copies, contexts = self._lists(model)
             insort(copies, (in_flight, p.name))
             insort(contexts, (context, p.name))
+
+    def moved(self, old: ProviderSnapshot, new: ProviderSnapshot) -> None:
+        """Replace ``old``'s entries by ``new``'s (the same provider), touching only the
+        lists of the entries that differ."""
+        before, after = set(self._entries(old)), set(self._entries(new))
+        for model, in_flight, context in before - after:
+            copies, contexts = self._lists(model)
+            for entries, entry in ((copies, (in_flight, old.name)),
+                                   (contexts, (context, old.name))):
+                at = bisect_left(entries, entry)
+                if at < len(entries) and entries[at] == entry:
+                    del entries[at]
+        for model, in_flight, context in after - before:
+            copies, contexts = self._lists(model)
+            insort(copies, (in_flight, new.name))
+            insort(contexts, (context, new.name))
 
     def take(self, p: ProviderSnapshot) -> None:
         for model, in_flight, context in self._entries(p):

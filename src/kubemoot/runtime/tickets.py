@@ -647,10 +647,15 @@ class TicketManager:
         process racing at once made most compare-and-sets lose (1.6 lost per granted
         claim with twenty processes). Whoever serves the oldest serves this one in the
         same write, and the delivery that shows it ends the wait; the cap keeps a line
-        moving whose oldest announcer went away.
+        moving whose oldest announcer went away. Only a lane with one operation waits
+        (one claimer per process, every agent pod): a lane holding several carries them
+        all in its own write, and holding it back stalled all of them while a process
+        that had lost no race wrote freely (bench/kv.py, 20 claimers in 4 processes,
+        one run each: fairness 0.30, p99 60 ms waiting with any number; 0.97, 22 ms
+        waiting with one).
         """
         announcements, followed = self._announcements, lane.followed
-        if announcements is None or followed is None:
+        if announcements is None or followed is None or len(lane.pending) > 1:
             return
         keys = {op.announced for op in lane.pending if op.announced is not None}
         deadline = self._clock.now() + _BEHIND_SECONDS

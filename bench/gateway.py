@@ -11,13 +11,16 @@
   the calls it answered in the throughput run, and the engine's in the direct run. On a
   machine shared with other work the rates move with the neighbours' load; the CPU a
   call costs moves far less, so before/after comparisons read this one first.
-* **Against LiteLLM**: when LiteLLM's proxy is installed (``pip install -e '.[bench]'``,
-  or ``--litellm PATH``), the same two measurements through it, in front of the same
-  emulator: upstream ``openai/`` to the emulator's ``/v1`` (the OpenAI route) and
-  ``ollama_chat/`` to its ``/api/chat`` (the Ollama route; LiteLLM's own clients speak
-  only the OpenAI API). ``addedP50MsVsLiteLLM`` is our added p50 over LiteLLM's on the
-  worse route, ``throughputVsLiteLLM`` our requests per second over LiteLLM's on the
-  worse route (below 1 and above 1 are better, respectively).
+* **Against LiteLLM**: when LiteLLM's proxy is found (``--litellm PATH``, else beside
+  this Python or on PATH; install it in a virtual environment of its own, ``python3 -m
+  venv /tmp/litellm && /tmp/litellm/bin/pip install 'litellm[proxy]'``, since it pins
+  releases of uvicorn and starlette too old for the gateway), the same two measurements
+  through it, in front of the same emulator: upstream ``openai/`` to the emulator's
+  ``/v1`` (the OpenAI route) and ``ollama_chat/`` to its ``/api/chat`` (the Ollama
+  route; LiteLLM's own clients speak only the OpenAI API). ``addedP50MsVsLiteLLM`` is
+  our added p50 over LiteLLM's on the worse route, ``throughputVsLiteLLM`` our requests
+  per second over LiteLLM's on the worse route (below 1 and above 1 are better,
+  respectively).
 * **Overcommits**: two gateway replicas sharing a real nats-server in front of two
   small emulated cards, many concurrent calls over three models, a third of them with a
   client ``keep_alive`` of one second (the engine would unload those copies between two
@@ -315,7 +318,8 @@ async def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--litellm", default=None,
                         help="LiteLLM's proxy command (default: beside this Python or on PATH; "
-                             "install with `pip install -e '.[bench]'`); 'off' skips it")
+                             "install it in its own venv: pip install 'litellm[proxy]'); "
+                             "'off' skips it")
     parser.add_argument("--litellm-calls", type=int, default=500,
                         help="calls per route for LiteLLM's latency (it is ~10x slower)")
     args = parser.parse_args()
@@ -379,7 +383,8 @@ async def versus_litellm(
     """LiteLLM's proxy in front of the same emulator, on each route; {} when not installed."""
     command = None if args.litellm == "off" else find_litellm(args.litellm)
     if command is None:
-        print("LiteLLM: not installed (pip install -e '.[bench]'), comparison skipped")
+        print("LiteLLM: not found (install 'litellm[proxy]' in a venv of its own and pass "
+              "--litellm PATH), comparison skipped")
         return {}
     engine = f"http://127.0.0.1:{emulator_port}"
     upstreams = {"openai": f"openai/{MODEL} {engine}/v1", "ollama": f"ollama_chat/{MODEL} {engine}"}

@@ -231,11 +231,7 @@ class DemandBoard:
         else:
             wanted = [k for k in keys if not k.startswith(_SELECTION_PREFIX)]
         entries = await self._bucket.get_many(wanted)
-        waiters: dict[str, int] = {}
-        intents: dict[str, int] = {}
-        uses: dict[str, tuple[float, float | None]] = {}
-        prediction: dict[str, float] = {}
-        expiry = float("inf")  # the first counted forecast entry to expire
+        tally = _Tally(now, self.use_window_seconds)
         folded = self._folded
         for key, entry in zip(wanted, entries, strict=True):
             if entry is None:
@@ -255,25 +251,11 @@ class DemandBoard:
                                  f"demand entry {key} unreadable; left out", error)
                     continue
                 folded[key] = (entry.revision, kind, segments, parsed)
-            if isinstance(parsed, SelectionEntry):
-                if parsed.expires_at > now:
-                    expiry = min(expiry, parsed.expires_at)
-                    for model in set(parsed.models):
-                        prediction[model] = prediction.get(model, 0.0) + parsed.frequency
-                continue
-            demand = parsed
-            if demand.expires_at <= now:
-                continue
-            if kind in (WAIT, INTENT) and len(segments) == 2:
-                tally = waiters if kind == WAIT else intents
-                tally[segments[0]] = tally.get(segments[0], 0) + 1
-            elif kind == USE and len(segments) == 1:
-                count = _decayed(demand.count, demand.last_used_at, now, self.use_window_seconds)
-                uses[segments[0]] = (count, demand.last_used_at)
+            tally.add(kind, segments, parsed)
         if refresh:
-            self._forecast = (now, prediction, expiry)
+            self._forecast = (now, tally.prediction, tally.expiry)
         elif forecast is not None:
-            prediction = forecast[1]
+            tally.prediction = forecast[1]
         if not unchanged:  # a key gone since the last listing leaves the caches
             live = set(keys)
             for cache in (self._parsed, self._shapes, folded):
@@ -282,20 +264,7 @@ class DemandBoard:
             self._listing = (
                 keys, [k for k in keys if not k.startswith(_SELECTION_PREFIX)]
                 if refresh else wanted, live)
-        models = set(waiters) | set(intents) | set(uses) | set(prediction)
-        return DemandSnapshot(
-            at=now,
-            models={
-                m: ModelDemand(
-                    waiters=waiters.get(m, 0),
-                    intents=intents.get(m, 0),
-                    recent_use=uses.get(m, (0.0, None))[0],
-                    prediction=prediction.get(m, 0.0),
-                    last_used_at=uses.get(m, (0.0, None))[1],
-                )
-                for m in models
-            },
-        )
+        return tally.snapshot()
 
     def _shape(self, key: str) -> tuple[str, tuple[str, ...]]:
         """The key's kind and its decoded segments, worked out once per key (a key that
@@ -383,11 +352,7 @@ class DemandBoard:
         forecast: tuple[float, dict[str, float], float] | None, *, skip: set[str],
     ) -> DemandSnapshot:
         """The plain read's fold, entry by entry, over the copy less ``skip``."""
-        waiters: dict[str, int] = {}
-        intents: dict[str, int] = {}
-        uses: dict[str, tuple[float, float | None]] = {}
-        prediction: dict[str, float] = {}
-        expiry = float("inf")
+        tally = _Tally(now, self.use_window_seconds)
         records = mirror.records
         for key in sorted(records):
             if key in skip or (not refresh and key.startswith(_SELECTION_PREFIX)):
@@ -401,25 +366,50 @@ class DemandBoard:
             _revision, kind, segments, parsed = record.folded
             if kind == SELECTION:
                 self._folded[key] = record.folded
-            if isinstance(parsed, SelectionEntry):
-                if parsed.expires_at > now:
-                    expiry = min(expiry, parsed.expires_at)
-                    for model in set(parsed.models):
-                        prediction[model] = prediction.get(model, 0.0) + parsed.frequency
-                continue
-            if parsed.expires_at <= now:
-                continue
-            if kind in (WAIT, INTENT) and len(segments) == 2:
-                tally = waiters if kind == WAIT else intents
-                tally[segments[0]] = tally.get(segments[0], 0) + 1
-            elif kind == USE and len(segments) == 1:
-                count = _decayed(parsed.count, parsed.last_used_at, now, self.use_window_seconds)
-                uses[segments[0]] = (count, parsed.last_used_at)
+            tally.add(kind, segments, parsed)
         if refresh:
-            self._forecast = (now, prediction, expiry)
+            self._forecast = (now, tally.prediction, tally.expiry)
         elif forecast is not None:
-            prediction = forecast[1]
-        return _demand(now, waiters, intents, uses, prediction)
+            tally.prediction = forecast[1]
+        return tally.snapshot()
+
+
+class _Tally:
+    """What one read of the board counts, entry by entry: waiters, intents and recent
+    use per model, the forecast, and when its first counted entry expires. The plain
+    read and the copy's fallback fold count through this one class, so they agree."""
+
+    __slots__ = ("expiry", "intents", "now", "prediction", "use_window", "uses", "waiters")
+
+    def __init__(self, now: float, use_window: float) -> None:
+        self.now, self.use_window = now, use_window
+        self.waiters: dict[str, int] = {}
+        self.intents: dict[str, int] = {}
+        self.uses: dict[str, tuple[float, float | None]] = {}
+        self.prediction: dict[str, float] = {}
+        self.expiry = float("inf")  # the first counted forecast entry to expire
+
+    def add(self, kind: str, segments: tuple[str, ...],
+            parsed: DemandEntry | SelectionEntry) -> None:
+        now = self.now
+        if isinstance(parsed, SelectionEntry):
+            if parsed.expires_at > now:
+                self.expiry = min(self.expiry, parsed.expires_at)
+                prediction = self.prediction
+                for model in set(parsed.models):
+                    prediction[model] = prediction.get(model, 0.0) + parsed.frequency
+            return
+        if parsed.expires_at <= now:
+            return
+        if kind in (WAIT, INTENT) and len(segments) == 2:
+            counts = self.waiters if kind == WAIT else self.intents
+            counts[segments[0]] = counts.get(segments[0], 0) + 1
+        elif kind == USE and len(segments) == 1:
+            count = _decayed(parsed.count, parsed.last_used_at, now, self.use_window)
+            self.uses[segments[0]] = (count, parsed.last_used_at)
+
+    def snapshot(self) -> DemandSnapshot:
+        return _demand(self.now, self.waiters, self.intents, self.uses, self.prediction)
 
 
 def _demand(

@@ -215,83 +215,108 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return timer
 
     def _run_once(self) -> None:
-        """One turn of the loop: asyncio's own, step for step, without what a virtual
-        loop with no files of its own does not need.
+        """The loop's turns, until it is asked to stop: asyncio's own turn, step for
+        step, without what a virtual loop with no files of its own does not need.
 
-        A simulation takes tens of thousands of turns; in most of them callbacks are
-        ready, so asyncio's turn polls the selector with a zero timeout (which answers
-        nothing here), hands the empty answer on and reads the clock twice. This turn
-        skips the poll when callbacks are ready and no file of the program's own is
-        registered, and reads the virtual time directly; the clean-up of cancelled
-        timers, the timers moved to the ready queue and the order callbacks run in are
-        asyncio's (3.11's ``BaseEventLoop._run_once``), so a run takes the same turns
-        in the same order. In debug mode each callback runs through its handle, which
-        times it against the slow-callback limit as asyncio does (in virtual time).
+        asyncio's ``run_forever`` calls this once per turn and stops once a turn has
+        set ``_stopping``; here the turns run in this one frame and it returns after
+        the same turn, so ``run_forever`` stops at the same point. A simulation takes
+        tens of thousands of turns; in most of them callbacks are ready, so asyncio's
+        turn polls the selector with a zero timeout (which answers nothing here),
+        hands the empty answer on and reads the clock twice. These turns poll only
+        while a file of the program's own is registered; an idle turn without one
+        jumps the clock to the first live deadline at once (a turn with nothing
+        scheduled asks the selector, which raises :class:`SimulationStalled`). The
+        clean-up of cancelled timers, the timers moved to the ready queue and the
+        order callbacks run in are asyncio's (3.11's ``BaseEventLoop._run_once``), so
+        a run takes the same turns in the same order. In debug mode each callback runs
+        through its handle, which times it against the slow-callback limit as asyncio
+        does (in virtual time).
         """
-        scheduled = self._scheduled
-        count = len(scheduled)
-        if count > _MIN_SCHEDULED_TIMER_HANDLES and (
-            self._timer_cancelled_count / count > _MIN_CANCELLED_TIMER_HANDLES_FRACTION
-        ):
-            kept = []
-            for deadline in scheduled:
-                if deadline.handle._cancelled:  # type: ignore[attr-defined]
-                    deadline.handle._scheduled = False  # type: ignore[attr-defined]
-                else:
-                    kept.append(deadline)
-            heapq.heapify(kept)
-            self._scheduled = scheduled = kept
-            self._timer_cancelled_count = 0
-        else:
-            while scheduled and scheduled[0].handle._cancelled:  # type: ignore[attr-defined]
-                self._timer_cancelled_count -= 1
-                timer = heapq.heappop(scheduled).handle
-                timer._scheduled = False  # type: ignore[attr-defined]
         ready: collections.deque[asyncio.Handle] = self._ready  # type: ignore[attr-defined]
         selector = self._selector
-        if not ready and not self._stopping:  # type: ignore[attr-defined]
-            # idle: the selector polls once, then jumps the clock to the next timer
-            timeout = None
-            if scheduled:
-                timeout = min(max(0.0, scheduled[0] - self._virtual_now),
-                              _MAXIMUM_SELECT_TIMEOUT)
-            self._process_events(selector.select(timeout))  # type: ignore[attr-defined]
-        elif not isinstance(selector, _VirtualSelector) or selector.registered > selector.own:
-            self._process_events(selector.select(0))  # type: ignore[attr-defined]
-        end_time = self._virtual_now + self._clock_resolution
-        while scheduled:
-            if scheduled[0] >= end_time:
-                break
-            timer = heapq.heappop(scheduled).handle
-            timer._scheduled = False  # type: ignore[attr-defined]
-            ready.append(timer)
-        if self._debug:
-            for _ in range(len(ready)):
-                handle = ready.popleft()
-                if not handle._cancelled:  # type: ignore[attr-defined]
+        assert isinstance(selector, _VirtualSelector)
+        resolution = self._clock_resolution
+        heappop = heapq.heappop
+        while True:
+            scheduled = self._scheduled
+            count = len(scheduled)
+            if count > _MIN_SCHEDULED_TIMER_HANDLES and (
+                self._timer_cancelled_count / count > _MIN_CANCELLED_TIMER_HANDLES_FRACTION
+            ):
+                kept = []
+                for deadline in scheduled:
+                    if deadline.handle._cancelled:  # type: ignore[attr-defined]
+                        deadline.handle._scheduled = False  # type: ignore[attr-defined]
+                    else:
+                        kept.append(deadline)
+                heapq.heapify(kept)
+                self._scheduled = scheduled = kept
+                self._timer_cancelled_count = 0
+            else:
+                while scheduled and scheduled[0].handle._cancelled:  # type: ignore[attr-defined]
+                    self._timer_cancelled_count -= 1
+                    heappop(scheduled).handle._scheduled = False  # type: ignore[attr-defined]
+            if not ready and not self._stopping:  # type: ignore[attr-defined]
+                if scheduled and selector.registered <= selector.own:
+                    # idle, nothing to poll: jump onto the earliest live deadline (what
+                    # the selector's idle wait does, not now + timeout, which can fall
+                    # a rounding error short of it and spin)
+                    first = float(scheduled[0])
+                    if first > self._virtual_now:
+                        self._virtual_now = first
+                else:
+                    # idle: the selector polls once, then jumps the clock to the next timer
+                    timeout = None
+                    if scheduled:
+                        timeout = min(max(0.0, scheduled[0] - self._virtual_now),
+                                      _MAXIMUM_SELECT_TIMEOUT)
+                    self._process_events(selector.select(timeout))  # type: ignore[attr-defined]
+            elif selector.registered > selector.own:
+                self._process_events(selector.select(0))  # type: ignore[attr-defined]
+            end_time = self._virtual_now + resolution
+            while scheduled:
+                if scheduled[0] >= end_time:
+                    break
+                timer = heappop(scheduled).handle
+                timer._scheduled = False  # type: ignore[attr-defined]
+                ready.append(timer)
+            if self._debug:
+                self._run_ready_debug(ready)
+            else:
+                for _ in range(len(ready)):
+                    handle = ready.popleft()
+                    if handle._cancelled:  # type: ignore[attr-defined]
+                        continue
+                    # Handle._run, inline: one frame fewer for each of the run's callbacks
                     try:
-                        self._current_handle = handle  # what asyncio's debug turn names
-                        handle._run()  # type: ignore[attr-defined]
-                    finally:
-                        self._current_handle = None  # type: ignore[assignment]
-            return
+                        handle._context.run(handle._callback, *handle._args)  # type: ignore[attr-defined]
+                    except (SystemExit, KeyboardInterrupt):
+                        raise
+                    except BaseException as exc:
+                        self._callback_failed(handle, exc)
+            if self._stopping:  # type: ignore[attr-defined]
+                return
+
+    def _run_ready_debug(self, ready: collections.deque[asyncio.Handle]) -> None:
         for _ in range(len(ready)):
             handle = ready.popleft()
-            if handle._cancelled:  # type: ignore[attr-defined]
-                continue
-            # Handle._run, inline: one frame fewer for each of the run's callbacks
-            try:
-                handle._context.run(handle._callback, *handle._args)  # type: ignore[attr-defined]
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                source = format_helpers._format_callback_source(  # type: ignore[attr-defined]
-                    handle._callback, handle._args)  # type: ignore[attr-defined]
-                context = {"message": f"Exception in callback {source}",
-                           "exception": exc, "handle": handle}
-                if handle._source_traceback:  # type: ignore[attr-defined]
-                    context["source_traceback"] = handle._source_traceback  # type: ignore[attr-defined]
-                self.call_exception_handler(context)
+            if not handle._cancelled:  # type: ignore[attr-defined]
+                try:
+                    self._current_handle = handle  # what asyncio's debug turn names
+                    handle._run()  # type: ignore[attr-defined]
+                finally:
+                    self._current_handle = None  # type: ignore[assignment]
+
+    def _callback_failed(self, handle: asyncio.Handle, exc: BaseException) -> None:
+        """What asyncio's ``Handle._run`` reports of a callback that raised."""
+        source = format_helpers._format_callback_source(  # type: ignore[attr-defined]
+            handle._callback, handle._args)  # type: ignore[attr-defined]
+        context = {"message": f"Exception in callback {source}", "exception": exc,
+                   "handle": handle}
+        if handle._source_traceback:  # type: ignore[attr-defined]
+            context["source_traceback"] = handle._source_traceback  # type: ignore[attr-defined]
+        self.call_exception_handler(context)
 
     def _advance_to_next_timer(self, timeout: float) -> None:
         # Jump exactly onto the earliest live deadline (not now + timeout, which can

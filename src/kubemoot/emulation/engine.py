@@ -47,6 +47,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from kubemoot.clock import Clock
 from kubemoot.emulation.prompt import FittedPrompt, Prompt, fit_to_context
@@ -210,9 +211,9 @@ class EngineCopy:
     unload_when_idle: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Assignment:
-    """What the card did with one request, in clock seconds."""
+class Assignment(NamedTuple):
+    """What the card did with one request, in clock seconds (a tuple: one is made per
+    request, and a frozen dataclass sets each field through ``object.__setattr__``)."""
 
     copy: EngineCopy
     requested_at: float  # it joined the card's line

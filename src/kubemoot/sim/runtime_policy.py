@@ -245,7 +245,9 @@ class KubemootPolicy(Policy):
 
         finished = False
         try:
-            placer = await self._held_placer(call, request)
+            # most calls are no selection's first: no coroutine for them
+            placer = (await self._held_placer(call, request)
+                      if call.call_id in self._first_of else None)
             try:
                 try:
                     active, started = await runtime.calls.start(request, send, placer=placer)

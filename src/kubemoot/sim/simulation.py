@@ -16,7 +16,7 @@ import random
 import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from kubemoot.api.errors import InputError
 from kubemoot.sim.bound import LowerBound, lower_bound
@@ -30,6 +30,8 @@ from kubemoot.sim.workload import CallSpec, Discussion, Trace, Turn, build_trace
 
 __all__ = ["POLICY_NAMES", "PolicyRun", "ServedCall", "SimulationResult", "make_policy",
            "run_policy", "simulate"]
+
+T = TypeVar("T")
 
 POLICY_NAMES: tuple[str, ...] = ("kubemoot", *BASELINES)
 PLOTTED_PROVIDERS = 16  # VRAM-over-time is drawn for at most this many cards
@@ -168,8 +170,7 @@ async def _run_turn(
             return  # the agent stood aside or failed: its turn ends here
 
 
-async def _all(loop: asyncio.AbstractEventLoop,
-               calls: list[Coroutine[Any, Any, SimulatedOutcome]]) -> list[SimulatedOutcome]:
+async def _all(loop: asyncio.AbstractEventLoop, calls: list[Coroutine[Any, Any, T]]) -> list[T]:
     """``asyncio.gather(*calls)``, taking the same loop turns, without its machinery.
 
     Each call runs in its own task, started in order; each task's end reaches a done
@@ -181,7 +182,7 @@ async def _all(loop: asyncio.AbstractEventLoop,
     done: asyncio.Future[None] = loop.create_future()
     left = len(tasks)
 
-    def ended(task: asyncio.Task[SimulatedOutcome]) -> None:
+    def ended(task: asyncio.Task[T]) -> None:
         nonlocal left
         left -= 1
         if done.done():

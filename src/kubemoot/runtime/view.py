@@ -365,16 +365,25 @@ class ProviderView:
         latency = self.latency.latency(state.endpoint)
         unreadable = name in self._unreadable
         cached = self._built.get(name)
+        active = None
         if (
             cached is not None
             and cached.state is state
-            and cached.tickets is tickets
             and (cached.latency, cached.circuit_open, cached.unreadable)
             == (latency, circuit_open, unreadable)
             and now < cached.valid_until
         ):
-            return None  # same documents, no ticket lapsed since: same snapshot
-        active = tuple(tickets.active(now)) if tickets is not None else ()
+            if cached.tickets is tickets:
+                return None  # same documents, no ticket lapsed since: same snapshot
+            active = tuple(tickets.active(now)) if tickets is not None else ()
+            if active == cached.snapshot.tickets:
+                # Another document with the same live tickets: a call claimed and
+                # released between two snapshots leaves its provider as it was, so the
+                # snapshot, its lapse time and the index stay as they are.
+                cached.tickets = tickets
+                return None
+        if active is None:
+            active = tuple(tickets.active(now)) if tickets is not None else ()
         # a copy past its keep-alive is not resident, unless a call runs on it
         shown = live_state(state, now, {t.model for t in active})
         if unreadable:  # never free memory: nothing is placed there until it reads again

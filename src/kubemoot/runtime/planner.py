@@ -38,7 +38,7 @@ from kubemoot.runtime.claims import Claim, Claims
 from kubemoot.runtime.cost import Option, OptionKind
 from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.occupancy import OccupancyBook
-from kubemoot.runtime.options import Round
+from kubemoot.runtime.options import Round, evidence
 from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
 from kubemoot.runtime.prefix import PrefixBook
 from kubemoot.runtime.record import build_record
@@ -310,7 +310,8 @@ class CallPlanner:
     ) -> CallPlacement:
         option = claim.option
         options = tuple(priced)
-        gates = dict(rnd.gates)  # as they stand now: the record is built when first read
+        # as they stand now; the record, and any gates still to work out, when first read
+        gathered = dict(rnd.gathered)
 
         def record() -> DecisionRecord:
             chosen = next(
@@ -319,7 +320,8 @@ class CallPlanner:
                 option,
             )
             return build_record(
-                subject=f"call:{option.model}", gates=gates, options=options, chosen=chosen,
+                subject=f"call:{option.model}", gates=evidence(gathered), options=options,
+                chosen=chosen,
                 outcome=Outcome.PLACE, reason=f"{why}; {option.provider} for {option.model} "
                 f"at {option.seconds:.3f} s",
             )

@@ -85,7 +85,7 @@ class Round:
     ) -> Round:
         """A round over ``fleet`` less the ``exclude`` providers: they are filtered out
         before anything is priced, so no price has to know about them."""
-        seen = fleet.without(exclude)
+        seen = fleet.without(exclude) if exclude else fleet
         if seen is not fleet:
             # what the left-out providers show about model sizes is still true
             occupancy.observe(fleet)

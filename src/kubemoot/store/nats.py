@@ -68,30 +68,44 @@ _WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream's "wrong last sequence" error
 _MIN_REBUILD_WAIT = 0.2
 
 
+_UNAVAILABLE = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.StaleConnectionError,
+    nats.errors.NoServersError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.NoStreamResponseError,
+    TimeoutError,
+    OSError,
+)
+
+
+def _translated(what: str, error: Exception) -> StoreError | None:
+    """Our error for a NATS failure of ``what``; None: raise ``error`` itself (one of
+    ours already, or no NATS failure)."""
+    if isinstance(error, StoreError):
+        return None
+    if isinstance(error, _UNAVAILABLE):
+        return StoreUnavailable(f"{what}: {type(error).__name__}: {error}")
+    if isinstance(error, nats.errors.Error):
+        return StoreError(f"{what}: {type(error).__name__}: {error}")
+    return None
+
+
 @contextlib.contextmanager
 def _edge(what: str) -> Iterator[None]:
     """Map connection-level NATS failures to ours; callers map CAS errors first."""
     try:
         yield
-    except StoreError:
-        raise
-    except (
-        nats.errors.TimeoutError,
-        nats.errors.NoRespondersError,
-        nats.errors.ConnectionClosedError,
-        nats.errors.ConnectionReconnectingError,
-        nats.errors.ConnectionDrainingError,
-        nats.errors.OutboundBufferLimitError,
-        nats.errors.StaleConnectionError,
-        nats.errors.NoServersError,
-        nats.js.errors.ServiceUnavailableError,
-        nats.js.errors.NoStreamResponseError,
-        TimeoutError,
-        OSError,
-    ) as error:
-        raise StoreUnavailable(f"{what}: {type(error).__name__}: {error}") from error
-    except nats.errors.Error as error:
-        raise StoreError(f"{what}: {type(error).__name__}: {error}") from error
+    except Exception as error:
+        mapped = _translated(what, error)
+        if mapped is None:
+            raise
+        raise mapped from error
 
 
 _CRLF = b"\r\n"
@@ -206,15 +220,19 @@ class NatsBucket:
                 raise KeyExists(f"bucket {self.name!r}: key {key!r} already exists") from error
 
     async def update(self, key: str, value: bytes, *, expected_revision: int) -> int:
-        with _edge(f"update {self.name}/{key}"):
-            try:
-                return await self._publish(
-                    key, value, {_EXPECTED_LAST: str(expected_revision)}
-                )
-            except nats.js.errors.KeyWrongLastSequenceError as error:
-                raise RevisionMismatch(
-                    f"bucket {self.name!r}: key {key!r} is not at revision {expected_revision}"
-                ) from error
+        # What ``with _edge(...)`` does, without a generator and a message per write:
+        # a claim and its release each come here once.
+        try:
+            return await self._publish(key, value, {_EXPECTED_LAST: str(expected_revision)})
+        except nats.js.errors.KeyWrongLastSequenceError as error:
+            raise RevisionMismatch(
+                f"bucket {self.name!r}: key {key!r} is not at revision {expected_revision}"
+            ) from error
+        except Exception as error:
+            mapped = _translated(f"update {self.name}/{key}", error)
+            if mapped is None:
+                raise
+            raise mapped from error
 
     async def _publish(self, key: str, value: bytes, headers: dict[str, str]) -> int:
         """Publish ``value`` to ``key``'s subject and return the revision its ack names.

@@ -20,6 +20,15 @@ Paths (``--path``, repeatable; all by default):
   in a row after a warm-up. Unlike time, an instruction count hardly moves with the
   machine's load, so it compares two versions of the gateway on a shared machine. Skipped
   when valgrind is missing.
+* ``place-instructions`` — place + claim + release on a real nats-server (``bench/place.py``'s
+  NATS loop, 8 providers) and the floor that bench divides by (one raw ``get`` +
+  ``update``), each under callgrind: the instructions of this process per operation, as
+  the count of a run of ``--calls`` operations after the set-up minus that of a run of
+  the set-up alone, over ``--calls`` (the nats-server process is not counted; the
+  demand board is read once, as its once-a-second re-read would otherwise land every
+  few calls under callgrind's slowdown). Their quotient is the CPU side of
+  ``natsP99Ratio`` with the machine's load taken out.
+  Skipped when valgrind is missing.
 
 For each path it prints the top ``--top`` functions by self time with their share of the
 profiled time. The last line is one JSON object: for each path, its profiled seconds and
@@ -227,6 +236,70 @@ def gateway_instructions(calls: int) -> dict[str, Any] | None:
             "instructionsPerCallOpenAI": round(figures["openai"]), "calls": calls}
 
 
+def place_instructions(calls: int) -> dict[str, Any] | None:
+    """Instructions per place + claim + release on NATS, and per floor get + update."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        print("\nplace-instructions: valgrind not installed, skipped")
+        return None
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    counts: dict[str, int] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for mode, count in (("setup", 0), ("call", calls), ("floor", calls)):
+            out = Path(scratch) / f"callgrind.{mode}"
+            subprocess.run(
+                [valgrind, "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
+                 str(Path(__file__).resolve()), "--place-child", mode, str(count)],
+                env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            counts[mode] = _instructions(out)
+    per_call = (counts["call"] - counts["setup"]) / calls
+    per_floor = (counts["floor"] - counts["setup"]) / calls
+    print(f"\nplace-instructions: {calls} operations each after the set-up: "
+          f"{per_call / 1e6:.3f} M instructions per place + claim + release on NATS, "
+          f"{per_floor / 1e6:.3f} M per floor get + update ({per_call / per_floor:.2f}x)")
+    return {"instructionsPerCall": round(per_call), "instructionsPerFloor": round(per_floor),
+            "ratio": round(per_call / per_floor, 3), "calls": calls}
+
+
+def _place_child(mode: str, count: int) -> None:
+    """The process ``place_instructions`` counts: set-up and warm-up, then ``count``
+    calls (``call``) or floor round trips (``floor``), or nothing more (``setup``)."""
+    import place as bench  # bench/place.py
+
+    from kubemoot.settings import NatsSettings, RuntimeSettings
+    from kubemoot.store.nats import NatsKV
+    from kubemoot.testing.nats_server import running_nats_server
+
+    async def run() -> None:
+        async with running_nats_server() as server:
+            # callgrind slows this process fifty-fold: no request may time out
+            kv = await NatsKV.connect(NatsSettings(servers=[server.url], request_timeout=60.0))
+            try:
+                rng = random.Random(11)
+                # The demand board is read once: callgrind's slowdown would otherwise
+                # bring its once-a-second re-read into every few calls.
+                planner = await bench.build(kv, 8, rng,
+                                            RuntimeSettings(demand_cache_seconds=3600.0))
+                floor = await bench.floor_bucket(kv)
+                await bench.loop(planner, 50, rng)  # warm-up: first-use costs stay out
+                for _ in range(50):
+                    await bench.round_trip(floor)
+                if mode == "call":
+                    await bench.loop(planner, count, rng)
+                elif mode == "floor":
+                    for _ in range(count):
+                        await bench.round_trip(floor)
+            finally:
+                await kv.close()
+
+    asyncio.run(run())
+
+
 def _instructions(dump: Path) -> int:
     """The total instruction count (Ir) of one callgrind dump."""
     for line in dump.read_text().splitlines():
@@ -319,18 +392,27 @@ def profile(name: str, top: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--path", action="append",
-                        choices=[*sorted(PATHS), "gateway", "gateway-instructions"],
+                        choices=[*sorted(PATHS), "gateway", "gateway-instructions",
+                                 "place-instructions"],
                         help="a hot path to profile (repeatable; default: all)")
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--calls", type=int, default=300,
-                        help="calls per route counted by gateway-instructions")
+                        help="calls per route counted by gateway-instructions, and "
+                        "operations of each kind counted by place-instructions")
+    parser.add_argument("--place-child", nargs=2, metavar=("MODE", "COUNT"),
+                        help=argparse.SUPPRESS)  # the process place-instructions counts
     args = parser.parse_args()
+    if args.place_child is not None:
+        _place_child(args.place_child[0], int(args.place_child[1]))
+        return
     figures: dict[str, Any] = {}
     for name in args.path or [*PATHS, "gateway"]:
         if name == "gateway":
             figures[name] = gateway_profile(args.top)
         elif name == "gateway-instructions":
             figures[name] = gateway_instructions(args.calls)
+        elif name == "place-instructions":
+            figures[name] = place_instructions(args.calls)
         else:
             figures[name] = profile(name, args.top)
     print(json.dumps(figures))

@@ -47,6 +47,7 @@ from kubemoot.clock import SystemClock
 from kubemoot.runtime.builder import build_runtime
 from kubemoot.runtime.placement import CandidateModel
 from kubemoot.runtime.planner import CallPlanner
+from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import ProviderState, ResidentModel
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
@@ -74,8 +75,10 @@ def fleet(count: int, rng: random.Random) -> list[ProviderState]:
     return states
 
 
-async def build(kv: KV, providers: int, rng: random.Random) -> CallPlanner:
-    runtime = await build_runtime(kv, clock=SystemClock(), declared=SIZES_MIB)
+async def build(kv: KV, providers: int, rng: random.Random,
+                settings: RuntimeSettings | None = None) -> CallPlanner:
+    runtime = await build_runtime(kv, clock=SystemClock(), declared=SIZES_MIB,
+                                  settings=settings)
     for state in fleet(providers, rng):
         await runtime.states.put(encode_token(state.provider), state.to_json())
     # As the agent runtime does: watches keep the view current. Nothing waits here.

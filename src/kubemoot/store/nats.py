@@ -167,12 +167,6 @@ def _stream_sequence(msg: Any) -> int:
     return int(msg.metadata.sequence.stream)
 
 
-def _is_removal(headers: dict[str, str] | None) -> bool:
-    if not headers:
-        return False
-    return _KV_OPERATION in headers or _MARKER_REASON in headers
-
-
 class NatsBucket:
     """One JetStream KV bucket."""
 
@@ -295,16 +289,21 @@ class NatsBucket:
             with _edge(f"watch {self.name}"):
                 info = await self._js.stream_info(self._stream)
                 seen = int(info.state.last_seq)
+                name, skip = self.name, len(self._prefix)
 
                 async def deliver(msg: Any) -> None:
+                    # every write to the bucket, this process's own included, comes here
                     nonlocal seen
                     revision = _stream_sequence(msg)
                     if revision <= seen:  # a replay after an ordered-consumer reset
                         return
                     seen = revision
-                    key = msg.subject[len(self._prefix) :]
-                    value = None if _is_removal(msg.headers) else bytes(msg.data)
-                    watch.push(Change(self.name, key, value, revision))
+                    headers = msg.headers
+                    removed = headers is not None and (
+                        _KV_OPERATION in headers or _MARKER_REASON in headers
+                    )
+                    watch.push(Change(name, msg.subject[skip:],
+                                      None if removed else bytes(msg.data), revision))
 
                 subscription = await self._js.subscribe(
                     f"{self._prefix}>",

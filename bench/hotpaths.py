@@ -7,6 +7,8 @@ Paths (``--path``, repeatable; all by default):
   generator);
 * ``place`` — place + claim + release on the embedded store with 1,000 providers
   (``bench/place.py``'s fleet);
+* ``place-nats`` — the same on a real nats-server with 8 providers (``bench/place.py``'s
+  NATS loop): the placement's own work between its two writes, beside the NATS client's;
 * ``claims`` — ticket claim + release on one provider on the embedded store (the CAS loop
   without the network, so the client's own work shows);
 * ``simulate`` — the simulator running the kubemoot policy alone on ``fleet-16``.
@@ -86,6 +88,32 @@ def _place() -> Callable[[], None]:
         loop.run_until_complete(bench.loop(planner, 1000, rng))
         loop.run_until_complete(kv.close())  # ends the view's watches with the store
 
+    return run
+
+
+def _place_nats() -> Callable[[], None]:
+    import place as bench  # bench/place.py
+
+    from kubemoot.settings import NatsSettings
+    from kubemoot.store.nats import NatsKV
+    from kubemoot.testing.nats_server import running_nats_server
+
+    loop = asyncio.new_event_loop()
+    running = running_nats_server()
+    server = loop.run_until_complete(running.__aenter__())
+    kv = loop.run_until_complete(NatsKV.connect(NatsSettings(servers=[server.url])))
+    rng = random.Random(11)
+    planner = loop.run_until_complete(bench.build(kv, 8, rng))
+    loop.run_until_complete(bench.loop(planner, 200, rng))
+
+    def close() -> None:
+        loop.run_until_complete(kv.close())
+        loop.run_until_complete(running.__aexit__(None, None, None))
+
+    def run() -> None:
+        loop.run_until_complete(bench.loop(planner, 1000, rng))
+
+    run.close = close  # type: ignore[attr-defined]  # after the profile: no placement work
     return run
 
 
@@ -355,6 +383,7 @@ def _leaf_shares(name: str, collapsed: str, top: int) -> dict[str, Any]:
 PATHS: dict[str, Callable[[], Callable[[], None]]] = {
     "schedule": _schedule,
     "place": _place,
+    "place-nats": _place_nats,
     "claims": _claims,
     "simulate": _simulate,
 }
@@ -366,6 +395,9 @@ def profile(name: str, top: int) -> dict[str, Any]:
     profiler.enable()
     work()
     profiler.disable()
+    close = getattr(work, "close", None)  # what a path tears down outside the profile
+    if close is not None:
+        close()
     stats = pstats.Stats(profiler)
     total = stats.total_tt  # type: ignore[attr-defined]
     rows = []

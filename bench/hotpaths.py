@@ -9,6 +9,10 @@ Paths (``--path``, repeatable; all by default):
   (``bench/place.py``'s fleet);
 * ``place-nats`` — the same on a real nats-server with 8 providers (``bench/place.py``'s
   NATS loop): the placement's own work between its two writes, beside the NATS client's;
+* ``place-calls`` — the same NATS loop counted by ``sys.setprofile``: the Python and
+  builtin calls per place + claim + release made under each part of the call (the
+  placement, the ticket lane, the writes, the deliveries of the call's own writes),
+  each counted with everything below it, and per floor ``get`` + ``update``;
 * ``claims`` — ticket claim + release on one provider on the embedded store (the CAS loop
   without the network, so the client's own work shows);
 * ``simulate`` — the simulator running the kubemoot policy alone on ``fleet-16``.
@@ -294,6 +298,91 @@ def place_instructions(calls: int) -> dict[str, Any] | None:
             "ratio": round(per_call / per_floor, 3), "calls": calls}
 
 
+#: The parts of a call on NATS that ``place-calls`` reports: (label, file, function).
+_PLACE_PARTS = (
+    ("placement (CallPlanner.place, its claim included)", "runtime/planner.py", "place"),
+    ("its claim (Claims.claim)", "runtime/claims.py", "claim"),
+    ("release (CallPlanner.release)", "runtime/planner.py", "release"),
+    ("ticket lane (TicketManager._serve, its writes included)", "runtime/tickets.py",
+     "_serve"),
+    ("the writes (NatsBucket.update)", "store/nats.py", "update"),
+    ("nats-py reading the socket (Client._read_loop)", "nats/aio/client.py", "_read_loop"),
+    ("nats-py subscription tasks (Subscription._wait_for_msgs)", "nats/aio/subscription.py",
+     "_wait_for_msgs"),
+    ("a delivery to the watch (deliver)", "store/nats.py", "deliver"),
+    ("the view's watch task (ProviderView._follow)", "runtime/view.py", "_follow"),
+    ("nats-py's flusher task (Client._flusher)", "nats/aio/client.py", "_flusher"),
+)
+
+
+def place_calls(calls: int) -> dict[str, Any]:
+    """Python and builtin calls per place + claim + release on NATS, by part."""
+    import place as bench  # bench/place.py
+
+    from kubemoot.settings import NatsSettings
+    from kubemoot.store.nats import NatsKV
+    from kubemoot.testing.nats_server import running_nats_server
+
+    def counting(counts: dict[str, int]) -> Callable[[Any, str, Any], None]:
+        def tally(frame: Any, event: str, _arg: Any) -> None:
+            if event not in ("call", "c_call"):
+                return
+            counts["all"] = counts.get("all", 0) + 1
+            seen: set[str] = set()
+            while frame is not None:
+                code = frame.f_code
+                for label, path, function in _PLACE_PARTS:
+                    if code.co_name == function and code.co_filename.endswith(path):
+                        seen.add(label)
+                frame = frame.f_back
+            for label in seen:
+                counts[label] = counts.get(label, 0) + 1
+        return tally
+
+    async def counted(work: Callable[[], Any], counts: dict[str, int]) -> None:
+        sys.setprofile(counting(counts))
+        try:
+            await work()
+        finally:
+            sys.setprofile(None)
+
+    per_call: dict[str, int] = {}
+    per_floor: dict[str, int] = {}
+
+    async def run() -> None:
+        async with running_nats_server() as server:
+            kv = await NatsKV.connect(NatsSettings(servers=[server.url]))
+            try:
+                rng = random.Random(11)
+                planner = await bench.build(kv, 8, rng)
+                floor = await bench.floor_bucket(kv)
+                await bench.loop(planner, 200, rng)  # warm-up: first-use costs stay out
+
+                async def place() -> None:
+                    await bench.loop(planner, calls, rng)
+
+                async def floors() -> None:
+                    for _ in range(calls):
+                        await bench.round_trip(floor)
+
+                await counted(place, per_call)
+                await counted(floors, per_floor)
+            finally:
+                await kv.close()
+
+    asyncio.run(run())
+    print(f"\nplace-calls: Python and builtin calls per place + claim + release on NATS "
+          f"({calls} calls), each part counted with everything below it:")
+    for label, _path, _function in _PLACE_PARTS:
+        print(f"  {per_call.get(label, 0) / calls:7.0f}  {label}")
+    print(f"  {per_call.get('all', 0) / calls:7.0f}  all; per floor get + update: "
+          f"{per_floor.get('all', 0) / calls:.0f}")
+    return {"perCall": round(per_call.get("all", 0) / calls, 1),
+            "perFloor": round(per_floor.get("all", 0) / calls, 1),
+            "parts": {label: round(per_call.get(label, 0) / calls, 1)
+                      for label, _path, _function in _PLACE_PARTS}}
+
+
 def _place_child(mode: str, count: int) -> None:
     """The process ``place_instructions`` counts: set-up and warm-up, then ``count``
     calls (``call``) or floor round trips (``floor``), or nothing more (``setup``)."""
@@ -425,7 +514,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--path", action="append",
                         choices=[*sorted(PATHS), "gateway", "gateway-instructions",
-                                 "place-instructions"],
+                                 "place-instructions", "place-calls"],
                         help="a hot path to profile (repeatable; default: all)")
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--calls", type=int, default=300,
@@ -445,6 +534,8 @@ def main() -> None:
             figures[name] = gateway_instructions(args.calls)
         elif name == "place-instructions":
             figures[name] = place_instructions(args.calls)
+        elif name == "place-calls":
+            figures[name] = place_calls(args.calls)
         else:
             figures[name] = profile(name, args.top)
     print(json.dumps(figures))

@@ -22,7 +22,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from operator import itemgetter
+from typing import cast
 
 from kubemoot.gates.results import GateResult
 from kubemoot.runtime import filters
@@ -35,6 +37,19 @@ from kubemoot.store.documents import TicketState
 
 VICTIMS = "victims"
 
+#: A candidate's gate results, or the question that gives them (a warm copy's gates,
+#: worked out when a record is read: a placement's record is built only when asked
+#: for, and most are never asked for).
+Evidence = list[GateResult] | partial[list[GateResult]]
+
+
+def evidence(gathered: dict[str, Evidence]) -> dict[str, list[GateResult]]:
+    """``gathered`` with every deferred gate list worked out, in place, in its order."""
+    for cid, results in gathered.items():
+        if not isinstance(results, list):
+            gathered[cid] = results()  # a value changes, the keys and order do not
+    return cast(dict[str, list[GateResult]], gathered)
+
 
 @dataclass(slots=True)
 class Round:
@@ -43,8 +58,9 @@ class Round:
     fleet: FleetSnapshot
     cost: CostModel
     prompt_tokens: int | None = None
-    #: gate results per candidate id ``provider/model`` (filled as options are listed)
-    gates: dict[str, list[GateResult]] = field(default_factory=dict)
+    #: gate results per candidate id ``provider/model`` (filled as options are listed;
+    #: read them through :attr:`gates`)
+    gathered: dict[str, Evidence] = field(default_factory=dict)
     #: waiters queued before this call, per copy ``(provider, model)`` (see :func:`spread`)
     ahead: dict[tuple[str, str], int] = field(default_factory=dict)
     #: the fleet before any provider was excluded (``None``: nothing was); a refusal is
@@ -69,7 +85,7 @@ class Round:
     ) -> Round:
         """A round over ``fleet`` less the ``exclude`` providers: they are filtered out
         before anything is priced, so no price has to know about them."""
-        seen = fleet.without(exclude)
+        seen = fleet.without(exclude) if exclude else fleet
         if seen is not fleet:
             # what the left-out providers show about model sizes is still true
             occupancy.observe(fleet)
@@ -85,9 +101,21 @@ class Round:
         return self.whole, CostModel(self.whole, settings=c.settings,
                                      occupancy=c.occupancy_book, demand=c.demand)
 
+    @property
+    def gates(self) -> dict[str, list[GateResult]]:
+        """Gate results per candidate id ``provider/model``, in the order gathered."""
+        return evidence(self.gathered)
+
     def record(self, provider: str, model: str, results: list[GateResult]) -> bool:
-        self.gates[f"{provider}/{model}"] = results
+        self.gathered[f"{provider}/{model}"] = results
         return filters.feasible(results)
+
+    def record_warm(self, p: ProviderSnapshot, model: str) -> None:
+        """Keep the warm gates of ``p``'s copy of ``model`` as evidence, worked out when
+        read (the snapshot is a value, so they come out as they would now)."""
+        self.gathered[f"{p.name}/{model}"] = partial(
+            filters.warm_gates, p, model, self.prompt_tokens
+        )
 
     def ahead_of(self, provider: str, model: str) -> int:
         return self.ahead.get((provider, model), 0)
@@ -141,8 +169,7 @@ def _usable_copies(rnd: Round, model: str) -> list[ProviderSnapshot]:
 
 def _record_warm(rnd: Round, options: Iterable[Option]) -> None:
     for o in options:
-        p = rnd.provider_of(o)
-        rnd.record(p.name, o.model, filters.warm_gates(p, o.model, rnd.prompt_tokens))
+        rnd.record_warm(rnd.provider_of(o), o.model)
 
 
 def spread(rnd: Round, models: Sequence[str], ahead: int) -> None:
@@ -236,13 +263,21 @@ def _free_copies(rnd: Round, model: str, limit: int, *, prefill: bool) -> list[O
     if keyed is None:
         keyed = _keyed_free_copies(rnd, model, elsewhere, prefill=prefill)
     options: list[Option] = []
-    for _key, p in heapq.nsmallest(limit, keyed, key=itemgetter(0)):
-        option = rnd.copy_option(p, model, rnd.ahead_of(p.name, model))
+    for (_seconds, rank, in_flight, name), p in heapq.nsmallest(limit, keyed,
+                                                                key=itemgetter(0)):
+        if rank == _WARM_RANK and p.is_resident(model):
+            # A resident copy with a slot free behind its waiters: no load to wait for
+            # and no queue, so the cost model's price is 0 s, and the key already holds
+            # its calls in flight (:meth:`CostModel.copy_option`, without asking it).
+            option = Option(OptionKind.WARM, name, model, 0.0, in_flight=in_flight)
+        else:
+            option = rnd.copy_option(p, model, rnd.ahead_of(name, model))
         options.append(rnd.with_prefill(option) if prefill else option)
-    _record_warm(rnd, options)
+        rnd.record_warm(p, model)
     return options
 
 
+_WARM_RANK = OptionKind.WARM.rank
 _Keyed = list[tuple[tuple[float, int, int, str], ProviderSnapshot]]
 
 
@@ -257,12 +292,12 @@ def _indexed_free_copies(
     calls in flight, then name) is the price order and only its first ``limit`` can be
     listed. The model's other copies (loading, full, or failing a warm gate) are judged
     one by one in name order, as :func:`_usable_copies` does, so the gate evidence is
-    the same. A prompt larger than a free copy's context, or a free copy that fails the
-    warm filter, sends the call down the one-by-one path.
+    the same. A prompt larger than a free copy's context sends the call down the
+    one-by-one path.
     """
-    if any(m == model for _p, m in rnd.ahead):
+    if rnd.ahead and any(m == model for _p, m in rnd.ahead):
         return None
-    if prefill and any(p and m == model for p, m in rnd.prefill):
+    if prefill and rnd.prefill and any(p and m == model for p, m in rnd.prefill):
         return None
     index = rnd.fleet.index
     prompt = rnd.prompt_tokens
@@ -271,11 +306,15 @@ def _indexed_free_copies(
         return None
     free = index.free_copies(model)
     keyed: _Keyed = []
+    seconds = round(elsewhere, 9)
     for in_flight, name in free[:limit]:
+        # A listed copy passes the warm filter: the list holds only copies of ready,
+        # closed-circuit providers that no ticket plans to unload, and every context
+        # in it holds the prompt (the smallest does, above).
         p = index.provider(name)
-        if p is None or not filters.warm_ok(p, model, prompt):
+        if p is None:
             return None
-        keyed.append(((round(elsewhere, 9), 0, in_flight, name), p))
+        keyed.append(((seconds, 0, in_flight, name), p))
     if index.copy_count(model) == len(free):
         return keyed
     listed = {name for _in_flight, name in free}

@@ -678,7 +678,7 @@ class SchedulingPass:
         parallelism = self._parallelism(tier, seen)
         waits: list[tuple[str, list[GateResult]]] = []
         for placement in waiting:
-            results = list(tier.results[placement.name])
+            results = list(tier.results(placement.name))
             results.insert(PROVIDER_GATES.index("VRAM") + 1, parallelism.check(placement))
             waits.append((placement.name, [r for r in results if r.waits]))
         return defer_text(waits)

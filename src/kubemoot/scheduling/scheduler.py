@@ -239,7 +239,7 @@ class SchedulingPass:
         for agent, namespace, crew in agents:
             governed = resolved.get((namespace, crew))
             if governed is None:
-                governed = self._govern(agent, namespace, crew)
+                governed = self._govern(namespace, crew)
             bias = self._bias(governed, tuple(agent.spec.capabilities))
             groups = governed.groups
             group = groups.get(bias)
@@ -340,13 +340,14 @@ class SchedulingPass:
         # when the crew changes, and a bias only under a qualityBias.
         last: object = slot_of  # no crew label is this
         governed: _Governed | None = None
-        for number, someone in segment.held.items():
-            crew, capabilities = segment.agent_class(number)
+        classes = segment.classes
+        for number in segment.present:
+            crew, capabilities = classes[number]
             if crew != last or governed is None:
                 last = crew
                 governed = self._resolved.get((namespace, crew))
                 if governed is None:
-                    governed = self._govern(someone, namespace, crew)
+                    governed = self._govern(namespace, crew)
             bias = None if governed.biases is None else self._bias(governed, capabilities)
             key = (id(governed), bias)
             found = slot_of.get(key)
@@ -450,9 +451,9 @@ class SchedulingPass:
         for failed in group.failed:
             self._event(plan, failed, agent_id)
 
-    def _govern(self, agent: Agent, namespace: str, crew: str | None) -> _Governed:
+    def _govern(self, namespace: str, crew: str | None) -> _Governed:
         """The policy an Agent's (namespace, crew) resolves to, with its plan; once each."""
-        resolution = self.snapshot.resolve_policy(agent)
+        resolution = self.snapshot.resolve(namespace, crew)
         plan = self.plan(resolution.policy)
         found = self._resolved[(namespace, crew)] = _Governed(resolution, plan)
         return found

@@ -255,7 +255,7 @@ def test_topology_spread(
     name: str, mode: str, used: frozenset[str], alternatives: bool, want: Verdict
 ) -> None:
     spread = SpreadContext("provider", mode, used, alternatives)
-    assert TopologySpreadGate(spread).check(cand()).result is want, name
+    assert verdict(TopologySpreadGate(spread), cand()) is want, name
 
 
 def _with_version(version: str | None, **spec: object) -> ModelProvider:

@@ -56,7 +56,6 @@ from kubemoot.scheduling.plugins import (
 )
 from kubemoot.scheduling.tables import (
     ModelIndex,
-    ProviderFacts,
     ProviderTier,
     QualityFunction,
     Ranked,
@@ -73,7 +72,6 @@ __all__ = [
     "SCHEDULER_VERSION",
     "SCORING_POLICY_VERSION",
     "Framework",
-    "ProviderFacts",
     "ProviderTier",
     "Ranked",
     "Ranking",
@@ -165,16 +163,12 @@ class Framework:
                 first = verdicts.index(_FAIL)
                 if first < tier_size:
                     first_failing[placement.name] = first
-        facts: dict[str, ProviderFacts] = {}
-        for placement in self.placements:
-            provider = placement.provider
-            if provider is None or provider.metadata.name in facts:
-                continue
-            facts[provider.metadata.name] = ProviderFacts(
-                headroom=self.headroom.get(provider.metadata.name),
-                stale=stale_age(provider, self.now, max_age_seconds) is not None,
-            )
         index = self.index
+        limits = [
+            None if limit is None or stale_age(placement.provider, self.now, max_age_seconds)
+            is not None else limit
+            for placement, limit in zip(self.placements, index.headroom, strict=True)
+        ]
         feasible_by_set: list[list[int]] = [[] for _ in index.label_sets]
         uncertain_by_set: list[list[int]] = [[] for _ in index.label_sets]
         for position, name in enumerate(index.names):
@@ -188,7 +182,7 @@ class Framework:
             gates,
             {placement.name: placement for placement in self.placements},
             standings,
-            facts,
+            limits,
             first_failing,
             feasible_by_set,
             uncertain_by_set,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cache, partial
+from functools import partial
 from itertools import chain
 
 from kubemoot.api import (
@@ -628,31 +628,34 @@ class SchedulingPass:
         return found
 
     def _explain_unplaced(self, table: RuleTable, context: SpreadContext | None) -> _Unplaced:
-        tier = table.tier
-        facts = tier.facts
+        tier, index = table.tier, table.index
         seen = dict(self.assumed)  # as of now: a DEFER reason is written when first read
+        seen_get, limits, providers = seen.get, tier.limits, index.providers
+        placements = index.placements
         spread_gate = TopologySpreadGate(context)
+        # Verdicts only: results with their words are made for a record or a message.
+        spread_judge = None if context is None or not context.used else spread_gate.judge
 
-        def full(placement: Placement) -> bool:
-            fact = facts.get(placement.model.spec.provider_ref)
-            if fact is None or fact.headroom is None or fact.stale:
-                return False
-            return seen.get(placement.model.spec.provider_ref, 0) > fact.headroom
+        def full(position: int) -> bool:
+            limit = limits[position]
+            return limit is not None and seen_get(providers[position], 0) > limit
 
         waiting = [
-            placement
-            for placement in table.uncertain
-            if not full(placement) and spread_gate.check(placement).result is not Verdict.FAIL
+            position
+            for position in table.uncertain_positions
+            if ((limit := limits[position]) is None or seen_get(providers[position], 0) <= limit)
+            and (spread_judge is None or spread_judge(placements[position]) is not Verdict.FAIL)
         ]
         if waiting:
             # The outcome is all the pass needs; the words cost a gate check per waiting
             # candidate, and most groups are decided again before anyone reads them.
-            return Outcome.DEFER, cache(partial(self._defer_reason, tier, waiting, seen)), None
+            waits = [placements[position] for position in waiting]
+            return Outcome.DEFER, _Once(partial(self._defer_reason, tier, waits, seen)), None
         parallelism = self._parallelism(tier, seen)
         firsts: list[GateResult] = []
-        for placement in self.framework.placements:
+        for position, placement in enumerate(placements):
             first = table.first_failure(placement.name)
-            if (first is None or _ORDER[first.gate] > _ORDER["Parallelism"]) and full(placement):
+            if (first is None or _ORDER[first.gate] > _ORDER["Parallelism"]) and full(position):
                 first = parallelism.check(placement)
             if first is None:
                 spread_result = spread_gate.check(placement)
@@ -761,6 +764,25 @@ class SchedulingPass:
             policies=policies,
             warnings=snapshot_warnings(self.snapshot.models, self.snapshot.providers),
         )
+
+
+class _Once:
+    """A function of no arguments whose answer is worked out on first call and kept.
+
+    What ``functools.cache`` does for such a function, without its wrapper's set-up
+    (copying the wrapped function's name and docs), which a pass pays per unplaced group.
+    """
+
+    __slots__ = ("_answer", "_work")
+
+    def __init__(self, work: Callable[[], str]) -> None:
+        self._work: Callable[[], str] | None = work
+        self._answer = ""
+
+    def __call__(self) -> str:
+        if self._work is not None:
+            self._answer, self._work = self._work(), None
+        return self._answer
 
 
 def schedule_bundle(

@@ -30,7 +30,6 @@ from kubemoot.scheduling.plugins import (
 
 __all__ = [
     "ModelIndex",
-    "ProviderFacts",
     "ProviderTier",
     "QualityFunction",
     "Ranked",
@@ -156,14 +155,6 @@ class ModelIndex:
         return tuple(sorted(positions, key=self.tie_rank.__getitem__))
 
 
-@dataclass(frozen=True, slots=True)
-class ProviderFacts:
-    """What the per-Agent parallelism check needs about one provider, precomputed."""
-
-    headroom: int | None  # agents that may still be assumed onto it; None = limit unknown
-    stale: bool
-
-
 @dataclass(slots=True)
 class ProviderTier:
     """Provider-tier verdicts of every Model, for one freshness limit.
@@ -178,7 +169,10 @@ class ProviderTier:
     gates: tuple[JudgedGate, ...]  # the provider-tier gates, in gate order
     placements: Mapping[str, Placement]  # by Model name
     standing: dict[str, Standing]
-    facts: dict[str, ProviderFacts]
+    #: Per Model position: how many Agents its provider may still take before the
+    #: Parallelism gate FAILs (its headroom); None when that gate never FAILs there
+    #: (no provider, no known limit, or a stale status, which makes it STALE instead).
+    limits: list[int | None]
     #: The position in ``gates`` of each Model's first FAIL, for Models that have one.
     first_failing: dict[str, int]
     #: Per label set: positions of its statically feasible and uncertain Models.

@@ -22,6 +22,9 @@ Paths (``--path``, repeatable; all by default):
   machine's load, so it compares two versions of the gateway on a shared machine. Skipped
   when valgrind is missing.
 
+With ``--instructions``, each Python path is also run once under valgrind's callgrind,
+counted from after its set-up to its end (``instructions`` in its JSON entry).
+
 For each path it prints the top ``--top`` functions by self time with their share of the
 profiled time. The last line is one JSON object: for each path, its profiled seconds and
 the top functions' shares (``{"schedule": {"seconds": …, "calls": …, "top": [[function,
@@ -30,7 +33,7 @@ overhead inflates small functions, so read the table for where to look, and ``be
 for figures. ``calls`` counts the Python function calls of the profiled work (C functions
 called from Python included): it does not vary from run to run on the same code.
 
-    python bench/hotpaths.py [--path schedule --path place ...] [--top 12]
+    python bench/hotpaths.py [--path schedule --path place ...] [--top 12] [--instructions]
 """
 
 from __future__ import annotations
@@ -353,6 +356,71 @@ def profile(name: str, top: int) -> dict[str, Any]:
             "modules": [[m, round(t / total, 3)] for t, m in by_module[:top]]}
 
 
+#: Callgrind's client requests, called through ctypes: instructions are counted from
+#: ``start`` to ``stop`` only, so a path's set-up (a 50,000-Agent cluster takes seconds)
+#: runs uninstrumented and fast.
+_SHIM = r"""
+#include <valgrind/callgrind.h>
+void start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
+void stop(void) { CALLGRIND_STOP_INSTRUMENTATION; CALLGRIND_DUMP_STATS; }
+"""
+
+
+def instructions(name: str) -> int | None:
+    """The instructions one run of a path executes after its set-up (valgrind's callgrind).
+
+    Unlike time, the count hardly moves with the machine's load, and unlike a count of
+    Python calls it sees the work done inside C calls (a list append, a dict store).
+    Needs valgrind, its headers and a C compiler; skipped without them.
+    """
+    import shutil
+    import subprocess
+    import tempfile
+
+    valgrind, compiler = shutil.which("valgrind"), shutil.which("cc") or shutil.which("gcc")
+    if valgrind is None or compiler is None:
+        print(f"\n{name} instructions: valgrind or a C compiler missing, skipped")
+        return None
+    with tempfile.TemporaryDirectory() as scratch:
+        source, shim = Path(scratch) / "shim.c", Path(scratch) / "shim.so"
+        source.write_text(_SHIM)
+        built = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(shim),
+                                str(source)], capture_output=True, text=True, check=False)
+        if built.returncode != 0:
+            print(f"\n{name} instructions: callgrind.h missing ({built.stderr.strip()[:80]}), "
+                  "skipped")
+            return None
+        out = Path(scratch) / "callgrind.out"
+        subprocess.run([valgrind, "--tool=callgrind", "--instr-atstart=no",
+                        f"--callgrind-out-file={out}", sys.executable, __file__,
+                        "--measure", name, "--shim", str(shim)],
+                       check=True, capture_output=True)
+        dumps = sorted(Path(scratch).glob("callgrind.out.*"))
+        if not dumps:
+            raise SystemExit(f"{name} instructions: callgrind wrote no dump")
+        # The dump's "totals" line: its "summary" line stays 0 after a zeroing request.
+        totals = [line for line in dumps[0].read_text().splitlines()
+                  if line.startswith("totals:")]
+        if not totals:
+            raise SystemExit(f"{dumps[0]}: no totals in the callgrind dump")
+        count = int(totals[0].split()[1])
+    print(f"\n{name}: {count:,} instructions in one run (callgrind)")
+    return count
+
+
+def _measure(name: str, shim: str) -> None:
+    """In the child process under callgrind: set the path up, then run it counted."""
+    import ctypes
+    import gc
+
+    work = PATHS[name]()
+    gc.collect()  # the same start for every run: no collection owed by the set-up
+    counted = ctypes.CDLL(shim)
+    counted.start()
+    work()
+    counted.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--path", action="append",
@@ -361,7 +429,14 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--calls", type=int, default=300,
                         help="calls per route counted by gateway-instructions")
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count each Python path's instructions under callgrind")
+    parser.add_argument("--measure", choices=sorted(PATHS), help=argparse.SUPPRESS)
+    parser.add_argument("--shim", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.measure:
+        _measure(args.measure, args.shim)
+        return
     figures: dict[str, Any] = {}
     for name in args.path or [*PATHS, "gateway"]:
         if name == "gateway":
@@ -370,6 +445,8 @@ def main() -> None:
             figures[name] = gateway_instructions(args.calls)
         else:
             figures[name] = profile(name, args.top)
+            if args.instructions:
+                figures[name]["instructions"] = instructions(name)
     print(json.dumps(figures))
 
 

@@ -10,7 +10,10 @@ shares it (kube-scheduler caches node info the same way):
 
 * *provider tier* — every gate whose verdict depends only on the Model and its provider
   (readiness, freshness, VRAM, license, egress, digest, parallelism with nothing
-  assumed), once per pass and freshness limit;
+  assumed), once per pass and freshness limit. Only the verdicts are worked out then
+  (each gate's ``judge``); a Model's results with their reasons and evidence are made
+  when a decision record or an unplaced phase's message first reads them, since most
+  are never read;
 * *rule tier* — the Require gate, once per (policy, phase) and distinct label set;
 * *ranking* — quality + capacity + locality + provider weight of each statically
   feasible candidate, once per (policy, phase, effective bias), and computed only once

@@ -373,6 +373,7 @@ def instructions(name: str) -> int | None:
     Python calls it sees the work done inside C calls (a list append, a dict store).
     Needs valgrind, its headers and a C compiler; skipped without them.
     """
+    import os
     import shutil
     import subprocess
     import tempfile
@@ -391,10 +392,12 @@ def instructions(name: str) -> int | None:
                   "skipped")
             return None
         out = Path(scratch) / "callgrind.out"
+        # A fixed string hash: dicts of names then collide alike on every run.
         subprocess.run([valgrind, "--tool=callgrind", "--instr-atstart=no",
                         f"--callgrind-out-file={out}", sys.executable, __file__,
                         "--measure", name, "--shim", str(shim)],
-                       check=True, capture_output=True)
+                       check=True, capture_output=True,
+                       env={**os.environ, "PYTHONHASHSEED": "0"})
         dumps = sorted(Path(scratch).glob("callgrind.out.*"))
         if not dumps:
             raise SystemExit(f"{name} instructions: callgrind wrote no dump")

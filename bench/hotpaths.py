@@ -4,7 +4,8 @@ Paths (``--path``, repeatable; all by default):
 
 * ``schedule`` — one operator-side pass at ten times the bench's default cluster
   (50,000 Agents × 500 Models × 1,000 ModelProviders × 50 policies, ``bench/schedule.py``'s
-  generator);
+  generator); ``filing`` and ``schedule-filed`` are its two parts as ``bench/schedule.py``
+  times them: filing the 50,000 Agents in a roster, and a pass given that roster;
 * ``place`` — place + claim + release on the embedded store with 1,000 providers
   (``bench/place.py``'s fleet);
 * ``place-nats`` — the same on a real nats-server with 8 providers (``bench/place.py``'s
@@ -36,13 +37,18 @@ Paths (``--path``, repeatable; all by default):
   ``natsP99Ratio`` with the machine's load taken out.
   Skipped when valgrind is missing.
 
+With ``--instructions``, each Python path is also run once under valgrind's callgrind,
+counted from after its set-up to its end (``instructions`` in its JSON entry).
+
 For each path it prints the top ``--top`` functions by self time with their share of the
 profiled time. The last line is one JSON object: for each path, its profiled seconds and
-the top functions' shares (``{"schedule": {"seconds": …, "top": [[function, share], …]}}``).
-Shares are steadier than seconds on a shared machine; the profiler's own overhead inflates
-small functions, so read the table for where to look, and ``bench/*.py`` for figures.
+the top functions' shares (``{"schedule": {"seconds": …, "calls": …, "top": [[function,
+share], …]}}``). Shares are steadier than seconds on a shared machine; the profiler's own
+overhead inflates small functions, so read the table for where to look, and ``bench/*.py``
+for figures. ``calls`` counts the Python function calls of the profiled work (C functions
+called from Python included): it does not vary from run to run on the same code.
 
-    python bench/hotpaths.py [--path schedule --path place ...] [--top 12]
+    python bench/hotpaths.py [--path schedule --path place ...] [--top 12] [--instructions]
 """
 
 from __future__ import annotations
@@ -75,6 +81,36 @@ def _schedule() -> Callable[[], None]:
         bench.schedule_bundle(bundle, now=bench.NOW)
 
     return run
+
+
+def _schedule_parts() -> tuple[Callable[[], None], Callable[[], None]]:
+    """The ``schedule`` pass's two parts: filing its Agents, and a pass given them filed."""
+    import schedule as bench  # bench/schedule.py
+
+    bundle = bench.generate(random.Random(7), agents=50_000, models=500, providers=1000,
+                            policies=50)
+    roster = bench.AgentRoster(bundle.agents)
+    bench.schedule_bundle(bench.ClusterSnapshot.from_bundle(bundle, roster=roster),
+                          now=bench.NOW)  # first-use costs stay out; segments are kept
+
+    def filing() -> None:
+        # As bench/schedule.py times it: every namespace put in name order.
+        for segment in bench.AgentRoster(bundle.agents).segments():
+            _ = segment.agents
+
+    def filed() -> None:
+        bench.schedule_bundle(bench.ClusterSnapshot.from_bundle(bundle, roster=roster),
+                              now=bench.NOW)
+
+    return filing, filed
+
+
+def _filing() -> Callable[[], None]:
+    return _schedule_parts()[0]
+
+
+def _schedule_filed() -> Callable[[], None]:
+    return _schedule_parts()[1]
 
 
 def _place() -> Callable[[], None]:
@@ -471,6 +507,8 @@ def _leaf_shares(name: str, collapsed: str, top: int) -> dict[str, Any]:
 
 PATHS: dict[str, Callable[[], Callable[[], None]]] = {
     "schedule": _schedule,
+    "filing": _filing,
+    "schedule-filed": _schedule_filed,
     "place": _place,
     "place-nats": _place_nats,
     "claims": _claims,
@@ -499,15 +537,85 @@ def profile(name: str, top: int) -> dict[str, Any]:
         modules[module] = modules.get(module, 0.0) + self_time
     rows.sort(reverse=True)
     by_module = sorted(((t, m) for m, t in modules.items()), reverse=True)
-    print(f"\n{name}: {total:.2f} s profiled; top {top} functions by self time")
+    calls = int(stats.total_calls)  # type: ignore[attr-defined]
+    print(f"\n{name}: {total:.2f} s profiled, {calls:,} Python calls; top {top} functions by "
+          "self time")
     for self_time, label in rows[:top]:
         print(f"  {100 * self_time / total:5.1f} %  {label}")
     print(f"{name}: top {top} modules by self time")
     for self_time, module in by_module[:top]:
         print(f"  {100 * self_time / total:5.1f} %  {module}")
-    return {"seconds": round(total, 3),
+    return {"seconds": round(total, 3), "calls": calls,
             "top": [[label, round(t / total, 3)] for t, label in rows[:top]],
             "modules": [[m, round(t / total, 3)] for t, m in by_module[:top]]}
+
+
+#: Callgrind's client requests, called through ctypes: instructions are counted from
+#: ``start`` to ``stop`` only, so a path's set-up (a 50,000-Agent cluster takes seconds)
+#: runs uninstrumented and fast.
+_SHIM = r"""
+#include <valgrind/callgrind.h>
+void start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
+void stop(void) { CALLGRIND_STOP_INSTRUMENTATION; CALLGRIND_DUMP_STATS; }
+"""
+
+
+def instructions(name: str) -> int | None:
+    """The instructions one run of a path executes after its set-up (valgrind's callgrind).
+
+    Unlike time, the count hardly moves with the machine's load, and unlike a count of
+    Python calls it sees the work done inside C calls (a list append, a dict store).
+    Needs valgrind, its headers and a C compiler; skipped without them.
+    """
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    valgrind, compiler = shutil.which("valgrind"), shutil.which("cc") or shutil.which("gcc")
+    if valgrind is None or compiler is None:
+        print(f"\n{name} instructions: valgrind or a C compiler missing, skipped")
+        return None
+    with tempfile.TemporaryDirectory() as scratch:
+        source, shim = Path(scratch) / "shim.c", Path(scratch) / "shim.so"
+        source.write_text(_SHIM)
+        built = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(shim),
+                                str(source)], capture_output=True, text=True, check=False)
+        if built.returncode != 0:
+            print(f"\n{name} instructions: callgrind.h missing ({built.stderr.strip()[:80]}), "
+                  "skipped")
+            return None
+        out = Path(scratch) / "callgrind.out"
+        # A fixed string hash: dicts of names then collide alike on every run.
+        subprocess.run([valgrind, "--tool=callgrind", "--instr-atstart=no",
+                        f"--callgrind-out-file={out}", sys.executable, __file__,
+                        "--measure", name, "--shim", str(shim)],
+                       check=True, capture_output=True,
+                       env={**os.environ, "PYTHONHASHSEED": "0"})
+        dumps = sorted(Path(scratch).glob("callgrind.out.*"))
+        if not dumps:
+            raise SystemExit(f"{name} instructions: callgrind wrote no dump")
+        # The dump's "totals" line: its "summary" line stays 0 after a zeroing request.
+        totals = [line for line in dumps[0].read_text().splitlines()
+                  if line.startswith("totals:")]
+        if not totals:
+            raise SystemExit(f"{dumps[0]}: no totals in the callgrind dump")
+        count = int(totals[0].split()[1])
+    print(f"\n{name}: {count:,} instructions in one run (callgrind)")
+    return count
+
+
+def _measure(name: str, shim: str) -> None:
+    """In the child process under callgrind: set the path up, then run it counted."""
+    import ctypes
+    import gc
+
+    work = PATHS[name]()
+    gc.collect()  # the same start for every run: no collection owed by the set-up
+    counted = ctypes.CDLL(shim)
+    counted.start()
+    work()
+    counted.stop()
 
 
 def main() -> None:
@@ -522,9 +630,16 @@ def main() -> None:
                         "operations of each kind counted by place-instructions")
     parser.add_argument("--place-child", nargs=2, metavar=("MODE", "COUNT"),
                         help=argparse.SUPPRESS)  # the process place-instructions counts
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count each Python path's instructions under callgrind")
+    parser.add_argument("--measure", choices=sorted(PATHS), help=argparse.SUPPRESS)
+    parser.add_argument("--shim", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.place_child is not None:
         _place_child(args.place_child[0], int(args.place_child[1]))
+        return
+    if args.measure:
+        _measure(args.measure, args.shim)
         return
     figures: dict[str, Any] = {}
     for name in args.path or [*PATHS, "gateway"]:
@@ -538,6 +653,8 @@ def main() -> None:
             figures[name] = place_calls(args.calls)
         else:
             figures[name] = profile(name, args.top)
+            if args.instructions:
+                figures[name]["instructions"] = instructions(name)
     print(json.dumps(figures))
 
 

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
          ["--agents", "200", "--models", "50", "--providers", "10", "--policies", "5",
           "--repeat", "1"],
          {"agentsPerSecond", "ratioToFloor", "ratioToFloorAt10x", "agentsPerSecondAt10x",
-          "ratioToAgentFloorAt10x", "ratioToFloorAt10xFiled"}),
+          "ratioToAgentFloorAt10x", "ratioToFloorAt10xFiled", "sameBindingsFiled"}),
         pytest.param(
             "kv.py",
             ["--seconds", "0.5", "--claimers", "4", "--processes", "1", "--samples", "50",
@@ -75,6 +75,8 @@ def test_bench_prints_its_figures_as_the_last_line(
             assert figures[key] == 0
     if "sameBindings" in figures:  # the operator's batch binds as Agent by Agent did
         assert figures["sameBindings"] is True
+    if "sameBindingsFiled" in figures:  # a pass over a kept roster binds as a fresh one
+        assert figures["sameBindingsFiled"] is True
 
 
 def test_simcpu_hashes_the_decisions_of_each_scenario() -> None:

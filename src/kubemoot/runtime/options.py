@@ -464,8 +464,10 @@ def comparison(rnd: Round, models: Sequence[str], *, explain: bool) -> list[Opti
     stays a gate), so when the preferred model's copies are full, loading an in-band
     candidate onto an idle card serves the overflow instead of queueing it (homelab:
     32b's overflow onto a 14b on the other card). The preferred model's first copy is
-    never skipped for a lesser one that loads faster, and unload plans stay the
-    preferred model's: evicting for a lesser model is never priced. Without ``explain``
+    never skipped for a lesser one that merely loads faster: before it has a copy, the
+    band's cold loads are priced only when the preferred model has no free room
+    anywhere, against its unload plans. Unload plans stay the preferred model's:
+    evicting for a lesser model is never priced. Without ``explain``
     only options that can win are priced: a few tightest cold fits (all cold loads of
     a model cost the same load time), and unload plans only when nothing cheaper than
     their floor — load(M) plus one unload — was found.
@@ -476,10 +478,15 @@ def comparison(rnd: Round, models: Sequence[str], *, explain: bool) -> list[Opti
         rnd.with_prefill(rnd.cost.priced_queue(o)) for m in models
         for o in copy_options(rnd, m, free_slot=False, limit=limit, prefill=False)
     ]
-    # A lesser model of the band is loaded only for overflow: once the preferred model
-    # has a copy (warm or coming), never instead of its first one.
-    loadable = models if rnd.fleet.index.copies_of(preferred) else models[:1]
-    options += [o for m in loadable for o in cold_options(rnd, m, limit=limit)]
+    # A lesser model of the band is loaded for overflow once the preferred model has a
+    # copy (warm or coming), or when the preferred model fits nowhere without evicting:
+    # free room for a band model then competes with the unload plans, never with a
+    # cold load of the preferred model (memory-tight: the 24b evicted a coder and its
+    # calls waited 17 s while a 14b of their band could load beside it).
+    cold = cold_options(rnd, preferred, limit=limit)
+    options += cold
+    if not cold or rnd.fleet.index.copies_of(preferred):
+        options += [o for m in models[1:] for o in cold_options(rnd, m, limit=limit)]
     floor = rnd.cost.unload_floor(preferred)
     cheapest = min((o.seconds for o in options), default=None)
     if explain or cheapest is None or floor is None or cheapest > floor:

@@ -3,6 +3,8 @@ runtime.md "Cold loads: any model in the band")."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from kubemoot.runtime.what_if import PlacementState
 from tests.runtime.test_tie_order_and_loading_copies import ago, options, place, state
 
@@ -68,3 +70,32 @@ async def test_the_preferred_model_still_evicts_when_that_is_cheaper() -> None:
     out = await place(state(providers, models=TIGHT, demand={"qwen3:14b": {"intents": 3}}),
                       *TIGHT_BAND)
     assert (out["action"], out["model"]) == ("unload", "mistral-small:24b")
+
+
+GEMMA = [{"name": "gemma3:27b", "vramMiB": 20480}, {"name": "gemma3:12b", "vramMiB": 10240},
+         {"name": "other", "vramMiB": 12288}]
+GEMMA_BAND = (("gemma3:27b", 80), ("gemma3:12b", 72))
+
+
+def _gemma_busy(demand: dict[str, Any]) -> PlacementState:
+    # The 27b's one copy has both slots busy for about 29 s more; card b (16 GiB) can
+    # never hold the 27b, and holds an idle "other" that leaves no room for the 12b.
+    return state([
+        {"name": "a", "totalVramMiB": 24576, "maxParallel": 2,
+         "residents": [{"model": "gemma3:27b", "sizeMiB": 20480}],
+         "tickets": [{"model": "gemma3:27b", "startedAt": ago(1), "footprintMiB": 0},
+                     {"model": "gemma3:27b", "startedAt": ago(1), "footprintMiB": 0}]},
+        {"name": "b", "totalVramMiB": 16384,
+         "residents": [{"model": "other", "sizeMiB": 12288}]},
+    ], models=GEMMA, demand=demand)
+
+
+async def test_overflow_may_evict_an_unwanted_model_for_a_band_model() -> None:
+    out = await place(_gemma_busy({}), *GEMMA_BAND)
+    # queue at a: 29 s; unload "other" on b and load the 12b: 1 + 10 = 11 s
+    assert (out["action"], out["provider"], out["model"]) == ("unload", "b", "gemma3:12b")
+
+
+async def test_nothing_planned_for_is_evicted_for_a_band_model() -> None:
+    out = await place(_gemma_busy({"other": {"intents": 1}}), *GEMMA_BAND)
+    assert (out["action"], out["provider"], out["model"]) == ("queue", "a", "gemma3:27b")

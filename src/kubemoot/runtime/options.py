@@ -502,8 +502,9 @@ def comparison(rnd: Round, models: Sequence[str], *, explain: bool) -> list[Opti
     32b's overflow onto a 14b on the other card). The preferred model's first copy is
     never skipped for a lesser one that merely loads faster: before it has a copy, the
     band's cold loads are priced only when the preferred model has no free room
-    anywhere, against its unload plans. Unload plans stay the preferred model's:
-    evicting for a lesser model is never priced. Without ``explain``
+    anywhere, against its unload plans. A lesser model's unload plans are priced for
+    the overflow only, and only those whose victims nobody waits for or has an intent
+    on. Without ``explain``
     only options that can win are priced: a few tightest cold fits (all cold loads of
     a model cost the same load time), and unload plans only when nothing cheaper than
     their floor — load(M) plus one unload — was found.
@@ -523,10 +524,17 @@ def comparison(rnd: Round, models: Sequence[str], *, explain: bool) -> list[Opti
     options += cold
     if not cold or rnd.fleet.index.copies_of(preferred):
         options += [o for m in models[1:] for o in cold_options(rnd, m, limit=limit)]
-    floor = rnd.cost.unload_floor(preferred)
+    # Unload plans are the preferred model's, and for the overflow (as cold loads above)
+    # the band's lesser models' too, whose plans may evict only models nobody waits for
+    # or plans to call (memory-tight: a writer queued a minute for `gemma3:27b` while
+    # `gemma3:12b`, in its band, could replace an idle model on another card).
+    demand = rnd.cost.demand
     cheapest = min((o.seconds for o in options), default=None)
-    if explain or cheapest is None or floor is None or cheapest > floor:
-        options += unload_options(rnd, preferred)
+    for m in models if rnd.fleet.index.copies_of(preferred) else models[:1]:
+        floor = rnd.cost.unload_floor(m)
+        if explain or cheapest is None or floor is None or cheapest > floor:
+            options += [o for o in unload_options(rnd, m) if m == preferred or not any(
+                demand.of(v).waiters or demand.of(v).intents for v in o.victims)]
     return sorted(options, key=lambda o: o.sort_key(models))
 
 

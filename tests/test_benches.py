@@ -96,3 +96,18 @@ def test_simcpu_hashes_the_decisions_of_each_scenario() -> None:
     by_scenario = first["decisionsByScenario"]
     assert isinstance(by_scenario, dict)
     assert by_scenario["homelab"] != by_scenario["memory-tight"]
+
+
+def test_quality_bench_gives_kubemoot_s_wait_per_seed() -> None:
+    """``--seeds``: a change that helps on the bench's seed alone is checked over several."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "quality.py"), "--scenarios", "homelab",
+         "--duration", "300", "--seeds", "1,2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    homelab = figures["perScenario"]["homelab"]
+    assert figures["seeds"] == [1, 2] and set(homelab["meanWaitSeconds"]) == {"1", "2"}
+    waits = homelab["meanWaitSeconds"].values()
+    assert homelab["meanOverSeeds"] == pytest.approx(sum(waits) / 2, abs=1e-4)

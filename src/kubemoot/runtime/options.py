@@ -412,6 +412,42 @@ def loading_queue(rnd: Round, models: Sequence[str]) -> Option | None:
     return None
 
 
+def or_a_copy_as_soon(rnd: Round, choices: list[Option]) -> list[Option]:
+    """``choices`` (a cheap case), or a cold load that starts the call no later.
+
+    When every choice is a copy still loading, joining it gains the call nothing over
+    loading another copy on a card that is free now and would finish as soon (calls
+    issued in one instant: a burst, agents selected together). If other calls for the
+    model are expected, the second copy shortens their waits and costs this one
+    nothing, so it is taken: DESIGN §5's "company may pay for a second copy", at no
+    price to the call. Alone, the call joins the coming copy as before. Only a load
+    onto free room counts (nothing is evicted for it), and it must be ready no later
+    than the soonest loading choice, the card's loads under way and the prefill
+    included (long-discussion cut: 6.53 s → 3.13 s, three copies at once instead of
+    one).
+    """
+    if not choices or any(o.kind is not OptionKind.LOADING for o in choices):
+        return choices
+    model = choices[0].model
+    cost = rnd.cost
+    others = max(cost.demand.of(model).demand_besides_one_waiter,
+                 float(cost.queued_ahead.get(model, 0)))
+    load = cost.load(model)
+    if others <= 0 or load is None:
+        return choices
+    soonest = min(o.seconds for o in choices)
+    for option in cold_options(rnd, model, limit=cost.settings.copy_shortlist):
+        starts = cost.load_line_wait(rnd.provider_of(option)) + load
+        starts = rnd.with_prefill(replace(option, seconds=starts)).seconds
+        if starts <= soonest + AS_SOON_SECONDS:
+            return [option]
+    return choices
+
+
+#: Within this much, a new copy is as soon as one loading (rounding, not a trade-off).
+AS_SOON_SECONDS = 1e-6
+
+
 # -- loads ----------------------------------------------------------------------------
 
 
@@ -503,8 +539,11 @@ def comparison(rnd: Round, models: Sequence[str], *, explain: bool) -> list[Opti
     stays a gate), so when the preferred model's copies are full, loading an in-band
     candidate onto an idle card serves the overflow instead of queueing it (homelab:
     32b's overflow onto a 14b on the other card). The preferred model's first copy is
-    never skipped for a lesser one that loads faster, and unload plans stay the
-    preferred model's: evicting for a lesser model is never priced. Without ``explain``
+    never skipped for a lesser one that merely loads faster: before it has a copy, the
+    band's cold loads are priced only when the preferred model has no free room
+    anywhere, against its unload plans. A lesser model's unload plans are priced for
+    the overflow only, and only those whose victims nobody waits for or has an intent
+    on. Without ``explain``
     only options that can win are priced: a few tightest cold fits (all cold loads of
     a model cost the same load time), and unload plans only when nothing cheaper than
     their floor — load(M) plus one unload — was found.
@@ -515,14 +554,26 @@ def comparison(rnd: Round, models: Sequence[str], *, explain: bool) -> list[Opti
         rnd.with_prefill(rnd.cost.priced_queue(o)) for m in models
         for o in copy_options(rnd, m, free_slot=False, limit=limit, prefill=False)
     ]
-    # A lesser model of the band is loaded only for overflow: once the preferred model
-    # has a copy (warm or coming), never instead of its first one.
-    loadable = models if rnd.fleet.index.copies_of(preferred) else models[:1]
-    options += [o for m in loadable for o in cold_options(rnd, m, limit=limit)]
-    floor = rnd.cost.unload_floor(preferred)
+    # A lesser model of the band is loaded for overflow once the preferred model has a
+    # copy (warm or coming), or when the preferred model fits nowhere without evicting:
+    # free room for a band model then competes with the unload plans, never with a
+    # cold load of the preferred model (memory-tight: the 24b evicted a coder and its
+    # calls waited 17 s while a 14b of their band could load beside it).
+    cold = cold_options(rnd, preferred, limit=limit)
+    options += cold
+    if not cold or rnd.fleet.index.copies_of(preferred):
+        options += [o for m in models[1:] for o in cold_options(rnd, m, limit=limit)]
+    # Unload plans are the preferred model's, and for the overflow (as cold loads above)
+    # the band's lesser models' too, whose plans may evict only models nobody waits for
+    # or plans to call (memory-tight: a writer queued a minute for `gemma3:27b` while
+    # `gemma3:12b`, in its band, could replace an idle model on another card).
+    demand = rnd.cost.demand
     cheapest = min((o.seconds for o in options), default=None)
-    if explain or cheapest is None or floor is None or cheapest > floor:
-        options += unload_options(rnd, preferred)
+    for m in models if rnd.fleet.index.copies_of(preferred) else models[:1]:
+        floor = rnd.cost.unload_floor(m)
+        if explain or cheapest is None or floor is None or cheapest > floor:
+            options += [o for o in unload_options(rnd, m) if m == preferred or not any(
+                demand.of(v).waiters or demand.of(v).intents for v in o.victims)]
     return sorted(options, key=lambda o: o.sort_key(models))
 
 

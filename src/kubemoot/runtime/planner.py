@@ -234,10 +234,13 @@ class CallPlanner:
             (options.joinable_loading(rnd, m) for m in models),  # step 3, a free slot
         )
         for choices in cheap_cases:
+            choices = options.or_a_copy_as_soon(rnd, choices)
             claim = await self._first_claim(rnd, choices, holder_id, state)
             if claim is not None:
-                return self._placed(rnd, claim, priced or [claim.option],
-                                    "a warm or loading copy had room")
+                why = ("a warm or loading copy had room" if claim.option.kind in
+                       (OptionKind.WARM, OptionKind.LOADING) else
+                       "another copy is ready as soon as the one loading, for the company")
+                return self._placed(rnd, claim, priced or [claim.option], why)
         loading = options.loading_queue(rnd, models)
         if not explain:
             priced = options.comparison(rnd, models, explain=False)

@@ -172,3 +172,29 @@ def test_provider_gate_results_are_made_only_when_a_record_reads_them(
     assert vram is not None and vram.reason == "5000 + 1024 reserve ≤ 49152 MiB"
     result.agents[4].phases["mulling"].decision  # noqa: B018 - a second record reads them again
     assert sorted(checked) == ["m-a", "m-b"]  # made once per pass
+
+
+def test_policies_with_one_quality_bias_share_its_table_but_not_their_answers() -> None:
+    # The parsed qualityBias and each capability set's effective bias are worked out once
+    # per pass for every policy that states the same bias; another bias keeps its own.
+    lean = {"reasoning": "0.9", "default": "0.2"}
+    policies = [
+        policy("a", "ns-1", rules=[rule("mulling")], quality_bias=lean),
+        policy("b", "ns-2", rules=[rule("mulling")], quality_bias=dict(lean)),
+        policy("c", "ns-3", rules=[rule("mulling")], quality_bias={"default": "0.6"}),
+    ]
+    snapshot = ClusterSnapshot.build(
+        models=[model("m-8b", provider="gpu", vram_mib=5000, labels={"latencyClass": "high"})],
+        providers=[provider("gpu", vram_total_mib=32768, max_parallel=8)],
+        policies=policies,
+    )
+    scheduling = SchedulingPass(snapshot, now=NOW)
+    first, second, third = (scheduling.plan(p) for p in policies)
+    assert first.bias is second.bias and third.bias is not first.bias
+    results = [
+        scheduling.schedule(agent(name, ns, capabilities=capabilities))
+        for name, ns, capabilities in [("x", "ns-1", ["reasoning"]), ("y", "ns-2", []),
+                                       ("z", "ns-3", ["reasoning"])]
+    ]
+    # A high-latency Model's quality is 100 × the Agent's effective bias.
+    assert [r.phases["mulling"].candidates[0][1] for r in results] == [90.0, 20.0, 60.0]

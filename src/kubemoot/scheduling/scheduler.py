@@ -106,12 +106,9 @@ class _Governed:
     plan: PolicyPlan
     #: Binding groups by effective bias (see :mod:`kubemoot.scheduling.group`).
     groups: dict[float | None, BindingGroup] = field(default_factory=dict)
-    #: Effective bias by capability set; None when the plan has no qualityBias.
+    #: Effective bias by capability set; None when the plan has no qualityBias. Shared
+    #: by every policy of the pass with the same qualityBias (see :meth:`plan`).
     biases: dict[tuple[str, ...], float | None] | None = None
-
-    def __post_init__(self) -> None:
-        if self.plan.bias is not None:
-            self.biases = {}
 
 
 class SchedulingPass:
@@ -143,6 +140,10 @@ class SchedulingPass:
         #: found full, in rank order.
         self._open: dict[int, list[int]] = {}
         self._unplaced_cache: dict[tuple[int, int, SpreadContext | None], _Unplaced] = {}
+        #: Parsed qualityBias tables by content, and each one's effective bias by
+        #: capability set (by the table's id; the tables live as long as the pass).
+        self._bias_tables: dict[frozenset[tuple[str, str]], BiasTable] = {}
+        self._biases: dict[int, dict[tuple[str, ...], float | None]] = {}
 
     # ------------------------------------------------------------------ policies
 
@@ -186,6 +187,16 @@ class SchedulingPass:
                 rule if rule is not None else SchedulingRule(phase=phase),
                 max_age_seconds=max_age,
             )
+        quality_bias = {} if policy is None else policy.spec.quality_bias
+        table: BiasTable | None = None
+        if quality_bias:
+            # Crews often share one qualityBias: one table, and one answer per capability
+            # set, for all of them (a namespace holds up to one class per Agent).
+            shared = frozenset(quality_bias.items())
+            table = self._bias_tables.get(shared)
+            if table is None:
+                table = self._bias_tables[shared] = BiasTable(quality_bias)
+                self._biases[id(table)] = {}
         found = PolicyPlan(
             policy=policy,
             archetype=archetype,
@@ -193,7 +204,8 @@ class SchedulingPass:
             order=order,
             tables=tables,
             spread=spread,
-            quality_bias={} if policy is None else policy.spec.quality_bias,
+            quality_bias=quality_bias,
+            bias=table,
         )
         self._plans[key] = found
         return found
@@ -348,7 +360,13 @@ class SchedulingPass:
                 governed = self._resolved.get((namespace, crew))
                 if governed is None:
                     governed = self._govern(namespace, crew)
-            bias = None if governed.biases is None else self._bias(governed, capabilities)
+            biases = governed.biases
+            if biases is None:
+                bias = None
+            elif capabilities in biases:  # most classes: a capability set seen before
+                bias = biases[capabilities]
+            else:
+                bias = self._bias(governed, capabilities)
             key = (id(governed), bias)
             found = slot_of.get(key)
             if found is None:
@@ -455,7 +473,8 @@ class SchedulingPass:
         """The policy an Agent's (namespace, crew) resolves to, with its plan; once each."""
         resolution = self.snapshot.resolve(namespace, crew)
         plan = self.plan(resolution.policy)
-        found = self._resolved[(namespace, crew)] = _Governed(resolution, plan)
+        biases = None if plan.bias is None else self._biases[id(plan.bias)]
+        found = self._resolved[(namespace, crew)] = _Governed(resolution, plan, biases=biases)
         return found
 
     def _holds(self, group: BindingGroup) -> bool:

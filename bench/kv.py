@@ -35,6 +35,12 @@ lost a race announced in ``kubemoot_ticket_requests`` for any writer to apply;
 server (gets, creates and deletes per bucket; compare-and-sets won and lost) and prints
 them per granted claim for each contended run (key ``requestsPerClaimProcesses``).
 
+With ``--count-requests`` the same figure also counts the changes each worker's watches
+delivered (``… delivered``): every one wakes the process that follows the bucket.
+
+``--profile DIR`` profiles every worker while it claims (cProfile, CPU time) and prints the
+functions with the most self time over the many-process run's workers.
+
 ``workerCpuMsPerClaim`` (and ``…Processes`` for the second run) is the CPU time all
 workers spent while claiming (``time.process_time``), per granted claim: unlike the
 claims per second it does not move with the machine's load.
@@ -47,8 +53,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import cProfile
+import glob
 import json
 import multiprocessing as mp
+import pstats
 import random
 import statistics
 import sys
@@ -67,7 +76,15 @@ from kubemoot.store.documents import (
 )
 from kubemoot.store.memory import MemoryKV
 from kubemoot.store.nats import NatsKV
-from kubemoot.store.protocol import KV, Bucket, Entry, RevisionMismatch, StoreError, Watch
+from kubemoot.store.protocol import (
+    KV,
+    Bucket,
+    Change,
+    Entry,
+    RevisionMismatch,
+    StoreError,
+    Watch,
+)
 from kubemoot.testing.nats_server import running_nats_server
 
 PROVIDER = "gpu-a"
@@ -167,7 +184,37 @@ class CountingBucket:
         return await self.inner.keys()
 
     def watch(self) -> Watch:
-        return self.inner.watch()
+        return CountingWatch(self.inner.watch(), f"{self._what} delivered", self._counts)
+
+
+class CountingWatch:
+    """A watch that counts the changes it delivers to its reader (each one is a wake-up
+    of the process that follows the bucket)."""
+
+    def __init__(self, inner: Watch, what: str, counts: collections.Counter[str]) -> None:
+        self._inner = inner
+        self._what = what
+        self._counts = counts
+
+    def __aiter__(self) -> CountingWatch:
+        return self
+
+    async def __anext__(self) -> Change:
+        change = await self._inner.__anext__()
+        self._counts[self._what] += 1
+        return change
+
+    def drain(self) -> list[Change] | None:
+        changes = self._inner.drain()
+        if changes:
+            self._counts[self._what] += len(changes)
+        return changes
+
+    async def ready(self) -> None:
+        await self._inner.ready()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 async def manager(kv: KV, *, announce: bool = True,
@@ -229,14 +276,16 @@ async def uncontended(kv: KV, n: int) -> tuple[list[float], list[float], list[fl
 def worker(
     url: str, claimers: int, seconds: float, start: Any, seed: int,
     held: Any, overcommits: Any, results: Any, announce: bool, count: bool = False,
+    profile: str | None = None,
 ) -> None:  # fmt: skip
     asyncio.run(_worker(url, claimers, seconds, start, seed, held, overcommits, results,
-                        announce, count))
+                        announce, count, profile))
 
 
 async def _worker(
     url: str, claimers: int, seconds: float, start: Any, seed: int,
     held: Any, overcommits: Any, results: Any, announce: bool, count: bool,
+    profile: str | None,
 ) -> None:  # fmt: skip
     kv = await NatsKV.connect(NatsSettings(servers=[url], name=f"bench-{seed}"))
     requests: collections.Counter[str] = collections.Counter()
@@ -252,6 +301,9 @@ async def _worker(
     # ones race while the rest were still importing (a start-up figure, not a claim one).
     await asyncio.get_running_loop().run_in_executor(None, start.wait, 300)
     requests.clear()  # from the start on: opening the watches is no claim's cost
+    profiler = cProfile.Profile(time.process_time) if profile is not None else None
+    if profiler is not None:
+        profiler.enable()
     cpu_start = time.process_time()  # this worker's CPU, whatever the machine's load
     stop = time.perf_counter() + seconds
 
@@ -290,6 +342,9 @@ async def _worker(
         await asyncio.gather(*(claimer(i) for i in range(claimers)))
     finally:
         counts["cpuSeconds"] = time.process_time() - cpu_start
+        if profiler is not None and profile is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{profile}-{seed}.pstats")
         results.put((latencies, counts, dict(requests)))
         await tickets.aclose()
         await kv.close()
@@ -297,7 +352,7 @@ async def _worker(
 
 def contended(
     url: str, claimers: int, processes: int, seconds: float, announce: bool = True,
-    count: bool = False,
+    count: bool = False, profile: str | None = None,
 ) -> dict[str, Any]:
     context = mp.get_context("spawn")
     held = context.Value("q", 0)
@@ -311,7 +366,7 @@ def contended(
         context.Process(
             target=worker,
             args=(url, n, seconds, start, seed, held, overcommits, results, announce,
-                  count),
+                  count, None if profile is None else f"{profile}/p{processes}"),
         )
         for seed, n in enumerate(counts)
     ]
@@ -351,6 +406,17 @@ def contended(
     }
 
 
+def print_profile(paths: list[str]) -> None:
+    """The workers' profiles together: the functions with the most self time, and the
+    call counts that say how often each ran."""
+    if not paths:
+        return
+    stats = pstats.Stats(paths[0], stream=sys.stdout)
+    for path in paths[1:]:
+        stats.add(path)
+    stats.sort_stats("tottime").print_stats(45)
+
+
 def fairness(per_process: list[int]) -> float:
     """The slowest process's granted claims over the fastest's (1.0: equal shares)."""
     if not per_process or max(per_process) == 0:
@@ -374,6 +440,10 @@ async def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--count-requests", action="store_true",
                         help="count the requests every worker's ticket manager sends, per "
                              "granted claim")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="profile every worker while it claims (cProfile) and write "
+                             "DIR/p<processes>-<worker>.pstats; the slowest functions of "
+                             "the many-process run are printed")
     args = parser.parse_args(argv)
     announce = args.announce == "on"
 
@@ -398,7 +468,7 @@ async def main(argv: list[str]) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         figures = await loop.run_in_executor(
             None, contended, server.url, args.claimers, args.processes, args.seconds,
-            announce, args.count_requests,
+            announce, args.count_requests, args.profile,
         )
         print(f"contended: {args.claimers} claimers in {args.processes} processes "
               f"(one NATS connection each) for {args.seconds} s: {figures}")
@@ -407,10 +477,12 @@ async def main(argv: list[str]) -> dict[str, Any]:
             many = min(args.many_processes, args.claimers)
             spread = await loop.run_in_executor(
                 None, contended, server.url, args.claimers, many, args.seconds, announce,
-                args.count_requests,
+                args.count_requests, args.profile,
             )
             print(f"contended: {args.claimers} claimers in {many} processes "
                   f"(one NATS connection each) for {args.seconds} s: {spread}")
+            if args.profile:
+                print_profile(sorted(glob.glob(f"{args.profile}/p{many}-*.pstats")))
     return {
         "overcommits": figures["overcommits"],
         "uncontendedP99Ratio": round(ratio, 2),

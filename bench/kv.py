@@ -68,6 +68,7 @@ from typing import Any
 from kubemoot.clock import SystemClock
 from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketManager
 from kubemoot.settings import NatsSettings
+from kubemoot.store.bus import Bus, Handler, Message, Subscription
 from kubemoot.store.documents import (
     PROVIDER_STATE_BUCKET,
     PROVIDER_TICKETS_BUCKET,
@@ -76,6 +77,7 @@ from kubemoot.store.documents import (
 )
 from kubemoot.store.memory import MemoryKV
 from kubemoot.store.nats import NatsKV
+from kubemoot.store.natsbus import NatsBus
 from kubemoot.store.protocol import (
     KV,
     Bucket,
@@ -187,6 +189,34 @@ class CountingBucket:
         return CountingWatch(self.inner.watch(), f"{self._what} delivered", self._counts)
 
 
+class CountingBus:
+    """A bus that counts the requests sent and the messages its subscriptions deliver
+    (each one a wake-up of this process)."""
+
+    def __init__(self, inner: Bus, counts: collections.Counter[str]) -> None:
+        self._inner = inner
+        self._counts = counts
+
+    async def publish(self, subject: str, data: bytes) -> None:
+        self._counts["bus publish"] += 1
+        await self._inner.publish(subject, data)
+
+    async def subscribe(self, subject: str, handler: Handler, *,
+                        queue: str = "") -> Subscription:
+        async def counted(message: Message) -> None:
+            self._counts["bus delivered"] += 1
+            await handler(message)
+
+        return await self._inner.subscribe(subject, counted, queue=queue)
+
+    async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:
+        self._counts["bus request"] += 1
+        return await self._inner.request(subject, data, timeout=timeout)
+
+    async def gather(self, subject: str, data: bytes, *, window: float) -> list[bytes]:
+        return await self._inner.gather(subject, data, window=window)
+
+
 class CountingWatch:
     """A watch that counts the changes it delivers to its reader (each one is a wake-up
     of the process that follows the bucket)."""
@@ -218,7 +248,8 @@ class CountingWatch:
 
 
 async def manager(kv: KV, *, announce: bool = True,
-                  counts: collections.Counter[str] | None = None) -> TicketManager:
+                  counts: collections.Counter[str] | None = None,
+                  bus: Bus | None = None) -> TicketManager:
     """A ticket manager as a runtime builds one; ``announce``: with the claim line's
     entrance (claims that lost a race announced for other processes to apply);
     ``counts``: count the requests it sends."""
@@ -232,7 +263,7 @@ async def manager(kv: KV, *, announce: bool = True,
         states = CountingBucket(states, "state", counts)
         if requests is not None:
             requests = CountingBucket(requests, "requests", counts)
-    return TicketManager(tickets, states, clock=SystemClock(), requests=requests)
+    return TicketManager(tickets, states, clock=SystemClock(), requests=requests, bus=bus)
 
 
 def bench_state() -> ProviderState:
@@ -276,20 +307,24 @@ async def uncontended(kv: KV, n: int) -> tuple[list[float], list[float], list[fl
 def worker(
     url: str, claimers: int, seconds: float, start: Any, seed: int,
     held: Any, overcommits: Any, results: Any, announce: bool, count: bool = False,
-    profile: str | None = None,
+    profile: str | None = None, combine: bool = True,
 ) -> None:  # fmt: skip
     asyncio.run(_worker(url, claimers, seconds, start, seed, held, overcommits, results,
-                        announce, count, profile))
+                        announce, count, profile, combine))
 
 
 async def _worker(
     url: str, claimers: int, seconds: float, start: Any, seed: int,
     held: Any, overcommits: Any, results: Any, announce: bool, count: bool,
-    profile: str | None,
+    profile: str | None, combine: bool,
 ) -> None:  # fmt: skip
     kv = await NatsKV.connect(NatsSettings(servers=[url], name=f"bench-{seed}"))
     requests: collections.Counter[str] = collections.Counter()
-    tickets = await manager(kv, announce=announce, counts=requests if count else None)
+    bus: Bus | None = NatsBus(kv) if combine else None
+    if bus is not None and count:
+        bus = CountingBus(bus, requests)
+    tickets = await manager(kv, announce=announce, counts=requests if count else None,
+                            bus=bus)
     await tickets.open()  # follow the others' announcements from the start
     rng = random.Random(seed)
     latencies: list[float] = []
@@ -352,7 +387,7 @@ async def _worker(
 
 def contended(
     url: str, claimers: int, processes: int, seconds: float, announce: bool = True,
-    count: bool = False, profile: str | None = None,
+    count: bool = False, profile: str | None = None, combine: bool = True,
 ) -> dict[str, Any]:
     context = mp.get_context("spawn")
     held = context.Value("q", 0)
@@ -366,7 +401,7 @@ def contended(
         context.Process(
             target=worker,
             args=(url, n, seconds, start, seed, held, overcommits, results, announce,
-                  count, None if profile is None else f"{profile}/p{processes}"),
+                  count, None if profile is None else f"{profile}/p{processes}", combine),
         )
         for seed, n in enumerate(counts)
     ]
@@ -444,7 +479,12 @@ async def main(argv: list[str]) -> dict[str, Any]:
                         help="profile every worker while it claims (cProfile) and write "
                              "DIR/p<processes>-<worker>.pstats; the slowest functions of "
                              "the many-process run are printed")
+    parser.add_argument("--combine", choices=("on", "off"), default="on",
+                        help="off: the workers' ticket managers get no bus, so no process "
+                             "combines the others' operations (every contended claim "
+                             "goes through the announcements, as before the combiner)")
     args = parser.parse_args(argv)
+    combine = args.combine == "on"
     announce = args.announce == "on"
 
     async with running_nats_server() as server:
@@ -468,7 +508,7 @@ async def main(argv: list[str]) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         figures = await loop.run_in_executor(
             None, contended, server.url, args.claimers, args.processes, args.seconds,
-            announce, args.count_requests, args.profile,
+            announce, args.count_requests, args.profile, combine,
         )
         print(f"contended: {args.claimers} claimers in {args.processes} processes "
               f"(one NATS connection each) for {args.seconds} s: {figures}")
@@ -477,7 +517,7 @@ async def main(argv: list[str]) -> dict[str, Any]:
             many = min(args.many_processes, args.claimers)
             spread = await loop.run_in_executor(
                 None, contended, server.url, args.claimers, many, args.seconds, announce,
-                args.count_requests, args.profile,
+                args.count_requests, args.profile, combine,
             )
             print(f"contended: {args.claimers} claimers in {many} processes "
                   f"(one NATS connection each) for {args.seconds} s: {spread}")

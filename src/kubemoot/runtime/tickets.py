@@ -63,6 +63,7 @@ from typing import TypedDict, Unpack
 from kubemoot import metrics
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
+from kubemoot.runtime import ticket_delegation as delegation
 from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.ticket_decision import (
     Check,
@@ -76,7 +77,9 @@ from kubemoot.runtime.ticket_decision import (
 from kubemoot.runtime.ticket_documents import Followed, TicketDocuments
 from kubemoot.runtime.ticket_requests import Announcements
 from kubemoot.settings import DEFAULTS
+from kubemoot.store.bus import Bus, BusError, Message, NoResponders, Subscription
 from kubemoot.store.documents import (
+    AnnouncedRequests,
     ClaimCondition,
     ProviderState,
     ProviderTickets,
@@ -115,6 +118,9 @@ _CONTENDED_TURNS = 4  # a lane counts as contended for this many backoff caps af
 _ANNOUNCE_AFTER_LOSSES = 1
 # How long an announced operation lets an older announcer's write go first.
 _BEHIND_SECONDS = 0.05
+# A lane whose operations a combiner answered keeps sending them there this long after
+# the last answer, though it loses no race of its own meanwhile (it writes nothing).
+_DELEGATE_SECONDS = 1.0
 
 class ClaimOptions(TypedDict, total=False):
     """The optional arguments of :meth:`TicketManager.claim`, for callers that pass them on."""
@@ -145,6 +151,11 @@ class TicketGone(KeyNotFound):
     """The ticket is no longer there (released, or expired and pruned)."""
 
 
+class _Lapsed(Exception):
+    """An operation taken from another process was not decided before its request
+    lapsed (its sender decides it itself)."""
+
+
 
 
 @dataclass(eq=False)
@@ -166,6 +177,12 @@ class _Op:
     announced: str | None = None  # the key of its announced request, while it waits
     announced_until: float | None = None  # when that announcement lapses
     withdraw_until: float | None = None  # RELEASE: withdraws an announced claim
+    # Sent to a combiner once, which did not answer it: decided here from then on, as
+    # an announced operation (a claim given up on is withdrawn).
+    delegated: bool = False
+    # Taken from another process as its combiner: never applied after this (the
+    # sender's expiresAt), answered on the bus.
+    foreign_until: float | None = None
 
     def request(self, ttl_seconds: float) -> TicketOp:
         """The operation as :func:`decide` sees it (``ttl_seconds``: the manager's)."""
@@ -176,6 +193,13 @@ class _Op:
                         announced_until=(self.announced_until
                                          if self.kind is OpKind.CLAIM else None),
                         withdraw_until=self.withdraw_until)
+
+    @property
+    def delegable(self) -> bool:
+        """Whether a combiner could decide it: what could be announced, not sent to
+        one before, and not taken from another process."""
+        return (not self.delegated and self.foreign_until is None
+                and self.announced is None and self.announceable)
 
     @property
     def announceable(self) -> bool:
@@ -216,6 +240,13 @@ class _Lane:
     lost_on: int | None = None
     # When this lane last lost a race (on the injected clock); None: never.
     lost_at: float | None = None
+    # Listening as the provider's combiner (:mod:`kubemoot.runtime.ticket_delegation`).
+    combining: Subscription | None = None
+    # When a combiner last answered this lane's operations; None: never.
+    delegated_at: float | None = None
+    # When an operation last came to this lane or left it (a combiner's idleness).
+    active_at: float = 0.0
+    resigning: asyncio.Task[None] | None = None
 
 
 class TicketManager:
@@ -235,6 +266,8 @@ class TicketManager:
         line_seconds: float = DEFAULTS.claim_line_seconds,
         requests: Bucket | None = None,
         request_seconds: float = DEFAULTS.claim_request_seconds,
+        bus: Bus | None = None,
+        combine_idle_seconds: float = 1.0,
     ) -> None:
         self._tickets = tickets
         self.line_seconds = line_seconds
@@ -259,6 +292,13 @@ class TicketManager:
         # race decide on the delivered state instead of reading it.
         self._followed_states = (None if requests is None
                                  else TicketDocuments(states, "provider states"))
+        # Under contention operations go to the provider's combiner on this bus
+        # (:mod:`kubemoot.runtime.ticket_delegation`); only with the line, whose
+        # request time bounds how long a combiner may apply them.
+        self._bus = bus if requests is not None else None
+        self._request_seconds = request_seconds
+        self.combine_idle_seconds = combine_idle_seconds
+        self._replying: set[asyncio.Task[None]] = set()
 
     async def open(self) -> bool:
         """Follow the requests other processes announce now, rather than from the first
@@ -272,7 +312,12 @@ class TicketManager:
         return [] if self._announcements is None else self._announcements.pending(provider)
 
     async def aclose(self) -> None:
-        """Stop following announced requests and ticket documents (if it did)."""
+        """Stop following announced requests and ticket documents (if it did), and
+        combining for any provider."""
+        for lane in self._lanes.values():
+            await self._resign(lane)
+            if lane.resigning is not None:
+                lane.resigning.cancel()
         if self._announcements is not None:
             await self._announcements.aclose()
         if self._documents is not None:
@@ -463,6 +508,7 @@ class TicketManager:
             self._announcements.follow()
         lane = self._lane(provider)
         lane.pending.append(op)
+        lane.active_at = self._clock.now()
         if lane.task is None or lane.task.done():
             lane.task = asyncio.get_running_loop().create_task(self._serve(provider, lane))
         try:
@@ -486,6 +532,7 @@ class TicketManager:
     def _enqueue(self, provider: str, op: _Op) -> None:
         lane = self._lane(provider)
         lane.pending.append(op)
+        lane.active_at = self._clock.now()
         if lane.task is None or lane.task.done():
             lane.task = asyncio.get_running_loop().create_task(self._serve(provider, lane))
 
@@ -494,11 +541,15 @@ class TicketManager:
         conflicts = 0
         outages = 0  # store failures in a row (no leader, timeouts): back off longer
         while lane.pending:
-            if lane.cached is not None and self._contended(lane):
+            if self._delegating(lane) and await self._delegate(lane):
+                continue  # answered by the combiner, or back here to decide
+            if (lane.cached is not None and self._contended(lane)
+                    and lane.combining is None):
                 # A winner holding the fresh revision would win again and again (the
                 # losers must wait for the watch or read first), also across operations:
                 # one claimer per process releases and claims again in tasks of their
-                # own. Under recent contention step aside briefly instead.
+                # own. Under recent contention step aside briefly instead. (A combiner
+                # writes for everyone: it is meant to win again and again.)
                 lane.cached = None
                 await self._clock.sleep(
                     self._rng.uniform(self._backoff_base * 2, self._backoff_base * 6)
@@ -528,7 +579,8 @@ class TicketManager:
                 lane.seen = max(lane.seen, revision or 0)
                 now = self._clock.now()
                 fresh = cached is None or cached[1] >= lane.seen
-                if self._answer_announced(lane, batch, document, now, fresh=fresh):
+                answered = self._answer_announced(lane, batch, document, now, fresh=fresh)
+                if self._lapse_foreign(lane, batch, now) or answered:
                     batch = [op for op in batch if not op.future.done()]
                     if not batch:
                         continue  # nothing of ours to write
@@ -574,6 +626,12 @@ class TicketManager:
                     metrics.CAS_CONFLICTS.inc()
                     lane.lost_at = self._clock.now()
                     lane.lost_on = lane.seen  # the newest revision known lost the race
+                    if lane.combining is not None and not own:
+                        # Another writer won: most likely another combiner, and one is
+                        # enough (each wakes only for its own requests and writes).
+                        await self._resign(lane)
+                    if self._bus is not None and any(op.delegable for op in batch):
+                        continue  # the next round sends them to the provider's combiner
                     self._follow(lane, key)
                     if own:
                         continue  # the kept copy was stale: decide again, no penalty
@@ -582,6 +640,8 @@ class TicketManager:
                 if isinstance(error, StoreUnavailable):
                     outages += 1
                     await self._clock.sleep(self._outage_backoff(outages))
+                elif lane.combining is not None:
+                    continue  # others wait on its write: at once, on the revision that won
                 elif await self._announce(lane, batch):
                     # Just announced: try again at once. The processes that lost this
                     # round announce together, and the next write any of them wins
@@ -605,6 +665,203 @@ class TicketManager:
                 if id(op) not in retry:
                     self._finish(lane, op, result=results.get(id(op)))
             conflicts = max(0, conflicts - 1)
+        if lane.combining is not None:
+            self._resign_when_idle(lane)
+
+    # -- the provider's combiner (kubemoot.runtime.ticket_delegation) ----------------
+
+    def _delegating(self, lane: _Lane) -> bool:
+        """Whether the lane's operations go to the provider's combiner now: it lost a
+        race lately, or a combiner answered it lately, and it is no combiner itself."""
+        if self._bus is None or lane.combining is not None:
+            return False
+        if self._contended(lane):
+            return True
+        return (lane.delegated_at is not None
+                and self._clock.now() - lane.delegated_at < _DELEGATE_SECONDS)
+
+    async def _delegate(self, lane: _Lane) -> bool:
+        """Send the lane's delegable operations to the provider's combiner and finish
+        them with its answers; whether a round was spent (False: nothing to send, or
+        nobody combines and this lane has become the combiner)."""
+        bus = self._bus
+        due = [op for op in lane.pending if op.delegable]
+        if bus is None or not due:
+            return False
+        provider = lane.provider
+        until = self._clock.now() + self._request_seconds
+        requests = [
+            TicketRequest(
+                provider=provider, ticket_id=op.ticket_id, ticket=op.ticket,
+                condition=op.condition, expires_at=until,
+                kind=RequestKind.CLAIM if op.kind is OpKind.CLAIM else RequestKind.RELEASE,
+            ) for op in due
+        ]
+        taken = set(map(id, due))
+        lane.pending[:] = [op for op in lane.pending if id(op) not in taken]
+        payload = AnnouncedRequests(provider=provider, requests=requests).to_json()
+        try:
+            data = await bus.request(delegation.subject(provider), payload,
+                                     timeout=self._request_seconds)
+            replies = {r.ticket_id: r for r in delegation.decode_replies(data)}
+        except NoResponders:
+            lane.pending[:0] = due
+            await self._combine(lane)
+            return False
+        except (BusError, ValueError) as error:
+            # The combiner went away or answered nonsense: decide them here, as
+            # announced ones (a claim given up on is withdrawn, in case it still writes).
+            log.debug("the combiner of %s did not answer: %s", provider, error)
+            replies = {}
+        lane.active_at = self._clock.now()
+        back: list[_Op] = []
+        for op in due:
+            reply = replies.get(op.ticket_id)
+            if reply is None or reply.result == delegation.LAPSED:
+                op.delegated = True
+                if op.kind is OpKind.CLAIM:
+                    op.announced_until = until
+                back.append(op)
+                continue
+            lane.delegated_at = lane.active_at
+            self._finish(lane, op, result=self._answer(provider, op, reply))
+        lane.pending[:0] = back
+        return True
+
+    def _answer(self, provider: str, op: _Op,
+                reply: delegation.Reply) -> Ticket | BaseException | None:
+        """The combiner's answer as this lane's caller gets it."""
+        result = reply.result
+        if result == delegation.GRANTED and op.kind is OpKind.CLAIM:
+            return reply.ticket
+        if result == delegation.REFUSED and op.ticket is not None:
+            return ClaimRejected(provider, op.ticket.model, op.ticket.model_footprint_mib,
+                                 reply.reason)
+        if result == delegation.GONE:
+            return TicketGone(f"ticket {op.ticket_id} on {provider} is gone "
+                              "(released or expired)")
+        if result == delegation.CONFLICT:
+            return ClaimConflict(reply.reason)
+        if result == delegation.UNAVAILABLE:
+            return StoreUnavailable(reply.reason)
+        return None  # released
+
+    async def _combine(self, lane: _Lane) -> None:
+        """Listen as the provider's combiner (nobody did when this lane asked)."""
+        bus = self._bus
+        if bus is None or lane.combining is not None:
+            return
+        provider = lane.provider
+
+        async def take(message: Message) -> None:
+            self._take_foreign(provider, message)
+
+        try:
+            lane.combining = await bus.subscribe(delegation.subject(provider), take,
+                                                 queue=delegation.QUEUE)
+        except BusError as error:
+            faults.noted("tickets", faults.STORE, f"combining for {provider}", error)
+            return
+        # It writes for everyone from now on: the revisions that beat it and the state
+        # come from the watches, not from reads.
+        self._follow(lane, encode_token(provider))
+
+    async def _resign(self, lane: _Lane) -> None:
+        combining, lane.combining = lane.combining, None
+        if combining is not None:
+            await combining.unsubscribe()
+
+    def _resign_when_idle(self, lane: _Lane) -> None:
+        """Stop combining once the lane has been idle for ``combine_idle_seconds``."""
+        if lane.resigning is not None and not lane.resigning.done():
+            return
+
+        async def later() -> None:
+            while lane.combining is not None:
+                left = lane.active_at + self.combine_idle_seconds - self._clock.now()
+                if left <= 0 and not lane.pending:
+                    await self._resign(lane)
+                    return
+                await self._clock.sleep(max(left, self.combine_idle_seconds / 10))
+
+        lane.resigning = asyncio.get_running_loop().create_task(later())
+
+    def _take_foreign(self, provider: str, message: Message) -> None:
+        """Queue the operations another process sent, and answer when all are done.
+
+        Nothing here waits: the bus hands a subscription's messages over one after the
+        other, and a request waiting for its write would hold up the next sender's.
+        """
+        try:
+            sent = AnnouncedRequests.from_json(message.data)
+        except ValueError as error:
+            faults.noted("tickets", faults.UNREADABLE, "operations sent to the combiner",
+                         error)
+            return
+        ops: list[_Op] = []
+        for request in sent.requests:
+            if request.provider != provider:
+                continue
+            claim = request.kind is RequestKind.CLAIM
+            op = self._op(
+                OpKind.CLAIM if claim else OpKind.RELEASE, request.ticket_id,
+                ticket=request.ticket, condition=request.condition,
+                max_attempts=self.max_attempts if claim else self._release_attempts,
+                foreign_until=request.expires_at,
+                # a grant marks it served until then, as an announced claim's does
+                announced_until=request.expires_at if claim else None,
+            )
+            ops.append(op)
+            self._enqueue(provider, op)
+        task = asyncio.get_running_loop().create_task(self._reply(message.reply, ops))
+        self._replying.add(task)
+        task.add_done_callback(self._replying.discard)
+
+    async def _reply(self, to: str, ops: list[_Op]) -> None:
+        if ops:
+            await asyncio.wait([op.future for op in ops])
+        replies: list[delegation.Reply] = []
+        for op in ops:
+            error = (_Lapsed("cancelled") if op.future.cancelled()
+                     else op.future.exception())
+            result = None if error is not None else op.future.result()
+            if isinstance(error, ClaimRejected):
+                replies.append(delegation.Reply(op.ticket_id, delegation.REFUSED,
+                                                reason=error.reason))
+            elif isinstance(error, TicketGone):
+                replies.append(delegation.Reply(op.ticket_id, delegation.GONE))
+            elif isinstance(error, ClaimConflict):
+                replies.append(delegation.Reply(op.ticket_id, delegation.CONFLICT,
+                                                reason=str(error)))
+            elif isinstance(error, StoreUnavailable):
+                replies.append(delegation.Reply(op.ticket_id, delegation.UNAVAILABLE,
+                                                reason=str(error)))
+            elif error is not None:  # lapsed here, or failed for a reason of this process
+                replies.append(delegation.Reply(op.ticket_id, delegation.LAPSED,
+                                                reason=str(error)))
+            elif op.kind is OpKind.CLAIM:
+                replies.append(delegation.Reply(
+                    op.ticket_id, delegation.GRANTED if result is not None
+                    else delegation.LAPSED, ticket=result))
+            else:
+                replies.append(delegation.Reply(op.ticket_id, delegation.RELEASED))
+        if not to or self._bus is None:
+            return
+        try:
+            await self._bus.publish(to, delegation.encode_replies(replies))
+        except BusError as error:  # its sender decides them itself when no answer comes
+            log.debug("answering a sender of ticket operations failed: %s", error)
+
+    def _lapse_foreign(self, lane: _Lane, batch: list[_Op], now: float) -> bool:
+        """Finish the operations taken from other processes whose time is up (their
+        senders decide them themselves now); whether any was."""
+        lapsed = False
+        for op in batch:
+            if op.foreign_until is not None and op.foreign_until <= now:
+                self._finish(lane, op, error=_Lapsed(
+                    f"{op.kind.value} of ticket {op.ticket_id}: its request lapsed"))
+                lapsed = True
+        return lapsed
 
     def _follow(self, lane: _Lane, key: str) -> None:
         """Follow the lane's document from now on (the line is on and a race was lost)."""
@@ -840,7 +1097,8 @@ class TicketManager:
             op.attempts += 1
             if op.attempts < op.max_attempts:
                 continue
-            in_line = op.announced is not None and (op.announced_until or 0.0) > now
+            in_line = ((op.announced is not None and (op.announced_until or 0.0) > now)
+                       or (op.foreign_until or 0.0) > now)
             if in_line and not isinstance(error, StoreUnavailable):
                 continue  # announced: it waits for its turn until the announcement lapses
             if isinstance(error, StoreUnavailable):
@@ -861,9 +1119,11 @@ class TicketManager:
     ) -> None:
         with contextlib.suppress(ValueError):
             lane.pending.remove(op)
+        announced = op.announced is not None
         if op.announced is not None and self._announcements is not None:
             self._announcements.answered(op.announced, op.ticket_id)
             op.announced = None
+        if announced or op.delegated:
             granted = error is None and isinstance(result, Ticket)
             if op.kind is OpKind.CLAIM and not granted and op.announced_until is not None:
                 # Its caller hears "no", yet a writer that saw the announcement could

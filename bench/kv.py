@@ -207,6 +207,7 @@ class CountingBus:
             self._counts["bus delivered"] += 1
             await handler(message)
 
+        self._counts["bus subscribe"] += 1
         return await self._inner.subscribe(subject, counted, queue=queue)
 
     async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:

@@ -118,6 +118,9 @@ _CONTENDED_TURNS = 4  # a lane counts as contended for this many backoff caps af
 _ANNOUNCE_AFTER_LOSSES = 1
 # How long an announced operation lets an older announcer's write go first.
 _BEHIND_SECONDS = 0.05
+# A combiner that loses this many races in a row stops combining (new combiners meet
+# in a roll call, so this is another writer it cannot outpace).
+_COMBINER_LOSSES = 1
 # How long a new combiner gathers the ranks of the others (the roll call).
 _ROLL_CALL_SECONDS = 0.02
 # A lane that wrote the document itself less than this ago asks for a combiner before
@@ -212,7 +215,11 @@ class _Op:
         """Whether another process could apply it: a claim without a check in code (its
         condition is data and travels along), or a plain release; each is announced
         once."""
-        if self.announced is not None or self.announced_until is not None:
+        if self.announced is not None or (self.announced_until is not None
+                                          and self.foreign_until is None
+                                          and not self.delegated):
+            # Announced once. A claim taken from another process, or one handed back by
+            # a combiner, carries its announcement's end but is not announced yet.
             return False
         if self.withdraw_until is not None:
             return False  # it must mark the claim served, which an announcement cannot
@@ -256,6 +263,7 @@ class _Lane:
     joining: bool = False  # subscribing as the combiner right now
     roll: list[Subscription] = field(default_factory=list)  # the roll call's
     rank: int = 0  # while combining: the lowest rank stays when combiners meet
+    combiner_losses: int = 0  # races lost in a row while combining
     wrote_at: float | None = None  # when this lane last wrote the document itself
     probed_at: float | None = None  # when it last asked for a combiner and found none
 
@@ -565,7 +573,8 @@ class TicketManager:
                 await self._clock.sleep(
                     self._rng.uniform(self._backoff_base * 2, self._backoff_base * 6)
                 )
-            if lane.followed is not None and self._contended(lane):
+            if (lane.followed is not None and self._contended(lane)
+                    and lane.combining is None):
                 # The lane lost a race moments ago: its new operations are announced
                 # before their first try rather than after losing it, so the next write
                 # by anyone carries them. In bench/kv.py's 20-process run, three runs
@@ -650,6 +659,14 @@ class TicketManager:
                     outages += 1
                     await self._clock.sleep(self._outage_backoff(outages))
                 elif lane.combining is not None:
+                    lane.combiner_losses += 1
+                    if lane.combiner_losses >= _COMBINER_LOSSES:
+                        # Someone else keeps writing (a process that lost no race, or
+                        # one this combiner cannot outpace): what it holds goes into the
+                        # line for that writer to apply, and new senders stop coming.
+                        await self._resign(lane, wait=False)
+                    # Announced, what it holds is applied by whoever writes next.
+                    await self._announce(lane, batch)
                     continue  # others wait on its write: at once, on the revision that won
                 elif await self._announce(lane, batch):
                     # Just announced: try again at once. The processes that lost this
@@ -668,6 +685,7 @@ class TicketManager:
                     self._finish(lane, op, error=error)
                 continue
             outages = 0
+            lane.combiner_losses = 0
             if self._announcements is not None:  # written: forget what it settled
                 self._announcements.settle(decision.settled, decision.found_settled)
             for op in batch:
@@ -873,9 +891,17 @@ class TicketManager:
         combining, lane.combining = lane.combining, None
         if combining is None:
             return
+        lane.combiner_losses = 0
         for extra in lane.roll:
             await extra.unsubscribe()
         lane.roll = []
+        # What it took from others goes back to them: a combiner that stops (it cannot
+        # outpace another writer, or another combiner stays) may never write them, and
+        # their senders would wait out the whole request time. Announced ones stay in
+        # the line for whoever writes.
+        for op in [op for op in lane.pending if op.foreign_until is not None]:
+            self._finish(lane, op, error=_Lapsed(
+                f"{op.kind.value} of ticket {op.ticket_id}: its combiner stopped"))
         if wait:
             await combining.drain()
             return
@@ -1224,7 +1250,8 @@ class TicketManager:
             op.attempts += 1
             if op.attempts < op.max_attempts:
                 continue
-            in_line = ((op.announced is not None and (op.announced_until or 0.0) > now)
+            in_line = (((op.announced is not None or op.delegated)
+                       and (op.announced_until or 0.0) > now)
                        or (op.foreign_until or 0.0) > now)
             if in_line and not isinstance(error, StoreUnavailable):
                 continue  # announced: it waits for its turn until the announcement lapses
@@ -1250,7 +1277,9 @@ class TicketManager:
         if op.announced is not None and self._announcements is not None:
             self._announcements.answered(op.announced, op.ticket_id)
             op.announced = None
-        if announced or op.delegated:
+        # A request handed back to its sender (lapsed here) is the sender's to decide,
+        # and to withdraw if it gives up; its announcement stays for writers to apply.
+        if (announced or op.delegated) and not isinstance(error, _Lapsed):
             granted = error is None and isinstance(result, Ticket)
             if op.kind is OpKind.CLAIM and not granted and op.announced_until is not None:
                 # Its caller hears "no", yet a writer that saw the announcement could

@@ -150,6 +150,50 @@ async def test_the_earlier_waiter_in_another_process_is_served_first(
     await fast.aclose()
 
 
+class LosingOnce(LosingBucket):
+    """A bucket whose first compare-and-set loses to a rival, and no later one."""
+
+    async def update(self, key: str, value: bytes, *, expected_revision: int) -> int:
+        try:
+            return await super().update(key, value, expected_revision=expected_revision)
+        finally:
+            self.losing = False
+
+
+@pytest.mark.parametrize("combining", [True, False], ids=["combiner", "no-combiner"])
+async def test_a_process_whose_writes_all_lose_is_served_by_the_combiner(
+        shared: Shared, store: StoreUnderTest, combining: bool) -> None:
+    # One process lost a race once and became the provider's combiner; another loses
+    # every race it tries. Its claim goes to the combiner over the bus, whose write
+    # grants it: nothing needs to be announced, nobody else needs to write. Without a
+    # bus the claim waits in the line for a write by someone, and nobody writes.
+    bus: Bus | None = None
+    if combining:
+        bus = NatsBus(store.kv) if isinstance(store.kv, NatsKV) else MemoryBus()  # type: ignore[assignment]
+    lined = Shared(shared.tickets, shared.states, shared.requests, shared.clock, bus)
+    combiner = lined.manager(1, tickets=LosingOnce(shared.tickets))  # type: ignore[arg-type]
+    loser = lined.manager(2, tickets=LosingBucket(shared.tickets))  # type: ignore[arg-type]
+    assert await combiner.open() and await loser.open()
+    first = await combiner.claim(PROVIDER, "m", 1 * GIB, "combiner")
+    claiming = asyncio.create_task(loser.claim(PROVIDER, "m", 2 * GIB, "loser"))
+    if not combining:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(claiming), 2)
+        claiming.cancel()
+        await asyncio.gather(claiming, return_exceptions=True)
+    else:
+        granted = await asyncio.wait_for(claiming, 30)
+        held = {t.ticket_id: t.holder_id for t in await combiner.active(PROVIDER)}
+        assert held == {first.ticket_id: "combiner", granted.ticket_id: "loser"}
+        # Its release goes the same way.
+        await asyncio.wait_for(loser.release(PROVIDER, granted.ticket_id), 30)
+        assert [t.ticket_id for t in await combiner.active(PROVIDER)] == [first.ticket_id]
+    await loser.aclose()
+    await combiner.aclose()
+    if isinstance(bus, MemoryBus):
+        await bus.close()
+
+
 async def test_without_the_line_the_later_write_wins(shared: Shared) -> None:
     # The same race with nothing announced: the slow claimer never gets in.
     slow = shared.manager(1, tickets=LosingBucket(shared.tickets), line=False)  # type: ignore[arg-type]

@@ -36,7 +36,13 @@ server (gets, creates and deletes per bucket; compare-and-sets won and lost) and
 them per granted claim for each contended run (key ``requestsPerClaimProcesses``).
 
 With ``--count-requests`` the same figure also counts the changes each worker's watches
-delivered (``… delivered``): every one wakes the process that follows the bucket.
+delivered (``… delivered``): every one wakes the process that follows the bucket; with
+the bus, the requests sent to a combiner and the messages it delivered (``bus …``).
+``wakeUpsPerClaimProcesses`` sums what woke a worker per granted claim.
+
+Every worker also gets a bus on its NATS connection, so that under contention one of
+them combines the others' operations (``kubemoot.runtime.ticket_delegation``);
+``--combine off`` runs them without one (the claim line's announcements only).
 
 ``--profile DIR`` profiles every worker while it claims (cProfile, CPU time) and prints the
 functions with the most self time over the many-process run's workers.
@@ -456,6 +462,15 @@ def print_profile(paths: list[str]) -> None:
     stats.sort_stats("tottime").print_stats(45)
 
 
+def wake_ups(per_claim: dict[str, float]) -> float:
+    """Messages that woke a worker per granted claim: every change its watches
+    delivered, every message its bus subscriptions delivered, and every reply to a
+    request it sent on the bus (the replies to its store requests are left out: each
+    one answers a request the worker was waiting on anyway)."""
+    return round(sum(v for k, v in per_claim.items() if k.endswith(" delivered"))
+                 + per_claim.get("bus request", 0.0), 2)
+
+
 def fairness(per_process: list[int]) -> float:
     """The slowest process's granted claims over the fastest's (1.0: equal shares)."""
     if not per_process or max(per_process) == 0:
@@ -548,7 +563,8 @@ async def main(argv: list[str]) -> dict[str, Any]:
             "p99MsProcesses": spread["p99Ms"],
             "overcommitsProcesses": spread["overcommits"],
             "workerCpuMsPerClaimProcesses": spread["workerCpuMsPerClaim"],
-            **({"requestsPerClaimProcesses": spread["requestsPerClaim"]}
+            **({"requestsPerClaimProcesses": spread["requestsPerClaim"],
+                "wakeUpsPerClaimProcesses": wake_ups(spread["requestsPerClaim"])}
                if args.count_requests else {}),
         } if spread else {}),
     }

@@ -3,28 +3,32 @@
 The claim line's announcements (:mod:`kubemoot.runtime.ticket_requests`) reach every
 process that follows the requests bucket, and every ticket document written reaches
 every process that follows the ticket bucket. With one claimer per process (every agent
-pod is one) and twenty processes on one card, that made about forty wake-ups of a
-Python process per granted claim (``bench/kv.py --count-requests``: 1.5 announcements
-and half a document revision per claim, each delivered to twenty processes), and the
-wake-ups, not the server, capped the claims per second: a wake-up costs a Python process
-100 to 280 µs of CPU on a small machine whatever it carries, a change that arrives in a
-burst with others costs about 20 µs.
+pod is one) and twenty processes on one card, that made about forty messages per granted
+claim that each woke a Python process (``bench/kv.py --count-requests``: 1.5
+announcements and half a document revision per claim, each delivered to twenty
+processes), and those wake-ups, not the server, used up the two cores.
 
 So under contention one process *combines* for a provider: it listens on the bus
 subject :func:`subject` (in a queue group), takes the operations other processes send
-it there, queues each in arrival order behind what it already holds, writes them with
-its own in one compare-and-set as any writer does, and replies to each sender with its
-outcome. A sender wakes for its reply only; nobody follows the others' announcements or
-the writer's documents for it. The first process whose lane lost a race and finds nobody
-listening becomes the combiner; it stops listening once its lane has been idle for
-``idle_seconds``.
+it there, queues each in arrival order, writes them in one compare-and-set as any
+writer does, and replies to each sender with its outcome. Its own operations take the
+same way (they queue behind the ones that came first). A sender wakes for its reply
+only; nobody follows the others' announcements or the writer's documents for it.
+
+Who combines: a lane that lost a race, or wrote moments ago (a busy one), asks on the
+subject first; when nobody listens, a lane that lost a race starts listening. Those that
+start together hold a roll call and all but the lowest rank stop. A combiner stops when
+its lane has been idle for ``combine_idle_seconds``, and when it loses a race (someone
+else writes: a process that lost no race, or one it cannot outpace). When it stops, what
+it took goes back to the senders, and what it had announced stays in the line.
 
 The budget rules do not change: the combiner decides every operation against the
 document at the revision its write is conditional on, exactly as for its own. A sender
-that hears nothing in time (the combiner went away) decides its operations itself, as
-announced ones: a claim it then gives up on is withdrawn (marked served) so that a late
-write of the combiner cannot grant it, and a combiner never applies a request after its
-``expiresAt``, nor one whose ticket is marked served and absent.
+that hears nothing in time (the combiner went away) or gets its operations back decides
+them itself, as announced ones: they keep their turn while their request lives, and a
+claim it then gives up on is withdrawn (marked served) so that a late write of the
+combiner cannot grant it. A combiner never applies a request after its ``expiresAt``,
+nor a claim whose ticket is marked served and absent.
 
 This module holds the wire format of the replies and the subject; the lanes are
 :mod:`kubemoot.runtime.tickets`'.

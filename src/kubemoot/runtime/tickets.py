@@ -44,6 +44,12 @@ Applying a batch is idempotent (a claim already present is granted, not added tw
 release of an absent ticket is done), so a write whose outcome is unknown — the
 connection dropped before the acknowledgement — is simply decided again.
 
+Under contention, with a message bus, a lane hands its operations to the provider's
+*combiner* instead (:mod:`kubemoot.runtime.ticket_delegation`): one process that writes
+everyone's operations in arrival order and answers each sender, so nobody is woken by
+the others' announcements and documents. Without a bus, or when no combiner answers,
+the line above is the way in.
+
 What a batch does to the document is decided by the pure
 :func:`kubemoot.runtime.ticket_decision.decide`; this module reads, queues, writes and
 retries around it.

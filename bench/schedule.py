@@ -7,10 +7,13 @@ policy's require selectors once against every Model, the work no scheduler can s
 Each figure is the best of ``--repeat`` runs (floor and pass alternate). The pass
 builds each Agent's result objects on first read; a separate line reports the time to
 read them all. The last line is one JSON object:
-``{"agentsPerSecond": …, "ratioToFloor": …, "ratioToFloorAt10x": …, "agentsPerSecondAt10x": …,
-"ratioToAgentFloorAt10x": …, "ratioToFloorAt10xFiled": …}``
-(the last four from a second cluster with ten times the agents and providers, same models and
-policies, so the same floor).
+``{"agentsPerSecond": …, "ratioToFloor": …, "bindingsDigest": …, "ratioToFloorAt10x": …,
+"agentsPerSecondAt10x": …, "ratioToAgentFloorAt10x": …, "ratioToFloorAt10xFiled": …,
+"sameBindingsFiled": …, "bindingsDigestAt10x": …}``
+(the keys with ``At10x`` and ``Filed`` from a second cluster with ten times the agents and
+providers, same models and policies, so the same floor). ``bindingsDigest`` is a hash of
+every Agent's bindings (each phase's outcome, Model and provider, in pass order): a change
+made for speed alone leaves it as it was.
 
 That floor does not grow with the Agents, so at ten times the Agents it leaves out work
 no scheduler can skip either: reading each Agent's policy reference (its namespace and
@@ -23,7 +26,8 @@ A pass starts by filing the Agents by namespace, name and what decides their bin
 filing included, as ``kubemoot schedule`` runs it. ``ratioToFloorAt10xFiled`` times the
 same pass over a snapshot given a roster filed before the runs, as a caller that keeps
 its roster between passes (and files only the Agents that change) runs it; the time to
-file the Agents is printed beside it.
+file the Agents is printed beside it, and ``sameBindingsFiled`` says whether both passes
+bound every Agent alike.
 
     python bench/schedule.py [--agents 5000] [--models 500] [--providers 100] [--policies 50]
                              [--scale 10] [--clock wall|cpu]
@@ -32,6 +36,7 @@ file the Agents is printed beside it.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import time
@@ -204,6 +209,16 @@ def read_seconds(result: ScheduleResult) -> float:
     return clock() - start
 
 
+def bindings_digest(result: ScheduleResult) -> str:
+    """A hash of every Agent's bindings in pass order: each phase's outcome, Model, provider."""
+    digest = hashlib.sha256()
+    for agent in result.agents:
+        phases = [(name, found.outcome.value, found.model, found.provider)
+                  for name, found in agent.phases.items()]
+        digest.update(repr((agent.namespace, agent.name, phases)).encode())
+    return digest.hexdigest()[:16]
+
+
 @dataclass
 class Timings:
     """The best of each figure over the runs, and the last result."""
@@ -215,6 +230,7 @@ class Timings:
     filing: float = float("inf")  # filing the Agents in a roster
     filed: float = float("inf")  # a pass over a snapshot given that roster
     result: ScheduleResult | None = None
+    filed_result: ScheduleResult | None = None
 
 
 def measure(bundle: Bundle, repeat: int) -> Timings:
@@ -236,7 +252,9 @@ def measure(bundle: Bundle, repeat: int) -> Timings:
         found.filing = min(found.filing, clock() - start)
         # The snapshot is built inside the timing, as schedule_bundle builds it above.
         start = clock()
-        schedule_bundle(ClusterSnapshot.from_bundle(bundle, roster=roster), now=NOW)
+        found.filed_result = schedule_bundle(
+            ClusterSnapshot.from_bundle(bundle, roster=roster), now=NOW
+        )
         found.filed = min(found.filed, clock() - start)
     return found
 
@@ -291,8 +309,9 @@ def main() -> None:
     ratio = best / floor
     print(f"agents bound per second (both phases): {agents_per_second:,.0f}")
     print(f"ratio to floor: {ratio:.2f}x")
-    figures: dict[str, float] = {
-        "agentsPerSecond": round(agents_per_second, 1), "ratioToFloor": round(ratio, 3)
+    figures: dict[str, float | str] = {
+        "agentsPerSecond": round(agents_per_second, 1), "ratioToFloor": round(ratio, 3),
+        "bindingsDigest": bindings_digest(result),
     }
     if args.scale:
         large = generate(
@@ -321,6 +340,12 @@ def main() -> None:
             f"ratio to floor {at_scale.filed / floor_l:.2f}x"
         )
         figures[f"ratioToFloorAt{args.scale}xFiled"] = round(at_scale.filed / floor_l, 3)
+        assert at_scale.filed_result is not None
+        digest = bindings_digest(result_l)
+        same = bindings_digest(at_scale.filed_result) == digest
+        print(f"at {args.scale}x, bindings {digest}; the pass given the roster binds alike: {same}")
+        figures["sameBindingsFiled"] = same
+        figures[f"bindingsDigestAt{args.scale}x"] = digest
     print(json.dumps(figures))
 
 

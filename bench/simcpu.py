@@ -8,12 +8,22 @@ bench counts what the kubemoot run does instead:
   (cProfile's total, after a warm-up run so that first-use costs stay out);
 * ``cpuSecondsFor100kCalls`` — the run's process CPU time per served call × 100,000,
   unprofiled (noisy: for comparing within one run only);
+* ``selfShareByArea`` — where the profiled run's self time went (cProfile), by area:
+  the runtime (``kubemoot/runtime``, gates, settings, metrics), the shared documents
+  (``store/documents.py``, ``store/keys.py``, pydantic), the loop (asyncio,
+  ``sim/vloop.py``, ``clock.py``, contexts), the embedded store (``store/memory.py``,
+  ``_watch.py``, ``bus.py``), the engines (``emulation/``, ``sim/gpu.py``), the rest of
+  the simulator; a built-in function (``len``, a dict's ``get``) or one of the standard
+  library's counts in the area of the function that called it, ``other`` where that is
+  one of them too. The profiler's overhead inflates small functions, so read it for
+  where to look;
 * with ``--decisions``: ``decisions``, a SHA-256 over every decision of the kubemoot runs
   on each scenario asked for (where and when each call ran, how each call ended, every
   load and unload), so a change meant for speed only can show it decides the same;
 * with ``--callgrind``: the instructions of the run (valgrind's callgrind, repeatable
   under load), as the count of the whole process minus that of the same process with
-  the set-up only (imports, the scenario, its trace).
+  the set-up only (imports, the policy's included, the scenario, its trace). The run is
+  the process's first, as ``bench/quality.py``'s is: first-use costs count, imports not.
 
     python bench/simcpu.py [--scenario fleet-16] [--duration S] [--decisions a,b,...]
                            [--callgrind]
@@ -41,7 +51,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from kubemoot.sim import build_trace, load_scenario  # noqa: E402
 from kubemoot.sim.scenario import Scenario  # noqa: E402
-from kubemoot.sim.simulation import PolicyRun, run_policy  # noqa: E402
+from kubemoot.sim.simulation import PolicyRun, make_policy, run_policy  # noqa: E402
 from kubemoot.sim.workload import Trace  # noqa: E402
 
 SCENARIOS = ROOT / "examples" / "scenarios"
@@ -73,10 +83,47 @@ def decisions_digest(run: PolicyRun) -> str:
     return digest.hexdigest()
 
 
-def _python_calls(scenario: Scenario, trace: Trace) -> tuple[int, PolicyRun]:
+#: (area, what a profiled function's file or name holds), the first that matches
+AREAS: tuple[tuple[str, str], ...] = (
+    ("documents", "kubemoot/store/documents.py"), ("documents", "kubemoot/store/keys.py"),
+    ("documents", "pydantic"),
+    ("store", "kubemoot/store/"),
+    ("loop", "kubemoot/sim/vloop.py"), ("loop", "kubemoot/clock.py"), ("loop", "asyncio"),
+    ("loop", "_weakrefset.py"), ("loop", "_contextvars"),
+    ("engines", "kubemoot/emulation/"), ("engines", "kubemoot/sim/gpu.py"),
+    ("simulator", "kubemoot/sim/"),
+    ("runtime", "kubemoot/"), ("runtime", "prometheus_client"),
+)
+
+
+def area_of(filename: str, name: str) -> str:
+    """The area a profiled function belongs to (see ``selfShareByArea``)."""
+    where = filename.replace("\\", "/") if filename != "~" else name
+    for area, part in AREAS:
+        if part in where:
+            return area
+    return "builtins" if filename == "~" else "other"
+
+
+def _python_calls(scenario: Scenario, trace: Trace) -> tuple[int, dict[str, float], PolicyRun]:
     profiler = cProfile.Profile()
     run = profiler.runcall(_run, scenario, trace)
-    return int(pstats.Stats(profiler).total_calls), run  # type: ignore[attr-defined]
+    stats = pstats.Stats(profiler)
+    by_area: dict[str, float] = {}
+    for (filename, _line, name), row in stats.stats.items():  # type: ignore[attr-defined]
+        area = area_of(filename, name)
+        if area in ("builtins", "other"):
+            # the caller's area: each calling function's share of this one's self time
+            for (caller_file, _, caller_name), edge in row[4].items():
+                caller = area_of(caller_file, caller_name)
+                caller = "other" if caller == "builtins" else caller
+                by_area[caller] = by_area.get(caller, 0.0) + edge[2]
+        else:
+            by_area[area] = by_area.get(area, 0.0) + row[2]  # self time
+    total = sum(by_area.values()) or 1.0
+    shares = {area: round(t / total, 3)
+              for area, t in sorted(by_area.items(), key=lambda kv: -kv[1])}
+    return int(stats.total_calls), shares, run  # type: ignore[attr-defined]
 
 
 def _instructions(args: list[str]) -> int:
@@ -105,6 +152,9 @@ def main() -> None:
     parser.add_argument("--stage", choices=("setup", "run"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stage is not None:
+        # Both stages import what the policy imports (the whole runtime, for kubemoot),
+        # so the difference is the run alone, as bench/quality.py's clock counts it.
+        make_policy(POLICY)
         scenario, trace = _prepare(args.scenario, args.duration)
         if args.stage == "run":
             _run(scenario, trace)
@@ -119,11 +169,12 @@ def main() -> None:
     served = max(len(run.served), 1)
     figures["servedCalls"] = len(run.served)
     figures["cpuSecondsFor100kCalls"] = round(cpu / served * 100_000, 1)
-    calls, profiled = _python_calls(scenario, trace)
+    calls, shares, profiled = _python_calls(scenario, trace)
     if decisions_digest(profiled) != decisions_digest(run):
         raise SystemExit("two runs of one trace decided differently: the run is not "
                          "deterministic, so no figure here can be compared")
     figures["pythonCalls"] = calls
+    figures["selfShareByArea"] = shares
     if args.decisions:
         digest = hashlib.sha256()
         for name in args.decisions.split(","):

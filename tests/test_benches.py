@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
          ["--agents", "200", "--models", "50", "--providers", "10", "--policies", "5",
           "--repeat", "1"],
          {"agentsPerSecond", "ratioToFloor", "ratioToFloorAt10x", "agentsPerSecondAt10x",
-          "ratioToAgentFloorAt10x", "ratioToFloorAt10xFiled"}),
+          "ratioToAgentFloorAt10x", "ratioToFloorAt10xFiled", "sameBindingsFiled"}),
         pytest.param(
             "kv.py",
             ["--seconds", "0.5", "--claimers", "4", "--processes", "1", "--samples", "50",
@@ -38,7 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
         pytest.param("place.py",
                      ["--calls", "50", "--nats-calls", "20", "--large-providers", "100"],
                      {"embeddedP99Ms", "embeddedP99MsAt1000Providers",
-                      "embeddedCpuP99MsAt1000Providers", "natsP99Ratio"},
+                      "embeddedCpuP99MsAt1000Providers", "natsP99Ratio",
+                      "embeddedPythonCallsPerCall", "natsPythonCallsPerCall",
+                      "natsPythonCallsPerFloor"},
                      marks=pytest.mark.nats),
         pytest.param("gateway.py", ["--calls", "20", "--seconds", "0.5", "--clients", "4",
                                     "--requests", "20", "--litellm", "off"],
@@ -73,6 +75,8 @@ def test_bench_prints_its_figures_as_the_last_line(
             assert figures[key] == 0
     if "sameBindings" in figures:  # the operator's batch binds as Agent by Agent did
         assert figures["sameBindings"] is True
+    if "sameBindingsFiled" in figures:  # a pass over a kept roster binds as a fresh one
+        assert figures["sameBindingsFiled"] is True
 
 
 def test_simcpu_hashes_the_decisions_of_each_scenario() -> None:
@@ -92,3 +96,18 @@ def test_simcpu_hashes_the_decisions_of_each_scenario() -> None:
     by_scenario = first["decisionsByScenario"]
     assert isinstance(by_scenario, dict)
     assert by_scenario["homelab"] != by_scenario["memory-tight"]
+
+
+def test_quality_bench_gives_kubemoot_s_wait_per_seed() -> None:
+    """``--seeds``: a change that helps on the bench's seed alone is checked over several."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "quality.py"), "--scenarios", "homelab",
+         "--duration", "300", "--seeds", "1,2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    homelab = figures["perScenario"]["homelab"]
+    assert figures["seeds"] == [1, 2] and set(homelab["meanWaitSeconds"]) == {"1", "2"}
+    waits = homelab["meanWaitSeconds"].values()
+    assert homelab["meanOverSeeds"] == pytest.approx(sum(waits) / 2, abs=1e-4)

@@ -361,9 +361,17 @@ async def test_an_agent_process_killed_mid_discussion_costs_its_tickets_ttl_only
         def victim_holds(tickets: list[Ticket]) -> bool:
             return any(f"/{victim}@" in t.holder_id for t in tickets)
 
-        await _until_tickets(nats_url, victim_holds, what="the victim holding a ticket")
+        process = path.agents[victim].process
+        while True:
+            await _until_tickets(nats_url, victim_holds, what="the victim holding a ticket")
+            # Frozen, the victim cannot release between the look and the kill: on a
+            # loaded machine the watch can report a ticket after its 1 s call ended.
+            process.send_signal(signal.SIGSTOP)
+            if victim_holds(await _tickets(nats_url)):
+                break
+            process.send_signal(signal.SIGCONT)
         killed_at = time.time()
-        path.agents[victim].process.kill()  # SIGKILL: no goodbye, tickets left behind
+        process.kill()  # SIGKILL: no goodbye, tickets left behind
         first = await asking
         left = [t for t in await _tickets(nats_url) if f"/{victim}@" in t.holder_id]
 

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import json
+from itertools import product
 
 import pytest
 
-from kubemoot.gates import CandidateResult, GateResult, Standing, Verdict, standing
+from kubemoot.gates import (
+    CandidateResult,
+    GateResult,
+    Standing,
+    Verdict,
+    standing,
+    verdict_standing,
+)
 
 
 @pytest.mark.parametrize(
@@ -94,3 +102,10 @@ def test_only_an_unknown_declared_admitting_admits() -> None:
 def test_an_admitting_unknown_is_not_something_the_candidate_waits_on() -> None:
     candidate = CandidateResult("n1", standing((U, UA)), (U, UA))
     assert candidate.unresolved == (U,)
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 3])
+def test_the_standing_of_bare_verdicts_is_the_standing_rule(size: int) -> None:
+    for verdicts in product(list(Verdict), repeat=size):
+        results = [GateResult(f"g{i}", v, "why") for i, v in enumerate(verdicts)]
+        assert verdict_standing(verdicts) is standing(results), verdicts

@@ -62,7 +62,9 @@ async def test_two_planners_cannot_spend_one_victim_twice(make) -> None:
 
 
 async def test_held_plan_lifecycle(make) -> None:
-    h = await make([gpu("a", 24), gpu("b", 24, residents={"qwen3:8b": 6}, slots=2)],
+    # Card "a" cannot hold the 14b, so the second agent has no copy of its own to load
+    # as soon as the held one (see the test after this one).
+    h = await make([gpu("a", 12), gpu("b", 24, residents={"qwen3:8b": 6}, slots=2)],
                    declared={"qwen3:14b": 12})
     plans = HeldPlans(h.planner, clock=h.clock, board=h.board)
 
@@ -99,6 +101,25 @@ async def test_held_plan_lifecycle(make) -> None:
     assert left == {"crew/a@t1"}  # the taken plan is the call's to release
     assert await h.demand_bucket.get(join_key("intent", "qwen3:14b", "crew/b")) is None
     assert plans.planned() == {}
+
+
+async def test_an_agent_selected_with_company_loads_a_copy_as_soon_as_the_held_one(
+    make,
+) -> None:
+    # As in the lifecycle, but card "a" can hold the 14b: the second agent's plan could
+    # join the copy loading on "b" (ready in 12 s) or load its own on "a", ready as
+    # soon. The first agent's intent is company, so it loads: the calls of both agents
+    # get a copy each, and neither waits longer.
+    h = await make([gpu("a", 24), gpu("b", 24, residents={"qwen3:8b": 6}, slots=2)],
+                   declared={"qwen3:14b": 12})
+    plans = HeldPlans(h.planner, clock=h.clock, board=h.board)
+    placed = await plans.commit_to_thread(
+        "crew/a", "t1", candidates(("qwen3:14b", 70), ("qwen3:8b", 30)))
+    assert (placed.action, placed.provider) == (Action.COLD_LOAD, "b")
+    other = await plans.commit_to_thread("crew/b", "t1", candidates("qwen3:14b"))
+    assert (other.action, other.provider) == (Action.COLD_LOAD, "a")
+    assert other.ticket is not None and other.ticket.state is TicketState.HELD
+    assert plans.planned() == {("b", "qwen3:14b"): 1, ("a", "qwen3:14b"): 1}
 
 
 async def test_agents_selected_together_do_not_count_on_the_same_free_slot(make) -> None:

@@ -10,12 +10,15 @@ from kubemoot.api import ModelProvider
 from kubemoot.gates import GateResult, Verdict
 from kubemoot.scheduling.candidate import Placement
 from kubemoot.scheduling.plugins import (
+    JUDGED,
     DigestGate,
     EgressGate,
     FreshnessGate,
+    JudgedGate,
     LicenseGate,
     ModelReadyGate,
     ParallelismGate,
+    PluginArgs,
     ProviderReadyGate,
     RequireGate,
     SpreadContext,
@@ -35,6 +38,18 @@ def cand(m: object = None, p: ModelProvider | str | None = "default") -> Placeme
     chosen_provider = provider("ollama-a", vram_total_mib=32768) if p == "default" else p
     assert not isinstance(chosen_provider, str)
     return Placement(chosen_model, chosen_provider)  # type: ignore[arg-type]
+
+
+def verdict(gate: JudgedGate, candidate: Placement) -> Verdict:
+    """The gate's verdict, after checking that judging alone gives the same one.
+
+    A pass judges the provider-tier gates of every Model and makes their results (reason,
+    evidence) only when a record reads them, so the two must never disagree.
+    """
+    result = gate.check(candidate)
+    assert gate.judge(candidate) is result.result
+    assert not result.admits_unknown  # the pass's standing rule for judged gates
+    return result.result
 
 
 def fresh(**kw: object) -> ModelProvider:
@@ -65,7 +80,7 @@ def test_require(name: str, gate_rule: object, labels: dict[str, str], want: Ver
     [("no status is Ready", None, P), ("ready", True, P), ("not ready", False, F)],
 )
 def test_model_ready(name: str, ready: bool | None, want: Verdict) -> None:
-    assert ModelReadyGate().check(cand(model("qwen3-32b", ready=ready))).result is want, name
+    assert verdict(ModelReadyGate(), cand(model("qwen3-32b", ready=ready))) is want, name
 
 
 @pytest.mark.parametrize(
@@ -81,7 +96,7 @@ def test_model_ready(name: str, ready: bool | None, want: Verdict) -> None:
 )
 def test_provider_ready(name: str, the_provider: ModelProvider | None, want: Verdict) -> None:
     gate = ProviderReadyGate(now=NOW, max_age_seconds=120)
-    assert gate.check(cand(p=the_provider)).result is want, name
+    assert verdict(gate, cand(p=the_provider)) is want, name
 
 
 @pytest.mark.parametrize(
@@ -98,7 +113,7 @@ def test_freshness(
     name: str, the_provider: ModelProvider | None, max_age: int, want: Verdict
 ) -> None:
     gate = FreshnessGate(now=NOW, max_age_seconds=max_age)
-    assert gate.check(cand(p=the_provider)).result is want, name
+    assert verdict(gate, cand(p=the_provider)) is want, name
 
 
 @pytest.mark.parametrize(
@@ -130,8 +145,7 @@ def test_vram(
     name: str, vram_mib: int | None, the_provider: ModelProvider | None, want: Verdict
 ) -> None:
     gate = VramGate(now=NOW, max_age_seconds=120)
-    result = gate.check(cand(model("qwen3-32b", vram_mib=vram_mib), the_provider))
-    assert result.result is want, name
+    assert verdict(gate, cand(model("qwen3-32b", vram_mib=vram_mib), the_provider)) is want, name
 
 
 @pytest.mark.parametrize(
@@ -153,13 +167,13 @@ def test_parallelism(
     gate = ParallelismGate(
         now=NOW, max_age_seconds=120, concurrency_factor=4, assumed={"ollama-a": assumed}
     )
-    assert gate.check(cand(p=the_provider)).result is want, name
+    assert verdict(gate, cand(p=the_provider)) is want, name
 
 
 def test_parallelism_falls_back_to_num_parallel() -> None:
     the_provider = provider("ollama-a", max_parallel=None, num_parallel=2, agent_count=7)
     gate = ParallelismGate(now=NOW, max_age_seconds=120, concurrency_factor=4, assumed={})
-    assert gate.check(cand(p=the_provider)).result is P
+    assert verdict(gate, cand(p=the_provider)) is P
 
 
 @pytest.mark.parametrize(
@@ -173,7 +187,7 @@ def test_parallelism_falls_back_to_num_parallel() -> None:
 )
 def test_license(name: str, license_state: str | None, want: Verdict) -> None:
     the_model = model("qwen3-32b", license=license_state)
-    assert LicenseGate().check(cand(the_model)).result is want, name
+    assert verdict(LicenseGate(), cand(the_model)) is want, name
 
 
 @pytest.mark.parametrize(
@@ -192,7 +206,7 @@ def test_egress(
     extra = {} if provider_egress is None else {"policy": {"egress": provider_egress}}
     the_provider = provider("ollama-a", **extra)  # type: ignore[arg-type]
     the_model = model("qwen3-32b", egress=model_egress)
-    assert EgressGate().check(cand(the_model, the_provider)).result is want, name
+    assert verdict(EgressGate(), cand(the_model, the_provider)) is want, name
 
 
 @pytest.mark.parametrize(
@@ -220,8 +234,9 @@ def test_digest(
     want: Verdict,
     local: bool | None,
 ) -> None:
-    result: GateResult = DigestGate().check(cand(model("qwen3-32b", digest=digest), the_provider))
-    assert result.result is want, name
+    candidate = cand(model("qwen3-32b", digest=digest), the_provider)
+    assert verdict(DigestGate(), candidate) is want, name
+    result: GateResult = DigestGate().check(candidate)
     if local is not None:
         assert result.evidence["local"] is local
 
@@ -240,7 +255,7 @@ def test_topology_spread(
     name: str, mode: str, used: frozenset[str], alternatives: bool, want: Verdict
 ) -> None:
     spread = SpreadContext("provider", mode, used, alternatives)
-    assert TopologySpreadGate(spread).check(cand()).result is want, name
+    assert verdict(TopologySpreadGate(spread), cand()) is want, name
 
 
 def _with_version(version: str | None, **spec: object) -> ModelProvider:
@@ -270,7 +285,9 @@ def test_runtime(name: str, runtime: str | None, version: str | None, want: Verd
 
     the_model = model("qwen3-32b", runtime=runtime)
     result = RuntimeGate().check(cand(the_model, _with_version(version)))
-    assert result.result is want, (name, result.reason)
+    assert verdict(RuntimeGate(), cand(the_model, _with_version(version))) is want, (
+        name, result.reason
+    )
 
 
 def test_runtime_requirement_that_does_not_parse_names_the_field() -> None:
@@ -282,3 +299,36 @@ def test_runtime_requirement_that_does_not_parse_names_the_field() -> None:
         parse_manifest(document)
     message = caught.value.describe()
     assert "spec.runtime" in message and "not a version constraint" in message
+
+
+_SPECS: list[dict[str, object]] = [
+    {},
+    {"vram_mib": None, "ready": False, "license": "BLOCKED", "egress": "none",
+     "runtime": "ollama>=0.6", "digest": "sha256:d"},
+    {"vram_mib": 40000, "ready": True, "license": "ALLOW", "egress": "none",
+     "runtime": "vllm>=0.6", "digest": "sha256:x"},
+]
+_PROVIDERS: list[ModelProvider | None] = [
+    None,
+    provider("ollama-a", vram_total_mib=32768),
+    provider("ollama-a", ready=None, vram_total_mib=None, max_parallel=None, agent_count=None),
+    stale(ready=False, vram_total_mib=32768, max_parallel=1, agent_count=9,
+          quarantined_digests=["sha256:d"]),
+    fresh(ready=False, vram_total_mib=32768, max_parallel=1, agent_count=3,
+          loaded=[{"name": "qwen3:32b", "digest": "sha256:d", "sizeMiB": 30000}],
+          policy={"egress": "allowed"}),
+    _with_version("0.5.1", policy={"egress": "none"}, digests=["sha256:x"]),
+    ModelProvider.model_validate(
+        {"metadata": {"name": "ollama-a"}, "spec": {"endpoint": "http://ollama-a:11434"}}
+    ),
+]
+
+
+@pytest.mark.parametrize("name", list(JUDGED))
+def test_every_judged_gate_judges_as_it_checks(name: str) -> None:
+    args = PluginArgs(now=NOW, max_age_seconds=120, assumed={"ollama-a": 2})
+    seen: set[Verdict] = set()
+    for spec in _SPECS:
+        for the_provider in _PROVIDERS:
+            seen.add(verdict(JUDGED[name](args), cand(model("qwen3-32b", **spec), the_provider)))
+    assert len(seen) > 1, name  # the grid reaches more than one branch of every gate

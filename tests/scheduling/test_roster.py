@@ -196,3 +196,26 @@ def test_an_agent_added_to_a_filed_namespace_brings_its_class_to_the_pass() -> N
     fresh = ClusterSnapshot.build(**cluster, agents=[*agents, newcomer])
     assert kept.to_dict(decisions=False) == one_by_one(fresh, decisions=False)
     assert kept.agent("ns-a", "agent-000a").policy_name == "p-b"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("given", ["name order", "reversed", "shuffled"])
+def test_a_namespace_files_alike_whatever_order_its_agents_come_in(given: str) -> None:
+    # A namespace given in name order is read as it came; any other order is sorted.
+    # Agents that share a name keep the order they came in, either way.
+    alpha, beta = agent("b", "ns-a", crew="alpha"), agent("b", "ns-a", crew="beta")
+    named = [agent("a", "ns-a", crew="beta", capabilities=["coding"]), alpha, beta,
+             agent("c", "ns-a", crew="alpha"), agent("a", "ns-b")]
+    agents = {"name order": named, "reversed": named[::-1],
+              "shuffled": random.Random(5).sample(named, len(named))}[given]
+    segment, other = AgentRoster(agents).segments()
+    twins = [a for a in segment.agents if a.metadata.name == "b"]
+    assert twins == ([alpha, beta] if agents.index(alpha) < agents.index(beta) else [beta, alpha])
+    assert [a.metadata.name for a in segment.agents] == ["a", "b", "b", "c"]
+    assert [segment.agent_class(n) for n in segment.class_at] == [
+        (a.metadata.labels.get("kubemoot.ai/crew"), tuple(a.spec.capabilities))
+        for a in segment.agents
+    ]
+    # Each class present once, in the order the classes first came.
+    first_seen = [segment.class_at[[*segment.agents].index(a)] for a in agents
+                  if a.metadata.namespace == "ns-a"]
+    assert segment.present == list(dict.fromkeys(first_seen)) and len(other) == 1

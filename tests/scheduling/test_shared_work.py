@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubemoot.gates import Outcome, Verdict
+from kubemoot.gates import GateResult, Outcome, Verdict
 from kubemoot.scheduling import SchedulingPass, effective_bias
 from kubemoot.scheduling.bias import BiasTable
 from kubemoot.scheduling.candidate import Placement
-from kubemoot.scheduling.plugins import FreshnessGate, ProviderReadyGate
+from kubemoot.scheduling.plugins import FreshnessGate, ProviderReadyGate, VramGate
 from kubemoot.scheduling.snapshot import ClusterSnapshot
 from kubemoot.testing.builders import agent, model, policy, provider, rule
 
@@ -147,3 +148,27 @@ def test_gates_that_remember_a_provider_keep_providers_apart() -> None:
         Verdict.PASS,
         Verdict.STALE,
     ]
+
+
+def test_provider_gate_results_are_made_only_when_a_record_reads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The pass judges every Model's provider-tier gates (verdicts only); a result with its
+    # reason and evidence is made when a decision record or a message needs it.
+    checked: list[str] = []
+    check = VramGate.check
+
+    def counted(gate: VramGate, candidate: Placement, /) -> GateResult:
+        checked.append(candidate.name)
+        return check(gate, candidate)
+
+    monkeypatch.setattr(VramGate, "check", counted)
+    result = run(**_crew_on_two_providers(6))
+    assert [a.phases["mulling"].provider for a in result.agents] == ["gpu-a"] * 4 + ["gpu-b"] * 2
+    assert checked == []
+    record = result.agents[5].phases["mulling"].decision
+    assert sorted(checked) == ["m-a", "m-b"]
+    vram = record.candidates["m-a"].gate("VRAM")
+    assert vram is not None and vram.reason == "5000 + 1024 reserve ≤ 49152 MiB"
+    result.agents[4].phases["mulling"].decision  # noqa: B018 - a second record reads them again
+    assert sorted(checked) == ["m-a", "m-b"]  # made once per pass

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
+import random
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,7 +16,14 @@ from kubemoot.api.errors import InputError
 from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE
 from kubemoot.sim.report import write_report
 from kubemoot.sim.scenario import Scenario, load_scenario
-from kubemoot.sim.simulation import POLICY_NAMES, SimulationResult, _run, run_policy, simulate
+from kubemoot.sim.simulation import (
+    POLICY_NAMES,
+    SimulationResult,
+    _all,
+    _run,
+    run_policy,
+    simulate,
+)
 from kubemoot.sim.vloop import run_virtual
 from kubemoot.sim.workload import build_trace
 
@@ -166,3 +177,71 @@ def test_a_run_puts_the_collector_back_as_it_found_it(homelab_short: Scenario) -
     assert gc.get_freeze_count() == 0
     untuned = run_virtual(_run(homelab_short, trace, "kubemoot", homelab_short.spec.seed))
     assert tuned.served == untuned.served and tuned.statuses == untuned.statuses
+
+
+def _gathering(gather: Callable[..., Awaitable[list[str]]], seed: int
+               ) -> Coroutine[Any, Any, list[str]]:
+    """Steps of calls gathered by ``gather`` beside tasks taking turns of their own;
+    what ran is recorded turn by turn, so a gather that took a turn more or less than
+    asyncio's would record another order."""
+    async def program() -> list[str]:
+        rng = random.Random(seed)
+        loop = asyncio.get_running_loop()
+        seen: list[str] = []
+
+        async def call(name: str) -> str:
+            for _ in range(rng.randrange(3)):
+                await asyncio.sleep(rng.choice((0, 0, 1.0)))
+            seen.append(f"{name} ends")
+            return name
+
+        async def ticker(name: str) -> None:
+            for turn in range(60):
+                seen.append(f"{name} {turn}")
+                await asyncio.sleep(rng.choice((0, 0, 0, 1.0)))
+
+        async def stepper(name: str) -> None:
+            for step in range(6):
+                calls = [call(f"{name}.{step}.{i}") for i in range(rng.randrange(1, 4))]
+                answers = await gather(loop, calls)
+                seen.append(f"{name} got {answers}")
+
+        tickers = [loop.create_task(ticker(f"t{i}")) for i in range(3)]
+        await asyncio.gather(*(stepper(f"s{i}") for i in range(4)))
+        for task in tickers:
+            task.cancel()
+        return seen
+
+    return program()
+
+
+async def _asyncio_gather(_loop: object, calls: list[Coroutine[Any, Any, str]]) -> list[str]:
+    return await asyncio.gather(*calls)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_steps_calls_take_the_turns_of_asyncio_gather(seed: int) -> None:
+    ours = run_virtual(_gathering(_all, seed))
+    assert ours == run_virtual(_gathering(_asyncio_gather, seed))
+    assert len(ours) > 150
+
+
+def test_a_step_fails_with_its_first_failing_call() -> None:
+    async def program() -> tuple[str, bool]:
+        loop = asyncio.get_running_loop()
+
+        async def fails() -> str:
+            await asyncio.sleep(1)
+            raise ValueError("first")
+
+        async def later() -> str:
+            await asyncio.sleep(2)
+            raise KeyError("second")
+
+        slow = later()
+        with pytest.raises(ValueError, match="first"):
+            await _all(loop, [fails(), slow])
+        await asyncio.sleep(5)  # the other call still ran to its end, as under gather
+        return "done", True
+
+    assert run_virtual(program()) == ("done", True)

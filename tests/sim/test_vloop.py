@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import heapq
 import random
 import socket
 import threading
@@ -11,7 +12,13 @@ from typing import Any
 import pytest
 
 from kubemoot.clock import LoopClock
-from kubemoot.sim.vloop import SimulationStalled, VirtualTimeLoop, loop_clock, run_virtual
+from kubemoot.sim.vloop import (
+    SimulationStalled,
+    VirtualTimeLoop,
+    loop_clock,
+    run_virtual,
+    sleep,
+)
 
 
 def test_an_hour_of_sleeps_costs_no_real_time_and_keeps_order() -> None:
@@ -119,7 +126,8 @@ def test_the_virtual_loop_clock_reads_what_a_loop_clock_reads(anchor: float | No
 
 
 class _AsyncioTurns(VirtualTimeLoop):
-    """The virtual loop taking asyncio's own turn and ``call_soon`` instead of its own."""
+    """The virtual loop taking asyncio's own turn, ``call_soon``, timers (a heap of
+    ``TimerHandle``) and task and future making instead of its own."""
 
     def _run_once(self) -> None:
         asyncio.SelectorEventLoop._run_once(self)  # type: ignore[attr-defined]
@@ -127,11 +135,35 @@ class _AsyncioTurns(VirtualTimeLoop):
     def call_soon(self, *args: Any, **options: Any) -> asyncio.Handle:
         return asyncio.SelectorEventLoop.call_soon(self, *args, **options)
 
+    def call_at(self, *args: Any, **options: Any) -> asyncio.TimerHandle:
+        return asyncio.SelectorEventLoop.call_at(self, *args, **options)
 
-def _busy_program(seed: int) -> Callable[[], Coroutine[Any, Any, list[tuple[float, str]]]]:
+    def call_later(self, *args: Any, **options: Any) -> asyncio.TimerHandle:
+        return asyncio.SelectorEventLoop.call_later(self, *args, **options)
+
+    def create_task(self, *args: Any, **options: Any) -> asyncio.Task[Any]:
+        return asyncio.SelectorEventLoop.create_task(self, *args, **options)
+
+    def _advance_to_next_timer(self, timeout: float) -> None:
+        scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[assignment]
+        while scheduled and scheduled[0].cancelled():
+            heapq.heappop(scheduled)
+            self._timer_cancelled_count -= 1
+        target = scheduled[0].when() if scheduled else self._virtual_now + timeout
+        self._virtual_now = max(self._virtual_now, target)
+
+
+def _busy_program(seed: int, *, asyncio_sleeps: bool = False
+                  ) -> Callable[[], Coroutine[Any, Any, list[tuple[float, str]]]]:
+    """A program of timers, sleeps, events and ``call_soon`` chains that records what
+    ran when; with ``asyncio_sleeps`` every sleep is asyncio's (else some are the
+    virtual loop's :func:`~kubemoot.sim.vloop.sleep` and its clock's)."""
     async def program() -> list[tuple[float, str]]:
         rng = random.Random(seed)
         loop = asyncio.get_running_loop()
+        clock = LoopClock() if asyncio_sleeps else loop_clock()
+        sleeps: list[Callable[[float], Coroutine[Any, Any, None]]] = [asyncio.sleep]
+        sleeps += [asyncio.sleep, asyncio.sleep] if asyncio_sleeps else [sleep, clock.sleep]
         seen: list[tuple[float, str]] = []
         # enough timers, most of them cancelled, for asyncio's bulk clean-up to run
         timers = [loop.call_later(rng.uniform(0, 50), seen.append, (0.0, f"timer {i}"))
@@ -143,7 +175,8 @@ def _busy_program(seed: int) -> Callable[[], Coroutine[Any, Any, list[tuple[floa
             for step in range(30):
                 choice = rng.random()
                 if choice < 0.4:
-                    await asyncio.sleep(rng.choice((0, 0, 0.5, 1e-10, rng.uniform(0, 9))))
+                    await rng.choice(sleeps)(rng.choice((0, 0, 0.5, 1e-10, -1,
+                                                         rng.uniform(0, 9))))
                 elif choice < 0.7:
                     loop.call_soon(seen.append, (loop.time(), f"{name} soon {step}"))
                     await asyncio.sleep(0)
@@ -165,11 +198,65 @@ def test_the_virtual_loop_turns_as_asyncio_does(seed: int) -> None:
     ours = run_virtual(_busy_program(seed)())
     loop = _AsyncioTurns()
     try:
-        theirs = loop.run_until_complete(_busy_program(seed)())
+        theirs = loop.run_until_complete(_busy_program(seed, asyncio_sleeps=True)())
     finally:
         loop.close()
     assert ours == theirs
     assert len(ours) > 240
+
+
+def _tied_timers(seed: int, *, asyncio_sleeps: bool = False
+                 ) -> Callable[[], Coroutine[Any, Any, list[str]]]:
+    """Timers and sleeps that end at a few shared instants, pushed and popped in a
+    drawn order: which of equal deadlines runs first is down to the heap's shape."""
+    async def program() -> list[str]:
+        rng = random.Random(seed)
+        loop = asyncio.get_running_loop()
+        seen: list[str] = []
+        pause = asyncio.sleep if asyncio_sleeps else sleep
+
+        async def worker(name: str) -> None:
+            for step in range(40):
+                at = rng.choice((1.0, 2.0, 3.0)) * (1 + step // 10)
+                if rng.random() < 0.5:
+                    timer = loop.call_at(at, seen.append, f"{name} timer {step}")
+                    if rng.random() < 0.2:
+                        timer.cancel()
+                else:
+                    await pause(max(0.0, at - loop.time()))
+                    seen.append(f"{name} woke {step}")
+
+        await asyncio.gather(*(worker(f"w{i}") for i in range(12)))
+        await asyncio.sleep(100)
+        return seen
+
+    return program
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_timers_of_equal_deadlines_run_in_asyncios_order(seed: int) -> None:
+    ours = run_virtual(_tied_timers(seed)())
+    loop = _AsyncioTurns()
+    try:
+        theirs = loop.run_until_complete(_tied_timers(seed, asyncio_sleeps=True)())
+    finally:
+        loop.close()
+    assert ours == theirs
+    assert len(ours) > 400  # all but the cancelled timers
+    assert ours != sorted(ours)
+
+
+def test_in_debug_mode_the_loop_takes_the_same_turns() -> None:
+    # Debug mode takes asyncio's handles, timers and tasks (with their creation
+    # stacks) and runs each callback through its handle; the order stays.
+    loop = VirtualTimeLoop()
+    loop.set_debug(True)
+    assert loop.get_debug() is True
+    try:
+        debugged = loop.run_until_complete(_busy_program(1)())
+    finally:
+        loop.close()
+    assert debugged == run_virtual(_busy_program(1)())
 
 
 def test_a_callback_runs_in_the_context_it_was_given() -> None:

@@ -47,6 +47,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from kubemoot.clock import Clock
 from kubemoot.emulation.prompt import FittedPrompt, Prompt, fit_to_context
@@ -210,9 +211,9 @@ class EngineCopy:
     unload_when_idle: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Assignment:
-    """What the card did with one request, in clock seconds."""
+class Assignment(NamedTuple):
+    """What the card did with one request, in clock seconds (a tuple: one is made per
+    request, and a frozen dataclass sets each field through ``object.__setattr__``)."""
 
     copy: EngineCopy
     requested_at: float  # it joined the card's line
@@ -246,7 +247,10 @@ class OllamaEngine:
         self._events: list[EngineEvents] = [events] if events is not None else []
         self.copies: dict[str, EngineCopy] = {}
         self._pending: deque[_Request] = deque()
-        self._changed: asyncio.Event | None = None
+        # The scheduler's wake-up: asyncio.Event's flag and one waiter, kept here (the
+        # scheduler is its only waiter, and every change of the card sets it)
+        self._changed = False
+        self._wakeup: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listeners: list[Callable[[], None]] = []
@@ -340,8 +344,11 @@ class OllamaEngine:
         self.peak_mib = max(self.peak_mib, self.used_mib)
 
     def _notify(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
+        if not self._changed:
+            self._changed = True
+            wakeup = self._wakeup
+            if wakeup is not None and not wakeup.done():
+                wakeup.set_result(None)  # the scheduler runs on the next turn, as on a set Event
         self._changed_now()
 
     def _residency_changed(self) -> None:
@@ -354,18 +361,23 @@ class OllamaEngine:
         loop = asyncio.get_running_loop()
         if self._task is None or self._loop is not loop:
             self._loop = loop
-            self._changed = asyncio.Event()
-            self._task = loop.create_task(self._schedule())
+            self._changed = False
+            self._wakeup = None
+            self._task = loop.create_task(self._schedule(loop))
 
-    async def _schedule(self) -> None:
-        assert self._changed is not None
+    async def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:
-            self._changed.clear()
+            self._changed = False
             while self._pending and self._place_head():
                 pass
             if self._pending:
                 self._blocked_passes += 1
-            await self._changed.wait()
+            if not self._changed:  # a change during the pass: pass again at once
+                self._wakeup = loop.create_future()
+                try:
+                    await self._wakeup
+                finally:
+                    self._wakeup = None
 
     def _place_head(self) -> bool:
         """Try to give the head request a copy; False when it must wait for a change."""
@@ -523,11 +535,12 @@ class OllamaEngine:
         evicting_after, loading_after = self._activity()
         assigned = self.clock.now()
         was_ready = copy.state == CopyState.READY
-        try:
-            await copy.ready.wait()
-        except BaseException:
-            self.release(copy)
-            raise
+        if not was_ready:  # a ready copy's event is set: waiting on it would return at once
+            try:
+                await copy.ready.wait()
+            except BaseException:
+                self.release(copy)
+                raise
         blocked = self._blocked_passes != request.blocked_passes
         return Assignment(copy, requested, assigned, self.clock.now(),
                           evicting_after - evicting, loading_after - loading,

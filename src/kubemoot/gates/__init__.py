@@ -3,7 +3,8 @@
 A *gate* judges one candidate PASS / FAIL / UNKNOWN / STALE with evidence; a *scorer*
 ranks feasible candidates; :func:`standing` is the one rule from a candidate's
 results to its standing (any FAIL is out; UNKNOWN/STALE never coerced to PASS unless
-the gate marked the result ``admits_unknown``); :func:`evaluate` applies the rules
+the gate marked the result ``admits_unknown``; :func:`verdict_standing` is the same
+rule over bare verdicts); :func:`evaluate` applies the rules
 (hard gates first, scores only over feasible candidates) and
 returns a :class:`DecisionRecord` with a bounded :class:`Outcome`
 (PLACE / UNSCHEDULABLE / DEFER).
@@ -17,7 +18,15 @@ from __future__ import annotations
 from kubemoot.gates.engine import ScoreRangeError, default_recheck_triggers, evaluate
 from kubemoot.gates.protocols import Gate, Scorer, Weighted
 from kubemoot.gates.record import RECORD_VERSION, CandidateResult, DecisionRecord
-from kubemoot.gates.results import GateResult, Outcome, Standing, Verdict, jsonable, standing
+from kubemoot.gates.results import (
+    GateResult,
+    Outcome,
+    Standing,
+    Verdict,
+    jsonable,
+    standing,
+    verdict_standing,
+)
 
 __all__ = [
     "RECORD_VERSION",
@@ -35,4 +44,5 @@ __all__ = [
     "evaluate",
     "jsonable",
     "standing",
+    "verdict_standing",
 ]

@@ -19,13 +19,13 @@ per-call context gate: a context nobody published never refuses a call).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["GateResult", "Outcome", "Standing", "Verdict", "standing"]
+__all__ = ["GateResult", "Outcome", "Standing", "Verdict", "standing", "verdict_standing"]
 
 # One shared, read-only empty mapping: most PASS results carry little evidence and
 # the operator-side scheduler creates results by the hundred thousand.
@@ -175,6 +175,19 @@ def standing(results: Iterable[GateResult]) -> Standing:
         if not uncertain and not result.admits:
             uncertain = True
     return Standing.UNCERTAIN if uncertain else Standing.FEASIBLE
+
+
+def verdict_standing(verdicts: Sequence[Verdict]) -> Standing:
+    """:func:`standing` of results with these verdicts, none of them an admitting UNKNOWN.
+
+    For callers that judge many candidates and make the results (reasons, evidence) only
+    when a record reads them; the rule is the same.
+    """
+    if Verdict.FAIL in verdicts:
+        return Standing.HARD_FAILED
+    if Verdict.UNKNOWN in verdicts or Verdict.STALE in verdicts:
+        return Standing.UNCERTAIN
+    return Standing.FEASIBLE
 
 
 def jsonable(value: Any) -> Any:

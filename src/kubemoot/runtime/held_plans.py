@@ -214,7 +214,10 @@ class HeldPlans:
         models = [c.model for c in planner.in_tolerance(candidates)]
         for find in (options.warm_options, options.joinable_loading):  # steps 1-2, then 3
             for model in models:
-                for option in find(rnd, model):
+                found = find(rnd, model)
+                if found and options.or_a_copy_as_soon(rnd, found) is not found:
+                    return None  # a copy of its own would be as soon: place() loads it
+                for option in found:
                     action = Action.WARM if option.kind is OptionKind.WARM else Action.LOADING
                     return CallPlacement(action, provider=option.provider,
                                          model=option.model, options=(option,))

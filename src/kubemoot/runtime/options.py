@@ -22,7 +22,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from operator import itemgetter
+from typing import cast
 
 from kubemoot.gates.results import GateResult
 from kubemoot.runtime import filters
@@ -35,6 +37,19 @@ from kubemoot.store.documents import TicketState
 
 VICTIMS = "victims"
 
+#: A candidate's gate results, or the question that gives them (a warm copy's gates,
+#: worked out when a record is read: a placement's record is built only when asked
+#: for, and most are never asked for).
+Evidence = list[GateResult] | partial[list[GateResult]]
+
+
+def evidence(gathered: dict[str, Evidence]) -> dict[str, list[GateResult]]:
+    """``gathered`` with every deferred gate list worked out, in place, in its order."""
+    for cid, results in gathered.items():
+        if not isinstance(results, list):
+            gathered[cid] = results()  # a value changes, the keys and order do not
+    return cast(dict[str, list[GateResult]], gathered)
+
 
 @dataclass(slots=True)
 class Round:
@@ -43,8 +58,9 @@ class Round:
     fleet: FleetSnapshot
     cost: CostModel
     prompt_tokens: int | None = None
-    #: gate results per candidate id ``provider/model`` (filled as options are listed)
-    gates: dict[str, list[GateResult]] = field(default_factory=dict)
+    #: gate results per candidate id ``provider/model`` (filled as options are listed;
+    #: read them through :attr:`gates`)
+    gathered: dict[str, Evidence] = field(default_factory=dict)
     #: waiters queued before this call, per copy ``(provider, model)`` (see :func:`spread`)
     ahead: dict[tuple[str, str], int] = field(default_factory=dict)
     #: the fleet before any provider was excluded (``None``: nothing was); a refusal is
@@ -69,7 +85,7 @@ class Round:
     ) -> Round:
         """A round over ``fleet`` less the ``exclude`` providers: they are filtered out
         before anything is priced, so no price has to know about them."""
-        seen = fleet.without(exclude)
+        seen = fleet.without(exclude) if exclude else fleet
         if seen is not fleet:
             # what the left-out providers show about model sizes is still true
             occupancy.observe(fleet)
@@ -85,9 +101,21 @@ class Round:
         return self.whole, CostModel(self.whole, settings=c.settings,
                                      occupancy=c.occupancy_book, demand=c.demand)
 
+    @property
+    def gates(self) -> dict[str, list[GateResult]]:
+        """Gate results per candidate id ``provider/model``, in the order gathered."""
+        return evidence(self.gathered)
+
     def record(self, provider: str, model: str, results: list[GateResult]) -> bool:
-        self.gates[f"{provider}/{model}"] = results
+        self.gathered[f"{provider}/{model}"] = results
         return filters.feasible(results)
+
+    def record_warm(self, p: ProviderSnapshot, model: str) -> None:
+        """Keep the warm gates of ``p``'s copy of ``model`` as evidence, worked out when
+        read (the snapshot is a value, so they come out as they would now)."""
+        self.gathered[f"{p.name}/{model}"] = partial(
+            filters.warm_gates, p, model, self.prompt_tokens
+        )
 
     def ahead_of(self, provider: str, model: str) -> int:
         return self.ahead.get((provider, model), 0)
@@ -141,8 +169,7 @@ def _usable_copies(rnd: Round, model: str) -> list[ProviderSnapshot]:
 
 def _record_warm(rnd: Round, options: Iterable[Option]) -> None:
     for o in options:
-        p = rnd.provider_of(o)
-        rnd.record(p.name, o.model, filters.warm_gates(p, o.model, rnd.prompt_tokens))
+        rnd.record_warm(rnd.provider_of(o), o.model)
 
 
 def spread(rnd: Round, models: Sequence[str], ahead: int) -> None:
@@ -236,13 +263,21 @@ def _free_copies(rnd: Round, model: str, limit: int, *, prefill: bool) -> list[O
     if keyed is None:
         keyed = _keyed_free_copies(rnd, model, elsewhere, prefill=prefill)
     options: list[Option] = []
-    for _key, p in heapq.nsmallest(limit, keyed, key=itemgetter(0)):
-        option = rnd.copy_option(p, model, rnd.ahead_of(p.name, model))
+    for (_seconds, rank, in_flight, name), p in heapq.nsmallest(limit, keyed,
+                                                                key=itemgetter(0)):
+        if rank == _WARM_RANK and p.is_resident(model):
+            # A resident copy with a slot free behind its waiters: no load to wait for
+            # and no queue, so the cost model's price is 0 s, and the key already holds
+            # its calls in flight (:meth:`CostModel.copy_option`, without asking it).
+            option = Option(OptionKind.WARM, name, model, 0.0, in_flight=in_flight)
+        else:
+            option = rnd.copy_option(p, model, rnd.ahead_of(name, model))
         options.append(rnd.with_prefill(option) if prefill else option)
-    _record_warm(rnd, options)
+        rnd.record_warm(p, model)
     return options
 
 
+_WARM_RANK = OptionKind.WARM.rank
 _Keyed = list[tuple[tuple[float, int, int, str], ProviderSnapshot]]
 
 
@@ -257,12 +292,12 @@ def _indexed_free_copies(
     calls in flight, then name) is the price order and only its first ``limit`` can be
     listed. The model's other copies (loading, full, or failing a warm gate) are judged
     one by one in name order, as :func:`_usable_copies` does, so the gate evidence is
-    the same. A prompt larger than a free copy's context, or a free copy that fails the
-    warm filter, sends the call down the one-by-one path.
+    the same. A prompt larger than a free copy's context sends the call down the
+    one-by-one path.
     """
-    if any(m == model for _p, m in rnd.ahead):
+    if rnd.ahead and any(m == model for _p, m in rnd.ahead):
         return None
-    if prefill and any(p and m == model for p, m in rnd.prefill):
+    if prefill and rnd.prefill and any(p and m == model for p, m in rnd.prefill):
         return None
     index = rnd.fleet.index
     prompt = rnd.prompt_tokens
@@ -271,11 +306,15 @@ def _indexed_free_copies(
         return None
     free = index.free_copies(model)
     keyed: _Keyed = []
+    seconds = round(elsewhere, 9)
     for in_flight, name in free[:limit]:
+        # A listed copy passes the warm filter: the list holds only copies of ready,
+        # closed-circuit providers that no ticket plans to unload, and every context
+        # in it holds the prompt (the smallest does, above).
         p = index.provider(name)
-        if p is None or not filters.warm_ok(p, model, prompt):
+        if p is None:
             return None
-        keyed.append(((round(elsewhere, 9), 0, in_flight, name), p))
+        keyed.append(((seconds, 0, in_flight, name), p))
     if index.copy_count(model) == len(free):
         return keyed
     listed = {name for _in_flight, name in free}
@@ -373,6 +412,42 @@ def loading_queue(rnd: Round, models: Sequence[str]) -> Option | None:
     return None
 
 
+def or_a_copy_as_soon(rnd: Round, choices: list[Option]) -> list[Option]:
+    """``choices`` (a cheap case), or a cold load that starts the call no later.
+
+    When every choice is a copy still loading, joining it gains the call nothing over
+    loading another copy on a card that is free now and would finish as soon (calls
+    issued in one instant: a burst, agents selected together). If other calls for the
+    model are expected, the second copy shortens their waits and costs this one
+    nothing, so it is taken: DESIGN §5's "company may pay for a second copy", at no
+    price to the call. Alone, the call joins the coming copy as before. Only a load
+    onto free room counts (nothing is evicted for it), and it must be ready no later
+    than the soonest loading choice, the card's loads under way and the prefill
+    included (long-discussion cut: 6.53 s → 3.13 s, three copies at once instead of
+    one).
+    """
+    if not choices or any(o.kind is not OptionKind.LOADING for o in choices):
+        return choices
+    model = choices[0].model
+    cost = rnd.cost
+    others = max(cost.demand.of(model).demand_besides_one_waiter,
+                 float(cost.queued_ahead.get(model, 0)))
+    load = cost.load(model)
+    if others <= 0 or load is None:
+        return choices
+    soonest = min(o.seconds for o in choices)
+    for option in cold_options(rnd, model, limit=cost.settings.copy_shortlist):
+        starts = cost.load_line_wait(rnd.provider_of(option)) + load
+        starts = rnd.with_prefill(replace(option, seconds=starts)).seconds
+        if starts <= soonest + AS_SOON_SECONDS:
+            return [option]
+    return choices
+
+
+#: Within this much, a new copy is as soon as one loading (rounding, not a trade-off).
+AS_SOON_SECONDS = 1e-6
+
+
 # -- loads ----------------------------------------------------------------------------
 
 
@@ -464,8 +539,11 @@ def comparison(rnd: Round, models: Sequence[str], *, explain: bool) -> list[Opti
     stays a gate), so when the preferred model's copies are full, loading an in-band
     candidate onto an idle card serves the overflow instead of queueing it (homelab:
     32b's overflow onto a 14b on the other card). The preferred model's first copy is
-    never skipped for a lesser one that loads faster, and unload plans stay the
-    preferred model's: evicting for a lesser model is never priced. Without ``explain``
+    never skipped for a lesser one that merely loads faster: before it has a copy, the
+    band's cold loads are priced only when the preferred model has no free room
+    anywhere, against its unload plans. A lesser model's unload plans are priced for
+    the overflow only, and only those whose victims nobody waits for or has an intent
+    on. Without ``explain``
     only options that can win are priced: a few tightest cold fits (all cold loads of
     a model cost the same load time), and unload plans only when nothing cheaper than
     their floor — load(M) plus one unload — was found.
@@ -476,14 +554,26 @@ def comparison(rnd: Round, models: Sequence[str], *, explain: bool) -> list[Opti
         rnd.with_prefill(rnd.cost.priced_queue(o)) for m in models
         for o in copy_options(rnd, m, free_slot=False, limit=limit, prefill=False)
     ]
-    # A lesser model of the band is loaded only for overflow: once the preferred model
-    # has a copy (warm or coming), never instead of its first one.
-    loadable = models if rnd.fleet.index.copies_of(preferred) else models[:1]
-    options += [o for m in loadable for o in cold_options(rnd, m, limit=limit)]
-    floor = rnd.cost.unload_floor(preferred)
+    # A lesser model of the band is loaded for overflow once the preferred model has a
+    # copy (warm or coming), or when the preferred model fits nowhere without evicting:
+    # free room for a band model then competes with the unload plans, never with a
+    # cold load of the preferred model (memory-tight: the 24b evicted a coder and its
+    # calls waited 17 s while a 14b of their band could load beside it).
+    cold = cold_options(rnd, preferred, limit=limit)
+    options += cold
+    if not cold or rnd.fleet.index.copies_of(preferred):
+        options += [o for m in models[1:] for o in cold_options(rnd, m, limit=limit)]
+    # Unload plans are the preferred model's, and for the overflow (as cold loads above)
+    # the band's lesser models' too, whose plans may evict only models nobody waits for
+    # or plans to call (memory-tight: a writer queued a minute for `gemma3:27b` while
+    # `gemma3:12b`, in its band, could replace an idle model on another card).
+    demand = rnd.cost.demand
     cheapest = min((o.seconds for o in options), default=None)
-    if explain or cheapest is None or floor is None or cheapest > floor:
-        options += unload_options(rnd, preferred)
+    for m in models if rnd.fleet.index.copies_of(preferred) else models[:1]:
+        floor = rnd.cost.unload_floor(m)
+        if explain or cheapest is None or floor is None or cheapest > floor:
+            options += [o for o in unload_options(rnd, m) if m == preferred or not any(
+                demand.of(v).waiters or demand.of(v).intents for v in o.victims)]
     return sorted(options, key=lambda o: o.sort_key(models))
 
 

@@ -27,7 +27,7 @@ import itertools
 import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from kubemoot import metrics
 from kubemoot.gates.record import DecisionRecord
@@ -38,7 +38,7 @@ from kubemoot.runtime.claims import Claim, Claims
 from kubemoot.runtime.cost import Option, OptionKind
 from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.occupancy import OccupancyBook
-from kubemoot.runtime.options import Round
+from kubemoot.runtime.options import Round, evidence
 from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
 from kubemoot.runtime.prefix import PrefixBook
 from kubemoot.runtime.record import build_record
@@ -59,6 +59,10 @@ _ACTION_OF = {
     OptionKind.COLD_LOAD: Action.COLD_LOAD,
     OptionKind.UNLOAD: Action.UNLOAD,
 }
+
+
+#: Each action's series of the decisions counter, made on its first decision.
+_DECIDED: dict[Action, Any] = {}
 
 
 class DemandSource(Protocol):
@@ -126,7 +130,9 @@ class CallPlanner:
         preferred, rest = candidates[0], candidates[1:]
         floor = preferred.score - self.settings.candidate_tolerance
         close = [c for c in rest if c.score >= floor and c.model != preferred.model]
-        return [preferred, *sorted(close, key=lambda c: -c.score)]
+        if len(close) > 1:
+            close.sort(key=lambda c: -c.score)
+        return [preferred, *close]
 
     async def new_round(
         self, prompt_tokens: int | None, *, exclude: Collection[str] = ()
@@ -170,7 +176,11 @@ class CallPlanner:
                                       explain=explain, ahead=ahead, exclude=exclude,
                                       planned=planned or {})
         metrics.PLACEMENT_SECONDS.observe(max(0.0, clock.now() - began))
-        metrics.DECISIONS.labels(action=placement.action.value).inc()
+        decided = _DECIDED.get(placement.action)
+        if decided is None:  # labels() validates and locks each time: look it up once
+            decided = _DECIDED[placement.action] = metrics.DECISIONS.labels(
+                action=placement.action.value)
+        decided.inc()
         if placement.action is Action.REFUSE and placement.reason is not None:
             metrics.REFUSALS.labels(reason=placement.reason).inc()
         return placement
@@ -224,10 +234,13 @@ class CallPlanner:
             (options.joinable_loading(rnd, m) for m in models),  # step 3, a free slot
         )
         for choices in cheap_cases:
+            choices = options.or_a_copy_as_soon(rnd, choices)
             claim = await self._first_claim(rnd, choices, holder_id, state)
             if claim is not None:
-                return self._placed(rnd, claim, priced or [claim.option],
-                                    "a warm or loading copy had room")
+                why = ("a warm or loading copy had room" if claim.option.kind in
+                       (OptionKind.WARM, OptionKind.LOADING) else
+                       "another copy is ready as soon as the one loading, for the company")
+                return self._placed(rnd, claim, priced or [claim.option], why)
         loading = options.loading_queue(rnd, models)
         if not explain:
             priced = options.comparison(rnd, models, explain=False)
@@ -310,7 +323,8 @@ class CallPlanner:
     ) -> CallPlacement:
         option = claim.option
         options = tuple(priced)
-        gates = dict(rnd.gates)  # as they stand now: the record is built when first read
+        # as they stand now; the record, and any gates still to work out, when first read
+        gathered = dict(rnd.gathered)
 
         def record() -> DecisionRecord:
             chosen = next(
@@ -319,7 +333,8 @@ class CallPlanner:
                 option,
             )
             return build_record(
-                subject=f"call:{option.model}", gates=gates, options=options, chosen=chosen,
+                subject=f"call:{option.model}", gates=evidence(gathered), options=options,
+                chosen=chosen,
                 outcome=Outcome.PLACE, reason=f"{why}; {option.provider} for {option.model} "
                 f"at {option.seconds:.3f} s",
             )

@@ -83,12 +83,34 @@ class _ParsedOnce(Generic[_T]):
         return held[1] if held is not None else None
 
 
+class _Noted:
+    """A provider's tickets as this process's own claim or release left them.
+
+    Only the ticket list is read off a ticket document here, so that is all this
+    holds: a pydantic document built for each claim and release cost more than the
+    rest of noting it (the list's tickets are documents already).
+    """
+
+    __slots__ = ("tickets",)
+
+    def __init__(self, tickets: list[Ticket]) -> None:
+        self.tickets = tickets
+
+    def active(self, now: float) -> list[Ticket]:
+        """Tickets not yet expired (as :meth:`ProviderTickets.active`)."""
+        return [t for t in self.tickets if t.expires_at > now]
+
+
+#: A provider's ticket document as read or delivered, or as this process noted it.
+_Tickets = ProviderTickets | _Noted
+
+
 @dataclass(slots=True)
 class _Built:
     """The snapshot made of one provider's documents, and what it depends on."""
 
     state: ProviderState
-    tickets: ProviderTickets | None
+    tickets: _Tickets | None
     latency: float
     circuit_open: bool
     unreadable: bool  # its ticket document did not parse
@@ -125,7 +147,7 @@ class ProviderView:
         self._listed_at = float("-inf")
         self._states_parsed = _ParsedOnce(self._parse_state)
         self._tickets_parsed = _ParsedOnce(self._parse_tickets)
-        self._docs: dict[str, tuple[ProviderState, ProviderTickets | None]] = {}
+        self._docs: dict[str, tuple[ProviderState, _Tickets | None]] = {}
         # What the current index was built from, and which providers must be rebuilt.
         self._built: dict[str, _Built] = {}
         self._index: FleetIndex | None = None
@@ -266,9 +288,8 @@ class ProviderView:
             return
         state, doc = current
         kept = [] if doc is None else [t for t in doc.tickets if t.ticket_id != ticket.ticket_id]
-        self._docs[provider] = (
-            state, ProviderTickets(provider=provider, tickets=[*kept, ticket])
-        )
+        kept.append(ticket)
+        self._docs[provider] = (state, _Noted(kept))
         self._dirty.add(provider)
 
     def note_released(self, provider: str, ticket_id: str) -> None:
@@ -280,7 +301,7 @@ class ProviderView:
         if doc is None:
             return
         kept = [t for t in doc.tickets if t.ticket_id != ticket_id]
-        self._docs[provider] = (state, ProviderTickets(provider=provider, tickets=kept))
+        self._docs[provider] = (state, _Noted(kept))
         self._dirty.add(provider)
 
     def observe_latency(self, provider: str, endpoint: str, seconds: float) -> None:
@@ -357,7 +378,7 @@ class ProviderView:
         return self._index
 
     def _build(
-        self, state: ProviderState, tickets: ProviderTickets | None, now: float
+        self, state: ProviderState, tickets: _Tickets | None, now: float
     ) -> ProviderSnapshot | None:
         """The provider's snapshot; ``None`` when the one in the index still holds."""
         name = state.provider
@@ -365,16 +386,25 @@ class ProviderView:
         latency = self.latency.latency(state.endpoint)
         unreadable = name in self._unreadable
         cached = self._built.get(name)
+        active = None
         if (
             cached is not None
             and cached.state is state
-            and cached.tickets is tickets
             and (cached.latency, cached.circuit_open, cached.unreadable)
             == (latency, circuit_open, unreadable)
             and now < cached.valid_until
         ):
-            return None  # same documents, no ticket lapsed since: same snapshot
-        active = tuple(tickets.active(now)) if tickets is not None else ()
+            if cached.tickets is tickets:
+                return None  # same documents, no ticket lapsed since: same snapshot
+            active = tuple(tickets.active(now)) if tickets is not None else ()
+            if active == cached.snapshot.tickets:
+                # Another document with the same live tickets: a call claimed and
+                # released between two snapshots leaves its provider as it was, so the
+                # snapshot, its lapse time and the index stay as they are.
+                cached.tickets = tickets
+                return None
+        if active is None:
+            active = tuple(tickets.active(now)) if tickets is not None else ()
         # a copy past its keep-alive is not resident, unless a call runs on it
         shown = live_state(state, now, {t.model for t in active})
         if unreadable:  # never free memory: nothing is placed there until it reads again
@@ -414,7 +444,9 @@ class ProviderView:
         tickets = await asyncio.gather(
             *(self._tickets_doc(encode_token(s.provider)) for s in present)
         )
-        docs = {s.provider: (s, t) for s, t in zip(present, tickets, strict=True)}
+        docs: dict[str, tuple[ProviderState, _Tickets | None]] = {
+            s.provider: (s, t) for s, t in zip(present, tickets, strict=True)
+        }
         for name in set(self._docs) | set(docs):
             old, new = self._docs.get(name), docs.get(name)
             if old is None or new is None or old[0] is not new[0] or old[1] is not new[1]:

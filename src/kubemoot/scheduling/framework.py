@@ -10,7 +10,10 @@ shares it (kube-scheduler caches node info the same way):
 
 * *provider tier* — every gate whose verdict depends only on the Model and its provider
   (readiness, freshness, VRAM, license, egress, digest, parallelism with nothing
-  assumed), once per pass and freshness limit;
+  assumed), once per pass and freshness limit. Only the verdicts are worked out then
+  (each gate's ``judge``); a Model's results with their reasons and evidence are made
+  when a decision record or an unplaced phase's message first reads them, since most
+  are never read;
 * *rule tier* — the Require gate, once per (policy, phase) and distinct label set;
 * *ranking* — quality + capacity + locality + provider weight of each statically
   feasible candidate, once per (policy, phase, effective bias), and computed only once
@@ -40,11 +43,12 @@ from kubemoot.gates import (
     Verdict,
     Weighted,
     evaluate,
-    standing,
+    verdict_standing,
 )
 from kubemoot.scheduling.candidate import Placement, stale_age
 from kubemoot.scheduling.plugins import (
     GATES,
+    JUDGED,
     SCORERS,
     ParallelismGate,
     PluginArgs,
@@ -55,7 +59,6 @@ from kubemoot.scheduling.plugins import (
 )
 from kubemoot.scheduling.tables import (
     ModelIndex,
-    ProviderFacts,
     ProviderTier,
     QualityFunction,
     Ranked,
@@ -72,7 +75,6 @@ __all__ = [
     "SCHEDULER_VERSION",
     "SCORING_POLICY_VERSION",
     "Framework",
-    "ProviderFacts",
     "ProviderTier",
     "Ranked",
     "Ranking",
@@ -88,7 +90,7 @@ AGENT_GATES = (ParallelismGate.name, TopologySpreadGate.name)
 #: Gates that depend on the Model and its provider only.
 PROVIDER_GATES = tuple(name for name in GATES if name not in (RequireGate.name, *AGENT_GATES))
 
-_FAIL = Verdict.FAIL
+_FAIL, _HARD_FAILED = Verdict.FAIL, Standing.HARD_FAILED
 #: A table's (feasible in tie-break order, uncertain, admitted) Model positions.
 _Selection = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 #: A ranking's (positions best first, their totals, quality per label set).
@@ -144,31 +146,32 @@ class Framework:
         found = self._tiers.get(max_age_seconds)
         if found is not None:
             return found
-        gates = [GATES[name](self.args(max_age_seconds=max_age_seconds)) for name in PROVIDER_GATES]
+        args = self.args(max_age_seconds=max_age_seconds)
+        gates = tuple(JUDGED[name](args) for name in PROVIDER_GATES)
         # Parallelism with nothing assumed yet: an unknown limit or a provider already full
-        # by its own report is agent-independent; later bindings can only add FAILs.
-        base_parallelism = ParallelismGate.from_args(self.args(max_age_seconds=max_age_seconds))
-        results: dict[str, tuple[GateResult, ...]] = {}
+        # by its own report is agent-independent; later bindings can only add FAILs. It
+        # counts for the standing, but is not one of the tier's results.
+        judges = [gate.judge for gate in gates]
+        judges.append(ParallelismGate.from_args(args).judge)
+        # Verdicts only: the standing rule needs no more, and the results with their
+        # reasons and evidence (a few microseconds a gate) are made when read.
+        tier_size = len(gates)
         standings: dict[str, Standing] = {}
+        first_failing: dict[str, int] = {}
         for placement in self.placements:
-            checked = tuple(gate.check(placement) for gate in gates)
-            results[placement.name] = checked
-            standings[placement.name] = standing((*checked, base_parallelism.check(placement)))
-        facts: dict[str, ProviderFacts] = {}
-        for placement in self.placements:
-            provider = placement.provider
-            if provider is None or provider.metadata.name in facts:
-                continue
-            facts[provider.metadata.name] = ProviderFacts(
-                headroom=self.headroom.get(provider.metadata.name),
-                stale=stale_age(provider, self.now, max_age_seconds) is not None,
-            )
-        first_fail = {
-            name: next(r for r in checked if r.result is _FAIL)
-            for name, checked in results.items()
-            if standings[name] is Standing.HARD_FAILED and any(r.result is _FAIL for r in checked)
-        }
+            verdicts = [judge(placement) for judge in judges]
+            # No judged gate admits an UNKNOWN (JudgedGate): the verdicts decide.
+            where = standings[placement.name] = verdict_standing(verdicts)
+            if where is _HARD_FAILED:
+                first = verdicts.index(_FAIL)
+                if first < tier_size:
+                    first_failing[placement.name] = first
         index = self.index
+        limits = [
+            None if limit is None or stale_age(placement.provider, self.now, max_age_seconds)
+            is not None else limit
+            for placement, limit in zip(self.placements, index.headroom, strict=True)
+        ]
         feasible_by_set: list[list[int]] = [[] for _ in index.label_sets]
         uncertain_by_set: list[list[int]] = [[] for _ in index.label_sets]
         for position, name in enumerate(index.names):
@@ -179,10 +182,11 @@ class Framework:
                 uncertain_by_set[index.set_of[position]].append(position)
         tier = ProviderTier(
             max_age_seconds,
-            results,
+            gates,
+            {placement.name: placement for placement in self.placements},
             standings,
-            facts,
-            first_fail,
+            limits,
+            first_failing,
             feasible_by_set,
             uncertain_by_set,
         )
@@ -321,7 +325,9 @@ class Framework:
                 gates.append(GATES[name](args))
             else:
                 index = PROVIDER_GATES.index(name)
-                gates.append(_Replay(name, {k: v[index] for k, v in tier.results.items()}))
+                gates.append(
+                    _Replay(name, {p.name: tier.results(p.name)[index] for p in self.placements})
+                )
         scorers: list[Weighted[Placement]] = []
         for name, factory in SCORERS.items():
             scorer = factory(args)

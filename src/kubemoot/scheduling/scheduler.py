@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cache, partial
+from functools import partial
 from itertools import chain
 
 from kubemoot.api import (
@@ -239,7 +239,7 @@ class SchedulingPass:
         for agent, namespace, crew in agents:
             governed = resolved.get((namespace, crew))
             if governed is None:
-                governed = self._govern(agent, namespace, crew)
+                governed = self._govern(namespace, crew)
             bias = self._bias(governed, tuple(agent.spec.capabilities))
             groups = governed.groups
             group = groups.get(bias)
@@ -340,13 +340,14 @@ class SchedulingPass:
         # when the crew changes, and a bias only under a qualityBias.
         last: object = slot_of  # no crew label is this
         governed: _Governed | None = None
-        for number, someone in segment.held.items():
-            crew, capabilities = segment.agent_class(number)
+        classes = segment.classes
+        for number in segment.present:
+            crew, capabilities = classes[number]
             if crew != last or governed is None:
                 last = crew
                 governed = self._resolved.get((namespace, crew))
                 if governed is None:
-                    governed = self._govern(someone, namespace, crew)
+                    governed = self._govern(namespace, crew)
             bias = None if governed.biases is None else self._bias(governed, capabilities)
             key = (id(governed), bias)
             found = slot_of.get(key)
@@ -450,9 +451,9 @@ class SchedulingPass:
         for failed in group.failed:
             self._event(plan, failed, agent_id)
 
-    def _govern(self, agent: Agent, namespace: str, crew: str | None) -> _Governed:
+    def _govern(self, namespace: str, crew: str | None) -> _Governed:
         """The policy an Agent's (namespace, crew) resolves to, with its plan; once each."""
-        resolution = self.snapshot.resolve_policy(agent)
+        resolution = self.snapshot.resolve(namespace, crew)
         plan = self.plan(resolution.policy)
         found = self._resolved[(namespace, crew)] = _Governed(resolution, plan)
         return found
@@ -627,31 +628,34 @@ class SchedulingPass:
         return found
 
     def _explain_unplaced(self, table: RuleTable, context: SpreadContext | None) -> _Unplaced:
-        tier = table.tier
-        facts = tier.facts
+        tier, index = table.tier, table.index
         seen = dict(self.assumed)  # as of now: a DEFER reason is written when first read
+        seen_get, limits, providers = seen.get, tier.limits, index.providers
+        placements = index.placements
         spread_gate = TopologySpreadGate(context)
+        # Verdicts only: results with their words are made for a record or a message.
+        spread_judge = None if context is None or not context.used else spread_gate.judge
 
-        def full(placement: Placement) -> bool:
-            fact = facts.get(placement.model.spec.provider_ref)
-            if fact is None or fact.headroom is None or fact.stale:
-                return False
-            return seen.get(placement.model.spec.provider_ref, 0) > fact.headroom
+        def full(position: int) -> bool:
+            limit = limits[position]
+            return limit is not None and seen_get(providers[position], 0) > limit
 
         waiting = [
-            placement
-            for placement in table.uncertain
-            if not full(placement) and spread_gate.check(placement).result is not Verdict.FAIL
+            position
+            for position in table.uncertain_positions
+            if ((limit := limits[position]) is None or seen_get(providers[position], 0) <= limit)
+            and (spread_judge is None or spread_judge(placements[position]) is not Verdict.FAIL)
         ]
         if waiting:
             # The outcome is all the pass needs; the words cost a gate check per waiting
             # candidate, and most groups are decided again before anyone reads them.
-            return Outcome.DEFER, cache(partial(self._defer_reason, tier, waiting, seen)), None
+            waits = [placements[position] for position in waiting]
+            return Outcome.DEFER, _Once(partial(self._defer_reason, tier, waits, seen)), None
         parallelism = self._parallelism(tier, seen)
         firsts: list[GateResult] = []
-        for placement in self.framework.placements:
+        for position, placement in enumerate(placements):
             first = table.first_failure(placement.name)
-            if (first is None or _ORDER[first.gate] > _ORDER["Parallelism"]) and full(placement):
+            if (first is None or _ORDER[first.gate] > _ORDER["Parallelism"]) and full(position):
                 first = parallelism.check(placement)
             if first is None:
                 spread_result = spread_gate.check(placement)
@@ -678,7 +682,7 @@ class SchedulingPass:
         parallelism = self._parallelism(tier, seen)
         waits: list[tuple[str, list[GateResult]]] = []
         for placement in waiting:
-            results = list(tier.results[placement.name])
+            results = list(tier.results(placement.name))
             results.insert(PROVIDER_GATES.index("VRAM") + 1, parallelism.check(placement))
             waits.append((placement.name, [r for r in results if r.waits]))
         return defer_text(waits)
@@ -760,6 +764,25 @@ class SchedulingPass:
             policies=policies,
             warnings=snapshot_warnings(self.snapshot.models, self.snapshot.providers),
         )
+
+
+class _Once:
+    """A function of no arguments whose answer is worked out on first call and kept.
+
+    What ``functools.cache`` does for such a function, without its wrapper's set-up
+    (copying the wrapped function's name and docs), which a pass pays per unplaced group.
+    """
+
+    __slots__ = ("_answer", "_work")
+
+    def __init__(self, work: Callable[[], str]) -> None:
+        self._work: Callable[[], str] | None = work
+        self._answer = ""
+
+    def __call__(self) -> str:
+        if self._work is not None:
+            self._answer, self._work = self._work(), None
+        return self._answer
 
 
 def schedule_bundle(

@@ -139,9 +139,11 @@ class ClusterSnapshot:
     def resolve_policy(self, agent: Agent) -> PolicyResolution:
         """DESIGN §3: the crew label picks the policy with that crewRef in the namespace;
         without the label the namespace's only policy applies; otherwise none does."""
-        namespace = agent.namespace or "default"
+        return self.resolve(agent.namespace or "default", agent.crew)
+
+    def resolve(self, namespace: str, crew: str | None) -> PolicyResolution:
+        """:meth:`resolve_policy` for an Agent of this namespace and crew label."""
         policies = self.policies_in(namespace)
-        crew = agent.crew
         if crew is not None:
             matching = [p for p in policies if p.spec.crew_ref == crew]
             if len(matching) == 1:

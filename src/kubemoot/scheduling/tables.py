@@ -21,6 +21,7 @@ from kubemoot.scheduling.candidate import Placement
 from kubemoot.scheduling.plugins import (
     CapacityScorer,
     ImageLocalityScorer,
+    JudgedGate,
     ProviderWeightScorer,
     RequireGate,
     quality_score,
@@ -29,7 +30,6 @@ from kubemoot.scheduling.plugins import (
 
 __all__ = [
     "ModelIndex",
-    "ProviderFacts",
     "ProviderTier",
     "QualityFunction",
     "Ranked",
@@ -155,26 +155,43 @@ class ModelIndex:
         return tuple(sorted(positions, key=self.tie_rank.__getitem__))
 
 
-@dataclass(frozen=True, slots=True)
-class ProviderFacts:
-    """What the per-Agent parallelism check needs about one provider, precomputed."""
-
-    headroom: int | None  # agents that may still be assumed onto it; None = limit unknown
-    stale: bool
-
-
 @dataclass(slots=True)
 class ProviderTier:
-    """Provider-tier gate results of every Model, for one freshness limit."""
+    """Provider-tier verdicts of every Model, for one freshness limit.
+
+    A pass needs each Model's standing, which the gates' verdicts decide; the results
+    with their reasons and evidence are read only by decision records and by the
+    messages of unplaced phases, for a few Models. They are made on first read, by the
+    same gates, and kept.
+    """
 
     max_age_seconds: int
-    results: dict[str, tuple[GateResult, ...]]
+    gates: tuple[JudgedGate, ...]  # the provider-tier gates, in gate order
+    placements: Mapping[str, Placement]  # by Model name
     standing: dict[str, Standing]
-    facts: dict[str, ProviderFacts]
-    first_fail: dict[str, GateResult]  # first FAIL among the provider-tier gates, if any
+    #: Per Model position: how many Agents its provider may still take before the
+    #: Parallelism gate FAILs (its headroom); None when that gate never FAILs there
+    #: (no provider, no known limit, or a stale status, which makes it STALE instead).
+    limits: list[int | None]
+    #: The position in ``gates`` of each Model's first FAIL, for Models that have one.
+    first_failing: dict[str, int]
     #: Per label set: positions of its statically feasible and uncertain Models.
     feasible_by_set: list[list[int]]
     uncertain_by_set: list[list[int]]
+    _results: dict[str, tuple[GateResult, ...]] = field(default_factory=dict)
+
+    def results(self, name: str) -> tuple[GateResult, ...]:
+        """Every provider-tier result of one Model, in gate order (made on first read)."""
+        found = self._results.get(name)
+        if found is None:
+            placement = self.placements[name]
+            found = self._results[name] = tuple(gate.check(placement) for gate in self.gates)
+        return found
+
+    def first_fail(self, name: str) -> GateResult | None:
+        """The Model's first FAIL among the provider-tier gates, if any."""
+        index = self.first_failing.get(name)
+        return None if index is None else self.results(name)[index]
 
 
 @dataclass(slots=True, eq=False)
@@ -227,7 +244,7 @@ class RuleTable:
         """Require's FAIL, else the provider tier's first FAIL, else None."""
         if self.rejects(name):
             return self.require_gate.failed
-        return self.tier.first_fail.get(name)
+        return self.tier.first_fail(name)
 
 
 @dataclass(frozen=True, slots=True)

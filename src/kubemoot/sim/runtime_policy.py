@@ -59,7 +59,7 @@ from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE, SimulatedOutcome
 from kubemoot.sim.phases import CURRENT_CALL
 from kubemoot.sim.policies import Policy, SimContext
-from kubemoot.sim.vloop import loop_clock
+from kubemoot.sim.vloop import loop_clock, sleep
 from kubemoot.sim.workload import CallSpec, Selection
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
@@ -150,7 +150,7 @@ class KubemootPolicy(Policy):
         for selection in selections:
             delay = selection.at - loop.time()
             if delay > 0:
-                await asyncio.sleep(delay)
+                await sleep(delay, loop)
             await self._committed(selection)
 
     def _committed(self, selection: Selection) -> asyncio.Task[None]:
@@ -245,7 +245,9 @@ class KubemootPolicy(Policy):
 
         finished = False
         try:
-            placer = await self._held_placer(call, request)
+            # most calls are no selection's first: no coroutine for them
+            placer = (await self._held_placer(call, request)
+                      if call.call_id in self._first_of else None)
             try:
                 try:
                     active, started = await runtime.calls.start(request, send, placer=placer)

@@ -14,9 +14,9 @@ import contextlib
 import gc
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from kubemoot.api.errors import InputError
 from kubemoot.sim.bound import LowerBound, lower_bound
@@ -25,11 +25,13 @@ from kubemoot.sim.metrics import FAILED, FINISHED, PolicyReport, Recorder, Simul
 from kubemoot.sim.phases import CURRENT_CALL, WaitPhases, WaitSource
 from kubemoot.sim.policies import BASELINES, Policy, SimContext
 from kubemoot.sim.scenario import Scenario
-from kubemoot.sim.vloop import run_virtual
+from kubemoot.sim.vloop import run_virtual, sleep
 from kubemoot.sim.workload import CallSpec, Discussion, Trace, Turn, build_trace
 
 __all__ = ["POLICY_NAMES", "PolicyRun", "ServedCall", "SimulationResult", "make_policy",
            "run_policy", "simulate"]
+
+T = TypeVar("T")
 
 POLICY_NAMES: tuple[str, ...] = ("kubemoot", *BASELINES)
 PLOTTED_PROVIDERS = 16  # VRAM-over-time is drawn for at most this many cards
@@ -162,17 +164,54 @@ async def _run_turn(
 
     for step in turn.steps:
         if step.think_seconds:
-            await asyncio.sleep(step.think_seconds)
-        outcomes = await asyncio.gather(*(one(c) for c in step.calls))
+            await sleep(step.think_seconds, loop)
+        outcomes = await _all(loop, [one(c) for c in step.calls])
         if any(o.status != FINISHED for o in outcomes):
             return  # the agent stood aside or failed: its turn ends here
+
+
+async def _all(loop: asyncio.AbstractEventLoop, calls: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """``asyncio.gather(*calls)``, taking the same loop turns, without its machinery.
+
+    Each call runs in its own task, started in order; each task's end reaches a done
+    callback on the next turn, and the last one wakes the caller on the turn after, as
+    gather's do (the simulator's decisions depend on the order of turns). The first
+    call to fail fails the whole, as in gather; cancelling the caller cancels the calls.
+    """
+    tasks = [loop.create_task(call) for call in calls]
+    done: asyncio.Future[None] = loop.create_future()
+    left = len(tasks)
+
+    def ended(task: asyncio.Task[T]) -> None:
+        nonlocal left
+        left -= 1
+        if done.done():
+            if not task.cancelled():
+                task.exception()  # retrieved: no "never retrieved" warning
+            return
+        if task.cancelled():
+            done.set_exception(asyncio.CancelledError())
+        elif (error := task.exception()) is not None:
+            done.set_exception(error)
+        elif left == 0:
+            done.set_result(None)
+
+    for task in tasks:
+        task.add_done_callback(ended)
+    try:
+        await done
+    except asyncio.CancelledError:
+        for task in tasks:
+            task.cancel()
+        raise
+    return [task.result() for task in tasks]
 
 
 async def _sample_vram(gpus: list[EmulatedGpu], every: float, recorder: Recorder) -> None:
     loop = asyncio.get_running_loop()
     while True:
         recorder.vram_samples.append((loop.time(), {g.name: g.engine.used_mib for g in gpus}))
-        await asyncio.sleep(every)
+        await sleep(every, loop)
 
 
 async def _run(scenario: Scenario, trace: Trace, policy_name: str, seed: int) -> PolicyRun:
@@ -198,7 +237,7 @@ async def _run(scenario: Scenario, trace: Trace, policy_name: str, seed: int) ->
     for discussion in trace.discussions:
         delay = discussion.arrival - loop.time()
         if delay > 0:
-            await asyncio.sleep(delay)
+            await sleep(delay, loop)
         for turn in discussion.turns:
             tasks.append(loop.create_task(_run_turn(turn, discussion, policy, ctx, recorder)))
     await asyncio.gather(*tasks)

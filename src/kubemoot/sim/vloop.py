@@ -17,15 +17,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import functools
 import heapq
 import selectors
 from asyncio import format_helpers
+from asyncio.futures import _set_result_unless_cancelled  # type: ignore[attr-defined]
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from kubemoot.clock import LoopClock
 
-__all__ = ["SimulationStalled", "VirtualTimeLoop", "loop_clock", "run_virtual"]
+__all__ = ["SimulationStalled", "VirtualTimeLoop", "loop_clock", "run_virtual", "sleep"]
 
 T = TypeVar("T")
 _Ts = TypeVarTuple("_Ts")
@@ -90,11 +92,26 @@ class _VirtualSelector(selectors.BaseSelector):
         return events
 
 
+class _Deadline(float):
+    """A timer's place in the loop's heap: its deadline, and the timer.
+
+    asyncio's heap holds the timers themselves, which compare by deadline in a Python
+    ``__lt__``; a push or a pop of a heap of n timers calls it about log2(n) times
+    (about 53,000 calls a fleet-16 run). A float subclass compares in C and answers
+    every comparison as the timers' ``__lt__`` would, so the heap takes the same shape
+    and gives timers of equal deadlines in the same order.
+    """
+
+    __slots__ = ("handle",)
+    handle: asyncio.TimerHandle
+
+
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """An event loop whose clock is virtual and only moves when nothing is ready."""
 
-    # asyncio's own state, which the timer jump reads (typeshed leaves it out).
-    _scheduled: list[asyncio.TimerHandle]
+    # asyncio's own state (typeshed leaves it out). ``_scheduled`` is this loop's heap
+    # of deadlines; asyncio's own turn, which reads timers there, never runs on it.
+    _scheduled: list[_Deadline]  # type: ignore[assignment]
     _timer_cancelled_count: int
     _selector: selectors.BaseSelector
     _debug: bool
@@ -108,6 +125,15 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         # Handles whose deadline is within this of now run together; virtual time has
         # no jitter, so a tiny resolution keeps distinct events distinct.
         self._clock_resolution = 1e-9
+        # Every future and task asks its loop for one (about 25,000 futures a
+        # fleet-16 run): asyncio's method is a Python frame around the constructor.
+        self.create_future = functools.partial(asyncio.Future, loop=self)  # type: ignore[method-assign]
+
+    def set_debug(self, enabled: bool) -> None:
+        super().set_debug(enabled)
+        # Every future and task asks ``get_debug()`` as it is made (about 45,000 times
+        # a fleet-16 run); the bound ``__bool__`` of the flag answers without a frame.
+        self.get_debug = bool(enabled).__bool__  # type: ignore[method-assign]
 
     def time(self) -> float:
         return self._virtual_now
@@ -123,6 +149,15 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             super().run_forever()
         finally:
             self._running_virtual = False
+
+    def create_task(self, coro: Any, *, name: object = None,  # type: ignore[override]
+                    context: contextvars.Context | None = None) -> asyncio.Task[Any]:
+        """asyncio's ``create_task`` without its frames around the constructor (about
+        8,000 tasks a fleet-16 run); a task factory or debug mode take asyncio's way."""
+        if self._task_factory is not None or self._debug or self._closed:  # type: ignore[attr-defined]
+            return super().create_task(coro, name=name, context=context)
+        return asyncio.Task(coro, loop=self, name=name,  # type: ignore[arg-type]
+                            context=context)
 
     def call_soon(self, callback: Callable[[Unpack[_Ts]], object], *args: *_Ts,
                   context: contextvars.Context | None = None) -> asyncio.Handle:
@@ -143,86 +178,154 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._ready.append(handle)  # type: ignore[attr-defined]
         return handle
 
-    def _run_once(self) -> None:
-        """One turn of the loop: asyncio's own, step for step, without what a virtual
-        loop with no files of its own does not need.
+    def call_later(self, delay: float, callback: Callable[[Unpack[_Ts]], object],
+                   *args: *_Ts, context: contextvars.Context | None = None
+                   ) -> asyncio.TimerHandle:
+        if delay is None:
+            raise TypeError("delay must not be None")
+        return self.call_at(self._virtual_now + delay, callback, *args, context=context)
 
-        A simulation takes tens of thousands of turns; in most of them callbacks are
-        ready, so asyncio's turn polls the selector with a zero timeout (which answers
-        nothing here), hands the empty answer on and reads the clock twice. This turn
-        skips the poll when callbacks are ready and reads the virtual time directly;
-        the clean-up of cancelled timers, the timers moved to the ready queue and the
-        order callbacks run in are asyncio's (3.11's ``BaseEventLoop._run_once``), so
-        a run takes the same turns in the same order. With a file of the program's own
-        registered, or in debug mode, asyncio's turn runs instead.
-        """
-        selector = self._selector
-        if self._debug or (
-            not isinstance(selector, _VirtualSelector) or selector.registered > selector.own
-        ):
-            super()._run_once()  # type: ignore[misc]
-            return
-        scheduled = self._scheduled
-        count = len(scheduled)
-        if count > _MIN_SCHEDULED_TIMER_HANDLES and (
-            self._timer_cancelled_count / count > _MIN_CANCELLED_TIMER_HANDLES_FRACTION
-        ):
-            kept = []
-            for timer in scheduled:
-                if timer._cancelled:  # type: ignore[attr-defined]
-                    timer._scheduled = False  # type: ignore[attr-defined]
-                else:
-                    kept.append(timer)
-            heapq.heapify(kept)
-            self._scheduled = scheduled = kept
-            self._timer_cancelled_count = 0
+    def call_at(self, when: float, callback: Callable[[Unpack[_Ts]], object], *args: *_Ts,
+                context: contextvars.Context | None = None) -> asyncio.TimerHandle:
+        """asyncio's ``call_at``, the timer filled in one frame as in :meth:`call_soon`,
+        and its deadline pushed on the heap (see :class:`_Deadline`)."""
+        if when is None:
+            raise TypeError("when cannot be None")
+        if self._debug or self._closed:  # type: ignore[attr-defined]
+            self._check_closed()  # type: ignore[attr-defined]
+            self._check_thread()  # type: ignore[attr-defined]
+            self._check_callback(callback, "call_at")  # type: ignore[attr-defined]
+            timer = asyncio.TimerHandle(when, callback, args, self, context)
+            if timer._source_traceback:  # type: ignore[attr-defined]
+                del timer._source_traceback[-1]  # type: ignore[attr-defined]
         else:
-            while scheduled and scheduled[0]._cancelled:  # type: ignore[attr-defined]
-                self._timer_cancelled_count -= 1
-                timer = heapq.heappop(scheduled)
-                timer._scheduled = False  # type: ignore[attr-defined]
+            timer = _new_handle(_TimerHandle)
+            timer._context = contextvars.copy_context() if context is None else context
+            timer._loop = self
+            timer._callback = callback
+            timer._args = args
+            timer._cancelled = False
+            timer._repr = None
+            timer._source_traceback = None
+            timer._when = when
+        deadline = _Deadline(when)
+        deadline.handle = timer
+        heapq.heappush(self._scheduled, deadline)
+        timer._scheduled = True  # type: ignore[attr-defined]
+        return timer
+
+    def _run_once(self) -> None:
+        """The loop's turns, until it is asked to stop: asyncio's own turn, step for
+        step, without what a virtual loop with no files of its own does not need.
+
+        asyncio's ``run_forever`` calls this once per turn and stops once a turn has
+        set ``_stopping``; here the turns run in this one frame and it returns after
+        the same turn, so ``run_forever`` stops at the same point. A simulation takes
+        tens of thousands of turns; in most of them callbacks are ready, so asyncio's
+        turn polls the selector with a zero timeout (which answers nothing here),
+        hands the empty answer on and reads the clock twice. These turns poll only
+        while a file of the program's own is registered; an idle turn without one
+        jumps the clock to the first live deadline at once (a turn with nothing
+        scheduled asks the selector, which raises :class:`SimulationStalled`). The
+        clean-up of cancelled timers, the timers moved to the ready queue and the
+        order callbacks run in are asyncio's (3.11's ``BaseEventLoop._run_once``), so
+        a run takes the same turns in the same order. In debug mode each callback runs
+        through its handle, which times it against the slow-callback limit as asyncio
+        does (in virtual time).
+        """
         ready: collections.deque[asyncio.Handle] = self._ready  # type: ignore[attr-defined]
-        if not ready and not self._stopping:  # type: ignore[attr-defined]
-            # idle: the selector polls once, then jumps the clock to the next timer
-            timeout = None
-            if scheduled:
-                timeout = min(max(0.0, scheduled[0]._when - self._virtual_now),  # type: ignore[attr-defined]
-                              _MAXIMUM_SELECT_TIMEOUT)
-            self._process_events(self._selector.select(timeout))  # type: ignore[attr-defined]
-        end_time = self._virtual_now + self._clock_resolution
-        while scheduled:
-            timer = scheduled[0]
-            if timer._when >= end_time:  # type: ignore[attr-defined]
-                break
-            heapq.heappop(scheduled)
-            timer._scheduled = False  # type: ignore[attr-defined]
-            ready.append(timer)
+        selector = self._selector
+        assert isinstance(selector, _VirtualSelector)
+        resolution = self._clock_resolution
+        heappop = heapq.heappop
+        while True:
+            scheduled = self._scheduled
+            count = len(scheduled)
+            if count > _MIN_SCHEDULED_TIMER_HANDLES and (
+                self._timer_cancelled_count / count > _MIN_CANCELLED_TIMER_HANDLES_FRACTION
+            ):
+                kept = []
+                for deadline in scheduled:
+                    if deadline.handle._cancelled:  # type: ignore[attr-defined]
+                        deadline.handle._scheduled = False  # type: ignore[attr-defined]
+                    else:
+                        kept.append(deadline)
+                heapq.heapify(kept)
+                self._scheduled = scheduled = kept
+                self._timer_cancelled_count = 0
+            else:
+                while scheduled and scheduled[0].handle._cancelled:  # type: ignore[attr-defined]
+                    self._timer_cancelled_count -= 1
+                    heappop(scheduled).handle._scheduled = False  # type: ignore[attr-defined]
+            if not ready and not self._stopping:  # type: ignore[attr-defined]
+                if scheduled and selector.registered <= selector.own:
+                    # idle, nothing to poll: jump onto the earliest live deadline (what
+                    # the selector's idle wait does, not now + timeout, which can fall
+                    # a rounding error short of it and spin)
+                    first = float(scheduled[0])
+                    if first > self._virtual_now:
+                        self._virtual_now = first
+                else:
+                    # idle: the selector polls once, then jumps the clock to the next timer
+                    timeout = None
+                    if scheduled:
+                        timeout = min(max(0.0, scheduled[0] - self._virtual_now),
+                                      _MAXIMUM_SELECT_TIMEOUT)
+                    self._process_events(selector.select(timeout))  # type: ignore[attr-defined]
+            elif selector.registered > selector.own:
+                self._process_events(selector.select(0))  # type: ignore[attr-defined]
+            end_time = self._virtual_now + resolution
+            while scheduled:
+                if scheduled[0] >= end_time:
+                    break
+                timer = heappop(scheduled).handle
+                timer._scheduled = False  # type: ignore[attr-defined]
+                ready.append(timer)
+            if self._debug:
+                self._run_ready_debug(ready)
+            else:
+                for _ in range(len(ready)):
+                    handle = ready.popleft()
+                    if handle._cancelled:  # type: ignore[attr-defined]
+                        continue
+                    # Handle._run, inline: one frame fewer for each of the run's callbacks
+                    try:
+                        handle._context.run(handle._callback, *handle._args)  # type: ignore[attr-defined]
+                    except (SystemExit, KeyboardInterrupt):
+                        raise
+                    except BaseException as exc:
+                        self._callback_failed(handle, exc)
+            if self._stopping:  # type: ignore[attr-defined]
+                return
+
+    def _run_ready_debug(self, ready: collections.deque[asyncio.Handle]) -> None:
         for _ in range(len(ready)):
             handle = ready.popleft()
-            if handle._cancelled:  # type: ignore[attr-defined]
-                continue
-            # Handle._run, inline: one frame fewer for each of the run's callbacks
-            try:
-                handle._context.run(handle._callback, *handle._args)  # type: ignore[attr-defined]
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                source = format_helpers._format_callback_source(  # type: ignore[attr-defined]
-                    handle._callback, handle._args)  # type: ignore[attr-defined]
-                context = {"message": f"Exception in callback {source}",
-                           "exception": exc, "handle": handle}
-                if handle._source_traceback:  # type: ignore[attr-defined]
-                    context["source_traceback"] = handle._source_traceback  # type: ignore[attr-defined]
-                self.call_exception_handler(context)
+            if not handle._cancelled:  # type: ignore[attr-defined]
+                try:
+                    self._current_handle = handle  # what asyncio's debug turn names
+                    handle._run()  # type: ignore[attr-defined]
+                finally:
+                    self._current_handle = None  # type: ignore[assignment]
+
+    def _callback_failed(self, handle: asyncio.Handle, exc: BaseException) -> None:
+        """What asyncio's ``Handle._run`` reports of a callback that raised."""
+        source = format_helpers._format_callback_source(  # type: ignore[attr-defined]
+            handle._callback, handle._args)  # type: ignore[attr-defined]
+        context = {"message": f"Exception in callback {source}", "exception": exc,
+                   "handle": handle}
+        if handle._source_traceback:  # type: ignore[attr-defined]
+            context["source_traceback"] = handle._source_traceback  # type: ignore[attr-defined]
+        self.call_exception_handler(context)
 
     def _advance_to_next_timer(self, timeout: float) -> None:
         # Jump exactly onto the earliest live deadline (not now + timeout, which can
         # fall a rounding error short of it and spin).
-        scheduled: list[asyncio.TimerHandle] = self._scheduled
-        while scheduled and scheduled[0].cancelled():
-            heapq.heappop(scheduled)
+        scheduled = self._scheduled
+        while scheduled and scheduled[0].handle.cancelled():
+            heapq.heappop(scheduled).handle._scheduled = False  # type: ignore[attr-defined]
             self._timer_cancelled_count -= 1
-        target = scheduled[0].when() if scheduled else self._virtual_now + timeout
+        target = float(scheduled[0]) if scheduled else self._virtual_now + timeout
         self._virtual_now = max(self._virtual_now, target)
 
 
@@ -235,11 +338,57 @@ class _Handle(asyncio.Handle):
     _context: contextvars.Context
     _loop: asyncio.AbstractEventLoop
     _callback: Callable[..., object]
+    _args: tuple[Any, ...]
+    _cancelled: bool
     _repr: str | None
     _source_traceback: object
 
 
+class _TimerHandle(asyncio.TimerHandle):
+    """A timer whose fields :meth:`VirtualTimeLoop.call_at` sets itself."""
+
+    __slots__ = ()
+    _context: contextvars.Context
+    _loop: asyncio.AbstractEventLoop
+    _callback: Callable[..., object]
+    _args: tuple[Any, ...]
+    _cancelled: bool
+    _repr: str | None
+    _source_traceback: object
+    _when: float
+
+
 _new_handle = object.__new__
+
+
+async def sleep(seconds: float, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """``asyncio.sleep(max(0, seconds))``, in fewer frames on a virtual-time loop: the
+    same future, the same timer at the same deadline, woken in the same turn.
+
+    The simulator sleeps a few thousand times a run (every computing call, every
+    think time, the virtual clock's waits); asyncio's sleep asks for the running loop
+    (a system call on this Python; ``loop``, the running one, spares it) and takes
+    about ten frames of the loop's methods. Off a virtual-time loop, in debug mode or
+    for no time at all, it is asyncio's.
+    """
+    if seconds > 0:
+        if loop is None:
+            loop = asyncio.get_running_loop()
+        if isinstance(loop, VirtualTimeLoop) and not loop._debug:
+            await _virtual_sleep(loop, seconds)
+            return
+    await asyncio.sleep(max(0.0, seconds))
+
+
+async def _virtual_sleep(loop: VirtualTimeLoop, seconds: float) -> None:
+    future: asyncio.Future[None] = asyncio.Future(loop=loop)
+    timer = loop.call_at(loop._virtual_now + seconds, _set_result_unless_cancelled,
+                         future, None)
+    try:
+        await future
+    except BaseException:
+        timer.cancel()  # asyncio's sleep cancels its timer in every case; fired, it is
+        raise  # out of the heap already and cancelling it changes nothing
 
 
 class _VirtualClock(LoopClock):
@@ -266,6 +415,13 @@ class _VirtualClock(LoopClock):
         if anchor is None:
             anchor = self._anchor = loop._virtual_now
         return self._epoch + (loop._virtual_now - anchor)
+
+    async def sleep(self, seconds: float) -> None:
+        loop = self._loop
+        if seconds > 0 and loop._running_virtual and not loop._debug:
+            await _virtual_sleep(loop, seconds)  # no asking for the running loop
+        else:
+            await asyncio.sleep(max(0.0, seconds))
 
 
 def loop_clock(*, epoch: float | None = None, anchor: float | None = None) -> LoopClock:

@@ -16,7 +16,6 @@ import asyncio
 import bisect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from kubemoot.clock import Clock, SystemClock
 from kubemoot.store._watch import QueueWatch
@@ -31,11 +30,10 @@ from kubemoot.store.protocol import (
 __all__ = ["MemoryBucket", "MemoryKV"]
 
 
-@dataclass(slots=True)
-class _Item:
-    #: made once per write: every read of this revision hands out the same (frozen) entry
-    entry: Entry
-    expires_at: float | None
+#: A key's item: its entry, made once per write (every read of this revision hands out
+#: the same frozen entry), and when it expires. A tuple: a write makes one, and a
+#: class's constructor is a frame more on the simulator's most frequent operation.
+_Item = tuple[Entry, float | None]
 
 
 class MemoryBucket:
@@ -54,6 +52,7 @@ class MemoryBucket:
         self._next_expiry = math.inf
         self._sequence = 0
         self._watchers: set[QueueWatch] = set()
+        self._watching: tuple[QueueWatch, ...] = ()  # the watchers, as a write walks them
         self._closed = False
 
     # -- internals -------------------------------------------------------------------
@@ -67,9 +66,7 @@ class MemoryBucket:
         item = self._items.get(key)
         if item is None:
             return None
-        if item.expires_at is not None and item.expires_at <= (
-            self._clock.now() if now is None else now
-        ):
+        if item[1] is not None and item[1] <= (self._clock.now() if now is None else now):
             self._forget(key)
             return None
         return item
@@ -89,22 +86,22 @@ class MemoryBucket:
             expires_at = None if lifetime is None else self._clock.now() + lifetime
             if key not in self._items:
                 bisect.insort(self._sorted, key)
-            self._items[key] = _Item(Entry(key=key, value=value, revision=revision),
-                                     expires_at)
+            self._items[key] = (Entry(key, value, revision), expires_at)
             if expires_at is not None and expires_at < self._next_expiry:
                 # an overwritten item's earlier expiry may stay the bound: a sweep at
                 # that time finds nothing to remove and sets the bound right
                 self._next_expiry = expires_at
-        change = Change(bucket=self.name, key=key, value=value, revision=revision)
-        for watch in list(self._watchers):
-            watch.push(change)
+        if self._watching:
+            change = Change(self.name, key, value, revision)
+            for watch in self._watching:
+                watch.push(change)
         return revision
 
     # -- Bucket protocol -------------------------------------------------------------
 
     def _entry(self, key: str, now: float | None = None) -> Entry | None:
         item = self._live(key, now)
-        return None if item is None else item.entry
+        return None if item is None else item[0]
 
     def _entries(self, keys: Sequence[str]) -> list[Entry | None]:
         """What :meth:`_entry` answers for each key, in one loop: two calls per key
@@ -116,11 +113,11 @@ class MemoryBucket:
             item = items.get(key)
             if item is None:
                 entries.append(None)
-            elif item.expires_at is not None and item.expires_at <= now:
+            elif item[1] is not None and item[1] <= now:
                 self._forget(key)  # as _live does: an expired item leaves on a read
                 entries.append(None)
             else:
-                entries.append(item.entry)
+                entries.append(item[0])
         return entries
 
     async def get(self, key: str) -> Entry | None:
@@ -163,7 +160,7 @@ class MemoryBucket:
     async def update(self, key: str, value: bytes, *, expected_revision: int) -> int:
         self._check_open()
         item = self._live(key)
-        current = 0 if item is None else item.entry.revision
+        current = 0 if item is None else item[0].revision
         if current != expected_revision or item is None:
             raise RevisionMismatch(
                 f"bucket {self.name!r}: key {key!r} is at revision {current}, "
@@ -179,7 +176,7 @@ class MemoryBucket:
         self._check_open()
         item = self._live(key)
         if expected_revision is not None:
-            current = 0 if item is None else item.entry.revision
+            current = 0 if item is None else item[0].revision
             if current != expected_revision:
                 raise RevisionMismatch(
                     f"bucket {self.name!r}: key {key!r} is at revision {current}, "
@@ -195,8 +192,8 @@ class MemoryBucket:
             for key in list(self._sorted):
                 self._live(key, now)
             self._next_expiry = min(
-                (item.expires_at for item in self._items.values()
-                 if item.expires_at is not None), default=math.inf)
+                (item[1] for item in self._items.values() if item[1] is not None),
+                default=math.inf)
         return list(self._sorted)
 
     def watch(self) -> QueueWatch:
@@ -204,10 +201,12 @@ class MemoryBucket:
 
         async def stop(watch: QueueWatch) -> None:
             self._watchers.discard(watch)
+            self._watching = tuple(self._watchers)
 
         # Registered now, not on first iteration, so "after now" means after this call.
         watch = QueueWatch(stop=stop)
         self._watchers.add(watch)
+        self._watching = tuple(self._watchers)
         return watch
 
     def close(self) -> None:
@@ -215,6 +214,7 @@ class MemoryBucket:
         for watch in list(self._watchers):
             watch.end()
         self._watchers.clear()
+        self._watching = ()
 
 
 def _answer(future: asyncio.Future[list[Entry | None]], entries: list[Entry | None]) -> None:

@@ -9,8 +9,9 @@ weights and which context each shares.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
-from kubemoot.gates import Gate, Scorer
+from kubemoot.gates import Gate, Scorer, Verdict
 from kubemoot.scheduling.candidate import Placement
 from kubemoot.scheduling.plugins._args import PluginArgs, SpreadContext, topology_value
 from kubemoot.scheduling.plugins.capacity import CapacityScorer
@@ -31,6 +32,7 @@ from kubemoot.scheduling.plugins.vram import VramGate
 
 __all__ = [
     "GATES",
+    "JUDGED",
     "PHASE_SIGN",
     "SCORERS",
     "CapacityScorer",
@@ -39,6 +41,8 @@ __all__ = [
     "FreshnessGate",
     "GateFactory",
     "ImageLocalityScorer",
+    "JudgedFactory",
+    "JudgedGate",
     "LicenseGate",
     "ModelReadyGate",
     "ParallelismGate",
@@ -57,7 +61,23 @@ __all__ = [
     "topology_value",
 ]
 
+
+
+class JudgedGate(Gate[Placement], Protocol):
+    """A gate that can also give its verdict alone.
+
+    ``judge(c)`` is ``check(c).result``, without the reason and evidence: a pass uses it
+    for the gates it evaluates for every Model and builds a result only when a decision
+    record or a message reads it. These gates never admit an UNKNOWN.
+    """
+
+    def judge(self, candidate: Placement, /) -> Verdict:
+        """The verdict :meth:`check` would give."""
+        ...
+
+
 GateFactory = Callable[[PluginArgs], Gate[Placement]]
+JudgedFactory = Callable[[PluginArgs], JudgedGate]
 ScorerFactory = Callable[[PluginArgs], Scorer[Placement]]
 
 #: Every gate by name, in the order the framework runs them (cheap and common first,
@@ -74,6 +94,21 @@ GATES: dict[str, GateFactory] = {
     RuntimeGate.name: RuntimeGate.from_args,
     DigestGate.name: DigestGate.from_args,
     TopologySpreadGate.name: TopologySpreadGate.from_args,
+}
+
+#: The gates that can judge without explaining (:class:`JudgedGate`): every gate whose
+#: verdict depends on the Model and its provider (and, for Parallelism, the bindings
+#: assumed), in :data:`GATES` order.
+JUDGED: dict[str, JudgedFactory] = {
+    ModelReadyGate.name: ModelReadyGate.from_args,
+    ProviderReadyGate.name: ProviderReadyGate.from_args,
+    FreshnessGate.name: FreshnessGate.from_args,
+    VramGate.name: VramGate.from_args,
+    ParallelismGate.name: ParallelismGate.from_args,
+    LicenseGate.name: LicenseGate.from_args,
+    EgressGate.name: EgressGate.from_args,
+    RuntimeGate.name: RuntimeGate.from_args,
+    DigestGate.name: DigestGate.from_args,
 }
 
 #: Every scorer by name. Weights are the framework's business, not the scorers'.

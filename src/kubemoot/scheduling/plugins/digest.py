@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Self
 
-from kubemoot.gates import GateResult
+from kubemoot.gates import GateResult, Verdict
 from kubemoot.scheduling.candidate import Placement
 from kubemoot.scheduling.plugins._args import PluginArgs
 
@@ -27,6 +27,26 @@ class DigestGate:
     @classmethod
     def from_args(cls, args: PluginArgs) -> Self:
         return cls()
+
+    def judge(self, candidate: Placement, /) -> Verdict:
+        """The verdict of :meth:`check`, without its reason and evidence."""
+        digest = candidate.model.spec.digest
+        if digest is None:
+            return Verdict.PASS
+        provider = candidate.provider
+        if provider is None:
+            return Verdict.UNKNOWN
+        if digest in provider.spec.quarantined_digests:
+            return Verdict.FAIL
+        capacity = provider.capacity
+        for loaded in () if capacity is None else capacity.loaded_models:
+            if (
+                loaded.digest is not None
+                and loaded.name == candidate.model_id
+                and loaded.digest != digest
+            ):
+                return Verdict.FAIL
+        return Verdict.PASS
 
     def check(self, candidate: Placement, /) -> GateResult:
         digest = candidate.model.spec.digest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Self
 
-from kubemoot.gates import GateResult
+from kubemoot.gates import GateResult, Verdict
 from kubemoot.scheduling.candidate import Placement
 from kubemoot.scheduling.plugins._args import PluginArgs
 
@@ -26,6 +26,17 @@ class EgressGate:
     @classmethod
     def from_args(cls, args: PluginArgs) -> Self:
         return cls()
+
+    def judge(self, candidate: Placement, /) -> Verdict:
+        """The verdict of :meth:`check`, without its reason and evidence."""
+        if candidate.model.spec.egress != "none":
+            return Verdict.PASS
+        provider = candidate.provider
+        policy = None if provider is None else provider.spec.policy
+        egress = None if policy is None else policy.egress
+        if egress is None:
+            return Verdict.UNKNOWN
+        return Verdict.PASS if egress == "none" else Verdict.FAIL
 
     def check(self, candidate: Placement, /) -> GateResult:
         if candidate.model.spec.egress != "none":

@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Self
 
 from kubemoot.api import ModelProvider
-from kubemoot.gates import GateResult
+from kubemoot.gates import GateResult, Verdict
 from kubemoot.scheduling.candidate import Placement, rfc3339
 from kubemoot.scheduling.plugins._args import PluginArgs
 
@@ -28,6 +28,17 @@ class FreshnessGate:
     @classmethod
     def from_args(cls, args: PluginArgs) -> Self:
         return cls(now=args.now, max_age_seconds=args.max_age_seconds)
+
+    def judge(self, candidate: Placement, /) -> Verdict:
+        """The verdict of :meth:`check`, without its reason and evidence."""
+        provider = candidate.provider
+        if provider is None:
+            return Verdict.UNKNOWN
+        status = provider.status
+        if status is None or status.last_probed_at is None:
+            return Verdict.PASS
+        age = (self._now - status.last_probed_at).total_seconds()
+        return Verdict.STALE if age > self._max_age else Verdict.PASS
 
     def check(self, candidate: Placement, /) -> GateResult:
         provider = candidate.provider

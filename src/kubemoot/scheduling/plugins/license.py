@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Self
 
-from kubemoot.gates import GateResult
+from kubemoot.gates import GateResult, Verdict
 from kubemoot.scheduling.candidate import Placement
 from kubemoot.scheduling.plugins._args import PluginArgs
 
@@ -23,6 +23,11 @@ class LicenseGate:
     @classmethod
     def from_args(cls, args: PluginArgs) -> Self:
         return cls()
+
+    def judge(self, candidate: Placement, /) -> Verdict:
+        """The verdict of :meth:`check`, without its reason and evidence."""
+        state = candidate.model.spec.license
+        return Verdict.PASS if state is None or state == "ALLOW" else Verdict.FAIL
 
     def check(self, candidate: Placement, /) -> GateResult:
         state = candidate.model.spec.license

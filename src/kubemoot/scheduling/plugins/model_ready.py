@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Self
 
-from kubemoot.gates import GateResult
+from kubemoot.gates import GateResult, Verdict
 from kubemoot.scheduling.candidate import Placement
 from kubemoot.scheduling.plugins._args import PluginArgs
 
 __all__ = ["ModelReadyGate"]
 
 _NAME = "ModelReady"
+_PASS, _FAIL = Verdict.PASS, Verdict.FAIL
 _NO_STATUS = GateResult.pass_(_NAME, "no Model status: a declared Model is taken as Ready")
 _READY = GateResult.pass_(_NAME, "Model status is ready", field="status.ready")
 _NOT_READY = GateResult.fail(_NAME, "Model status is not ready", field="status.ready", value=False)
@@ -24,6 +25,11 @@ class ModelReadyGate:
     @classmethod
     def from_args(cls, args: PluginArgs) -> Self:
         return cls()
+
+    def judge(self, candidate: Placement, /) -> Verdict:
+        """The verdict of :meth:`check`, without its reason and evidence."""
+        status = candidate.model.status
+        return _FAIL if status is not None and status.ready is False else _PASS
 
     def check(self, candidate: Placement, /) -> GateResult:
         status = candidate.model.status

@@ -59,6 +59,20 @@ class ParallelismGate:
             assumed=args.assumed,
         )
 
+    def judge(self, candidate: Placement, /) -> Verdict:
+        """The verdict of :meth:`check`, without its reason and evidence."""
+        provider = candidate.provider
+        limit = None if provider is None else agent_limit(provider, self._factor)
+        if provider is None or limit is None:
+            return Verdict.UNKNOWN
+        capacity = provider.capacity
+        reported = (None if capacity is None else capacity.agent_count) or 0
+        if reported + self._assumed.get(provider.metadata.name, 0) + 1 <= limit:
+            return Verdict.PASS
+        if stale_age(provider, self._now, self._max_age) is not None:
+            return Verdict.STALE
+        return Verdict.FAIL
+
     def check(self, candidate: Placement, /) -> GateResult:
         provider = candidate.provider
         if provider is None:

@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Self
 
 from kubemoot.api import ModelProvider
-from kubemoot.gates import GateResult
+from kubemoot.gates import GateResult, Verdict
 from kubemoot.scheduling.candidate import Placement, stale_age
 from kubemoot.scheduling.plugins._args import PluginArgs
 
@@ -32,6 +32,20 @@ class ProviderReadyGate:
     @classmethod
     def from_args(cls, args: PluginArgs) -> Self:
         return cls(now=args.now, max_age_seconds=args.max_age_seconds)
+
+    def judge(self, candidate: Placement, /) -> Verdict:
+        """The verdict of :meth:`check`, without its reason and evidence."""
+        provider = candidate.provider
+        if provider is None:
+            return Verdict.FAIL
+        status = provider.status
+        if status is None or status.ready is None:
+            return Verdict.UNKNOWN
+        if status.ready:
+            return Verdict.PASS
+        if stale_age(provider, self._now, self._max_age) is not None:
+            return Verdict.STALE
+        return Verdict.FAIL
 
     def check(self, candidate: Placement, /) -> GateResult:
         provider = candidate.provider

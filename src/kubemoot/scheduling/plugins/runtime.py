@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Self
 
 from kubemoot.api.runtime import parse_runtime, parse_version
-from kubemoot.gates import GateResult
+from kubemoot.gates import GateResult, Verdict
 from kubemoot.scheduling.candidate import Placement
 from kubemoot.scheduling.plugins._args import PluginArgs
 
@@ -29,6 +29,23 @@ class RuntimeGate:
     @classmethod
     def from_args(cls, args: PluginArgs) -> Self:
         return cls()
+
+    def judge(self, candidate: Placement, /) -> Verdict:
+        """The verdict of :meth:`check`, without its reason and evidence."""
+        text = candidate.model.spec.runtime
+        if text is None:
+            return Verdict.PASS
+        provider = candidate.provider
+        if provider is None:
+            return Verdict.UNKNOWN
+        requirement = parse_runtime(text)
+        if provider.spec.type != requirement.engine:
+            return Verdict.FAIL
+        reported = None if provider.status is None else provider.status.runtime_version
+        version = None if reported is None else parse_version(reported)
+        if version is None:
+            return Verdict.UNKNOWN
+        return Verdict.PASS if requirement.admits(version) else Verdict.FAIL
 
     def check(self, candidate: Placement, /) -> GateResult:
         text = candidate.model.spec.runtime

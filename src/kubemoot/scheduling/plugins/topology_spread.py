@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Self
 
-from kubemoot.gates import GateResult
+from kubemoot.gates import GateResult, Verdict
 from kubemoot.scheduling.candidate import Placement
 from kubemoot.scheduling.plugins._args import PluginArgs, SpreadContext, topology_value
 
@@ -26,6 +26,18 @@ class TopologySpreadGate:
     @classmethod
     def from_args(cls, args: PluginArgs) -> Self:
         return cls(args.spread)
+
+    def judge(self, candidate: Placement, /) -> Verdict:
+        """The verdict of :meth:`check`, without its reason and evidence."""
+        spread = self._spread
+        if spread is None or not spread.used:
+            return Verdict.PASS
+        value = topology_value(candidate, spread.topology_key)
+        if value is None or value not in spread.used:
+            return Verdict.PASS
+        if spread.when_unsatisfiable == "DoNotSchedule" or spread.alternatives:
+            return Verdict.FAIL
+        return Verdict.PASS
 
     def check(self, candidate: Placement, /) -> GateResult:
         spread = self._spread

@@ -29,6 +29,22 @@ class VramGate:
     def from_args(cls, args: PluginArgs) -> Self:
         return cls(now=args.now, max_age_seconds=args.max_age_seconds)
 
+    def judge(self, candidate: Placement, /) -> Verdict:
+        """The verdict of :meth:`check`, without its reason and evidence."""
+        provider = candidate.provider
+        if provider is None:
+            return Verdict.UNKNOWN
+        need = footprint(candidate)[0]
+        capacity = provider.capacity
+        total = None if capacity is None else capacity.vram_total_mib
+        if need is None or total is None:
+            return Verdict.UNKNOWN
+        if need + provider.spec.reserve_mib <= total:
+            return Verdict.PASS
+        if stale_age(provider, self._now, self._max_age) is not None:
+            return Verdict.STALE
+        return Verdict.FAIL
+
     def check(self, candidate: Placement, /) -> GateResult:
         provider = candidate.provider
         if provider is None:

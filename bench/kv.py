@@ -35,6 +35,18 @@ lost a race announced in ``kubemoot_ticket_requests`` for any writer to apply;
 server (gets, creates and deletes per bucket; compare-and-sets won and lost) and prints
 them per granted claim for each contended run (key ``requestsPerClaimProcesses``).
 
+With ``--count-requests`` the same figure also counts the changes each worker's watches
+delivered (``… delivered``): every one wakes the process that follows the bucket; with
+the bus, the requests sent to a combiner and the messages it delivered (``bus …``).
+``wakeUpsPerClaimProcesses`` sums what woke a worker per granted claim.
+
+Every worker also gets a bus on its NATS connection, so that under contention one of
+them combines the others' operations (``kubemoot.runtime.ticket_delegation``);
+``--combine off`` runs them without one (the claim line's announcements only).
+
+``--profile DIR`` profiles every worker while it claims (cProfile, CPU time) and prints the
+functions with the most self time over the many-process run's workers.
+
 ``workerCpuMsPerClaim`` (and ``…Processes`` for the second run) is the CPU time all
 workers spent while claiming (``time.process_time``), per granted claim: unlike the
 claims per second it does not move with the machine's load.
@@ -47,8 +59,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import cProfile
+import glob
 import json
 import multiprocessing as mp
+import pstats
 import random
 import statistics
 import sys
@@ -59,6 +74,7 @@ from typing import Any
 from kubemoot.clock import SystemClock
 from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketManager
 from kubemoot.settings import NatsSettings
+from kubemoot.store.bus import Bus, Handler, Message, Subscription
 from kubemoot.store.documents import (
     PROVIDER_STATE_BUCKET,
     PROVIDER_TICKETS_BUCKET,
@@ -67,7 +83,16 @@ from kubemoot.store.documents import (
 )
 from kubemoot.store.memory import MemoryKV
 from kubemoot.store.nats import NatsKV
-from kubemoot.store.protocol import KV, Bucket, Entry, RevisionMismatch, StoreError, Watch
+from kubemoot.store.natsbus import NatsBus
+from kubemoot.store.protocol import (
+    KV,
+    Bucket,
+    Change,
+    Entry,
+    RevisionMismatch,
+    StoreError,
+    Watch,
+)
 from kubemoot.testing.nats_server import running_nats_server
 
 PROVIDER = "gpu-a"
@@ -167,11 +192,71 @@ class CountingBucket:
         return await self.inner.keys()
 
     def watch(self) -> Watch:
-        return self.inner.watch()
+        return CountingWatch(self.inner.watch(), f"{self._what} delivered", self._counts)
+
+
+class CountingBus:
+    """A bus that counts the requests sent and the messages its subscriptions deliver
+    (each one a wake-up of this process)."""
+
+    def __init__(self, inner: Bus, counts: collections.Counter[str]) -> None:
+        self._inner = inner
+        self._counts = counts
+
+    async def publish(self, subject: str, data: bytes) -> None:
+        self._counts["bus publish"] += 1
+        await self._inner.publish(subject, data)
+
+    async def subscribe(self, subject: str, handler: Handler, *,
+                        queue: str = "") -> Subscription:
+        async def counted(message: Message) -> None:
+            self._counts["bus delivered"] += 1
+            await handler(message)
+
+        self._counts["bus subscribe"] += 1
+        return await self._inner.subscribe(subject, counted, queue=queue)
+
+    async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:
+        self._counts["bus request"] += 1
+        return await self._inner.request(subject, data, timeout=timeout)
+
+    async def gather(self, subject: str, data: bytes, *, window: float) -> list[bytes]:
+        return await self._inner.gather(subject, data, window=window)
+
+
+class CountingWatch:
+    """A watch that counts the changes it delivers to its reader (each one is a wake-up
+    of the process that follows the bucket)."""
+
+    def __init__(self, inner: Watch, what: str, counts: collections.Counter[str]) -> None:
+        self._inner = inner
+        self._what = what
+        self._counts = counts
+
+    def __aiter__(self) -> CountingWatch:
+        return self
+
+    async def __anext__(self) -> Change:
+        change = await self._inner.__anext__()
+        self._counts[self._what] += 1
+        return change
+
+    def drain(self) -> list[Change] | None:
+        changes = self._inner.drain()
+        if changes:
+            self._counts[self._what] += len(changes)
+        return changes
+
+    async def ready(self) -> None:
+        await self._inner.ready()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 async def manager(kv: KV, *, announce: bool = True,
-                  counts: collections.Counter[str] | None = None) -> TicketManager:
+                  counts: collections.Counter[str] | None = None,
+                  bus: Bus | None = None) -> TicketManager:
     """A ticket manager as a runtime builds one; ``announce``: with the claim line's
     entrance (claims that lost a race announced for other processes to apply);
     ``counts``: count the requests it sends."""
@@ -185,7 +270,10 @@ async def manager(kv: KV, *, announce: bool = True,
         states = CountingBucket(states, "state", counts)
         if requests is not None:
             requests = CountingBucket(requests, "requests", counts)
-    return TicketManager(tickets, states, clock=SystemClock(), requests=requests)
+    # No bus, no keyword: the same bench runs the code before the combiner existed.
+    combining: dict[str, Any] = {} if bus is None else {"bus": bus}
+    return TicketManager(tickets, states, clock=SystemClock(), requests=requests,
+                         **combining)
 
 
 def bench_state() -> ProviderState:
@@ -229,18 +317,24 @@ async def uncontended(kv: KV, n: int) -> tuple[list[float], list[float], list[fl
 def worker(
     url: str, claimers: int, seconds: float, start: Any, seed: int,
     held: Any, overcommits: Any, results: Any, announce: bool, count: bool = False,
+    profile: str | None = None, combine: bool = True,
 ) -> None:  # fmt: skip
     asyncio.run(_worker(url, claimers, seconds, start, seed, held, overcommits, results,
-                        announce, count))
+                        announce, count, profile, combine))
 
 
 async def _worker(
     url: str, claimers: int, seconds: float, start: Any, seed: int,
     held: Any, overcommits: Any, results: Any, announce: bool, count: bool,
+    profile: str | None, combine: bool,
 ) -> None:  # fmt: skip
     kv = await NatsKV.connect(NatsSettings(servers=[url], name=f"bench-{seed}"))
     requests: collections.Counter[str] = collections.Counter()
-    tickets = await manager(kv, announce=announce, counts=requests if count else None)
+    bus: Bus | None = NatsBus(kv) if combine else None
+    if bus is not None and count:
+        bus = CountingBus(bus, requests)
+    tickets = await manager(kv, announce=announce, counts=requests if count else None,
+                            bus=bus)
     await tickets.open()  # follow the others' announcements from the start
     rng = random.Random(seed)
     latencies: list[float] = []
@@ -252,6 +346,9 @@ async def _worker(
     # ones race while the rest were still importing (a start-up figure, not a claim one).
     await asyncio.get_running_loop().run_in_executor(None, start.wait, 300)
     requests.clear()  # from the start on: opening the watches is no claim's cost
+    profiler = cProfile.Profile(time.process_time) if profile is not None else None
+    if profiler is not None:
+        profiler.enable()
     cpu_start = time.process_time()  # this worker's CPU, whatever the machine's load
     stop = time.perf_counter() + seconds
 
@@ -290,6 +387,9 @@ async def _worker(
         await asyncio.gather(*(claimer(i) for i in range(claimers)))
     finally:
         counts["cpuSeconds"] = time.process_time() - cpu_start
+        if profiler is not None and profile is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{profile}-{seed}.pstats")
         results.put((latencies, counts, dict(requests)))
         await tickets.aclose()
         await kv.close()
@@ -297,7 +397,7 @@ async def _worker(
 
 def contended(
     url: str, claimers: int, processes: int, seconds: float, announce: bool = True,
-    count: bool = False,
+    count: bool = False, profile: str | None = None, combine: bool = True,
 ) -> dict[str, Any]:
     context = mp.get_context("spawn")
     held = context.Value("q", 0)
@@ -311,7 +411,7 @@ def contended(
         context.Process(
             target=worker,
             args=(url, n, seconds, start, seed, held, overcommits, results, announce,
-                  count),
+                  count, None if profile is None else f"{profile}/p{processes}", combine),
         )
         for seed, n in enumerate(counts)
     ]
@@ -351,6 +451,26 @@ def contended(
     }
 
 
+def print_profile(paths: list[str]) -> None:
+    """The workers' profiles together: the functions with the most self time, and the
+    call counts that say how often each ran."""
+    if not paths:
+        return
+    stats = pstats.Stats(paths[0], stream=sys.stdout)
+    for path in paths[1:]:
+        stats.add(path)
+    stats.sort_stats("tottime").print_stats(45)
+
+
+def wake_ups(per_claim: dict[str, float]) -> float:
+    """Messages that woke a worker per granted claim: every change its watches
+    delivered, every message its bus subscriptions delivered, and every reply to a
+    request it sent on the bus (the replies to its store requests are left out: each
+    one answers a request the worker was waiting on anyway)."""
+    return round(sum(v for k, v in per_claim.items() if k.endswith(" delivered"))
+                 + per_claim.get("bus request", 0.0), 2)
+
+
 def fairness(per_process: list[int]) -> float:
     """The slowest process's granted claims over the fastest's (1.0: equal shares)."""
     if not per_process or max(per_process) == 0:
@@ -374,7 +494,16 @@ async def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--count-requests", action="store_true",
                         help="count the requests every worker's ticket manager sends, per "
                              "granted claim")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="profile every worker while it claims (cProfile) and write "
+                             "DIR/p<processes>-<worker>.pstats; the slowest functions of "
+                             "the many-process run are printed")
+    parser.add_argument("--combine", choices=("on", "off"), default="on",
+                        help="off: the workers' ticket managers get no bus, so no process "
+                             "combines the others' operations (every contended claim "
+                             "goes through the announcements, as before the combiner)")
     args = parser.parse_args(argv)
+    combine = args.combine == "on"
     announce = args.announce == "on"
 
     async with running_nats_server() as server:
@@ -398,7 +527,7 @@ async def main(argv: list[str]) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         figures = await loop.run_in_executor(
             None, contended, server.url, args.claimers, args.processes, args.seconds,
-            announce, args.count_requests,
+            announce, args.count_requests, args.profile, combine,
         )
         print(f"contended: {args.claimers} claimers in {args.processes} processes "
               f"(one NATS connection each) for {args.seconds} s: {figures}")
@@ -407,10 +536,12 @@ async def main(argv: list[str]) -> dict[str, Any]:
             many = min(args.many_processes, args.claimers)
             spread = await loop.run_in_executor(
                 None, contended, server.url, args.claimers, many, args.seconds, announce,
-                args.count_requests,
+                args.count_requests, args.profile, combine,
             )
             print(f"contended: {args.claimers} claimers in {many} processes "
                   f"(one NATS connection each) for {args.seconds} s: {spread}")
+            if args.profile:
+                print_profile(sorted(glob.glob(f"{args.profile}/p{many}-*.pstats")))
     return {
         "overcommits": figures["overcommits"],
         "uncontendedP99Ratio": round(ratio, 2),
@@ -432,7 +563,8 @@ async def main(argv: list[str]) -> dict[str, Any]:
             "p99MsProcesses": spread["p99Ms"],
             "overcommitsProcesses": spread["overcommits"],
             "workerCpuMsPerClaimProcesses": spread["workerCpuMsPerClaim"],
-            **({"requestsPerClaimProcesses": spread["requestsPerClaim"]}
+            **({"requestsPerClaimProcesses": spread["requestsPerClaim"],
+                "wakeUpsPerClaimProcesses": wake_ups(spread["requestsPerClaim"])}
                if args.count_requests else {}),
         } if spread else {}),
     }

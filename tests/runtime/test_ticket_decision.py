@@ -14,6 +14,7 @@ from kubemoot.runtime.ticket_decision import (
     CHECK_FAILED,
     LINE_AHEAD,
     NO_ROOM,
+    WITHDRAWN,
     Gone,
     OpKind,
     Refused,
@@ -193,6 +194,25 @@ def test_an_announced_release_and_a_withdrawn_claim() -> None:
     after = decide(withdrawn.document("gpu"), STATE, NOW + 1, [], line_seconds=LINE_SECONDS,
                    announced=[_announced("b", 1000)])
     assert after.tickets == []
+
+
+def test_a_withdrawn_claim_taken_by_a_combiner_is_never_granted() -> None:
+    # A combiner holds a claim another process sent it (it marks the claim served when
+    # it grants it); meanwhile the sender gave up and withdrew it. The combiner's late
+    # try must not grant it: the memory would be held for nobody until the TTL.
+    withdrawn = decide(_doc(), STATE, NOW, [TicketOp(OpKind.RELEASE, "b",
+                                                     withdraw_until=NOW + 2)],
+                       line_seconds=LINE_SECONDS)
+    late = TicketOp(OpKind.CLAIM, "b", ticket=_ticket("b", 1000), announced_until=NOW + 2)
+    decision = decide(withdrawn.document("gpu"), STATE, NOW + 1, [late],
+                      line_seconds=LINE_SECONDS)
+    assert decision.outcomes == [Refused(WITHDRAWN)] and decision.tickets == []
+    # Granted before the withdrawal came, it stays granted (and the release undoes it).
+    granted = decide(_doc(), STATE, NOW, [late], line_seconds=LINE_SECONDS)
+    again = decide(granted.document("gpu"), STATE, NOW + 1, [late],
+                   line_seconds=LINE_SECONDS)
+    assert [t.ticket_id for t in again.tickets] == ["b"]
+    assert isinstance(again.outcomes[0], Ticket)
 
 
 def test_a_document_written_before_the_line_and_the_marks_still_reads() -> None:

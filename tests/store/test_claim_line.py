@@ -18,6 +18,7 @@ import pytest
 from kubemoot.clock import Clock, SystemClock
 from kubemoot.runtime.ticket_requests import Announcements
 from kubemoot.runtime.tickets import ClaimConflict, ClaimRejected, TicketManager
+from kubemoot.store.bus import Bus, MemoryBus
 from kubemoot.store.documents import (
     AnnouncedRequests,
     ProviderTickets,
@@ -28,6 +29,8 @@ from kubemoot.store.documents import (
 )
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
+from kubemoot.store.nats import NatsKV
+from kubemoot.store.natsbus import NatsBus
 from kubemoot.store.protocol import KV, Bucket, RevisionMismatch
 from kubemoot.testing.state import GIB, provider_state
 from kubemoot.testing.waiting import until_stored
@@ -66,14 +69,16 @@ class Shared:
     states: Bucket
     requests: Bucket
     clock: Clock
+    bus: Bus | None = None  # where contended operations go to a combiner
 
     def manager(self, seed: int, *, tickets: Bucket | None = None,
-                line: bool = True) -> TicketManager:
+                line: bool = True, request_seconds: float = 60) -> TicketManager:
         # Announcements last long enough for a loaded machine to get the other
         # process's write in; without the line, 40 lost races end the claim.
         return TicketManager(tickets or self.tickets, self.states, clock=self.clock,
                              rng=random.Random(seed), max_attempts=40,
-                             requests=self.requests if line else None, request_seconds=60)
+                             requests=self.requests if line else None,
+                             request_seconds=request_seconds, bus=self.bus)
 
 
 @pytest.fixture
@@ -93,8 +98,24 @@ async def shared(store: StoreUnderTest) -> AsyncIterator[Shared]:
         await kv.close()
 
 
+@pytest.fixture(params=["announced", "combined"])
+async def lined(request: pytest.FixtureRequest, shared: Shared,
+                store: StoreUnderTest) -> AsyncIterator[Shared]:
+    """The shared buckets, with a bus for a combiner ("combined") or without one."""
+    if request.param == "announced":
+        yield shared
+        return
+    bus: Bus = NatsBus(store.kv) if isinstance(store.kv, NatsKV) else MemoryBus()  # type: ignore[assignment]
+    yield Shared(shared.tickets, shared.states, shared.requests, shared.clock, bus)
+    if isinstance(bus, MemoryBus):
+        await bus.close()
+
+
 async def test_the_earlier_waiter_in_another_process_is_served_first(
-        shared: Shared) -> None:
+        lined: Shared) -> None:
+    # With a bus the slow process finds nobody combining and combines itself: its own
+    # claim comes back to it over the bus, loses, and is announced all the same.
+    shared = lined
     slow = shared.manager(1, tickets=LosingBucket(shared.tickets))  # type: ignore[arg-type]
     fast = shared.manager(2)
     assert await slow.open() and await fast.open()
@@ -112,14 +133,65 @@ async def test_the_earlier_waiter_in_another_process_is_served_first(
                        what="the served announcement removed")
     # The slow process's release loses its races too, and is announced like the claim:
     # the fast process's next write applies it before its own claim.
+    # (With a bus the release may instead go to the fast process if it combines by now,
+    # having lost a race to the slow one's rival: its write serves it, unannounced.)
     releasing = asyncio.create_task(slow.release(PROVIDER, ticket.ticket_id))
-    await until_stored(shared.requests, lambda: fast.announced(PROVIDER), timeout=30,
-                       what="the slow release announced and seen by the other process")
+    if shared.bus is None:
+        await until_stored(shared.requests, lambda: fast.announced(PROVIDER), timeout=30,
+                           what="the slow release announced and seen by the other process")
+    else:
+        await until_stored(shared.requests,
+                           lambda: fast.announced(PROVIDER) or releasing.done(), timeout=30,
+                           what="the slow release announced, or done by the combiner")
     again = await fast.claim(PROVIDER, "m", 6 * GIB, "fast")
     await asyncio.wait_for(releasing, 30)
     assert [t.ticket_id for t in await fast.active(PROVIDER)] == [again.ticket_id]
     await slow.aclose()
     await fast.aclose()
+
+
+class LosingOnce(LosingBucket):
+    """A bucket whose first compare-and-set loses to a rival, and no later one."""
+
+    async def update(self, key: str, value: bytes, *, expected_revision: int) -> int:
+        try:
+            return await super().update(key, value, expected_revision=expected_revision)
+        finally:
+            self.losing = False
+
+
+@pytest.mark.parametrize("combining", [True, False], ids=["combiner", "no-combiner"])
+async def test_a_process_whose_writes_all_lose_is_served_by_the_combiner(
+        shared: Shared, store: StoreUnderTest, combining: bool) -> None:
+    # One process lost a race once and became the provider's combiner; another loses
+    # every race it tries. Its claim goes to the combiner over the bus, whose write
+    # grants it: nothing needs to be announced, nobody else needs to write. Without a
+    # bus the claim waits in the line for a write by someone, and nobody writes.
+    bus: Bus | None = None
+    if combining:
+        bus = NatsBus(store.kv) if isinstance(store.kv, NatsKV) else MemoryBus()  # type: ignore[assignment]
+    lined = Shared(shared.tickets, shared.states, shared.requests, shared.clock, bus)
+    combiner = lined.manager(1, tickets=LosingOnce(shared.tickets))  # type: ignore[arg-type]
+    loser = lined.manager(2, tickets=LosingBucket(shared.tickets))  # type: ignore[arg-type]
+    assert await combiner.open() and await loser.open()
+    first = await combiner.claim(PROVIDER, "m", 1 * GIB, "combiner")
+    claiming = asyncio.create_task(loser.claim(PROVIDER, "m", 2 * GIB, "loser"))
+    if not combining:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(claiming), 2)
+        claiming.cancel()
+        await asyncio.gather(claiming, return_exceptions=True)
+    else:
+        granted = await asyncio.wait_for(claiming, 30)
+        held = {t.ticket_id: t.holder_id for t in await combiner.active(PROVIDER)}
+        assert held == {first.ticket_id: "combiner", granted.ticket_id: "loser"}
+        # Its release goes the same way.
+        await asyncio.wait_for(loser.release(PROVIDER, granted.ticket_id), 30)
+        assert [t.ticket_id for t in await combiner.active(PROVIDER)] == [first.ticket_id]
+    await loser.aclose()
+    await combiner.aclose()
+    if isinstance(bus, MemoryBus):
+        await bus.close()
 
 
 async def test_without_the_line_the_later_write_wins(shared: Shared) -> None:

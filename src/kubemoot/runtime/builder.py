@@ -34,6 +34,7 @@ from kubemoot.runtime.view import ProviderView
 from kubemoot.runtime.waiting import CapacityWaiter
 from kubemoot.runtime.watching import ParsedDocuments
 from kubemoot.settings import RuntimeSettings
+from kubemoot.store.bus import Bus
 from kubemoot.store.documents import (
     MODEL_DEMAND_BUCKET,
     MODEL_DEMAND_MAX_AGE_SECONDS,
@@ -110,13 +111,16 @@ async def build_runtime(
     clients: Mapping[str, ProviderClient] | None = None,
     declared: Mapping[str, int] | None = None,
     rng: random.Random | None = None,
+    bus: Bus | None = None,
 ) -> Runtime:
     """Open the three buckets and assemble the runtime over them (not yet started).
 
     ``clients`` are the providers' clients the planner unloads and preloads through;
     ``declared`` maps model identifiers to their declared ``vramMib`` (used until a
     footprint is observed); ``rng`` seeds the claims' back-off (the simulator's own,
-    so a run repeats).
+    so a run repeats); ``bus``, the process's message bus: under contention its ticket
+    operations go to the provider's combiner there
+    (:mod:`kubemoot.runtime.ticket_delegation`).
     """
     settings = settings or RuntimeSettings()
     states = await kv.bucket(PROVIDER_STATE_BUCKET)
@@ -144,7 +148,7 @@ async def build_runtime(
                             max_attempts=settings.claim_attempts, rng=rng,
                             line_seconds=settings.claim_line_seconds,
                             requests=requests,
-                            request_seconds=settings.claim_request_seconds)
+                            request_seconds=settings.claim_request_seconds, bus=bus)
     board = DemandBoard(demand_bucket, clock=clock, settings=settings)
     occupancy = OccupancyBook(settings=settings, declared=declared)
     planner = CallPlanner(

@@ -60,6 +60,7 @@ __all__ = [
     "CHECK_FAILED",
     "LINE_AHEAD",
     "NO_ROOM",
+    "WITHDRAWN",
     "Check",
     "Decision",
     "Gone",
@@ -80,6 +81,7 @@ claim on a provider without a state fails its check.
 NO_ROOM = "does not fit the provider's VRAM budget"
 LINE_AHEAD = "the memory is promised to claimers in line before it"
 CHECK_FAILED = "the claim's check failed"
+WITHDRAWN = "its claimer withdrew it"
 
 
 class OpKind(Enum):
@@ -182,6 +184,11 @@ def decide(doc: ProviderTickets, state: ProviderState | None, now: float,
                 continue
             if op.abandoned:
                 outcomes.append(None)  # nobody is waiting for it any more
+                continue
+            if op.announced_until is not None and op.ticket_id in served:
+                # Marked served yet absent: its claimer gave up on it and withdrew it
+                # (a combiner's late try of a claim sent to it, say). Never granted now.
+                outcomes.append(Refused(WITHDRAWN))
                 continue
             reason, ceiling = _refusal(state, tickets, line, now, op.ticket, op.check,
                                        op.condition)

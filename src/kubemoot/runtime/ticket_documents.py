@@ -81,6 +81,14 @@ class TicketDocuments:
             self._task = asyncio.get_running_loop().create_task(self._read())
         return followed
 
+    async def forget(self, key: str) -> None:
+        """Stop keeping ``key`` (a later :meth:`follow` starts from nothing); with no key
+        left, stop watching: every delivery of the bucket wakes the process."""
+        self._followed.pop(key, None)
+        if not self._followed:
+            await self.aclose()
+            self._task = None
+
     def noted(self, key: str, value: bytes | None, revision: int, *,
               parsed: object = None) -> None:
         """A revision this process wrote or read itself (the watch may deliver it later);

@@ -54,6 +54,11 @@ Handler = Callable[[Message], Awaitable[None]]
 class Subscription(Protocol):
     async def unsubscribe(self) -> None: ...
 
+    async def drain(self) -> None:
+        """Unsubscribe, but first hand the handler every message already on its way
+        (sent to this subscription before the bus learned it ends)."""
+        ...
+
 
 class Bus(Protocol):
     """What a crew needs of a message bus."""
@@ -86,6 +91,10 @@ class _Sub:
     async def unsubscribe(self) -> None:
         with contextlib.suppress(ValueError):
             self.bus._subs.remove(self)
+
+    async def drain(self) -> None:
+        # Delivery here is a task per message started at publish: none is on its way.
+        await self.unsubscribe()
 
 
 @dataclass(eq=False)

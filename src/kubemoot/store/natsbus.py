@@ -34,6 +34,12 @@ class _NatsSubscription:
         except nats.errors.Error as error:  # a closed connection has no subscriptions
             log.debug("unsubscribe failed: %s", error)
 
+    async def drain(self) -> None:
+        try:
+            await self._inner.drain()
+        except nats.errors.Error as error:
+            log.debug("draining a subscription failed: %s", error)
+
 
 class NatsBus:
     """Publish, subscribe and request on the connection of a :class:`NatsKV`."""

@@ -21,7 +21,7 @@ from kubemoot.settings import GatewaySettings, NatsSettings
 from kubemoot.store.nats import NatsKV
 from kubemoot.store.protocol import KV
 from kubemoot.testing.nats_server import NatsServer
-from tests.gateway.conftest import SMALL, sources
+from tests.gateway.conftest import SMALL, sources, start_gateway
 
 pytestmark = pytest.mark.nats
 
@@ -66,3 +66,24 @@ async def test_every_replica_places_a_model_a_new_server_lists(
         for gateway, kv in started:
             await gateway.stop()
             await kv.close()
+
+
+async def test_replicas_on_nats_hand_contended_ticket_operations_to_a_combiner(
+        nats: NatsServer, make_emulator: Callable[..., OllamaEmulator]) -> None:
+    # Replicas sharing NATS race for the same provider's ticket document; with a bus,
+    # the runtime sends the operations of a contended lane to the provider's combiner
+    # (runtime/ticket_delegation.py) instead of racing again. An embedded gateway is
+    # alone, so it gets none.
+    gateway, kv = await _replica(nats.url, {"gpu-a": make_emulator(models=(SMALL,))})
+    try:
+        assert gateway.stack is not None
+        assert gateway.stack.tickets._bus is not None
+    finally:
+        await gateway.stop()
+        await kv.close()
+    alone = await start_gateway({"gpu-a": make_emulator(models=(SMALL,))})
+    try:
+        assert alone.stack is not None
+        assert alone.stack.tickets._bus is None
+    finally:
+        await alone.stop()

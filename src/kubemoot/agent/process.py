@@ -386,7 +386,7 @@ async def serve_agent(
     after_call = AfterCall(directory, direct, prober)
     stack = await build_stack(kv, clients=directory, client_factory=chat_factory, clock=clock,
                               settings=settings.runtime, declared=sizes_from_env(env),
-                              after_call=after_call)
+                              after_call=after_call, bus=bus)
     for listener in on_record:
         stack.agents.on_record(listener)
 

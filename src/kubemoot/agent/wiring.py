@@ -24,6 +24,7 @@ from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
 from kubemoot.settings import RuntimeSettings
+from kubemoot.store.bus import Bus
 from kubemoot.store.protocol import KV, Bucket
 
 __all__ = ["RuntimeStack", "build_stack"]
@@ -91,6 +92,7 @@ async def build_stack(
     declared: Mapping[str, int] | None = None,
     after_call: AfterCall | None = None,
     limits: ToolLoopLimits | None = None,
+    bus: Bus | None = None,
 ) -> RuntimeStack:
     """Open the three buckets and wire the runtime over them.
 
@@ -98,13 +100,15 @@ async def build_stack(
     ``client_factory`` builds the chat pool's clients; ``declared`` maps model
     identifiers to their declared ``vramMib`` (used until a footprint is observed).
     Without a capacity watch (the store cannot watch) busy calls stand aside at once.
-    Without ``settings`` the stack takes the defaults: the entry point that read the
+    ``bus``, the process's message bus, carries its contended ticket operations to the
+    provider's combiner (:mod:`kubemoot.runtime.ticket_delegation`). Without
+    ``settings`` the stack takes the defaults: the entry point that read the
     ``KUBEMOOT_*`` variables passes what it read (DESIGN §10: nothing below an entry
     point reads the environment).
     """
     settings = settings if settings is not None else RuntimeSettings()
     runtime = await build_runtime(kv, clock=clock, settings=settings, clients=clients,
-                                  declared=declared)
+                                  declared=declared, bus=bus)
     # Follow the buckets' watches so each placement reads only what changed; a store
     # that cannot watch still works, by reading.
     await runtime.start()

@@ -37,6 +37,7 @@ from kubemoot.runtime.builder import Runtime, build_runtime
 from kubemoot.runtime.calls import CallRecord
 from kubemoot.serving import HttpServer
 from kubemoot.settings import GatewaySettings, ProcessSettings, RuntimeSettings
+from kubemoot.store.bus import Bus
 from kubemoot.store.documents import PROVIDER_STATE_BUCKET
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import KV, Bucket, KeyExists, RevisionMismatch
@@ -176,7 +177,7 @@ class GatewayServer:
         declared = {m: mib for m, mib in self.declared.items() if mib is not None}
         runtime = self.stack = await build_runtime(
             self.kv, clock=self.clock, settings=self.runtime, clients=self.clients,
-            declared=declared)
+            declared=declared, bus=_bus_of(self.kv))
         # Follow the buckets' watches so each placement reads only what changed.
         await runtime.start()
         runtime.calls.after_load = self._reprobe
@@ -464,3 +465,13 @@ def _probed_at(data: bytes) -> float | None:
         return ProviderState.from_json(data).last_probed_at
     except ValueError:
         return None  # unreadable: overwrite it
+
+
+def _bus_of(kv: KV) -> Bus | None:
+    """The bus replicas sharing NATS hand contended ticket operations over, to the
+    provider's combiner (:mod:`kubemoot.runtime.ticket_delegation`); on the embedded
+    store one process has no other to combine with."""
+    from kubemoot.store.nats import NatsKV  # imported on the NATS path only
+    from kubemoot.store.natsbus import NatsBus
+
+    return NatsBus(kv) if isinstance(kv, NatsKV) else None

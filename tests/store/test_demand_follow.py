@@ -130,6 +130,25 @@ async def test_a_following_board_lists_its_bucket_only_for_a_full_read() -> None
     await board.close()
 
 
+async def test_a_following_board_lists_an_empty_bucket_once() -> None:
+    # An empty board is a copy like any other: listing it again on every read (as the
+    # follower did) cost a NATS consumer a second for nothing. What is written after
+    # the listing reaches the copy through the watch.
+    clock = ManualClock(start=0.0)
+    bucket = CountingBucket(clock)
+    board = DemandBoard(bucket, clock=clock)
+    assert await board.follow()
+    for _ in range(5):
+        assert (await board.snapshot()).demand("qwen3:8b") == 0.0
+        clock.advance(1.0)
+    assert (bucket.listings, bucket.reads) == (1, 0)
+    writer = DemandBoard(bucket, clock=clock)
+    await writer.add_waiter("qwen3:8b", "crew-a/critic")
+    assert (await board.snapshot()).of("qwen3:8b").waiters == 1
+    assert (bucket.listings, bucket.reads) == (1, 0)
+    await board.close()
+
+
 async def test_a_board_whose_store_closed_reads_again() -> None:
     kv = MemoryKV(ManualClock())
     board = DemandBoard(await kv.bucket("demand"), clock=ManualClock(), settings=SETTINGS)

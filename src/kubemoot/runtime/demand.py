@@ -307,6 +307,8 @@ class DemandBoard:
                 mirror.seed([entry for entry in read if entry is not None], now)
             else:  # the plain read would fetch nothing now: only drop what expired
                 mirror.prune(keys)
+                if not keys:  # the copy is the whole (empty) board: follow it from here
+                    mirror.seeded_at = now
             return self._fold_copy(mirror, now, refresh, forecast, skip=set())
         wanted = bool(mirror.records) if refresh else mirror.wants_read
         created = await mirror.turns() if wanted else set()

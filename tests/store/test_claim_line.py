@@ -33,7 +33,7 @@ from kubemoot.store.nats import NatsKV
 from kubemoot.store.natsbus import NatsBus
 from kubemoot.store.protocol import KV, Bucket, RevisionMismatch
 from kubemoot.testing.state import GIB, provider_state
-from kubemoot.testing.waiting import until_stored
+from kubemoot.testing.waiting import until_stored, wait_until
 from tests.store.conftest import StoreUnderTest
 from tests.store.test_tickets import PROVIDER
 
@@ -370,3 +370,33 @@ async def test_an_announcer_knows_when_an_older_one_waits_ahead_of_it(
     assert not first.behind(PROVIDER, older, unsettled)  # the oldest races
     await first.aclose()
     await second.aclose()
+
+
+async def test_an_idle_combiner_stops_and_the_next_contended_claim_is_still_served(
+        shared: Shared, store: StoreUnderTest) -> None:
+    # A combiner listens only while its provider is contended: once its lane has been
+    # idle for combine_idle_seconds it leaves the subject, and a claim that loses its
+    # races afterwards finds its way again (a combiner anew, or the line).
+    bus: Bus = NatsBus(store.kv) if isinstance(store.kv, NatsKV) else MemoryBus()  # type: ignore[assignment]
+    lined = Shared(shared.tickets, shared.states, shared.requests, shared.clock, bus)
+    combiner = lined.manager(1, tickets=LosingOnce(shared.tickets))  # type: ignore[arg-type]
+    combiner.combine_idle_seconds = 0.2
+    loser = lined.manager(2, tickets=LosingBucket(shared.tickets))  # type: ignore[arg-type]
+    assert await combiner.open() and await loser.open()
+    first = await combiner.claim(PROVIDER, "m", 1 * GIB, "combiner")
+    granted = await asyncio.wait_for(loser.claim(PROVIDER, "m", 2 * GIB, "loser"), 30)
+    lane = combiner._lanes[PROVIDER]
+    assert lane.combining is not None  # it combined for the loser
+    await wait_until(lambda: lane.combining is None, timeout=30,
+                     what="the idle combiner leaving the subject")
+    # contended again: the loser's release loses every race; it is done by the other
+    # process's next write (a combiner anew, or the line), never lost
+    releasing = asyncio.create_task(loser.release(PROVIDER, granted.ticket_id))
+    await asyncio.sleep(0.5)
+    await asyncio.wait_for(combiner.release(PROVIDER, first.ticket_id), 30)
+    await asyncio.wait_for(releasing, 30)
+    assert await combiner.active(PROVIDER) == []
+    await loser.aclose()
+    await combiner.aclose()
+    if isinstance(bus, MemoryBus):
+        await bus.close()

@@ -400,3 +400,36 @@ async def test_an_idle_combiner_stops_and_the_next_contended_claim_is_still_serv
     await combiner.aclose()
     if isinstance(bus, MemoryBus):
         await bus.close()
+
+
+async def test_combiners_that_start_together_keep_the_lowest_rank_after_the_roll_call(
+        shared: Shared, store: StoreUnderTest) -> None:
+    # Every process that lost the same race can find nobody listening at the same moment
+    # and start combining together; their roll call leaves one, the lowest rank, and a
+    # process whose writes all lose is then served through that one.
+    bus: Bus = NatsBus(store.kv) if isinstance(store.kv, NatsKV) else MemoryBus()  # type: ignore[assignment]
+    lined = Shared(shared.tickets, shared.states, shared.requests, shared.clock, bus)
+    managers = [lined.manager(seed) for seed in (1, 2, 3)]
+    for manager in managers:
+        manager.combine_idle_seconds = 600  # only the roll call may stop them here
+        assert await manager.open()
+    lanes = [manager._lane(PROVIDER) for manager in managers]
+    await asyncio.gather(*(manager._combine(lane)
+                           for manager, lane in zip(managers, lanes, strict=True)))
+    ranks = [lane.rank for lane in lanes]  # kept by a combiner that stopped
+    assert len(set(ranks)) == 3
+    await wait_until(lambda: sum(lane.combining is not None for lane in lanes) == 1,
+                     timeout=30, what="all combiners but one stopping")
+    await asyncio.sleep(0.2)  # late answers of the roll call stop nobody else
+    staying = [lane for lane in lanes if lane.combining is not None]
+    assert [lane.rank for lane in staying] == [min(ranks)]
+    loser = lined.manager(4, tickets=LosingBucket(shared.tickets))  # type: ignore[arg-type]
+    assert await loser.open()
+    granted = await asyncio.wait_for(loser.claim(PROVIDER, "m", 2 * GIB, "loser"), 30)
+    held = {t.ticket_id: t.holder_id for t in await managers[0].active(PROVIDER)}
+    assert held == {granted.ticket_id: "loser"}
+    await loser.aclose()
+    for manager in managers:
+        await manager.aclose()
+    if isinstance(bus, MemoryBus):
+        await bus.close()

@@ -49,6 +49,10 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[Request], Awaitable[Response]]
 
+#: How long a call runs before a task starts watching for its client leaving (the
+#: latest a leaving client is noticed; a call that ends sooner never needs the task).
+_WATCH_AFTER_SECONDS = 0.05
+
 
 class VirtualModels:
     """Virtual model names (ModelClass) → ranked candidates; none until one is given."""
@@ -318,15 +322,26 @@ class GatewayApp:
                     ends.client_left()
                     return
 
-        watcher = asyncio.ensure_future(watch_disconnect())
+        # The watcher is a task, and most calls are placed and answered by the engine
+        # before a client could leave: it starts only for a call still going after
+        # _WATCH_AFTER_SECONDS, so a leaving client is noticed at most that much later.
+        watcher: asyncio.Task[None] | None = None
+
+        def watch() -> None:
+            nonlocal watcher
+            watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+
+        timer = asyncio.get_running_loop().call_later(_WATCH_AFTER_SECONDS, watch)
         try:
             return await self.desk.start(req, candidates, caller=request.state.caller,
                                          budget=budget, ends=ends, path=path,
                                          legacy_embeddings=legacy_embeddings)
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            timer.cancel()
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
 
     async def _ollama_call(self, request: Request, kind: str, path: str, *,
                            legacy_embeddings: bool = False) -> Response:

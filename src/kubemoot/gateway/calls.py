@@ -366,8 +366,11 @@ class PlacedCall:
             await self.close(ok=ok)
 
     async def close_upstream(self) -> None:
+        self._close_upstream()
+
+    def _close_upstream(self) -> None:
         if self._upstream is not None:
-            await self._upstream.aclose()  # a client that left cancels the engine too
+            self._upstream.close()  # a client that left cancels the engine too
 
     async def close(self, *, ok: bool | None) -> None:
         """Close upstream, then the call (learn, re-probe, release, record); once.
@@ -379,7 +382,9 @@ class PlacedCall:
             return
         self._closed = True
         try:
-            await asyncio.shield(self.close_upstream())
+            # Not awaited: closing the answer never waits, so no cancellation can stop
+            # it half-way (a shield would cost a task per call for nothing).
+            self._close_upstream()
         finally:
             self.desk.in_flight.discard(self)
             await self.active.close(ok=ok)

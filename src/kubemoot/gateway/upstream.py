@@ -196,12 +196,17 @@ class UpstreamResponse:
                 return value
         return None
 
-    async def aclose(self) -> None:
+    def close(self) -> None:
         """Let go of the answer: kept for the next call if whole, else the connection is
-        cut (ending the engine's work on it). Idempotent."""
+        cut (ending the engine's work on it). Idempotent, and it never waits, so a call
+        may close its answer where a cancellation cannot reach it half-way."""
         conn, self._conn = self._conn, None
         if conn is not None and not self._done:
             conn.cut()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, for callers that expect an awaitable close."""
+        self.close()
 
 
 async def _wait(response: UpstreamResponse, what: str) -> None:

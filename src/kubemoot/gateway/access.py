@@ -40,6 +40,10 @@ _COUNTS = {
     "completion": re.compile(rb'"(?:eval_count|completion_tokens)"\s*:\s*(\d+)'),
 }
 
+#: The decision headers' common start, and its length.
+_PREFIX = b"x-kubemoot-"
+_PREFIX_LENGTH = len(_PREFIX)
+
 Outcome = Callable[[int], None]
 """``on_outcome(status)``: an inference call ended with this HTTP status."""
 
@@ -88,10 +92,11 @@ class AccessLog:
             nonlocal status, first, tail
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                for key, value in message.get("headers", []):
-                    name = key.decode("latin-1").lower()
-                    if name.startswith("x-kubemoot-"):
-                        decision[name[len("x-kubemoot-"):]] = value.decode("latin-1")
+                for key, value in message.get("headers", ()):
+                    # judged as bytes: only the few decision headers are decoded
+                    if key[:_PREFIX_LENGTH].lower() == _PREFIX:
+                        decision[key[_PREFIX_LENGTH:].lower().decode("latin-1")] = (
+                            value.decode("latin-1"))
             elif message["type"] == "http.response.body":
                 body = message.get("body", b"")
                 if body:

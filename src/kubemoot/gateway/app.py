@@ -31,7 +31,7 @@ from kubemoot.gateway.access import INFERENCE_ROUTES
 from kubemoot.gateway.calls import CallDesk, CallEnds, PlacedCall
 from kubemoot.gateway.catalogue import known_models, resolve_name
 from kubemoot.gateway.errors import GatewayError, error_response, refusal_error, unknown_model
-from kubemoot.gateway.jsoncodec import JsonReply, dumps, loads
+from kubemoot.gateway.jsoncodec import RawJsonReply, dumps, loads
 from kubemoot.gateway.keys import ANONYMOUS, ApiKeys
 from kubemoot.gateway.listings import created_epoch, merge_tags
 from kubemoot.gateway.requests import InferenceRequest, model_name, read_json
@@ -353,7 +353,7 @@ class GatewayApp:
         if req.stream:
             return _call_stream(call, call.lines(), media_type="application/x-ndjson")
         _, raw = await call.answer()  # checked whole JSON: its bytes go to the client as they are
-        return Response(raw, media_type="application/json", headers=call.headers())
+        return RawJsonReply(raw, call.raw_headers())
 
     async def _chat(self, request: Request) -> Response:
         return await self._ollama_call(request, "chat", "/api/chat")
@@ -416,8 +416,9 @@ class GatewayApp:
             reply = await call.json()
             if not isinstance(reply, dict):
                 raise GatewayError(502, "the provider's answer is not an object")
-            return JsonReply(oai.chat_completion(reply, model=model, call_id=call_id),
-                             headers=call.headers())
+            return RawJsonReply(dumps(oai.chat_completion(reply, model=model,
+                                                          call_id=call_id)),
+                                call.raw_headers())
         usage = oai.include_usage(body)
 
         async def events() -> AsyncIterator[bytes]:

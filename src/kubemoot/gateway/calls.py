@@ -233,6 +233,18 @@ class PlacedCall:
             headers["X-Kubemoot-Evicted"] = ",".join(p.evicted)
         return headers
 
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        """:meth:`headers` as they go on the wire (lower-case names, Latin-1 bytes)."""
+        p, active = self.placement, self.active
+        raw = [(b"x-kubemoot-provider", (p.provider or "").encode("latin-1")),
+               (b"x-kubemoot-model", (p.model or "").encode("latin-1")),
+               (b"x-kubemoot-action", active.action.encode("latin-1")),
+               (b"x-kubemoot-wait-seconds", b"%.3f" % active.waited_seconds),
+               (b"x-kubemoot-placement-seconds", b"%.3f" % active.placement_seconds)]
+        if p.evicted:
+            raw.append((b"x-kubemoot-evicted", ",".join(p.evicted).encode("latin-1")))
+        return raw
+
     def upstream_body(self, *, legacy_embeddings: bool = False) -> dict[str, Any]:
         """The body the engine gets: the placed model, bounded keep-alive, no cutting."""
         req, p = self.request, self.placement

@@ -360,24 +360,23 @@ def _answer_when_cut(app: ASGIApp) -> ASGIApp:
     cut = shutting_down()
 
     async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
-        media_type = ""
+        start: Message | None = None
 
         async def tracked(message: Message) -> None:
-            nonlocal started, media_type
+            nonlocal start
             if message["type"] == "http.response.start":
-                started = True
-                media_type = _media_type(message)
+                start = message  # its media type is read only if the request is cut
             await send(message)
 
         try:
             await app(scope, receive, tracked)
         except asyncio.CancelledError:
-            if scope["type"] == "http" and not started:
+            if scope["type"] == "http" and start is None:
                 answer = error_response(cut, openai=str(scope["path"]).startswith("/v1/"))
                 with contextlib.suppress(Exception):
                     await answer(scope, receive, send)
-            elif scope["type"] == "http" and (last := _cut_stream_line(media_type)):
+            elif (scope["type"] == "http" and start is not None
+                  and (last := _cut_stream_line(_media_type(start)))):
                 # a stream already under way: its last chunk says it was cut (DESIGN §9)
                 with contextlib.suppress(Exception):
                     await send({"type": "http.response.body", "body": last,

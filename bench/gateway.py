@@ -11,6 +11,10 @@
   the calls it answered in the throughput run, and the engine's in the direct run. On a
   machine shared with other work the rates move with the neighbours' load; the CPU a
   call costs moves far less, so before/after comparisons read this one first.
+* **Python calls per call** (``--count-calls N``, that alone): the gateway under
+  cProfile, N calls in a row per route after a warm-up; the function calls it counts
+  per call do not move with the machine's load (``pythonCallsPerCall``,
+  ``pythonCallsPerCallOpenAI``).
 * **Against LiteLLM**: when LiteLLM's proxy is found (``--litellm PATH``, else beside
   this Python or on PATH; install it in a virtual environment of its own, ``python3 -m
   venv /tmp/litellm && /tmp/litellm/bin/pip install 'litellm[proxy]'``, since it pins
@@ -42,6 +46,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -124,6 +129,73 @@ config = EmulatorConfig(vram_mib=int(sys.argv[1]), num_parallel=int(sys.argv[2])
 uvicorn.run(OllamaEmulator(config).app, host="127.0.0.1", port=int(sys.argv[3]),
             log_level="error", lifespan="off", access_log=False, loop="asyncio", http="h11")
 """
+
+
+# The gateway under cProfile, counting only between SIGUSR1 and SIGUSR2 (start-up and the
+# warm-up calls are left out); the stats go to the file named by the first argument.
+_PROFILED_GATEWAY = """
+import cProfile, signal, sys
+from kubemoot.cli import main
+out, sys.argv = sys.argv[1], ["kubemoot", *sys.argv[2:]]
+profile = cProfile.Profile()
+def start(*_):
+    global profile
+    profile = cProfile.Profile()
+    profile.enable()
+def stop(*_):
+    profile.disable()
+    profile.dump_stats(out)
+signal.signal(signal.SIGUSR1, start)
+signal.signal(signal.SIGUSR2, stop)
+main()
+"""
+
+
+async def python_calls(calls: int) -> dict[str, float]:
+    """Python function calls the gateway makes per call, one client, on each route.
+
+    cProfile counts every Python function entered and every C function called from
+    Python (a coroutine is counted again each time it resumes), so the figure does not
+    move with the machine's load: the count to compare two versions by, beside the
+    CPU milliseconds that do. Probes are an hour apart, so none lands among the calls.
+    """
+    import pstats
+
+    emulator_port, gateway_port = free_port(), free_port()
+    card = "vramMiB=24576,numParallel=32,contextLength=4096"
+    fast = [sys.executable, "-c", _FAST_EMULATOR, "24576", "32", str(emulator_port)]
+    figures: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "gateway.prof"
+        front = [sys.executable, "-c", _PROFILED_GATEWAY, str(out),
+                 *gateway([f"gpu=http://127.0.0.1:{emulator_port},{card}"], gateway_port,
+                          "--probe-interval", "1h")]
+        with servers(fast, front) as (_direct, through):
+            pid = PIDS[through]
+            for route, (path, body) in ROUTES.items():
+                request = request_bytes(through, path, body)
+                wire = await Wire.open(through)
+                try:
+                    for _ in range(50):  # warm: model loaded, caches filled
+                        _answered(through, await wire.call(request))
+                    out.unlink(missing_ok=True)
+                    os.kill(pid, signal.SIGUSR1)
+                    await asyncio.sleep(0.3)
+                    for _ in range(calls):
+                        _answered(through, await wire.call(request))
+                    os.kill(pid, signal.SIGUSR2)
+                    for _ in range(100):
+                        await asyncio.sleep(0.1)
+                        if out.exists() and out.stat().st_size:
+                            await asyncio.sleep(0.2)  # the dump is one write; let it end
+                            break
+                finally:
+                    wire.close()
+                stats = pstats.Stats(str(out)).stats  # type: ignore[attr-defined]
+                figures[route] = sum(entry[1] for entry in stats.values()) / calls
+                print(f"{route} route, one client, {calls} calls: "
+                      f"{figures[route]:.0f} Python calls per call in the gateway")
+    return figures
 
 
 def find_litellm(given: str | None) -> str | None:
@@ -322,7 +394,16 @@ async def main() -> None:
                              "'off' skips it")
     parser.add_argument("--litellm-calls", type=int, default=500,
                         help="calls per route for LiteLLM's latency (it is ~10x slower)")
+    parser.add_argument("--count-calls", type=int, default=0, metavar="N",
+                        help="only count the gateway's Python calls per call over N calls "
+                             "per route (cProfile; deterministic), and print those keys")
     args = parser.parse_args()
+    if args.count_calls:
+        counted = await python_calls(args.count_calls)
+        print(json.dumps({"pythonCallsPerCall": round(counted["ollama"], 1),
+                          "pythonCallsPerCallOpenAI": round(counted["openai"], 1),
+                          "calls": args.count_calls}))
+        return
     began = time.monotonic()
     emulator_port, gateway_port = free_port(), free_port()
     card = "vramMiB=24576,numParallel=32,contextLength=4096"

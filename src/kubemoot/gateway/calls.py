@@ -13,7 +13,6 @@ cancels the engine's request too). A refusal becomes an answer in
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -71,7 +70,7 @@ class CallEnds:
         self._on_left.append(callback)
 
     def forget(self, callback: Callable[[], object]) -> None:
-        with contextlib.suppress(ValueError):
+        if callback in self._on_left:  # no context manager: this runs on every call
             self._on_left.remove(callback)
 
 

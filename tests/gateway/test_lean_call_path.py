@@ -5,12 +5,14 @@ leaving, and no call starts a task to close the engine's answer (closing never w
 A client that leaves a call still going is noticed as before (the leaving-client tests
 of test_release_paths.py run with the real delay). The reply of a whole
 answer carries the same decision headers Starlette would have encoded, and the access
-log still reads decision headers whatever their case.
+log still reads decision headers whatever their case. A gateway process freezes what it
+built before serving and raises the collector's threshold.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator
 from typing import Any
 
@@ -125,3 +127,16 @@ async def test_the_access_log_reads_decision_headers_in_any_case() -> None:
     scope = {"type": "http", "method": "POST", "path": "/api/chat", "headers": []}
     await log(scope, receive, send)
     assert decisions == [{"provider": "gpu-z", "model": "m:1b"}]
+
+
+def test_a_gateway_process_freezes_what_it_built_and_collects_less_often() -> None:
+    from kubemoot.gateway.server import COLLECTION_THRESHOLD, collect_less
+
+    before = gc.get_threshold()
+    try:
+        collect_less()
+        assert gc.get_freeze_count() > 0  # what was built is left out of every pass
+        assert gc.get_threshold() == (COLLECTION_THRESHOLD, *before[1:])
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

@@ -54,6 +54,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -193,9 +194,33 @@ async def python_calls(calls: int) -> dict[str, float]:
                     wire.close()
                 stats = pstats.Stats(str(out)).stats  # type: ignore[attr-defined]
                 figures[route] = sum(entry[1] for entry in stats.values()) / calls
+                shares = _by_package(stats)
                 print(f"{route} route, one client, {calls} calls: "
-                      f"{figures[route]:.0f} Python calls per call in the gateway")
+                      f"{figures[route]:.0f} Python calls per call in the gateway; by "
+                      "package (a C function counted with its caller's): " + ", ".join(
+                          f"{name} {count / calls:.0f}" for name, count in shares[:8]))
     return figures
+
+
+def _by_package(stats: dict[tuple[str, int, str], tuple[Any, ...]]) -> list[tuple[str, int]]:
+    """Calls per package (``kubemoot.gateway``, ``kubemoot.runtime``, ``uvicorn``, ``stdlib``,
+    …), most first; a C function's calls go to the package of the Python that called it."""
+    def package(filename: str) -> str:
+        if "/kubemoot/" in filename:
+            parts = filename.rsplit("/kubemoot/", 1)[1].split("/")
+            return "kubemoot." + (parts[0] if len(parts) > 1 else parts[0].removesuffix(".py"))
+        if "site-packages/" in filename:
+            return filename.rsplit("site-packages/", 1)[1].split("/")[0]
+        return "stdlib"
+
+    counts: dict[str, int] = {}
+    for (filename, _line, _name), entry in stats.items():
+        if filename == "~":  # a C function: counted where it was called from
+            for (caller, _l, _n), by_caller in entry[4].items():
+                counts[package(caller)] = counts.get(package(caller), 0) + by_caller[1]
+        else:
+            counts[package(filename)] = counts.get(package(filename), 0) + entry[1]
+    return sorted(counts.items(), key=lambda item: -item[1])
 
 
 def find_litellm(given: str | None) -> str | None:

@@ -14,7 +14,8 @@
 * **Python calls per call** (``--count-calls N``, that alone): the gateway under
   cProfile, N calls in a row per route after a warm-up; the function calls it counts
   per call do not move with the machine's load (``pythonCallsPerCall``,
-  ``pythonCallsPerCallOpenAI``).
+  ``pythonCallsPerCallOpenAI``), and the cycle collector's passes per 1,000 of those
+  calls, all generations (``collectionsPer1000Calls``, ``…OpenAI``).
 * **Against LiteLLM**: when LiteLLM's proxy is found (``--litellm PATH``, else beside
   this Python or on PATH; install it in a virtual environment of its own, ``python3 -m
   venv /tmp/litellm && /tmp/litellm/bin/pip install 'litellm[proxy]'``, since it pins
@@ -133,18 +134,23 @@ uvicorn.run(OllamaEmulator(config).app, host="127.0.0.1", port=int(sys.argv[3]),
 
 
 # The gateway under cProfile, counting only between SIGUSR1 and SIGUSR2 (start-up and the
-# warm-up calls are left out); the stats go to the file named by the first argument.
+# warm-up calls are left out); the stats go to the file named by the first argument, and
+# the cycle collector's passes by generation over the same calls to that name + ".gc".
 _PROFILED_GATEWAY = """
-import cProfile, signal, sys
+import cProfile, gc, json, signal, sys
 from kubemoot.cli import main
 out, sys.argv = sys.argv[1], ["kubemoot", *sys.argv[2:]]
-profile = cProfile.Profile()
+profile, passes = cProfile.Profile(), []
 def start(*_):
-    global profile
+    global profile, passes
+    passes = [g["collections"] for g in gc.get_stats()]
     profile = cProfile.Profile()
     profile.enable()
 def stop(*_):
     profile.disable()
+    done = [g["collections"] - p for g, p in zip(gc.get_stats(), passes)]
+    with open(out + ".gc", "w") as f:
+        json.dump(done, f)
     profile.dump_stats(out)
 signal.signal(signal.SIGUSR1, start)
 signal.signal(signal.SIGUSR2, stop)
@@ -195,10 +201,14 @@ async def python_calls(calls: int) -> dict[str, float]:
                 stats = pstats.Stats(str(out)).stats  # type: ignore[attr-defined]
                 figures[route] = sum(entry[1] for entry in stats.values()) / calls
                 shares = _by_package(stats)
+                passes = json.loads(Path(f"{out}.gc").read_text())
+                figures[f"{route}Collections"] = 1000 * sum(passes) / calls
                 print(f"{route} route, one client, {calls} calls: "
                       f"{figures[route]:.0f} Python calls per call in the gateway; by "
                       "package (a C function counted with its caller's): " + ", ".join(
                           f"{name} {count / calls:.0f}" for name, count in shares[:8]))
+                print(f"{route} route: the cycle collector's passes per 1,000 calls by "
+                      "generation: " + " / ".join(f"{1000 * n / calls:.1f}" for n in passes))
     return figures
 
 
@@ -427,6 +437,9 @@ async def main() -> None:
         counted = await python_calls(args.count_calls)
         print(json.dumps({"pythonCallsPerCall": round(counted["ollama"], 1),
                           "pythonCallsPerCallOpenAI": round(counted["openai"], 1),
+                          "collectionsPer1000Calls": round(counted["ollamaCollections"], 1),
+                          "collectionsPer1000CallsOpenAI":
+                              round(counted["openaiCollections"], 1),
                           "calls": args.count_calls}))
         return
     began = time.monotonic()

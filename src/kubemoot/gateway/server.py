@@ -358,14 +358,14 @@ def collect_less() -> None:
     """Tune the cycle collector for a gateway process that has started (its own process:
     the setting is the interpreter's).
 
-    Each call allocates a few thousand short-lived objects that reference counting
-    frees. At Python's default threshold the collector ran a pass every few calls,
+    Each call allocates many short-lived objects that reference counting frees. At
+    Python's default threshold the collector still ran a pass every few dozen calls,
     and each pass of an older generation walked everything the process built while
-    starting (the modules, the runtime, the web stack): about a tenth of the gateway's
-    CPU under load (docs/performance.md). What exists once the gateway serves is
-    frozen, so no pass walks it again, and a higher threshold makes fewer passes over
-    what each call leaves. Frozen objects are still freed when their last reference
-    goes; only a cycle among them would be kept.
+    starting (the modules, the runtime, the web stack). What exists once the gateway
+    serves is frozen, so no pass walks it again, and a higher threshold makes fewer
+    passes over what the calls leave (``bench/gateway.py --count-calls`` prints them).
+    Frozen objects are still freed when their last reference goes; only a cycle among
+    them would be kept.
     """
     gc.freeze()
     gc.set_threshold(COLLECTION_THRESHOLD, *gc.get_threshold()[1:])

@@ -11,6 +11,11 @@
   the calls it answered in the throughput run, and the engine's in the direct run. On a
   machine shared with other work the rates move with the neighbours' load; the CPU a
   call costs moves far less, so before/after comparisons read this one first.
+* **Python calls per call** (``--count-calls N``, that alone): the gateway under
+  cProfile, N calls in a row per route after a warm-up; the function calls it counts
+  per call do not move with the machine's load (``pythonCallsPerCall``,
+  ``pythonCallsPerCallOpenAI``), and the cycle collector's passes per 1,000 of those
+  calls, all generations (``collectionsPer1000Calls``, ``…OpenAI``).
 * **Against LiteLLM**: when LiteLLM's proxy is found (``--litellm PATH``, else beside
   this Python or on PATH; install it in a virtual environment of its own, ``python3 -m
   venv /tmp/litellm && /tmp/litellm/bin/pip install 'litellm[proxy]'``, since it pins
@@ -42,6 +47,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,6 +55,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -124,6 +131,106 @@ config = EmulatorConfig(vram_mib=int(sys.argv[1]), num_parallel=int(sys.argv[2])
 uvicorn.run(OllamaEmulator(config).app, host="127.0.0.1", port=int(sys.argv[3]),
             log_level="error", lifespan="off", access_log=False, loop="asyncio", http="h11")
 """
+
+
+# The gateway under cProfile, counting only between SIGUSR1 and SIGUSR2 (start-up and the
+# warm-up calls are left out); the stats go to the file named by the first argument, and
+# the cycle collector's passes by generation over the same calls to that name + ".gc".
+_PROFILED_GATEWAY = """
+import cProfile, gc, json, signal, sys
+from kubemoot.cli import main
+out, sys.argv = sys.argv[1], ["kubemoot", *sys.argv[2:]]
+profile, passes = cProfile.Profile(), []
+def start(*_):
+    global profile, passes
+    passes = [g["collections"] for g in gc.get_stats()]
+    profile = cProfile.Profile()
+    profile.enable()
+def stop(*_):
+    profile.disable()
+    done = [g["collections"] - p for g, p in zip(gc.get_stats(), passes)]
+    with open(out + ".gc", "w") as f:
+        json.dump(done, f)
+    profile.dump_stats(out)
+signal.signal(signal.SIGUSR1, start)
+signal.signal(signal.SIGUSR2, stop)
+main()
+"""
+
+
+async def python_calls(calls: int) -> dict[str, float]:
+    """Python function calls the gateway makes per call, one client, on each route.
+
+    cProfile counts every Python function entered and every C function called from
+    Python (a coroutine is counted again each time it resumes), so the figure does not
+    move with the machine's load: the count to compare two versions by, beside the
+    CPU milliseconds that do. Probes are an hour apart, so none lands among the calls.
+    """
+    import pstats
+
+    emulator_port, gateway_port = free_port(), free_port()
+    card = "vramMiB=24576,numParallel=32,contextLength=4096"
+    fast = [sys.executable, "-c", _FAST_EMULATOR, "24576", "32", str(emulator_port)]
+    figures: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "gateway.prof"
+        front = [sys.executable, "-c", _PROFILED_GATEWAY, str(out),
+                 *gateway([f"gpu=http://127.0.0.1:{emulator_port},{card}"], gateway_port,
+                          "--probe-interval", "1h")]
+        with servers(fast, front) as (_direct, through):
+            pid = PIDS[through]
+            for route, (path, body) in ROUTES.items():
+                request = request_bytes(through, path, body)
+                wire = await Wire.open(through)
+                try:
+                    for _ in range(50):  # warm: model loaded, caches filled
+                        _answered(through, await wire.call(request))
+                    out.unlink(missing_ok=True)
+                    os.kill(pid, signal.SIGUSR1)
+                    await asyncio.sleep(0.3)
+                    for _ in range(calls):
+                        _answered(through, await wire.call(request))
+                    os.kill(pid, signal.SIGUSR2)
+                    for _ in range(100):
+                        await asyncio.sleep(0.1)
+                        if out.exists() and out.stat().st_size:
+                            await asyncio.sleep(0.2)  # the dump is one write; let it end
+                            break
+                finally:
+                    wire.close()
+                stats = pstats.Stats(str(out)).stats  # type: ignore[attr-defined]
+                figures[route] = sum(entry[1] for entry in stats.values()) / calls
+                shares = _by_package(stats)
+                passes = json.loads(Path(f"{out}.gc").read_text())
+                figures[f"{route}Collections"] = 1000 * sum(passes) / calls
+                print(f"{route} route, one client, {calls} calls: "
+                      f"{figures[route]:.0f} Python calls per call in the gateway; by "
+                      "package (a C function counted with its caller's): " + ", ".join(
+                          f"{name} {count / calls:.0f}" for name, count in shares[:8]))
+                print(f"{route} route: the cycle collector's passes per 1,000 calls by "
+                      "generation: " + " / ".join(f"{1000 * n / calls:.1f}" for n in passes))
+    return figures
+
+
+def _by_package(stats: dict[tuple[str, int, str], tuple[Any, ...]]) -> list[tuple[str, int]]:
+    """Calls per package (``kubemoot.gateway``, ``kubemoot.runtime``, ``uvicorn``, ``stdlib``,
+    …), most first; a C function's calls go to the package of the Python that called it."""
+    def package(filename: str) -> str:
+        if "/kubemoot/" in filename:
+            parts = filename.rsplit("/kubemoot/", 1)[1].split("/")
+            return "kubemoot." + (parts[0] if len(parts) > 1 else parts[0].removesuffix(".py"))
+        if "site-packages/" in filename:
+            return filename.rsplit("site-packages/", 1)[1].split("/")[0]
+        return "stdlib"
+
+    counts: dict[str, int] = {}
+    for (filename, _line, _name), entry in stats.items():
+        if filename == "~":  # a C function: counted where it was called from
+            for (caller, _l, _n), by_caller in entry[4].items():
+                counts[package(caller)] = counts.get(package(caller), 0) + by_caller[1]
+        else:
+            counts[package(filename)] = counts.get(package(filename), 0) + entry[1]
+    return sorted(counts.items(), key=lambda item: -item[1])
 
 
 def find_litellm(given: str | None) -> str | None:
@@ -322,7 +429,19 @@ async def main() -> None:
                              "'off' skips it")
     parser.add_argument("--litellm-calls", type=int, default=500,
                         help="calls per route for LiteLLM's latency (it is ~10x slower)")
+    parser.add_argument("--count-calls", type=int, default=0, metavar="N",
+                        help="only count the gateway's Python calls per call over N calls "
+                             "per route (cProfile; deterministic), and print those keys")
     args = parser.parse_args()
+    if args.count_calls:
+        counted = await python_calls(args.count_calls)
+        print(json.dumps({"pythonCallsPerCall": round(counted["ollama"], 1),
+                          "pythonCallsPerCallOpenAI": round(counted["openai"], 1),
+                          "collectionsPer1000Calls": round(counted["ollamaCollections"], 1),
+                          "collectionsPer1000CallsOpenAI":
+                              round(counted["openaiCollections"], 1),
+                          "calls": args.count_calls}))
+        return
     began = time.monotonic()
     emulator_port, gateway_port = free_port(), free_port()
     card = "vramMiB=24576,numParallel=32,contextLength=4096"

@@ -48,6 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
                       "addedP50MsOpenAI", "throughputRatioOpenAI", "gatewayCpuMsPerCall",
                       "generatorCpuMsPerCall", "generatorCpuMsPerCallOpenAI"},
                      marks=pytest.mark.nats),
+        ("gateway.py", ["--count-calls", "20"],
+         {"pythonCallsPerCall", "pythonCallsPerCallOpenAI"}),
         ("quality.py", ["--optimum-seconds", "0.5"],
          {"meanWaitRatioToBestBaseline", "meanWaitRatioToOptimum",
           "coldLoadRatioToRoundRobin", "meanWaitRatioToLowerBound",

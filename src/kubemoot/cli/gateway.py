@@ -206,6 +206,7 @@ def gateway_command(
         from kubemoot.clock import SystemClock
         from kubemoot.dashboard.calllog import CallLogWriter
         from kubemoot.gateway import GatewayServer
+        from kubemoot.gateway.server import collect_less
         from kubemoot.process import Lifecycle, Stage
         from kubemoot.providers.factory import ProviderClients
 
@@ -241,6 +242,7 @@ def gateway_command(
             if page_at is not None:
                 page = await _serve_dashboard(kv, clock, page_at, tunables.dashboard)
                 process.on_stop(Stage.RUNTIME, page.stop, name="dashboard")
+            collect_less()  # everything built to serve is built: the collector may skip it
             err_console.print(
                 f"gateway: {server.url} (providers: {names}; store: {store}; "
                 f"{'API keys: ' + str(len(keys)) if keys else 'no API keys'}); "

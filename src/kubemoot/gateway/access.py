@@ -40,6 +40,10 @@ _COUNTS = {
     "completion": re.compile(rb'"(?:eval_count|completion_tokens)"\s*:\s*(\d+)'),
 }
 
+#: The decision headers' common start, and its length.
+_PREFIX = b"x-kubemoot-"
+_PREFIX_LENGTH = len(_PREFIX)
+
 Outcome = Callable[[int], None]
 """``on_outcome(status)``: an inference call ended with this HTTP status."""
 
@@ -66,6 +70,7 @@ class AccessLog:
         # a lock and builds a key on every ``labels`` call. The labels are a closed set
         # (route templates, statuses, providers), so these stay small.
         self._children: dict[tuple[object, ...], Any] = {}
+        self._calls: dict[tuple[str, str, str], tuple[Any, ...]] = {}
 
     def _child(self, metric: Any, *values: str) -> Any:
         key = (metric, *values)
@@ -88,10 +93,12 @@ class AccessLog:
             nonlocal status, first, tail
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                for key, value in message.get("headers", []):
-                    name = key.decode("latin-1").lower()
-                    if name.startswith("x-kubemoot-"):
-                        decision[name[len("x-kubemoot-"):]] = value.decode("latin-1")
+                for key, value in message.get("headers", ()):
+                    # judged as bytes: only the few decision headers are decoded
+                    if key[:_PREFIX_LENGTH] == _PREFIX or (
+                            not key.islower() and key[:_PREFIX_LENGTH].lower() == _PREFIX):
+                        decision[key[_PREFIX_LENGTH:].lower().decode("latin-1")] = (
+                            value.decode("latin-1"))
             elif message["type"] == "http.response.body":
                 body = message.get("body", b"")
                 if body:
@@ -105,6 +112,20 @@ class AccessLog:
         finally:
             self._count(scope, status or 500, decision, first, self.clock() - began, tail)
 
+    def _call_children(self, provider: str, route: str, code: str) -> tuple[Any, ...]:
+        """A call's metric children, looked up together: the calls counter, the two
+        timings, and the token counter for each kind."""
+        key = (provider, route, code)
+        children = self._calls.get(key)
+        if children is None:
+            children = self._calls[key] = (
+                self._child(metrics.GATEWAY_CALLS, provider, route, code),
+                self._child(metrics.GATEWAY_CALL_SECONDS, provider),
+                self._child(metrics.GATEWAY_FIRST_BYTE_SECONDS, provider),
+                {kind: self._child(metrics.GATEWAY_TOKENS, provider, kind)
+                 for kind in _COUNTS})
+        return children
+
     def _count(self, scope: Scope, status: int, decision: dict[str, str],
                first: float | None, total: float, tail: bytes) -> None:
         route = route_template(scope)
@@ -114,12 +135,13 @@ class AccessLog:
         tokens = {kind: int(found.group(1)) for kind, pattern in _COUNTS.items()
                   if (found := _last(pattern, tail)) is not None} if provider else {}
         if provider:
-            self._child(metrics.GATEWAY_CALLS, provider, route, code).inc()
-            self._child(metrics.GATEWAY_CALL_SECONDS, provider).observe(total)
+            calls, seconds, first_byte, counts = self._call_children(provider, route, code)
+            calls.inc()
+            seconds.observe(total)
             if first is not None:
-                self._child(metrics.GATEWAY_FIRST_BYTE_SECONDS, provider).observe(first)
+                first_byte.observe(first)
             for kind, count in tokens.items():
-                self._child(metrics.GATEWAY_TOKENS, provider, kind).inc(count)
+                counts[kind].inc(count)
         if self.on_outcome is not None and route in INFERENCE_ROUTES:
             self.on_outcome(status)
         if scope["path"] in UNLIMITED_PATHS and status < 400:

@@ -31,7 +31,7 @@ from kubemoot.gateway.access import INFERENCE_ROUTES
 from kubemoot.gateway.calls import CallDesk, CallEnds, PlacedCall
 from kubemoot.gateway.catalogue import known_models, resolve_name
 from kubemoot.gateway.errors import GatewayError, error_response, refusal_error, unknown_model
-from kubemoot.gateway.jsoncodec import JsonReply, dumps, loads
+from kubemoot.gateway.jsoncodec import RawJsonReply, dumps, loads
 from kubemoot.gateway.keys import ANONYMOUS, ApiKeys
 from kubemoot.gateway.listings import created_epoch, merge_tags
 from kubemoot.gateway.requests import InferenceRequest, model_name, read_json
@@ -48,6 +48,10 @@ __all__ = ["GatewayApp", "VirtualModels"]
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+#: How long a call runs before a task starts watching for its client leaving (the
+#: latest a leaving client is noticed; a call that ends sooner never needs the task).
+_WATCH_AFTER_SECONDS = 0.05
 
 
 class VirtualModels:
@@ -318,15 +322,26 @@ class GatewayApp:
                     ends.client_left()
                     return
 
-        watcher = asyncio.ensure_future(watch_disconnect())
+        # The watcher is a task, and most calls are placed and answered by the engine
+        # before a client could leave: it starts only for a call still going after
+        # _WATCH_AFTER_SECONDS, so a leaving client is noticed at most that much later.
+        watcher: asyncio.Task[None] | None = None
+
+        def watch() -> None:
+            nonlocal watcher
+            watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+
+        timer = asyncio.get_running_loop().call_later(_WATCH_AFTER_SECONDS, watch)
         try:
             return await self.desk.start(req, candidates, caller=request.state.caller,
                                          budget=budget, ends=ends, path=path,
                                          legacy_embeddings=legacy_embeddings)
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            timer.cancel()
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
 
     async def _ollama_call(self, request: Request, kind: str, path: str, *,
                            legacy_embeddings: bool = False) -> Response:
@@ -338,7 +353,7 @@ class GatewayApp:
         if req.stream:
             return _call_stream(call, call.lines(), media_type="application/x-ndjson")
         _, raw = await call.answer()  # checked whole JSON: its bytes go to the client as they are
-        return Response(raw, media_type="application/json", headers=call.headers())
+        return RawJsonReply(raw, call.raw_headers())
 
     async def _chat(self, request: Request) -> Response:
         return await self._ollama_call(request, "chat", "/api/chat")
@@ -401,8 +416,9 @@ class GatewayApp:
             reply = await call.json()
             if not isinstance(reply, dict):
                 raise GatewayError(502, "the provider's answer is not an object")
-            return JsonReply(oai.chat_completion(reply, model=model, call_id=call_id),
-                             headers=call.headers())
+            return RawJsonReply(dumps(oai.chat_completion(reply, model=model,
+                                                          call_id=call_id)),
+                                call.raw_headers())
         usage = oai.include_usage(body)
 
         async def events() -> AsyncIterator[bytes]:

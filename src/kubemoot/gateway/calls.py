@@ -13,7 +13,6 @@ cancels the engine's request too). A refusal becomes an answer in
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -71,7 +70,7 @@ class CallEnds:
         self._on_left.append(callback)
 
     def forget(self, callback: Callable[[], object]) -> None:
-        with contextlib.suppress(ValueError):
+        if callback in self._on_left:  # no context manager: this runs on every call
             self._on_left.remove(callback)
 
 
@@ -233,6 +232,18 @@ class PlacedCall:
             headers["X-Kubemoot-Evicted"] = ",".join(p.evicted)
         return headers
 
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        """:meth:`headers` as they go on the wire (lower-case names, Latin-1 bytes)."""
+        p, active = self.placement, self.active
+        raw = [(b"x-kubemoot-provider", (p.provider or "").encode("latin-1")),
+               (b"x-kubemoot-model", (p.model or "").encode("latin-1")),
+               (b"x-kubemoot-action", active.action.encode("latin-1")),
+               (b"x-kubemoot-wait-seconds", b"%.3f" % active.waited_seconds),
+               (b"x-kubemoot-placement-seconds", b"%.3f" % active.placement_seconds)]
+        if p.evicted:
+            raw.append((b"x-kubemoot-evicted", ",".join(p.evicted).encode("latin-1")))
+        return raw
+
     def upstream_body(self, *, legacy_embeddings: bool = False) -> dict[str, Any]:
         """The body the engine gets: the placed model, bounded keep-alive, no cutting."""
         req, p = self.request, self.placement
@@ -366,8 +377,11 @@ class PlacedCall:
             await self.close(ok=ok)
 
     async def close_upstream(self) -> None:
+        self._close_upstream()
+
+    def _close_upstream(self) -> None:
         if self._upstream is not None:
-            await self._upstream.aclose()  # a client that left cancels the engine too
+            self._upstream.close()  # a client that left cancels the engine too
 
     async def close(self, *, ok: bool | None) -> None:
         """Close upstream, then the call (learn, re-probe, release, record); once.
@@ -379,7 +393,9 @@ class PlacedCall:
             return
         self._closed = True
         try:
-            await asyncio.shield(self.close_upstream())
+            # Not awaited: closing the answer never waits, so no cancellation can stop
+            # it half-way (a shield would cost a task per call for nothing).
+            self._close_upstream()
         finally:
             self.desk.in_flight.discard(self)
             await self.active.close(ok=ok)

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
-__all__ = ["JsonReply", "dumps", "loads"]
+__all__ = ["JsonReply", "RawJsonReply", "dumps", "loads"]
 
 #: 20 digits in a row: the shortest integer that may not fit in 64 bits (2**64 has 20).
 _LONG_DIGITS = re.compile(rb"\d{20}")
@@ -59,3 +59,23 @@ class JsonReply(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return dumps(content)
+
+
+class RawJsonReply(Response):
+    """A 200 JSON reply whose body is already encoded and whose extra headers are
+    already bytes (the call's decision headers).
+
+    Starlette's ``Response`` encodes and lower-cases every header on each reply; the
+    answer of every call the gateway forwards is one of these, so its headers are
+    given as they go on the wire (names in lower case, as Starlette writes them).
+    """
+
+    def __init__(self, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status_code = 200
+        self.body = body
+        self.background = None
+        self.raw_headers = [(b"content-length", str(len(body)).encode()), _JSON_TYPE,
+                            *headers]
+
+
+_JSON_TYPE = (b"content-type", b"application/json")

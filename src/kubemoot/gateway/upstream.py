@@ -52,6 +52,8 @@ __all__ = [
 KEEPALIVE_SECONDS = 4.0
 #: Answer bytes an unread response may buffer before the engine is asked to wait.
 _READ_HIGH_WATER = 256 * 1024
+#: The headers that say where an answer ends (else it ends with its connection).
+_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 #: Distinct URLs whose request head is kept ready (engines × paths: a handful).
 _HEADS_KEPT = 1024
 
@@ -196,12 +198,17 @@ class UpstreamResponse:
                 return value
         return None
 
-    async def aclose(self) -> None:
+    def close(self) -> None:
         """Let go of the answer: kept for the next call if whole, else the connection is
-        cut (ending the engine's work on it). Idempotent."""
+        cut (ending the engine's work on it). Idempotent, and it never waits, so a call
+        may close its answer where a cancellation cannot reach it half-way."""
         conn, self._conn = self._conn, None
         if conn is not None and not self._done:
             conn.cut()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, for callers that expect an awaitable close."""
+        self.close()
 
 
 async def _wait(response: UpstreamResponse, what: str) -> None:
@@ -295,6 +302,8 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.response is not None:
             self.response.headers.append((name, value))
+            if not self._framed and name.lower() in _FRAMING:
+                self._framed = True
 
     def on_headers_complete(self) -> None:
         response = self.response
@@ -302,8 +311,6 @@ class _Connection(asyncio.Protocol):
             return
         response.status = self.parser.get_status_code()
         response.keep_alive = self.parser.should_keep_alive()
-        self._framed = any(k.lower() in (b"content-length", b"transfer-encoding")
-                           for k, _ in response.headers)
         response._wake()
 
     def on_body(self, body: bytes) -> None:

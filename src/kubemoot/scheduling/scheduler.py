@@ -229,7 +229,10 @@ class SchedulingPass:
         Agent (see :meth:`_assign_segment`). The results are those of :meth:`schedule`
         called for each Agent in that order.
         """
-        roster = agents if isinstance(agents, AgentRoster) else AgentRoster(agents)
+        roster = (
+            agents if isinstance(agents, AgentRoster)
+            else AgentRoster(agents, capabilities_matter=self.snapshot.capabilities_matter)
+        )
         for segment in roster.segments():
             self._assign_segment(segment)
 
@@ -364,8 +367,10 @@ class SchedulingPass:
             if biases is None:
                 bias = None
             elif capabilities in biases:  # most classes: a capability set seen before
-                bias = biases[capabilities]
+                bias = biases[capabilities]  # type: ignore[index]  # (never None here)
             else:
+                # A roster leaves out capabilities only where no qualityBias reads them.
+                assert capabilities is not None
                 bias = self._bias(governed, capabilities)
             key = (id(governed), bias)
             found = slot_of.get(key)

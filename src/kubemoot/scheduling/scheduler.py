@@ -384,16 +384,13 @@ class SchedulingPass:
             # sorted; its rows are written in name order when read.
             return slots, None, [range(total)]
         slot_at = list(map(slot_of_class.__getitem__, segment.class_at))
-        # A stable sort by slot lists each slot's positions in ascending order.
-        by_slot = sorted(range(total), key=slot_at.__getitem__)
-        counts = Counter(slot_at)
-        positions: list[Sequence[int]] = []
-        start = 0
-        for index in range(len(slots)):
-            end = start + counts[index]
-            positions.append(by_slot[start:end])
-            start = end
-        return slots, slot_at, positions
+        # Each slot's positions in ascending order, dealt out in one walk: half the
+        # instructions of a stable sort by slot and a count of each slot.
+        dealt: list[list[int]] = [[] for _ in slots]
+        deal = [positions.append for positions in dealt]
+        for position, slot in enumerate(slot_at):
+            deal[slot](position)
+        return slots, slot_at, list(dealt)
 
     def _first_fill(
         self,
@@ -528,13 +525,10 @@ class SchedulingPass:
                 outcome, reason, message = self._unplaced(ranking.table, context)
                 phases.append(PhasePlan(phase, ranking, outcome, None, reason, context, message))
                 continue
-            reason = f"{chosen.placement.name} on {chosen.provider} scored {chosen.score:g}"
-            if context is not None and not context.alternatives:
-                reason += (
-                    f"; topology spread unsatisfiable ({context.topology_key} already used), "
-                    "ScheduleAnyway"
-                )
-            phases.append(PhasePlan(phase, ranking, Outcome.PLACE, chosen, reason, context))
+            # Written when first read, like a DEFER reason: most groups are decided
+            # again before anyone reads them, and the score's formatting is dear.
+            placed = _Once(partial(_placed_reason, chosen, context))
+            phases.append(PhasePlan(phase, ranking, Outcome.PLACE, chosen, placed, context))
             if phase in spread_phases and chosen.topology is not None:
                 used.add(chosen.topology)
         group = BindingGroup(
@@ -788,6 +782,18 @@ class SchedulingPass:
             policies=policies,
             warnings=snapshot_warnings(self.snapshot.models, self.snapshot.providers),
         )
+
+
+def _placed_reason(chosen: Ranked, context: SpreadContext | None) -> str:
+    """Why a phase binds ``chosen``: its Model, provider and score, and whether the
+    topology spread had to be let go."""
+    reason = f"{chosen.placement.name} on {chosen.provider} scored {chosen.score:g}"
+    if context is not None and not context.alternatives:
+        reason += (
+            f"; topology spread unsatisfiable ({context.topology_key} already used), "
+            "ScheduleAnyway"
+        )
+    return reason
 
 
 class _Once:

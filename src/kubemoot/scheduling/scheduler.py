@@ -421,13 +421,24 @@ class SchedulingPass:
                     continue
                 position = positions[slot][index]
             else:
+                # Only the Agents before ``stop`` can bring it forward: when fewer than
+                # ``need`` of them bind the provider, it does not fill before ``stop``
+                # and nothing needs merging.
+                ends = [
+                    bisect_left(
+                        positions[slot], stop, cursor[slot],
+                        min(cursor[slot] + need, len(positions[slot])),
+                    )
+                    for slot in slots
+                ]
+                if sum(ends) - sum(cursor[slot] for slot in slots) < need:
+                    continue
                 nearest = sorted(
                     chain.from_iterable(
-                        positions[slot][cursor[slot] : cursor[slot] + need] for slot in slots
+                        positions[slot][cursor[slot] : end]
+                        for slot, end in zip(slots, ends, strict=True)
                     )
                 )
-                if len(nearest) < need:
-                    continue
                 position = nearest[need - 1]
             if position < stop:
                 stop = position + 1

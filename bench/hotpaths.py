@@ -6,6 +6,8 @@ Paths (``--path``, repeatable; all by default):
   (50,000 Agents × 500 Models × 1,000 ModelProviders × 50 policies, ``bench/schedule.py``'s
   generator); ``filing`` and ``schedule-filed`` are its two parts as ``bench/schedule.py``
   times them: filing the 50,000 Agents in a roster, and a pass given that roster;
+  ``schedule-floor`` is that bench's floor on the same cluster (every policy's require
+  selectors against every Model once), the denominator of its ratios;
 * ``place`` — place + claim + release on the embedded store with 1,000 providers
   (``bench/place.py``'s fleet);
 * ``place-nats`` — the same on a real nats-server with 8 providers (``bench/place.py``'s
@@ -103,6 +105,22 @@ def _schedule_parts() -> tuple[Callable[[], None], Callable[[], None]]:
                               now=bench.NOW)
 
     return filing, filed
+
+
+def _schedule_floor() -> Callable[[], None]:
+    """``bench/schedule.py``'s floor on the same cluster: every policy's require selectors
+    against every Model once. The ``schedule`` paths' counts over this one are the
+    ratios that bench times, with the machine's load taken out."""
+    import schedule as bench  # bench/schedule.py
+
+    bundle = bench.generate(random.Random(7), agents=50_000, models=500, providers=1000,
+                            policies=50)
+    bench.floor_seconds(bundle)  # first-use costs stay out
+
+    def run() -> None:
+        bench.floor_seconds(bundle)
+
+    return run
 
 
 def _filing() -> Callable[[], None]:
@@ -509,6 +527,7 @@ PATHS: dict[str, Callable[[], Callable[[], None]]] = {
     "schedule": _schedule,
     "filing": _filing,
     "schedule-filed": _schedule_filed,
+    "schedule-floor": _schedule_floor,
     "place": _place,
     "place-nats": _place_nats,
     "claims": _claims,

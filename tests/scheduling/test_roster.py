@@ -219,3 +219,37 @@ def test_a_namespace_files_alike_whatever_order_its_agents_come_in(given: str) -
     first_seen = [segment.class_at[[*segment.agents].index(a)] for a in agents
                   if a.metadata.namespace == "ns-a"]
     assert segment.present == list(dict.fromkeys(first_seen)) and len(other) == 1
+
+
+def test_a_snapshot_files_capabilities_only_where_a_quality_bias_reads_them() -> None:
+    # ns-a: alpha under p-a (a qualityBias), beta under p-b (none); ns-b: gamma under p-c
+    # (a qualityBias); ns-c: no policy at all.
+    cluster = _cluster(random.Random(6))
+    snapshot = ClusterSnapshot.build(**cluster)
+    classes = {
+        (segment.namespace, *segment.agent_class(number))
+        for segment in snapshot.roster.segments()
+        for number in segment.present
+    }
+    # Where capabilities cannot change a binding, a crew label is one class, unread.
+    unread = {(ns, crew) for ns, crew, capabilities in classes if capabilities is None}
+    read = {(ns, crew) for ns, crew, capabilities in classes if capabilities is not None}
+    assert unread and read and not unread & read
+    assert all(
+        snapshot.capabilities_matter(ns, crew) == ((ns, crew) in read)
+        for ns, crew, _ in classes
+    )
+    assert ("ns-a", "beta") in unread and ("ns-c", None) in unread
+    assert ("ns-a", "alpha") in read and ("ns-b", "gamma") in read
+    # A roster filed without the snapshot's policies reads every Agent's capabilities,
+    # and both bind alike.
+    assert all(
+        capabilities is not None
+        for segment in AgentRoster(cluster["agents"]).segments()
+        for _, capabilities in map(segment.agent_class, segment.present)
+    )
+    kept = ClusterSnapshot.build(**{**cluster, "agents": ()},
+                                 roster=AgentRoster(cluster["agents"]))
+    assert schedule_bundle(snapshot, now=NOW).to_dict() == schedule_bundle(
+        kept, now=NOW
+    ).to_dict()

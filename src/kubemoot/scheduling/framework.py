@@ -134,6 +134,11 @@ class Framework:
         self.index = ModelIndex(self.placements, self.headroom)
         self._selections: dict[tuple[int, tuple[bool, ...]], _Selection] = {}
         self._ranked: dict[tuple[object, ...], _Ranked] = {}
+        #: Each total a ranking summed, negated and rounded as the record rounds it. The
+        #: rankings of a pass sum a few hundred distinct totals some ten thousand times
+        #: (the same candidate terms under a handful of quality scores), and ``round``
+        #: to 9 digits goes through a decimal conversion each time.
+        self._negated: dict[float, float] = {}
 
     # ------------------------------------------------------------------ shared tiers
 
@@ -277,10 +282,19 @@ class Framework:
         )
         weight_q, set_of = self.weights["Quality"], index.set_of
         # Summed in the engine's order so that totals tie exactly as in the record.
-        negated = [
-            -round(by_set[set_of[i]] * weight_q + capacity[i] + locality[i] + weight[i], 9)
+        totals = [
+            by_set[set_of[i]] * weight_q + capacity[i] + locality[i] + weight[i]
             for i in positions
         ]
+        known = self._negated
+        seen = set(totals)
+        if 0.0 in seen:
+            # 0.0 and -0.0 are one key, yet round apart (by sign): no memo for them.
+            negated = [-round(total, 9) for total in totals]
+        else:
+            for total in seen.difference(known):
+                known[total] = -round(total, 9)
+            negated = list(map(known.__getitem__, totals))
         # ``positions`` is in tie-break order, and the sort is stable: equal totals keep it.
         ranks = sorted(range(len(positions)), key=negated.__getitem__)
         return (

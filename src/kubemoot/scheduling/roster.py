@@ -19,7 +19,7 @@ the namespace is next read.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import attrgetter, itemgetter
 
 from kubemoot.api import CREW_LABEL, DEFAULT_NAMESPACE, Agent
@@ -27,8 +27,9 @@ from kubemoot.api import CREW_LABEL, DEFAULT_NAMESPACE, Agent
 __all__ = ["AgentClass", "AgentRoster", "Segment"]
 
 #: What decides an Agent's binding besides its namespace: its crew label and its
-#: capabilities as listed.
-AgentClass = tuple[str | None, tuple[str, ...]]
+#: capabilities as listed (None: not read, as they cannot change the binding; see
+#: :class:`AgentRoster`).
+AgentClass = tuple[str | None, tuple[str, ...] | None]
 #: An Agent filed by name: the Agent and its class's number in the roster.
 _Entry = tuple[Agent, int]
 #: A namespace's Agents as the roster was given them: the Agents in the order they came,
@@ -145,25 +146,38 @@ class Segment:
         return self._class_at
 
 
-class _Space:
-    """One namespace's lists while a roster is filed, with their bound appends."""
-
-    __slots__ = ("add_agent", "add_number", "agents", "last", "numbers")
-
-    def __init__(self) -> None:
-        self.agents: list[Agent] = []
-        self.numbers: list[int] = []
-        self.add_agent, self.add_number = self.agents.append, self.numbers.append
-        self.last = ""  # the name of the Agent filed last
+#: A namespace's lists while a roster is filed: its Agents and their class numbers in the
+#: order they came, a one-item list holding the name of the Agent filed last, and per
+#: crew label (the one class number of its Agents, their class numbers by capabilities):
+#: the number is -1 where capabilities matter, and the dict unused where they do not.
+#: Plain lists in a tuple: ``list.append`` called on a list is a specialised
+#: instruction, where a bound append kept on an object is a call.
+_Filing = tuple[
+    list[Agent], list[int], list[str],
+    dict[str | None, tuple[int, dict[tuple[str, ...] | None, int]]],
+]
 
 
 class AgentRoster:
-    """Agents filed by namespace and class, read as :class:`Segment` s in pass order."""
+    """Agents filed by namespace and class, read as :class:`Segment` s in pass order.
+
+    ``capabilities_matter(namespace, crew)``, when given, says whether an Agent's
+    capabilities can change its binding in that namespace under that crew label (they
+    do only under a policy with a qualityBias). Where they cannot, the roster does not
+    read them: every Agent of that crew label there files under one class with no
+    capabilities (``None``). Only a roster made for one snapshot's policies may be told
+    this (:attr:`ClusterSnapshot.roster`); a roster kept across policy changes is not.
+    """
 
     __slots__ = ("_came", "_class_of", "_classes", "_count", "_named", "_present",
                  "_segments", "_twins")
 
-    def __init__(self, agents: Iterable[Agent] = ()) -> None:
+    def __init__(
+        self,
+        agents: Iterable[Agent] = (),
+        *,
+        capabilities_matter: Callable[[str, str | None], bool] | None = None,
+    ) -> None:
         #: The Agents given here, per namespace, as they came (see ``_Came``): never
         #: changed. A namespace is filed by name (the dicts below) only when an Agent of
         #: it is put or discarded.
@@ -173,18 +187,19 @@ class AgentRoster:
         #: and name, in the order they came.
         self._twins: dict[str, dict[str, list[_Entry]]] = {}
         self._segments: dict[str, Segment] = {}  # namespaces filed since their last change
-        #: Class numbers by crew label and capabilities, and the classes by number.
-        self._class_of: dict[str | None, dict[tuple[str, ...], int]] = {}
+        #: Class numbers by crew label and capabilities (None: not read), and the classes
+        #: by number.
+        self._class_of: dict[str | None, dict[tuple[str, ...] | None, int]] = {}
         self._classes: list[AgentClass] = []
         #: Per namespace filed by name, the class numbers present, kept while Agents are
         #: put; a namespace that loses an Agent has them worked out again when read.
         self._present: dict[str, dict[int, None]] = {}
         class_of, classes = self._class_of, self._classes
-        spaces: dict[str, _Space] = {}
+        spaces: dict[str, _Filing] = {}
         unsorted: set[str] = set()
         # Bound once: at 5,000 Agents filing is a sizeable share of the whole pass, and
         # each name looked up per Agent (a method, a global) is paid 5,000 times.
-        spaces_get, class_of_get = spaces.get, class_of.get
+        spaces_get = spaces.get
         crew_label, default_namespace = CREW_LABEL, DEFAULT_NAMESPACE
         for agent in agents:
             # Every field a pass needs is read here, once, in the order the Agents came
@@ -194,34 +209,46 @@ class AgentRoster:
             namespace = metadata.namespace or default_namespace
             space = spaces_get(namespace)
             if space is None:
-                space = spaces[namespace] = _Space()
-            crew, capabilities = metadata.labels.get(crew_label), tuple(agent.spec.capabilities)
-            by_capabilities = class_of_get(crew)
-            if by_capabilities is None:
-                by_capabilities = class_of[crew] = {}
-            number = by_capabilities.get(capabilities)
-            if number is None:
-                # A class's first sight, inline: with up to one class per two Agents
-                # (the bench's default), a call here would be paid thousands of times.
-                number = by_capabilities[capabilities] = len(classes)
-                classes.append((crew, capabilities))
+                space = spaces[namespace] = ([], [], [""], {})
+            came, numbers, last, crews = space
+            crew = metadata.labels.get(crew_label)
+            entry = crews.get(crew)
+            if entry is None:
+                # A crew label's first sight in this namespace: do its Agents'
+                # capabilities matter? Under no qualityBias (half the bench's
+                # namespaces) they all bind alike, and their specs are never read.
+                entry = crews[crew] = (
+                    (self._number(crew, None), {})
+                    if capabilities_matter is not None and not capabilities_matter(namespace, crew)
+                    else (-1, class_of.setdefault(crew, {}))
+                )
+            number, by_capabilities = entry
+            if number < 0:
+                capabilities = tuple(agent.spec.capabilities)
+                found = by_capabilities.get(capabilities)
+                if found is None:
+                    # A class's first sight, inline: with up to one class per two Agents
+                    # (the bench's default), a call here would be paid thousands of times.
+                    found = by_capabilities[capabilities] = len(classes)
+                    classes.append((crew, capabilities))
+                number = found
             # Appended in the order they came: a pair per Agent filed in a dict by name
             # cost about twice as much.
-            space.add_agent(agent)
-            space.add_number(number)
+            came.append(agent)
+            numbers.append(number)
             # The name is compared with the one before while the Agent is at hand, and
             # not kept: a namespace that came in name order (as a Kubernetes list
             # returns it) is then never sorted, and the names of the others are read
             # only when they are.
             name = metadata.name
-            if name < space.last:
+            if name < last[0]:
                 unsorted.add(namespace)
-            space.last = name
-        for namespace, filed in spaces.items():
-            self._came[namespace] = (filed.agents, filed.numbers, namespace not in unsorted)
+            last[0] = name
+        for namespace, (came, numbers, _, _) in spaces.items():
+            self._came[namespace] = (came, numbers, namespace not in unsorted)
         self._count = sum(len(filed[0]) for filed in self._came.values())
 
-    def _number(self, crew: str | None, capabilities: tuple[str, ...]) -> int:
+    def _number(self, crew: str | None, capabilities: tuple[str, ...] | None) -> int:
         """The number of the class (crew, capabilities), given on first sight."""
         by_capabilities = self._class_of.get(crew)
         if by_capabilities is None:

@@ -229,7 +229,10 @@ class SchedulingPass:
         Agent (see :meth:`_assign_segment`). The results are those of :meth:`schedule`
         called for each Agent in that order.
         """
-        roster = agents if isinstance(agents, AgentRoster) else AgentRoster(agents)
+        roster = (
+            agents if isinstance(agents, AgentRoster)
+            else AgentRoster(agents, capabilities_matter=self.snapshot.capabilities_matter)
+        )
         for segment in roster.segments():
             self._assign_segment(segment)
 
@@ -364,8 +367,10 @@ class SchedulingPass:
             if biases is None:
                 bias = None
             elif capabilities in biases:  # most classes: a capability set seen before
-                bias = biases[capabilities]
+                bias = biases[capabilities]  # type: ignore[index]  # (never None here)
             else:
+                # A roster leaves out capabilities only where no qualityBias reads them.
+                assert capabilities is not None
                 bias = self._bias(governed, capabilities)
             key = (id(governed), bias)
             found = slot_of.get(key)
@@ -379,16 +384,13 @@ class SchedulingPass:
             # sorted; its rows are written in name order when read.
             return slots, None, [range(total)]
         slot_at = list(map(slot_of_class.__getitem__, segment.class_at))
-        # A stable sort by slot lists each slot's positions in ascending order.
-        by_slot = sorted(range(total), key=slot_at.__getitem__)
-        counts = Counter(slot_at)
-        positions: list[Sequence[int]] = []
-        start = 0
-        for index in range(len(slots)):
-            end = start + counts[index]
-            positions.append(by_slot[start:end])
-            start = end
-        return slots, slot_at, positions
+        # Each slot's positions in ascending order, dealt out in one walk: half the
+        # instructions of a stable sort by slot and a count of each slot.
+        dealt: list[list[int]] = [[] for _ in slots]
+        deal = [positions.append for positions in dealt]
+        for position, slot in enumerate(slot_at):
+            deal[slot](position)
+        return slots, slot_at, list(dealt)
 
     def _first_fill(
         self,
@@ -419,13 +421,24 @@ class SchedulingPass:
                     continue
                 position = positions[slot][index]
             else:
+                # Only the Agents before ``stop`` can bring it forward: when fewer than
+                # ``need`` of them bind the provider, it does not fill before ``stop``
+                # and nothing needs merging.
+                ends = [
+                    bisect_left(
+                        positions[slot], stop, cursor[slot],
+                        min(cursor[slot] + need, len(positions[slot])),
+                    )
+                    for slot in slots
+                ]
+                if sum(ends) - sum(cursor[slot] for slot in slots) < need:
+                    continue
                 nearest = sorted(
                     chain.from_iterable(
-                        positions[slot][cursor[slot] : cursor[slot] + need] for slot in slots
+                        positions[slot][cursor[slot] : end]
+                        for slot, end in zip(slots, ends, strict=True)
                     )
                 )
-                if len(nearest) < need:
-                    continue
                 position = nearest[need - 1]
             if position < stop:
                 stop = position + 1
@@ -523,13 +536,10 @@ class SchedulingPass:
                 outcome, reason, message = self._unplaced(ranking.table, context)
                 phases.append(PhasePlan(phase, ranking, outcome, None, reason, context, message))
                 continue
-            reason = f"{chosen.placement.name} on {chosen.provider} scored {chosen.score:g}"
-            if context is not None and not context.alternatives:
-                reason += (
-                    f"; topology spread unsatisfiable ({context.topology_key} already used), "
-                    "ScheduleAnyway"
-                )
-            phases.append(PhasePlan(phase, ranking, Outcome.PLACE, chosen, reason, context))
+            # Written when first read, like a DEFER reason: most groups are decided
+            # again before anyone reads them, and the score's formatting is dear.
+            placed = _Once(partial(_placed_reason, chosen, context))
+            phases.append(PhasePlan(phase, ranking, Outcome.PLACE, chosen, placed, context))
             if phase in spread_phases and chosen.topology is not None:
                 used.add(chosen.topology)
         group = BindingGroup(
@@ -783,6 +793,18 @@ class SchedulingPass:
             policies=policies,
             warnings=snapshot_warnings(self.snapshot.models, self.snapshot.providers),
         )
+
+
+def _placed_reason(chosen: Ranked, context: SpreadContext | None) -> str:
+    """Why a phase binds ``chosen``: its Model, provider and score, and whether the
+    topology spread had to be let go."""
+    reason = f"{chosen.placement.name} on {chosen.provider} scored {chosen.score:g}"
+    if context is not None and not context.alternatives:
+        reason += (
+            f"; topology spread unsatisfiable ({context.topology_key} already used), "
+            "ScheduleAnyway"
+        )
+    return reason
 
 
 class _Once:

@@ -80,11 +80,22 @@ class ClusterSnapshot:
 
     @property
     def roster(self) -> AgentRoster:
-        """The snapshot's Agents filed for a pass; made once when not given."""
+        """The snapshot's Agents filed for a pass; made once when not given.
+
+        Made for this snapshot's policies: it does not read the capabilities of Agents
+        whose policy has no qualityBias, as they cannot change their bindings here.
+        """
         if self.agent_roster is None:
-            object.__setattr__(self, "agent_roster", AgentRoster(self.agents))
+            roster = AgentRoster(self.agents, capabilities_matter=self.capabilities_matter)
+            object.__setattr__(self, "agent_roster", roster)
         assert self.agent_roster is not None
         return self.agent_roster
+
+    def capabilities_matter(self, namespace: str, crew: str | None) -> bool:
+        """Whether an Agent's capabilities can change its bindings in this snapshot: only
+        its effective bias reads them, and only a policy with a qualityBias has one."""
+        policy = self.resolve(namespace, crew).policy
+        return policy is not None and bool(policy.spec.quality_bias)
 
     @classmethod
     def build(

@@ -93,16 +93,8 @@ def _optimum(
     hint = hints_from({c: (s.card, s.model, s.started) for c, s in best.served.items()},
                       best.loads)
     # Without loading a model before a call asked for it (no online policy can): how
-    # much of the gap is foresight rather than placement. This search starts from the
-    # best router's schedule: the routers load only when a call asks, so theirs obey
-    # the rule, where kubemoot's plans load at selection and its schedule does not
-    # (started from it, the homelab cut's search once stopped at 31.9 s).
-    reactive_best = min((r for p, r in runs.items() if p != "kubemoot"),
-                        key=lambda r: r.report.wait["mean"])
-    reactive_hint = hints_from(
-        {c: (s.card, s.model, s.started) for c, s in reactive_best.served.items()},
-        reactive_best.loads)
-    reactive = solve(cut, time_limit_seconds=seconds, hint=reactive_hint, reactive=True)
+    # much of the gap is foresight rather than placement.
+    reactive = solve(cut, time_limit_seconds=seconds, hint=hint, reactive=True)
     # ...with what the spec lets a runtime know: an agent's selection, before its first
     # call (a load may start at selection, never before).
     selected = solve(cut, time_limit_seconds=seconds, hint=hint, selected=True)

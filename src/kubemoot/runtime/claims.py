@@ -7,7 +7,9 @@ that re-judges the option inside the compare-and-set, against the documents bein
 updated, so an option that went away between pricing and claiming is refused
 (``None``), never overcommitted: a copy must still be there, usable, and (unless the
 call queues) have a free slot; a cold load's provider must still be ready with a
-context that holds the prompt (the memory itself is the budget's to judge). The
+context that holds the prompt, and hold no copy of the model (calls priced on one
+state would each book the one copy's footprint again; the memory itself is the
+budget's to judge). The
 condition is data (:class:`~kubemoot.store.documents.ClaimCondition`), so a claim that
 lost a race can be announced on the claim line and granted by another process's write,
 which judges the same condition (:mod:`kubemoot.runtime.conditions`).

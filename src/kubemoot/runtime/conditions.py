@@ -35,6 +35,12 @@ def holds(condition: ClaimCondition, p: ProviderSnapshot | None, model: str) -> 
         # every announced claim's condition on each write.
         if not p.has_copy(model) or not filters.warm_ok(p, model, condition.prompt_tokens):
             return False
+    elif not condition.idle_victims and p.has_copy(model):
+        # A cold load was priced where the model had no copy. Calls placed in one
+        # instant all price on the same state, and each such claim would book the
+        # model's whole footprint again for the one copy the engine loads; refused,
+        # the call prices again and sees the copy that is coming.
+        return False
     elif not filters.feasible([filters.ready_gate(p),  # a load: the memory is the budget's
                                filters.context_gate(p, model, condition.prompt_tokens)]):
         return False

@@ -80,6 +80,13 @@ class OccupancyBook:
             return declared
         return self._estimate(model, fleet)
 
+    def known(self) -> dict[str, int]:
+        """Every model a source other than the estimate sizes, with its occupancy(M)."""
+        sized = dict(self._declared)
+        sized.update(self._claimed)
+        sized.update(self._observed)
+        return sized
+
     def source(self, model: str) -> str:
         """Which source gave the last answer for M: observed, claimed, declared, estimated."""
         if model in self._observed:

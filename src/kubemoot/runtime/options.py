@@ -20,6 +20,7 @@ the decision record.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -437,11 +438,44 @@ def or_a_copy_as_soon(rnd: Round, choices: list[Option]) -> list[Option]:
         return choices
     soonest = min(o.seconds for o in choices)
     for option in cold_options(rnd, model, limit=cost.settings.copy_shortlist):
+        if _holds_up_the_only_card(rnd, option):
+            continue
         starts = cost.load_line_wait(rnd.provider_of(option)) + load
         starts = rnd.with_prefill(replace(option, seconds=starts)).seconds
         if starts <= soonest + AS_SOON_SECONDS:
             return [option]
     return choices
+
+
+def _holds_up_the_only_card(rnd: Round, option: Option) -> bool:
+    """Whether a copy as soon at ``option`` would make a known model without a copy
+    wait for it on the one card that can take that model.
+
+    Such a copy is a gamble for the company, taken because it costs the call nothing.
+    A card loads one model at a time, so while it loads, a model that only this card
+    can take (no other card has room for it, nor could make room by unloading idle
+    models) waits for that load to end, and nobody can take that back. When the copy
+    would leave no room for that model at all the gamble is still taken: an idle copy
+    can be unloaded again, and the unload plans price that (fleet-16 cut: the plans at
+    selection loaded `qwen3:32b` on the only card that could take `llama3.1:70b`,
+    selected 1.5 s later, whose first calls then waited 61 s).
+    """
+    index = rnd.fleet.index
+    p = rnd.provider_of(option)
+    left = (p.free_mib or 0) - option.footprint_mib
+    for model, mib in rnd.cost.occupancy_book.known().items():
+        if mib > left or index.copies_of(model):
+            continue
+        rooms = list(itertools.islice(index.with_room(mib), 2))
+        if len(rooms) != 1 or rooms[0].name != p.name:
+            continue
+        if not any(
+            other.name != p.name
+            and (other.free_mib or 0) + sum(idle_residents(other).values()) >= mib
+            for other in rnd.fleet.providers
+        ):
+            return True
+    return False
 
 
 #: Within this much, a new copy is as soon as one loading (rounding, not a trade-off).

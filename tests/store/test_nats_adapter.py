@@ -1,12 +1,16 @@
 """The NATS adapter's own shortcuts past nats-py answer what nats-py answers.
 
-The store parses message headers, reads a delivery's revision and publishes a
-compare-and-set with less Python work than nats-py's own paths; these tests hold each
-shortcut to nats-py's answer (the store contract in ``test_contract.py`` covers the
-operations themselves).
+The store parses message headers, reads a delivery's revision, publishes a
+compare-and-set and hands a watch its messages with less Python work than nats-py's own
+paths; these tests hold each shortcut to nats-py's answer (the store contract in
+``test_contract.py`` covers the operations themselves).
 """
 
 from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
 
 import nats.aio.client
 import pytest
@@ -14,9 +18,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from nats.aio.msg import Msg
 
+from kubemoot import metrics
 from kubemoot.settings import NatsSettings
+from kubemoot.store import nats as nats_store
 from kubemoot.store.nats import NatsKV, _Client, _parse_header_lines, _stream_sequence
-from kubemoot.store.protocol import RevisionMismatch, StoreError, StoreUnavailable
+from kubemoot.store.protocol import Change, RevisionMismatch, StoreError, StoreUnavailable
 
 _nats_py_parse = nats.aio.client.Client._parse_header_lines
 
@@ -108,5 +114,86 @@ async def test_an_update_with_no_stream_left_is_unavailable(nats_url: str) -> No
         await kv.connection.jetstream().delete_stream("KV_adapter_gone")
         with pytest.raises(StoreUnavailable):
             await bucket.update("k", b"two", expected_revision=revision)
+    finally:
+        await kv.close()
+
+
+def _watch_subscriptions(kv: NatsKV) -> list[Any]:
+    """nats-py's subscriptions of the store's watches (the JetStream ones)."""
+    return [sub for sub in kv.connection._subs.values() if sub._jsi is not None]
+
+
+async def test_a_watch_takes_its_messages_as_they_are_read(nats_url: str) -> None:
+    """No task of the subscription's own wakes per message: the watch has each change
+    as soon as the read loop has parsed it, and every change in order."""
+    kv = await NatsKV.connect(NatsSettings(servers=[nats_url]))
+    try:
+        bucket = await kv.bucket("adapter_inline")
+        watch = bucket.watch()
+        await watch.ready()
+        [sub] = _watch_subscriptions(kv)
+        await asyncio.sleep(0)  # the stopped task finishes its cancellation
+        assert sub._wait_for_msgs_task.done()
+        revisions = [await bucket.put(f"k{i}", b"v%d" % i) for i in range(20)]
+        changes = [await asyncio.wait_for(watch.__anext__(), 5) for _ in revisions]
+        assert [(c.key, c.value, c.revision) for c in changes] == [
+            (f"k{i}", b"v%d" % i, revision) for i, revision in enumerate(revisions)
+        ]
+        assert sub.pending_msgs == 0 and sub.pending_bytes == 0
+        await watch.aclose()
+    finally:
+        await kv.close()
+
+
+async def test_a_watch_keeps_up_with_a_burst_past_flow_control(nats_url: str) -> None:
+    """Enough bytes at once for the server to ask for flow control (the ordered
+    consumer stalls until it is answered): every change still arrives, in order."""
+    kv = await NatsKV.connect(NatsSettings(servers=[nats_url]))
+    try:
+        bucket = await kv.bucket("adapter_burst")
+        watch = bucket.watch()
+        await watch.ready()
+        value = b"x" * 65536
+        revisions = await asyncio.gather(*(bucket.put(f"k{i}", value) for i in range(300)))
+        changes = [await asyncio.wait_for(watch.__anext__(), 10) for _ in revisions]
+        assert [c.revision for c in changes] == sorted(revisions)
+        await watch.aclose()
+    finally:
+        await kv.close()
+
+
+def _survived_bugs() -> float:
+    labels = {"component": "store", "operation": "watch", "kind": metrics.BUG}
+    value = metrics.REGISTRY.get_sample_value("kubemoot_errors_survived_total", labels)
+    return 0.0 if value is None else value
+
+
+async def test_a_delivery_that_fails_is_counted_and_the_watch_goes_on(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A failure while a watch takes a message is said and counted where it happens,
+    and the connection goes on reading: the next change arrives."""
+
+    def change(bucket: str, key: str, value: bytes | None, revision: int) -> Change:
+        if key == "bad":
+            raise RuntimeError("no change for this one")
+        return Change(bucket, key, value, revision)
+
+    kv = await NatsKV.connect(NatsSettings(servers=[nats_url]))
+    try:
+        bucket = await kv.bucket("adapter_failing")
+        watch = bucket.watch()
+        await watch.ready()
+        monkeypatch.setattr(nats_store, "Change", change)
+        before = _survived_bugs()
+        with caplog.at_level(logging.WARNING, logger="kubemoot.store.nats"):
+            await bucket.put("bad", b"1")
+            good = await bucket.put("good", b"2")
+            after = await asyncio.wait_for(watch.__anext__(), 5)
+        assert (after.key, after.revision) == ("good", good)
+        assert _survived_bugs() == before + 1
+        assert any("a delivery to the watch of adapter_failing failed" in r.getMessage()
+                   for r in caplog.records)
+        await watch.aclose()
     finally:
         await kv.close()

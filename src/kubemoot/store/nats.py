@@ -22,6 +22,11 @@ Facts about nats-py 2.16 / nats-server 2.15 that shape this adapter:
   so the connection is a :class:`_Client` that parses the same block with one regular
   expression per line instead (the same dictionary for every input:
   ``tests/store/test_nats_adapter.py``).
+* nats-py hands a subscription's messages to its callback through a queue and a task
+  of the subscription's own: a wake-up of that task per message, after the read loop
+  parsed it. A watch's callback only turns the message into a change for the watch's
+  own queue, so a watch takes its messages as the read loop hands them over
+  (:class:`_Inline`); its readers still wake on a loop turn of their own.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import contextlib
 import logging
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import nats
@@ -167,6 +172,66 @@ def _stream_sequence(msg: Any) -> int:
     return int(msg.metadata.sequence.stream)
 
 
+class _Inline:
+    """Stands in for a nats-py subscription's pending queue: each message goes to
+    ``take`` as the read loop hands it over, instead of waiting in a queue for the
+    subscription's task to wake.
+
+    nats-py puts a message here only after its own handling (flow control, an ordered
+    consumer's sequence check and reset, heartbeats), and counts it delivered before;
+    that every message is taken at once is what it then reads off the queue (empty).
+    ``take`` must not wait; what it raises is counted and logged here, since raising
+    into the read loop would stop the connection's reading.
+    """
+
+    __slots__ = ("_sub", "_take", "_what")
+
+    def __init__(self, sub: Any, take: Callable[[Any], None], what: str) -> None:
+        self._sub = sub
+        self._take = take
+        self._what = what
+
+    def put_nowait(self, msg: Any) -> None:
+        self._sub._pending_size -= len(msg.data)  # nats-py added it just before
+        try:
+            self._take(msg)
+        except Exception as error:
+            metrics.survived("store", "watch", metrics.BUG,
+                             f"a delivery to the watch of {self._what} failed", error,
+                             logger=log, exc_info=True)
+
+    def qsize(self) -> int:
+        return 0
+
+    def empty(self) -> bool:
+        return True
+
+    def task_done(self) -> None:
+        return None
+
+    async def join(self) -> None:
+        return None
+
+
+def _take_inline(subscription: Any, take: Callable[[Any], None], what: str) -> None:
+    """Have a subscription made with a callback hand its messages to ``take`` as they
+    are read (:class:`_Inline`) rather than through its task, which is stopped here.
+
+    A message already queued for the task is taken first, in order: nothing is lost
+    or reordered between subscribing and this call.
+    """
+    sub = subscription._sub
+    queued = sub._pending_queue
+    inline = _Inline(sub, take, what)
+    sub._pending_queue = inline
+    subscription._pending_queue = inline  # its copy, read for flow control
+    task = sub._wait_for_msgs_task
+    if task is not None:
+        task.cancel()  # waiting on the queue it no longer gets messages from
+    while not queued.empty():
+        inline.put_nowait(queued.get_nowait())
+
+
 class NatsBucket:
     """One JetStream KV bucket."""
 
@@ -291,7 +356,7 @@ class NatsBucket:
                 seen = int(info.state.last_seq)
                 name, skip = self.name, len(self._prefix)
 
-                async def deliver(msg: Any) -> None:
+                def take(msg: Any) -> None:
                     # every write to the bucket, this process's own included, comes here
                     nonlocal seen
                     revision = _stream_sequence(msg)
@@ -305,6 +370,9 @@ class NatsBucket:
                     watch.push(Change(name, msg.subject[skip:],
                                       None if removed else bytes(msg.data), revision))
 
+                async def deliver(msg: Any) -> None:  # nats-py wants a coroutine
+                    take(msg)
+
                 subscription = await self._js.subscribe(
                     f"{self._prefix}>",
                     stream=self._stream,
@@ -314,6 +382,7 @@ class NatsBucket:
                     # short heartbeats: a watch resumes soon after the server returns
                     idle_heartbeat=1.0,
                 )
+                _take_inline(subscription, take, name)
 
         async def stop(watch: QueueWatch) -> None:
             self._owner._watches.discard(watch)

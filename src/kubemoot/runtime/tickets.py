@@ -547,7 +547,8 @@ class TicketManager:
         # claim and release comes here): the answer reaches the caller on the same
         # loop turn as through a shield (see _finish), so the order in which tasks
         # run does not change (the simulator decides alike).
-        op.waiter = waiter = loop.create_future()
+        waiter: asyncio.Future[Ticket | None] = loop.create_future()
+        op.waiter = waiter
         try:
             return await waiter
         except asyncio.CancelledError:

@@ -23,6 +23,8 @@ from kubemoot.settings import NatsSettings
 from kubemoot.store import nats as nats_store
 from kubemoot.store.nats import NatsKV, _Client, _parse_header_lines, _stream_sequence
 from kubemoot.store.protocol import Change, RevisionMismatch, StoreError, StoreUnavailable
+from kubemoot.testing.nats_server import NatsServer
+from kubemoot.testing.waiting import wait_until
 
 _nats_py_parse = nats.aio.client.Client._parse_header_lines
 
@@ -195,5 +197,69 @@ async def test_a_delivery_that_fails_is_counted_and_the_watch_goes_on(
         assert any("a delivery to the watch of adapter_failing failed" in r.getMessage()
                    for r in caplog.records)
         await watch.aclose()
+    finally:
+        await kv.close()
+
+
+async def test_a_compare_and_set_hears_its_ack_on_the_stores_own_inbox(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not through nats-py's request (its shared reply subscription and wait_for): the
+    store's own inbox, with the same answers, a lost race included."""
+    kv = await NatsKV.connect(NatsSettings(servers=[nats_url]))
+    try:
+        bucket = await kv.bucket("adapter_acks")
+        first = await bucket.put("k", b"one")
+
+        async def refused(*args: object, **kwargs: object) -> None:
+            raise AssertionError("a compare-and-set went through nats-py's request")
+
+        monkeypatch.setattr(kv.connection, "request", refused)
+        second = await bucket.update("k", b"two", expected_revision=first)
+        assert second > first
+        with pytest.raises(RevisionMismatch):
+            await bucket.update("k", b"three", expected_revision=first)
+        assert kv._acks is not None and kv._acks._waiting == {}
+    finally:
+        await kv.close()
+
+
+async def test_a_compare_and_set_nobody_answers_in_time_is_unavailable(nats_url: str) -> None:
+    """A subscriber that never replies stands where the stream was: the write gives up
+    after the request timeout, as nats-py's request does, and leaves nothing waiting."""
+    kv = await NatsKV.connect(NatsSettings(servers=[nats_url], request_timeout=0.3))
+    try:
+        bucket = await kv.bucket("adapter_silent")
+        revision = await bucket.put("k", b"one")
+        await kv.connection.jetstream().delete_stream("KV_adapter_silent")
+        silent = await kv.connection.subscribe("$KV.adapter_silent.k")
+        with pytest.raises(StoreUnavailable):
+            await bucket.update("k", b"two", expected_revision=revision)
+        assert kv._acks is not None and kv._acks._waiting == {}
+        await silent.unsubscribe()
+    finally:
+        await kv.close()
+
+
+async def test_after_a_new_connection_compare_and_sets_hear_their_acks_on_it(
+    nats: NatsServer,
+) -> None:
+    """nats-py gave up and the store built a connection anew: its writes' acks come to
+    an inbox of the new connection."""
+    kv = await NatsKV.connect(NatsSettings(servers=[nats.url], reconnect_wait=0.2,
+                                           max_reconnect_attempts=1, request_timeout=2.0))
+    try:
+        bucket = await kv.bucket("adapter_rebuilt")
+        revision = await bucket.put("k", b"one")
+        await nats.stop()
+        await wait_until(lambda: kv.rebuilds == 0 and kv.connection.is_closed, timeout=60,
+                         what="nats-py giving up on its connection")
+        await nats.start()
+        await wait_until(lambda: kv.rebuilds == 1, timeout=60,
+                         what="the store connecting anew")
+        assert kv._acks is not None and kv._acks.connection is kv.connection
+        current = await bucket.get("k")
+        assert current is not None and current.revision == revision
+        assert await bucket.update("k", b"two", expected_revision=revision) > revision
     finally:
         await kv.close()

@@ -27,6 +27,11 @@ Facts about nats-py 2.16 / nats-server 2.15 that shape this adapter:
   parsed it. A watch's callback only turns the message into a change for the watch's
   own queue, so a watch takes its messages as the read loop hands them over
   (:class:`_Inline`); its readers still wake on a loop turn of their own.
+* nats-py's request waits for its reply with ``asyncio.wait_for`` on a future that the
+  task of its shared reply subscription completes: two loop turns and a few dozen calls
+  after the reply is read. A compare-and-set (a claim, a release) waits for its
+  acknowledgement on an inbox of the store's own instead (:class:`_Acks`), whose replies
+  complete their futures as the read loop hands them over.
 """
 
 from __future__ import annotations
@@ -218,9 +223,10 @@ def _take_inline(subscription: Any, take: Callable[[Any], None], what: str) -> N
     are read (:class:`_Inline`) rather than through its task, which is stopped here.
 
     A message already queued for the task is taken first, in order: nothing is lost
-    or reordered between subscribing and this call.
+    or reordered between subscribing and this call. ``subscription`` is nats-py's
+    plain one or a JetStream one (which wraps a plain one).
     """
-    sub = subscription._sub
+    sub = getattr(subscription, "_sub", subscription)
     queued = sub._pending_queue
     inline = _Inline(sub, take, what)
     sub._pending_queue = inline
@@ -230,6 +236,62 @@ def _take_inline(subscription: Any, take: Callable[[Any], None], what: str) -> N
         task.cancel()  # waiting on the queue it no longer gets messages from
     while not queued.empty():
         inline.put_nowait(queued.get_nowait())
+
+
+_NO_RESPONDERS = "503"  # the status of the reply NATS sends when no stream listens
+
+
+def _time_out(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(nats.errors.TimeoutError())
+
+
+class _Acks:
+    """Requests whose replies come to an inbox of this store's own, one connection's.
+
+    What nats-py's ``request`` does for a publish that waits for its acknowledgement,
+    and with the same errors (``TimeoutError``, ``NoRespondersError``), but each reply
+    completes its future as the read loop hands it over (:class:`_Inline`), and the
+    timeout is one timer rather than ``asyncio.wait_for``.
+    """
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self._prefix = connection.new_inbox() + "."
+        self._skip = len(self._prefix)
+        self._waiting: dict[str, asyncio.Future[Any]] = {}
+        self._sent = 0
+
+    async def open(self) -> None:
+        async def deliver(msg: Any) -> None:  # nats-py wants a coroutine
+            self._take(msg)
+
+        subscription = await self.connection.subscribe(self._prefix + "*", cb=deliver)
+        _take_inline(subscription, self._take, "acknowledgements")
+
+    def _take(self, msg: Any) -> None:
+        future = self._waiting.pop(msg.subject[self._skip:], None)
+        if future is not None and not future.done():
+            future.set_result(msg)
+
+    async def request(self, subject: str, payload: bytes, headers: dict[str, str],
+                      timeout: float) -> Any:
+        self._sent += 1
+        token = str(self._sent)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._waiting[token] = future
+        timer = loop.call_later(timeout, _time_out, future)
+        try:
+            await self.connection.publish(subject, payload, reply=self._prefix + token,
+                                          headers=headers)
+            msg = await future
+        finally:
+            timer.cancel()
+            self._waiting.pop(token, None)
+        if msg.headers and msg.headers.get(nats.js.api.Header.STATUS) == _NO_RESPONDERS:
+            raise nats.errors.NoRespondersError
+        return msg
 
 
 class NatsBucket:
@@ -306,11 +368,16 @@ class NatsBucket:
         if not key or key[0] == "." or key[-1] == "." or not _VALID_KEY(key):
             raise nats.js.errors.InvalidKeyError(key)
         owner = self._owner
+        acks = owner._acks
         try:
-            msg = await owner._nc.request(
-                self._prefix + key, value, timeout=owner._settings.request_timeout,
-                headers=headers,
-            )
+            if acks is not None and acks.connection is owner._nc:
+                msg = await acks.request(self._prefix + key, value, headers,
+                                         owner._settings.request_timeout)
+            else:  # between connections: whatever the connection in hand says
+                msg = await owner._nc.request(
+                    self._prefix + key, value, timeout=owner._settings.request_timeout,
+                    headers=headers,
+                )
         except nats.errors.NoRespondersError as error:  # as nats-py's JetStream publish
             raise nats.js.errors.NoStreamResponseError from error
         ack = orjson.loads(msg.data)
@@ -423,6 +490,15 @@ class NatsKV:
         self._rebuilding: asyncio.Task[None] | None = None
         #: how many times the connection was built again after nats-py gave up on it
         self.rebuilds = 0
+        # Where compare-and-sets hear their acknowledgements (see _Acks); made with
+        # each connection by _open_acks.
+        self._acks: _Acks | None = None
+
+    async def _open_acks(self) -> None:
+        acks = _Acks(self._nc)
+        with _edge("subscribe to acknowledgements"):
+            await acks.open()
+        self._acks = acks
 
     def _connection_closed(self) -> None:
         """nats-py closed the connection; unless we asked for it, build a new one."""
@@ -454,6 +530,7 @@ class NatsKV:
             self._nc = connection
             self._js = connection.jetstream(timeout=self._settings.request_timeout)
             try:
+                await self._open_acks()
                 for bucket in list(self._buckets.values()):
                     await bucket._rebind(self._js)
                 for watch in list(self._watches):
@@ -526,6 +603,11 @@ class NatsKV:
             ) from error
         connected = True
         made.append(cls(connection, settings, options))
+        try:
+            await made[0]._open_acks()
+        except BaseException:
+            await made[0].close()
+            raise
         return made[0]
 
     async def bucket(self, name: str, *, max_age: float | None = None) -> NatsBucket:

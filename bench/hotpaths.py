@@ -363,7 +363,8 @@ _PLACE_PARTS = (
     ("nats-py reading the socket (Client._read_loop)", "nats/aio/client.py", "_read_loop"),
     ("nats-py subscription tasks (Subscription._wait_for_msgs)", "nats/aio/subscription.py",
      "_wait_for_msgs"),
-    ("a delivery to the watch (deliver)", "store/nats.py", "deliver"),
+    ("a write's acknowledgement to its waiter (_Acks._take)", "store/nats.py", "_take"),
+    ("a delivery to the watch (take)", "store/nats.py", "take"),
     ("the view's watch task (ProviderView._follow)", "runtime/view.py", "_follow"),
     ("nats-py's flusher task (Client._flusher)", "nats/aio/client.py", "_flusher"),
 )

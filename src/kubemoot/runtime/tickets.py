@@ -201,9 +201,6 @@ class _Op:
     # Taken from another process as its combiner: never applied after this (the
     # sender's expiresAt), answered on the bus.
     foreign_until: float | None = None
-    # What the submitting caller awaits instead of ``future``: cancelling the caller
-    # cancels only this, and the operation goes on (see ``_submit``).
-    waiter: asyncio.Future[Ticket | None] | None = None
 
     def request(self, ttl_seconds: float) -> TicketOp:
         """The operation as :func:`decide` sees it (``ttl_seconds``: the manager's)."""
@@ -540,17 +537,10 @@ class TicketManager:
         lane = self._lane(provider)
         lane.pending.append(op)
         lane.active_at = self._clock.now()
-        loop = asyncio.get_running_loop()
         if lane.task is None or lane.task.done():
-            lane.task = loop.create_task(self._serve(provider, lane))
-        # What asyncio.shield(op.future) does, with less work per operation (every
-        # claim and release comes here): the answer reaches the caller on the same
-        # loop turn as through a shield (see _finish), so the order in which tasks
-        # run does not change (the simulator decides alike).
-        waiter: asyncio.Future[Ticket | None] = loop.create_future()
-        op.waiter = waiter
+            lane.task = asyncio.get_running_loop().create_task(self._serve(provider, lane))
         try:
-            return await waiter
+            return await asyncio.shield(op.future)
         except asyncio.CancelledError:
             # The caller gave up; a claim granted meanwhile must not leak until its TTL.
             if op.kind is OpKind.CLAIM:
@@ -1322,15 +1312,10 @@ class TicketManager:
         if op.future.done():
             return
         failure = error if error is not None else result
-        outcome = failure if isinstance(failure, BaseException) else (
-            result if isinstance(result, Ticket) else None)
-        if isinstance(outcome, BaseException):
-            op.future.set_exception(outcome)
+        if isinstance(failure, BaseException):
+            op.future.set_exception(failure)
         else:
-            op.future.set_result(outcome)
-        if op.waiter is not None:
-            # a shield's callback would pass it on one loop turn later: so does this
-            op.future.get_loop().call_soon(_pass_on, op.future, op.waiter)
+            op.future.set_result(result if isinstance(result, Ticket) else None)
 
     def _apply(
         self,
@@ -1357,18 +1342,6 @@ class TicketManager:
             else:
                 results[id(op)] = outcome
         return decision, results
-
-
-def _pass_on(future: asyncio.Future[Ticket | None],
-             waiter: asyncio.Future[Ticket | None]) -> None:
-    """Give a submitting caller its operation's outcome (unless it gave up waiting)."""
-    error = future.exception()  # also marks it retrieved: the caller hears it here
-    if waiter.done():
-        return
-    if error is not None:
-        waiter.set_exception(error)
-    else:
-        waiter.set_result(future.result())
 
 
 def _known_state(batch: list[_Op]) -> ProviderState | None:

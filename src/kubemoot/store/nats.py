@@ -189,20 +189,22 @@ class _Inline:
     into the read loop would stop the connection's reading.
     """
 
-    __slots__ = ("_sub", "_take", "_what")
+    __slots__ = ("_operation", "_sub", "_take", "_what")
 
-    def __init__(self, sub: Any, take: Callable[[Any], None], what: str) -> None:
+    def __init__(self, sub: Any, take: Callable[[Any], None], what: str,
+                 operation: str) -> None:
         self._sub = sub
         self._take = take
-        self._what = what
+        self._what = what  # whose messages these are, for the log line
+        self._operation = operation  # and the count's label
 
     def put_nowait(self, msg: Any) -> None:
         self._sub._pending_size -= len(msg.data)  # nats-py added it just before
         try:
             self._take(msg)
         except Exception as error:
-            metrics.survived("store", "watch", metrics.BUG,
-                             f"a delivery to the watch of {self._what} failed", error,
+            metrics.survived("store", self._operation, metrics.BUG,
+                             f"a delivery to {self._what} failed", error,
                              logger=log, exc_info=True)
 
     def qsize(self) -> int:
@@ -218,7 +220,8 @@ class _Inline:
         return None
 
 
-def _take_inline(subscription: Any, take: Callable[[Any], None], what: str) -> None:
+def _take_inline(subscription: Any, take: Callable[[Any], None], what: str,
+                 operation: str) -> None:
     """Have a subscription made with a callback hand its messages to ``take`` as they
     are read (:class:`_Inline`) rather than through its task, which is stopped here.
 
@@ -228,7 +231,7 @@ def _take_inline(subscription: Any, take: Callable[[Any], None], what: str) -> N
     """
     sub = getattr(subscription, "_sub", subscription)
     queued = sub._pending_queue
-    inline = _Inline(sub, take, what)
+    inline = _Inline(sub, take, what, operation)
     sub._pending_queue = inline
     subscription._pending_queue = inline  # its copy, read for flow control
     task = sub._wait_for_msgs_task
@@ -267,7 +270,8 @@ class _Acks:
             self._take(msg)
 
         subscription = await self.connection.subscribe(self._prefix + "*", cb=deliver)
-        _take_inline(subscription, self._take, "acknowledgements")
+        _take_inline(subscription, self._take, "the store's acknowledgements",
+                     "acknowledge")
 
     def _take(self, msg: Any) -> None:
         future = self._waiting.pop(msg.subject[self._skip:], None)
@@ -449,7 +453,7 @@ class NatsBucket:
                     # short heartbeats: a watch resumes soon after the server returns
                     idle_heartbeat=1.0,
                 )
-                _take_inline(subscription, take, name)
+                _take_inline(subscription, take, f"the watch of {name}", "watch")
 
         async def stop(watch: QueueWatch) -> None:
             self._owner._watches.discard(watch)

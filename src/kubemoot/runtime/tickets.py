@@ -82,6 +82,7 @@ from kubemoot.runtime.ticket_decision import (
 )
 from kubemoot.runtime.ticket_documents import Followed, TicketDocuments
 from kubemoot.runtime.ticket_requests import Announcements
+from kubemoot.runtime.watching import ParsedDocuments
 from kubemoot.settings import DEFAULTS
 from kubemoot.store.bus import Bus, BusError, Message, NoResponders, Subscription
 from kubemoot.store.documents import (
@@ -296,8 +297,13 @@ class TicketManager:
         request_seconds: float = DEFAULTS.claim_request_seconds,
         bus: Bus | None = None,
         combine_idle_seconds: float = 1.0,
+        parsed: ParsedDocuments[ProviderTickets] | None = None,
     ) -> None:
         self._tickets = tickets
+        # The process's ticket documents parsed once per revision (shared with its
+        # provider view and capacity watch): each document this manager writes goes in
+        # as written, so its readers here need not parse it back from the bytes.
+        self._parsed = parsed
         self.line_seconds = line_seconds
         self._states = states
         self._clock = clock
@@ -640,6 +646,8 @@ class TicketManager:
                         )
                     lane.cached = (written, new_revision)
                     lane.seen = max(lane.seen, new_revision)
+                    if self._parsed is not None:
+                        self._parsed.prime(key, new_revision, written)
                     if lane.combining is None:
                         lane.wrote_at = self._clock.now()
                     if lane.followed is not None and self._documents is not None:

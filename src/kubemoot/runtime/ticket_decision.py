@@ -41,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from kubemoot.runtime.budget import fits
 from kubemoot.runtime.conditions import holds
@@ -91,9 +92,9 @@ class OpKind(Enum):
     STATE = "state"
 
 
-@dataclass(frozen=True, slots=True)
-class TicketOp:
-    """One queued operation, as the decision sees it."""
+class TicketOp(NamedTuple):
+    """One queued operation, as the decision sees it (a tuple: one is made per queued
+    operation on every try, and a frozen dataclass sets its ten fields one by one)."""
 
     kind: OpKind
     ticket_id: str

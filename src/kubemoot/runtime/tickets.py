@@ -80,6 +80,7 @@ from kubemoot.runtime.ticket_decision import (
     decide,
 )
 from kubemoot.runtime.ticket_documents import Followed, TicketDocuments
+from kubemoot.runtime.ticket_encoding import TicketEncoder
 from kubemoot.runtime.ticket_requests import Announcements
 from kubemoot.runtime.watching import ParsedDocuments
 from kubemoot.settings import DEFAULTS
@@ -275,6 +276,8 @@ class _Lane:
     combiner_losses: int = 0  # races lost in a row while combining
     wrote_at: float | None = None  # when this lane last wrote the document itself
     probed_at: float | None = None  # when it last asked for a combiner and found none
+    # Encodes the documents this lane writes, each ticket once (made at the first write).
+    encoder: TicketEncoder | None = None
 
 
 class TicketManager:
@@ -543,9 +546,9 @@ class TicketManager:
         lane.pending.append(op)
         lane.active_at = self._clock.now()
         if lane.task is None or lane.task.done():
-            lane.task = asyncio.get_running_loop().create_task(self._serve(provider, lane))
+            lane.task = op.future.get_loop().create_task(self._serve(provider, lane))
         try:
-            return await asyncio.shield(op.future)
+            return await _shielded(op.future)
         except asyncio.CancelledError:
             # The caller gave up; a claim granted meanwhile must not leak until its TTL.
             if op.kind is OpKind.CLAIM:
@@ -636,7 +639,10 @@ class TicketManager:
                             retry.add(id(op))
                 if changed:
                     written = decision.document(provider)
-                    value = written.to_json()
+                    encoder = lane.encoder
+                    if encoder is None:
+                        encoder = lane.encoder = TicketEncoder(provider)
+                    value = encoder.encode(written)
                     if revision is None:
                         new_revision = await self._tickets.create(key, value)
                     else:
@@ -1349,6 +1355,35 @@ class TicketManager:
             else:
                 results[id(op)] = outcome
         return decision, results
+
+
+def _shielded(inner: asyncio.Future[Ticket | None]) -> asyncio.Future[Ticket | None]:
+    """``asyncio.shield(inner)`` for an operation's own future: the same two callbacks,
+    so the caller resumes on the same loop turn (the simulator's decisions depend on
+    the turns), without shield's checks of what it was given (one per operation)."""
+    if inner.done():
+        return inner
+    outer: asyncio.Future[Ticket | None] = inner.get_loop().create_future()
+
+    def inner_done(inner: asyncio.Future[Ticket | None]) -> None:
+        if outer.cancelled():
+            if not inner.cancelled():
+                inner.exception()  # retrieved: a cancelled caller's error is not logged
+            return
+        if inner.cancelled():
+            outer.cancel()
+        elif (error := inner.exception()) is not None:
+            outer.set_exception(error)
+        else:
+            outer.set_result(inner.result())
+
+    def outer_done(_outer: asyncio.Future[Ticket | None]) -> None:
+        if not inner.done():
+            inner.remove_done_callback(inner_done)
+
+    inner.add_done_callback(inner_done)
+    outer.add_done_callback(outer_done)
+    return outer
 
 
 def ticket_id_of(bits: int) -> str:

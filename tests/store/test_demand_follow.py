@@ -20,6 +20,7 @@ from kubemoot.runtime.demand import FULL_READ_SECONDS, DemandBoard
 from kubemoot.runtime.snapshot import DemandSnapshot
 from kubemoot.settings import RuntimeSettings
 from kubemoot.store import _watch
+from kubemoot.store.documents import DemandEntry
 from kubemoot.store.memory import MemoryBucket, MemoryKV
 from kubemoot.store.protocol import Change, ChangesLost, Entry
 from tests.store.conftest import StoreUnderTest
@@ -270,3 +271,29 @@ async def test_a_board_read_again_at_the_same_instant() -> None:
     later = await both()
     assert later.of("qwen3:8b").recent_use < selected.of("qwen3:8b").recent_use
     await follower.close()
+
+
+async def test_catching_up_on_an_older_revision_keeps_the_newer_parse(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A board that wrote a key twice between two reads parses only the older revision
+    when its copy catches up: its own newer write stays parsed."""
+    clock = ManualClock(start=1_000.0)
+    bucket = CountingBucket(clock)
+    board = DemandBoard(bucket, clock=clock, settings=SETTINGS)
+    assert await board.follow()
+    await board.snapshot()  # the first read fills the copy
+    parsed: list[bytes] = []
+    parse = DemandEntry.from_json
+
+    def counted(value: bytes) -> DemandEntry:
+        parsed.append(value)
+        return parse(value)
+
+    monkeypatch.setattr(DemandEntry, "from_json", counted)
+    await board.record_use("qwen3:8b")
+    await board.record_use("qwen3:8b")  # reads back its own first write: no parse
+    assert parsed == []
+    snapshot = await board.snapshot()  # the copy meets both revisions
+    assert snapshot.of("qwen3:8b").recent_use == pytest.approx(2.0)
+    assert len(parsed) == 1  # the first; the second is the board's own, kept
+    await board.close()

@@ -292,7 +292,11 @@ class DemandBoard:
         parsed: DemandEntry | SelectionEntry = (
             SelectionEntry.from_json(value) if selecting else DemandEntry.from_json(value)
         )
-        self._parsed[key] = (revision, parsed)
+        if known is None or known[0] < revision:
+            # Not over a newer one: a followed copy catches up on a key's older
+            # revisions after ``record_use`` read (and parsed) its newest, which the
+            # copy then meets too (fleet-16: a few hundred parses a run).
+            self._parsed[key] = (revision, parsed)
         return parsed
 
     # -- reading a followed board ----------------------------------------------------

@@ -615,6 +615,9 @@ class TicketManager:
             known = _known_state(batch)
             retry: set[int] = set()  # claims to decide again on a freshly read state
             try:
+                document: ProviderTickets
+                revision: int | None
+                state: ProviderState | None
                 if known is not None and cached is not None:  # nothing to read
                     document, revision, state, delivered_state = (
                         cached[0], cached[1], known, False)

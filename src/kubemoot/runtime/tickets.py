@@ -70,6 +70,7 @@ from kubemoot.clock import Clock
 from kubemoot.runtime import faults
 from kubemoot.runtime import ticket_delegation as delegation
 from kubemoot.runtime.lease import Lease
+from kubemoot.runtime.snapshot import ProviderSnapshot
 from kubemoot.runtime.ticket_decision import (
     Check,
     Decision,
@@ -149,6 +150,7 @@ class ClaimOptions(TypedDict, total=False):
     check: Check | None
     condition: ClaimCondition | None
     provider_state: ProviderState | None
+    snapshot: ProviderSnapshot | None
 
 
 class ClaimConflict(StoreError):
@@ -189,6 +191,7 @@ class _Op:
     ttl_seconds: float | None = None  # RENEW
     state: TicketState | None = None  # STATE
     known_state: ProviderState | None = None  # CLAIM: the state the caller holds
+    snapshot: ProviderSnapshot | None = None  # CLAIM: the provider as the caller priced it
     reread: bool = False  # CLAIM: decide on a freshly read state and document from now on
     fresh_state: bool = False  # CLAIM: decide on a freshly read state from now on
     attempts: int = 0
@@ -211,7 +214,7 @@ class _Op:
                         abandoned=self.abandoned,
                         announced_until=(self.announced_until
                                          if self.kind is OpKind.CLAIM else None),
-                        withdraw_until=self.withdraw_until)
+                        withdraw_until=self.withdraw_until, snapshot=self.snapshot)
 
     @property
     def delegable(self) -> bool:
@@ -429,6 +432,7 @@ class TicketManager:
         check: Check | None = None,
         condition: ClaimCondition | None = None,
         provider_state: ProviderState | None = None,
+        snapshot: ProviderSnapshot | None = None,
     ) -> Ticket:
         """Claim ``footprint_mib`` of the provider's VRAM for ``model``.
 
@@ -439,6 +443,9 @@ class TicketManager:
         ``provider_state`` is the provider's state as the caller last saw it; with it the
         claim is decided without reading the state first, and only a refusal or a lost
         race costs a fresh read (the answer always rests on a read state then).
+        ``snapshot`` is the provider as the caller priced the claim (its state being
+        ``provider_state``): the claim is judged on it when the documents decided on
+        are the ones it was made of, which spares working its figures out again.
 
         Raises :class:`ClaimRejected` when the budget (or the condition, or ``check``)
         says no, :class:`ClaimConflict` when every attempt lost a race, and
@@ -457,7 +464,7 @@ class TicketManager:
         )
         op = self._op(
             OpKind.CLAIM, ticket.ticket_id, ticket=ticket, check=check,
-            condition=condition, known_state=provider_state,
+            condition=condition, known_state=provider_state, snapshot=snapshot,
         )
         try:
             granted = await self._submit(provider, op)

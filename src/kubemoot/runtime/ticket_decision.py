@@ -134,12 +134,11 @@ Outcome = Ticket | Refused | Gone | None
 abandoned claim that was skipped)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """The document's next tickets, line and served marks, whether that is a change to
     write, each operation's outcome (in the order of the operations), the announced
     requests this decision applies (granted, or released), and those it found applied
-    already (by an earlier write)."""
+    already (by an earlier write). A tuple: one is made per batch decided."""
 
     tickets: list[Ticket]
     line: list[LineEntry]

@@ -1165,8 +1165,8 @@ class TicketManager:
         release is done once its ticket is absent from a revision just read (a copy this
         lane kept could predate the grant). Whether any was answered.
         """
-        if self._announcements is None:
-            return False
+        if self._announcements is None or all(op.announced is None for op in batch):
+            return False  # (the usual case: nothing of the batch was announced)
         present = {t.ticket_id: t for t in document.active(now)}
         answered = False
         for op in batch:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator
 
+import pytest
+
 from kubemoot import metrics
 from kubemoot.clock import ManualClock
 from kubemoot.runtime.builder import build_runtime
@@ -144,4 +146,34 @@ async def test_a_live_client_directory_empty_at_build_time_is_kept() -> None:
     runtime = await build_runtime(kv, clock=clock, clients=directory)
     directory["gpu-a"] = EmulatedGpu("gpu-a", vram_mib=24 * GIB, sizes_mib={})
     assert runtime.planner.clients["gpu-a"] is directory["gpu-a"]
+    await kv.close()
+
+
+async def test_the_runtimes_own_ticket_writes_are_not_parsed_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The built ticket manager hands the documents it writes to the parses its view and
+    capacity watch share: a claim and a release of this process cost no parse there."""
+    parsed: list[bytes] = []
+    parse = ProviderTickets.from_json
+
+    def counted(value: bytes) -> ProviderTickets:
+        parsed.append(value)
+        return parse(value)
+
+    monkeypatch.setattr(ProviderTickets, "from_json", counted)
+    clock = ManualClock(NOW)
+    kv = MemoryKV(clock=clock)
+    runtime = await build_runtime(kv, clock=clock)
+    await runtime.states.put(encode_token("gpu-a"), gpu("gpu-a", 24).to_json())
+    await runtime.start()
+    seen = runtime.watch.counter
+    granted = await runtime.tickets.claim("gpu-a", "qwen3:8b", 4 * GIB, "me")
+    seen = await runtime.watch.changed_since(seen, 5.0)
+    await runtime.tickets.release("gpu-a", granted.ticket_id)
+    await runtime.watch.changed_since(seen, 5.0)
+    runtime.view.invalidate(None)
+    p = (await runtime.view.snapshot()).provider("gpu-a")
+    assert p is not None and p.tickets == ()
+    assert parsed == []
+    await runtime.close()
     await kv.close()

@@ -32,7 +32,7 @@ class _Counted:
         return ProviderTickets.from_json(value)
 
 
-async def _following(clock: ManualClock) -> tuple[
+async def _following(clock: ManualClock, *, primed: bool = False) -> tuple[
     MemoryKV, ProviderView, CapacityWatch, TicketManager, _Counted
 ]:
     kv = MemoryKV(clock=clock)
@@ -48,7 +48,8 @@ async def _following(clock: ManualClock) -> tuple[
     await watch.start()
     assert await view.follow()
     await view.snapshot()
-    return kv, view, watch, TicketManager(tickets, states, clock=clock), parse
+    manager = TicketManager(tickets, states, clock=clock, parsed=shared if primed else None)
+    return kv, view, watch, manager, parse
 
 
 async def test_each_revision_is_parsed_once_for_both_followers() -> None:
@@ -88,6 +89,33 @@ async def test_an_unreadable_document_is_handled_by_each_follower_in_its_own_way
     assert p is not None and not p.state.ready  # the view shows the provider not ready
     assert p.state.reason == "its ticket document is unreadable"
     assert parse.parsed.count(b"{not json") == 1
+    await watch.close()
+    await view.close()
+    await kv.close()
+
+
+async def test_what_the_ticket_manager_writes_is_not_parsed_back() -> None:
+    """Given the shared parses, the manager hands over each document it wrote: neither
+    follower parses it, and what they read is what the stored bytes parse to."""
+    clock = ManualClock(NOW)
+    kv, view, watch, manager, parse = await _following(clock, primed=True)
+    tickets = await kv.bucket("tickets")
+    key = encode_token(PROVIDER)
+    seen = watch.counter
+    first = await manager.claim(PROVIDER, "m", 4 * GIB, "one")
+    seen = await watch.changed_since(seen, 5.0)
+    second = await manager.claim(PROVIDER, "n", 2 * GIB, "two", evicts={"old": GIB})
+    seen = await watch.changed_since(seen, 5.0)
+    await manager.release(PROVIDER, first.ticket_id)
+    await watch.changed_since(seen, 5.0)
+    await asyncio.sleep(0)
+    view.invalidate(None)
+    p = (await view.snapshot()).provider(PROVIDER)
+    assert p is not None and [t.ticket_id for t in p.tickets] == [second.ticket_id]
+    assert parse.parsed == []  # three writes, no parse
+    stored = await tickets.get(key)
+    assert stored is not None
+    assert list(p.tickets) == ProviderTickets.from_json(stored.value).tickets
     await watch.close()
     await view.close()
     await kv.close()

@@ -10,11 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kubemoot.runtime.snapshot import ProviderSnapshot
 from kubemoot.runtime.ticket_decision import (
     CHECK_FAILED,
     LINE_AHEAD,
     NO_ROOM,
     WITHDRAWN,
+    Decision,
     Gone,
     OpKind,
     Refused,
@@ -291,3 +293,46 @@ def test_a_claims_condition_is_data(condition: ClaimCondition, granted: bool) ->
     assert isinstance(decision.outcomes[0], Ticket) is granted
     if not granted:
         assert decision.outcomes == [Refused(CHECK_FAILED)]
+
+
+# -- a claim judged on the snapshot its option was priced on ---------------------------
+
+
+def _judged_with(doc: ProviderTickets, priced: ProviderSnapshot,
+                 mib: int = 1000) -> tuple[list[ProviderSnapshot], Decision]:
+    seen: list[ProviderSnapshot] = []
+
+    def check(p: ProviderSnapshot) -> bool:
+        seen.append(p)
+        return True
+
+    op = _claim("new", mib)._replace(check=check, snapshot=priced,
+                                     condition=ClaimCondition(prompt_tokens=10))
+    return seen, decide(doc, STATE, NOW, [op], line_seconds=LINE_SECONDS)
+
+
+def test_a_claim_is_judged_on_the_snapshot_it_was_priced_on_when_it_is_the_same() -> None:
+    held = [_ticket("a", 3000), _ticket("gone", 1000, expires_at=NOW - 1)]
+    doc = _doc(*held)
+    priced = ProviderSnapshot(STATE, (held[0],))  # the live tickets, the same objects
+    seen, decision = _judged_with(doc, priced)
+    assert seen == [priced] and seen[0] is priced
+    _, plain = _judged_with(doc, None)  # type: ignore[arg-type]
+    assert decision == plain
+
+
+@pytest.mark.parametrize("why", ["other-tickets", "equal-copies", "circuit", "state"])
+def test_a_claim_on_other_documents_is_judged_on_the_documents(why: str) -> None:
+    held = _ticket("a", 3000)
+    doc = _doc(held)
+    priced = {
+        "other-tickets": ProviderSnapshot(STATE, ()),
+        "equal-copies": ProviderSnapshot(STATE, (held.model_copy(),)),
+        "circuit": ProviderSnapshot(STATE, (held,), circuit_open=True),
+        "state": ProviderSnapshot(STATE.model_copy(), (held,)),
+    }[why]
+    for mib in (1000, 7001):  # granted; refused for memory
+        seen, decision = _judged_with(doc, priced, mib)
+        assert all(p is not priced for p in seen)
+        _, plain = _judged_with(doc, None, mib)  # type: ignore[arg-type]
+        assert decision == plain

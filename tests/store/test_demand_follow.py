@@ -20,6 +20,7 @@ from kubemoot.runtime.demand import FULL_READ_SECONDS, DemandBoard
 from kubemoot.runtime.snapshot import DemandSnapshot
 from kubemoot.settings import RuntimeSettings
 from kubemoot.store import _watch
+from kubemoot.store.documents import DemandEntry
 from kubemoot.store.memory import MemoryBucket, MemoryKV
 from kubemoot.store.protocol import Change, ChangesLost, Entry
 from tests.store.conftest import StoreUnderTest
@@ -233,3 +234,66 @@ async def test_a_following_board_keeps_up_on_both_stores(store: StoreUnderTest) 
         await asyncio.sleep(0.05)
     assert (snapshot.of("qwen3:14b").intents, snapshot.of("qwen3:8b").waiters) == (1, 0)
     await follower.close()
+
+
+async def test_a_board_read_again_at_the_same_instant() -> None:
+    """Read again at the same instant with nothing changed, the following board gives
+    the snapshot it gave; a change in between (its own selections included) or a later
+    instant counts afresh, as a reading board does."""
+    clock = ManualClock(start=1_000.0)
+    bucket = CountingBucket(clock)
+    follower = DemandBoard(bucket, clock=clock, settings=SETTINGS)
+    assert await follower.follow()
+    await follower.add_waiter("qwen3:8b", "crew-a/agent-0")
+    await follower.record_use("qwen3:8b")
+    await follower.snapshot()  # the first read fills the copy from the bucket
+    first = await follower.snapshot()
+    again = await follower.snapshot()
+    assert again is first
+
+    async def both() -> DemandSnapshot:
+        # a new reader each time: it reads the forecast too, which the follower's own
+        # selections change at once
+        reader = DemandBoard(bucket, clock=clock, settings=SETTINGS)
+        followed, read = await follower.snapshot(), await reader.snapshot()
+        assert _figures(followed) == _figures(read)
+        return followed
+
+    await follower.add_intent("qwen3:14b", "crew-a/agent-1")  # the same instant
+    changed = await both()
+    assert changed is not first and changed.of("qwen3:14b").intents == 1
+    await follower.record_selection("crew-a/agent-2", ["qwen3:32b"], 0.5)
+    selected = await both()
+    assert selected.of("qwen3:32b").prediction == 0.5
+    await follower.remove_waiter("qwen3:8b", "crew-a/agent-0")
+    assert (await both()).of("qwen3:8b").waiters == 0
+    clock.advance(3.0)
+    later = await both()
+    assert later.of("qwen3:8b").recent_use < selected.of("qwen3:8b").recent_use
+    await follower.close()
+
+
+async def test_catching_up_on_an_older_revision_keeps_the_newer_parse(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A board that wrote a key twice between two reads parses only the older revision
+    when its copy catches up: its own newer write stays parsed."""
+    clock = ManualClock(start=1_000.0)
+    bucket = CountingBucket(clock)
+    board = DemandBoard(bucket, clock=clock, settings=SETTINGS)
+    assert await board.follow()
+    await board.snapshot()  # the first read fills the copy
+    parsed: list[bytes] = []
+    parse = DemandEntry.from_json
+
+    def counted(value: bytes) -> DemandEntry:
+        parsed.append(value)
+        return parse(value)
+
+    monkeypatch.setattr(DemandEntry, "from_json", counted)
+    await board.record_use("qwen3:8b")
+    await board.record_use("qwen3:8b")  # reads back its own first write: no parse
+    assert parsed == []
+    snapshot = await board.snapshot()  # the copy meets both revisions
+    assert snapshot.of("qwen3:8b").recent_use == pytest.approx(2.0)
+    assert len(parsed) == 1  # the first; the second is the board's own, kept
+    await board.close()

@@ -139,7 +139,8 @@ async def build_runtime(
         clock=clock, threshold=settings.circuit_failure_threshold,
         cooldown_seconds=settings.circuit_cooldown_seconds,
     )
-    # The view and the capacity watch both follow the ticket bucket: one parse each.
+    # The view and the capacity watch both follow the ticket bucket: one parse per
+    # revision for both, and none of what the ticket manager writes.
     ticket_documents = ParsedDocuments(ProviderTickets.from_json)
     view = ProviderView(states, tickets_bucket, clock=clock, settings=settings,
                         latency=latency, circuits=circuits, ticket_documents=ticket_documents)
@@ -148,7 +149,8 @@ async def build_runtime(
                             max_attempts=settings.claim_attempts, rng=rng,
                             line_seconds=settings.claim_line_seconds,
                             requests=requests,
-                            request_seconds=settings.claim_request_seconds, bus=bus)
+                            request_seconds=settings.claim_request_seconds, bus=bus,
+                            parsed=ticket_documents)
     board = DemandBoard(demand_bucket, clock=clock, settings=settings)
     occupancy = OccupancyBook(settings=settings, declared=declared)
     planner = CallPlanner(

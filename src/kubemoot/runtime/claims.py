@@ -36,6 +36,7 @@ from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime import faults
 from kubemoot.runtime.cost import Option, OptionKind
 from kubemoot.runtime.options import Round
+from kubemoot.runtime.snapshot import ProviderSnapshot
 from kubemoot.runtime.tickets import Check, ClaimConflict, ClaimRejected, TicketManager
 from kubemoot.runtime.view import ProviderView
 from kubemoot.store.documents import ClaimCondition, ProviderState, Ticket, TicketState
@@ -93,7 +94,7 @@ class Claims:
             state = TicketState.LOADING
         ticket = await self.claim_ticket(
             option, holder_id, state=state, condition=condition_for(rnd, option),
-            provider_state=p.state,
+            provider_state=p.state, snapshot=p,
         )
         if ticket is None:
             return None
@@ -113,6 +114,7 @@ class Claims:
         condition: ClaimCondition | None = None,
         check: Check | None = None,
         provider_state: ProviderState | None = None,
+        snapshot: ProviderSnapshot | None = None,
     ) -> Ticket | None:
         """The ticket of ``option`` (its footprint and victims), or ``None`` if refused.
 
@@ -124,7 +126,7 @@ class Claims:
             ticket = await self.tickets.claim(
                 option.provider, option.model, option.footprint_mib, holder_id,
                 state=state, evicts=dict(option.evicts) or None, check=check,
-                condition=condition, provider_state=provider_state,
+                condition=condition, provider_state=provider_state, snapshot=snapshot,
             )
         except (ClaimRejected, ClaimConflict):
             self.view.invalidate(option.provider)  # the state moved: read it again

@@ -66,6 +66,9 @@ class DemandMirror:
         self.tally_expiry = float("inf")
         self.seeded_at: float | None = None
         self.ended = False
+        #: how many times an entry was set or removed: a read that finds the same count
+        #: as an earlier one at the same instant would count the same figures
+        self.changes = 0
 
     # -- keeping up ------------------------------------------------------------------
 
@@ -133,6 +136,7 @@ class DemandMirror:
         return await answer
 
     def _set(self, key: str, revision: int, value: bytes) -> None:
+        self.changes += 1
         old = self.records.get(key)
         if old is not None:
             self._untally(old)
@@ -176,6 +180,7 @@ class DemandMirror:
         record.tallied = None
 
     def _remove(self, key: str) -> None:
+        self.changes += 1
         record = self.records.pop(key)
         self._untally(record)
         self.selections.discard(key)

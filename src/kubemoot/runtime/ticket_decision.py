@@ -41,10 +41,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from kubemoot.runtime.budget import fits
 from kubemoot.runtime.conditions import holds
-from kubemoot.runtime.snapshot import ProviderSnapshot
+from kubemoot.runtime.snapshot import ProviderSnapshot, live_state
 from kubemoot.store.documents import (
     ClaimCondition,
     LineEntry,
@@ -91,9 +92,9 @@ class OpKind(Enum):
     STATE = "state"
 
 
-@dataclass(frozen=True, slots=True)
-class TicketOp:
-    """One queued operation, as the decision sees it."""
+class TicketOp(NamedTuple):
+    """One queued operation, as the decision sees it (a tuple: one is made per queued
+    operation on every try, and a frozen dataclass sets its ten fields one by one)."""
 
     kind: OpKind
     ticket_id: str
@@ -109,6 +110,11 @@ class TicketOp:
     # RELEASE that withdraws an announced claim its caller gave up on: marked served
     # until then, so no writer grants the announcement afterwards.
     withdraw_until: float | None = None
+    # CLAIM: the provider as the caller priced it (its round's snapshot). When the
+    # decision sees the same state and the very same live tickets, it judges the claim
+    # on that snapshot, whose derived figures are already worked out, instead of
+    # making one of the documents (see :func:`_judged_on`).
+    snapshot: ProviderSnapshot | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,12 +134,11 @@ Outcome = Ticket | Refused | Gone | None
 abandoned claim that was skipped)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """The document's next tickets, line and served marks, whether that is a change to
     write, each operation's outcome (in the order of the operations), the announced
     requests this decision applies (granted, or released), and those it found applied
-    already (by an earlier write)."""
+    already (by an earlier write). A tuple: one is made per batch decided."""
 
     tickets: list[Ticket]
     line: list[LineEntry]
@@ -191,7 +196,7 @@ def decide(doc: ProviderTickets, state: ProviderState | None, now: float,
                 outcomes.append(Refused(WITHDRAWN))
                 continue
             reason, ceiling = _refusal(state, tickets, line, now, op.ticket, op.check,
-                                       op.condition)
+                                       op.condition, op.snapshot)
             if reason is not None:
                 outcomes.append(Refused(reason))
                 changed = _keep_place(line, now, op.ticket, ceiling, line_seconds) or changed
@@ -277,6 +282,7 @@ def _refusal(
     ticket: Ticket,
     check: Check | None,
     condition: ClaimCondition | None,
+    priced: ProviderSnapshot | None = None,
 ) -> tuple[str | None, int | None]:
     """Why the claim cannot be granted (None: it can), and the provider's ceiling for
     it (what it could ever free; None when a refusal is no wait for memory). The
@@ -284,7 +290,7 @@ def _refusal(
     footprint = ticket.model_footprint_mib
     if footprint <= 0 and check is None and condition is None:
         return None, None  # spends nothing and asks nothing: nothing to judge
-    p = ProviderSnapshot.of_documents(state, tickets, now)
+    p = _judged_on(state, tickets, now, priced)
     headroom = ceiling = None
     if p is not None and footprint > 0:
         headroom = p.headroom_mib(ticket.evicts)
@@ -303,6 +309,27 @@ def _refusal(
             return CHECK_FAILED, None  # not a wait for memory: no place in the line
         return None, ceiling
     return reason, ceiling
+
+
+def _judged_on(state: ProviderState | None, tickets: list[Ticket], now: float,
+               priced: ProviderSnapshot | None) -> ProviderSnapshot | None:
+    """The provider as the claim is judged: ``ProviderSnapshot.of_documents(state,
+    tickets, now)``, or ``priced`` when that is the same provider — the same state
+    object once lapsed copies are dropped, the same ticket objects live at ``now`` in
+    the same order, and no open circuit (the only figure of a snapshot the claim's
+    judgement reads that the documents do not give). Every answer the judgement asks
+    for (headroom, ceiling, copies, contexts, planned victims, free slots) is then the
+    same, and ``priced`` has most of them worked out already: the placement round that
+    priced the option asked for them."""
+    if state is None:
+        return None
+    active = tuple(t for t in tickets if t.expires_at > now)
+    live = live_state(state, now, {t.model for t in active})
+    if (priced is not None and priced.state is live and not priced.circuit_open
+            and len(priced.tickets) == len(active)
+            and all(a is b for a, b in zip(priced.tickets, active, strict=True))):
+        return priced
+    return ProviderSnapshot(state=live, tickets=active)
 
 
 def _keep_place(line: list[LineEntry], now: float, ticket: Ticket, ceiling: int | None,

@@ -61,7 +61,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TypedDict, Unpack
@@ -71,6 +70,7 @@ from kubemoot.clock import Clock
 from kubemoot.runtime import faults
 from kubemoot.runtime import ticket_delegation as delegation
 from kubemoot.runtime.lease import Lease
+from kubemoot.runtime.snapshot import ProviderSnapshot
 from kubemoot.runtime.ticket_decision import (
     Check,
     Decision,
@@ -81,7 +81,9 @@ from kubemoot.runtime.ticket_decision import (
     decide,
 )
 from kubemoot.runtime.ticket_documents import Followed, TicketDocuments
+from kubemoot.runtime.ticket_encoding import TicketEncoder
 from kubemoot.runtime.ticket_requests import Announcements
+from kubemoot.runtime.watching import ParsedDocuments
 from kubemoot.settings import DEFAULTS
 from kubemoot.store.bus import Bus, BusError, Message, NoResponders, Subscription
 from kubemoot.store.documents import (
@@ -148,6 +150,7 @@ class ClaimOptions(TypedDict, total=False):
     check: Check | None
     condition: ClaimCondition | None
     provider_state: ProviderState | None
+    snapshot: ProviderSnapshot | None
 
 
 class ClaimConflict(StoreError):
@@ -188,6 +191,7 @@ class _Op:
     ttl_seconds: float | None = None  # RENEW
     state: TicketState | None = None  # STATE
     known_state: ProviderState | None = None  # CLAIM: the state the caller holds
+    snapshot: ProviderSnapshot | None = None  # CLAIM: the provider as the caller priced it
     reread: bool = False  # CLAIM: decide on a freshly read state and document from now on
     fresh_state: bool = False  # CLAIM: decide on a freshly read state from now on
     attempts: int = 0
@@ -210,7 +214,7 @@ class _Op:
                         abandoned=self.abandoned,
                         announced_until=(self.announced_until
                                          if self.kind is OpKind.CLAIM else None),
-                        withdraw_until=self.withdraw_until)
+                        withdraw_until=self.withdraw_until, snapshot=self.snapshot)
 
     @property
     def delegable(self) -> bool:
@@ -275,6 +279,8 @@ class _Lane:
     combiner_losses: int = 0  # races lost in a row while combining
     wrote_at: float | None = None  # when this lane last wrote the document itself
     probed_at: float | None = None  # when it last asked for a combiner and found none
+    # Encodes the documents this lane writes, each ticket once (made at the first write).
+    encoder: TicketEncoder | None = None
 
 
 class TicketManager:
@@ -296,8 +302,13 @@ class TicketManager:
         request_seconds: float = DEFAULTS.claim_request_seconds,
         bus: Bus | None = None,
         combine_idle_seconds: float = 1.0,
+        parsed: ParsedDocuments[ProviderTickets] | None = None,
     ) -> None:
         self._tickets = tickets
+        # The process's ticket documents parsed once per revision (shared with its
+        # provider view and capacity watch): each document this manager writes goes in
+        # as written, so its readers here need not parse it back from the bytes.
+        self._parsed = parsed
         self.line_seconds = line_seconds
         self._states = states
         self._clock = clock
@@ -407,7 +418,7 @@ class TicketManager:
 
     def _new_ticket_id(self) -> str:
         # From the injected generator, so a seeded simulation is reproducible.
-        return str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+        return ticket_id_of(self._rng.getrandbits(128))
 
     async def claim(
         self,
@@ -421,6 +432,7 @@ class TicketManager:
         check: Check | None = None,
         condition: ClaimCondition | None = None,
         provider_state: ProviderState | None = None,
+        snapshot: ProviderSnapshot | None = None,
     ) -> Ticket:
         """Claim ``footprint_mib`` of the provider's VRAM for ``model``.
 
@@ -431,6 +443,9 @@ class TicketManager:
         ``provider_state`` is the provider's state as the caller last saw it; with it the
         claim is decided without reading the state first, and only a refusal or a lost
         race costs a fresh read (the answer always rests on a read state then).
+        ``snapshot`` is the provider as the caller priced the claim (its state being
+        ``provider_state``): the claim is judged on it when the documents decided on
+        are the ones it was made of, which spares working its figures out again.
 
         Raises :class:`ClaimRejected` when the budget (or the condition, or ``check``)
         says no, :class:`ClaimConflict` when every attempt lost a race, and
@@ -449,7 +464,7 @@ class TicketManager:
         )
         op = self._op(
             OpKind.CLAIM, ticket.ticket_id, ticket=ticket, check=check,
-            condition=condition, known_state=provider_state,
+            condition=condition, known_state=provider_state, snapshot=snapshot,
         )
         try:
             granted = await self._submit(provider, op)
@@ -538,9 +553,9 @@ class TicketManager:
         lane.pending.append(op)
         lane.active_at = self._clock.now()
         if lane.task is None or lane.task.done():
-            lane.task = asyncio.get_running_loop().create_task(self._serve(provider, lane))
+            lane.task = op.future.get_loop().create_task(self._serve(provider, lane))
         try:
-            return await asyncio.shield(op.future)
+            return await _shielded(op.future)
         except asyncio.CancelledError:
             # The caller gave up; a claim granted meanwhile must not leak until its TTL.
             if op.kind is OpKind.CLAIM:
@@ -569,10 +584,13 @@ class TicketManager:
         conflicts = 0
         outages = 0  # store failures in a row (no leader, timeouts): back off longer
         while lane.pending:
-            if self._delegating(lane) and await self._delegate(lane):
+            if (self._bus is not None and self._delegating(lane)
+                    and await self._delegate(lane)):
                 continue  # answered by the combiner, or back here to decide
-            if (lane.cached is not None and self._contended(lane)
-                    and lane.combining is None):
+            # (A lane that never lost a race, as in one process alone, skips the checks
+            # of contention and of the watch below without a call.)
+            if (lane.cached is not None and lane.lost_at is not None
+                    and self._contended(lane) and lane.combining is None):
                 # A winner holding the fresh revision would win again and again (the
                 # losers must wait for the watch or read first), also across operations:
                 # one claimer per process releases and claims again in tasks of their
@@ -590,21 +608,30 @@ class TicketManager:
                 # in turns each: 60.0, 87.7, 77.3 claims/s this way, 55.7, 56.0, 38.7
                 # announcing after the first loss (load average 13 to 23).
                 await self._announce(lane, lane.pending, eager=True)
-            await self._wait_behind(lane)
+            if lane.followed is not None:
+                await self._wait_behind(lane)
             batch = list(lane.pending)
             cached, lane.cached = lane.cached, None
             own = cached is not None  # a copy this lane wrote: a loss on it is no race lost
-            delivered = await self._delivered(lane, cached)
-            if delivered is not None:
-                cached, own = delivered, False
+            if lane.followed is not None:
+                delivered = await self._delivered(lane, cached)
+                if delivered is not None:
+                    cached, own = delivered, False
             if any(op.reread for op in batch):
                 cached = None  # a claim to decide afresh: read the document too
             known = _known_state(batch)
             retry: set[int] = set()  # claims to decide again on a freshly read state
             try:
-                document, revision, state, delivered_state = await self._read_for(
-                    lane, batch, cached, known
-                )
+                document: ProviderTickets
+                revision: int | None
+                state: ProviderState | None
+                if known is not None and cached is not None:  # nothing to read
+                    document, revision, state, delivered_state = (
+                        cached[0], cached[1], known, False)
+                else:
+                    document, revision, state, delivered_state = await self._read_for(
+                        lane, batch, cached, known
+                    )
                 lane.seen = max(lane.seen, revision or 0)
                 now = self._clock.now()
                 fresh = cached is None or cached[1] >= lane.seen
@@ -631,7 +658,10 @@ class TicketManager:
                             retry.add(id(op))
                 if changed:
                     written = decision.document(provider)
-                    value = written.to_json()
+                    encoder = lane.encoder
+                    if encoder is None:
+                        encoder = lane.encoder = TicketEncoder(provider)
+                    value = encoder.encode(written)
                     if revision is None:
                         new_revision = await self._tickets.create(key, value)
                     else:
@@ -640,6 +670,8 @@ class TicketManager:
                         )
                     lane.cached = (written, new_revision)
                     lane.seen = max(lane.seen, new_revision)
+                    if self._parsed is not None:
+                        self._parsed.prime(key, new_revision, written)
                     if lane.combining is None:
                         lane.wrote_at = self._clock.now()
                     if lane.followed is not None and self._documents is not None:
@@ -1133,8 +1165,8 @@ class TicketManager:
         release is done once its ticket is absent from a revision just read (a copy this
         lane kept could predate the grant). Whether any was answered.
         """
-        if self._announcements is None:
-            return False
+        if self._announcements is None or all(op.announced is None for op in batch):
+            return False  # (the usual case: nothing of the batch was announced)
         present = {t.ticket_id: t for t in document.active(now)}
         answered = False
         for op in batch:
@@ -1342,6 +1374,45 @@ class TicketManager:
             else:
                 results[id(op)] = outcome
         return decision, results
+
+
+def _shielded(inner: asyncio.Future[Ticket | None]) -> asyncio.Future[Ticket | None]:
+    """``asyncio.shield(inner)`` for an operation's own future: the same two callbacks,
+    so the caller resumes on the same loop turn (the simulator's decisions depend on
+    the turns), without shield's checks of what it was given (one per operation)."""
+    if inner.done():
+        return inner
+    outer: asyncio.Future[Ticket | None] = inner.get_loop().create_future()
+
+    def inner_done(inner: asyncio.Future[Ticket | None]) -> None:
+        if outer.cancelled():
+            if not inner.cancelled():
+                inner.exception()  # retrieved: a cancelled caller's error is not logged
+            return
+        if inner.cancelled():
+            outer.cancel()
+        elif (error := inner.exception()) is not None:
+            outer.set_exception(error)
+        else:
+            outer.set_result(inner.result())
+
+    def outer_done(_outer: asyncio.Future[Ticket | None]) -> None:
+        if not inner.done():
+            inner.remove_done_callback(inner_done)
+
+    inner.add_done_callback(inner_done)
+    outer.add_done_callback(outer_done)
+    return outer
+
+
+def ticket_id_of(bits: int) -> str:
+    """``str(uuid.UUID(int=bits, version=4))``, the same text without the class: the
+    variant and version bits set as :class:`uuid.UUID` sets them, then the hex in its
+    five groups (a claim makes one; the class's checks and frames cost more than the
+    rest of making the ticket's id)."""
+    bits = (bits & ~(0xC000 << 48) | 0x8000 << 48) & ~(0xF000 << 64) | 4 << 76
+    text = f"{bits:032x}"
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
 def _known_state(batch: list[_Op]) -> ProviderState | None:

@@ -7,7 +7,9 @@ watch that fails to close is being dropped anyway, so that is logged and counted
 raised.
 
 Both see every change of a ticket document, so they share one parse of each revision
-(:class:`ParsedDocuments`): a claim or release costs one parse per process, not two.
+(:class:`ParsedDocuments`): a claim or release costs one parse per process, not two,
+and none for a revision this process's ticket manager wrote (it hands over the
+document it encoded).
 """
 
 from __future__ import annotations
@@ -100,3 +102,12 @@ class ParsedDocuments(Generic[_D]):
         if isinstance(found, ValueError):
             raise found.with_traceback(None)  # raised again: no trail of earlier raises
         return found
+
+    def prime(self, key: str, revision: int, document: _D) -> None:
+        """Hold ``document`` as revision ``revision`` of ``key`` without parsing: its
+        writer has it in hand, and it is what the written value parses to. Readers of
+        that revision get it (as shared as a parsed one); an older revision is not
+        held over a newer one."""
+        held = self._held.get(key)
+        if held is None or held[0] < revision:
+            self._held[key] = (revision, document)

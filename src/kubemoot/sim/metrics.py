@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubemoot.sim.gpu import GpuEvents
-from kubemoot.sim.phases import WaitPhases, WaitSource
+from kubemoot.sim.phases import SOURCES, WaitPhases, WaitSource
 
 __all__ = ["PolicyReport", "Recorder", "SimulatedOutcome", "percentile"]
 
@@ -114,7 +114,7 @@ class Recorder(GpuEvents):
         refused = Counter(c.outcome.reason or "unknown" for c in self.calls
                           if c.outcome.status == REFUSED)
         evictions = sum(1 for u in self.unloads if u[3] in ("evicted", "unloaded"))
-        parts = dict.fromkeys(WaitSource, 0.0)
+        parts = dict.fromkeys(SOURCES, 0.0)
         for _wait_seconds, split in by_call.values():
             for name, seconds in split.items():
                 parts[name] += seconds
@@ -150,7 +150,7 @@ def _split(call: _CallRecord, wait: float) -> dict[WaitSource, float]:
     """The call's wait by phase; a call the engine never saw waited for memory."""
     if call.phases is not None and call.phases.started is not None:
         return call.phases.split()
-    parts = dict.fromkeys(WaitSource, 0.0)
+    parts = dict.fromkeys(SOURCES, 0.0)
     parts[WaitSource.MEMORY] = wait
     return parts
 

@@ -3,8 +3,9 @@
 Counted with cProfile (call counts, not times): the call log reads each record's
 decision summary once, its entries wait in a deque rather than an asyncio.Queue, the
 waiter copies a placement without ``dataclasses.replace``, the decision summary reads
-no enum through its Python descriptor, and the gateway's clock asks ``time.time``
-without a Python frame of its own. The entries written are the calls answered.
+no enum through its Python descriptor, the gateway's clock asks ``time.time`` without
+a Python frame of its own, and closing a call shields its release without
+``asyncio.shield``. The entries written are the calls answered.
 """
 
 from __future__ import annotations
@@ -78,6 +79,12 @@ async def test_a_forwarded_call_pays_less_in_the_runtime_and_its_log_is_whole(
     assert _calls(stats, "asyncio/queues.py", "put_nowait", caller="calllog.py") == 0
     assert _calls(stats, "enum.py", "__get__", caller="runtime/record.py") == 0
     assert _calls(stats, "kubemoot/clock.py", "now") == 0
+    # closing a call shields its release without asyncio.shield's and ensure_future's
+    # Python; a call placed at once never asks for its task; one estimator per model
+    assert _calls(stats, "asyncio/tasks.py", "shield", caller="runtime/calls.py") == 0
+    assert _calls(stats, "asyncio/tasks.py", "ensure_future", caller="runtime/calls.py") == 0
+    assert _calls(stats, "asyncio/tasks.py", "current_task", caller="runtime/calls.py") == 0
+    assert _calls(stats, "runtime/tokens.py", "__init__", caller="runtime/calls.py") == 0
     # nothing the log keeps was lost: every call answered has its entry and decision
     assert len(entries) == CALLS + 1
     for entry in entries:

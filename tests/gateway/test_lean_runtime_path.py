@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import httpx
 
+from kubemoot import metrics
 from kubemoot.clock import SystemClock
 from kubemoot.dashboard.calllog import CALL_LOG_BUCKET, CallEntry, CallLogWriter
 from kubemoot.emulation.server import OllamaEmulator
@@ -58,6 +59,8 @@ async def test_a_forwarded_call_pays_less_in_the_runtime_and_its_log_is_whole(
             warm = await http.post("/api/chat", json=BODY)  # the load happens here
             assert warm.status_code == 200, warm.text
             await writer.flush()
+            requests_before = metrics.REGISTRY.get_sample_value(
+                "kubemoot_gateway_requests_total", {"route": "/api/chat", "status": "200"})
             profile.enable()
             try:
                 for _ in range(CALLS):
@@ -74,6 +77,11 @@ async def test_a_forwarded_call_pays_less_in_the_runtime_and_its_log_is_whole(
         await gateway.stop()
         await kv.close()
     stats = pstats.Stats(profile)
+    # the access log adds to its counters through their values, and still counts
+    assert _calls(stats, "prometheus_client/metrics.py", "inc", caller="gateway/access.py") == 0
+    assert metrics.REGISTRY.get_sample_value(
+        "kubemoot_gateway_requests_total", {"route": "/api/chat", "status": "200"}) == (
+            (requests_before or 0) + CALLS)
     assert _calls(stats, "runtime/record.py", "call_decision") == CALLS
     assert _calls(stats, "dataclasses.py", "replace", caller="runtime/waiting.py") == 0
     assert _calls(stats, "asyncio/queues.py", "put_nowait", caller="calllog.py") == 0

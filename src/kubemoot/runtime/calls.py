@@ -472,7 +472,7 @@ class CallService:
             raise CallAbandoned("the caller went away while its call waited")
         if not placement.placed:
             raise await self._refused(request, placement, arrived)
-        action = placement.action.value
+        action = str(placement.action)  # its value, without the enum's Python descriptor
         if ends.joined and placement.action in (Action.WARM, Action.LOADING):
             action = Action.QUEUE.value  # it waited in line for a slot of a copy
         call = ActiveCall(self, request, placement, holder=holder, arrived=arrived,

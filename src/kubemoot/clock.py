@@ -38,8 +38,9 @@ class Clock(Protocol):
 class SystemClock:
     """Wall-clock time and real asyncio sleeps."""
 
-    def now(self) -> float:
-        return time.time()
+    #: ``time.time`` itself, not a method around it: the gateway asks the time about
+    #: twenty-five times per call, and each ask then enters no Python frame.
+    now = staticmethod(time.time)
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))

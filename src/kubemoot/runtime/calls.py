@@ -30,6 +30,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from kubemoot import metrics
@@ -211,12 +212,15 @@ class _WaitEnds:
         #: The wait was cut because a placement round outlived the end of the wait.
         self.cut = False
         self._task: asyncio.Future[None] | None = None
-        self._placing = asyncio.current_task()  # the caller's task, placing the call
+        #: the caller's task, placing the call: known once the call joins a line (the
+        #: waiter says so from that task), so a call placed at once never asks
+        self._placing: asyncio.Task[Any] | None = None
         if (stop is not None and stop.is_set()) or (budget is not None and budget <= 0):
             self.done.set()  # nothing to wait for: a busy answer is final at once
 
     async def waiting(self, *, model: str, reason: str) -> None:
         self.joined = True
+        self._placing = asyncio.current_task()
         if self._budget is not None or self._stop is not None:
             self._task = asyncio.ensure_future(self._end())
         if self._forward is not None:
@@ -251,6 +255,11 @@ class _WaitEnds:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+def _resolve(ended: asyncio.Future[None], _release: object) -> None:
+    if not ended.done():  # a caller cancelled meanwhile no longer waits
+        ended.set_result(None)
 
 
 class ActiveCall:
@@ -348,12 +357,19 @@ class ActiveCall:
             # The release must happen even when the call is cancelled during the probe
             # or during the release's own compare-and-set: the shield lets it finish
             # while the cancellation goes on upward.
-            release = asyncio.ensure_future(self.service._release(self))
+            # The shield spelt out (the release's task, and a future of the caller's
+            # that the release's end resolves): asyncio.shield and ensure_future cost
+            # about ten Python calls per call, this two.
+            loop = asyncio.get_running_loop()
+            release = loop.create_task(self.service._release(self))
+            ended: asyncio.Future[None] = loop.create_future()
+            release.add_done_callback(partial(_resolve, ended))
             try:
-                await asyncio.shield(release)
+                await ended
             except asyncio.CancelledError:
                 release.add_done_callback(lambda _done: self.service._recorded(self))
                 raise
+            release.result()  # what the release raised, the caller gets, as through a shield
         # Recorded in the caller's own task: a listener may tie the record to the
         # requests that task made (the demo's inference starts do).
         self.service._recorded(self)
@@ -400,7 +416,10 @@ class CallService:
 
     def estimator(self, model: str) -> TokenEstimator:
         """The token estimator of one model (tokenizers differ between models)."""
-        return self._estimators.setdefault(model, TokenEstimator())
+        estimator = self._estimators.get(model)
+        if estimator is None:  # made once per model, not once per call
+            estimator = self._estimators[model] = TokenEstimator()
+        return estimator
 
     def estimate(self, model: str, messages: Sequence[object],
                  tools: Sequence[Mapping[str, Any]] | None = None) -> int:
@@ -445,14 +464,15 @@ class CallService:
             raise StoreError("placing the call outlived its wait budget: the shared "
                              "store does not answer") from None
         finally:
-            await ends.close()
+            if ends.joined:  # only a call that joined a line can have a task to end
+                await ends.close()
         if request.abandon_when_done and request.done is not None and request.done.is_set():
             if placement.placed:
                 await self.planner.release(placement)
             raise CallAbandoned("the caller went away while its call waited")
         if not placement.placed:
             raise await self._refused(request, placement, arrived)
-        action = placement.action.value
+        action = str(placement.action)  # its value, without the enum's Python descriptor
         if ends.joined and placement.action in (Action.WARM, Action.LOADING):
             action = Action.QUEUE.value  # it waited in line for a slot of a copy
         call = ActiveCall(self, request, placement, holder=holder, arrived=arrived,

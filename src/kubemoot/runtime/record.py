@@ -9,6 +9,7 @@ is its cost in seconds — lower wins — so the ranked list reads cheapest firs
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from kubemoot.gates.record import CandidateResult, DecisionRecord
@@ -43,9 +44,16 @@ def build_record(
         cid: CandidateResult(cid, standing(results), tuple(results))
         for cid, results in gates.items()
     }
-    ranked = tuple(dict.fromkeys(option_id(o) for o in options))
-    scores = {option_id(o): o.seconds for o in reversed(options)}
-    by_standing: dict[Standing, list[str]] = {s: [] for s in Standing}
+    # Each option's id once (a record is built per call the call log keeps); the first
+    # option of an id ranks it, and its score is that first option's seconds.
+    ids = [option_id(o) for o in options]
+    ranked = tuple(dict.fromkeys(ids))
+    scores = {cid: o.seconds for cid, o in zip(reversed(ids), reversed(options), strict=True)}
+    feasible: list[str] = []
+    uncertain: list[str] = []
+    hard_failed: list[str] = []
+    by_standing = {Standing.FEASIBLE: feasible, Standing.UNCERTAIN: uncertain,
+                   Standing.HARD_FAILED: hard_failed}
     for cid, cand in candidates.items():
         by_standing[cand.standing].append(cid)
     return DecisionRecord(
@@ -54,9 +62,9 @@ def build_record(
         scoring_policy_version=SCORING_POLICY_VERSION,
         outcome=outcome,
         chosen=option_id(chosen) if chosen is not None else None,
-        feasible=tuple(sorted(by_standing[Standing.FEASIBLE])),
-        uncertain=tuple(sorted(by_standing[Standing.UNCERTAIN])),
-        hard_failed=tuple(sorted(by_standing[Standing.HARD_FAILED])),
+        feasible=tuple(sorted(feasible)),
+        uncertain=tuple(sorted(uncertain)),
+        hard_failed=tuple(sorted(hard_failed)),
         candidates=candidates,
         ranked=ranked,
         scores={cid: scores[cid] for cid in ranked},
@@ -74,6 +82,8 @@ def build_record(
 CALL_DECISION_OPTIONS = 8
 CALL_DECISION_FAILURES = 8
 
+_SECONDS = attrgetter("seconds")
+
 
 def call_decision(placement: CallPlacement) -> dict[str, Any]:
     """The bounded summary of one placement that travels with its call record.
@@ -82,7 +92,10 @@ def call_decision(placement: CallPlacement) -> dict[str, Any]:
     (``options`` with their seconds, cheapest first), what was ruled out and why
     (``failedGates``), and whom it pushed out (``victims``). JSON-ready, camelCase.
     """
-    options = sorted(placement.options, key=lambda o: o.seconds)
+    # The record of every call the call log keeps passes here: enum members are read
+    # as ``str`` (their values, without the enum's Python descriptor), the sort key is
+    # C's, and the counts left out are compared directly.
+    options = sorted(placement.options, key=_SECONDS)
     failed: list[dict[str, Any]] = []
     record = placement.decision
     if record is not None:
@@ -90,17 +103,18 @@ def call_decision(placement: CallPlacement) -> dict[str, Any]:
             for gate in candidate.failures:
                 failed.append({"candidate": cid, "gate": gate.gate, "reason": gate.reason})
     summary: dict[str, Any] = {
-        "action": placement.action.value,
+        "action": str(placement.action),
         "chosen": record.chosen if record is not None else None,
-        "outcome": record.outcome.value if record is not None else None,
+        "outcome": str(record.outcome) if record is not None else None,
         "reason": placement.reason or (record.reason if record is not None else None),
         "victims": list(placement.evicted),
         "options": [o.to_dict() for o in options[:CALL_DECISION_OPTIONS]],
         "failedGates": failed[:CALL_DECISION_FAILURES],
     }
-    left = {"options": len(options) - CALL_DECISION_OPTIONS,
-            "failedGates": len(failed) - CALL_DECISION_FAILURES}
-    if any(n > 0 for n in left.values()):
+    left_options = len(options) - CALL_DECISION_OPTIONS
+    left_failed = len(failed) - CALL_DECISION_FAILURES
+    if left_options > 0 or left_failed > 0:
+        left = {"options": left_options, "failedGates": left_failed}
         summary["leftOut"] = {k: n for k, n in left.items() if n > 0}
     if record is not None:
         summary["schedulerVersion"] = record.scheduler_version

@@ -156,7 +156,7 @@ class CapacityWaiter:
         quiet = watch is not None and watch.counter == counter
         generation = self._planner.view.generation if quiet else 0
         if placement.placed or placement.action is Action.REFUSE:
-            return replace(placement, waited_seconds=self._clock.now() - started)
+            return _waited(placement, self._clock.now() - started)
         if watch is None or (done is not None and done.is_set()):
             metrics.REFUSALS.labels(reason=Reason.GPU_BUSY.value).inc()
             return _gave_up(placement, self._clock.now() - started)
@@ -183,7 +183,7 @@ class CapacityWaiter:
                                              provider=result.provider)
             else:
                 outcome = "refused"
-            return replace(result, waited_seconds=elapsed)
+            return _waited(result, elapsed)
         finally:
             self._leave(waiter)
             metrics.WAIT_SECONDS.labels(outcome=outcome).observe(self._clock.now() - started)
@@ -340,6 +340,18 @@ def _settle(future: asyncio.Future[CallPlacement | None], value: CallPlacement |
         return False
     future.set_result(value)
     return True
+
+
+def _waited(p: CallPlacement, seconds: float) -> CallPlacement:
+    """``replace(p, waited_seconds=seconds)`` spelt out: every placed call passes here,
+    and ``dataclasses.replace`` reads each field through Python (about fifteen calls
+    per call). Every field of ``CallPlacement`` is passed on (tests/runtime/test_waited.py
+    checks that none is forgotten); the record built on first read is built again."""
+    return CallPlacement(
+        p.action, provider=p.provider, endpoint=p.endpoint, model=p.model, ticket=p.ticket,
+        evicted=p.evicted, refusal=p.refusal, options=p.options, explanation=p.explanation,
+        waited_seconds=seconds, context_length=p.context_length,
+    )
 
 
 def _gave_up(placement: CallPlacement, elapsed: float) -> CallPlacement:

@@ -306,8 +306,12 @@ def _judged_with(doc: ProviderTickets, priced: ProviderSnapshot,
         seen.append(p)
         return True
 
-    op = _claim("new", mib)._replace(check=check, snapshot=priced,
-                                     condition=ClaimCondition(prompt_tokens=10))
+    # A cold load of a model with no copy there: one whose model has a copy is refused
+    # before its check (conditions.holds: the copy that is coming serves it).
+    claim = _claim("new", mib)
+    assert claim.ticket is not None
+    op = claim._replace(ticket=claim.ticket.model_copy(update={"model": "n"}), check=check,
+                        snapshot=priced, condition=ClaimCondition(prompt_tokens=10))
     return seen, decide(doc, STATE, NOW, [op], line_seconds=LINE_SECONDS)
 
 

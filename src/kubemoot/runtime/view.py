@@ -89,12 +89,19 @@ class _Noted:
     Only the ticket list is read off a ticket document here, so that is all this
     holds: a pydantic document built for each claim and release cost more than the
     rest of noting it (the list's tickets are documents already).
+
+    ``revision`` is the newest revision of the document this process knew of when it
+    noted (its own write, which the ticket manager primes into the shared parse cache):
+    a watch delivery older than that predates the noted change, and applying it over
+    the note would show a released call as still running, or hide a new ticket, until
+    the write's own delivery came.
     """
 
-    __slots__ = ("tickets",)
+    __slots__ = ("revision", "tickets")
 
-    def __init__(self, tickets: list[Ticket]) -> None:
+    def __init__(self, tickets: list[Ticket], revision: int) -> None:
         self.tickets = tickets
+        self.revision = revision
 
     def active(self, now: float) -> list[Ticket]:
         """Tickets not yet expired (as :meth:`ProviderTickets.active`)."""
@@ -261,10 +268,13 @@ class ProviderView:
                 self._docs[name] = (state, current[1] if current is not None else
                                     self._tickets_parsed.known(key))
             else:
+                current = self._docs.get(name)
+                if (current is not None and isinstance(current[1], _Noted)
+                        and change.revision < current[1].revision):
+                    continue  # older than this process's own noted write: it is coming
                 doc = self._tickets_parsed.of(key, change.revision, change.value)
                 if isinstance(doc, _Skip):
                     continue
-                current = self._docs.get(name)
                 if current is None:
                     continue  # tickets of a provider without state: kept for later
                 self._docs[name] = (current[0], doc)
@@ -289,7 +299,7 @@ class ProviderView:
         state, doc = current
         kept = [] if doc is None else [t for t in doc.tickets if t.ticket_id != ticket.ticket_id]
         kept.append(ticket)
-        self._docs[provider] = (state, _Noted(kept))
+        self._docs[provider] = (state, _Noted(kept, self._noted_revision(provider, doc)))
         self._dirty.add(provider)
 
     def note_released(self, provider: str, ticket_id: str) -> None:
@@ -301,8 +311,22 @@ class ProviderView:
         if doc is None:
             return
         kept = [t for t in doc.tickets if t.ticket_id != ticket_id]
-        self._docs[provider] = (state, _Noted(kept))
+        self._docs[provider] = (state, _Noted(kept, self._noted_revision(provider, doc)))
         self._dirty.add(provider)
+
+    def _noted_revision(self, provider: str, doc: _Tickets | None) -> int:
+        """The revision below which a delivered ticket document predates a note made now.
+
+        The shared parse cache holds the revision the ticket manager just wrote (it
+        primes each write), or a newer one some follower parsed; either exists in the
+        store, so the watch delivers it or a later one. A note on a note keeps the
+        first's bound (the cache may not hold a revision, as when a combiner in another
+        process wrote for this one).
+        """
+        revision = self._ticket_documents.revision(encode_token(provider))
+        if isinstance(doc, _Noted):
+            return max(revision, doc.revision)
+        return revision
 
     def observe_latency(self, provider: str, endpoint: str, seconds: float) -> None:
         """Fold a finished call into the endpoint's latency, and rebuild only its provider."""

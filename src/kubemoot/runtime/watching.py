@@ -103,6 +103,11 @@ class ParsedDocuments(Generic[_D]):
             raise found.with_traceback(None)  # raised again: no trail of earlier raises
         return found
 
+    def revision(self, key: str) -> int:
+        """The newest revision of ``key`` held (parsed or primed); 0 when none is."""
+        held = self._held.get(key)
+        return held[0] if held is not None else 0
+
     def prime(self, key: str, revision: int, document: _D) -> None:
         """Hold ``document`` as revision ``revision`` of ``key`` without parsing: its
         writer has it in hand, and it is what the written value parses to. Readers of

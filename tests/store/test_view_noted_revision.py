@@ -25,7 +25,6 @@ from kubemoot.store.documents import ProviderTickets
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import Bucket, Change, Watch
 from kubemoot.testing.state import GIB, provider_state
-
 from tests.store.conftest import StoreUnderTest
 
 PROVIDER = "gpu-a"
@@ -119,7 +118,7 @@ async def _shown(view: ProviderView) -> list[str]:
 async def test_the_claims_delivery_after_its_release_does_not_show_the_call_running(
     store: StoreUnderTest,
 ) -> None:
-    view, watch, manager, states, tickets = await _following(store)
+    view, watch, manager, _states, _tickets = await _following(store)
     ticket = await manager.claim(PROVIDER, "m", 4 * GIB, "call")
     view.note_claimed(PROVIDER, ticket)
     assert await _shown(view) == [ticket.ticket_id]

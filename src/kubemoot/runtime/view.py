@@ -89,19 +89,12 @@ class _Noted:
     Only the ticket list is read off a ticket document here, so that is all this
     holds: a pydantic document built for each claim and release cost more than the
     rest of noting it (the list's tickets are documents already).
-
-    ``revision`` is the newest revision of the document this process knew of when it
-    noted (its own write, which the ticket manager primes into the shared parse cache):
-    a watch delivery older than that predates the noted change, and applying it over
-    the note would show a released call as still running, or hide a new ticket, until
-    the write's own delivery came.
     """
 
-    __slots__ = ("revision", "tickets")
+    __slots__ = ("tickets",)
 
-    def __init__(self, tickets: list[Ticket], revision: int) -> None:
+    def __init__(self, tickets: list[Ticket]) -> None:
         self.tickets = tickets
-        self.revision = revision
 
     def active(self, now: float) -> list[Ticket]:
         """Tickets not yet expired (as :meth:`ProviderTickets.active`)."""
@@ -165,6 +158,14 @@ class ProviderView:
         # Providers whose ticket document does not parse: their memory is not known to
         # be free, so they are shown not ready until a readable version arrives.
         self._unreadable: set[str] = set()
+        # Per provider, the newest ticket-document revision known when this process
+        # last noted its own claim or release: the write it noted (the ticket manager
+        # primes each write into the shared parse cache) or a newer one a follower
+        # parsed. A watch delivery older than that predates the note; applied over it,
+        # it showed a released call as still running, or hid a new ticket, until the
+        # next delivery. Each such revision exists in the store, so the watch delivers
+        # it or a later one: skipping what is older loses nothing.
+        self._noted_floor: dict[str, int] = {}
         # Following: the watches and the changes they delivered but nobody applied yet.
         self._followers = Followers("view-watch", "provider-view")
         self._pending: dict[tuple[str, str], Change] = {}
@@ -268,13 +269,13 @@ class ProviderView:
                 self._docs[name] = (state, current[1] if current is not None else
                                     self._tickets_parsed.known(key))
             else:
-                current = self._docs.get(name)
-                if (current is not None and isinstance(current[1], _Noted)
-                        and change.revision < current[1].revision):
-                    continue  # older than this process's own noted write: it is coming
+                floor = self._noted_floor
+                if name in floor and change.revision < floor[name]:
+                    continue  # predates what this process noted: a newer one is coming
                 doc = self._tickets_parsed.of(key, change.revision, change.value)
                 if isinstance(doc, _Skip):
                     continue
+                current = self._docs.get(name)
                 if current is None:
                     continue  # tickets of a provider without state: kept for later
                 self._docs[name] = (current[0], doc)
@@ -299,7 +300,8 @@ class ProviderView:
         state, doc = current
         kept = [] if doc is None else [t for t in doc.tickets if t.ticket_id != ticket.ticket_id]
         kept.append(ticket)
-        self._docs[provider] = (state, _Noted(kept, self._noted_revision(provider, doc)))
+        self._docs[provider] = (state, _Noted(kept))
+        self._noted_floor[provider] = self._ticket_documents.revision(encode_token(provider))
         self._dirty.add(provider)
 
     def note_released(self, provider: str, ticket_id: str) -> None:
@@ -311,22 +313,9 @@ class ProviderView:
         if doc is None:
             return
         kept = [t for t in doc.tickets if t.ticket_id != ticket_id]
-        self._docs[provider] = (state, _Noted(kept, self._noted_revision(provider, doc)))
+        self._docs[provider] = (state, _Noted(kept))
+        self._noted_floor[provider] = self._ticket_documents.revision(encode_token(provider))
         self._dirty.add(provider)
-
-    def _noted_revision(self, provider: str, doc: _Tickets | None) -> int:
-        """The revision below which a delivered ticket document predates a note made now.
-
-        The shared parse cache holds the revision the ticket manager just wrote (it
-        primes each write), or a newer one some follower parsed; either exists in the
-        store, so the watch delivers it or a later one. A note on a note keeps the
-        first's bound (the cache may not hold a revision, as when a combiner in another
-        process wrote for this one).
-        """
-        revision = self._ticket_documents.revision(encode_token(provider))
-        if isinstance(doc, _Noted):
-            return max(revision, doc.revision)
-        return revision
 
     def observe_latency(self, provider: str, endpoint: str, seconds: float) -> None:
         """Fold a finished call into the endpoint's latency, and rebuild only its provider."""

@@ -104,9 +104,11 @@ class ParsedDocuments(Generic[_D]):
         return found
 
     def revision(self, key: str) -> int:
-        """The newest revision of ``key`` held (parsed or primed); 0 when none is."""
-        held = self._held.get(key)
-        return held[0] if held is not None else 0
+        """The newest revision of ``key`` held (parsed or primed); 0 when none is.
+
+        It only grows: an older revision is never held over a newer one."""
+        held = self._held
+        return held[key][0] if key in held else 0
 
     def prime(self, key: str, revision: int, document: _D) -> None:
         """Hold ``document`` as revision ``revision`` of ``key`` without parsing: its

@@ -14,7 +14,8 @@ ways keep them current:
 
 This process's own claims and releases are applied to the documents at once (a refused
 claim or an eviction drops the provider's entry for a re-read), so its own decisions
-always see its own tickets. Only providers whose documents, latency or circuit changed
+always see its own tickets; a watch delivery older than the write a note stands for is
+not applied over it. Only providers whose documents, latency or circuit changed
 are rebuilt; the rest of the :class:`FleetIndex` is shared with the previous snapshot.
 """
 

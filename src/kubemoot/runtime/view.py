@@ -14,7 +14,8 @@ ways keep them current:
 
 This process's own claims and releases are applied to the documents at once (a refused
 claim or an eviction drops the provider's entry for a re-read), so its own decisions
-always see its own tickets. Only providers whose documents, latency or circuit changed
+always see its own tickets; a watch delivery older than the write a note stands for is
+not applied over it. Only providers whose documents, latency or circuit changed
 are rebuilt; the rest of the :class:`FleetIndex` is shared with the previous snapshot.
 """
 
@@ -158,6 +159,14 @@ class ProviderView:
         # Providers whose ticket document does not parse: their memory is not known to
         # be free, so they are shown not ready until a readable version arrives.
         self._unreadable: set[str] = set()
+        # Per provider, the newest ticket-document revision known when this process
+        # last noted its own claim or release: the write it noted (the ticket manager
+        # primes each write into the shared parse cache) or a newer one a follower
+        # parsed. A watch delivery older than that predates the note; applied over it,
+        # it showed a released call as still running, or hid a new ticket, until the
+        # next delivery. Each such revision exists in the store, so the watch delivers
+        # it or a later one: skipping what is older loses nothing.
+        self._noted_floor: dict[str, int] = {}
         # Following: the watches and the changes they delivered but nobody applied yet.
         self._followers = Followers("view-watch", "provider-view")
         self._pending: dict[tuple[str, str], Change] = {}
@@ -261,6 +270,9 @@ class ProviderView:
                 self._docs[name] = (state, current[1] if current is not None else
                                     self._tickets_parsed.known(key))
             else:
+                floor = self._noted_floor
+                if name in floor and change.revision < floor[name]:
+                    continue  # predates what this process noted: a newer one is coming
                 doc = self._tickets_parsed.of(key, change.revision, change.value)
                 if isinstance(doc, _Skip):
                     continue
@@ -290,6 +302,7 @@ class ProviderView:
         kept = [] if doc is None else [t for t in doc.tickets if t.ticket_id != ticket.ticket_id]
         kept.append(ticket)
         self._docs[provider] = (state, _Noted(kept))
+        self._noted_floor[provider] = self._ticket_documents.revision(encode_token(provider))
         self._dirty.add(provider)
 
     def note_released(self, provider: str, ticket_id: str) -> None:
@@ -302,6 +315,7 @@ class ProviderView:
             return
         kept = [t for t in doc.tickets if t.ticket_id != ticket_id]
         self._docs[provider] = (state, _Noted(kept))
+        self._noted_floor[provider] = self._ticket_documents.revision(encode_token(provider))
         self._dirty.add(provider)
 
     def observe_latency(self, provider: str, endpoint: str, seconds: float) -> None:

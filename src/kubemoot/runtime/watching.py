@@ -103,6 +103,13 @@ class ParsedDocuments(Generic[_D]):
             raise found.with_traceback(None)  # raised again: no trail of earlier raises
         return found
 
+    def revision(self, key: str) -> int:
+        """The newest revision of ``key`` held (parsed or primed); 0 when none is.
+
+        It only grows: an older revision is never held over a newer one."""
+        held = self._held
+        return held[key][0] if key in held else 0
+
     def prime(self, key: str, revision: int, document: _D) -> None:
         """Hold ``document`` as revision ``revision`` of ``key`` without parsing: its
         writer has it in hand, and it is what the written value parses to. Readers of

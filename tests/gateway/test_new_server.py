@@ -77,13 +77,13 @@ async def test_replicas_on_nats_hand_contended_ticket_operations_to_a_combiner(
     gateway, kv = await _replica(nats.url, {"gpu-a": make_emulator(models=(SMALL,))})
     try:
         assert gateway.stack is not None
-        assert gateway.stack.tickets._bus is not None
+        assert gateway.stack.tickets.combines
     finally:
         await gateway.stop()
         await kv.close()
     alone = await start_gateway({"gpu-a": make_emulator(models=(SMALL,))})
     try:
         assert alone.stack is not None
-        assert alone.stack.tickets._bus is None
+        assert not alone.stack.tickets.combines
     finally:
         await alone.stop()

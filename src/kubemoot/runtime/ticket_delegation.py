@@ -84,11 +84,17 @@ class Reply:
     result: str
     ticket: Ticket | None = None  # GRANTED
     reason: str = ""  # REFUSED, CONFLICT, UNAVAILABLE, LAPSED
+    # A revision of the provider's document that shows the outcome (the combiner's
+    # write, or a newer one it knew of); 0: not known (a combiner from before this was
+    # sent). The sender's provider view skips watch deliveries older than it: this
+    # process did not write that revision, so nothing else tells the view of it.
+    revision: int = 0
 
 
 def encode_replies(replies: list[Reply]) -> bytes:
     return json.dumps([
         {"ticketId": r.ticket_id, "result": r.result, "reason": r.reason,
+         "revision": r.revision,
          **({"ticket": r.ticket.model_dump(mode="json", by_alias=True)}
             if r.ticket is not None else {})}
         for r in replies
@@ -102,6 +108,7 @@ def decode_replies(data: bytes) -> list[Reply]:
         return [
             Reply(ticket_id=str(item["ticketId"]), result=str(item["result"]),
                   reason=str(item.get("reason", "")),
+                  revision=int(item.get("revision", 0)),
                   ticket=(Ticket.model_validate(item["ticket"]) if "ticket" in item
                           else None))
             for item in raw

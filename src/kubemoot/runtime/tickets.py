@@ -205,6 +205,9 @@ class _Op:
     # Taken from another process as its combiner: never applied after this (the
     # sender's expiresAt), answered on the bus.
     foreign_until: float | None = None
+    # Taken from another process: the newest revision of the document this lane knew
+    # when it finished (one that shows its outcome), sent back with the answer.
+    revision: int = 0
 
     def request(self, ttl_seconds: float) -> TicketOp:
         """The operation as :func:`decide` sees it (``ttl_seconds``: the manager's)."""
@@ -338,6 +341,20 @@ class TicketManager:
         self._request_seconds = request_seconds
         self.combine_idle_seconds = combine_idle_seconds
         self._replying: set[asyncio.Task[None]] = set()
+        self._combined = 0  # operations sent to a combiner, or taken as one
+
+    @property
+    def combines(self) -> bool:
+        """Whether contended operations go to a provider's combiner: a bus was given
+        and the claim line is on (without either they race, and are announced)."""
+        return self._bus is not None
+
+    @property
+    def combined(self) -> int:
+        """How many operations this manager sent to a provider's combiner or took
+        from other processes as one, since it was made (counted only under
+        contention: an uncontended claim never touches it)."""
+        return self._combined
 
     async def open(self) -> bool:
         """Follow the requests other processes announce now, rather than from the first
@@ -636,6 +653,11 @@ class TicketManager:
                 now = self._clock.now()
                 fresh = cached is None or cached[1] >= lane.seen
                 answered = self._answer_announced(lane, batch, document, now, fresh=fresh)
+                if answered and revision is not None and self._parsed is not None:
+                    # Another process's write applied them: its revision is in no
+                    # cache of this one, yet the view's note of them must not be
+                    # undone by a delivery older than it.
+                    self._parsed.heard(key, revision)
                 if self._lapse_foreign(lane, batch, now) or answered:
                     batch = [op for op in batch if not op.future.done()]
                     if not batch:
@@ -781,6 +803,7 @@ class TicketManager:
                 kind=RequestKind.CLAIM if op.kind is OpKind.CLAIM else RequestKind.RELEASE,
             ) for op in due
         ]
+        self._combined += len(due)
         taken = set(map(id, due))
         lane.pending[:] = [op for op in lane.pending if id(op) not in taken]
         payload = AnnouncedRequests(provider=provider, requests=requests).to_json()
@@ -824,6 +847,12 @@ class TicketManager:
             # announced ones (a claim given up on is withdrawn, in case it still writes).
             log.debug("the combiner of %s did not answer: %s", provider, error)
             replies = {}
+        if replies and self._parsed is not None:
+            # The combiner's write is in no cache of this process: made known, the
+            # view's note of these operations is not undone by an older delivery.
+            newest = max(reply.revision for reply in replies.values())
+            if newest:
+                self._parsed.heard(encode_token(provider), newest)
         lane.active_at = self._clock.now()
         back: list[_Op] = []
         for op in due:
@@ -1017,6 +1046,7 @@ class TicketManager:
             )
             ops.append(op)
             self._enqueue(provider, op)
+        self._combined += len(ops)
         task = asyncio.get_running_loop().create_task(self._reply(message.reply, ops))
         self._replying.add(task)
         task.add_done_callback(self._replying.discard)
@@ -1031,9 +1061,10 @@ class TicketManager:
             result = None if error is not None else op.future.result()
             if isinstance(error, ClaimRejected):
                 replies.append(delegation.Reply(op.ticket_id, delegation.REFUSED,
-                                                reason=error.reason))
+                                                reason=error.reason, revision=op.revision))
             elif isinstance(error, TicketGone):
-                replies.append(delegation.Reply(op.ticket_id, delegation.GONE))
+                replies.append(delegation.Reply(op.ticket_id, delegation.GONE,
+                                                revision=op.revision))
             elif isinstance(error, ClaimConflict):
                 replies.append(delegation.Reply(op.ticket_id, delegation.CONFLICT,
                                                 reason=str(error)))
@@ -1046,9 +1077,10 @@ class TicketManager:
             elif op.kind is OpKind.CLAIM:
                 replies.append(delegation.Reply(
                     op.ticket_id, delegation.GRANTED if result is not None
-                    else delegation.LAPSED, ticket=result))
+                    else delegation.LAPSED, ticket=result, revision=op.revision))
             else:
-                replies.append(delegation.Reply(op.ticket_id, delegation.RELEASED))
+                replies.append(delegation.Reply(op.ticket_id, delegation.RELEASED,
+                                                revision=op.revision))
         if not to or self._bus is None:
             return
         try:
@@ -1324,6 +1356,8 @@ class TicketManager:
     ) -> None:
         with contextlib.suppress(ValueError):
             lane.pending.remove(op)
+        if op.foreign_until is not None:
+            op.revision = lane.seen
         announced = op.announced is not None
         if op.announced is not None and self._announcements is not None:
             self._announcements.answered(op.announced, op.ticket_id)

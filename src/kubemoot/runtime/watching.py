@@ -85,6 +85,9 @@ class ParsedDocuments(Generic[_D]):
     def __init__(self, parse: Callable[[bytes], _D]) -> None:
         self._parse = parse
         self._held: dict[str, tuple[int, _D | ValueError]] = {}
+        # Per key, the newest revision another process wrote for this one (a combiner
+        # that applied its claim or release), known without its document.
+        self._heard: dict[str, int] = {}
 
     def of(self, key: str, revision: int, value: bytes) -> _D:
         """The document ``value`` (revision ``revision`` of ``key``); ``ValueError``
@@ -104,11 +107,26 @@ class ParsedDocuments(Generic[_D]):
         return found
 
     def revision(self, key: str) -> int:
-        """The newest revision of ``key`` held (parsed or primed); 0 when none is.
+        """The newest revision of ``key`` held (parsed or primed) or heard of; 0 when
+        none is.
 
         It only grows: an older revision is never held over a newer one."""
         held = self._held
-        return held[key][0] if key in held else 0
+        known = held[key][0] if key in held else 0
+        heard = self._heard
+        if key in heard and heard[key] > known:
+            return heard[key]
+        return known
+
+    def heard(self, key: str, revision: int) -> None:
+        """Know that revision ``revision`` of ``key`` exists without its document:
+        another process wrote it for this one (a combiner applying its claim), so the
+        document is not in hand, yet :meth:`revision` must not fall behind it. Whoever
+        needs the document gets it from the watch, which delivers that revision or a
+        later one."""
+        heard = self._heard
+        if heard.get(key, 0) < revision:
+            heard[key] = revision
 
     def prime(self, key: str, revision: int, document: _D) -> None:
         """Hold ``document`` as revision ``revision`` of ``key`` without parsing: its

@@ -181,6 +181,7 @@ async def test_a_process_whose_writes_all_lose_is_served_by_the_combiner(
             await asyncio.wait_for(asyncio.shield(claiming), 2)
         claiming.cancel()
         await asyncio.gather(claiming, return_exceptions=True)
+        assert not loser.combines and loser.combined == combiner.combined == 0
     else:
         granted = await asyncio.wait_for(claiming, 30)
         held = {t.ticket_id: t.holder_id for t in await combiner.active(PROVIDER)}
@@ -188,6 +189,10 @@ async def test_a_process_whose_writes_all_lose_is_served_by_the_combiner(
         # Its release goes the same way.
         await asyncio.wait_for(loser.release(PROVIDER, granted.ticket_id), 30)
         assert [t.ticket_id for t in await combiner.active(PROVIDER)] == [first.ticket_id]
+        # Both operations went to the combiner, and it took both (its own claim took
+        # the same way, found nobody combining and came back to be written here).
+        assert loser.combines and loser.combined == 2
+        assert combiner.combined >= 2
     await loser.aclose()
     await combiner.aclose()
     if isinstance(bus, MemoryBus):

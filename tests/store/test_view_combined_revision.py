@@ -32,6 +32,7 @@ from kubemoot.store.keys import encode_token
 from kubemoot.store.nats import NatsKV
 from kubemoot.store.natsbus import NatsBus
 from kubemoot.testing.state import GIB
+from kubemoot.testing.waiting import until_stored
 from tests.store.conftest import StoreUnderTest
 from tests.store.test_claim_line import LosingBucket, LosingOnce, Shared, shared
 from tests.store.test_tickets import PROVIDER
@@ -118,3 +119,37 @@ async def test_the_grants_delivery_after_the_release_does_not_show_the_call_runn
     while not watch.passed or watch.passed[-1].revision < released:
         await _passed(watch, len(watch.passed) + 1)
         assert ticket.ticket_id not in await _shown(view), watch.passed[-1].revision
+
+
+async def test_a_claim_another_writer_applied_from_the_line_is_not_hidden(
+        shared: Shared) -> None:
+    # No combiner: this process's claim loses every race and is announced; another
+    # process's write applies it. That revision is not this process's either: the
+    # lane answers the claim off the document that shows it and makes its revision known.
+    parsed = ParsedDocuments(ProviderTickets.from_json)
+    held = _HeldBucket(shared.tickets)
+    view = ProviderView(shared.states, held, clock=shared.clock,  # type: ignore[arg-type]
+                        settings=RuntimeSettings(), latency=LatencyTracker(),
+                        ticket_documents=parsed)
+    assert await view.follow()
+    await view.snapshot()
+    (watch,) = held.watches
+    sender = TicketManager(LosingBucket(shared.tickets), shared.states,  # type: ignore[arg-type]
+                           clock=shared.clock, rng=random.Random(1), max_attempts=40,
+                           requests=shared.requests, request_seconds=60, parsed=parsed)
+    writer = shared.manager(2)
+    assert await sender.open() and await writer.open()
+    claiming = asyncio.create_task(sender.claim(PROVIDER, "m", 2 * GIB, "ours"))
+    await until_stored(shared.requests, lambda: writer.announced(PROVIDER), timeout=30,
+                       what="the claim announced and seen by the other process")
+    await writer.claim(PROVIDER, "m", 1 * GIB, "theirs")  # its write applies ours too
+    ticket = await asyncio.wait_for(claiming, 30)
+    applied = await _newest(shared)
+    view.note_claimed(PROVIDER, ticket)
+    assert ticket.ticket_id in await _shown(view)
+    while not watch.passed or watch.passed[-1].revision < applied:
+        await _passed(watch, len(watch.passed) + 1)
+        assert ticket.ticket_id in await _shown(view), watch.passed[-1].revision
+    await view.close()
+    await sender.aclose()
+    await writer.aclose()

@@ -85,8 +85,8 @@ class Reply:
     ticket: Ticket | None = None  # GRANTED
     reason: str = ""  # REFUSED, CONFLICT, UNAVAILABLE, LAPSED
     # A revision of the provider's document that shows the outcome (the combiner's
-    # write, or a newer one it knew of); 0: not known (a combiner from before this was
-    # sent). The sender's provider view skips watch deliveries older than it: this
+    # write, or a newer one it knew of); 0: not known (a combiner of a version that
+    # sends none). The sender's provider view skips watch deliveries older than it: this
     # process did not write that revision, so nothing else tells the view of it.
     revision: int = 0
 

@@ -14,9 +14,11 @@ from dataclasses import replace
 import pytest
 
 from kubemoot.gates.record import DecisionRecord
-from kubemoot.runtime import planner
+from kubemoot.gates.results import GateResult
+from kubemoot.runtime import filters, planner
 from kubemoot.runtime.placement import CallPlacement, CandidateModel
 from kubemoot.runtime.record import call_decision
+from kubemoot.runtime.snapshot import ProviderSnapshot
 from kubemoot.testing.state import gpu
 from tests.runtime.builders import Harness, harness
 
@@ -68,12 +70,26 @@ async def test_a_warm_placements_summary_works_out_its_gates_as_the_record_would
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     built = _count_builds(monkeypatch)
-    # warm copies whose gates are kept as questions until read; one copy's slot is taken
-    h = await harness([gpu(n, 24, residents={"m": 8}, slots=1) for n in ("a", "b", "c")])
+    asked: list[str] = []
+    warm_gates = filters.warm_gates
+
+    def counted(p: ProviderSnapshot, model: str, prompt: int | None) -> list[GateResult]:
+        asked.append(p.name)
+        return warm_gates(p, model, prompt)
+
+    monkeypatch.setattr(filters, "warm_gates", counted)
+    # warm copies whose gates are kept as questions until read (one copy's slot is
+    # taken), and one on a provider that is not ready: its gates are judged at once
+    h = await harness([*(gpu(n, 24, residents={"m": 8}, slots=1) for n in ("a", "b", "c")),
+                       gpu("down", 24, residents={"m": 8}, ready=False)])
     await h.place("m", holder="earlier")
+    asked.clear()
     placement = await h.place("m", prompt=1000)
+    assert asked == ["down"]
     read_first = call_decision(placement)
-    assert built == []
+    assert built == [] and asked == ["down"]  # no record, no deferred gate worked out
+    assert [(f["candidate"], f["gate"]) for f in read_first["failedGates"]] == [  # type: ignore[attr-defined]
+        ("down/m", "ready")]
     record = placement.decision
     assert record is not None and len(built) == 1
     assert read_first == call_decision(placement) == _as_read_from_the_record(placement)

@@ -45,7 +45,9 @@ class CapacityWatch:
         self._tickets_bucket = tickets.name
         self._clock = clock
         self._counter = 0
-        self._changed = asyncio.Event()
+        #: Set on the next change; made only when a waiter needs one (most changes — every
+        #: ticket write of every call — find nobody waiting).
+        self._changed: asyncio.Event | None = None
         self._followers = Followers("capacity-watch", "capacity")
         self._expiries: dict[str, list[float]] = {}  # ticket key → live tickets' expiries
         self._started = False
@@ -108,7 +110,7 @@ class CapacityWatch:
         finally:
             if self._ended is None:
                 self._ended = "the capacity watch ended"
-            self._changed.set()
+            self._wake()
 
     def _on_change(self, change: Change) -> None:
         if change.bucket == self._tickets_bucket:
@@ -118,8 +120,15 @@ class CapacityWatch:
     def notify(self) -> None:
         """Advance the counter locally (e.g. the discussion ended): wakes every waiter."""
         self._counter += 1
-        self._changed.set()
-        self._changed = asyncio.Event()
+        changed, self._changed = self._changed, None  # _wake, inline: every change passes
+        if changed is not None:
+            changed.set()
+
+    def _wake(self) -> None:
+        """Wake whoever waits now; the next waiter gets a fresh event."""
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
 
     def _drop_expiries(self, *, at: float) -> None:
         live = {k: [t for t in v if t > at] for k, v in self._expiries.items()}
@@ -154,7 +163,10 @@ class CapacityWatch:
             )
             wait = until_expiry if expiry_first else until_deadline
             try:
-                await self._clock.wait_for(self._changed.wait(), wait)
+                changed = self._changed
+                if changed is None:
+                    changed = self._changed = asyncio.Event()
+                await self._clock.wait_for(changed.wait(), wait)
             except TimeoutError:
                 if self._counter != counter:
                     return self._counter
@@ -169,4 +181,4 @@ class CapacityWatch:
         """Stop watching; waiters get :class:`WatchUnavailable`."""
         self._ended = self._ended or "the capacity watch was closed"
         await self._followers.close()
-        self._changed.set()
+        self._wake()

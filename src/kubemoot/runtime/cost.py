@@ -117,8 +117,10 @@ class Option:
                 self.model)
 
     def to_dict(self) -> dict[str, Any]:
+        # The call log writes the cheapest options of every call: str() reads a StrEnum's
+        # value in C, where ``.value`` goes through the enum's Python descriptor.
         return {
-            "kind": self.kind.value,
+            "kind": str(self.kind),
             "provider": self.provider,
             "model": self.model,
             "seconds": round(self.seconds, 6),

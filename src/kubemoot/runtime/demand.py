@@ -70,6 +70,8 @@ class DemandBoard:
         #: Each entry parsed once per revision: the board is read for every placement
         #: round in the demand window, and most entries have not changed since.
         self._parsed: dict[str, tuple[int, DemandEntry | SelectionEntry]] = {}
+        #: each model's use key, encoded once: every call's record_use names one
+        self._use_keys: dict[str, str] = {}
         self._shapes: dict[str, tuple[str, tuple[str, ...]]] = {}
         self._folded: dict[
             str, tuple[int, str, tuple[str, ...], DemandEntry | SelectionEntry]] = {}
@@ -149,7 +151,9 @@ class DemandBoard:
 
     async def record_use(self, model: str) -> None:
         """Count one call of ``model`` into its decaying recent-use figure."""
-        key = join_key(USE, model)
+        key = self._use_keys.get(model)
+        if key is None:
+            key = self._use_keys[model] = join_key(USE, model)
         now = self._clock.now()
         current = await self._bucket.get(key)
         count = 0.0

@@ -145,8 +145,11 @@ class HeldPlans:
             # A new thread changes every known agent's share: write again the ones that
             # moved by more than SHARE_TOLERANCE of what the board holds.
             others = [a for a in self._selected if a != agent] if new_thread else []
+            # frequency(), inline: a new thread asks it of every known agent (the
+            # simulator's busiest fleets: several per call)
+            threads, selected = len(self._threads), self._selected
             for who in [agent, *others]:
-                share = self.frequency(who)
+                share = len(selected.get(who, {})) / threads if threads else 0.0
                 if who == agent and frequency is not None:
                     share = frequency
                 written = self._written.get(who)

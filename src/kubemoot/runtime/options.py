@@ -113,7 +113,11 @@ class Round:
 
     def record_warm(self, p: ProviderSnapshot, model: str) -> None:
         """Keep the warm gates of ``p``'s copy of ``model`` as evidence, worked out when
-        read (the snapshot is a value, so they come out as they would now)."""
+        read (the snapshot is a value, so they come out as they would now).
+
+        Only for a copy that passes the warm filter (``filters.warm_ok``): a call's
+        summary takes these gates for passed without working them out.
+        """
         self.gathered[f"{p.name}/{model}"] = partial(
             filters.warm_gates, p, model, self.prompt_tokens
         )

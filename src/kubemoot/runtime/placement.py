@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from kubemoot.gates.record import DecisionRecord
+from kubemoot.gates.results import GateResult, Outcome
 from kubemoot.runtime.cost import Option
 from kubemoot.runtime.refusals import Refusal
 from kubemoot.store.documents import Ticket
@@ -37,6 +38,46 @@ class CandidateModel:
     score: float = 0.0
 
 
+class DeferredRecord:
+    """A decision record built when first read in full (call it), with what the call
+    log's summary reads of it at hand: the chosen candidate, the outcome, the reason and
+    the failed gates. The call log summarises every call it keeps; building the whole
+    record for that (every option's id, score and standing) was most of its cost.
+
+    Whatever this says must be what the built record says (tests/runtime check it).
+    """
+
+    __slots__ = ()
+
+    @property
+    def chosen(self) -> str | None:
+        """The record's ``chosen`` candidate id."""
+        raise NotImplementedError
+
+    @property
+    def outcome(self) -> Outcome:
+        """The record's ``outcome``."""
+        raise NotImplementedError
+
+    @property
+    def reason(self) -> str:
+        """The record's ``reason``."""
+        raise NotImplementedError
+
+    @property
+    def scheduler_version(self) -> str:
+        """The record's ``scheduler_version``."""
+        raise NotImplementedError
+
+    def __call__(self) -> DecisionRecord:
+        raise NotImplementedError
+
+    def failures(self) -> Iterator[tuple[str, GateResult]]:
+        """Each candidate's FAILed gates, as ``(candidate id, gate)``, in the record's
+        order (candidates as gathered, gates in gate order)."""
+        raise NotImplementedError
+
+
 @dataclass(frozen=True, slots=True)
 class CallPlacement:
     """The result of one placement: where the call runs, or why it does not.
@@ -57,7 +98,8 @@ class CallPlacement:
     options: tuple[Option, ...] = ()
     #: The decision record, or the way to build it on first use (:attr:`decision`): most
     #: placements' records are never read (the simulator keeps no call records), and a
-    #: record of a busy fleet lists the gates of every option.
+    #: record of a busy fleet lists the gates of every option. A :class:`DeferredRecord`
+    #: also answers the call log's summary without being built.
     explanation: DecisionRecord | Callable[[], DecisionRecord] | None = field(
         default=None, repr=False, compare=False
     )

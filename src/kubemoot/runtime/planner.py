@@ -25,23 +25,23 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
 from kubemoot import metrics
 from kubemoot.gates.record import DecisionRecord
-from kubemoot.gates.results import Outcome
+from kubemoot.gates.results import GateResult, Outcome, Verdict
 from kubemoot.providers.protocol import ProviderClient
 from kubemoot.runtime import faults, options
 from kubemoot.runtime.claims import Claim, Claims
 from kubemoot.runtime.cost import Option, OptionKind
 from kubemoot.runtime.lease import Lease
 from kubemoot.runtime.occupancy import OccupancyBook
-from kubemoot.runtime.options import Round, evidence
-from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
+from kubemoot.runtime.options import Evidence, Round, evidence
+from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel, DeferredRecord
 from kubemoot.runtime.prefix import PrefixBook
-from kubemoot.runtime.record import build_record
+from kubemoot.runtime.record import SCHEDULER_VERSION, build_record, option_id
 from kubemoot.runtime.refusals import GpuBusy, Reason, Refusal, classify
 from kubemoot.runtime.snapshot import DemandSnapshot
 from kubemoot.runtime.tickets import TicketManager
@@ -63,6 +63,64 @@ _ACTION_OF = {
 
 #: Each action's series of the decisions counter, made on its first decision.
 _DECIDED: dict[Action, Any] = {}
+
+
+class _PlacedRecord(DeferredRecord):
+    """A placed call's decision record, built when first read in full; the call log's
+    summary reads the chosen option, the reason and the failed gates without it."""
+
+    __slots__ = ("_gathered", "_option", "_options", "_why")
+
+    def __init__(
+        self, option: Option, options: tuple[Option, ...], gathered: dict[str, Evidence],
+        why: str,
+    ) -> None:
+        self._option = option
+        self._options = options
+        self._gathered = gathered
+        self._why = why
+
+    @property
+    def chosen(self) -> str:
+        # the record names the first option of the claimed one's provider, model and
+        # kind, and an option's id is made of just those three
+        return option_id(self._option)
+
+    @property
+    def outcome(self) -> Outcome:
+        return Outcome.PLACE
+
+    @property
+    def reason(self) -> str:
+        option = self._option
+        return f"{self._why}; {option.provider} for {option.model} at {option.seconds:.3f} s"
+
+    @property
+    def scheduler_version(self) -> str:
+        return SCHEDULER_VERSION
+
+    def failures(self) -> Iterator[tuple[str, GateResult]]:
+        for cid, results in self._gathered.items():
+            # Warm gates still to work out are those of copies that passed the warm
+            # filter (Round.record_warm), and ``warm_ok`` is ``feasible(warm_gates)``
+            # (tests/runtime/test_warm_fast_path.py): none of them FAILs, so the summary
+            # need not work them out; the record does when it is built.
+            if isinstance(results, list):
+                for gate in results:
+                    if gate.result is Verdict.FAIL:
+                        yield cid, gate
+
+    def __call__(self) -> DecisionRecord:
+        option, options = self._option, self._options
+        chosen = next(
+            (o for o in options if (o.provider, o.model, o.kind) ==
+             (option.provider, option.model, option.kind)),
+            option,
+        )
+        return build_record(
+            subject=f"call:{option.model}", gates=evidence(self._gathered), options=options,
+            chosen=chosen, outcome=self.outcome, reason=self.reason,
+        )
 
 
 class DemandSource(Protocol):
@@ -323,22 +381,6 @@ class CallPlanner:
     ) -> CallPlacement:
         option = claim.option
         options = tuple(priced)
-        # as they stand now; the record, and any gates still to work out, when first read
-        gathered = dict(rnd.gathered)
-
-        def record() -> DecisionRecord:
-            chosen = next(
-                (o for o in options if (o.provider, o.model, o.kind) ==
-                 (option.provider, option.model, option.kind)),
-                option,
-            )
-            return build_record(
-                subject=f"call:{option.model}", gates=evidence(gathered), options=options,
-                chosen=chosen,
-                outcome=Outcome.PLACE, reason=f"{why}; {option.provider} for {option.model} "
-                f"at {option.seconds:.3f} s",
-            )
-
         return CallPlacement(
             _ACTION_OF[option.kind],
             provider=option.provider,
@@ -347,7 +389,9 @@ class CallPlanner:
             ticket=claim.ticket,
             evicted=claim.evicted,
             options=options,
-            explanation=record,
+            # the gates as they stand now; the record, and any gates still to work out,
+            # when first read
+            explanation=_PlacedRecord(option, options, dict(rnd.gathered), why),
             context_length=claim.context_length,
         )
 

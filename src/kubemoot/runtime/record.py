@@ -15,7 +15,7 @@ from typing import Any
 from kubemoot.gates.record import CandidateResult, DecisionRecord
 from kubemoot.gates.results import GateResult, Outcome, Standing, standing
 from kubemoot.runtime.cost import Option, OptionKind
-from kubemoot.runtime.placement import CallPlacement
+from kubemoot.runtime.placement import CallPlacement, DeferredRecord
 
 SCHEDULER_VERSION = "kubemoot-runtime/0.1"
 SCORING_POLICY_VERSION = "call-cost-seconds/v1 (lower wins)"
@@ -97,11 +97,20 @@ def call_decision(placement: CallPlacement) -> dict[str, Any]:
     # C's, and the counts left out are compared directly.
     options = sorted(placement.options, key=_SECONDS)
     failed: list[dict[str, Any]] = []
-    record = placement.decision
-    if record is not None:
-        for cid, candidate in record.candidates.items():
-            for gate in candidate.failures:
-                failed.append({"candidate": cid, "gate": gate.gate, "reason": gate.reason})
+    # A placed call's record is not built for this: what the summary reads of it comes
+    # from the deferred record as it stands (the same facts the built record would hold).
+    deferred = placement.explanation
+    record: DeferredRecord | DecisionRecord | None
+    if isinstance(deferred, DeferredRecord):
+        record = deferred
+        for cid, gate in deferred.failures():
+            failed.append({"candidate": cid, "gate": gate.gate, "reason": gate.reason})
+    else:
+        record = placement.decision
+        if record is not None:
+            for cid, candidate in record.candidates.items():
+                for gate in candidate.failures:
+                    failed.append({"candidate": cid, "gate": gate.gate, "reason": gate.reason})
     summary: dict[str, Any] = {
         "action": str(placement.action),
         "chosen": record.chosen if record is not None else None,

@@ -50,11 +50,11 @@ class _Combined:
     shared: Shared
 
 
-@pytest.fixture
-async def combined(shared: Shared, store: StoreUnderTest) -> AsyncIterator[_Combined]:
-    bus: Bus = NatsBus(store.kv) if isinstance(store.kv, NatsKV) else MemoryBus()  # type: ignore[assignment]
-    lined = Shared(shared.tickets, shared.states, shared.requests, shared.clock, bus)
-    # one parse cache for this process's view and ticket manager, as the builder makes
+async def _followed_view(shared: Shared) -> tuple[ParsedDocuments[ProviderTickets],
+                                                  ProviderView, _HeldWatch]:
+    """This process's view, following the tickets through a watch the test releases
+    change by change, and the parse cache it shares with the process's ticket manager
+    (as the builder makes them)."""
     parsed = ParsedDocuments(ProviderTickets.from_json)
     held = _HeldBucket(shared.tickets)
     view = ProviderView(shared.states, held, clock=shared.clock,  # type: ignore[arg-type]
@@ -63,6 +63,14 @@ async def combined(shared: Shared, store: StoreUnderTest) -> AsyncIterator[_Comb
     assert await view.follow()
     await view.snapshot()
     (watch,) = held.watches
+    return parsed, view, watch
+
+
+@pytest.fixture
+async def combined(shared: Shared, store: StoreUnderTest) -> AsyncIterator[_Combined]:
+    bus: Bus = NatsBus(store.kv) if isinstance(store.kv, NatsKV) else MemoryBus()  # type: ignore[assignment]
+    lined = Shared(shared.tickets, shared.states, shared.requests, shared.clock, bus)
+    parsed, view, watch = await _followed_view(shared)
     combiner = lined.manager(1, tickets=LosingOnce(shared.tickets))  # type: ignore[arg-type]
     sender = TicketManager(LosingBucket(shared.tickets), shared.states,  # type: ignore[arg-type]
                            clock=shared.clock, rng=random.Random(2), max_attempts=40,
@@ -126,14 +134,7 @@ async def test_a_claim_another_writer_applied_from_the_line_is_not_hidden(
     # No combiner: this process's claim loses every race and is announced; another
     # process's write applies it. That revision is not this process's either: the
     # lane answers the claim off the document that shows it and makes its revision known.
-    parsed = ParsedDocuments(ProviderTickets.from_json)
-    held = _HeldBucket(shared.tickets)
-    view = ProviderView(shared.states, held, clock=shared.clock,  # type: ignore[arg-type]
-                        settings=RuntimeSettings(), latency=LatencyTracker(),
-                        ticket_documents=parsed)
-    assert await view.follow()
-    await view.snapshot()
-    (watch,) = held.watches
+    parsed, view, watch = await _followed_view(shared)
     sender = TicketManager(LosingBucket(shared.tickets), shared.states,  # type: ignore[arg-type]
                            clock=shared.clock, rng=random.Random(1), max_attempts=40,
                            requests=shared.requests, request_seconds=60, parsed=parsed)

@@ -393,9 +393,9 @@ class TicketManager:
         announcement meanwhile, and only the withdrawal removes that ticket) and the
         release of a claim granted after its caller was cancelled. Their caller's call
         has returned, so a process that closes right after would leave such a ticket
-        holding memory until its TTL (the racing claimers of tests/store/test_tickets.py
-        found one left in about 1 run in 80). Every queued operation ends after its
-        bounded attempts, so this wait ends too.
+        holding memory until its TTL (the racing claimers with the claim line in
+        tests/store/test_tickets.py now and then found one left after closing). Every
+        queued operation ends after its bounded attempts, so this wait ends too.
         """
         while busy := [lane.task for lane in self._lanes.values()
                        if lane.task is not None and not lane.task.done()]:

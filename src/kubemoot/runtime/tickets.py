@@ -345,6 +345,7 @@ class TicketManager:
         self.combine_idle_seconds = combine_idle_seconds
         self._replying: set[asyncio.Task[None]] = set()
         self._combined = 0  # operations sent to a combiner, or taken as one
+        self._closing = False  # aclose() is writing what is still queued
 
     @property
     def combines(self) -> bool:
@@ -396,7 +397,16 @@ class TicketManager:
         holding memory until its TTL (the racing claimers with the claim line in
         tests/store/test_tickets.py now and then found one left after closing). Every
         queued operation ends after its bounded attempts, so this wait ends too.
+
+        Closing, each gets at most ``max_attempts`` more tries (a claim's, not a
+        release's patience): a process whose writes keep losing (tests/store/
+        test_claim_line.py has one) would otherwise hold up its close for hundreds of
+        backoffs, and past them the TTL reclaims the memory as it would have.
         """
+        self._closing = True
+        for lane in self._lanes.values():
+            for op in lane.pending:
+                op.max_attempts = min(op.max_attempts, op.attempts + self.max_attempts)
         while busy := [lane.task for lane in self._lanes.values()
                        if lane.task is not None and not lane.task.done()]:
             await asyncio.wait(busy)
@@ -575,6 +585,8 @@ class TicketManager:
     ) -> _Op:
         future: asyncio.Future[Ticket | None] = asyncio.get_running_loop().create_future()
         attempts = max_attempts if max_attempts is not None else self.max_attempts
+        if self._closing:  # queued while closing: no more tries than those before (_drain)
+            attempts = min(attempts, self.max_attempts)
         return _Op(kind, ticket_id, future, attempts, **kw)  # type: ignore[arg-type]
 
     def _lane(self, provider: str) -> _Lane:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -223,6 +224,64 @@ async def test_a_cancelled_claim_leaves_no_ticket(store: StoreUnderTest) -> None
 
     # Orphan releases run in the background; each one is a write of the document.
     await until_stored(tickets, none_left, timeout=30, what="the orphans' release")
+
+
+class HeldWrites:
+    """A real bucket whose writes each wait for the test to let one through."""
+
+    def __init__(self, inner: Bucket) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.entered = asyncio.Event()  # a write waits at the gate
+        self.gate = asyncio.Event()  # set: the next write goes through
+        self.landed = 0
+
+    async def _held(self, write: Awaitable[int]) -> int:
+        self.entered.set()
+        await self.gate.wait()
+        self.gate.clear()  # one write per opening
+        revision = await write
+        self.landed += 1
+        return revision
+
+    async def create(self, key: str, value: bytes) -> int:
+        return await self._held(self.inner.create(key, value))
+
+    async def update(self, key: str, value: bytes, *, expected_revision: int) -> int:
+        return await self._held(self.inner.update(key, value,
+                                                  expected_revision=expected_revision))
+
+    def __getattr__(self, attribute: str) -> object:
+        return getattr(self.inner, attribute)
+
+
+async def test_closing_writes_the_release_nobody_waits_for_first(
+        store: StoreUnderTest) -> None:
+    # A claim granted after its caller was cancelled is released in the background (so
+    # is the withdrawal of an announced claim its caller heard "no" to). Nobody awaits
+    # that release: a manager closed before it is written must write it first, or the
+    # ticket holds its memory until the TTL.
+    _manager, tickets, states = await setup(store, 8 * GIB)
+    held = HeldWrites(tickets)
+    manager = TicketManager(held, states, clock=store.clock,  # type: ignore[arg-type]
+                            rng=random.Random(7))
+    claiming = asyncio.create_task(manager.claim(PROVIDER, "a", GIB, "h"))
+    await held.entered.wait()  # decided and being written: it will be granted
+    claiming.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await claiming
+    held.entered.clear()
+    held.gate.set()  # the grant lands; the orphan's release is queued
+    await held.entered.wait()  # and held at the gate
+    closing = asyncio.create_task(manager.aclose())
+    landed_when_closed: list[int] = []
+    closing.add_done_callback(lambda _: landed_when_closed.append(held.landed))
+    for _ in range(20):  # every chance to return early
+        await asyncio.sleep(0)
+    held.gate.set()
+    await closing
+    assert landed_when_closed == [2]  # the grant, then the release
+    assert await manager.active(PROVIDER) == []
 
 
 async def test_one_process_batches_its_claims_into_few_writes(store: StoreUnderTest) -> None:

@@ -81,6 +81,18 @@ async def fleet(make_emulator: Callable[..., OllamaEmulator]) -> AsyncIterator[F
 
 
 @pytest.fixture
+async def quiet_card(make_emulator: Callable[..., OllamaEmulator]) -> AsyncIterator[Fleet]:
+    """One card, probed once at start-up only: no timed probe lands among the calls."""
+    emulators = {"gpu-a": make_emulator()}
+    settings = GatewaySettings(wait_limit_seconds=5.0, provider_probe_seconds=3600.0)
+    gateway = await start_gateway(emulators, settings=settings)
+    try:
+        yield Fleet(gateway, emulators, finished_calls(gateway))
+    finally:
+        await gateway.stop()
+
+
+@pytest.fixture
 async def keyed(make_emulator: Callable[..., OllamaEmulator]) -> AsyncIterator[Fleet]:
     emulators = {"gpu-a": make_emulator()}
     gateway = await start_gateway(emulators, keys=ApiKeys({"alice": "sk-alice-secret"}))

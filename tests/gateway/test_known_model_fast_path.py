@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
 
-from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.runtime.snapshot import FleetSnapshot
-from kubemoot.settings import GatewaySettings
-from tests.gateway.conftest import Fleet, finished_calls, start_gateway
+from tests.gateway.conftest import Fleet
 
 BODY = {"stream": False, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -38,15 +36,9 @@ def _count_snapshots_from(fleet: Fleet, monkeypatch: pytest.MonkeyPatch,
 
 
 @pytest.fixture
-async def fleet(make_emulator: Callable[..., OllamaEmulator]) -> AsyncIterator[Fleet]:
-    """One card, probed once at start-up only: no timed probe lands among the calls."""
-    emulators = {"gpu-a": make_emulator()}
-    settings = GatewaySettings(wait_limit_seconds=5.0, provider_probe_seconds=3600.0)
-    gateway = await start_gateway(emulators, settings=settings)
-    try:
-        yield Fleet(gateway, emulators, finished_calls(gateway))
-    finally:
-        await gateway.stop()
+def fleet(quiet_card: Fleet) -> Fleet:
+    """One card, probed at start-up only (conftest's quiet_card)."""
+    return quiet_card
 
 
 async def test_a_seen_model_is_placed_without_a_snapshot_of_the_gateways_own(

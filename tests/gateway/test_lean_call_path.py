@@ -13,33 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator
+from collections.abc import Coroutine, Generator
 from typing import Any
 
 import httpx
 import pytest
 from starlette.responses import Response
 
-from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import app as gateway_app
 from kubemoot.gateway.access import AccessLog
 from kubemoot.gateway.calls import PlacedCall
 from kubemoot.gateway.jsoncodec import RawJsonReply
-from kubemoot.settings import GatewaySettings
-from tests.gateway.conftest import Fleet, finished_calls, live_tickets, start_gateway
+from tests.gateway.conftest import Fleet, live_tickets
 
 BODY = {"model": "small:1b", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.fixture
-async def fleet(make_emulator: Callable[..., OllamaEmulator]) -> AsyncIterator[Fleet]:
-    emulators = {"gpu-a": make_emulator()}
-    settings = GatewaySettings(wait_limit_seconds=5.0, provider_probe_seconds=3600.0)
-    gateway = await start_gateway(emulators, settings=settings)
-    try:
-        yield Fleet(gateway, emulators, finished_calls(gateway))
-    finally:
-        await gateway.stop()
+def fleet(quiet_card: Fleet) -> Fleet:
+    """One card, probed at start-up only (conftest's quiet_card)."""
+    return quiet_card
 
 
 def _started_tasks() -> list[str]:

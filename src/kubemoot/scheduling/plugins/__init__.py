@@ -80,36 +80,23 @@ GateFactory = Callable[[PluginArgs], Gate[Placement]]
 JudgedFactory = Callable[[PluginArgs], JudgedGate]
 ScorerFactory = Callable[[PluginArgs], Scorer[Placement]]
 
+# The gates between Require and TopologySpread, in the order the framework runs them:
+# each also judges without explaining (:class:`JudgedGate`).
+_JUDGED = (ModelReadyGate, ProviderReadyGate, FreshnessGate, VramGate, ParallelismGate,
+           LicenseGate, EgressGate, RuntimeGate, DigestGate)
+
 #: Every gate by name, in the order the framework runs them (cheap and common first,
 #: so the FailedScheduling message counts the most telling reason).
 GATES: dict[str, GateFactory] = {
     RequireGate.name: RequireGate.from_args,
-    ModelReadyGate.name: ModelReadyGate.from_args,
-    ProviderReadyGate.name: ProviderReadyGate.from_args,
-    FreshnessGate.name: FreshnessGate.from_args,
-    VramGate.name: VramGate.from_args,
-    ParallelismGate.name: ParallelismGate.from_args,
-    LicenseGate.name: LicenseGate.from_args,
-    EgressGate.name: EgressGate.from_args,
-    RuntimeGate.name: RuntimeGate.from_args,
-    DigestGate.name: DigestGate.from_args,
+    **{gate.name: gate.from_args for gate in _JUDGED},
     TopologySpreadGate.name: TopologySpreadGate.from_args,
 }
 
 #: The gates that can judge without explaining (:class:`JudgedGate`): every gate whose
 #: verdict depends on the Model and its provider (and, for Parallelism, the bindings
 #: assumed), in :data:`GATES` order.
-JUDGED: dict[str, JudgedFactory] = {
-    ModelReadyGate.name: ModelReadyGate.from_args,
-    ProviderReadyGate.name: ProviderReadyGate.from_args,
-    FreshnessGate.name: FreshnessGate.from_args,
-    VramGate.name: VramGate.from_args,
-    ParallelismGate.name: ParallelismGate.from_args,
-    LicenseGate.name: LicenseGate.from_args,
-    EgressGate.name: EgressGate.from_args,
-    RuntimeGate.name: RuntimeGate.from_args,
-    DigestGate.name: DigestGate.from_args,
-}
+JUDGED: dict[str, JudgedFactory] = {gate.name: gate.from_args for gate in _JUDGED}
 
 #: Every scorer by name. Weights are the framework's business, not the scorers'.
 SCORERS: dict[str, ScorerFactory] = {

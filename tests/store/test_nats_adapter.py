@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 import nats.aio.client
+import nats.aio.transport
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -263,3 +264,87 @@ async def test_after_a_new_connection_compare_and_sets_hear_their_acks_on_it(
         assert await bucket.update("k", b"two", expected_revision=revision) > revision
     finally:
         await kv.close()
+
+
+async def test_a_compare_and_set_is_written_in_its_own_turn(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not queued for nats-py's flusher task (a loop turn later): the store writes the
+    command to the socket itself, and the server takes it as nats-py's own."""
+    kv = await NatsKV.connect(NatsSettings(servers=[nats_url]))
+    try:
+        bucket = await kv.bucket("adapter_direct")
+        first = await bucket.put("k", b"one")
+
+        async def refused(*args: object, **kwargs: object) -> None:
+            raise AssertionError("a compare-and-set went through nats-py's publish")
+
+        monkeypatch.setattr(kv.connection, "publish", refused)
+        sent = kv.connection.stats["out_msgs"]
+        second = await bucket.update("k", b"two", expected_revision=first)
+        with pytest.raises(RevisionMismatch):
+            await bucket.update("k", b"three", expected_revision=first)
+        assert kv.connection.stats["out_msgs"] == sent + 2
+        monkeypatch.undo()
+        entry = await bucket.get("k")
+        assert entry is not None and (entry.value, entry.revision) == (b"two", second)
+    finally:
+        await kv.close()
+
+
+async def test_a_compare_and_set_waits_behind_commands_queued_for_the_flusher(
+    nats_url: str,
+) -> None:
+    """With a command already queued for nats-py's flusher, a compare-and-set goes
+    through nats-py's publish behind it: the server sees them in the order given."""
+    kv = await NatsKV.connect(NatsSettings(servers=[nats_url]))
+    try:
+        bucket = await kv.bucket("adapter_queued")
+        first = await bucket.put("k", b"one")
+        connection = kv.connection
+        assert isinstance(connection, _Client)
+        # a plain publish queued and not yet flushed (the flusher wakes next turn)
+        await connection.publish("$KV.adapter_queued.k", b"queued")
+        assert connection._pending_data_size > 0
+        assert not connection.publish_now("$KV.adapter_queued.k", "_INBOX.x", b"v",
+                                          {"Nats-Expected-Last-Subject-Sequence": "1"})
+        # the compare-and-set names the first revision: it must reach the server after
+        # the queued publish, so it loses the race
+        with pytest.raises(RevisionMismatch):
+            await bucket.update("k", b"two", expected_revision=first)
+        entry = await bucket.get("k")
+        assert entry is not None and entry.value == b"queued"
+    finally:
+        await kv.close()
+
+
+@pytest.mark.parametrize("headers", [
+    {"Nats-Expected-Last-Subject-Sequence": "0"},
+    {"Nats-Expected-Last-Subject-Sequence": "18446744073709551615", "KV-Operation": "DEL"},
+    {},
+])
+async def test_the_direct_publish_sends_nats_pys_bytes(headers: dict[str, str]) -> None:
+    """The command written directly is the one nats-py's publish queues."""
+    written: list[bytes] = []
+
+    class Writer:
+        transport = type("T", (), {"get_write_buffer_size": lambda self: 0})()
+
+        def write(self, data: bytes) -> None:
+            written.append(data)
+
+    client = _Client()
+    client._status = nats.aio.client.Client.CONNECTED
+    client._transport = nats.aio.transport.TcpTransport()
+    client._transport._io_writer = Writer()  # type: ignore[assignment]
+    client._max_payload = 1 << 20
+    assert client.publish_now("$KV.b.k", "_INBOX.r.1", b"payload", headers)
+    queued: list[bytes] = []
+
+    async def send_command(cmd: bytes, priority: bool = False) -> None:
+        queued.append(cmd)
+
+    client._send_command = send_command  # type: ignore[method-assign]
+    client._flush_queue = None
+    await client._send_publish("$KV.b.k", "_INBOX.r.1", b"payload", 7, headers)
+    assert written == queued and len(written) == 1

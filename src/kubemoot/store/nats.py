@@ -32,6 +32,11 @@ Facts about nats-py 2.16 / nats-server 2.15 that shape this adapter:
   after the reply is read. A compare-and-set (a claim, a release) waits for its
   acknowledgement on an inbox of the store's own instead (:class:`_Acks`), whose replies
   complete their futures as the read loop hands them over.
+* nats-py's ``publish`` queues a command for its flusher task, which writes it on the
+  next loop turn (a wake-up and some forty calls per write). A compare-and-set writes
+  its command to the socket itself when nothing is queued (:meth:`_Client.publish_now`),
+  in the same bytes; with commands queued, or no connection up, it publishes through
+  nats-py behind them.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from typing import Any
 import nats
 import nats.aio.client
 import nats.aio.msg
+import nats.aio.transport
 import nats.errors
 import nats.js.api
 import nats.js.errors
@@ -146,10 +152,52 @@ def _parse_header_lines(raw: bytes) -> dict[str, str]:
     return out
 
 
+def _header_block(headers: dict[str, str]) -> bytes:
+    """The header block nats-py's ``_send_publish`` sends for ``headers`` whose names
+    and values need no cleaning (the store's own: a name of token characters, a value
+    without line breaks or surrounding whitespace)."""
+    return b"NATS/1.0\r\n" + "".join(
+        [f"{name}: {value}\r\n" for name, value in headers.items()]
+    ).encode() + b"\r\n"
+
+
 class _Client(nats.aio.client.Client):
-    """nats-py's client with a cheaper header parser (see the module's notes)."""
+    """nats-py's client with a cheaper header parser and a direct publish (see the
+    module's notes)."""
 
     _parse_header_lines = staticmethod(_parse_header_lines)
+
+    def publish_now(self, subject: str, reply: str, payload: bytes,
+                    headers: dict[str, str]) -> bool:
+        """Write an ``HPUB`` to the socket in this turn; False: not written (publish
+        through nats-py then), when the connection is not up or commands are already
+        waiting for the flusher, which must send them first.
+
+        nats-py's ``publish`` queues each command for its flusher task, which wakes on
+        the next loop turn to write it. With nothing queued the order on the wire is
+        the same either way; nats-py writes its pings the same way. The socket's own
+        buffer is left to asyncio, as the flusher's ``writelines`` leaves it; when it
+        holds bytes already (the server reads slowly), the flusher's ``drain`` waits.
+        """
+        transport = self._transport
+        if (
+            self._status != nats.aio.client.Client.CONNECTED
+            or self._pending_data_size
+            or type(transport) is not nats.aio.transport.TcpTransport
+            or len(payload) > self._max_payload
+        ):
+            return False
+        writer = transport._io_writer
+        if writer is None or writer.transport.get_write_buffer_size():
+            return False
+        header = _header_block(headers)
+        size = len(header)
+        writer.write(b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
+            subject.encode(), reply.encode(), size, size + len(payload), header, payload))
+        stats = self.stats
+        stats["out_msgs"] += 1
+        stats["out_bytes"] += len(payload)
+        return True
 
 
 async def _connect(options: dict[str, Any]) -> Any:
@@ -287,8 +335,11 @@ class _Acks:
         self._waiting[token] = future
         timer = loop.call_later(timeout, _time_out, future)
         try:
-            await self.connection.publish(subject, payload, reply=self._prefix + token,
-                                          headers=headers)
+            connection = self.connection
+            reply = self._prefix + token
+            if not (isinstance(connection, _Client)
+                    and connection.publish_now(subject, reply, payload, headers)):
+                await connection.publish(subject, payload, reply=reply, headers=headers)
             msg = await future
         finally:
             timer.cancel()

@@ -14,6 +14,7 @@ from typing import Any
 
 import nats.aio.client
 import nats.aio.transport
+import nats.errors
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -348,3 +349,60 @@ async def test_the_direct_publish_sends_nats_pys_bytes(headers: dict[str, str]) 
     client._flush_queue = None
     await client._send_publish("$KV.b.k", "_INBOX.r.1", b"payload", 7, headers)
     assert written == queued and len(written) == 1
+
+
+async def test_compare_and_sets_share_one_timer_for_their_timeouts(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A timer per write cost each claim and release a handle on the loop's heap: a
+    run of writes answered in time arms one timer, at the first one's deadline."""
+    kv = await NatsKV.connect(NatsSettings(servers=[nats_url]))
+    try:
+        bucket = await kv.bucket("adapter_one_timer")
+        revision = await bucket.put("k", b"0")
+        loop = asyncio.get_running_loop()
+        armed: list[float] = []
+        call_at, call_later = loop.call_at, loop.call_later
+
+        def counted_at(when: float, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+            armed.append(when)
+            return call_at(when, *args, **kwargs)
+
+        def counted_later(delay: float, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+            armed.append(loop.time() + delay)
+            return call_later(delay, *args, **kwargs)
+
+        monkeypatch.setattr(loop, "call_at", counted_at)
+        monkeypatch.setattr(loop, "call_later", counted_later)
+        for i in range(20):
+            revision = await bucket.update("k", b"%d" % i, expected_revision=revision)
+        assert len(armed) <= 1
+        assert kv._acks is not None and kv._acks._waiting == {}
+    finally:
+        await kv.close()
+
+
+async def test_a_shorter_timeout_is_kept_behind_a_longer_one_waiting(nats_url: str) -> None:
+    """The shared timer stands at the earliest deadline: a request with a short
+    timeout fails in time though one with a long timeout armed the timer first, and
+    the long one keeps waiting."""
+    kv = await NatsKV.connect(NatsSettings(servers=[nats_url]))
+    try:
+        acks = kv._acks
+        assert acks is not None
+        silent = await kv.connection.subscribe("adapter.silent")
+        await kv.connection.flush()
+        long = asyncio.ensure_future(acks.request("adapter.silent", b"a", {}, 30.0))
+        await asyncio.sleep(0.05)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(nats.errors.TimeoutError):
+            await acks.request("adapter.silent", b"b", {}, 0.2)
+        assert asyncio.get_running_loop().time() - started < 5.0
+        assert not long.done()
+        long.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await long
+        assert acks._waiting == {}
+        await silent.unsubscribe()
+    finally:
+        await kv.close()

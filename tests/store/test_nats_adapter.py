@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from typing import Any
 
 import nats.aio.client
@@ -58,6 +59,41 @@ def test_any_bytes_parse_as_nats_py_parses_them(raw: bytes) -> None:
 def test_a_compare_and_set_header_block_parses_to_its_one_header() -> None:
     raw = b"Nats-Expected-Last-Subject-Sequence: 41\r\n\r\n"
     assert _parse_header_lines(raw) == {"Nats-Expected-Last-Subject-Sequence": "41"}
+
+
+@pytest.mark.parametrize("raw", [
+    b"Nats-Expected-Last-Subject-Sequence: 0\r\n\r\n",
+    b"Nats-Expected-Last-Subject-Sequence: 18446744073709551615\r\n\r\n",
+    b"Nats-Expected-Last-Subject-Sequence:  7 \r\n\r\n",
+    b"Nats-Expected-Last-Subject-Sequence: 7\r\n",
+    b"Nats-Expected-Last-Subject-Sequence: 7\r\nKV-Operation: DEL\r\n\r\n",
+    b"Nats-Expected-Last-Subject-Sequence: \xd9\xa3\r\n\r\n",
+    b"Nats-Expected-Last-Subject-Sequence: 7\r\n\r\nX: y\r\n\r\n",
+    b"nats-expected-last-subject-sequence: 7\r\n\r\n",
+])
+def test_the_compare_and_set_block_and_its_neighbours_parse_as_nats_py_parses_them(
+    raw: bytes,
+) -> None:
+    assert _parse_header_lines(raw) == _nats_py_parse(raw)
+
+
+def test_a_compare_and_set_block_is_read_with_two_calls() -> None:
+    """The block nearly every watched delivery carries: one match and one decode,
+    where the line-by-line parse makes a dozen calls."""
+    calls: list[str] = []
+
+    def tally(frame: Any, event: str, arg: Any) -> None:
+        if event in ("call", "c_call"):
+            calls.append(event)
+
+    raw = b"Nats-Expected-Last-Subject-Sequence: 41\r\n\r\n"
+    sys.setprofile(tally)
+    try:
+        parsed = _parse_header_lines(raw)
+    finally:
+        sys.setprofile(None)
+    assert parsed == {"Nats-Expected-Last-Subject-Sequence": "41"}
+    assert len(calls) <= 4  # the parser itself, the match, the decode (and setprofile)
 
 
 @pytest.mark.parametrize(

@@ -128,13 +128,23 @@ _CRLF = b"\r\n"
 _SPACE = re.compile(r"\s").search  # matches exactly the characters str.isspace() accepts
 
 
+# the header block of a compare-and-set's write, as a watch receives it
+_CAS_BLOCK = re.compile(rb"Nats-Expected-Last-Subject-Sequence: ([0-9]+)\r\n\r\n").fullmatch
+
+
 def _parse_header_lines(raw: bytes) -> dict[str, str]:
     """nats-py's ``Client._parse_header_lines``, with one look per name for whitespace.
 
     Same rules: ``Name: Value`` per line, lines without a colon skipped, names that are
     not ASCII or hold whitespace skipped, values stripped and decoded as UTF-8 with
     replacement characters. A later line with the same name wins.
+
+    The block nearly every delivery of a watched bucket carries, the one header a
+    compare-and-set sends, is read with one match instead of a dozen calls.
     """
+    only = _CAS_BLOCK(raw)
+    if only is not None:
+        return {_EXPECTED_LAST: only[1].decode("ascii")}
     out: dict[str, str] = {}
     for line in raw.split(_CRLF):
         if not line:

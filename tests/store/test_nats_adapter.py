@@ -442,3 +442,9 @@ async def test_a_shorter_timeout_is_kept_behind_a_longer_one_waiting(nats_url: s
         await silent.unsubscribe()
     finally:
         await kv.close()
+
+
+@pytest.mark.parametrize("revision", [0, 1, 41, 18446744073709551615])
+def test_the_compare_and_set_header_block_is_the_one_its_headers_make(revision: int) -> None:
+    assert nats_store._CAS_HEADER % revision == nats_store._header_block(
+        {"Nats-Expected-Last-Subject-Sequence": str(revision)})

@@ -77,6 +77,8 @@ log = logging.getLogger(__name__)
 
 _KV_OPERATION = "KV-Operation"
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"  # what a compare-and-set sends
+# its header block, as nats-py would make it of ``{_EXPECTED_LAST: str(revision)}``
+_CAS_HEADER = b"NATS/1.0\r\nNats-Expected-Last-Subject-Sequence: %d\r\n\r\n"
 _VALID_KEY = re.compile(r"^[-/_=\.a-zA-Z0-9]+$").match  # nats-py's rule for KV keys
 _MARKER_REASON = "Nats-Marker-Reason"
 _WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream's "wrong last sequence" error codes
@@ -178,7 +180,7 @@ class _Client(nats.aio.client.Client):
     _parse_header_lines = staticmethod(_parse_header_lines)
 
     def publish_now(self, subject: str, reply: str, payload: bytes,
-                    headers: dict[str, str]) -> bool:
+                    headers: dict[str, str], block: bytes | None = None) -> bool:
         """Write an ``HPUB`` to the socket in this turn; False: not written (publish
         through nats-py then), when the connection is not up or commands are already
         waiting for the flusher, which must send them first.
@@ -188,6 +190,7 @@ class _Client(nats.aio.client.Client):
         the same either way; nats-py writes its pings the same way. The socket's own
         buffer is left to asyncio, as the flusher's ``writelines`` leaves it; when it
         holds bytes already (the server reads slowly), the flusher's ``drain`` waits.
+        ``block``, when given, is ``headers``' header block made already.
         """
         transport = self._transport
         if (
@@ -200,7 +203,7 @@ class _Client(nats.aio.client.Client):
         writer = transport._io_writer
         if writer is None or writer.transport.get_write_buffer_size():
             return False
-        header = _header_block(headers)
+        header = block if block is not None else _header_block(headers)
         size = len(header)
         writer.write(b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
             subject.encode(), reply.encode(), size, size + len(payload), header, payload))
@@ -355,7 +358,7 @@ class _Acks:
             self._timer = loop.call_at(nearest, self._expire)
 
     async def request(self, subject: str, payload: bytes, headers: dict[str, str],
-                      timeout: float) -> Any:
+                      timeout: float, block: bytes | None = None) -> Any:
         self._sent += 1
         token = str(self._sent)
         loop = asyncio.get_running_loop()
@@ -371,7 +374,7 @@ class _Acks:
             connection = self.connection
             reply = self._prefix + token
             if not (isinstance(connection, _Client)
-                    and connection.publish_now(subject, reply, payload, headers)):
+                    and connection.publish_now(subject, reply, payload, headers, block)):
                 await connection.publish(subject, payload, reply=reply, headers=headers)
             msg = await future
         finally:
@@ -431,7 +434,8 @@ class NatsBucket:
         # What ``with _edge(...)`` does, without a generator and a message per write:
         # a claim and its release each come here once.
         try:
-            return await self._publish(key, value, {_EXPECTED_LAST: str(expected_revision)})
+            return await self._publish(key, value, {_EXPECTED_LAST: str(expected_revision)},
+                                       _CAS_HEADER % expected_revision)
         except nats.js.errors.KeyWrongLastSequenceError as error:
             raise RevisionMismatch(
                 f"bucket {self.name!r}: key {key!r} is not at revision {expected_revision}"
@@ -442,7 +446,8 @@ class NatsBucket:
                 raise
             raise mapped from error
 
-    async def _publish(self, key: str, value: bytes, headers: dict[str, str]) -> int:
+    async def _publish(self, key: str, value: bytes, headers: dict[str, str],
+                       block: bytes | None = None) -> int:
         """Publish ``value`` to ``key``'s subject and return the revision its ack names.
 
         What nats-py's ``KeyValue.update`` does, with the same errors: it raises
@@ -459,7 +464,7 @@ class NatsBucket:
         try:
             if acks is not None and acks.connection is owner._nc:
                 msg = await acks.request(self._prefix + key, value, headers,
-                                         owner._settings.request_timeout)
+                                         owner._settings.request_timeout, block)
             else:  # between connections: whatever the connection in hand says
                 msg = await owner._nc.request(
                     self._prefix + key, value, timeout=owner._settings.request_timeout,

@@ -553,7 +553,10 @@ class NatsBucket:
                                      f"unsubscribing the watch of {self.name} failed",
                                      error, logger=log)
 
-        watch = QueueWatch(start=start, stop=stop)
+        # A reader may have each change handed to it in the read loop's turn: on
+        # NATS a change's moment is the network's anyway (the embedded store keeps
+        # its readers' turns, which the simulator's decisions follow).
+        watch = QueueWatch(start=start, stop=stop, handing=True)
         self._owner._watches.add(watch)
         return watch
 

@@ -2,6 +2,7 @@
 
 A store hands changes to :meth:`QueueWatch.push`; the watch is established by a start
 hook on the first :meth:`ready` (or the first iteration), and torn down by a stop hook.
+A store may let a reader take each change as it is pushed (:meth:`QueueWatch.hand_over`).
 """
 
 from __future__ import annotations

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from typing import Any
 
 import nats.aio.client
+import nats.aio.transport
+import nats.errors
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -56,6 +59,41 @@ def test_any_bytes_parse_as_nats_py_parses_them(raw: bytes) -> None:
 def test_a_compare_and_set_header_block_parses_to_its_one_header() -> None:
     raw = b"Nats-Expected-Last-Subject-Sequence: 41\r\n\r\n"
     assert _parse_header_lines(raw) == {"Nats-Expected-Last-Subject-Sequence": "41"}
+
+
+@pytest.mark.parametrize("raw", [
+    b"Nats-Expected-Last-Subject-Sequence: 0\r\n\r\n",
+    b"Nats-Expected-Last-Subject-Sequence: 18446744073709551615\r\n\r\n",
+    b"Nats-Expected-Last-Subject-Sequence:  7 \r\n\r\n",
+    b"Nats-Expected-Last-Subject-Sequence: 7\r\n",
+    b"Nats-Expected-Last-Subject-Sequence: 7\r\nKV-Operation: DEL\r\n\r\n",
+    b"Nats-Expected-Last-Subject-Sequence: \xd9\xa3\r\n\r\n",
+    b"Nats-Expected-Last-Subject-Sequence: 7\r\n\r\nX: y\r\n\r\n",
+    b"nats-expected-last-subject-sequence: 7\r\n\r\n",
+])
+def test_the_compare_and_set_block_and_its_neighbours_parse_as_nats_py_parses_them(
+    raw: bytes,
+) -> None:
+    assert _parse_header_lines(raw) == _nats_py_parse(raw)
+
+
+def test_a_compare_and_set_block_is_read_with_two_calls() -> None:
+    """The block nearly every watched delivery carries: one match and one decode,
+    where the line-by-line parse makes a dozen calls."""
+    calls: list[str] = []
+
+    def tally(frame: Any, event: str, arg: Any) -> None:
+        if event in ("call", "c_call"):
+            calls.append(event)
+
+    raw = b"Nats-Expected-Last-Subject-Sequence: 41\r\n\r\n"
+    sys.setprofile(tally)
+    try:
+        parsed = _parse_header_lines(raw)
+    finally:
+        sys.setprofile(None)
+    assert parsed == {"Nats-Expected-Last-Subject-Sequence": "41"}
+    assert len(calls) <= 4  # the parser itself, the match, the decode (and setprofile)
 
 
 @pytest.mark.parametrize(
@@ -263,3 +301,150 @@ async def test_after_a_new_connection_compare_and_sets_hear_their_acks_on_it(
         assert await bucket.update("k", b"two", expected_revision=revision) > revision
     finally:
         await kv.close()
+
+
+async def test_a_compare_and_set_is_written_in_its_own_turn(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not queued for nats-py's flusher task (a loop turn later): the store writes the
+    command to the socket itself, and the server takes it as nats-py's own."""
+    kv = await NatsKV.connect(NatsSettings(servers=[nats_url]))
+    try:
+        bucket = await kv.bucket("adapter_direct")
+        first = await bucket.put("k", b"one")
+
+        async def refused(*args: object, **kwargs: object) -> None:
+            raise AssertionError("a compare-and-set went through nats-py's publish")
+
+        monkeypatch.setattr(kv.connection, "publish", refused)
+        sent = kv.connection.stats["out_msgs"]
+        second = await bucket.update("k", b"two", expected_revision=first)
+        with pytest.raises(RevisionMismatch):
+            await bucket.update("k", b"three", expected_revision=first)
+        assert kv.connection.stats["out_msgs"] == sent + 2
+        monkeypatch.undo()
+        entry = await bucket.get("k")
+        assert entry is not None and (entry.value, entry.revision) == (b"two", second)
+    finally:
+        await kv.close()
+
+
+async def test_a_compare_and_set_waits_behind_commands_queued_for_the_flusher(
+    nats_url: str,
+) -> None:
+    """With a command already queued for nats-py's flusher, a compare-and-set goes
+    through nats-py's publish behind it: the server sees them in the order given."""
+    kv = await NatsKV.connect(NatsSettings(servers=[nats_url]))
+    try:
+        bucket = await kv.bucket("adapter_queued")
+        first = await bucket.put("k", b"one")
+        connection = kv.connection
+        assert isinstance(connection, _Client)
+        # a plain publish queued and not yet flushed (the flusher wakes next turn)
+        await connection.publish("$KV.adapter_queued.k", b"queued")
+        assert connection._pending_data_size > 0
+        assert not connection.publish_now("$KV.adapter_queued.k", "_INBOX.x", b"v",
+                                          {"Nats-Expected-Last-Subject-Sequence": "1"})
+        # the compare-and-set names the first revision: it must reach the server after
+        # the queued publish, so it loses the race
+        with pytest.raises(RevisionMismatch):
+            await bucket.update("k", b"two", expected_revision=first)
+        entry = await bucket.get("k")
+        assert entry is not None and entry.value == b"queued"
+    finally:
+        await kv.close()
+
+
+@pytest.mark.parametrize("headers", [
+    {"Nats-Expected-Last-Subject-Sequence": "0"},
+    {"Nats-Expected-Last-Subject-Sequence": "18446744073709551615", "KV-Operation": "DEL"},
+    {},
+])
+async def test_the_direct_publish_sends_nats_pys_bytes(headers: dict[str, str]) -> None:
+    """The command written directly is the one nats-py's publish queues."""
+    written: list[bytes] = []
+
+    class Writer:
+        transport = type("T", (), {"get_write_buffer_size": lambda self: 0})()
+
+        def write(self, data: bytes) -> None:
+            written.append(data)
+
+    client = _Client()
+    client._status = nats.aio.client.Client.CONNECTED
+    client._transport = nats.aio.transport.TcpTransport()
+    client._transport._io_writer = Writer()  # type: ignore[assignment]
+    client._max_payload = 1 << 20
+    assert client.publish_now("$KV.b.k", "_INBOX.r.1", b"payload", headers)
+    queued: list[bytes] = []
+
+    async def send_command(cmd: bytes, priority: bool = False) -> None:
+        queued.append(cmd)
+
+    client._send_command = send_command  # type: ignore[method-assign]
+    client._flush_queue = None
+    await client._send_publish("$KV.b.k", "_INBOX.r.1", b"payload", 7, headers)
+    assert written == queued and len(written) == 1
+
+
+async def test_compare_and_sets_share_one_timer_for_their_timeouts(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A timer per write cost each claim and release a handle on the loop's heap: a
+    run of writes answered in time arms one timer, at the first one's deadline."""
+    kv = await NatsKV.connect(NatsSettings(servers=[nats_url]))
+    try:
+        bucket = await kv.bucket("adapter_one_timer")
+        revision = await bucket.put("k", b"0")
+        loop = asyncio.get_running_loop()
+        armed: list[float] = []
+        call_at, call_later = loop.call_at, loop.call_later
+
+        def counted_at(when: float, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+            armed.append(when)
+            return call_at(when, *args, **kwargs)
+
+        def counted_later(delay: float, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+            armed.append(loop.time() + delay)
+            return call_later(delay, *args, **kwargs)
+
+        monkeypatch.setattr(loop, "call_at", counted_at)
+        monkeypatch.setattr(loop, "call_later", counted_later)
+        for i in range(20):
+            revision = await bucket.update("k", b"%d" % i, expected_revision=revision)
+        assert len(armed) <= 1
+        assert kv._acks is not None and kv._acks._waiting == {}
+    finally:
+        await kv.close()
+
+
+async def test_a_shorter_timeout_is_kept_behind_a_longer_one_waiting(nats_url: str) -> None:
+    """The shared timer stands at the earliest deadline: a request with a short
+    timeout fails in time though one with a long timeout armed the timer first, and
+    the long one keeps waiting."""
+    kv = await NatsKV.connect(NatsSettings(servers=[nats_url]))
+    try:
+        acks = kv._acks
+        assert acks is not None
+        silent = await kv.connection.subscribe("adapter.silent")
+        await kv.connection.flush()
+        long = asyncio.ensure_future(acks.request("adapter.silent", b"a", {}, 30.0))
+        await asyncio.sleep(0.05)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(nats.errors.TimeoutError):
+            await acks.request("adapter.silent", b"b", {}, 0.2)
+        assert asyncio.get_running_loop().time() - started < 5.0
+        assert not long.done()
+        long.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await long
+        assert acks._waiting == {}
+        await silent.unsubscribe()
+    finally:
+        await kv.close()
+
+
+@pytest.mark.parametrize("revision", [0, 1, 41, 18446744073709551615])
+def test_the_compare_and_set_header_block_is_the_one_its_headers_make(revision: int) -> None:
+    assert nats_store._CAS_HEADER % revision == nats_store._header_block(
+        {"Nats-Expected-Last-Subject-Sequence": str(revision)})

@@ -44,7 +44,7 @@ from kubemoot.runtime.watching import Followers, ParsedDocuments
 from kubemoot.settings import RuntimeSettings
 from kubemoot.store.documents import ProviderState, ProviderTickets, Ticket
 from kubemoot.store.keys import decode_token, encode_token
-from kubemoot.store.protocol import Bucket, Change, StoreError, Watch
+from kubemoot.store.protocol import Bucket, Change, HandingWatch, StoreError, Watch
 
 log = logging.getLogger(__name__)
 
@@ -237,8 +237,15 @@ class ProviderView:
 
     async def _follow(self, watch: Watch) -> None:
         try:
-            async for change in watch:
-                self._pending[(change.bucket, change.key)] = change
+            # Where the store hands changes over as they arrive (NATS), this task
+            # wakes only for the watch's end, not once per change: on a busy fleet
+            # every call's claim and release comes back here.
+            if isinstance(watch, HandingWatch) and watch.hand_over(self._file):
+                async for _ in watch:  # only the end comes this way
+                    pass
+            else:
+                async for change in watch:
+                    self._pending[(change.bucket, change.key)] = change
         except StoreError as error:
             faults.noted("view-watch", faults.STORE,
                          "provider view watch failed; it reads instead", error)
@@ -246,6 +253,10 @@ class ProviderView:
             if self._following:
                 self._following = False
                 self.invalidate()  # back to reading, starting with everything
+
+    def _file(self, change: Change) -> None:
+        """Keep a delivered change until the next snapshot (the newest per document)."""
+        self._pending[(change.bucket, change.key)] = change
 
     async def close(self) -> None:
         """Stop following (the view keeps working by reading)."""

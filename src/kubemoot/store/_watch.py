@@ -2,6 +2,7 @@
 
 A store hands changes to :meth:`QueueWatch.push`; the watch is established by a start
 hook on the first :meth:`ready` (or the first iteration), and torn down by a stop hook.
+A store may let a reader take each change as it is pushed (:meth:`QueueWatch.hand_over`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class QueueWatch:
     the embedded store's writes are the simulator's most frequent operation.
     """
 
-    def __init__(self, *, start: Hook | None = None, stop: Hook | None = None) -> None:
+    def __init__(self, *, start: Hook | None = None, stop: Hook | None = None,
+                 handing: bool = False) -> None:
         # None marks the end: it stays at the head once reached, so later reads end too
         self._pending: deque[Change | None] = deque()
         self._waiters: deque[asyncio.Future[None]] = deque()
@@ -41,6 +43,9 @@ class QueueWatch:
         #: set by the first drain: a drained watch keeps at most this many changes
         self._bound: int | None = None
         self._lost = False
+        #: whether :meth:`hand_over` may be used (the store's choice), and to whom
+        self._handing = handing
+        self._take: Callable[[Change], None] | None = None
 
     def _wake(self) -> None:
         waiters = self._waiters
@@ -50,8 +55,23 @@ class QueueWatch:
                 waiter.set_result(None)
                 return
 
+    def hand_over(self, take: Callable[[Change], None]) -> bool:
+        """See :class:`~kubemoot.store.protocol.HandingWatch`: from now on each change
+        goes to ``take`` as it is pushed, the pending ones first (False where the store
+        did not allow it)."""
+        if not self._handing:
+            return False
+        pending = self._pending
+        while pending and pending[0] is not None:
+            take(pending.popleft())  # type: ignore[arg-type]
+        self._take = take
+        return True
+
     def push(self, change: Change) -> None:
         if not self._ended:
+            if self._take is not None:
+                self._take(change)
+                return
             pending = self._pending
             if self._bound is not None and len(pending) >= self._bound:
                 pending.clear()  # nobody drained for long: forget, and say so on drain

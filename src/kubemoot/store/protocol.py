@@ -18,7 +18,7 @@ Error tree::
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -91,6 +91,20 @@ class Watch(Protocol):
 
     async def aclose(self) -> None:
         """Stop watching; a pending ``__anext__`` ends the iteration."""
+        ...
+
+
+@runtime_checkable
+class HandingWatch(Protocol):
+    """A watch that can give its changes to a function as they arrive, instead of
+    waking a reader for each (see :meth:`hand_over`)."""
+
+    def hand_over(self, take: Callable[[Change], None]) -> bool:
+        """From now on give each change to ``take`` as the store delivers it, those
+        not yet read first, in order; iterating the watch then yields only its end.
+        ``take`` must not wait or raise. False, and nothing changes, where the store
+        keeps a reader's loop turn per change (the embedded store: the simulator's
+        decisions follow those turns)."""
         ...
 
 

@@ -28,7 +28,7 @@ async def _fleet(make, *, coder_busy_elsewhere: bool = False) -> Harness:
     h: Harness = await make(
         [
             gpu("rtx4090", 24, residents={"qwen3:14b": 12}),
-            gpu("rtx4080", 16, residents={CODER: 11}),  # 15 usable: the 14b fits once the coder goes
+            gpu("rtx4080", 16, residents={CODER: 11}),  # 15 usable: a 14b fits without the coder
             gpu("rtx4070", 12, residents={CODER: 11}),  # the coder's other copy; no room for a 14b
         ],
         tickets=tickets,

@@ -148,6 +148,10 @@ class CostModel:
         #: call (:func:`kubemoot.runtime.options.spread`): company the demand board may
         #: not show yet, when they were issued in the same instant.
         self.queued_ahead: dict[str, int] = {}
+        #: Whether this round plans an agent's first call at its selection (a held
+        #: plan): its unload plans charge a duplicated victim's reload by the share of
+        #: the model's slots it holds (:meth:`reload_demand`).
+        self.at_selection = False
         self._lines: dict[str, dict[str, float]] = {}
 
     # -- per model -------------------------------------------------------------------
@@ -317,6 +321,38 @@ class CostModel:
         seconds += self.crowding(p, model, occupancy)
         return Option(OptionKind.COLD_LOAD, p.name, model, seconds, footprint_mib=occupancy)
 
+    def reload_demand(self, p: ProviderSnapshot, victim: str) -> float:
+        """How many of ``victim``'s expected calls its reload is charged for, when it
+        is unloaded from ``p``: ``demand(victim)``, except in a plan made at selection
+        where other copies can take them all.
+
+        A victim whose model stays resident elsewhere is not reloaded for every call
+        it is expected to get: when the other ready copies (not planned for release
+        themselves) have at least ``demand(victim)`` free slots between them, the
+        copy unloaded only carried its share of them, ``slots(P) / Σ slots`` over
+        this copy and the others. Memory-tight's cut: at 111 s two researchers were
+        selected for ``qwen3:14b``, whose two copies' slots were taken, and the plan
+        queued (39.5 s) rather than unload one of three idle coder copies (44.4 s,
+        as if every coder call would need the unloaded copy back); its two first
+        calls then waited 13 s each for that very unload. Only at selection: the
+        same rule for every call took fleet-16's mean wait from 0.295 to 0.311 s on
+        seed 7 and from 0.326 to 0.334 s on seed 2 (docs/simulator.md). A victim
+        alone in the fleet, or wanted by more calls than the others can start, keeps
+        the full charge, so DESIGN §5's worked examples are unchanged.
+        """
+        demand = self.demand.demand(victim)
+        if not self.at_selection or demand <= 0:
+            return demand
+        others = [
+            q for q in self.fleet.index.copies_of(victim)
+            if q.name != p.name and q.is_resident(victim) and q.state.ready
+            and not q.circuit_open and victim not in q.planned_victims()
+        ]
+        free = sum(max(0, q.slots - len(q.in_flight(victim))) for q in others)
+        if not others or free < demand:
+            return demand
+        return demand * p.slots / (p.slots + sum(q.slots for q in others))
+
     def unload_option(
         self, p: ProviderSnapshot, model: str, occupancy: int, victims: Sequence[str]
     ) -> Option:
@@ -327,7 +363,7 @@ class CostModel:
             # An unloaded model reloads from disk at the same rate as any load.
             size = self.occupancy(victim) or residents[victim]
             reload = load_seconds(size, self.settings)
-            seconds += self.settings.unload_seconds + reload * self.demand.demand(victim)
+            seconds += self.settings.unload_seconds + reload * self.reload_demand(p, victim)
         return Option(
             OptionKind.UNLOAD,
             p.name,

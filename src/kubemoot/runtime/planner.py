@@ -261,6 +261,7 @@ class CallPlanner:
         models = [c.model for c in acceptable]
         for _ in range(self._max_rounds):
             rnd = await self.new_round(prompt_tokens, exclude=exclude)
+            rnd.cost.at_selection = ticket_state is TicketState.HELD  # a plan at selection
             self._prefill(rnd, holder_id)
             options.spread(rnd, models, ahead)
             options.count_planned(rnd, planned)

@@ -69,6 +69,9 @@ class DemandMirror:
         #: how many times an entry was set or removed: a read that finds the same count
         #: as an earlier one at the same instant would count the same figures
         self.changes = 0
+        #: how many times a forecast (``sel.``) entry was set or removed: a forecast
+        #: worked out when the count was the same counted the same entries
+        self.selection_changes = 0
 
     # -- keeping up ------------------------------------------------------------------
 
@@ -159,6 +162,7 @@ class DemandMirror:
                 self._count(record, kind, segments[0], parsed.expires_at)
         if key.startswith(SELECTION_PREFIX):
             self.selections.add(key)
+            self.selection_changes += 1
 
     def _count(self, record: _Record, kind: str, model: str, expires_at: float) -> None:
         tally = self.tally[kind]
@@ -183,7 +187,9 @@ class DemandMirror:
         self.changes += 1
         record = self.records.pop(key)
         self._untally(record)
-        self.selections.discard(key)
+        if key in self.selections:
+            self.selections.discard(key)
+            self.selection_changes += 1
         self.uses.discard(key)
         self.unreadable.discard(key)
         self._forget(key)

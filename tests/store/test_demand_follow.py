@@ -341,3 +341,36 @@ async def test_a_forecast_with_no_entry_changed_is_not_summed_again() -> None:
     expired = await both()
     assert expired is not removed and expired == {"qwen3:14b": 0.5}
     await follower.close()
+
+
+async def test_a_full_read_folds_only_what_the_watch_did_not_bring() -> None:
+    """The periodic full read finds the entries the copy holds at the same revisions:
+    it folds none of them again (only keys changed behind the watch's back would be)."""
+    clock = ManualClock(start=1_000.0)
+    bucket = CountingBucket(clock)
+    follower = DemandBoard(bucket, clock=clock, settings=SETTINGS)
+    assert await follower.follow()
+    writer = DemandBoard(bucket, clock=clock, settings=SETTINGS)
+    for agent in AGENTS:
+        await writer.add_intent("qwen3:8b", agent)
+    await writer.record_selection(AGENTS[0], ["qwen3:8b"], 0.5)
+    await follower.snapshot()  # the first read fills the copy
+    mirror = follower._mirror
+    assert mirror is not None
+    folded: list[str] = []
+    fold = mirror._fold
+
+    def counted(key: str, revision: int, value: bytes) -> tuple[str, tuple[str, ...], object]:
+        folded.append(key)
+        return fold(key, revision, value)
+
+    mirror._fold = counted  # type: ignore[assignment]  # counts, then folds as before
+    clock.advance(FULL_READ_SECONDS)
+    await writer.record_use("qwen3:8b")
+    listings = bucket.listings
+    read = await follower.snapshot()
+    assert bucket.listings == listings + 1  # a full read
+    assert folded == ["use.qwen3=3A8b"]  # the one new entry, from the watch
+    reader = DemandBoard(bucket, clock=clock, settings=SETTINGS)
+    assert _figures(read) == _figures(await reader.snapshot())
+    await follower.close()

@@ -349,14 +349,20 @@ class DemandBoard:
         waiters, intents = mirror.tallies(now)
         uses: dict[str, tuple[float, float | None]] = {}
         records = mirror.records
+        window, exp = self.use_window_seconds, math.exp
         for key in sorted(mirror.uses):
             folded = records[key].folded
             assert folded is not None
             demand = folded[3]
             if demand.expires_at > now:
                 assert isinstance(demand, DemandEntry)
-                count = _decayed(demand.count, demand.last_used_at, now, self.use_window_seconds)
-                uses[folded[2][0]] = (count, demand.last_used_at)
+                # _decayed(), inline (the same arithmetic: max(0.0, x) is x when x > 0.0,
+                # else 0.0): every read at a new instant decays each model's use
+                count, since = demand.count, demand.last_used_at
+                if since is not None and window > 0:
+                    elapsed = now - since
+                    count = count * exp(-(elapsed if elapsed > 0.0 else 0.0) / window)
+                uses[folded[2][0]] = (count, since)
         prediction: dict[str, float] = {}
         worked = self._worked_forecast
         if (refresh and worked is not None and worked[0] is mirror

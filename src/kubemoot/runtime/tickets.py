@@ -1389,8 +1389,9 @@ class TicketManager:
         result: Ticket | BaseException | None = None,
         error: BaseException | None = None,
     ) -> None:
-        with contextlib.suppress(ValueError):
-            lane.pending.remove(op)
+        pending = lane.pending
+        if op in pending:  # not contextlib.suppress: every operation passes here
+            pending.remove(op)
         if op.foreign_until is not None:
             op.revision = lane.seen
         announced = op.announced is not None

@@ -96,6 +96,11 @@ class DemandBoard:
         #: The forecast the followed copy last worked out: the copy, its count of
         #: forecast changes then, the prediction and when its first counted entry expires.
         self._worked_forecast: tuple[DemandMirror, int, dict[str, float], float] | None = None
+        #: the prediction this board's own selection last left, every figure in it above
+        #: the rounding residue (see record_selection)
+        self._clean: dict[str, float] | None = None
+        #: each agent's forecast key, encoded once
+        self._selection_keys: dict[str, str] = {}
 
     # -- following -------------------------------------------------------------------
 
@@ -190,7 +195,9 @@ class DemandBoard:
             models=list(dict.fromkeys(models)),
             frequency=frequency,
         )
-        key = join_key(SELECTION, agent)
+        key = self._selection_keys.get(agent)
+        if key is None:
+            key = self._selection_keys[agent] = join_key(SELECTION, agent)
         revision = await self._bucket.put(key, entry.to_json())
         self._parsed[key] = (revision, entry)
         # This process's own writes show in the forecast it holds at once: the entry
@@ -200,13 +207,26 @@ class DemandBoard:
             prediction = dict(forecast[1])
             known = self._folded.get(key)
             replaced = known[3] if known is not None else None
+            touched: set[str] = set()
             if isinstance(replaced, SelectionEntry) and replaced.expires_at > now:
-                for model in set(replaced.models):
+                touched = set(replaced.models)
+                for model in touched:
                     prediction[model] = prediction.get(model, 0.0) - replaced.frequency
-            for model in set(entry.models):
+            added = set(entry.models)
+            for model in added:
                 prediction[model] = prediction.get(model, 0.0) + entry.frequency
             # a model nobody names any more leaves, not as a rounding error's residue
-            prediction = {m: v for m, v in prediction.items() if abs(v) > 1e-9}
+            if forecast[1] is self._clean:
+                # Every other figure was above the residue already (this board's last
+                # write left it so): only the models changed here can have fallen to
+                # it. Deleting them keeps the order the comprehension below keeps.
+                for model in touched | added:
+                    figure = prediction[model]
+                    if not (figure > 1e-9 or figure < -1e-9):  # not abs(figure) > 1e-9
+                        del prediction[model]
+            else:
+                prediction = {m: v for m, v in prediction.items() if abs(v) > 1e-9}
+            self._clean = prediction
             self._forecast = (forecast[0], prediction, min(forecast[2], entry.expires_at))
         self._folded[key] = (revision, SELECTION, (agent,), entry)
         self._cached(key)
@@ -381,9 +401,14 @@ class DemandBoard:
                 self._folded[key] = folded
                 parsed = folded[3]
                 if isinstance(parsed, SelectionEntry) and parsed.expires_at > now:
-                    expiry = min(expiry, parsed.expires_at)
-                    for model in set(parsed.models):
-                        prediction[model] = prediction.get(model, 0.0) + parsed.frequency
+                    if parsed.expires_at < expiry:  # min(), without a call per entry
+                        expiry = parsed.expires_at
+                    frequency = parsed.frequency
+                    for model in set(parsed.models):  # prediction.get(model, 0.0) + ...
+                        if model in prediction:
+                            prediction[model] += frequency
+                        else:
+                            prediction[model] = 0.0 + frequency
             self._forecast = (now, prediction, expiry)
             self._worked_forecast = (mirror, mirror.selection_changes, prediction, expiry)
         elif forecast is not None:

@@ -672,7 +672,7 @@ class TicketManager:
             if any(op.reread for op in batch):
                 cached = None  # a claim to decide afresh: read the document too
             known = _known_state(batch)
-            retry: set[int] = set()  # claims to decide again on a freshly read state
+            retry: set[_Op] = set()  # claims to decide again on a freshly read state
             try:
                 document: ProviderTickets
                 revision: int | None
@@ -684,7 +684,8 @@ class TicketManager:
                     document, revision, state, delivered_state = await self._read_for(
                         lane, batch, cached, known
                     )
-                lane.seen = max(lane.seen, revision or 0)
+                if revision is not None and revision > lane.seen:  # max(), without a call
+                    lane.seen = revision
                 now = self._clock.now()
                 fresh = cached is None or cached[1] >= lane.seen
                 answered = self._answer_announced(lane, batch, document, now, fresh=fresh)
@@ -709,10 +710,10 @@ class TicketManager:
                         or (cached is not None and not changed)):
                     for op in batch:
                         if op.kind is OpKind.CLAIM and isinstance(
-                            results.get(id(op)), ClaimRejected
+                            results.get(op), ClaimRejected
                         ):
                             op.reread = True
-                            retry.add(id(op))
+                            retry.add(op)
                 if changed:
                     written = decision.document(provider)
                     encoder = lane.encoder
@@ -726,7 +727,8 @@ class TicketManager:
                             key, value, expected_revision=revision
                         )
                     lane.cached = (written, new_revision)
-                    lane.seen = max(lane.seen, new_revision)
+                    if new_revision > lane.seen:
+                        lane.seen = new_revision
                     if self._parsed is not None:
                         self._parsed.prime(key, new_revision, written)
                     if lane.combining is None:
@@ -787,8 +789,8 @@ class TicketManager:
             if self._announcements is not None:  # written: forget what it settled
                 self._announcements.settle(decision.settled, decision.found_settled)
             for op in batch:
-                if id(op) not in retry:
-                    self._finish(lane, op, result=results.get(id(op)))
+                if op not in retry:
+                    self._finish(lane, op, result=results.get(op))
             conflicts = max(0, conflicts - 1)
         if lane.combining is not None:
             self._resign_when_idle(lane)
@@ -1426,23 +1428,24 @@ class TicketManager:
         state: ProviderState | None,
         now: float,
         batch: list[_Op],
-    ) -> tuple[Decision, dict[int, Ticket | BaseException | None]]:
+    ) -> tuple[Decision, dict[_Op, Ticket | BaseException | None]]:
         """Decide every queued operation in order; each outcome as the caller gets it."""
         announced = (() if self._announcements is None
                      else self._announcements.pending(provider))
         decision = decide(document, state, now, [op.request(self.ttl_seconds) for op in batch],
                           line_seconds=self.line_seconds, announced=announced)
-        results: dict[int, Ticket | BaseException | None] = {}
+        # keyed by the operation itself: an _Op compares and hashes by identity
+        results: dict[_Op, Ticket | BaseException | None] = {}
         for op, outcome in zip(batch, decision.outcomes, strict=True):
             if isinstance(outcome, Refused):
                 assert op.ticket is not None
-                results[id(op)] = ClaimRejected(provider, op.ticket.model,
+                results[op] = ClaimRejected(provider, op.ticket.model,
                                                 op.ticket.model_footprint_mib, outcome.reason)
             elif isinstance(outcome, Gone):
-                results[id(op)] = TicketGone(
+                results[op] = TicketGone(
                     f"ticket {op.ticket_id} on {provider} is gone (released or expired)")
             else:
-                results[id(op)] = outcome
+                results[op] = outcome
         return decision, results
 
 

@@ -128,7 +128,15 @@ class DemandBoard:
     def _fold_entry(
         self, key: str, revision: int, value: bytes
     ) -> tuple[str, tuple[str, ...], DemandEntry | SelectionEntry]:
-        kind, segments = self._shape(key)
+        # The followed copy folds every change (its own writes, met again on the watch,
+        # most of them): a key's shape and a revision's parse, when known, are taken
+        # here without the calls of _shape and _parse.
+        shapes, parsed = self._shapes, self._parsed
+        kind, segments = shapes[key] if key in shapes else self._shape(key)
+        if key in parsed:
+            known = parsed[key]
+            if known[0] == revision:
+                return kind, segments, known[1]
         selecting = kind == SELECTION and len(segments) == 1
         return kind, segments, self._parse(key, revision, value, selecting=selecting)
 

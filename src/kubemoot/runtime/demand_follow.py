@@ -145,24 +145,30 @@ class DemandMirror:
         return await answer
 
     def _set(self, key: str, revision: int, value: bytes) -> None:
+        # Every change of the bucket passes here (fleet-16: about 4,000 a run): the sets
+        # are tested before they are changed, and nothing is untallied that was not
+        # counted, which spares a call each.
         self.changes += 1
-        old = self.records.get(key)
-        if old is not None:
-            self._untally(old)
+        records, uses = self.records, self.uses
+        if key in records:
+            old = records[key]
+            if old.tallied is not None:
+                self._untally(old)
         try:
             kind, segments, parsed = self._fold(key, revision, value)
         except ValueError as error:
-            self.records[key] = _Record(revision, None, error)
+            records[key] = _Record(revision, None, error)
             self.unreadable.add(key)
-            self.uses.discard(key)
+            uses.discard(key)
         else:
             record = _Record(revision, (revision, kind, segments, parsed))
-            self.records[key] = record
-            self.unreadable.discard(key)
+            records[key] = record
+            if key in self.unreadable:
+                self.unreadable.remove(key)
             if kind == USE and len(segments) == 1 and isinstance(parsed, DemandEntry):
-                self.uses.add(key)
-            else:
-                self.uses.discard(key)
+                uses.add(key)
+            elif key in uses:
+                uses.remove(key)
             if (kind in (WAIT, INTENT) and len(segments) == 2
                     and isinstance(parsed, DemandEntry)):
                 self._count(record, kind, segments[0], parsed.expires_at)

@@ -213,16 +213,24 @@ class DemandBoard:
         forecast = self._forecast
         if forecast is not None:
             prediction = dict(forecast[1])
-            known = self._folded.get(key)
-            replaced = known[3] if known is not None else None
+            folded = self._folded
+            replaced = folded[key][3] if key in folded else None
             touched: set[str] = set()
+            # prediction.get(model, 0.0) -/+ frequency, without a call per model
             if isinstance(replaced, SelectionEntry) and replaced.expires_at > now:
                 touched = set(replaced.models)
+                frequency_of = replaced.frequency
                 for model in touched:
-                    prediction[model] = prediction.get(model, 0.0) - replaced.frequency
-            added = set(entry.models)
+                    if model in prediction:
+                        prediction[model] -= frequency_of
+                    else:
+                        prediction[model] = 0.0 - frequency_of
+            added, frequency_of = set(entry.models), entry.frequency
             for model in added:
-                prediction[model] = prediction.get(model, 0.0) + entry.frequency
+                if model in prediction:
+                    prediction[model] += frequency_of
+                else:
+                    prediction[model] = 0.0 + frequency_of
             # a model nobody names any more leaves, not as a rounding error's residue
             if forecast[1] is self._clean:
                 # Every other figure was above the residue already (this board's last
@@ -381,9 +389,9 @@ class DemandBoard:
         for key in sorted(mirror.uses):
             folded = records[key].folded
             assert folded is not None
-            demand = folded[3]
+            # a DemandEntry: the copy holds no other document under ``uses`` (_set)
+            demand: DemandEntry = folded[3]  # type: ignore[assignment]
             if demand.expires_at > now:
-                assert isinstance(demand, DemandEntry)
                 # _decayed(), inline (the same arithmetic: max(0.0, x) is x when x > 0.0,
                 # else 0.0): every read at a new instant decays each model's use
                 count, since = demand.count, demand.last_used_at

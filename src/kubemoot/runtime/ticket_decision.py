@@ -163,9 +163,12 @@ def decide(doc: ProviderTickets, state: ProviderState | None, now: float,
     line after its last try. ``announced``: the requests other processes announced for
     this provider, in the order they were announced; they are applied first.
     """
-    tickets = doc.active(now)
-    line = [entry for entry in doc.line if entry.expires_at > now]
-    served = {tid: until for tid, until in doc.served.items() if until > now}
+    # (Every write decides: an empty line or served map is copied without a
+    # comprehension, and the tickets are doc.active(now) without the call.)
+    tickets = [t for t in doc.tickets if t.expires_at > now]
+    line = [entry for entry in doc.line if entry.expires_at > now] if doc.line else []
+    served = ({tid: until for tid, until in doc.served.items() if until > now}
+              if doc.served else {})
     # Writers prune expired tickets, lapsed places in the line and lapsed marks. Marks
     # lapse all the time under contention (one per announced claim granted) and are
     # harmless once lapsed, so they are dropped whenever a write happens but never
@@ -181,7 +184,11 @@ def decide(doc: ProviderTickets, state: ProviderState | None, now: float,
         changed = changed or wrote
     outcomes: list[Outcome] = []
     for op in ops:
-        index = next((i for i, t in enumerate(tickets) if t.ticket_id == op.ticket_id), None)
+        index = None  # where its ticket is, if it is (a loop: no generator per operation)
+        for i, t in enumerate(tickets):
+            if t.ticket_id == op.ticket_id:
+                index = i
+                break
         if op.kind is OpKind.CLAIM:
             assert op.ticket is not None
             if index is not None:  # granted by a write whose acknowledgement was lost

@@ -601,7 +601,8 @@ class TicketManager:
     async def _submit(self, provider: str, op: _Op) -> Ticket | None:
         if self._announcements is not None:
             self._announcements.follow()
-        lane = self._lane(provider)
+        lanes = self._lanes
+        lane = lanes[provider] if provider in lanes else self._lane(provider)
         lane.pending.append(op)
         lane.active_at = self._clock.now()
         if lane.task is None or lane.task.done():
@@ -1413,13 +1414,19 @@ class TicketManager:
                                     withdraw_until=op.announced_until)
                 withdraw.future.add_done_callback(lambda f: f.cancelled() or f.exception())
                 self._enqueue(lane.provider, withdraw)
-        if op.future.done():
+        future = op.future
+        if future.done():
             return
-        failure = error if error is not None else result
-        if isinstance(failure, BaseException):
-            op.future.set_exception(failure)
+        # A ticket or nothing, the outcome of most operations, is settled without the
+        # isinstance() calls below; the answers are the same.
+        if error is not None:
+            future.set_exception(error)
+        elif result is None or result.__class__ is Ticket:
+            future.set_result(result)
+        elif isinstance(result, BaseException):
+            future.set_exception(result)
         else:
-            op.future.set_result(result if isinstance(result, Ticket) else None)
+            future.set_result(result if isinstance(result, Ticket) else None)
 
     def _apply(
         self,
@@ -1437,7 +1444,9 @@ class TicketManager:
         # keyed by the operation itself: an _Op compares and hashes by identity
         results: dict[_Op, Ticket | BaseException | None] = {}
         for op, outcome in zip(batch, decision.outcomes, strict=True):
-            if isinstance(outcome, Refused):
+            if outcome is None or outcome.__class__ is Ticket:  # most: no isinstance()
+                results[op] = outcome
+            elif isinstance(outcome, Refused):
                 assert op.ticket is not None
                 results[op] = ClaimRejected(provider, op.ticket.model,
                                                 op.ticket.model_footprint_mib, outcome.reason)

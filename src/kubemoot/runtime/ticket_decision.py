@@ -173,7 +173,8 @@ def decide(doc: ProviderTickets, state: ProviderState | None, now: float,
     # lapse all the time under contention (one per announced claim granted) and are
     # harmless once lapsed, so they are dropped whenever a write happens but never
     # make one: otherwise every decision would have to win a write to give any answer.
-    changed = len(tickets) != len(doc.tickets) or len(line) != len(doc.line)
+    changed = len(tickets) != len(doc.tickets) or (
+        len(line) != len(doc.line) if doc.line else False)  # (no line: none lapsed)
     settled: list[TicketRequest] = []
     found_settled: list[TicketRequest] = []
     for request in announced:
@@ -330,12 +331,15 @@ def _judged_on(state: ProviderState | None, tickets: list[Ticket], now: float,
     priced the option asked for them."""
     if state is None:
         return None
-    active = tuple(t for t in tickets if t.expires_at > now)
+    active = tuple([t for t in tickets if t.expires_at > now])  # one call, not a generator's
     live = live_state(state, now, {t.model for t in active})
     if (priced is not None and priced.state is live and not priced.circuit_open
-            and len(priced.tickets) == len(active)
-            and all(a is b for a, b in zip(priced.tickets, active, strict=True))):
-        return priced
+            and len(priced.tickets) == len(active)):
+        for a, b in zip(priced.tickets, active, strict=True):  # all(a is b ...), as a loop
+            if a is not b:
+                break
+        else:
+            return priced
     return ProviderSnapshot(state=live, tickets=active)
 
 

@@ -505,7 +505,7 @@ class TicketManager:
         ticket = Ticket(
             ticket_id=self._new_ticket_id(),
             model=model,
-            model_footprint_mib=max(0, footprint_mib),
+            model_footprint_mib=footprint_mib if footprint_mib > 0 else 0,  # max(0, ...)
             holder_id=holder_id,
             state=state,
             started_at=now,
@@ -670,9 +670,21 @@ class TicketManager:
                 delivered = await self._delivered(lane, cached)
                 if delivered is not None:
                     cached, own = delivered, False
-            if any(op.reread for op in batch):
+            # One pass over the batch, every write's (no generator and call each):
+            # whether a claim is to be decided afresh, and _known_state(batch).
+            rereading = afresh = False
+            last_claim: _Op | None = None
+            for op in batch:
+                if op.reread:
+                    rereading = True
+                if op.kind is OpKind.CLAIM:
+                    last_claim = op
+                    if op.known_state is None or op.reread or op.fresh_state:
+                        afresh = True
+            if rereading:
                 cached = None  # a claim to decide afresh: read the document too
-            known = _known_state(batch)
+            known = (last_claim.known_state if last_claim is not None and not afresh
+                     else None)
             retry: set[_Op] = set()  # claims to decide again on a freshly read state
             try:
                 document: ProviderTickets
@@ -689,13 +701,24 @@ class TicketManager:
                     lane.seen = revision
                 now = self._clock.now()
                 fresh = cached is None or cached[1] >= lane.seen
-                answered = self._answer_announced(lane, batch, document, now, fresh=fresh)
+                for op in batch:  # (most batches: nothing announced, nothing to answer)
+                    if op.announced is not None:
+                        answered = self._answer_announced(lane, batch, document, now,
+                                                          fresh=fresh)
+                        break
+                else:
+                    answered = False
                 if answered and revision is not None and self._parsed is not None:
                     # Another process's write applied them: its revision is in no
                     # cache of this one, yet the view's note of them must not be
                     # undone by a delivery older than it.
                     self._parsed.heard(key, revision)
-                if self._lapse_foreign(lane, batch, now) or answered:
+                foreign = False  # taken from another process: each may have lapsed
+                for op in batch:
+                    if op.foreign_until is not None:
+                        foreign = True
+                        break
+                if (foreign and self._lapse_foreign(lane, batch, now)) or answered:
                     batch = [op for op in batch if not op.future.done()]
                     if not batch:
                         continue  # nothing of ours to write
@@ -711,7 +734,7 @@ class TicketManager:
                         or (cached is not None and not changed)):
                     for op in batch:
                         if op.kind is OpKind.CLAIM and isinstance(
-                            results.get(op), ClaimRejected
+                            results[op], ClaimRejected
                         ):
                             op.reread = True
                             retry.add(op)
@@ -791,8 +814,9 @@ class TicketManager:
                 self._announcements.settle(decision.settled, decision.found_settled)
             for op in batch:
                 if op not in retry:
-                    self._finish(lane, op, result=results.get(op))
-            conflicts = max(0, conflicts - 1)
+                    self._finish(lane, op, result=results[op])  # every op has an outcome
+            if conflicts:  # max(0, conflicts - 1)
+                conflicts -= 1
         if lane.combining is not None:
             self._resign_when_idle(lane)
 

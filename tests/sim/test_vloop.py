@@ -167,6 +167,46 @@ def test_clocks_read_the_loops_time_without_a_frame_of_their_own() -> None:
         assert fast.now() == fast._epoch
 
 
+
+def test_tasks_and_the_time_come_without_a_frame_until_asyncios_way_is_asked_for() -> None:
+    """Plainly, the loop's time and its tasks are made by C-level callables (no frame of
+    the loop around them); a task factory or debug mode take asyncio's way, and a
+    closed loop refuses a task before wrapping its coroutine, as asyncio's does."""
+    loop = VirtualTimeLoop(start=4.0)
+    try:
+        assert "time" in vars(loop) and "create_task" in vars(loop)
+        assert loop.time() == 4.0
+
+        async def answer() -> int:
+            return 42
+
+        task = loop.create_task(answer(), name="plain")
+        assert type(task) is asyncio.Task and task.get_name() == "plain"
+        assert loop.run_until_complete(task) == 42
+        made: list[str] = []
+
+        def factory(loop_: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
+            made.append("factory")
+            return asyncio.Task(coro, loop=loop_, **kw)
+
+        loop.set_task_factory(factory)
+        assert "create_task" not in vars(loop)
+        assert loop.run_until_complete(loop.create_task(answer())) == 42 and made
+        loop.set_task_factory(None)
+        assert "create_task" in vars(loop)
+        loop.set_debug(True)
+        assert "create_task" not in vars(loop)
+        loop.set_debug(False)
+        assert "create_task" in vars(loop)
+    finally:
+        loop.close()
+    assert "create_task" not in vars(loop)
+    coro = answer()
+    with pytest.raises(RuntimeError, match="closed"):
+        loop.create_task(coro)
+    coro.close()
+
+
 class _AsyncioTurns(VirtualTimeLoop):
     """The virtual loop taking asyncio's own turn, ``call_soon``, timers (a heap of
     ``TimerHandle``) and task and future making instead of its own."""

@@ -104,3 +104,35 @@ async def test_a_new_thread_rewrites_only_the_shares_that_moved(make) -> None:
         true = 1 / (k + 1)
         assert abs(share - true) <= SHARE_TOLERANCE * share
     assert len(set(written)) < len(written)  # some threads wrote nothing for crew/b
+
+
+async def test_shares_written_after_old_threads_leave_the_window(make) -> None:
+    # crew/b was selected early and again later; its old threads leave the selection
+    # window, crew/c's only one too (crew/c is forgotten). Every share written on a
+    # new thread is the agent's frequency as the window holds it then.
+    h = await make([gpu("g", 48)], declared={"m": 4, "n": 4},
+                   settings=RuntimeSettings(selection_window_seconds=100.0))
+    plans = HeldPlans(h.planner, clock=h.clock, board=h.board)
+
+    async def written(agent: str) -> float:
+        entry = await h.demand_bucket.get(join_key("sel", agent))
+        assert entry is not None
+        return SelectionEntry.from_json(entry.value).frequency
+
+    await plans.commit_to_thread("crew/c", "t0", candidates("n"))
+    for k in range(6):
+        await plans.commit_to_thread("crew/b", f"t{k}", candidates("n"))
+        await plans.commit_to_thread("crew/a", f"t{k}", candidates("m"))
+        h.clock.advance(30.0)
+    # t0..t2 are older than 100 s now: b keeps t3..t5 of t3..t5, c is gone
+    await plans.commit_to_thread("crew/a", "t6", candidates("m"))
+    assert plans.frequency("crew/c") == 0.0 and plans.frequency("crew/b") == 0.75
+    assert await written("crew/a") == 1.0
+    b = await written("crew/b")
+    assert abs(b - 0.75) <= SHARE_TOLERANCE * b
+    h.clock.advance(95.0)  # t3..t5 leave as well: b is forgotten, then selected anew
+    await plans.commit_to_thread("crew/b", "t7", candidates("n"))
+    await plans.commit_to_thread("crew/a", "t8", candidates("m"))
+    # t6, t7 and t8 are in the window: b's share moved from the 1/2 it wrote at t7
+    assert plans.frequency("crew/b") == 1 / 3
+    assert await written("crew/b") == 1 / 3

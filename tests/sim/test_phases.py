@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kubemoot.sim import load_scenario, simulate
 from kubemoot.sim.gpu import EmulatedGpu
@@ -128,3 +130,50 @@ def test_a_thread_on_the_slot_that_served_it_prefills_only_its_newest_step() -> 
     assert first.split()[WaitSource.LOAD] == pytest.approx(4.0)  # 4 GiB at 1 GiB/s
     assert second.split() == {"slot": 0.0, "load": 0.0, "eviction": 0.0, "memory": 0.0,
                               "prefill": pytest.approx(0.5)}
+
+
+def _split_with_builtins(p: WaitPhases) -> dict[WaitSource, float]:
+    """The split as it was written with max() and min(): the spelt-out form must agree."""
+    parts = dict.fromkeys(WaitSource, 0.0)
+    if p.started is None or p.engine_request is None:
+        return parts
+    before = max(0.0, p.engine_request - p.issued)
+    evicting = min(before, p.policy_evicting)
+    parts[WaitSource.EVICTION] += evicting
+    parts[WaitSource.SLOT if p.joined_warm else WaitSource.MEMORY] += before - evicting
+    assigned = p.engine_assigned if p.engine_assigned is not None else p.engine_request
+    queued = max(0.0, assigned - p.engine_request)
+    in_queue_evict = min(queued, p.queue_evicting)
+    in_queue_load = min(queued - in_queue_evict, p.queue_loading)
+    parts[WaitSource.EVICTION] += in_queue_evict
+    parts[WaitSource.LOAD] += in_queue_load
+    parts[WaitSource.MEMORY] += queued - in_queue_evict - in_queue_load
+    ready = p.runner_ready if p.runner_ready is not None else assigned
+    parts[WaitSource.LOAD] += max(0.0, ready - assigned)
+    parts[WaitSource.SLOT] += max(0.0, p.started - ready)
+    if p.first_token is not None:
+        parts[WaitSource.PREFILL] += max(0.0, p.first_token - p.started)
+    return parts
+
+
+_times = st.one_of(st.none(), st.sampled_from([0.0, -0.0, 1.0, 2.5]),
+                   st.floats(min_value=-5.0, max_value=50.0))
+_spans = st.one_of(st.sampled_from([0.0, -0.0, 3.0]), st.floats(min_value=-1.0, max_value=20.0))
+
+
+@given(issued=st.floats(min_value=0.0, max_value=10.0), request=_times, assigned=_times,
+       ready=_times, started=_times, first=_times, evicting=_spans, q_evict=_spans,
+       q_load=_spans, warm=st.booleans())
+@settings(max_examples=400, deadline=None)
+def test_the_split_is_what_max_and_min_give(issued: float, request: float | None,
+                                            assigned: float | None, ready: float | None,
+                                            started: float | None, first: float | None,
+                                            evicting: float, q_evict: float, q_load: float,
+                                            warm: bool) -> None:
+    phases = WaitPhases(issued, engine_request=request, engine_assigned=assigned,
+                        runner_ready=ready, started=started, first_token=first,
+                        policy_evicting=evicting, queue_evicting=q_evict,
+                        queue_loading=q_load, joined_warm=warm)
+    got, want = phases.split(), _split_with_builtins(phases)
+    assert list(got) == list(want)
+    assert [repr(v) for v in got.values()] == [repr(v) for v in want.values()]  # -0.0 too

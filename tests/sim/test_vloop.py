@@ -125,6 +125,90 @@ def test_the_virtual_loop_clock_reads_what_a_loop_clock_reads(anchor: float | No
     assert type(loop_clock(epoch=epoch)) is LoopClock  # off a virtual loop: a plain one
 
 
+
+def test_clocks_read_the_loops_time_without_a_frame_of_their_own() -> None:
+    """After its first reading a clock of the virtual loop reads what the loop worked
+    out for its epoch and anchor on the turn (no frame per reading): the same floats
+    as a plain loop clock, for clocks sharing an epoch and anchor or not, anchored late
+    or not, read from tasks, callbacks and timers; a plain clock again once stopped."""
+    epoch = 1_767_225_600.0
+    seen: list[tuple[float, float]] = []
+    clocks: list[LoopClock] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        pairs = [(loop_clock(epoch=0.0, anchor=0.0), LoopClock(epoch=0.0, anchor=0.0)),
+                 (loop_clock(epoch=0.0, anchor=0.0), LoopClock(epoch=0.0, anchor=0.0)),
+                 (loop_clock(epoch=epoch, anchor=3.0), LoopClock(epoch=epoch, anchor=3.0))]
+
+        def read() -> None:
+            for fast, plain in pairs:
+                seen.append((fast.now(), plain.now()))
+
+        read()
+        assert all("now" in vars(fast) for fast, _ in pairs)  # its own reader: no method
+        first = pairs[0][0]
+        assert type(first).now(first) == first.now()  # the method still answers the same
+        for step, wait in enumerate((0.0, 0.25, 1e-9, 7.5, 0.0, 3600.0, 1 / 3)):
+            await asyncio.sleep(wait)
+            read()
+            loop.call_soon(read)
+            loop.call_later(wait / 2, read)
+            if step == 2:  # a clock anchored at its first reading, late
+                late = loop_clock(epoch=epoch)
+                pairs.append((late, LoopClock(epoch=epoch, anchor=loop.time())))
+        await asyncio.sleep(4000.0)
+        read()
+        clocks.extend(fast for fast, _ in pairs)
+
+    run_virtual(main(), start=2.0)
+    assert len(seen) > 60
+    for fast_reading, plain_reading in seen:
+        assert fast_reading == plain_reading
+    for fast in clocks:  # stopped: as a plain clock with no loop running
+        assert fast.now() == fast._epoch
+
+
+
+def test_tasks_and_the_time_come_without_a_frame_until_asyncios_way_is_asked_for() -> None:
+    """Plainly, the loop's time and its tasks are made by C-level callables (no frame of
+    the loop around them); a task factory or debug mode take asyncio's way, and a
+    closed loop refuses a task before wrapping its coroutine, as asyncio's does."""
+    loop = VirtualTimeLoop(start=4.0)
+    try:
+        assert "time" in vars(loop) and "create_task" in vars(loop)
+        assert loop.time() == 4.0
+
+        async def answer() -> int:
+            return 42
+
+        task = loop.create_task(answer(), name="plain")
+        assert type(task) is asyncio.Task and task.get_name() == "plain"
+        assert loop.run_until_complete(task) == 42
+        made: list[str] = []
+
+        def factory(loop_: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
+            made.append("factory")
+            return asyncio.Task(coro, loop=loop_, **kw)
+
+        loop.set_task_factory(factory)
+        assert "create_task" not in vars(loop)
+        assert loop.run_until_complete(loop.create_task(answer())) == 42 and made
+        loop.set_task_factory(None)
+        assert "create_task" in vars(loop)
+        loop.set_debug(True)
+        assert "create_task" not in vars(loop)
+        loop.set_debug(False)
+        assert "create_task" in vars(loop)
+    finally:
+        loop.close()
+    assert "create_task" not in vars(loop)
+    coro = answer()
+    with pytest.raises(RuntimeError, match="closed"):
+        loop.create_task(coro)
+    coro.close()
+
+
 class _AsyncioTurns(VirtualTimeLoop):
     """The virtual loop taking asyncio's own turn, ``call_soon``, timers (a heap of
     ``TimerHandle``) and task and future making instead of its own."""

@@ -170,3 +170,41 @@ async def test_a_repeated_read_says_what_a_full_read_says(store: StoreUnderTest)
     await kept.add_waiter("qwen3:8b", "crew-a/critic")
     await _as_a_full_read(kept, bucket, store)
     assert (await kept.snapshot()).of("qwen3:8b").waiters == 1
+
+
+async def test_own_selections_update_the_forecast_as_the_full_filter_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After its first own selection, a board filters the rounding residue out of its
+    forecast only where that selection changed it; the forecast is the one (same
+    figures, same order) that filtering every figure gives."""
+    from kubemoot.clock import ManualClock
+    from kubemoot.runtime import demand as demand_module
+    from kubemoot.store.memory import MemoryBucket
+
+    clock = ManualClock(start=1_000.0)
+    fast = DemandBoard(MemoryBucket("a", clock=clock, max_age=None), clock=clock)
+    full = DemandBoard(MemoryBucket("b", clock=clock, max_age=None), clock=clock)
+    for board_ in (fast, full):
+        await board_.record_selection("crew/x", ["m", "n"], 0.3)
+        await board_.snapshot()  # reads the forecast: the boards now update it themselves
+    filtered: list[float] = []
+
+    def counted_abs(value: float) -> float:
+        filtered.append(value)
+        return abs(value)
+
+    steps = [("crew/a", ["m", "n"], 0.1), ("crew/b", ["n", "o"], 1 / 3),
+             ("crew/a", ["o"], 0.1), ("crew/b", ["p"], 0.7), ("crew/x", ["q"], 0.3),
+             ("crew/a", ["m"], 0.2), ("crew/c", ["n"], 0.0)]
+    for step, (agent, models, frequency) in enumerate(steps):
+        if step == 1:
+            filtered.clear()  # the first filters the forecast it read whole: its own since
+        full._clean = None  # the full filter, as every write did before
+        await full.record_selection(agent, models, frequency)
+        monkeypatch.setattr(demand_module, "abs", counted_abs, raising=False)
+        await fast.record_selection(agent, models, frequency)
+        monkeypatch.undo()
+        assert fast._forecast is not None and full._forecast is not None
+        assert list(fast._forecast[1].items()) == list(full._forecast[1].items())
+    assert "m" in fast._forecast[1] and "n" not in fast._forecast[1]  # 0.3 + 0.1 - 0.1 - 0.3
+    assert filtered == []  # since then only the changed figures were looked at

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import pytest
 
 from kubemoot.clock import ManualClock
-from kubemoot.runtime.demand import FULL_READ_SECONDS, DemandBoard
+from kubemoot.runtime.demand import FORECAST_REFRESH_SECONDS, FULL_READ_SECONDS, DemandBoard
 from kubemoot.runtime.snapshot import DemandSnapshot
 from kubemoot.settings import RuntimeSettings
 from kubemoot.store import _watch
@@ -297,3 +297,80 @@ async def test_catching_up_on_an_older_revision_keeps_the_newer_parse(
     assert snapshot.of("qwen3:8b").recent_use == pytest.approx(2.0)
     assert len(parsed) == 1  # the first; the second is the board's own, kept
     await board.close()
+
+
+async def test_a_forecast_with_no_entry_changed_is_not_summed_again() -> None:
+    """A following board's forecast, due again with no forecast entry changed and none
+    expired, is the sums it worked out before; another writer's selection, its own, a
+    removed entry or an expired one make it sum afresh, as a reading board does."""
+    clock = ManualClock(start=1_000.0)
+    bucket = CountingBucket(clock)
+    settings = RuntimeSettings(selection_window_seconds=200.0)  # how long entries live
+    follower = DemandBoard(bucket, clock=clock, settings=settings)
+    assert await follower.follow()
+    writer = DemandBoard(bucket, clock=clock, settings=settings)
+    await writer.record_selection("crew-a/agent-0", ["qwen3:8b", "qwen3:14b"], 0.25)
+    await follower.record_selection("crew-a/agent-1", ["qwen3:8b"], 0.5)
+
+    async def both() -> dict[str, float]:
+        reader = DemandBoard(bucket, clock=clock, settings=settings)
+        followed, read = await follower.snapshot(), await reader.snapshot()
+        assert _figures(followed) == _figures(read)
+        assert follower._forecast is not None
+        return follower._forecast[1]
+
+    first = await both()
+    assert first == {"qwen3:8b": 0.75, "qwen3:14b": 0.25}
+    clock.advance(FORECAST_REFRESH_SECONDS)  # due again, nothing changed
+    assert await both() is first
+    await writer.record_selection("crew-a/agent-2", ["qwen3:32b"], 1.0)
+    clock.advance(FORECAST_REFRESH_SECONDS)
+    other = await both()
+    assert other is not first and other["qwen3:32b"] == 1.0
+    await follower.record_selection("crew-a/agent-1", ["qwen3:14b"], 0.5)
+    clock.advance(FORECAST_REFRESH_SECONDS)
+    own = await both()
+    assert own is not other and own == {"qwen3:8b": 0.25, "qwen3:14b": 0.75, "qwen3:32b": 1.0}
+    await bucket.delete("sel.crew-a=2Fagent-2")
+    clock.advance(FORECAST_REFRESH_SECONDS)
+    removed = await both()
+    assert "qwen3:32b" not in removed
+    clock.advance(FORECAST_REFRESH_SECONDS / 2)  # within the window: the same forecast
+    assert await both() is removed
+    clock.advance(70.0)  # past agent-0's expiry (200 s after it was written): afresh
+    expired = await both()
+    assert expired is not removed and expired == {"qwen3:14b": 0.5}
+    await follower.close()
+
+
+async def test_a_full_read_folds_only_what_the_watch_did_not_bring() -> None:
+    """The periodic full read finds the entries the copy holds at the same revisions:
+    it folds none of them again (only keys changed behind the watch's back would be)."""
+    clock = ManualClock(start=1_000.0)
+    bucket = CountingBucket(clock)
+    follower = DemandBoard(bucket, clock=clock, settings=SETTINGS)
+    assert await follower.follow()
+    writer = DemandBoard(bucket, clock=clock, settings=SETTINGS)
+    for agent in AGENTS:
+        await writer.add_intent("qwen3:8b", agent)
+    await writer.record_selection(AGENTS[0], ["qwen3:8b"], 0.5)
+    await follower.snapshot()  # the first read fills the copy
+    mirror = follower._mirror
+    assert mirror is not None
+    folded: list[str] = []
+    fold = mirror._fold
+
+    def counted(key: str, revision: int, value: bytes) -> tuple[str, tuple[str, ...], object]:
+        folded.append(key)
+        return fold(key, revision, value)
+
+    mirror._fold = counted  # type: ignore[assignment]  # counts, then folds as before
+    clock.advance(FULL_READ_SECONDS)
+    await writer.record_use("qwen3:8b")
+    listings = bucket.listings
+    read = await follower.snapshot()
+    assert bucket.listings == listings + 1  # a full read
+    assert folded == ["use.qwen3=3A8b"]  # the one new entry, from the watch
+    reader = DemandBoard(bucket, clock=clock, settings=SETTINGS)
+    assert _figures(read) == _figures(await reader.snapshot())
+    await follower.close()

@@ -108,6 +108,9 @@ class HeldPlans:
         # threads that selected it and the models it named last.
         self._threads: dict[str, float] = {}
         self._selected: dict[str, dict[str, float]] = {}
+        #: len() of each agent's threads in _selected, kept beside it: a new thread reads
+        #: every known agent's count (fleet-16: about 24,000 a run)
+        self._counts: dict[str, int] = {}
         self._models_of: dict[str, tuple[str, ...]] = {}
         self._written: dict[str, float] = {}  # the share last written per agent
         #: Per (agent, thread), the copy its plan counts on and when it was planned,
@@ -145,17 +148,21 @@ class HeldPlans:
             # A new thread changes every known agent's share: write again the ones that
             # moved by more than SHARE_TOLERANCE of what the board holds.
             others = [a for a in self._selected if a != agent] if new_thread else []
-            # frequency(), inline: a new thread asks it of every known agent (the
-            # simulator's busiest fleets: several per call)
-            threads, selected = len(self._threads), self._selected
+            # frequency(), inline, and without a call per agent but len: a new thread
+            # asks it of every known agent (fleet-16: about 24,000 times a run). The
+            # dicts are read as the loop reaches each agent, as they change meanwhile.
+            threads, counts, written_of = len(self._threads), self._counts, self._written
             for who in [agent, *others]:
-                share = len(selected.get(who, {})) / threads if threads else 0.0
-                if who == agent and frequency is not None:
-                    share = frequency
-                written = self._written.get(who)
-                if who != agent and written is not None and (
-                        abs(share - written) <= SHARE_TOLERANCE * written):
-                    continue
+                share = counts[who] / threads if threads and who in counts else 0.0
+                if who == agent:
+                    if frequency is not None:
+                        share = frequency
+                elif who in written_of:
+                    # abs(share - written) <= SHARE_TOLERANCE * written, spelt out
+                    written = written_of[who]
+                    moved, tolerated_move = share - written, SHARE_TOLERANCE * written
+                    if -tolerated_move <= moved <= tolerated_move:
+                        continue
                 with tolerated("selection", f"recording the selection of {who}"):
                     await self._board.record_selection(who, self._models_of[who], share)
                     self._written[who] = share
@@ -232,7 +239,9 @@ class HeldPlans:
         self._forget_before(now - self._planner.settings.selection_window_seconds)
         new_thread = thread not in self._threads
         self._threads.setdefault(thread, now)
-        self._selected.setdefault(agent, {})[thread] = now
+        threads = self._selected.setdefault(agent, {})
+        threads[thread] = now
+        self._counts[agent] = len(threads)
         self._models_of[agent] = models
         return new_thread
 
@@ -247,8 +256,10 @@ class HeldPlans:
             kept = {t: at for t, at in self._selected[agent].items() if t in self._threads}
             if kept:
                 self._selected[agent] = kept
+                self._counts[agent] = len(kept)
             else:
                 del self._selected[agent]
+                del self._counts[agent]
                 self._models_of.pop(agent, None)
                 self._written.pop(agent, None)
 

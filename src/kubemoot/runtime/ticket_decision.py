@@ -163,14 +163,18 @@ def decide(doc: ProviderTickets, state: ProviderState | None, now: float,
     line after its last try. ``announced``: the requests other processes announced for
     this provider, in the order they were announced; they are applied first.
     """
-    tickets = doc.active(now)
-    line = [entry for entry in doc.line if entry.expires_at > now]
-    served = {tid: until for tid, until in doc.served.items() if until > now}
+    # (Every write decides: an empty line or served map is copied without a
+    # comprehension, and the tickets are doc.active(now) without the call.)
+    tickets = [t for t in doc.tickets if t.expires_at > now]
+    line = [entry for entry in doc.line if entry.expires_at > now] if doc.line else []
+    served = ({tid: until for tid, until in doc.served.items() if until > now}
+              if doc.served else {})
     # Writers prune expired tickets, lapsed places in the line and lapsed marks. Marks
     # lapse all the time under contention (one per announced claim granted) and are
     # harmless once lapsed, so they are dropped whenever a write happens but never
     # make one: otherwise every decision would have to win a write to give any answer.
-    changed = len(tickets) != len(doc.tickets) or len(line) != len(doc.line)
+    changed = len(tickets) != len(doc.tickets) or (
+        len(line) != len(doc.line) if doc.line else False)  # (no line: none lapsed)
     settled: list[TicketRequest] = []
     found_settled: list[TicketRequest] = []
     for request in announced:
@@ -181,7 +185,11 @@ def decide(doc: ProviderTickets, state: ProviderState | None, now: float,
         changed = changed or wrote
     outcomes: list[Outcome] = []
     for op in ops:
-        index = next((i for i, t in enumerate(tickets) if t.ticket_id == op.ticket_id), None)
+        index = None  # where its ticket is, if it is (a loop: no generator per operation)
+        for i, t in enumerate(tickets):
+            if t.ticket_id == op.ticket_id:
+                index = i
+                break
         if op.kind is OpKind.CLAIM:
             assert op.ticket is not None
             if index is not None:  # granted by a write whose acknowledgement was lost
@@ -323,12 +331,15 @@ def _judged_on(state: ProviderState | None, tickets: list[Ticket], now: float,
     priced the option asked for them."""
     if state is None:
         return None
-    active = tuple(t for t in tickets if t.expires_at > now)
+    active = tuple([t for t in tickets if t.expires_at > now])  # one call, not a generator's
     live = live_state(state, now, {t.model for t in active})
     if (priced is not None and priced.state is live and not priced.circuit_open
-            and len(priced.tickets) == len(active)
-            and all(a is b for a, b in zip(priced.tickets, active, strict=True))):
-        return priced
+            and len(priced.tickets) == len(active)):
+        for a, b in zip(priced.tickets, active, strict=True):  # all(a is b ...), as a loop
+            if a is not b:
+                break
+        else:
+            return priced
     return ProviderSnapshot(state=live, tickets=active)
 
 

@@ -45,11 +45,11 @@ class TicketEncoder:
         kept: dict[int, tuple[Ticket, bytes]] = {}
         parts: list[bytes] = []
         for ticket in document.tickets:
-            held = known.get(id(ticket))
-            if held is None or held[0] is not ticket:
+            ident = id(ticket)  # once, and the look-up without a call
+            if ident not in known or (held := known[ident])[0] is not ticket:
                 held = (ticket, ticket.model_dump_json(by_alias=True, exclude_none=True)
                         .encode("utf-8"))
-            kept[id(ticket)] = held
+            kept[ident] = held
             parts.append(held[1])
         self._fragments = kept
         return self._head + b",".join(parts) + self._tail

@@ -157,6 +157,8 @@ class Announcements:
         applied by someone else. The keys are their announcers' to delete: an announcer
         learns from the ticket document's watch that it was served, and a delete here
         would cost a round trip and a delivery to every process for nothing."""
+        if not applied and not found:
+            return  # most writes: nothing announced was settled
         known = {r.identity for r in (*applied, *found)}
         for provider in {r.provider for r in (*applied, *found)}:
             keys = self._pending.get(provider, {})

@@ -505,7 +505,7 @@ class TicketManager:
         ticket = Ticket(
             ticket_id=self._new_ticket_id(),
             model=model,
-            model_footprint_mib=max(0, footprint_mib),
+            model_footprint_mib=footprint_mib if footprint_mib > 0 else 0,  # max(0, ...)
             holder_id=holder_id,
             state=state,
             started_at=now,
@@ -601,7 +601,8 @@ class TicketManager:
     async def _submit(self, provider: str, op: _Op) -> Ticket | None:
         if self._announcements is not None:
             self._announcements.follow()
-        lane = self._lane(provider)
+        lanes = self._lanes
+        lane = lanes[provider] if provider in lanes else self._lane(provider)
         lane.pending.append(op)
         lane.active_at = self._clock.now()
         if lane.task is None or lane.task.done():
@@ -669,10 +670,22 @@ class TicketManager:
                 delivered = await self._delivered(lane, cached)
                 if delivered is not None:
                     cached, own = delivered, False
-            if any(op.reread for op in batch):
+            # One pass over the batch, every write's (no generator and call each):
+            # whether a claim is to be decided afresh, and _known_state(batch).
+            rereading = afresh = False
+            last_claim: _Op | None = None
+            for op in batch:
+                if op.reread:
+                    rereading = True
+                if op.kind is OpKind.CLAIM:
+                    last_claim = op
+                    if op.known_state is None or op.reread or op.fresh_state:
+                        afresh = True
+            if rereading:
                 cached = None  # a claim to decide afresh: read the document too
-            known = _known_state(batch)
-            retry: set[int] = set()  # claims to decide again on a freshly read state
+            known = (last_claim.known_state if last_claim is not None and not afresh
+                     else None)
+            retry: set[_Op] = set()  # claims to decide again on a freshly read state
             try:
                 document: ProviderTickets
                 revision: int | None
@@ -684,16 +697,28 @@ class TicketManager:
                     document, revision, state, delivered_state = await self._read_for(
                         lane, batch, cached, known
                     )
-                lane.seen = max(lane.seen, revision or 0)
+                if revision is not None and revision > lane.seen:  # max(), without a call
+                    lane.seen = revision
                 now = self._clock.now()
                 fresh = cached is None or cached[1] >= lane.seen
-                answered = self._answer_announced(lane, batch, document, now, fresh=fresh)
+                for op in batch:  # (most batches: nothing announced, nothing to answer)
+                    if op.announced is not None:
+                        answered = self._answer_announced(lane, batch, document, now,
+                                                          fresh=fresh)
+                        break
+                else:
+                    answered = False
                 if answered and revision is not None and self._parsed is not None:
                     # Another process's write applied them: its revision is in no
                     # cache of this one, yet the view's note of them must not be
                     # undone by a delivery older than it.
                     self._parsed.heard(key, revision)
-                if self._lapse_foreign(lane, batch, now) or answered:
+                foreign = False  # taken from another process: each may have lapsed
+                for op in batch:
+                    if op.foreign_until is not None:
+                        foreign = True
+                        break
+                if (foreign and self._lapse_foreign(lane, batch, now)) or answered:
                     batch = [op for op in batch if not op.future.done()]
                     if not batch:
                         continue  # nothing of ours to write
@@ -709,10 +734,10 @@ class TicketManager:
                         or (cached is not None and not changed)):
                     for op in batch:
                         if op.kind is OpKind.CLAIM and isinstance(
-                            results.get(id(op)), ClaimRejected
+                            results[op], ClaimRejected
                         ):
                             op.reread = True
-                            retry.add(id(op))
+                            retry.add(op)
                 if changed:
                     written = decision.document(provider)
                     encoder = lane.encoder
@@ -726,7 +751,8 @@ class TicketManager:
                             key, value, expected_revision=revision
                         )
                     lane.cached = (written, new_revision)
-                    lane.seen = max(lane.seen, new_revision)
+                    if new_revision > lane.seen:
+                        lane.seen = new_revision
                     if self._parsed is not None:
                         self._parsed.prime(key, new_revision, written)
                     if lane.combining is None:
@@ -787,9 +813,10 @@ class TicketManager:
             if self._announcements is not None:  # written: forget what it settled
                 self._announcements.settle(decision.settled, decision.found_settled)
             for op in batch:
-                if id(op) not in retry:
-                    self._finish(lane, op, result=results.get(id(op)))
-            conflicts = max(0, conflicts - 1)
+                if op not in retry:
+                    self._finish(lane, op, result=results[op])  # every op has an outcome
+            if conflicts:  # max(0, conflicts - 1)
+                conflicts -= 1
         if lane.combining is not None:
             self._resign_when_idle(lane)
 
@@ -1389,8 +1416,9 @@ class TicketManager:
         result: Ticket | BaseException | None = None,
         error: BaseException | None = None,
     ) -> None:
-        with contextlib.suppress(ValueError):
-            lane.pending.remove(op)
+        pending = lane.pending
+        if op in pending:  # not contextlib.suppress: every operation passes here
+            pending.remove(op)
         if op.foreign_until is not None:
             op.revision = lane.seen
         announced = op.announced is not None
@@ -1410,13 +1438,19 @@ class TicketManager:
                                     withdraw_until=op.announced_until)
                 withdraw.future.add_done_callback(lambda f: f.cancelled() or f.exception())
                 self._enqueue(lane.provider, withdraw)
-        if op.future.done():
+        future = op.future
+        if future.done():
             return
-        failure = error if error is not None else result
-        if isinstance(failure, BaseException):
-            op.future.set_exception(failure)
+        # A ticket or nothing, the outcome of most operations, is settled without the
+        # isinstance() calls below; the answers are the same.
+        if error is not None:
+            future.set_exception(error)
+        elif result is None or result.__class__ is Ticket:
+            future.set_result(result)
+        elif isinstance(result, BaseException):
+            future.set_exception(result)
         else:
-            op.future.set_result(result if isinstance(result, Ticket) else None)
+            future.set_result(result if isinstance(result, Ticket) else None)
 
     def _apply(
         self,
@@ -1425,23 +1459,26 @@ class TicketManager:
         state: ProviderState | None,
         now: float,
         batch: list[_Op],
-    ) -> tuple[Decision, dict[int, Ticket | BaseException | None]]:
+    ) -> tuple[Decision, dict[_Op, Ticket | BaseException | None]]:
         """Decide every queued operation in order; each outcome as the caller gets it."""
         announced = (() if self._announcements is None
                      else self._announcements.pending(provider))
         decision = decide(document, state, now, [op.request(self.ttl_seconds) for op in batch],
                           line_seconds=self.line_seconds, announced=announced)
-        results: dict[int, Ticket | BaseException | None] = {}
+        # keyed by the operation itself: an _Op compares and hashes by identity
+        results: dict[_Op, Ticket | BaseException | None] = {}
         for op, outcome in zip(batch, decision.outcomes, strict=True):
-            if isinstance(outcome, Refused):
+            if outcome is None or outcome.__class__ is Ticket:  # most: no isinstance()
+                results[op] = outcome
+            elif isinstance(outcome, Refused):
                 assert op.ticket is not None
-                results[id(op)] = ClaimRejected(provider, op.ticket.model,
+                results[op] = ClaimRejected(provider, op.ticket.model,
                                                 op.ticket.model_footprint_mib, outcome.reason)
             elif isinstance(outcome, Gone):
-                results[id(op)] = TicketGone(
+                results[op] = TicketGone(
                     f"ticket {op.ticket_id} on {provider} is gone (released or expired)")
             else:
-                results[id(op)] = outcome
+                results[op] = outcome
         return decision, results
 
 

@@ -67,24 +67,32 @@ class WaitPhases:
         parts = dict.fromkeys(SOURCES, 0.0)
         if self.started is None or self.engine_request is None:
             return parts
-        before = max(0.0, self.engine_request - self.issued)
-        evicting = min(before, self.policy_evicting)
+        # Every call is split once: max(0.0, x) and min(a, b) are spelt out as the
+        # builtins answer (x when x > 0.0, else 0.0; b when b < a, else a), without a call.
+        before = self.engine_request - self.issued
+        before = before if before > 0.0 else 0.0
+        evicting = self.policy_evicting if self.policy_evicting < before else before
         parts[WaitSource.EVICTION] += evicting
         # What a policy waited for before sending is a slot when it then took a warm
         # copy (it queued in its own line), otherwise memory.
         parts[WaitSource.SLOT if self.joined_warm else WaitSource.MEMORY] += before - evicting
         assigned = self.engine_assigned if self.engine_assigned is not None else self.engine_request
-        queued = max(0.0, assigned - self.engine_request)
-        in_queue_evict = min(queued, self.queue_evicting)
-        in_queue_load = min(queued - in_queue_evict, self.queue_loading)
+        queued = assigned - self.engine_request
+        queued = queued if queued > 0.0 else 0.0
+        in_queue_evict = self.queue_evicting if self.queue_evicting < queued else queued
+        left = queued - in_queue_evict
+        in_queue_load = self.queue_loading if self.queue_loading < left else left
         parts[WaitSource.EVICTION] += in_queue_evict
         parts[WaitSource.LOAD] += in_queue_load
         parts[WaitSource.MEMORY] += queued - in_queue_evict - in_queue_load
         ready = self.runner_ready if self.runner_ready is not None else assigned
-        parts[WaitSource.LOAD] += max(0.0, ready - assigned)
-        parts[WaitSource.SLOT] += max(0.0, self.started - ready)
+        loading = ready - assigned
+        parts[WaitSource.LOAD] += loading if loading > 0.0 else 0.0
+        slot = self.started - ready
+        parts[WaitSource.SLOT] += slot if slot > 0.0 else 0.0
         if self.first_token is not None:
-            parts[WaitSource.PREFILL] += max(0.0, self.first_token - self.started)
+            prefill = self.first_token - self.started
+            parts[WaitSource.PREFILL] += prefill if prefill > 0.0 else 0.0
         return parts
 
 

@@ -58,3 +58,12 @@ async def test_a_load_of_the_lapsing_model_itself_is_granted_the_copy_s_memory(
     assert ticket.model_footprint_mib == 6 * GIB
     with pytest.raises(ClaimRejected, match="does not fit"):  # but only once
         await manager.claim(PROVIDER, "new", 6 * GIB, "h2")
+
+
+async def test_a_lapsing_copy_planned_as_a_victim_gives_its_memory_to_that_plan_only(
+        store: StoreUnderTest) -> None:
+    manager, _ = await _lapsing(store)
+    await manager.claim(PROVIDER, "new", 6 * GIB, "h1", evicts={"old": 6 * GIB},
+                        condition=ClaimCondition(idle_victims=["old"]))
+    with pytest.raises(ClaimRejected, match="does not fit"):  # not again for "old"
+        await manager.claim(PROVIDER, "old", 6 * GIB, "h2")

@@ -276,11 +276,15 @@ class ProviderSnapshot:
         same model may count as its own: the engine serves such a call on the copy while
         it still has it, and otherwise reloads it once the copy's unload has freed its
         memory, never holding both. A ticket's claim keeps the copy warm (a call on it),
-        so from then on the copy's memory is the ticket's and nothing is counted twice."""
+        so from then on the copy's memory is the ticket's and nothing is counted twice.
+        A lapsing copy some live ticket plans to unload gives none: that plan has it."""
         if model is None:
             return 0
         found = self._residency or self._resident()
-        return found.held.get(model, 0) - found.footprints.get(model, 0)
+        own = found.held.get(model, 0) - found.footprints.get(model, 0)
+        if own and model in (self._budget or self._budgeted()).victims:
+            return 0
+        return own
 
     def has_free_slot(self, model: str, *, ahead: int = 0) -> bool:
         """A slot on the copy of ``model`` is free once ``ahead`` earlier calls took theirs."""

@@ -297,9 +297,18 @@ def test_a_lost_nats_is_one_line_and_the_demo_carries_on_when_it_returns() -> No
     code, err = asyncio.run(run())
     assert code == 0, err
     assert "Traceback" not in err
-    assert err.count("lost the shared state (NATS at") == 1, err
-    # (the live view may draw a line printed under it twice: no count here)
-    assert "answers again" in err, err
+    # One line when the store check finds NATS gone and one when it answers again, in
+    # turn. A check that waits longer than its 0.5 s for an answer on a loaded machine
+    # reports a second, short loss and its end the same way (1 run in 15 under load):
+    # that is no line per failed operation. (The live view may draw a line printed
+    # under it twice, so repeated "answers again" lines count once.)
+    turns: list[str] = []
+    for line in err.splitlines():
+        if "lost the shared state (NATS at" in line:
+            turns.append("lost")
+        elif "answers again" in line and turns[-1:] == ["lost"]:
+            turns.append("back")
+    assert turns and turns == ["lost", "back"] * (len(turns) // 2), err
     # no line per failed operation while it was away
     assert "failed" not in err, err
 

@@ -377,6 +377,43 @@ async def test_an_announcer_knows_when_an_older_one_waits_ahead_of_it(
     await second.aclose()
 
 
+async def test_a_second_announcement_of_a_request_already_served_is_not_pending(
+    shared: Shared,
+) -> None:
+    # One operation can be announced twice: a combiner announces the claim it took from
+    # a process and could not write, and the process, handed the claim back, announces
+    # it again. A writer that served the first copy must not hold the second pending
+    # (it was listed until it lapsed, a minute: test_the_earlier_waiter's flake).
+    writer, announcer = (
+        Announcements(shared.requests, clock=shared.clock, seconds=60,
+                      rng=random.Random(seed)) for seed in (1, 2)
+    )
+    assert await writer.following()
+    ticket = Ticket(ticket_id="t-once", model="m", model_footprint_mib=GIB,
+                    holder_id="slow", started_at=shared.clock.now(),
+                    expires_at=shared.clock.now() + 60, state=TicketState.RUNNING)
+
+    async def announce(ticket_id: str) -> TicketRequest:
+        claim = announcer.request(PROVIDER, ticket_id, ticket=ticket.model_copy(
+            update={"ticket_id": ticket_id}), kind=RequestKind.CLAIM)
+        assert await announcer.announce(PROVIDER, [claim], asyncio.Event()) is not None
+        return claim
+
+    def pending() -> list[str]:
+        return [r.ticket_id for r in writer.pending(PROVIDER)]
+
+    first = await announce("t-once")
+    await until_stored(shared.requests, lambda: pending() == ["t-once"], timeout=30,
+                       what="the claim delivered")
+    writer.settle([first], [])  # its write granted the claim
+    await announce("t-once")  # the copy, announced again
+    await announce("t-after")  # delivered after the copy
+    await until_stored(shared.requests, lambda: "t-after" in pending(), timeout=30,
+                       what="the later claim delivered")
+    assert pending() == ["t-after"]
+    await writer.aclose()
+
+
 async def test_an_idle_combiner_stops_and_the_next_contended_claim_is_still_served(
         shared: Shared, store: StoreUnderTest) -> None:
     # A combiner listens only while its provider is contended: once its lane has been

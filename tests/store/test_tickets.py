@@ -105,9 +105,10 @@ async def test_a_claim_counts_the_headroom_once(
         decisions.append(1)
         return decide(*args)  # type: ignore[arg-type]
 
-    def counted_headroom(self: ProviderSnapshot, evicts: object = ()) -> int | None:
+    def counted_headroom(self: ProviderSnapshot, evicts: object = (),
+                         model: str | None = None) -> int | None:
         headrooms.append(1)
-        return headroom(self, evicts)  # type: ignore[arg-type]
+        return headroom(self, evicts, model)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ticket_decision, "_refusal", counted_decide)
     monkeypatch.setattr(ProviderSnapshot, "headroom_mib", counted_headroom)

@@ -28,7 +28,8 @@ def holds(condition: ClaimCondition, p: ProviderSnapshot | None, model: str) -> 
         return False
     if condition.idle_victims:
         busy = {t.model for t in p.tickets}
-        if any(v in busy or not p.is_resident(v) for v in condition.idle_victims):
+        # a lapsing victim counts: its memory is still held, and unloading it frees it
+        if any(v in busy or not p.holds(v) for v in condition.idle_victims):
             return False
     if condition.warm:
         # The gates' verdict without building their evidence: every writer judges

@@ -314,7 +314,7 @@ class CostModel:
 
     def cold_option(self, p: ProviderSnapshot, model: str, occupancy: int) -> Option:
         """Load ``model`` onto free room on ``p`` (the caller checked it fits)."""
-        free = p.free_mib or 0
+        free = (p.free_mib or 0) + p.lapsing_mib(model)  # its lapsing copy's is its own
         free_after_gib = (free - occupancy) / MIB_PER_GIB
         seconds = load_seconds(occupancy, self.settings) + self.load_line_wait(p)
         seconds += BEST_FIT_SECONDS_PER_GIB * free_after_gib

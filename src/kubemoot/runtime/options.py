@@ -525,7 +525,13 @@ def cold_options(rnd: Round, model: str, *, limit: int | None = None) -> list[Op
 
 
 def unload_options(rnd: Round, model: str) -> list[Option]:
-    """Per provider that could hold ``model`` once idle residents leave, its plan."""
+    """Per provider that could hold ``model`` once idle residents leave, its plan.
+
+    Where the model's own copy is lapsing (``ProviderSnapshot.lapsing_mib``), the load
+    counts that copy's memory as its own; when that is room enough, the plan is a cold
+    load that takes the copy's place, with no victims (the room index, which lists cold
+    loads, counts the copy's memory as taken).
+    """
     occupancy = rnd.cost.occupancy(model)
     if occupancy is None:
         return []
@@ -537,6 +543,7 @@ def unload_options(rnd: Round, model: str) -> list[Option]:
             continue  # a cold load needs no victims; a too-small card no plan
         if p.has_copy(model):
             continue
+        free += p.lapsing_mib(model)
         gates = [
             filters.ready_gate(p),
             filters.circuit_gate(p),
@@ -545,6 +552,11 @@ def unload_options(rnd: Round, model: str) -> list[Option]:
         ]
         if not filters.feasible(gates):
             rnd.gates[f"{p.name}/{model} (unload)"] = gates
+            continue
+        if free >= occupancy:  # in the place of its own lapsing copy
+            rnd.gates[f"{p.name}/{model} (unload)"] = [*gates, GateResult.pass_(
+                VICTIMS, "the model's own lapsing copy makes room", neededMiB=0)]
+            options.append(rnd.with_prefill(rnd.cost.cold_option(p, model, occupancy)))
             continue
         needed = occupancy - free
         victims = planner.choose_victims(idle_residents(p, exclude=model), needed)

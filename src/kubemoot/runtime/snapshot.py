@@ -12,7 +12,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from kubemoot.settings import DEFAULTS
-from kubemoot.store.documents import ProviderState, Ticket, TicketState
+from kubemoot.store.documents import ProviderState, ResidentModel, Ticket, TicketState
 
 #: How far ahead a copy's engine expiry already counts as passed. A warm call reaches
 #: the engine a moment after it is placed; a copy whose keep-alive ends within that
@@ -20,29 +20,58 @@ from kubemoot.store.documents import ProviderState, Ticket, TicketState
 #: no ticket holds (DESIGN §5, residency is a lease with an end).
 EXPIRY_MARGIN_SECONDS = 1.0
 
+#: How long after its keep-alive ends a copy's memory still counts: the engine frees it
+#: when its unload, started by the expiry, is done (the runtime's default unload time).
+UNLOAD_GRACE_SECONDS = DEFAULTS.unload_seconds
+
+
+class LapsingCopy(ResidentModel):
+    """A copy the engine still holds, but too close to (or past) its keep-alive's end
+    to be warm: see :func:`live_state`. Only :func:`live_state` makes these."""
+
 
 def live_state(state: ProviderState, now: float,
                busy: Collection[str] = ()) -> ProviderState:
-    """``state`` without the copies whose engine keep-alive has ended by ``now`` (or
-    ends within :data:`EXPIRY_MARGIN_SECONDS`); the same object when none has.
+    """``state`` as a call placed at ``now`` finds it; the same object when no copy's
+    keep-alive ends within :data:`EXPIRY_MARGIN_SECONDS`.
 
-    The engine unloads such a copy on its own timer, between two probes: treating it as
-    warm would place a call on a copy that is no longer there. A copy in ``busy`` (a
-    call holds a ticket on it) stays: the engine never unloads a copy a request uses,
-    and renews its keep-alive when the request ends.
+    A copy whose keep-alive ends within the margin, or ended less than
+    :data:`UNLOAD_GRACE_SECONDS` ago, is *lapsing* (a :class:`LapsingCopy`): it is not
+    warm, since the engine may unload it before a call placed on it arrives, but its
+    memory is still the engine's until the unload that the expiry starts is done, so it
+    counts as resident memory (DESIGN §5: resident is what the engine holds), and it may
+    be planned as an eviction victim: unloading it only frees that memory sooner, as the
+    engine's own expiry would. Freeing it at once let a load be placed into memory the
+    engine still held, and the engine made room by evicting the copy on its own. A copy
+    whose unload is done by now is dropped. A copy in ``busy`` (a call holds a ticket
+    on it) stays warm: the engine never unloads a copy a request uses, and renews its
+    keep-alive when the request ends.
     """
     horizon = now + EXPIRY_MARGIN_SECONDS
-    kept = [m for m in state.loaded_models
-            if m.expires_at is None or m.expires_at > horizon or m.name in busy]
-    if len(kept) == len(state.loaded_models):
+    gone = now - UNLOAD_GRACE_SECONDS
+    kept: list[ResidentModel] = []
+    changed = False
+    for m in state.loaded_models:
+        ends = m.expires_at
+        if ends is None or ends > horizon or m.name in busy:
+            kept.append(m)
+            continue
+        changed = True
+        if ends > gone:
+            kept.append(m if isinstance(m, LapsingCopy)
+                        else LapsingCopy.model_construct(**m.__dict__))
+    if not changed:
         return state
     return state.model_copy(update={"loaded_models": kept})
 
 
 def next_expiry(state: ProviderState) -> float | None:
-    """When the next copy in ``state`` stops counting as resident (None: never)."""
-    ends = [m.expires_at for m in state.loaded_models if m.expires_at is not None]
-    return min(ends) - EXPIRY_MARGIN_SECONDS if ends else None
+    """When a copy in ``state`` (a :func:`live_state`) next changes what it counts as:
+    a warm copy becomes lapsing, a lapsing copy's memory comes back (None: never)."""
+    ends = [m.expires_at + UNLOAD_GRACE_SECONDS if isinstance(m, LapsingCopy)
+            else m.expires_at - EXPIRY_MARGIN_SECONDS
+            for m in state.loaded_models if m.expires_at is not None]
+    return min(ends) if ends else None
 
 
 _UNSET: object = object()
@@ -54,7 +83,7 @@ class ProviderSnapshot:
     This is the one home of a provider's memory arithmetic (DESIGN §5)::
 
         usable   = totalVram − reserve
-        resident = Σ footprints the engine reports loaded
+        resident = Σ footprints the engine reports loaded (warm or lapsing copies)
         loading  = Σ footprints of tickets whose model is not resident yet
         free     = usable − resident − loading
 
@@ -171,7 +200,7 @@ class ProviderSnapshot:
 
     @property
     def resident_total(self) -> int:
-        """Σ footprints of the resident models, in MiB."""
+        """Σ footprints of the copies the engine holds (lapsing ones too), in MiB."""
         return (self._residency or self._resident()).total
 
     @property
@@ -193,7 +222,7 @@ class ProviderSnapshot:
         cls, state: ProviderState | None, tickets: Iterable[Ticket], now: float
     ) -> ProviderSnapshot | None:
         """The provider as a claim sees it: its documents, tickets active at ``now``,
-        copies whose keep-alive has not ended."""
+        its copies as :func:`live_state` counts them at ``now``."""
         if state is None:
             return None
         active = tuple(t for t in tickets if t.expires_at > now)
@@ -201,8 +230,14 @@ class ProviderSnapshot:
 
     @property
     def residents(self) -> dict[str, int]:
-        """Models the engine reports loaded, with their footprints in MiB."""
-        return dict((self._residency or self._resident()).footprints)
+        """Models the engine reports loaded, with their footprints in MiB: the warm
+        copies and the lapsing ones (memory it still holds, a victim it may unload)."""
+        return dict((self._residency or self._resident()).held)
+
+    def holds(self, model: str) -> bool:
+        """The engine holds a copy of ``model`` here, warm or lapsing: one of
+        :attr:`residents`. :meth:`is_resident` asks whether it is warm."""
+        return model in (self._residency or self._resident()).held
 
     @property
     def copies(self) -> frozenset[str]:
@@ -210,34 +245,53 @@ class ProviderSnapshot:
         return (self._budget or self._budgeted()).copies
 
     def credit_mib(self, victims: Iterable[str]) -> int:
-        """Memory the distinct ``victims`` free, counting only those still resident."""
-        residents = (self._residency or self._resident()).footprints
+        """Memory the distinct ``victims`` free, counting only those still held."""
+        residents = (self._residency or self._resident()).held
         return sum(residents[v] for v in set(victims) if v in residents)
 
-    def headroom_mib(self, evicts: Iterable[str] = ()) -> int | None:
+    def headroom_mib(self, evicts: Iterable[str] = (), model: str | None = None) -> int | None:
         """What a new ticket planning ``evicts`` may still spend; ``None``: total unknown.
 
         ``free`` plus each distinct victim planned here (by a live ticket or by the new
         one) once, while it is still resident: two plans that pick the same victim share
         its memory, and a victim already unloaded shows up as lower residency instead.
+        A ticket for ``model`` also gets the memory of that model's lapsing copy
+        (:meth:`lapsing_mib`).
         """
         free = self.free_mib
         if free is None:
             return None
-        return free + self.credit_mib((self._budget or self._budgeted()).victims | set(evicts))
+        victims = (self._budget or self._budgeted()).victims | set(evicts)
+        return free + self.credit_mib(victims) + self.lapsing_mib(model)
 
-    def ceiling_mib(self, evicts: Iterable[str] = ()) -> int | None:
+    def ceiling_mib(self, evicts: Iterable[str] = (), model: str | None = None) -> int | None:
         """What a ticket planning ``evicts`` could ever get here, were every ticket gone."""
         usable = self.usable_mib
         if usable is None:
             return None
-        return usable - self.resident_total + self.credit_mib(evicts)
+        return usable - self.resident_total + self.credit_mib(evicts) + self.lapsing_mib(model)
+
+    def lapsing_mib(self, model: str | None) -> int:
+        """The memory of ``model``'s lapsing copy here (0: none), which a load of that
+        same model may count as its own: the engine serves such a call on the copy while
+        it still has it, and otherwise reloads it once the copy's unload has freed its
+        memory, never holding both. A ticket's claim keeps the copy warm (a call on it),
+        so from then on the copy's memory is the ticket's and nothing is counted twice.
+        A lapsing copy some live ticket plans to unload gives none: that plan has it."""
+        if model is None:
+            return 0
+        found = self._residency or self._resident()
+        own = found.held.get(model, 0) - found.footprints.get(model, 0)
+        if own and model in (self._budget or self._budgeted()).victims:
+            return 0
+        return own
 
     def has_free_slot(self, model: str, *, ahead: int = 0) -> bool:
         """A slot on the copy of ``model`` is free once ``ahead`` earlier calls took theirs."""
         return len((self._calls or self._per_model()).in_flight.get(model, ())) + ahead < self.slots
 
     def is_resident(self, model: str) -> bool:
+        """A warm copy of ``model`` is here (not a lapsing one: see :func:`live_state`)."""
         return model in (self._residency or self._resident()).footprints
 
     def planned_victims(self) -> frozenset[str]:
@@ -305,24 +359,37 @@ def _loaders(tickets: Iterable[Ticket]) -> list[Ticket]:
 
 
 class _Residency:
-    """What the engine reports loaded: footprint and first known context per model."""
+    """What the engine reports loaded: footprint and first known context per model, of
+    the warm copies (``footprints``) and of every copy it holds (``held``: the warm ones
+    and the lapsing ones, whose memory it has not freed yet)."""
 
-    __slots__ = ("contexts", "footprints", "total")
+    __slots__ = ("contexts", "footprints", "held", "total")
 
-    def __init__(self, footprints: dict[str, int], contexts: dict[str, int]) -> None:
+    def __init__(self, footprints: dict[str, int], contexts: dict[str, int],
+                 held: dict[str, int] | None = None) -> None:
         self.footprints = footprints
         self.contexts = contexts
-        self.total = sum(footprints.values())
+        self.held = footprints if held is None else held
+        self.total = sum(self.held.values())
 
     @classmethod
     def of(cls, state: ProviderState) -> _Residency:
         footprints: dict[str, int] = {}
         contexts: dict[str, int] = {}
+        lapsing: list[ResidentModel] = []
         for loaded in state.loaded_models:
+            if isinstance(loaded, LapsingCopy):
+                lapsing.append(loaded)
+                continue
             footprints[loaded.name] = footprints.get(loaded.name, 0) + loaded.size_mib
             if loaded.context_length is not None:
                 contexts.setdefault(loaded.name, loaded.context_length)
-        return cls(footprints, contexts)
+        if not lapsing:
+            return cls(footprints, contexts)
+        held = dict(footprints)
+        for loaded in lapsing:
+            held[loaded.name] = held.get(loaded.name, 0) + loaded.size_mib
+        return cls(footprints, contexts, held)
 
 
 class _Budget:

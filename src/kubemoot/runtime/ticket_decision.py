@@ -301,8 +301,8 @@ def _refusal(
     p = _judged_on(state, tickets, now, priced)
     headroom = ceiling = None
     if p is not None and footprint > 0:
-        headroom = p.headroom_mib(ticket.evicts)
-        ceiling = p.ceiling_mib(ticket.evicts)
+        headroom = p.headroom_mib(ticket.evicts, ticket.model)
+        ceiling = p.ceiling_mib(ticket.evicts, ticket.model)
     reason = None
     if not fits(footprint, headroom):
         reason = NO_ROOM

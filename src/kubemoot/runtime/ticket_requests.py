@@ -70,6 +70,12 @@ class Announcements:
         self._pending: dict[str, dict[str, list[TicketRequest]]] = {}
         self._own: dict[str, _Own] = {}
         self._revisions: dict[str, int] = {}  # key → revision, of others' announcements
+        #: Requests known settled (by identity), until when another copy of one is moot.
+        #: The same operation can be announced twice: a combiner announces what it took
+        #: from a process and could not write, and that process, handed the operation
+        #: back, announces it again (the claim line test saw the second copy arrive after
+        #: this process's write had served the first, and kept it pending for a minute).
+        self._settled: dict[tuple[str, RequestKind, str], float] = {}
         self._followers = Followers(_SITE, "ticket-request")
         self._opening: asyncio.Task[None] | None = None
         self._following = False
@@ -124,7 +130,12 @@ class Announcements:
             faults.noted(_SITE, faults.UNREADABLE, f"announced ticket requests {change.key}",
                          error)
             return
-        self._pending.setdefault(announced.provider, {})[change.key] = list(announced.requests)
+        unsettled = list(announced.requests)
+        if self._settled:
+            unsettled = [r for r in unsettled if r.identity not in self._settled]
+            if not unsettled:
+                return  # copies of requests settled already: nothing to apply
+        self._pending.setdefault(announced.provider, {})[change.key] = unsettled
         self._revisions[change.key] = change.revision
 
     async def aclose(self) -> None:
@@ -160,6 +171,14 @@ class Announcements:
         if not applied and not found:
             return  # most writes: nothing announced was settled
         known = {r.identity for r in (*applied, *found)}
+        if known:
+            now = self._clock.now()
+            settled = self._settled
+            for identity in [i for i, until in settled.items() if until <= now]:
+                del settled[identity]
+            moot = now + self.seconds  # any copy announced so far has lapsed by then
+            for identity in known:
+                settled[identity] = moot
         for provider in {r.provider for r in (*applied, *found)}:
             keys = self._pending.get(provider, {})
             for key in list(keys):

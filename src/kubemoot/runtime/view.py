@@ -430,7 +430,7 @@ class ProviderView:
                 return None
         if active is None:
             active = tuple(tickets.active(now)) if tickets is not None else ()
-        # a copy past its keep-alive is not resident, unless a call runs on it
+        # a copy at or past its keep-alive's end is not warm, unless a call runs on it
         shown = live_state(state, now, {t.model for t in active})
         if unreadable:  # never free memory: nothing is placed there until it reads again
             shown = state.model_copy(

@@ -38,3 +38,32 @@ def test_side_by_side_timelines_leave_room_for_their_tick_labels(
     finally:
         monkeypatch.undo()
         plt.close(fig)
+
+
+def test_vram_plot_of_a_busy_fleet_keeps_its_legend_off_the_data_and_its_cards_apart(
+    scenarios: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # fleet-16 has sixteen cards: with ten colours and the legend on the axes, two cards
+    # shared each colour and the legend hid the top of the busiest lines.
+    plt = report._pyplot()
+    kept: list[Any] = []
+    monkeypatch.setattr(plt, "close", kept.append)
+    scenario = load_scenario(scenarios / "fleet-16.yaml").with_duration(300)
+    report.write_plots(simulate(scenario, policies=["round-robin"]), tmp_path)
+    figures = {fig.axes[0].get_title(): fig for fig in kept}
+    (fig,) = [f for title, f in figures.items() if "VRAM in use" in title]
+    try:
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        cards = [line for line in ax.get_lines() if line.get_label() != "_nolegend_"
+                 and not line.get_label().startswith("_")]
+        assert len(cards) == 16
+        looks = {(str(line.get_color()), line.get_linestyle()) for line in cards}
+        assert len(looks) == len(cards)
+        legend = ax.get_legend().get_window_extent(renderer)
+        assert not legend.overlaps(ax.get_window_extent(renderer))
+        assert legend.x1 <= fig.bbox.x1  # not cut off at the edge of the image
+    finally:
+        monkeypatch.undo()
+        for figure in kept:
+            plt.close(figure)

@@ -111,11 +111,15 @@ def write_plots(result: SimulationResult, directory: Path) -> list[Path]:
     written.append(_save(fig, directory / "loads-evictions.png", plt))
 
     for run in result.runs:
-        fig, ax = plt.subplots(figsize=(8, 5))
+        fig, ax = plt.subplots(figsize=(9, 5))
         times = [t for t, _ in run.vram_samples]
-        for provider, capacity in run.capacity_mib.items():
+        palette = plt.get_cmap("tab10")
+        for i, (provider, capacity) in enumerate(run.capacity_mib.items()):
             used = [sample.get(provider, 0) / 1024 for _, sample in run.vram_samples]
-            line = ax.plot(times, used, label=provider)
+            # Ten colours, then the same ten dashed: past ten cards a colour alone would
+            # name two of them. Dotted stays for the usable-memory lines.
+            line = ax.plot(times, used, label=provider, color=palette(i % 10),
+                           linestyle=LINE_STYLES[(i // 10) % 3])
             ax.axhline(capacity / 1024, color=line[0].get_color(), linestyle=":", alpha=0.5)
         ax.set_xlabel("virtual time (s)")
         ax.set_ylabel("VRAM in use (GiB); dotted: usable")
@@ -123,7 +127,9 @@ def write_plots(result: SimulationResult, directory: Path) -> list[Path]:
                      f"policy {run.report.policy}")
         ax.grid(alpha=0.3)
         if len(run.capacity_mib) <= 16:
-            ax.legend(fontsize="small", ncol=2)
+            # Beside the axes, not on them: on a busy fleet every corner holds data.
+            ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1),
+                      borderaxespad=0)
         written.append(_save(fig, directory / f"vram-{run.report.policy}.png", plt))
     return written
 

@@ -1,9 +1,11 @@
-"""Placement quality: every policy on the same trace, over four workloads.
+"""Placement quality: every policy on the same trace, over five workloads.
 
 Scenarios (``examples/scenarios``): ``homelab`` (two cards), ``fleet-16`` (sixteen
 cards, twelve models), ``memory-tight`` (the preferred models need more memory than
-the cards have, so eviction choices matter) and ``burst-fanout`` (agents fan out eight
-calls at once to one model, so the timing of a second copy matters).
+the cards have, so eviction choices matter), ``burst-fanout`` (agents fan out eight
+calls at once to one model, so the timing of a second copy matters) and
+``long-discussion`` (each agent re-sends a growing history, so where a call lands
+decides how much of its prompt is evaluated again).
 
 For each scenario it prints the comparison table, where the mean wait goes (slot
 queueing, load, eviction, memory; see :mod:`kubemoot.sim.phases`), which calls

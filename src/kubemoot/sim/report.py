@@ -111,11 +111,15 @@ def write_plots(result: SimulationResult, directory: Path) -> list[Path]:
     written.append(_save(fig, directory / "loads-evictions.png", plt))
 
     for run in result.runs:
-        fig, ax = plt.subplots(figsize=(8, 5))
+        fig, ax = plt.subplots(figsize=(9, 5))
         times = [t for t, _ in run.vram_samples]
-        for provider, capacity in run.capacity_mib.items():
+        palette = plt.get_cmap("tab10")
+        for i, (provider, capacity) in enumerate(run.capacity_mib.items()):
             used = [sample.get(provider, 0) / 1024 for _, sample in run.vram_samples]
-            line = ax.plot(times, used, label=provider)
+            # Ten colours, then the same ten dashed: past ten cards a colour alone would
+            # name two of them. Dotted stays for the usable-memory lines.
+            line = ax.plot(times, used, label=provider, color=palette(i % 10),
+                           linestyle=LINE_STYLES[(i // 10) % 3])
             ax.axhline(capacity / 1024, color=line[0].get_color(), linestyle=":", alpha=0.5)
         ax.set_xlabel("virtual time (s)")
         ax.set_ylabel("VRAM in use (GiB); dotted: usable")
@@ -123,7 +127,9 @@ def write_plots(result: SimulationResult, directory: Path) -> list[Path]:
                      f"policy {run.report.policy}")
         ax.grid(alpha=0.3)
         if len(run.capacity_mib) <= 16:
-            ax.legend(fontsize="small", ncol=2)
+            # Beside the axes, not on them: on a busy fleet every corner holds data.
+            ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1),
+                      borderaxespad=0)
         written.append(_save(fig, directory / f"vram-{run.report.policy}.png", plt))
     return written
 
@@ -268,7 +274,9 @@ def write_timeline(result: SimulationResult, policies: Sequence[str], path: Path
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5),
                fontsize="small", frameon=False)
     fig.suptitle(f"Scenario {result.scenario}: resident models, unloads and queues per card")
-    fig.subplots_adjust(left=0.07, right=0.99, wspace=0.04, top=1 - 0.75 / height,
+    # wspace 0.1 is about 0.6 in between panels: room for half of a six-digit tick
+    # label on each side, so the left panel's last time and the right one's 0 stay apart.
+    fig.subplots_adjust(left=0.07, right=0.99, wspace=0.1, top=1 - 0.75 / height,
                         bottom=(legend_inches + 0.55) / height)
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -158,7 +158,7 @@ main()
 """
 
 
-async def python_calls(calls: int) -> dict[str, float]:
+async def python_calls(calls: int, keep: Path | None = None) -> dict[str, float]:
     """Python function calls the gateway makes per call, one client, on each route.
 
     cProfile counts every Python function entered and every C function called from
@@ -198,6 +198,8 @@ async def python_calls(calls: int) -> dict[str, float]:
                             break
                 finally:
                     wire.close()
+                if keep is not None:  # for reading with pstats (--profile-to)
+                    shutil.copy(out, keep.with_name(f"{keep.name}.{route}"))
                 stats = pstats.Stats(str(out)).stats  # type: ignore[attr-defined]
                 figures[route] = sum(entry[1] for entry in stats.values()) / calls
                 shares = _by_package(stats)
@@ -432,9 +434,12 @@ async def main() -> None:
     parser.add_argument("--count-calls", type=int, default=0, metavar="N",
                         help="only count the gateway's Python calls per call over N calls "
                              "per route (cProfile; deterministic), and print those keys")
+    parser.add_argument("--profile-to", type=Path, default=None, metavar="PATH",
+                        help="with --count-calls: keep each route's cProfile stats as "
+                             "PATH.ollama and PATH.openai (read them with pstats)")
     args = parser.parse_args()
     if args.count_calls:
-        counted = await python_calls(args.count_calls)
+        counted = await python_calls(args.count_calls, args.profile_to)
         print(json.dumps({"pythonCallsPerCall": round(counted["ollama"], 1),
                           "pythonCallsPerCallOpenAI": round(counted["openai"], 1),
                           "collectionsPer1000Calls": round(counted["ollamaCollections"], 1),

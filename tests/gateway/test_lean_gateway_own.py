@@ -3,6 +3,8 @@
 The access log reads a reply's token counts from the end of its tail with
 ``bytes.rfind`` instead of searching the whole tail with a regular expression per
 kind; it finds what the expressions found (the last ``"key": digits`` of either key).
+The gateway, the call service and the call log keep the event loop they serve on
+rather than asking asyncio for it (a system call each time on Python 3.11).
 """
 
 from __future__ import annotations
@@ -11,11 +13,16 @@ import cProfile
 import pstats
 import re
 
+import httpx
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kubemoot import metrics
 from kubemoot.gateway.access import _ADDER, _COUNTS, AccessLog
+from tests.gateway.conftest import Fleet
+
+BODY = {"model": "small:1b", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
 
 #: The expressions the access log searched each reply's tail with before.
 _EXPRESSIONS = {
@@ -83,3 +90,57 @@ def test_an_engine_reply_is_counted_without_searching_it() -> None:
     searches = [name for (_file, _line, name) in pstats.Stats(profile).stats  # type: ignore[attr-defined]
                 if "re.Pattern" in name and ("finditer" in name or "search" in name)]
     assert searches == []
+
+
+@pytest.fixture
+def fleet(quiet_card: Fleet) -> Fleet:
+    """One card, probed at start-up only (conftest's quiet_card)."""
+    return quiet_card
+
+
+def _by_caller(stats: pstats.Stats, name: str) -> dict[str, int]:
+    """Calls of the function named ``name`` (a C function's ``<built-in …>`` name or a
+    Python one's), by the calling file and function."""
+    found: dict[str, int] = {}
+    for (_file, _line, fn), entry in stats.stats.items():  # type: ignore[attr-defined]
+        if fn != name:
+            continue
+        for (by, _l, by_fn), counts in entry[4].items():
+            key = f"{by}:{by_fn}"
+            found[key] = found.get(key, 0) + counts[1]
+    return found
+
+
+#: The files of this wave's per-call cut: none of them asks asyncio for the running loop.
+_OURS = ("/kubemoot/gateway/", "/kubemoot/runtime/calls.py", "/kubemoot/dashboard/calllog.py")
+
+
+async def test_a_forwarded_call_never_asks_for_the_running_loop_in_the_gateway(
+        fleet: Fleet) -> None:
+    """Each ``asyncio.get_running_loop()`` is a getpid system call on Python 3.11 (and
+    ``asyncio.current_task()`` without a loop makes one); the gateway, the call service
+    and the call log keep the loop they serve on instead of asking on every call."""
+    profile = cProfile.Profile()
+    async with httpx.AsyncClient(base_url=fleet.url, timeout=30) as http:
+        warm = await http.post("/api/chat", json=BODY)  # the load happens here
+        assert warm.status_code == 200, warm.text
+        profile.enable()
+        try:
+            for path, body in (("/api/chat", BODY), ("/api/chat", {**BODY, "stream": True}),
+                               ("/v1/chat/completions", BODY),
+                               ("/v1/chat/completions", {**BODY, "stream": True})):
+                answer = await http.post(path, json=body)
+                assert answer.status_code == 200, answer.text
+            await fleet.finished.until(5)
+        finally:
+            profile.disable()
+    stats = pstats.Stats(profile)
+    asked = _by_caller(stats, "<built-in method _asyncio.get_running_loop>")
+    assert asked, "no call of get_running_loop was seen at all: the profile did not take"
+    assert not {k: n for k, n in asked.items() if any(part in k for part in _OURS)}
+    # current_task() asks for the loop unless given one: the gateway gives its own
+    current = _by_caller(stats, "current_task")
+    theirs = sum(n for k, n in current.items() if not any(part in k for part in _OURS))
+    ours = sum(n for k, n in current.items() if any(part in k for part in _OURS))
+    assert ours >= 4  # each call's open_watching asks for its task
+    assert asked.get(next((k for k in asked if k.endswith(":current_task")), ""), 0) <= theirs

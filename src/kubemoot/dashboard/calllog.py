@@ -164,7 +164,10 @@ class CallLogWriter:
         }
         self._queue.append(document)
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._drain())
+            loop = self._task.get_loop() if self._task is not None else None
+            if loop is None or loop.is_closed():  # the last writer task's loop, if open
+                loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._drain())
 
     async def _drain(self) -> None:
         queue = self._queue

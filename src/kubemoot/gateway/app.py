@@ -84,6 +84,7 @@ class GatewayApp:
     # What _seen and _listed were last brought up to date from: the providers' probed
     # states change with probes, not with the tickets every call moves.
     _learned_from: tuple[object, ...] = field(default=(), init=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         o, a = self._ollama, self._openai
@@ -306,6 +307,16 @@ class GatewayApp:
 
     # -- inference -----------------------------------------------------------------
 
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the app serves on, asked for once: on Python 3.11 each
+        ``asyncio.get_running_loop()`` makes a system call (getpid), about a microsecond
+        here, and every call asked several times. Asked again only once that loop has
+        closed (an app served on a later loop, as tests do)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
     async def _start(self, request: Request, req: InferenceRequest, path: str, *,
                      legacy_embeddings: bool = False) -> PlacedCall:
         """Place the call and open its upstream request, while watching the client:
@@ -327,11 +338,13 @@ class GatewayApp:
         # _WATCH_AFTER_SECONDS, so a leaving client is noticed at most that much later.
         watcher: asyncio.Task[None] | None = None
 
+        loop = self._running_loop()
+
         def watch() -> None:
             nonlocal watcher
-            watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+            watcher = loop.create_task(watch_disconnect())
 
-        timer = asyncio.get_running_loop().call_later(_WATCH_AFTER_SECONDS, watch)
+        timer = loop.call_later(_WATCH_AFTER_SECONDS, watch)
         try:
             return await self.desk.start(req, candidates, caller=request.state.caller,
                                          budget=budget, ends=ends, path=path,

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from kubemoot import metrics
 from kubemoot.gateway.access import _ADDER, _COUNTS, AccessLog
+from kubemoot.gateway.openai import new_id
 from tests.gateway.conftest import Fleet
 
 BODY = {"model": "small:1b", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
@@ -144,3 +145,16 @@ async def test_a_forwarded_call_never_asks_for_the_running_loop_in_the_gateway(
     ours = sum(n for k, n in current.items() if any(part in k for part in _OURS))
     assert ours >= 4  # each call's open_watching asks for its task
     assert asked.get(next((k for k in asked if k.endswith(":current_task")), ""), 0) <= theirs
+
+
+def test_an_openai_reply_id_is_24_random_hex_digits_drawn_without_a_uuid() -> None:
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        ids = [new_id() for _ in range(50)] + [new_id("cmpl")]
+    finally:
+        profile.disable()
+    assert all(re.fullmatch(r"chatcmpl-[0-9a-f]{24}", i) for i in ids[:-1]), ids
+    assert re.fullmatch(r"cmpl-[0-9a-f]{24}", ids[-1])
+    assert len(set(ids)) == len(ids)
+    assert _by_caller(pstats.Stats(profile), "uuid4") == {}

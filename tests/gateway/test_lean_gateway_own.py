@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from kubemoot import metrics
 from kubemoot.gateway.access import _ADDER, _COUNTS, AccessLog
+from kubemoot.gateway.jsoncodec import has_long_digits, loads
 from kubemoot.gateway.openai import new_id
 from tests.gateway.conftest import Fleet
 
@@ -158,3 +159,29 @@ def test_an_openai_reply_id_is_24_random_hex_digits_drawn_without_a_uuid() -> No
     assert re.fullmatch(r"cmpl-[0-9a-f]{24}", ids[-1])
     assert len(set(ids)) == len(ids)
     assert _by_caller(pstats.Stats(profile), "uuid4") == {}
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from([b"1", b"0", b"9", b"12345", b"1234567890", b"a", b" ",
+                                 b".", b"-", b'"', b"\xd9\xa1", b"\xff"]),
+                max_size=60).map(b"".join))
+def test_long_digits_are_found_where_the_expression_found_them(raw: bytes) -> None:
+    assert has_long_digits(raw) == (re.search(rb"\d{20}", raw) is not None)
+
+
+def test_a_body_is_parsed_without_a_regular_expression_search() -> None:
+    body = (b'{"model":"qwen3:8b","done":true,"total_duration":123456789,"message":'
+            b'{"role":"assistant","content":"' + b"words 12 " * 40 + b'"}}')
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        value = loads(body)
+        big = loads(b'{"n": 123456789012345678901234567890}')
+    finally:
+        profile.disable()
+    assert value["total_duration"] == 123456789
+    assert big == {"n": 123456789012345678901234567890}  # exact: the long path still taken
+    # (the standard library's parser of the long path matches its numbers: no search)
+    searches = [name for (_file, _line, name) in pstats.Stats(profile).stats  # type: ignore[attr-defined]
+                if "re.Pattern" in name and "search" in name]
+    assert searches == []

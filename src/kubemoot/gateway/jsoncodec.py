@@ -33,7 +33,7 @@ _LONG_DIGITS = bytes(20)
 def has_long_digits(raw: bytes) -> bool:
     """Does ``raw`` hold 20 ASCII digits in a row (anywhere, strings included)?
 
-    What ``re.search(rb"\d{20}", raw)`` says, as a byte map and a substring search,
+    What ``re.search(rb"\\d{20}", raw)`` says, as a byte map and a substring search,
     both in C: the expression tried a run at every position, several times the cost of
     the parse itself for a short body (every call parses two).
     """

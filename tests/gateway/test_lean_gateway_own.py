@@ -146,6 +146,12 @@ async def test_a_forwarded_call_never_asks_for_the_running_loop_in_the_gateway(
     ours = sum(n for k, n in current.items() if any(part in k for part in _OURS))
     assert ours >= 4  # each call's open_watching asks for its task
     assert asked.get(next((k for k in asked if k.endswith(":current_task")), ""), 0) <= theirs
+    # the headers it reads and the caller it notes come from the scope: no Starlette
+    # Headers or State is built for an inference call
+    built = {f"{file}:{fn}": entry[1]
+             for (file, _line, fn), entry in stats.stats.items()  # type: ignore[attr-defined]
+             if file.endswith("starlette/datastructures.py")}
+    assert built == {}
 
 
 def test_an_openai_reply_id_is_24_random_hex_digits_drawn_without_a_uuid() -> None:

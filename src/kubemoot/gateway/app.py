@@ -34,7 +34,7 @@ from kubemoot.gateway.errors import GatewayError, error_response, refusal_error,
 from kubemoot.gateway.jsoncodec import RawJsonReply, dumps, loads
 from kubemoot.gateway.keys import ANONYMOUS, ApiKeys
 from kubemoot.gateway.listings import created_epoch, merge_tags
-from kubemoot.gateway.requests import InferenceRequest, model_name, read_json
+from kubemoot.gateway.requests import InferenceRequest, header, model_name, read_json
 from kubemoot.gateway.upstream import UpstreamError
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime.placement import CandidateModel
@@ -119,7 +119,9 @@ class GatewayApp:
     def _guard(self, handler: Handler, *, openai: bool) -> Handler:
         async def guarded(request: Request) -> Response:
             try:
-                request.state.caller = self._caller(request)
+                # the caller where request.state keeps it (the scope's state), without
+                # building a State for each request: the access log reads it there too
+                request.scope.setdefault("state", {})["caller"] = self._caller(request)
                 response = await handler(request)
             except GatewayError as error:
                 response = error_response(error, openai=openai)
@@ -148,7 +150,7 @@ class GatewayApp:
     def _caller(self, request: Request) -> str:
         if self.keys is None:
             return ANONYMOUS
-        return self.keys.caller(request.headers.get("authorization"))
+        return self.keys.caller(header(request, b"authorization"))
 
     async def _http_exception(self, request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
@@ -323,7 +325,7 @@ class GatewayApp:
         uvicorn does not cancel a handler when its client disconnects, so a task
         listens for the disconnect and ends the wait or the upstream request."""
         candidates = await self._candidates(req.model)
-        budget = self.desk.budget(request.headers.get("x-kubemoot-wait-budget"))
+        budget = self.desk.budget(header(request, b"x-kubemoot-wait-budget"))
         ends = CallEnds()
 
         async def watch_disconnect() -> None:
@@ -346,7 +348,7 @@ class GatewayApp:
 
         timer = loop.call_later(_WATCH_AFTER_SECONDS, watch)
         try:
-            return await self.desk.start(req, candidates, caller=request.state.caller,
+            return await self.desk.start(req, candidates, caller=request.scope["state"]["caller"],
                                          budget=budget, ends=ends, path=path,
                                          legacy_embeddings=legacy_embeddings)
         finally:

@@ -400,7 +400,7 @@ class CallService:
     _estimators: dict[str, TokenEstimator] = field(default_factory=dict)
     _serial: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _drained: asyncio.Event = field(default_factory=asyncio.Event)
-    _loop: asyncio.AbstractEventLoop | None = None
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The loop the calls run on, asked for once: on Python 3.11 each

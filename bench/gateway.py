@@ -14,8 +14,10 @@
 * **Python calls per call** (``--count-calls N``, that alone): the gateway under
   cProfile, N calls in a row per route after a warm-up; the function calls it counts
   per call do not move with the machine's load (``pythonCallsPerCall``,
-  ``pythonCallsPerCallOpenAI``), and the cycle collector's passes per 1,000 of those
-  calls, all generations (``collectionsPer1000Calls``, ``…OpenAI``).
+  ``pythonCallsPerCallOpenAI``), the cycle collector's passes per 1,000 of those
+  calls, all generations (``collectionsPer1000Calls``, ``…OpenAI``), and the times per
+  call something asked asyncio for the running loop (``loopAsksPerCall``, ``…OpenAI``;
+  on Python 3.11 each is a getpid system call).
 * **Against LiteLLM**: when LiteLLM's proxy is found (``--litellm PATH``, else beside
   this Python or on PATH; install it in a virtual environment of its own, ``python3 -m
   venv /tmp/litellm && /tmp/litellm/bin/pip install 'litellm[proxy]'``, since it pins
@@ -158,7 +160,7 @@ main()
 """
 
 
-async def python_calls(calls: int) -> dict[str, float]:
+async def python_calls(calls: int, keep: Path | None = None) -> dict[str, float]:
     """Python function calls the gateway makes per call, one client, on each route.
 
     cProfile counts every Python function entered and every C function called from
@@ -198,8 +200,15 @@ async def python_calls(calls: int) -> dict[str, float]:
                             break
                 finally:
                     wire.close()
+                if keep is not None:  # for reading with pstats (--profile-to)
+                    shutil.copy(out, keep.with_name(f"{keep.name}.{route}"))
                 stats = pstats.Stats(str(out)).stats  # type: ignore[attr-defined]
                 figures[route] = sum(entry[1] for entry in stats.values()) / calls
+                # each asks for the running loop in C, which on Python 3.11 checks the
+                # process id: a getpid system call every time
+                figures[f"{route}LoopAsks"] = sum(
+                    entry[1] for (_f, _l, name), entry in stats.items()
+                    if "get_running_loop" in name) / calls
                 shares = _by_package(stats)
                 passes = json.loads(Path(f"{out}.gc").read_text())
                 figures[f"{route}Collections"] = 1000 * sum(passes) / calls
@@ -209,6 +218,8 @@ async def python_calls(calls: int) -> dict[str, float]:
                           f"{name} {count / calls:.0f}" for name, count in shares[:8]))
                 print(f"{route} route: the cycle collector's passes per 1,000 calls by "
                       "generation: " + " / ".join(f"{1000 * n / calls:.1f}" for n in passes))
+                print(f"{route} route: asyncio.get_running_loop (a getpid system call each "
+                      f"on Python 3.11) {figures[f'{route}LoopAsks']:.1f} times per call")
     return figures
 
 
@@ -432,14 +443,19 @@ async def main() -> None:
     parser.add_argument("--count-calls", type=int, default=0, metavar="N",
                         help="only count the gateway's Python calls per call over N calls "
                              "per route (cProfile; deterministic), and print those keys")
+    parser.add_argument("--profile-to", type=Path, default=None, metavar="PATH",
+                        help="with --count-calls: keep each route's cProfile stats as "
+                             "PATH.ollama and PATH.openai (read them with pstats)")
     args = parser.parse_args()
     if args.count_calls:
-        counted = await python_calls(args.count_calls)
+        counted = await python_calls(args.count_calls, args.profile_to)
         print(json.dumps({"pythonCallsPerCall": round(counted["ollama"], 1),
                           "pythonCallsPerCallOpenAI": round(counted["openai"], 1),
                           "collectionsPer1000Calls": round(counted["ollamaCollections"], 1),
                           "collectionsPer1000CallsOpenAI":
                               round(counted["openaiCollections"], 1),
+                          "loopAsksPerCall": round(counted["ollamaLoopAsks"], 1),
+                          "loopAsksPerCallOpenAI": round(counted["openaiLoopAsks"], 1),
                           "calls": args.count_calls}))
         return
     began = time.monotonic()

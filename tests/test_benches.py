@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
                       "generatorCpuMsPerCall", "generatorCpuMsPerCallOpenAI"},
                      marks=pytest.mark.nats),
         ("gateway.py", ["--count-calls", "20"],
-         {"pythonCallsPerCall", "pythonCallsPerCallOpenAI"}),
+         {"pythonCallsPerCall", "pythonCallsPerCallOpenAI", "loopAsksPerCall"}),
         ("quality.py", ["--optimum-seconds", "0.5"],
          {"meanWaitRatioToBestBaseline", "meanWaitRatioToOptimum",
           "coldLoadRatioToRoundRobin", "meanWaitRatioToLowerBound",

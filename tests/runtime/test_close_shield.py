@@ -35,6 +35,9 @@ class _Service:
     def _recorded(self, call: ActiveCall) -> None:
         self.steps.append("recorded")
 
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
 
 def _call(service: _Service) -> ActiveCall:
     request = CallRequest(candidates=(CandidateModel("m"),), agent="a", thread_id="t",

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from kubemoot.store.documents import DOCUMENT_VERSION, wire_name
@@ -126,7 +127,7 @@ class CallLogWriter:
         # A plain deque, not an asyncio.Queue: nothing ever waits on it (the writer task
         # is started when an entry finds none running), and a Queue's put and get cost
         # about a dozen Python calls per call on the gateway's path.
-        self._queue: deque[CallEntry] = deque()
+        self._queue: deque[dict[str, Any]] = deque()
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -135,7 +136,10 @@ class CallLogWriter:
         return cls(bucket)
 
     def key_for(self, entry: CallEntry) -> str:
-        return f"{encode_token(entry.agent)}.{self._prefix}-{next(self._serial):06d}"
+        return self._key(entry.agent)
+
+    def _key(self, agent: str) -> str:
+        return f"{encode_token(agent)}.{self._prefix}-{next(self._serial):06d}"
 
     async def publish(self, entry: CallEntry) -> None:
         """Write one entry now."""
@@ -145,26 +149,37 @@ class CallLogWriter:
         """Queue one finished call (a listener for ``AgentRuntime.on_record``)."""
         # Read once: a runtime record builds its decision summary on each read.
         decision = call.decision
-        entry = CallEntry(
-            agent=call.agent, thread_id=call.thread_id, phase=call.phase, model=call.model,
-            provider=call.provider, action=call.action, waited_seconds=call.waited_seconds,
-            placement_seconds=call.placement_seconds,
-            evicted=list(call.evicted), started_at=call.started_at, seconds=call.seconds,
-            ok=call.ok, failure_type=call.failure_type,
-            decision=dict(decision) if decision is not None else None,
-        )
-        self._queue.append(entry)
+        # The entry as its document, in CallEntry's wire names and field order: the
+        # gateway writes one per call, and building the pydantic model to validate
+        # fields the runtime typed, then serialising it, cost more than the summary
+        # itself (docs/performance.md). _encode writes what CallEntry.to_json would.
+        document: dict[str, Any] = {
+            "version": DOCUMENT_VERSION, "agent": call.agent, "threadId": call.thread_id,
+            "phase": call.phase, "model": call.model, "provider": call.provider,
+            "action": call.action, "waitedSeconds": call.waited_seconds,
+            "placementSeconds": call.placement_seconds, "evicted": list(call.evicted),
+            "startedAt": call.started_at, "seconds": call.seconds, "ok": call.ok,
+            "failureType": call.failure_type,
+            "decision": dict(decision) if decision is not None else None,
+        }
+        self._queue.append(document)
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._drain())
+            loop = self._task.get_loop() if self._task is not None else None
+            if loop is None or loop.is_closed():  # the last writer task's loop, if open
+                loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._drain())
 
     async def _drain(self) -> None:
         queue = self._queue
         while queue:
-            entry = queue.popleft()
+            document = queue.popleft()
+            agent = str(document["agent"])
             try:
-                await self.publish(entry)
+                await self._bucket.put(self._key(agent), _encode(document))
             except StoreError as error:
-                log.warning("call log write for %s failed: %s", entry.agent, error)
+                log.warning("call log write for %s failed: %s", agent, error)
+            except ValueError as error:  # a field CallEntry refuses: that entry only
+                log.warning("call log entry for %s is not valid: %s", agent, error)
 
     async def flush(self) -> None:
         """Wait until every queued entry is written (before the store closes)."""
@@ -172,3 +187,32 @@ class CallLogWriter:
             with contextlib.suppress(Exception):
                 await self._task
         await self._drain()
+
+
+def _encode(document: dict[str, Any]) -> bytes:
+    """A queued entry's document as CallEntry.to_json writes it: orjson when every field
+    has the type CallEntry declares (the runtime's records do), so that validating would
+    change nothing; anything else goes through CallEntry itself, validated (a refusal
+    raises) and written by pydantic, as before."""
+    if _as_declared(document):
+        try:
+            return orjson.dumps(document, option=orjson.OPT_NON_STR_KEYS)
+        except TypeError:
+            pass  # a value in the decision orjson does not know: pydantic's rules decide
+    return CallEntry.model_validate(document).to_json()
+
+
+def _as_declared(d: dict[str, Any]) -> bool:
+    """Does each field already have CallEntry's type (exactly: pydantic would write a
+    subclass, or an int where a float is declared, otherwise)? Spelt out, not looped:
+    this runs once per call."""
+    return (type(d["waitedSeconds"]) is float and type(d["placementSeconds"]) is float
+            and type(d["startedAt"]) is float and type(d["seconds"]) is float
+            and type(d["agent"]) is str and type(d["threadId"]) is str
+            and type(d["phase"]) is str and type(d["action"]) is str
+            and (d["model"] is None or type(d["model"]) is str)
+            and (d["provider"] is None or type(d["provider"]) is str)
+            and (d["failureType"] is None or type(d["failureType"]) is str)
+            and type(d["ok"]) is bool
+            and (not d["evicted"] or all(type(v) is str for v in d["evicted"]))
+            and (d["decision"] is None or type(d["decision"]) is dict))

@@ -35,9 +35,11 @@ log = logging.getLogger("kubemoot.gateway.access")
 
 #: the end of a reply is where the engines put their counts
 _TAIL_BYTES = 4096
+#: Each token count's keys, quoted as they are in a reply (Ollama's, OpenAI's): the
+#: count is the last ``"key" : digits`` of either key in the reply's tail.
 _COUNTS = {
-    "prompt": re.compile(rb'"(?:prompt_eval_count|prompt_tokens)"\s*:\s*(\d+)'),
-    "completion": re.compile(rb'"(?:eval_count|completion_tokens)"\s*:\s*(\d+)'),
+    "prompt": (b'"prompt_eval_count"', b'"prompt_tokens"'),
+    "completion": (b'"eval_count"', b'"completion_tokens"'),
 }
 
 #: The decision headers' common start, and its length.
@@ -140,8 +142,12 @@ class AccessLog:
         code = str(status)
         self._adder(metrics.GATEWAY_REQUESTS, route, code)(1)
         provider = decision.get("provider", "")
-        tokens = {kind: int(found.group(1)) for kind, pattern in _COUNTS.items()
-                  if (found := _last(pattern, tail)) is not None} if provider else {}
+        tokens: dict[str, int] = {}
+        if provider:
+            for kind, keys in _COUNTS.items():
+                count = _last_count(tail, keys)
+                if count is not None:
+                    tokens[kind] = count
         if provider:
             calls, seconds, first_byte, counts = self._call_children(provider, route, code)
             calls(1)
@@ -185,6 +191,26 @@ def _adder(child: Any) -> Callable[[float], None]:
     return inc if callable(inc) else cast("Callable[[float], None]", child.inc)
 
 
-def _last(pattern: re.Pattern[bytes], data: bytes) -> re.Match[bytes] | None:
-    matches = list(pattern.finditer(data))
-    return matches[-1] if matches else None
+#: What follows a count's key: matched where the key ends, never searched for.
+_VALUE = re.compile(rb"\s*:\s*(\d+)")
+
+
+def _last_count(tail: bytes, keys: tuple[bytes, ...]) -> int | None:
+    """The digits after the last ``"key" : `` of any of ``keys`` in ``tail`` (spaces
+    allowed around the colon), or None.
+
+    Each key is found from the end with ``bytes.rfind`` (C), and what follows it is
+    matched there: the keys come once each near the end of a reply, where a regular
+    expression searched the whole tail, at every position, for each kind (the counts
+    of every call pass here).
+    """
+    best_at, best = -1, None
+    for key in keys:
+        end = len(tail)
+        while (at := tail.rfind(key, 0, end)) > best_at:
+            found = _VALUE.match(tail, at + len(key))
+            if found is not None:
+                best_at, best = at, int(found.group(1))
+                break
+            end = at + len(key) - 1  # an earlier one, or one overlapping this one
+    return best

@@ -34,7 +34,7 @@ from kubemoot.gateway.errors import GatewayError, error_response, refusal_error,
 from kubemoot.gateway.jsoncodec import RawJsonReply, dumps, loads
 from kubemoot.gateway.keys import ANONYMOUS, ApiKeys
 from kubemoot.gateway.listings import created_epoch, merge_tags
-from kubemoot.gateway.requests import InferenceRequest, model_name, read_json
+from kubemoot.gateway.requests import InferenceRequest, header, model_name, read_json
 from kubemoot.gateway.upstream import UpstreamError
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime.placement import CandidateModel
@@ -84,6 +84,7 @@ class GatewayApp:
     # What _seen and _listed were last brought up to date from: the providers' probed
     # states change with probes, not with the tickets every call moves.
     _learned_from: tuple[object, ...] = field(default=(), init=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         o, a = self._ollama, self._openai
@@ -118,7 +119,9 @@ class GatewayApp:
     def _guard(self, handler: Handler, *, openai: bool) -> Handler:
         async def guarded(request: Request) -> Response:
             try:
-                request.state.caller = self._caller(request)
+                # the caller where request.state keeps it (the scope's state), without
+                # building a State for each request: the access log reads it there too
+                request.scope.setdefault("state", {})["caller"] = self._caller(request)
                 response = await handler(request)
             except GatewayError as error:
                 response = error_response(error, openai=openai)
@@ -147,7 +150,7 @@ class GatewayApp:
     def _caller(self, request: Request) -> str:
         if self.keys is None:
             return ANONYMOUS
-        return self.keys.caller(request.headers.get("authorization"))
+        return self.keys.caller(header(request, b"authorization"))
 
     async def _http_exception(self, request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
@@ -306,13 +309,23 @@ class GatewayApp:
 
     # -- inference -----------------------------------------------------------------
 
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the app serves on, asked for once: on Python 3.11 each
+        ``asyncio.get_running_loop()`` makes a system call (getpid), about a microsecond
+        here, and every call asked several times. Asked again only once that loop has
+        closed (an app served on a later loop, as tests do)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
     async def _start(self, request: Request, req: InferenceRequest, path: str, *,
                      legacy_embeddings: bool = False) -> PlacedCall:
         """Place the call and open its upstream request, while watching the client:
         uvicorn does not cancel a handler when its client disconnects, so a task
         listens for the disconnect and ends the wait or the upstream request."""
         candidates = await self._candidates(req.model)
-        budget = self.desk.budget(request.headers.get("x-kubemoot-wait-budget"))
+        budget = self.desk.budget(header(request, b"x-kubemoot-wait-budget"))
         ends = CallEnds()
 
         async def watch_disconnect() -> None:
@@ -327,13 +340,15 @@ class GatewayApp:
         # _WATCH_AFTER_SECONDS, so a leaving client is noticed at most that much later.
         watcher: asyncio.Task[None] | None = None
 
+        loop = self._running_loop()
+
         def watch() -> None:
             nonlocal watcher
-            watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+            watcher = loop.create_task(watch_disconnect())
 
-        timer = asyncio.get_running_loop().call_later(_WATCH_AFTER_SECONDS, watch)
+        timer = loop.call_later(_WATCH_AFTER_SECONDS, watch)
         try:
-            return await self.desk.start(req, candidates, caller=request.state.caller,
+            return await self.desk.start(req, candidates, caller=request.scope["state"]["caller"],
                                          budget=budget, ends=ends, path=path,
                                          legacy_embeddings=legacy_embeddings)
         finally:

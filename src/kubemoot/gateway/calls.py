@@ -286,7 +286,7 @@ class PlacedCall:
         The client's leaving cancels this very task (no task of its own to watch it);
         a cancellation that came from elsewhere as well (the server's shutdown) goes on.
         """
-        task = asyncio.current_task()
+        task = asyncio.current_task(self.active.service.loop())
         assert task is not None
         if ends.left:
             raise GatewayError(499, "the client went away before the engine answered")

@@ -21,15 +21,30 @@ __all__ = [
     "InferenceRequest",
     "bool_field",
     "embed_inputs",
+    "header",
     "keep_alive_seconds",
     "model_name",
     "read_json",
 ]
 
 
+def header(request: Request, name: bytes) -> str | None:
+    """The request's first ``name`` header (``name`` in lower case, as ASGI gives header
+    names), decoded as Latin-1: what ``request.headers.get`` says, read from the scope.
+
+    Starlette builds a ``Headers`` for each request, and its ``get`` of a header that is
+    not there raises and catches a ``KeyError``; the inference routes read two or three
+    headers on every call (the body's length, the wait budget, the key).
+    """
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")  # type: ignore[no-any-return]
+    return None
+
+
 async def read_json(request: Request, *, limit: int) -> dict[str, Any]:
     """The body as a JSON object; 413 past ``limit`` bytes, 400 when not an object."""
-    declared = request.headers.get("content-length")
+    declared = header(request, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     # The messages are read here rather than through Starlette's ``stream()``, an async

@@ -112,11 +112,12 @@ class UpstreamResponse:
     not cuts the connection, which also ends the engine's work on it.
     """
 
-    __slots__ = ("_body", "_buffered", "_conn", "_done", "_error", "_timeout", "_waiter",
-                 "headers", "keep_alive", "status")
+    __slots__ = ("_body", "_buffered", "_conn", "_done", "_error", "_loop", "_timeout",
+                 "_waiter", "headers", "keep_alive", "status")
 
     def __init__(self, conn: _Connection, timeout: float) -> None:
         self._conn: _Connection | None = conn
+        self._loop = conn.loop
         self._timeout = timeout
         self._body: collections.deque[bytes] = collections.deque()
         self._buffered = 0
@@ -213,7 +214,7 @@ class UpstreamResponse:
 
 async def _wait(response: UpstreamResponse, what: str) -> None:
     """Until the connection feeds ``response`` something, or its timeout passes."""
-    loop = asyncio.get_running_loop()
+    loop = response._loop
     waiter = response._waiter = loop.create_future()
     timer = loop.call_later(response._timeout, _expire, waiter)
     try:
@@ -235,9 +236,13 @@ class _Connection(asyncio.Protocol):
     """One kept-alive connection to an engine: parses what it sends into the current
     response, and goes back to its pool when an answer is complete."""
 
-    def __init__(self, pool: Upstream, target: _Target) -> None:
+    def __init__(self, pool: Upstream, target: _Target,
+                 loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
         self.target = target
+        #: The loop the connection was opened on, kept: asking for the running loop makes
+        #: a system call (getpid) on Python 3.11, and each call asked several times.
+        self.loop = loop
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.response: UpstreamResponse | None = None
@@ -290,7 +295,7 @@ class _Connection(asyncio.Protocol):
         self.pool._gone(self)
 
     def pause_writing(self) -> None:
-        self._writable = asyncio.get_running_loop().create_future()
+        self._writable = self.loop.create_future()
 
     def resume_writing(self) -> None:
         if self._writable is not None and not self._writable.done():
@@ -398,6 +403,7 @@ class Upstream:
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._targets: dict[str, _Target] = {}
         self._tls: ssl.SSLContext | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
     @property
@@ -446,7 +452,7 @@ class Upstream:
     async def _acquire(self, target: _Target, timeout: float) -> _Connection:
         if self._closed:
             raise ConnectFailed("the gateway's connections to engines are closed")
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         while True:
             stack = self._idle.get(target.key)
             now = loop.time()
@@ -489,10 +495,10 @@ class Upstream:
 
     async def _connect(self, target: _Target) -> _Connection:
         self._open += 1
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         try:
             _, conn = await asyncio.wait_for(loop.create_connection(
-                lambda: _Connection(self, target), target.host, target.port,
+                lambda: _Connection(self, target, loop), target.host, target.port,
                 ssl=self._ssl() if target.tls else None), self.connect_timeout)
         except TimeoutError:
             self._open -= 1
@@ -510,6 +516,14 @@ class Upstream:
             raise
         return conn
 
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the pool serves on, asked for once (see ``_Connection.loop``); again
+        only if that one has closed (a pool used on a later loop, as tests do)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
     def _ssl(self) -> ssl.SSLContext:
         if self._tls is None:
             self._tls = ssl.create_default_context()
@@ -520,7 +534,7 @@ class Upstream:
         if self._closed:
             conn.cut()
             return
-        conn.idle_since = asyncio.get_running_loop().time()
+        conn.idle_since = conn.loop.time()
         self._idle.setdefault(conn.target.key, []).append(conn)
         self._wake_one()
 

@@ -360,7 +360,7 @@ class ActiveCall:
             # The shield spelt out (the release's task, and a future of the caller's
             # that the release's end resolves): asyncio.shield and ensure_future cost
             # about ten Python calls per call, this two.
-            loop = asyncio.get_running_loop()
+            loop = self.service.loop()
             release = loop.create_task(self.service._release(self))
             ended: asyncio.Future[None] = loop.create_future()
             release.add_done_callback(partial(_resolve, ended))
@@ -400,6 +400,17 @@ class CallService:
     _estimators: dict[str, TokenEstimator] = field(default_factory=dict)
     _serial: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _drained: asyncio.Event = field(default_factory=asyncio.Event)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the calls run on, asked for once: on Python 3.11 each
+        ``asyncio.get_running_loop()`` makes a system call (getpid), and a gateway asks
+        on every call. Asked again once that loop has closed (a service used on a later
+        loop, as tests do)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def on_record(self, listener: Callable[[CallRecord], None]) -> None:
         self.listeners.append(listener)

@@ -272,6 +272,7 @@ class CallPlanner:
                 return placement
         # Every round lost its claim to a concurrent change: treat it as busy.
         rnd = await self.new_round(prompt_tokens, exclude=exclude)
+        rnd.cost.at_selection = ticket_state is TicketState.HELD  # priced as the rounds were
         self._prefill(rnd, holder_id)
         options.spread(rnd, models, ahead)
         options.count_planned(rnd, planned)

@@ -192,15 +192,17 @@ class _Client(nats.aio.client.Client):
         holds bytes already (the server reads slowly), the flusher's ``drain`` waits.
         ``block``, when given, is ``headers``' header block made already.
         """
-        transport = self._transport
+        # nats-py's private fields, read with getattr: a nats-py that renamed one
+        # publishes through its own path instead of failing every compare-and-set
+        transport = getattr(self, "_transport", None)
         if (
             self._status != nats.aio.client.Client.CONNECTED
-            or self._pending_data_size
+            or getattr(self, "_pending_data_size", True)
             or type(transport) is not nats.aio.transport.TcpTransport
             or len(payload) > self._max_payload
         ):
             return False
-        writer = transport._io_writer
+        writer = getattr(transport, "_io_writer", None)
         if writer is None or writer.transport.get_write_buffer_size():
             return False
         header = block if block is not None else _header_block(headers)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
+from kubemoot import serving
 from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
 from kubemoot.settings import GatewaySettings
@@ -41,9 +43,23 @@ async def _connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter
 
 
 async def _closed(reader: asyncio.StreamReader) -> bytes:
-    """Everything the server sent until it closed the connection (bounded: a hang fails)."""
-    async with asyncio.timeout(30):
-        return await reader.read()
+    """Everything the server sent until it ended the connection (bounded: a hang fails).
+
+    The end may come as a reset instead of an end of stream when the client is still
+    sending: a byte that reaches the gateway after its last read and before the socket
+    is closed is unread data, and a socket closed with unread data sends a RST (RFC 2525
+    §2.17, what Linux does). The deadline promises that the connection ends and that no
+    answer is sent; a reset keeps both, so it counts as the close. The gateway must not
+    linger to read the attacker's bytes instead: freeing the socket is the point.
+    """
+    received = b""
+    try:
+        async with asyncio.timeout(30):
+            while chunk := await reader.read(65_536):
+                received += chunk
+    except ConnectionResetError:
+        pass
+    return received
 
 
 async def test_a_header_that_never_ends_is_closed(tight: GatewayServer) -> None:
@@ -69,6 +85,25 @@ async def test_a_header_sent_a_byte_at_a_time_is_closed(tight: GatewayServer) ->
             break
         await asyncio.sleep(0.05)  # the attacker's pace: a byte every 50 ms
     assert await closing == b""
+    writer.close()
+
+
+async def test_a_byte_sent_as_the_deadline_closes_ends_in_a_reset_without_an_answer(
+        tight: GatewayServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race a loaded machine hits by chance, made certain: a byte lands between the
+    deadline's close and the socket's; the client sees a reset, and still no answer."""
+    protocol = getattr(serving, "_FastHeaderDeadline", serving._HeaderDeadline)
+    too_slow = protocol._too_slow
+
+    def closing_as_a_byte_arrives(self: Any) -> None:
+        too_slow(self)
+        writer.write(b"a")  # the attacker's next byte, unread by the closing gateway
+
+    monkeypatch.setattr(protocol, "_too_slow", closing_as_a_byte_arrives)
+    reader, writer = await _connect(tight.url)  # after the patch: the timer binds at connect
+    writer.write(b"GET /api/tags HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    await writer.drain()
+    assert await _closed(reader) == b""  # ended by the reset, with no answer
     writer.close()
 
 

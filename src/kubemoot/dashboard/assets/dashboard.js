@@ -73,10 +73,24 @@ function providerCard(p, fresh) {
       el("span", { class: "badge " + status, title: p.reason || "" }, label)),
     bar,
     el("div", { class: "facts" },
-      `${gib(p.residentMiB)} resident · ${gib(p.loadingMiB)} loading · ${gib(p.freeMiB)} free of ${gib(total)}`
+      `${gib(p.residentMiB)} resident · ${gib(p.loadingMiB)} loading · ${gib(p.reserveMiB)} reserve`
+      + ` · ${gib(p.freeMiB)} free of ${gib(total)}`
       + ` · ${p.slotsInUse} call(s) on ${p.slotsTotal} slot(s) · probed ${age(ageNow)}`
       + (p.reason ? ` · ${p.reason}` : "")),
     models);
+}
+
+// A segment narrower than its label would show the label cut ("re" for reserve, "2.0" for
+// "2.0 GiB free"), which reads as a wrong figure. Such a label is dropped instead: the
+// segment's title and the facts line under the bar still give its figure, and the model
+// list its model. Widths exist only once the card is laid out, hence after insertion.
+function dropCutLabels(root) {
+  for (const seg of root.querySelectorAll('[data-testid="vram-bar"] span')) {
+    if (seg.scrollWidth > seg.clientWidth) {
+      seg.textContent = "";
+      seg.classList.add("unlabelled");
+    }
+  }
 }
 
 function callKey(c) { return `${c.agent} ${c.threadId} ${c.phase} ${c.startedAt}`; }
@@ -144,6 +158,7 @@ function draw() {
   providers.replaceChildren(...(s.providers.length
     ? s.providers.map(p => providerCard(p, s.freshnessSeconds))
     : [el("p", { class: "empty" }, "No provider has been probed yet.")]));
+  dropCutLabels(providers);
   fillTable("agents", s.agents.map(a => el("tr", { "data-agent": a.agent },
     el("td", {}, a.agent),
     el("td", { "data-testid": "agent-calls" }, a.calls),
@@ -220,3 +235,4 @@ if (firstState) {
 }
 connect();
 setInterval(draw, 1000); // ages move between events
+window.addEventListener("resize", draw); // bar widths, and so which labels fit, change

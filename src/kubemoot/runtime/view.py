@@ -117,6 +117,7 @@ class _Built:
     unreadable: bool  # its ticket document did not parse
     valid_until: float  # the first of its tickets to lapse
     snapshot: ProviderSnapshot
+    shadowed: str | None = None  # the provider whose state stands in for a provisional one
 
 
 class ProviderView:
@@ -156,6 +157,9 @@ class ProviderView:
         self._lapses: list[tuple[float, str]] = []  # (a ticket lapses, provider)
         self._latency_revision = -1
         self._open: set[str] = set()  # providers last built with an open circuit
+        # providers whose state is provisional (an agent's direct probe): rebuilt with
+        # every change, since another provider's state may shadow them (_shadowing)
+        self._provisional: set[str] = set()
         # Providers whose ticket document does not parse: their memory is not known to
         # be free, so they are shown not ready until a readable version arrives.
         self._unreadable: set[str] = set()
@@ -378,6 +382,8 @@ class ProviderView:
                     name in self._open
                 ):
                     dirty.add(name)
+        if dirty and self._provisional:
+            dirty |= self._provisional  # a state that came or went may (un)shadow them
         if self._index is not None and not dirty:
             return self._index
         changed: list[ProviderSnapshot] = []
@@ -388,6 +394,7 @@ class ProviderView:
                 if self._built.pop(name, None) is not None:
                     removed.append(name)
                 self._open.discard(name)
+                self._provisional.discard(name)
                 continue
             built = self._build(docs[0], docs[1], now)
             if built is not None:
@@ -410,13 +417,19 @@ class ProviderView:
         circuit_open = self.circuits is not None and not self.circuits.allows(name)
         latency = self.latency.latency(state.endpoint)
         unreadable = name in self._unreadable
+        shadowed = None
+        if state.provisional:
+            self._provisional.add(name)
+            shadowed = self._shadowing(state)
+        else:
+            self._provisional.discard(name)
         cached = self._built.get(name)
         active = None
         if (
             cached is not None
             and cached.state is state
-            and (cached.latency, cached.circuit_open, cached.unreadable)
-            == (latency, circuit_open, unreadable)
+            and (cached.latency, cached.circuit_open, cached.unreadable, cached.shadowed)
+            == (latency, circuit_open, unreadable, shadowed)
             and now < cached.valid_until
         ):
             if cached.tickets is tickets:
@@ -436,6 +449,12 @@ class ProviderView:
             shown = state.model_copy(
                 update={"ready": False, "reason": "its ticket document is unreadable"}
             )
+        elif shadowed is not None:
+            # One card under two names: the stand-in's copies look idle (no ticket of the
+            # real provider's is on it), so a warm call would take a slot twice over.
+            shown = state.model_copy(
+                update={"ready": False, "reason": f"provider {shadowed} serves its endpoint"}
+            )
         snapshot = ProviderSnapshot(
             state=shown, tickets=active, latency_seconds=latency, circuit_open=circuit_open
         )
@@ -447,12 +466,23 @@ class ProviderView:
         if valid_until != float("inf"):
             heapq.heappush(self._lapses, (valid_until, name))
         self._built[name] = _Built(state, tickets, latency, circuit_open, unreadable,
-                                   valid_until, snapshot)
+                                   valid_until, snapshot, shadowed)
         if circuit_open:
             self._open.add(name)
         else:
             self._open.discard(name)
         return snapshot
+
+    def _shadowing(self, state: ProviderState) -> str | None:
+        """The provider with a state of its own (not provisional) at ``state``'s
+        endpoint, which ``state`` only stood in for (None: none). An agent's direct probe
+        publishes a provisional state until the operator's arrives and withdraws it on
+        its next tick; in between, the same card would be offered twice."""
+        endpoint = state.endpoint.rstrip("/")
+        for other, _ in self._docs.values():
+            if not other.provisional and other.endpoint.rstrip("/") == endpoint:
+                return other.provider
+        return None
 
     # -- reading ---------------------------------------------------------------------
 

@@ -259,23 +259,23 @@ class CallPlanner:
             raise ValueError("a call needs at least one candidate model")
         acceptable = self.in_tolerance(candidates)
         models = [c.model for c in acceptable]
-        for _ in range(self._max_rounds):
+        async def prepared() -> Round:
             rnd = await self.new_round(prompt_tokens, exclude=exclude)
             rnd.cost.at_selection = ticket_state is TicketState.HELD  # a plan at selection
             self._prefill(rnd, holder_id)
             options.spread(rnd, models, ahead)
             options.count_planned(rnd, planned)
+            return rnd
+
+        for _ in range(self._max_rounds):
+            rnd = await prepared()
             placement = await self._place_round(rnd, models, holder_id, ticket_state, explain)
             if placement is not None and not await self.admit(placement):
                 continue  # a half-open provider's one trial went to another call
             if placement is not None:
                 return placement
         # Every round lost its claim to a concurrent change: treat it as busy.
-        rnd = await self.new_round(prompt_tokens, exclude=exclude)
-        rnd.cost.at_selection = ticket_state is TicketState.HELD  # priced as the rounds were
-        self._prefill(rnd, holder_id)
-        options.spread(rnd, models, ahead)
-        options.count_planned(rnd, planned)
+        rnd = await prepared()  # priced as the rounds were
         return self._unplaced(rnd, models, options.comparison(rnd, models, explain=True),
                               GpuBusy())
 

@@ -41,8 +41,11 @@ async def test_no_segment_label_is_shown_cut(
     shown = {s["text"] for s in segments if s["text"]}
     assert "qwen3:32b" in shown  # a label that fits stays
     assert any(not s["text"] for s in segments)  # the scene does have narrow segments
-    for s in segments:  # every segment still names its figure on hover
+    for s in segments:  # every segment still names its figure on hover, once
         assert s["title"].endswith(" GiB"), s
+        assert s["title"].count("GiB") == 1, s
+    titles = {s["kind"].split()[0]: s["title"] for s in segments}
+    assert titles["free"] == "free: 3.3 GiB" and titles["reserve"] == "reserve: 1.0 GiB"
     facts = await page.locator('.provider[data-provider="rtx5090"] .facts').inner_text()
     assert "1.0 GiB reserve" in facts and "3.3 GiB free of 32.0 GiB" in facts
     await page.screenshot(path=str(artifacts / "bar-labels.png"), full_page=True)

@@ -50,15 +50,17 @@ function providerCard(p, fresh) {
   const total = p.totalVramMiB;
   const bar = el("div", { class: "bar", "data-testid": "vram-bar" });
   if (total) {
-    const part = (cls, mib, text) => {
+    // `name` is what the hover says the figure is; `text` the label on the bar (for the
+    // free segment the label is already the figure, so the two differ).
+    const part = (cls, mib, name, text = name) => {
       if (!mib) return;
       bar.append(el("span", { class: cls, style: `width:${(100 * mib / total).toFixed(2)}%`,
-        title: `${text}: ${gib(mib)}` }, text));
+        title: `${name}: ${gib(mib)}` }, text));
     };
     for (const m of p.models) part("resident", m.sizeMiB, m.name);
     for (const l of p.loading) part("loading", l.mib, "loading " + l.model);
     part("reserve", Math.min(p.reserveMiB, total), "reserve");
-    part("free", p.freeMiB, gib(p.freeMiB) + " free");
+    part("free", p.freeMiB, "free", gib(p.freeMiB) + " free");
   } else {
     bar.append(el("span", { class: "free", style: "width:100%" }, "VRAM total unknown"));
   }

@@ -54,6 +54,8 @@ ROOT = Path(__file__).resolve().parents[1]
          {"meanWaitRatioToBestBaseline", "meanWaitRatioToOptimum",
           "coldLoadRatioToRoundRobin", "meanWaitRatioToLowerBound",
           "simSecondsFor100kCalls"}),
+        ("spec_floor.py", ["--scenarios", "long-discussion", "--seconds", "0.5"],
+         {"specFloorRatioToOptimum"}),
         ("bound.py", [], {"homelabBound", "homelabBoundAllCandidates"}),
         ("simcpu.py", ["--scenario", "homelab", "--duration", "300"],
          {"pythonCalls", "cpuSecondsFor100kCalls", "servedCalls"}),

@@ -123,6 +123,31 @@ def test_a_selected_schedule_loads_once_the_agent_is_selected() -> None:
         solve(cut, time_limit_seconds=5, selected=True, reactive=True)
 
 
+def test_the_spec_floor_lets_any_selected_agent_stand_behind_a_load() -> None:
+    # Two cards of 12 GiB, one slot each, 1 GiB/s. Call 0 (A or B, selected and issued
+    # at 0) runs 100 s; call 1 (B only) is selected and issued at 30 s.
+    cards = (replace(_card(12, 1), name="one"), replace(_card(12, 1), name="two"))
+
+    def cut(first_band: tuple[str, ...]) -> Cut:
+        return Cut("hand", cards, {"A": 10 * GIB, "B": 10 * GIB},
+                   (CutCall(0, 0, 100, first_band, 0), CutCall(1, 30, 5, ("B",), 30)))
+
+    # Knowing the future, card two has B ready by 10 s: 10 s of wait in all (call 0's
+    # load). Under the selected rule a copy serving call 1 alone loads from 30 s: 20 s.
+    # The spec floor lets call 0's selection stand behind a B copy that serves only
+    # call 1, since call 0 could have run on B: 10 s again.
+    either = cut(("A", "B"))
+    assert solve(either, time_limit_seconds=5).total_wait == pytest.approx(10.0)
+    assert solve(either, time_limit_seconds=5, selected=True).total_wait == pytest.approx(20.0)
+    assert solve(either, time_limit_seconds=5, spec_floor=True).total_wait == pytest.approx(10.0)
+    # If call 0 could only run on A, nobody selected before 30 s wants B: 20 s.
+    only_a = cut(("A",))
+    assert solve(only_a, time_limit_seconds=5).total_wait == pytest.approx(10.0)
+    assert solve(only_a, time_limit_seconds=5, spec_floor=True).total_wait == pytest.approx(20.0)
+    with pytest.raises(ValueError, match="pick one"):
+        solve(either, time_limit_seconds=5, selected=True, spec_floor=True)
+
+
 def test_the_cut_keeps_when_each_agent_was_selected() -> None:
     # long-discussion: a thread's first call comes a think gap (3 s) after its
     # discussion selected the agent; later calls of the thread keep that selection time.

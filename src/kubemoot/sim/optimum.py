@@ -161,6 +161,7 @@ def solve(
     hint: Mapping[int, Hint] | None = None,
     reactive: bool = False,
     selected: bool = False,
+    spec_floor: bool = False,
 ) -> Optimum:
     """The schedule of ``cut`` with the least total wait (see the module docstring).
 
@@ -181,15 +182,23 @@ def solve(
     (:attr:`CutCall.selected_at`) in place of its issue: the foresight the spec allows
     an online runtime, which plans a selected agent's first call and starts its load at
     selection ("nothing is loaded without a selected agent behind it").
+
+    ``spec_floor`` is the weakest reading of that sentence: a load of a model starts no
+    earlier than the first selection of an agent of *any* call that could run on that
+    model, whether or not the copy then serves that call (a plan made for one agent
+    may end up serving another's calls). Every runtime that follows the spec obeys it,
+    so this optimum is a floor no such runtime can go below: on a cut where it is far
+    above the unrestricted optimum, no spec-following placement can come near that.
     """
-    if reactive and selected:
-        raise ValueError("reactive and selected are two different rules: pick one")
+    if sum((reactive, selected, spec_floor)) > 1:
+        raise ValueError("reactive, selected and spec_floor are different rules: pick one")
     from ortools.sat.python import cp_model  # optional dependency: only the bench needs it
 
     model = cp_model.CpModel()
     releases = [_ticks_down(c.release) for c in cut.calls]
     # The earliest a load for the call may start: when it was issued, or selected.
-    asked_at = ([_ticks_down(c.selected_at) for c in cut.calls] if selected else releases)
+    asked_at = ([_ticks_down(c.selected_at) for c in cut.calls] if selected or spec_floor
+                else releases)
     restricted = reactive or selected
     durations = [max(1, _ticks_down(c.duration)) for c in cut.calls]
     load_ticks = {
@@ -265,6 +274,13 @@ def solve(
             model.add_hint(start, max(releases[j], _ticks_down(h.start)))
             for where, x in mine:
                 model.add_hint(x, where == (h.card, h.model, h.load))
+    if spec_floor:
+        # The first moment some selected agent could want each model: no load before.
+        first_wanted = {m: min((asked_at[j] for j, c in enumerate(cut.calls) if m in c.models),
+                               default=horizon)
+                        for m in cut.sizes}
+        for (_card, m, _k), copy in copies.items():
+            model.add(copy.begin >= first_wanted[m]).only_enforce_if(copy.present)
     for copy in copies.values():
         if restricted:
             model.add(sum(copy.askers) == copy.present)  # one call asked for the load

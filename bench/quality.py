@@ -40,6 +40,9 @@ tunes them. Run: ``.venv/bin/python bench/quality.py [--scenarios a,b] [--durati
 (one seed is one draw of the workload).
 ``--plots DIR`` writes, per scenario, the wait CDF of every policy and a per-card
 timeline of loads, unloads and queues for kubemoot and the best baseline.
+``--cut-calls`` prints, per cut, kubemoot's schedule beside the selected optimum's, call
+by call (the calls whose waits differ by more than a second), with kubemoot's loads and
+unloads: where the gap to the foresight the spec allows comes from.
 """
 
 from __future__ import annotations
@@ -62,8 +65,8 @@ from kubemoot.sim import (  # noqa: E402
     load_scenario,
     simulate,
 )
-from kubemoot.sim.cut import cut_trace  # noqa: E402
-from kubemoot.sim.optimum import hints_from, solve  # noqa: E402
+from kubemoot.sim.cut import Cut, cut_trace  # noqa: E402
+from kubemoot.sim.optimum import Optimum, hints_from, solve  # noqa: E402
 from kubemoot.sim.phases import WaitSource, compare_calls  # noqa: E402
 from kubemoot.sim.report import (  # noqa: E402
     comparison_table,
@@ -71,7 +74,7 @@ from kubemoot.sim.report import (  # noqa: E402
     write_timeline,
     write_wait_cdf,
 )
-from kubemoot.sim.simulation import POLICY_NAMES, run_policy  # noqa: E402
+from kubemoot.sim.simulation import POLICY_NAMES, PolicyRun, run_policy  # noqa: E402
 
 SCENARIOS = ROOT / "examples" / "scenarios"
 DEFAULT_SCENARIOS = ("homelab", "fleet-16", "memory-tight", "burst-fanout", "long-discussion")
@@ -82,8 +85,46 @@ CUT = {"cards": 3, "models": 4, "calls": 40}
 OPTIMUM_TIME_LIMIT = 5.0
 
 
+def _cut_calls(cut: Cut, ours: PolicyRun, selected: Optimum, console: Console) -> None:
+    """Kubemoot's schedule on the cut beside the selected optimum's, call by call.
+
+    Only the calls whose waits differ by more than a second are listed, then both
+    totals and kubemoot's loads and unloads (card, model, start): what the optimum that
+    loads nothing before a selection did differently, read against the trace.
+    """
+    placed = {p.call_id: p for p in selected.placed}
+    ours_total = theirs_total = 0.0
+    rows: list[str] = []
+    for call in cut.calls:
+        served, best = ours.served.get(call.call_id), placed.get(call.call_id)
+        if served is None or best is None:
+            continue
+        wait = served.started - served.issued
+        ours_total += wait
+        theirs_total += best.wait
+        if abs(wait - best.wait) > 1.0:
+            rows.append(
+                f"  call {call.call_id:>2} selected {call.selected_at:6.1f} s, issued "
+                f"{call.release:6.1f} s, runs {call.duration:5.1f} s, band "
+                f"{'/'.join(call.models)}: kubemoot {served.card} {served.model} waits "
+                f"{wait:5.1f} s; selected optimum {best.card} {best.model} waits "
+                f"{best.wait:5.1f} s")
+    console.print(
+        f"{cut.name}, call by call against the selected optimum: total wait kubemoot "
+        f"{ours_total:.1f} s, selected optimum {theirs_total:.1f} s; {len(rows)} calls "
+        "differ by over 1 s", soft_wrap=True)
+    for row in rows:
+        console.print(row, soft_wrap=True, highlight=False)
+    console.print("  kubemoot's loads: " + "; ".join(
+        f"{at:.1f} s {card} {model}" for at, card, model, _mib in ours.loads)
+        + (" — unloads: " + "; ".join(f"{at:.1f} s {card} {model} ({why})"
+                                      for at, card, model, why in ours.unloads)
+           if ours.unloads else ""), soft_wrap=True, highlight=False)
+
+
 def _optimum(
     scenario: Scenario, result: SimulationResult, console: Console, seconds: float,
+    *, calls: bool = False,
 ) -> dict[str, Any]:
     """Every policy on the scenario's cut, over the cut's offline optimum."""
     cut = cut_trace(scenario, build_trace(scenario, seed=result.seed), **CUT)
@@ -105,6 +146,8 @@ def _optimum(
     # optimum ≤ selected ≤ reactive always holds.
     selected = selected.or_stricter(reactive)
     optimum = solve(cut, time_limit_seconds=seconds, hint=hint).or_stricter(selected)
+    if calls:
+        _cut_calls(cut, runs["kubemoot"], selected, console)
     ours = runs["kubemoot"].report.wait["mean"]
     ratios = {p: round(r.report.wait["mean"] / max(optimum.mean_wait, 1e-9), 3)
               for p, r in runs.items()}
@@ -147,7 +190,7 @@ def _optimum(
 
 def _one(
     name: str, duration: float | None, console: Console, *, plots: Path | None,
-    optimum: float | None, keep_alive: float | None = None,
+    optimum: float | None, keep_alive: float | None = None, cut_calls: bool = False,
 ) -> dict[str, Any]:
     scenario = load_scenario(SCENARIOS / f"{name}.yaml")
     if duration is not None:
@@ -191,7 +234,7 @@ def _one(
         "simCpuSecondsPerCall": ours.cpu_seconds / max(ours.calls, 1),
     }
     if optimum is not None:
-        figures["cut"] = _optimum(scenario, result, console, optimum)
+        figures["cut"] = _optimum(scenario, result, console, optimum, calls=cut_calls)
         figures["meanWaitRatioToOptimum"] = figures["cut"]["meanWaitRatioToOptimum"]
         figures["meanWaitRatioToReactiveOptimum"] = figures["cut"][
             "meanWaitRatioToReactiveOptimum"]
@@ -242,6 +285,9 @@ def main() -> None:
     parser.add_argument("--optimum-seconds", type=float, default=OPTIMUM_TIME_LIMIT,
                         metavar="SECONDS",
                         help="the solver's deterministic time per cut (smoke runs: less)")
+    parser.add_argument("--cut-calls", action="store_true",
+                        help="print each cut's schedule beside the selected optimum's, "
+                             "call by call")
     parser.add_argument("--seeds", default=None, metavar="S1,S2,...",
                         help="instead of the comparison: kubemoot's mean wait on each "
                              "scenario for each of these seeds, and their mean")
@@ -257,7 +303,7 @@ def main() -> None:
     for name in [n for n in args.scenarios.split(",") if n]:
         per[name] = _one(name, args.duration, console, plots=args.plots,
                          optimum=None if args.no_optimum else args.optimum_seconds,
-                         keep_alive=args.keep_alive)
+                         keep_alive=args.keep_alive, cut_calls=args.cut_calls)
     speed = per.get(SPEED_SCENARIO) or next(iter(per.values()))
     to_optimum = [f["meanWaitRatioToOptimum"] for f in per.values()
                   if "meanWaitRatioToOptimum" in f]

@@ -95,6 +95,7 @@ def _cut_calls(cut: Cut, ours: PolicyRun, selected: Optimum, console: Console) -
     placed = {p.call_id: p for p in selected.placed}
     ours_total = theirs_total = 0.0
     rows: list[str] = []
+    bands: dict[str, list[float]] = {}  # band → [calls, kubemoot's waits, the optimum's]
     for call in cut.calls:
         served, best = ours.served.get(call.call_id), placed.get(call.call_id)
         if served is None or best is None:
@@ -102,6 +103,10 @@ def _cut_calls(cut: Cut, ours: PolicyRun, selected: Optimum, console: Console) -
         wait = served.started - served.issued
         ours_total += wait
         theirs_total += best.wait
+        band = bands.setdefault("/".join(call.models), [0, 0.0, 0.0])
+        band[0] += 1
+        band[1] += wait
+        band[2] += best.wait
         if abs(wait - best.wait) > 1.0:
             rows.append(
                 f"  call {call.call_id:>2} selected {call.selected_at:6.1f} s, issued "
@@ -112,7 +117,10 @@ def _cut_calls(cut: Cut, ours: PolicyRun, selected: Optimum, console: Console) -
     console.print(
         f"{cut.name}, call by call against the selected optimum: total wait kubemoot "
         f"{ours_total:.1f} s, selected optimum {theirs_total:.1f} s; {len(rows)} calls "
-        "differ by over 1 s", soft_wrap=True)
+        "differ by over 1 s; by band (calls, kubemoot's total wait, the selected "
+        "optimum's): " + "; ".join(f"{b} {n:.0f}, {o:.1f} s, {t:.1f} s"
+                                   for b, (n, o, t) in bands.items()),
+        soft_wrap=True, highlight=False)
     for row in rows:
         console.print(row, soft_wrap=True, highlight=False)
     console.print("  kubemoot's loads: " + "; ".join(

@@ -115,3 +115,23 @@ def test_quality_bench_gives_kubemoot_s_wait_per_seed() -> None:
     assert figures["seeds"] == [1, 2] and set(homelab["meanWaitSeconds"]) == {"1", "2"}
     waits = homelab["meanWaitSeconds"].values()
     assert homelab["meanOverSeeds"] == pytest.approx(sum(waits) / 2, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_quality_bench_lists_a_cut_call_by_call() -> None:
+    """``--cut-calls``: kubemoot's schedule beside the selected optimum's, whose totals
+    are the two mean waits the bench divides, times the cut's calls."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "quality.py"), "--scenarios", "homelab",
+         "--duration", "300", "--optimum-seconds", "0.5", "--cut-calls"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    header = next(line for line in done.stdout.splitlines() if "call by call" in line)
+    cut = json.loads(done.stdout.strip().splitlines()[-1])["perScenario"]["homelab"]["cut"]
+    calls = cut["cardsModelsCalls"][2]
+    ours = float(header.split("total wait kubemoot ")[1].split(" s")[0])
+    theirs = float(header.split("selected optimum ")[1].split(" s")[0])
+    assert ours == pytest.approx(cut["kubemootMeanWaitSeconds"] * calls, abs=0.1)
+    assert theirs == pytest.approx(cut["selectedOptimum"]["meanWaitSeconds"] * calls, abs=0.1)
+    assert "kubemoot's loads: " in done.stdout and "by band" in header

@@ -89,8 +89,9 @@ def _cut_calls(cut: Cut, ours: PolicyRun, selected: Optimum, console: Console) -
     """Kubemoot's schedule on the cut beside the selected optimum's, call by call.
 
     Only the calls whose waits differ by more than a second are listed, then both
-    totals and kubemoot's loads and unloads (card, model, start): what the optimum that
-    loads nothing before a selection did differently, read against the trace.
+    totals (and per band), the optimum's copies by when their first call starts, and
+    kubemoot's loads and unloads: what the optimum that loads nothing before a
+    selection did differently, read against the trace.
     """
     placed = {p.call_id: p for p in selected.placed}
     ours_total = theirs_total = 0.0
@@ -123,6 +124,12 @@ def _cut_calls(cut: Cut, ours: PolicyRun, selected: Optimum, console: Console) -
         soft_wrap=True, highlight=False)
     for row in rows:
         console.print(row, soft_wrap=True, highlight=False)
+    first_use: dict[tuple[str, str, int], float] = {}
+    for p in sorted(selected.placed, key=lambda p: p.start):
+        first_use.setdefault((p.card, p.model, p.load), p.start)
+    console.print("  the selected optimum's copies, by their first call's start: " + "; ".join(
+        f"{at:.1f} s {card} {model}" + (f" (load {load + 1})" if load else "")
+        for (card, model, load), at in first_use.items()), soft_wrap=True, highlight=False)
     console.print("  kubemoot's loads: " + "; ".join(
         f"{at:.1f} s {card} {model}" for at, card, model, _mib in ours.loads)
         + (" — unloads: " + "; ".join(f"{at:.1f} s {card} {model} ({why})"

@@ -135,3 +135,4 @@ def test_quality_bench_lists_a_cut_call_by_call() -> None:
     assert ours == pytest.approx(cut["kubemootMeanWaitSeconds"] * calls, abs=0.1)
     assert theirs == pytest.approx(cut["selectedOptimum"]["meanWaitSeconds"] * calls, abs=0.1)
     assert "kubemoot's loads: " in done.stdout and "by band" in header
+    assert "the selected optimum's copies, by their first call's start: " in done.stdout

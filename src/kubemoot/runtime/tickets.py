@@ -882,19 +882,18 @@ class TicketManager:
         """Decide ``op``, the idle lane's only operation, now and send its write with
         the store's ``update_then``; whether that was done (the operation is then
         settled as the acknowledgement is read, or already when nothing needed
-        writing). False, with nothing changed: the lane's task serves it as before.
+        writing). False, with nothing done: the lane's task serves it as before.
 
-        With a task, an uncontended claim or release cost the task's start, a loop
-        turn for it to write, one for it to wake to the acknowledgement, and two for
-        the shield before its caller woke: on NATS a write's own round trip took a
-        third of the loop turns a call made. This is the round the task would make
-        first, for the plainest case only: the lane holds the document it wrote or
-        read last, lost no race lately, follows no watch, has no combiner to ask, and
-        the operation was not announced or taken from another process; a claim brings
-        the caller's state, and a release finds no announced claim to judge on a state
-        read now. Whatever else the round meets (a refusal to decide again on a fresh
-        read, a lost race, an outage, a bug) goes on in the lane's task as it would
-        have there.
+        Through the task an uncontended claim or release cost the task's start, a loop
+        turn for it to write, one for it to wake to the acknowledgement and two for the
+        shield before its caller woke: on NATS, half the loop turns of a place + claim
+        + release. This is the task's first round, for the plainest case only: the lane
+        holds the document it wrote or read last, lost no race lately, follows no
+        watch and has no combiner to ask; the operation was not announced or taken
+        from another process; a claim brings the caller's state and is granted on it
+        (a refusal is left to the task, whose round decides it again on a fresh read);
+        a release meets no announced request. A lost race, an outage or a bug after the
+        write is sent goes on in the lane's task as it would have there.
         """
         cached = lane.cached
         if (cached is None or lane.followed is not None or len(lane.pending) != 1
@@ -912,7 +911,7 @@ class TicketManager:
         else:
             state = None
             if self._announcements is not None and self._announcements.pending(provider):
-                return False  # an announced claim is judged on a state read now (_read_for)
+                return False  # a claim among them is judged on a state read now
         document, revision = cached
         batch = lane.pending[:]
         try:
@@ -921,15 +920,12 @@ class TicketManager:
         except Exception:
             return False  # the task meets it again, and fails the operation as it fails any
         result = results[op]
-        if not decision.changed:
-            # The round's end without a write: the copy kept, the operation settled; a
-            # refusal on the caller's state is decided again on a fresh read (the task).
-            refused = op.kind is OpKind.CLAIM and isinstance(result, ClaimRejected)
-            lane.cached = None if refused else cached
+        if op.kind is OpKind.CLAIM and result.__class__ is not Ticket:
+            # Refused on the caller's state, which may be that copy's age: the task's
+            # round decides it again on a fresh read before its caller hears "no".
+            return False
+        if not decision.changed:  # the round's end without a write: the copy is kept
             self._round_settled(lane, decision)
-            if refused:
-                op.reread = True
-                return False
             self._finish(lane, op, result=result)
             return True
         written = decision.document(provider)

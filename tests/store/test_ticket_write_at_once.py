@@ -212,3 +212,28 @@ async def test_an_outage_met_by_such_a_write_goes_on_in_the_lane(
         await asyncio.wait_for(
             manager.claim(PROVIDER, "m", 2 * GIB, "h", provider_state=state), 30)
     await manager.aclose()
+
+
+async def test_a_bug_after_such_a_write_is_heard_still_answers_the_caller(
+    store: StoreUnderTest, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The acknowledgement is handled in the store's read loop: a bug there must still
+    answer the caller (with the error, as the lane's task answers a batch that met
+    one), and the lane serves the next operation."""
+    if store.kind != "nats":
+        pytest.skip("only a store that hands acknowledgements over writes this way")
+    manager, _tickets, state = await _manager(store)
+    wrote = manager._wrote
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("a bug in the bookkeeping after a write")
+
+    monkeypatch.setattr(manager, "_wrote", broken)
+    with pytest.raises(RuntimeError, match="bookkeeping"):
+        await asyncio.wait_for(
+            manager.claim(PROVIDER, "m", 2 * GIB, "h1", provider_state=state), 30)
+    monkeypatch.setattr(manager, "_wrote", wrote)
+    ticket = await asyncio.wait_for(
+        manager.claim(PROVIDER, "m", 2 * GIB, "h2", provider_state=state), 30)
+    assert ticket.ticket_id in await _ticket_ids(manager)
+    await manager.aclose()

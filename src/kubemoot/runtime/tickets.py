@@ -958,11 +958,12 @@ class TicketManager:
                 self._finish(lane, op, result=result)
             elif isinstance(outcome, RevisionMismatch | KeyExists | StoreUnavailable):
                 failed = ([op], outcome)
-            else:  # a bad answer or a bug: this operation fails, not the lane
-                faults.noted(
-                    "tickets", faults.UNREADABLE if isinstance(outcome, ValueError)
-                    else faults.BUG, f"ticket operations on {lane.provider} failed", outcome)
-                self._finish(lane, op, error=outcome)
+            else:
+                raise outcome
+        except Exception as error:  # a bad answer or a bug: this operation fails, not the lane
+            faults.noted("tickets", faults.UNREADABLE if isinstance(error, ValueError)
+                         else faults.BUG, f"ticket operations on {lane.provider} failed", error)
+            self._finish(lane, op, error=error)
         finally:
             if lane.pending and (lane.task is None or lane.task.done()):
                 lane.task = asyncio.get_running_loop().create_task(

@@ -37,6 +37,9 @@ Facts about nats-py 2.16 / nats-server 2.15 that shape this adapter:
   its command to the socket itself when nothing is queued (:meth:`_Client.publish_now`),
   in the same bytes; with commands queued, or no connection up, it publishes through
   nats-py behind them.
+* A writer that only passes the outcome on may have it handed over instead of awaiting
+  it (:meth:`NatsBucket.update_then`): the ticket lane settles a claim or release as the
+  read loop reads its acknowledgement, without a task of its own woken for it.
 """
 
 from __future__ import annotations

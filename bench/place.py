@@ -16,13 +16,16 @@ Python function calls (cProfile's total, which counts each resumption of a corou
 call) of one place + claim + release, after the timed calls: on the embedded store
 (``embeddedPythonCallsPerCall``, 64 providers), on NATS (``natsPythonCallsPerCall``), and
 of the NATS floor's ``get`` + ``update`` (``natsPythonCallsPerFloor``). The counts are
-averages over a few hundred calls and move by well under one per cent between runs.
+averages over a few hundred calls and move by well under one per cent between runs. The
+same profiles count the event loop's turns per call and per floor
+(``natsLoopTurnsPerCall``, ``natsLoopTurnsPerFloor``: asyncio's ``_run_once``, one wait
+in ``select`` and one pass over the callbacks then ready each).
 
 Human-readable lines first; the last line is one JSON object:
 ``{"embeddedP99Ms": …, "embeddedP99MsAt1000Providers": …,
 "embeddedCpuP99MsAt1000Providers": …, "natsP99Ratio": …, "natsP99RatioToTwoWrites": …,
 "embeddedPythonCallsPerCall": …, "natsPythonCallsPerCall": …,
-"natsPythonCallsPerFloor": …}``
+"natsPythonCallsPerFloor": …, "natsLoopTurnsPerCall": …, "natsLoopTurnsPerFloor": …}``
 (the CPU figure is this thread's CPU time per call: on a shared machine it leaves other
 processes out).
 """
@@ -122,10 +125,12 @@ async def loop(
 PROFILED_CALLS = 300
 
 
-async def python_calls(planner: CallPlanner, rng: random.Random,
-                       floor: Bucket | None = None) -> tuple[float, float | None]:
-    """Python calls per place + claim + release, and with ``floor`` per raw ``get`` +
-    ``update`` on it (cProfile's totals over :data:`PROFILED_CALLS` of each)."""
+async def python_calls(
+    planner: CallPlanner, rng: random.Random, floor: Bucket | None = None,
+) -> tuple[tuple[float, float], tuple[float, float] | None]:
+    """Python calls and event-loop turns per place + claim + release, and with
+    ``floor`` per raw ``get`` + ``update`` on it (cProfile's totals over
+    :data:`PROFILED_CALLS` of each)."""
 
     async def floor_calls() -> None:
         assert floor is not None
@@ -137,7 +142,9 @@ async def python_calls(planner: CallPlanner, rng: random.Random,
     return per_call, per_floor
 
 
-async def _counted(work: Any) -> float:
+async def _counted(work: Any) -> tuple[float, float]:
+    """cProfile's calls, and the loop's turns (its ``_run_once`` calls: each is a wait
+    in ``select`` and a pass over the callbacks then ready), per operation."""
     profiler = cProfile.Profile()
     profiler.enable()
     try:
@@ -145,7 +152,9 @@ async def _counted(work: Any) -> float:
     finally:
         profiler.disable()
     stats: Any = pstats.Stats(profiler)
-    return float(stats.total_calls) / PROFILED_CALLS
+    turns = sum(row[1] for (path, _line, name), row in stats.stats.items()
+                if name == "_run_once" and path.endswith("base_events.py"))
+    return float(stats.total_calls) / PROFILED_CALLS, turns / PROFILED_CALLS
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -186,7 +195,7 @@ async def embedded(calls: int, providers: int = 64,
     await loop(planner, min(calls, 1000), rng)  # warm-up: first-use costs stay out
     cpu: list[float] = []
     samples, placed, _ = await loop(planner, calls, rng, cpu=cpu)
-    counted = (await python_calls(planner, rng))[0] if count else None
+    counted = (await python_calls(planner, rng))[0][0] if count else None
     await kv.close()
     p50, p99 = pct(samples, 0.5), pct(samples, 0.99)
     print(f"embedded, {providers} providers, 12 models: {calls} calls ({placed} placed) "
@@ -196,7 +205,8 @@ async def embedded(calls: int, providers: int = 64,
     return p99, pct(cpu, 0.99), counted
 
 
-async def nats(calls: int) -> tuple[float, float, float, float] | None:
+async def nats(calls: int) -> tuple[float, float, tuple[float, float],
+                                   tuple[float, float]] | None:
     try:
         from kubemoot.settings import NatsSettings
         from kubemoot.store.nats import NatsKV
@@ -227,8 +237,9 @@ async def nats(calls: int) -> tuple[float, float, float, float] | None:
     print(f"nats, 8 providers, uncontended: {calls} calls ({placed} placed) "
           f"p50 {p50:.3f} ms  p99 {p99:.3f} ms  → p99 ratio {ratio:.2f}, "
           f"to two writes {p99 / w99:.2f}")
-    print(f"nats, Python calls: {counted:.0f} per call, {floor_counted:.0f} per floor "
-          f"get + update ({counted / floor_counted:.2f}x)")
+    print(f"nats, Python calls: {counted[0]:.0f} per call, {floor_counted[0]:.0f} per "
+          f"floor get + update ({counted[0] / floor_counted[0]:.2f}x); loop turns: "
+          f"{counted[1]:.1f} per call, {floor_counted[1]:.1f} per floor")
     return ratio, p99 / w99, counted, floor_counted
 
 
@@ -252,8 +263,10 @@ async def main() -> None:
         "natsP99RatioToTwoWrites": None if ratios is None else round(ratios[1], 3),
         "embeddedPythonCallsPerCall": None if embedded_counted is None
         else round(embedded_counted, 1),
-        "natsPythonCallsPerCall": None if ratios is None else round(ratios[2], 1),
-        "natsPythonCallsPerFloor": None if ratios is None else round(ratios[3], 1),
+        "natsPythonCallsPerCall": None if ratios is None else round(ratios[2][0], 1),
+        "natsPythonCallsPerFloor": None if ratios is None else round(ratios[3][0], 1),
+        "natsLoopTurnsPerCall": None if ratios is None else round(ratios[2][1], 2),
+        "natsLoopTurnsPerFloor": None if ratios is None else round(ratios[3][1], 2),
     }))
 
 

@@ -102,6 +102,7 @@ from kubemoot.store.documents import (
 from kubemoot.store.keys import encode_token
 from kubemoot.store.protocol import (
     Bucket,
+    HandingBucket,
     KeyExists,
     KeyNotFound,
     RevisionMismatch,
@@ -290,6 +291,11 @@ class _Lane:
     probed_at: float | None = None  # when it last asked for a combiner and found none
     # Encodes the documents this lane writes, each ticket once (made at the first write).
     encoder: TicketEncoder | None = None
+    # A write sent without the lane's task is waiting for its acknowledgement
+    # (TicketManager._write_at_once): the lane is busy as with a task.
+    writing: bool = False
+    # Made by _drain while such a write waits; done when its acknowledgement is heard.
+    written: asyncio.Future[None] | None = None
 
 
 class TicketManager:
@@ -314,6 +320,12 @@ class TicketManager:
         parsed: ParsedDocuments[ProviderTickets] | None = None,
     ) -> None:
         self._tickets = tickets
+        # A store whose answers come at the network's moment anyway (NATS) writes an
+        # idle lane's operation in its caller's turn and hands the acknowledgement
+        # over as it is read (_write_at_once); the embedded store does not, so the
+        # simulator's loop turns, which its decisions follow, stay those of the task.
+        self._update_then = (tickets.update_then if isinstance(tickets, HandingBucket)
+                             else None)
         # The process's ticket documents parsed once per revision (shared with its
         # provider view and capacity watch): each document this manager writes goes in
         # as written, so its readers here need not parse it back from the bytes.
@@ -411,8 +423,18 @@ class TicketManager:
             for op in lane.pending:
                 op.max_attempts = min(op.max_attempts, op.attempts + self.max_attempts)
         while busy := [lane.task for lane in self._lanes.values()
-                       if lane.task is not None and not lane.task.done()]:
+                       if lane.task is not None and not lane.task.done()] + [
+                           self._written(lane) for lane in self._lanes.values()
+                           if lane.writing]:
             await asyncio.wait(busy)
+
+    @staticmethod
+    def _written(lane: _Lane) -> asyncio.Future[None]:
+        """Done once the write the lane sent without its task is heard (the lane's task
+        may take its operations on from there)."""
+        if lane.written is None:
+            lane.written = asyncio.get_running_loop().create_future()
+        return lane.written
 
     # -- reading ---------------------------------------------------------------------
 
@@ -605,10 +627,18 @@ class TicketManager:
         lane = lanes[provider] if provider in lanes else self._lane(provider)
         lane.pending.append(op)
         lane.active_at = self._clock.now()
-        if lane.task is None or lane.task.done():
-            lane.task = op.future.get_loop().create_task(self._serve(provider, lane))
+        waited: asyncio.Future[Ticket | None] | None = None
+        if not lane.writing and (lane.task is None or lane.task.done()):
+            if self._update_then is not None and self._write_at_once(provider, lane, op):
+                # Settled as the acknowledgement is read, or already: awaited without
+                # the shield, whose callbacks would cost two more loop turns. A caller
+                # cancelled meanwhile cancels the future, and _finish gives back a
+                # claim granted after all.
+                waited = op.future
+            else:
+                lane.task = op.future.get_loop().create_task(self._serve(provider, lane))
         try:
-            return await _shielded(op.future)
+            return await (_shielded(op.future) if waited is None else waited)
         except asyncio.CancelledError:
             # The caller gave up; a claim granted meanwhile must not leak until its TTL.
             if op.kind is OpKind.CLAIM:
@@ -621,6 +651,10 @@ class TicketManager:
             return
         ticket = done.result()
         assert ticket is not None
+        self._give_back(provider, ticket)
+
+    def _give_back(self, provider: str, ticket: Ticket) -> None:
+        """Release a ticket granted to a caller that no longer waits for it."""
         orphan = self._op(OpKind.RELEASE, ticket.ticket_id, max_attempts=self._release_attempts)
         orphan.future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._enqueue(provider, orphan)
@@ -629,13 +663,20 @@ class TicketManager:
         lane = self._lane(provider)
         lane.pending.append(op)
         lane.active_at = self._clock.now()
-        if lane.task is None or lane.task.done():
+        if not lane.writing and (lane.task is None or lane.task.done()):
             lane.task = asyncio.get_running_loop().create_task(self._serve(provider, lane))
 
-    async def _serve(self, provider: str, lane: _Lane) -> None:
+    async def _serve(self, provider: str, lane: _Lane,
+                     failed: tuple[list[_Op], StoreError] | None = None) -> None:
+        """Serve the lane's queue until it is empty. ``failed``: a write sent without
+        the task (_write_at_once) for these operations failed so; that is taken up
+        first, as if this task's own round had failed."""
         key = encode_token(provider)
         conflicts = 0
         outages = 0  # store failures in a row (no leader, timeouts): back off longer
+        if failed is not None:
+            conflicts, outages = await self._failed(lane, key, failed[0], failed[1],
+                                                    own=True, conflicts=0, outages=0)
         while lane.pending:
             if (self._bus is not None and self._delegating(lane)
                     and await self._delegate(lane)):
@@ -750,55 +791,12 @@ class TicketManager:
                         new_revision = await self._tickets.update(
                             key, value, expected_revision=revision
                         )
-                    lane.cached = (written, new_revision)
-                    if new_revision > lane.seen:
-                        lane.seen = new_revision
-                    if self._parsed is not None:
-                        self._parsed.prime(key, new_revision, written)
-                    if lane.combining is None:
-                        lane.wrote_at = self._clock.now()
-                    if lane.followed is not None and self._documents is not None:
-                        self._documents.noted(key, value, new_revision)
+                    self._wrote(lane, key, written, value, new_revision)
                 elif revision is not None and not retry:
                     lane.cached = (document, revision)
             except (RevisionMismatch, KeyExists, StoreUnavailable) as error:
-                for op in batch:
-                    # The next attempt reads the state: a lost race may mean the card
-                    # changed too. The document comes from the watch when it follows.
-                    op.fresh_state = op.fresh_state or op.kind is OpKind.CLAIM
-                    if isinstance(error, StoreUnavailable):
-                        op.reread = op.reread or op.kind is OpKind.CLAIM
-                if isinstance(error, RevisionMismatch | KeyExists):
-                    metrics.CAS_CONFLICTS.inc()
-                    lane.lost_at = self._clock.now()
-                    lane.lost_on = lane.seen  # the newest revision known lost the race
-                    if self._bus is not None and any(op.delegable for op in batch):
-                        continue  # the next round sends them to the provider's combiner
-                    self._follow(lane, key)
-                    if own:
-                        continue  # the kept copy was stale: decide again, no penalty
-                conflicts += 1
-                self._count_attempt(lane, batch, provider, error)
-                if isinstance(error, StoreUnavailable):
-                    outages += 1
-                    await self._clock.sleep(self._outage_backoff(outages))
-                elif lane.combining is not None:
-                    lane.combiner_losses += 1
-                    if lane.combiner_losses >= _COMBINER_LOSSES:
-                        # Someone else keeps writing (a process that lost no race, or
-                        # one this combiner cannot outpace): what it holds goes into the
-                        # line for that writer to apply, and new senders stop coming.
-                        await self._resign(lane, wait=False)
-                    # Announced, what it holds is applied by whoever writes next.
-                    await self._announce(lane, batch)
-                    continue  # others wait on its write: at once, on the revision that won
-                elif await self._announce(lane, batch):
-                    # Just announced: try again at once. The processes that lost this
-                    # round announce together, and the next write any of them wins
-                    # serves them all; waiting out a backoff here left nobody writing.
-                    await self._pause(lane, self._rng.uniform(0.0, self._backoff_base))
-                else:
-                    await self._pause(lane, self._backoff(conflicts))
+                conflicts, outages = await self._failed(lane, key, batch, error, own=own,
+                                                        conflicts=conflicts, outages=outages)
                 continue
             except Exception as error:  # a bad document or a bug: fail this batch, not the lane
                 faults.noted(
@@ -819,6 +817,167 @@ class TicketManager:
                 conflicts -= 1
         if lane.combining is not None:
             self._resign_when_idle(lane)
+
+    def _wrote(self, lane: _Lane, key: str, written: ProviderTickets, value: bytes,
+               revision: int) -> None:
+        """The lane's document was written as ``written`` (``value``) at ``revision``."""
+        lane.cached = (written, revision)
+        if revision > lane.seen:
+            lane.seen = revision
+        if self._parsed is not None:
+            self._parsed.prime(key, revision, written)
+        if lane.combining is None:
+            lane.wrote_at = self._clock.now()
+        if lane.followed is not None and self._documents is not None:
+            self._documents.noted(key, value, revision)
+
+    async def _failed(self, lane: _Lane, key: str, batch: list[_Op], error: StoreError, *,
+                      own: bool, conflicts: int, outages: int) -> tuple[int, int]:
+        """A round's write of ``batch`` lost a race or found the store unavailable: what
+        the next round must know, and the wait before it. ``own``: the round decided on
+        the copy this lane wrote. The lane's conflicts and outages in a row after it."""
+        provider = lane.provider
+        for op in batch:
+            # The next attempt reads the state: a lost race may mean the card
+            # changed too. The document comes from the watch when it follows.
+            op.fresh_state = op.fresh_state or op.kind is OpKind.CLAIM
+            if isinstance(error, StoreUnavailable):
+                op.reread = op.reread or op.kind is OpKind.CLAIM
+        if isinstance(error, RevisionMismatch | KeyExists):
+            metrics.CAS_CONFLICTS.inc()
+            lane.lost_at = self._clock.now()
+            lane.lost_on = lane.seen  # the newest revision known lost the race
+            if self._bus is not None and any(op.delegable for op in batch):
+                return conflicts, outages  # the next round sends them to the combiner
+            self._follow(lane, key)
+            if own:
+                return conflicts, outages  # the kept copy was stale: decide again, no penalty
+        conflicts += 1
+        self._count_attempt(lane, batch, provider, error)
+        if isinstance(error, StoreUnavailable):
+            outages += 1
+            await self._clock.sleep(self._outage_backoff(outages))
+        elif lane.combining is not None:
+            lane.combiner_losses += 1
+            if lane.combiner_losses >= _COMBINER_LOSSES:
+                # Someone else keeps writing (a process that lost no race, or
+                # one this combiner cannot outpace): what it holds goes into the
+                # line for that writer to apply, and new senders stop coming.
+                await self._resign(lane, wait=False)
+            # Announced, what it holds is applied by whoever writes next; others wait on
+            # its write: at once, on the revision that won.
+            await self._announce(lane, batch)
+        elif await self._announce(lane, batch):
+            # Just announced: try again at once. The processes that lost this
+            # round announce together, and the next write any of them wins
+            # serves them all; waiting out a backoff here left nobody writing.
+            await self._pause(lane, self._rng.uniform(0.0, self._backoff_base))
+        else:
+            await self._pause(lane, self._backoff(conflicts))
+        return conflicts, outages
+
+    # -- an idle lane's operation written in its caller's turn -----------------------
+
+    def _write_at_once(self, provider: str, lane: _Lane, op: _Op) -> bool:
+        """Decide ``op``, the idle lane's only operation, now and send its write with
+        the store's ``update_then``; whether that was done (the operation is then
+        settled as the acknowledgement is read, or already when nothing needed
+        writing). False, with nothing done: the lane's task serves it as before.
+
+        Through the task an uncontended claim or release cost the task's start, a loop
+        turn for it to write, one for it to wake to the acknowledgement and two for the
+        shield before its caller woke: on NATS, half the loop turns of a place + claim
+        + release. This is the task's first round, for the plainest case only: the lane
+        holds the document it wrote or read last, lost no race lately, follows no
+        watch and has no combiner to ask; the operation was not announced or taken
+        from another process; a claim brings the caller's state and is granted on it
+        (a refusal is left to the task, whose round decides it again on a fresh read);
+        a release meets no announced request. A lost race, an outage or a bug after the
+        write is sent goes on in the lane's task as it would have there.
+        """
+        cached = lane.cached
+        if (cached is None or lane.followed is not None or len(lane.pending) != 1
+                or op.reread or op.fresh_state or op.announced is not None
+                or op.foreign_until is not None or op.delegated
+                or (lane.lost_at is not None and self._contended(lane))
+                or (self._bus is not None and self._delegating(lane))):
+            return False
+        update_then = self._update_then
+        assert update_then is not None
+        if op.kind is OpKind.CLAIM:
+            state = op.known_state
+            if state is None:
+                return False
+        else:
+            state = None
+            if self._announcements is not None and self._announcements.pending(provider):
+                return False  # a claim among them is judged on a state read now
+        document, revision = cached
+        batch = lane.pending[:]
+        try:
+            decision, results = self._apply(provider, document, state, self._clock.now(),
+                                            batch)
+        except Exception:
+            return False  # the task meets it again, and fails the operation as it fails any
+        result = results[op]
+        if op.kind is OpKind.CLAIM and result.__class__ is not Ticket:
+            # Refused on the caller's state, which may be that copy's age: the task's
+            # round decides it again on a fresh read before its caller hears "no".
+            return False
+        if not decision.changed:  # the round's end without a write: the copy is kept
+            self._round_settled(lane, decision)
+            self._finish(lane, op, result=result)
+            return True
+        written = decision.document(provider)
+        encoder = lane.encoder
+        if encoder is None:
+            encoder = lane.encoder = TicketEncoder(provider)
+        value = encoder.encode(written)
+        key = encode_token(provider)
+
+        def heard(outcome: int | Exception) -> None:
+            self._heard(lane, key, op, decision, result, written, value, outcome)
+
+        if not update_then(key, value, revision, heard):
+            return False
+        lane.cached = None  # until the acknowledgement says whether the write won
+        lane.writing = True
+        return True
+
+    def _heard(self, lane: _Lane, key: str, op: _Op, decision: Decision,
+               result: Ticket | BaseException | None, written: ProviderTickets,
+               value: bytes, outcome: int | Exception) -> None:
+        """The acknowledgement of a write :meth:`_write_at_once` sent: the new revision,
+        or why it failed. Runs in the store's turn (it must not raise there)."""
+        lane.writing = False
+        failed: tuple[list[_Op], StoreError] | None = None
+        try:
+            if not isinstance(outcome, Exception):
+                self._wrote(lane, key, written, value, outcome)
+                self._round_settled(lane, decision)
+                self._finish(lane, op, result=result)
+            elif isinstance(outcome, RevisionMismatch | KeyExists | StoreUnavailable):
+                failed = ([op], outcome)
+            else:
+                raise outcome
+        except Exception as error:  # a bad answer or a bug: this operation fails, not the lane
+            faults.noted("tickets", faults.UNREADABLE if isinstance(error, ValueError)
+                         else faults.BUG, f"ticket operations on {lane.provider} failed", error)
+            self._finish(lane, op, error=error)
+        finally:
+            if lane.pending and (lane.task is None or lane.task.done()):
+                lane.task = asyncio.get_running_loop().create_task(
+                    self._serve(lane.provider, lane, failed))
+            if lane.written is not None:
+                lane.written.set_result(None)
+                lane.written = None
+
+    def _round_settled(self, lane: _Lane, decision: Decision) -> None:
+        """A round of :meth:`_write_at_once` ended without an error, as the task's do:
+        no combiner loss in a row, and the announcements it settled forgotten."""
+        lane.combiner_losses = 0
+        if self._announcements is not None:
+            self._announcements.settle(decision.settled, decision.found_settled)
 
     # -- the provider's combiner (kubemoot.runtime.ticket_delegation) ----------------
 
@@ -938,7 +1097,7 @@ class TicketManager:
     def _requeue(self, lane: _Lane, ops: list[_Op]) -> None:
         """Put operations back at the head of the lane's queue (they came first)."""
         lane.pending[:0] = [op for op in ops if not op.future.done()]
-        if lane.pending and (lane.task is None or lane.task.done()):
+        if lane.pending and not lane.writing and (lane.task is None or lane.task.done()):
             lane.task = asyncio.get_running_loop().create_task(
                 self._serve(lane.provider, lane))
 
@@ -1440,6 +1599,11 @@ class TicketManager:
                 self._enqueue(lane.provider, withdraw)
         future = op.future
         if future.done():
+            if (future.cancelled() and error is None and op.kind is OpKind.CLAIM
+                    and isinstance(result, Ticket)):
+                # Its caller awaited the future itself (_write_at_once) and was
+                # cancelled: the claim granted after all goes back at once.
+                self._give_back(lane.provider, result)
             return
         # A ticket or nothing, the outcome of most operations, is settled without the
         # isinstance() calls below; the answers are the same.

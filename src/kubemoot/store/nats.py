@@ -37,6 +37,9 @@ Facts about nats-py 2.16 / nats-server 2.15 that shape this adapter:
   its command to the socket itself when nothing is queued (:meth:`_Client.publish_now`),
   in the same bytes; with commands queued, or no connection up, it publishes through
   nats-py behind them.
+* A writer that only passes the outcome on may have it handed over instead of awaiting
+  it (:meth:`NatsBucket.update_then`): the ticket lane settles a claim or release as the
+  read loop reads its acknowledgement, without a task of its own woken for it.
 """
 
 from __future__ import annotations
@@ -324,8 +327,10 @@ class _Acks:
         self.connection = connection
         self._prefix = connection.new_inbox() + "."
         self._skip = len(self._prefix)
-        #: per reply token, the request's future and its deadline on the loop's clock
-        self._waiting: dict[str, tuple[asyncio.Future[Any], float]] = {}
+        #: per reply token: the request's future (None for one sent by :meth:`send`),
+        #: its deadline on the loop's clock, and the function :meth:`send` was given
+        self._waiting: dict[str, tuple[asyncio.Future[Any] | None, float,
+                                       Callable[[Any], None] | None]] = {}
         self._sent = 0
         self._timer: asyncio.TimerHandle | None = None
 
@@ -339,8 +344,13 @@ class _Acks:
 
     def _take(self, msg: Any) -> None:
         waiting = self._waiting.pop(msg.subject[self._skip:], None)
-        if waiting is not None and not waiting[0].done():
-            waiting[0].set_result(msg)
+        if waiting is None:
+            return
+        future, _deadline, then = waiting
+        if then is not None:  # sent by send()
+            then(msg)
+        elif future is not None and not future.done():
+            future.set_result(msg)
 
     def _expire(self) -> None:
         """The timer fired: fail the requests past their deadline, and stand the timer
@@ -349,15 +359,51 @@ class _Acks:
         loop = asyncio.get_running_loop()
         now = loop.time()
         nearest = math.inf
-        for future, deadline in self._waiting.values():
-            if future.done():
+        lapsed: list[str] = []  # sent by send(): told after the walk, which they may extend
+        for token, (future, deadline, _then) in self._waiting.items():
+            if future is not None and future.done():
                 continue  # timed out before, or answered: its request takes it out
-            if deadline <= now:
+            if deadline > now:
+                nearest = min(nearest, deadline)
+            elif future is not None:
                 future.set_exception(nats.errors.TimeoutError())
             else:
-                nearest = min(nearest, deadline)
+                lapsed.append(token)
         if nearest != math.inf:
             self._timer = loop.call_at(nearest, self._expire)
+        for token in lapsed:
+            then = self._waiting.pop(token)[2]
+            assert then is not None
+            then(nats.errors.TimeoutError())
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        """Have the timer fire by ``deadline``."""
+        timer = self._timer
+        if timer is None or deadline < timer.when():  # else it fires first: in time
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_at(deadline, self._expire)
+
+    def send(self, subject: str, payload: bytes, headers: dict[str, str], timeout: float,
+             block: bytes | None, then: Callable[[Any], None]) -> bool:
+        """Publish a request in this turn and give ``then`` its reply as the read loop
+        hands it over (or nats-py's ``TimeoutError`` once ``timeout`` passed); False,
+        with nothing sent, when it cannot be written at once
+        (:meth:`_Client.publish_now`). ``then`` is called from the read loop or the
+        timer and must not raise."""
+        connection = self.connection
+        if not isinstance(connection, _Client):
+            return False
+        self._sent += 1
+        token = str(self._sent)
+        if not connection.publish_now(subject, self._prefix + token, payload, headers, block):
+            return False
+        # Registered after the write: its reply cannot be read before this turn ends.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        self._waiting[token] = (None, deadline, then)
+        self._arm(loop, deadline)
+        return True
 
     async def request(self, subject: str, payload: bytes, headers: dict[str, str],
                       timeout: float, block: bytes | None = None) -> Any:
@@ -366,12 +412,8 @@ class _Acks:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         deadline = loop.time() + timeout
-        self._waiting[token] = (future, deadline)
-        timer = self._timer
-        if timer is None or deadline < timer.when():  # else it fires first: in time
-            if timer is not None:
-                timer.cancel()
-            self._timer = loop.call_at(deadline, self._expire)
+        self._waiting[token] = (future, deadline, None)
+        self._arm(loop, deadline)
         try:
             connection = self.connection
             reply = self._prefix + token
@@ -384,6 +426,29 @@ class _Acks:
         if msg.headers and msg.headers.get(nats.js.api.Header.STATUS) == _NO_RESPONDERS:
             raise nats.errors.NoRespondersError
         return msg
+
+
+def _acked_sequence(msg: Any) -> int:
+    """The stream sequence a JetStream publish's acknowledgement names, or the error it
+    carries raised as nats-py's JetStream publish raises it (``NoStreamResponseError``
+    for no responders, ``KeyWrongLastSequenceError`` for a lost compare-and-set, the
+    API error's own type for the rest).
+
+    Left out is what no caller here reads: the ack is decoded by orjson and only its
+    sequence is taken, where nats-py decodes it with the standard library and copies
+    every field into a dataclass.
+    """
+    if msg.headers and msg.headers.get(nats.js.api.Header.STATUS) == _NO_RESPONDERS:
+        raise nats.js.errors.NoStreamResponseError
+    ack = orjson.loads(msg.data)
+    problem = ack.get("error")
+    if problem is not None:
+        if problem.get("err_code") in _WRONG_LAST_SEQUENCE:
+            raise nats.js.errors.KeyWrongLastSequenceError(
+                description=problem.get("description")
+            )
+        nats.js.errors.APIError.from_error(problem)  # raises the error's own type
+    return int(ack["seq"])
 
 
 class NatsBucket:
@@ -438,15 +503,59 @@ class NatsBucket:
         try:
             return await self._publish(key, value, {_EXPECTED_LAST: str(expected_revision)},
                                        _CAS_HEADER % expected_revision)
-        except nats.js.errors.KeyWrongLastSequenceError as error:
-            raise RevisionMismatch(
-                f"bucket {self.name!r}: key {key!r} is not at revision {expected_revision}"
-            ) from error
         except Exception as error:
-            mapped = _translated(f"update {self.name}/{key}", error)
+            mapped = self._update_error(key, expected_revision, error)
             if mapped is None:
                 raise
             raise mapped from error
+
+    def _update_error(self, key: str, expected_revision: int,
+                      error: Exception) -> StoreError | None:
+        """Our error for a compare-and-set's NATS failure; None: ``error`` is no NATS
+        failure (or one of ours already)."""
+        if isinstance(error, nats.js.errors.KeyWrongLastSequenceError):
+            return RevisionMismatch(
+                f"bucket {self.name!r}: key {key!r} is not at revision {expected_revision}"
+            )
+        return _translated(f"update {self.name}/{key}", error)
+
+    def update_then(self, key: str, value: bytes, expected_revision: int,
+                    then: Callable[[int | Exception], None]) -> bool:
+        """:meth:`update` whose outcome is handed to ``then`` as the read loop reads the
+        acknowledgement (see :class:`~kubemoot.store.protocol.HandingBucket`).
+
+        The ticket lane writes a claim or a release this way: awaiting :meth:`update`
+        in a task of its own cost every call a task started, a loop turn for it to
+        write and another for it to wake to the acknowledgement, before its caller woke
+        a turn after that. Same bytes, same errors; False when there is no inbox on the
+        connection in hand, the key is one :meth:`update` refuses, or the command
+        cannot be written in this turn (:meth:`_Client.publish_now`).
+        """
+        owner = self._owner
+        acks = owner._acks
+        if (acks is None or acks.connection is not owner._nc or not key or key[0] == "."
+                or key[-1] == "." or not _VALID_KEY(key)):
+            return False
+
+        def heard(msg: Any) -> None:
+            outcome: int | Exception
+            try:
+                if isinstance(msg, Exception):  # the timer's
+                    raise msg
+                outcome = _acked_sequence(msg)
+            except Exception as error:
+                mapped = self._update_error(key, expected_revision, error)
+                outcome = error if mapped is None else mapped
+            try:
+                then(outcome)
+            except Exception as error:  # raised into the read loop, it would stop reading
+                metrics.survived("store", "update", metrics.BUG,
+                                 f"handing an update of {self.name}/{key} on failed",
+                                 error, logger=log, exc_info=True)
+
+        return acks.send(self._prefix + key, value, {_EXPECTED_LAST: str(expected_revision)},
+                         owner._settings.request_timeout, _CAS_HEADER % expected_revision,
+                         heard)
 
     async def _publish(self, key: str, value: bytes, headers: dict[str, str],
                        block: bytes | None = None) -> int:
@@ -454,10 +563,8 @@ class NatsBucket:
 
         What nats-py's ``KeyValue.update`` does, with the same errors: it raises
         ``KeyWrongLastSequenceError`` for a lost compare-and-set and nats-py's typed
-        API errors for the rest. Left out is what no caller here reads: the ack is
-        decoded by orjson and only its sequence is taken, where nats-py decodes it with
-        the standard library and copies every field into a dataclass. A claim and its
-        release each write once, so this is on every call's path.
+        API errors for the rest (:func:`_acked_sequence`). A claim and its release each
+        write once, so this is on every call's path.
         """
         if not key or key[0] == "." or key[-1] == "." or not _VALID_KEY(key):
             raise nats.js.errors.InvalidKeyError(key)
@@ -474,15 +581,7 @@ class NatsBucket:
                 )
         except nats.errors.NoRespondersError as error:  # as nats-py's JetStream publish
             raise nats.js.errors.NoStreamResponseError from error
-        ack = orjson.loads(msg.data)
-        problem = ack.get("error")
-        if problem is not None:
-            if problem.get("err_code") in _WRONG_LAST_SEQUENCE:
-                raise nats.js.errors.KeyWrongLastSequenceError(
-                    description=problem.get("description")
-                )
-            nats.js.errors.APIError.from_error(problem)  # raises the error's own type
-        return int(ack["seq"])
+        return _acked_sequence(msg)
 
     async def put(self, key: str, value: bytes) -> int:
         with _edge(f"put {self.name}/{key}"):

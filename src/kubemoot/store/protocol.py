@@ -109,6 +109,25 @@ class HandingWatch(Protocol):
 
 
 @runtime_checkable
+class HandingBucket(Protocol):
+    """A bucket that can hand a compare-and-set's outcome to a function in the turn it
+    learns it, instead of waking a task that awaits :meth:`Bucket.update` (see
+    :meth:`update_then`)."""
+
+    def update_then(self, key: str, value: bytes, expected_revision: int,
+                    then: Callable[[int | Exception], None]) -> bool:
+        """Send ``update(key, value, expected_revision=expected_revision)`` now and give
+        ``then`` its outcome once it is known: the new revision, or the error ``update``
+        would raise (a lost race is :class:`RevisionMismatch`). ``then`` is called once,
+        never from this call, and must not wait; what it raises is the store's to log.
+        False, with nothing sent, when the write cannot go out at once (the caller
+        awaits ``update`` then). Only a store whose answers come at the network's moment
+        anyway offers it (NATS): the embedded store keeps its writers' loop turns, which
+        the simulator's decisions follow."""
+        ...
+
+
+@runtime_checkable
 class Bucket(Protocol):
     """One KV bucket. Revisions only grow; compare-and-set is by revision."""
 

@@ -314,7 +314,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         # the batch is walked without a pop per callback.
         spare: collections.deque[asyncio.Handle] = collections.deque()
         while True:
-            ready: collections.deque[asyncio.Handle] = self._ready  # type: ignore[attr-defined]
+            ready: collections.deque[asyncio.Handle] = self._ready  # type: ignore[attr-defined,has-type]
             scheduled = self._scheduled
             count = len(scheduled)
             if count > _MIN_SCHEDULED_TIMER_HANDLES and (

@@ -123,6 +123,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     # asyncio's own state (typeshed leaves it out). ``_scheduled`` is this loop's heap
     # of deadlines; asyncio's own turn, which reads timers there, never runs on it.
     _scheduled: list[_Deadline]  # type: ignore[assignment]
+    _ready: collections.deque[asyncio.Handle]
     _timer_cancelled_count: int
     _selector: selectors.BaseSelector
     _debug: bool
@@ -246,7 +247,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         handle._cancelled = False
         handle._repr = None
         handle._source_traceback = None
-        self._ready.append(handle)  # type: ignore[attr-defined]
+        self._ready.append(handle)
         return handle
 
     def call_later(self, delay: float, callback: Callable[[Unpack[_Ts]], object],
@@ -314,7 +315,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         # the batch is walked without a pop per callback.
         spare: collections.deque[asyncio.Handle] = collections.deque()
         while True:
-            ready: collections.deque[asyncio.Handle] = self._ready  # type: ignore[attr-defined,has-type]
+            ready = self._ready
             scheduled = self._scheduled
             count = len(scheduled)
             if count > _MIN_SCHEDULED_TIMER_HANDLES and (
@@ -385,7 +386,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         turn, go back to the front of the ready queue, where asyncio's turn leaves them."""
         rest = list(batch)
         rest = rest[next(i for i, h in enumerate(rest) if h is handle) + 1:]
-        self._ready.extendleft(reversed(rest))  # type: ignore[attr-defined]
+        self._ready.extendleft(reversed(rest))
         batch.clear()
 
     def _run_ready_debug(self, ready: collections.deque[asyncio.Handle]) -> None:

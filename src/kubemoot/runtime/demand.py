@@ -18,7 +18,6 @@ it never causes a load.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeVar, overload
@@ -50,43 +49,6 @@ _T = TypeVar("_T")
 #: placement round made the read grow with the fleet's agents (fleet-16: about 130
 #: entries a read, most of them forecast).
 FORECAST_REFRESH_SECONDS = 30.0
-
-
-# A float x with 1e-4 <= x < 1e16 is written by pydantic as its repr: both write the
-# shortest digits that read back as x, without an exponent. Outside that range the two
-# may differ (repr 1e-05, pydantic 0.00001; pydantic writes inf and nan as null), so
-# an entry with such a figure goes through pydantic's serializer. The bounds are
-# spelt out in each test below rather than called for: these run for every write.
-
-
-def _demand_json(entry: DemandEntry) -> bytes:
-    """``entry.to_json()``, without pydantic's serializer where the text is known.
-
-    Every call's ``record_use`` and every waiter's and intent's mark writes one
-    (fleet-16: about 2,400 a run), and the serializer cost about 4 µs of each.
-    The bytes are the same (``tests/runtime/test_demand_encoding.py``)."""
-    expires, count, used = entry.expires_at, entry.count, entry.last_used_at
-    if (1e-4 <= expires < 1e16 and 1e-4 <= count < 1e16
-            and (used is None or 1e-4 <= used < 1e16)):
-        last = "null" if used is None else f"{used!r}"
-        return (f'{{"version":{entry.version},"expiresAt":{expires!r},"count":{count!r},'
-                f'"lastUsedAt":{last}}}').encode()
-    return entry.to_json()
-
-
-def _selection_json(entry: SelectionEntry, models: bytes) -> bytes:
-    """``entry.to_json()`` as :func:`_demand_json` writes a demand entry; ``models`` is
-    ``entry.models`` in JSON (the same for an agent from one selection to the next)."""
-    expires, frequency = entry.expires_at, entry.frequency
-    if 1e-4 <= expires < 1e16 and 1e-4 <= frequency < 1e16:
-        return (f'{{"version":{entry.version},"expiresAt":{expires!r},"models":'.encode()
-                + models + f',"frequency":{frequency!r}}}'.encode())
-    return entry.to_json()
-
-
-def _models_json(models: list[str]) -> bytes:
-    """A list of model names as pydantic writes it: UTF-8, with JSON's escapes."""
-    return json.dumps(models, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _decayed(count: float, since: float | None, now: float, window: float) -> float:
@@ -139,10 +101,6 @@ class DemandBoard:
         self._clean: dict[str, float] | None = None
         #: each agent's forecast key, encoded once
         self._selection_keys: dict[str, str] = {}
-        #: each agent's models as last written, and their JSON: a new thread rewrites
-        #: every agent whose share moved (fleet-16: about 1,900 writes a run) with the
-        #: models it named before
-        self._models_written: dict[str, tuple[list[str], bytes]] = {}
 
     # -- following -------------------------------------------------------------------
 
@@ -193,7 +151,7 @@ class DemandBoard:
         key = join_key(kind, model, agent)
         # What this process wrote needs no parsing when it reads it back (a following
         # board meets every one of its own writes again on its watch).
-        self._parsed[key] = (await self._bucket.put(key, _demand_json(entry)), entry)
+        self._parsed[key] = (await self._bucket.put(key, entry.to_json()), entry)
         self._cached(key)
 
     async def add_waiter(self, model: str, agent: str) -> None:
@@ -232,7 +190,7 @@ class DemandBoard:
             expires_at=now + 5 * self.use_window_seconds, count=count + 1.0, last_used_at=now
         )
         # What this process wrote needs no parsing when it reads it back.
-        self._parsed[key] = (await self._bucket.put(key, _demand_json(entry)), entry)
+        self._parsed[key] = (await self._bucket.put(key, entry.to_json()), entry)
         self._cached(key)
 
     async def record_selection(
@@ -248,11 +206,7 @@ class DemandBoard:
         key = self._selection_keys.get(agent)
         if key is None:
             key = self._selection_keys[agent] = join_key(SELECTION, agent)
-        written = self._models_written.get(agent)
-        if written is None or written[0] != entry.models:
-            written = self._models_written[agent] = (entry.models,
-                                                      _models_json(entry.models))
-        revision = await self._bucket.put(key, _selection_json(entry, written[1]))
+        revision = await self._bucket.put(key, entry.to_json())
         self._parsed[key] = (revision, entry)
         # This process's own writes show in the forecast it holds at once: the entry
         # it replaces comes out of the prediction, the new one goes in.

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,3 +114,22 @@ def test_quality_bench_gives_kubemoot_s_wait_per_seed() -> None:
     assert figures["seeds"] == [1, 2] and set(homelab["meanWaitSeconds"]) == {"1", "2"}
     waits = homelab["meanWaitSeconds"].values()
     assert homelab["meanOverSeeds"] == pytest.approx(sum(waits) / 2, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_simcpu_counts_the_runs_bytecode() -> None:
+    """``--opcodes``: a count that repeats exactly, and where it went by function."""
+    def counted() -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "simcpu.py"), "--scenario", "homelab",
+             "--duration", "120", "--opcodes", "3"],
+            cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return figures
+
+    first, second = counted(), counted()
+    assert first["pythonOpcodes"] == second["pythonOpcodes"] > 0
+    rows = first["opcodesByFunction"]
+    assert len(rows) == 3 and rows[0][1] >= rows[1][1] >= rows[2][1] > 0
+    assert "VirtualTimeLoop" in " ".join(row[3] for row in rows)

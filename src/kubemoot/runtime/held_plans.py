@@ -152,21 +152,25 @@ class HeldPlans:
             # dicts are read as the loop reaches each agent, as they change meanwhile.
             threads, counts, written_of = len(self._threads), self._counts, self._written
             # A new thread changes every known agent's share: write again the ones that
-            # moved by more than SHARE_TOLERANCE of what the board holds.
+            # moved by more than SHARE_TOLERANCE of what the board holds. (The others:
+            # a copy of the keys less one, without a test per agent.)
             others = list(self._selected) if new_thread else []
             if others and agent in self._selected:
-                others.remove(agent)  # (a list of the keys, less one: no test per agent)
-            share = counts[agent] / threads if threads and agent in counts else 0.0
-            await self._write_share(agent, share if frequency is None else frequency)
-            for who in others:
+                others.remove(agent)
+            for who in [agent, *others]:
                 share = counts[who] / threads if threads and who in counts else 0.0
-                if who in written_of:
+                if who is agent:  # (no other is equal to it)
+                    if frequency is not None:
+                        share = frequency
+                elif who in written_of:
                     # abs(share - written) <= SHARE_TOLERANCE * written, spelt out
                     written, tolerated_move = written_of[who]
                     moved = share - written
                     if -tolerated_move <= moved <= tolerated_move:
                         continue
-                await self._write_share(who, share)
+                with tolerated("selection", f"recording the selection of {who}"):
+                    await self._board.record_selection(who, self._models_of[who], share)
+                    self._written[who] = (share, SHARE_TOLERANCE * share)
         self._intents[(agent, thread)] = models
         assumed = prompt_tokens or self._planner.settings.assumed_prompt_tokens
         planned = self.planned()
@@ -203,13 +207,6 @@ class HeldPlans:
             plan.preload = self._start_preload(placement)
         self._plans[(agent, thread)] = plan
         return placement
-
-    async def _write_share(self, agent: str, share: float) -> None:
-        """Record ``agent``'s selection on the board with ``share`` as its frequency."""
-        assert self._board is not None
-        with tolerated("selection", f"recording the selection of {agent}"):
-            await self._board.record_selection(agent, self._models_of[agent], share)
-            self._written[agent] = (share, SHARE_TOLERANCE * share)
 
     def _count_plan(self, agent: str, thread: str, placement: CallPlacement) -> None:
         """Note the copy the plan counts on (none for a plan that has to wait)."""

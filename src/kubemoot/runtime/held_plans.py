@@ -112,9 +112,7 @@ class HeldPlans:
         #: every known agent's count (fleet-16: about 24,000 a run)
         self._counts: dict[str, int] = {}
         self._models_of: dict[str, tuple[str, ...]] = {}
-        #: the share last written per agent, and SHARE_TOLERANCE times it (worked out
-        #: once: a new thread compares every known agent's share with it)
-        self._written: dict[str, tuple[float, float]] = {}
+        self._written: dict[str, float] = {}  # the share last written per agent
         #: Per (agent, thread), the copy its plan counts on and when it was planned,
         #: held or not, until the first mulling call comes (see the module docstring).
         self._planned: dict[tuple[str, str], tuple[str, str, float]] = {}
@@ -147,30 +145,27 @@ class HeldPlans:
             with tolerated("intent", f"publishing the intents of {agent}"):
                 for model in models:
                     await self._board.add_intent(model, agent)
+            # A new thread changes every known agent's share: write again the ones that
+            # moved by more than SHARE_TOLERANCE of what the board holds.
+            others = [a for a in self._selected if a != agent] if new_thread else []
             # frequency(), inline, and without a call per agent but len: a new thread
-            # asks it of every known agent (fleet-16: about 12,000 times a run). The
+            # asks it of every known agent (fleet-16: about 24,000 times a run). The
             # dicts are read as the loop reaches each agent, as they change meanwhile.
             threads, counts, written_of = len(self._threads), self._counts, self._written
-            # A new thread changes every known agent's share: write again the ones that
-            # moved by more than SHARE_TOLERANCE of what the board holds. (The others:
-            # a copy of the keys less one, without a test per agent.)
-            others = list(self._selected) if new_thread else []
-            if others and agent in self._selected:
-                others.remove(agent)
             for who in [agent, *others]:
                 share = counts[who] / threads if threads and who in counts else 0.0
-                if who is agent:  # (no other is equal to it)
+                if who == agent:
                     if frequency is not None:
                         share = frequency
                 elif who in written_of:
                     # abs(share - written) <= SHARE_TOLERANCE * written, spelt out
-                    written, tolerated_move = written_of[who]
-                    moved = share - written
+                    written = written_of[who]
+                    moved, tolerated_move = share - written, SHARE_TOLERANCE * written
                     if -tolerated_move <= moved <= tolerated_move:
                         continue
                 with tolerated("selection", f"recording the selection of {who}"):
                     await self._board.record_selection(who, self._models_of[who], share)
-                    self._written[who] = (share, SHARE_TOLERANCE * share)
+                    self._written[who] = share
         self._intents[(agent, thread)] = models
         assumed = prompt_tokens or self._planner.settings.assumed_prompt_tokens
         planned = self.planned()

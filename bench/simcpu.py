@@ -20,13 +20,17 @@ bench counts what the kubemoot run does instead:
 * with ``--decisions``: ``decisions``, a SHA-256 over every decision of the kubemoot runs
   on each scenario asked for (where and when each call ran, how each call ended, every
   load and unload), so a change meant for speed only can show it decides the same;
+* with ``--opcodes N``: ``pythonOpcodes``, the bytecode instructions the run's Python
+  functions executed (counted by a trace function, so exact and repeatable, but blind to
+  the work of C code such as pydantic's or a float's ``repr``), and ``opcodesByFunction``,
+  the N functions that executed most of them (their own code, not their callees');
 * with ``--callgrind``: the instructions of the run (valgrind's callgrind, repeatable
   under load), as the count of the whole process minus that of the same process with
   the set-up only (imports, the policy's included, the scenario, its trace). The run is
   the process's first, as ``bench/quality.py``'s is: first-use costs count, imports not.
 
     python bench/simcpu.py [--scenario fleet-16] [--duration S] [--decisions a,b,...]
-                           [--callgrind]
+                           [--opcodes N] [--callgrind]
 
 The last line is one JSON object with the figures.
 """
@@ -126,6 +130,36 @@ def _python_calls(scenario: Scenario, trace: Trace) -> tuple[int, dict[str, floa
     return int(stats.total_calls), shares, run  # type: ignore[attr-defined]
 
 
+def _opcodes(scenario: Scenario, trace: Trace, top: int) -> tuple[int, list[list[Any]]]:
+    """The bytecode instructions one run executes, in all and in the ``top`` functions
+    that execute most: ``[share, count, calls, "file:line function"]`` each."""
+    counts: dict[Any, int] = {}
+    calls: dict[Any, int] = {}
+
+    def trace_function(frame: Any, event: str, _arg: Any) -> Any:
+        code = frame.f_code
+        if event == "opcode":
+            counts[code] = counts.get(code, 0) + 1
+        elif event == "call":
+            frame.f_trace_opcodes = True
+            frame.f_trace_lines = False
+            calls[code] = calls.get(code, 0) + 1
+        return trace_function
+
+    sys.settrace(trace_function)
+    try:
+        _run(scenario, trace)
+    finally:
+        sys.settrace(None)
+    total = sum(counts.values())
+    rows = []
+    for code, count in sorted(counts.items(), key=lambda kv: -kv[1])[:top]:
+        where = re.sub(r".*/(src|site-packages|lib/python3\.\d+)/", "", code.co_filename)
+        rows.append([round(count / max(total, 1), 4), count, calls.get(code, 0),
+                     f"{where}:{code.co_firstlineno} {code.co_qualname}"])
+    return total, rows
+
+
 def _instructions(args: list[str]) -> int:
     """The instructions valgrind's callgrind counts for this script run with ``args``."""
     done = subprocess.run(
@@ -146,6 +180,8 @@ def main() -> None:
                         help="cut the scenario to this many seconds (a quick run)")
     parser.add_argument("--decisions", default=None,
                         help="comma-separated scenarios whose decisions are hashed")
+    parser.add_argument("--opcodes", type=int, default=None, metavar="N",
+                        help="count the run's bytecode instructions; list the top N functions")
     parser.add_argument("--callgrind", action="store_true",
                         help="count the run's instructions under valgrind (slow)")
     # the child processes of --callgrind: set-up only, or set-up and one run
@@ -182,6 +218,9 @@ def main() -> None:
             figures.setdefault("decisionsByScenario", {})[name.strip()] = one[:16]
             digest.update(one.encode())
         figures["decisions"] = digest.hexdigest()[:16]
+    if args.opcodes is not None:
+        figures["pythonOpcodes"], figures["opcodesByFunction"] = _opcodes(
+            scenario, trace, args.opcodes)
     if args.callgrind:
         if shutil.which("valgrind") is None:
             raise SystemExit("--callgrind needs valgrind on the PATH")

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,3 +138,22 @@ def test_quality_bench_lists_a_cut_call_by_call() -> None:
     assert theirs == pytest.approx(cut["selectedOptimum"]["meanWaitSeconds"] * calls, abs=0.1)
     assert "kubemoot's loads: " in done.stdout and "by band" in header
     assert "the selected optimum's copies, by their first call's start: " in done.stdout
+
+
+@pytest.mark.slow
+def test_simcpu_counts_the_runs_bytecode() -> None:
+    """``--opcodes``: a count that repeats exactly, and where it went by function."""
+    def counted() -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "simcpu.py"), "--scenario", "homelab",
+             "--duration", "120", "--opcodes", "3"],
+            cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return figures
+
+    first, second = counted(), counted()
+    assert first["pythonOpcodes"] == second["pythonOpcodes"] > 0
+    rows = first["opcodesByFunction"]
+    assert len(rows) == 3 and rows[0][1] >= rows[1][1] >= rows[2][1] > 0
+    assert "VirtualTimeLoop" in " ".join(row[3] for row in rows)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubemoot.runtime.snapshot import FleetIndex, ProviderSnapshot
+from kubemoot.runtime.snapshot import FleetIndex, ProviderSnapshot, _FreeCopies
 from kubemoot.store.documents import TicketState
 from kubemoot.store.keys import encode_token
 from kubemoot.testing.state import gpu, ticket
@@ -97,3 +100,25 @@ def test_a_claim_moves_only_the_lists_it_changes() -> None:
     assert derived.free_copies("b") is index.free_copies("b")
     assert derived.free_copies("a") is not index.free_copies("a")
     assert _view(derived) == _view(FleetIndex.build([busy, *others]))
+
+
+def test_a_snapshots_free_copies_are_worked_out_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each replacement asks for the entries of the snapshot it replaces, which the
+    # index worked out when that snapshot came in: a snapshot never changes, so they
+    # are kept on it, and a chain of replacements lists each snapshot once.
+    listed: list[ProviderSnapshot] = []
+    real = _FreeCopies._listed
+
+    def counted(p: ProviderSnapshot) -> Iterator[tuple[str, int, int]]:
+        listed.append(p)
+        return real(p)
+
+    monkeypatch.setattr(_FreeCopies, "_listed", staticmethod(counted))
+    state = gpu("p0", 48, residents={"a": 4}, slots=2)
+    snapshots = [ProviderSnapshot(state=state, tickets=tuple(
+        ticket("a", ident=f"call-{i}") for i in range(n))) for n in (0, 1, 2, 1, 0)]
+    index = FleetIndex.build(snapshots[:1])
+    for snapshot in snapshots[1:]:
+        index = index.replaced([snapshot])
+    assert listed == snapshots
+    assert _view(index) == _view(FleetIndex.build(snapshots[-1:]))

@@ -382,3 +382,42 @@ def test_a_failing_callback_reaches_the_exception_handler_as_under_asyncio() -> 
 
     assert reported(VirtualTimeLoop) == reported(_AsyncioTurns)
     assert reported(VirtualTimeLoop)[1] is ValueError
+
+
+class _Stop(KeyboardInterrupt):
+    """Raised out of a callback: it ends the loop's run, as asyncio lets it."""
+
+
+@pytest.mark.parametrize("loop_class", [VirtualTimeLoop, _AsyncioTurns])
+def test_a_callback_that_ends_the_run_leaves_the_rest_of_its_turn_queued(
+    loop_class: type[VirtualTimeLoop],
+) -> None:
+    # The turn's callbacks after the one that raised run on the next run, before those
+    # they scheduled, in asyncio's order (the virtual loop takes each turn's callbacks
+    # as a batch: those left must go back to the front of the queue).
+    loop = loop_class()
+    seen: list[str] = []
+
+    def stop() -> None:
+        raise _Stop
+
+    def mark(name: str) -> None:
+        seen.append(name)
+        loop.call_soon(seen.append, f"after {name}")
+
+    for name in ("a", "b"):
+        loop.call_soon(mark, name)
+    loop.call_soon(stop)
+    for name in ("c", "d"):
+        loop.call_soon(mark, name)
+    try:
+        with pytest.raises(_Stop):
+            loop.run_forever()
+        assert seen == ["a", "b"]
+        loop.call_soon(loop.stop)
+        loop.run_forever()
+        loop.call_soon(loop.stop)
+        loop.run_forever()
+    finally:
+        loop.close()
+    assert seen == ["a", "b", "c", "d", "after a", "after b", "after c", "after d"]

@@ -54,6 +54,7 @@ from kubemoot.runtime.builder import Runtime, build_runtime
 from kubemoot.runtime.calls import ActiveCall, CallRefused, CallRequest, RefusedBeforeSending
 from kubemoot.runtime.placement import Action, CallPlacement
 from kubemoot.runtime.prefix import PrefixBook, ThreadPrompt
+from kubemoot.runtime.view import ProviderView
 from kubemoot.settings import DEFAULTS, RuntimeSettings
 from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FAILED, FINISHED, REFUSED, STOOD_ASIDE, SimulatedOutcome
@@ -73,10 +74,12 @@ log = logging.getLogger(__name__)
 class _StatePublisher:
     """Writes a card's provider-state document after each change of its resident set."""
 
-    def __init__(self, gpu: EmulatedGpu, bucket: Bucket, clock: LoopClock) -> None:
+    def __init__(self, gpu: EmulatedGpu, bucket: Bucket, clock: LoopClock,
+                 view: ProviderView) -> None:
         self._gpu = gpu
         self._bucket = bucket
         self._clock = clock
+        self._view = view  # handed each document written, so that it is not parsed back
         self._scheduled = False
         gpu.on_residency_change(self.changed)
 
@@ -92,7 +95,8 @@ class _StatePublisher:
     async def publish(self) -> None:
         self._scheduled = False
         document = self._gpu.state_document(self._clock.now())
-        await self._bucket.put(encode_token(self._gpu.name), document.to_json())
+        revision = await self._bucket.put(encode_token(self._gpu.name), document.to_json())
+        self._view.note_state_written(revision, document)
 
 
 class KubemootPolicy(Policy):
@@ -133,7 +137,7 @@ class KubemootPolicy(Policy):
         runtime.planner.prefix = self._prefix = PrefixBook(settings.prefill_seconds_per_token)
         self._runtime = runtime
         for gpu in ctx.gpus.values():
-            await _StatePublisher(gpu, runtime.states, clock).publish()
+            await _StatePublisher(gpu, runtime.states, clock, runtime.view).publish()
         await runtime.start()
         selections = ctx.trace.selections
         for selection in selections:

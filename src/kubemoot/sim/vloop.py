@@ -52,18 +52,28 @@ class _VirtualSelector(selectors.BaseSelector):
         self._loop = loop
         #: How many file objects the loop registers for itself (its wake-up pipe).
         self.own = 0
-        #: How many are registered now (the loop's turn asks on every turn).
+        #: How many are registered now.
         self.registered = 0
+        #: Whether a file of the program's own is registered (``registered > own``):
+        #: the loop's turn asks on every turn, and polls the selector only then.
+        self.polling = False
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         key = self._real.register(fileobj, events, data)
         self.registered += 1
+        self.polling = self.registered > self.own
         return key
 
     def unregister(self, fileobj: Any) -> selectors.SelectorKey:
         key = self._real.unregister(fileobj)
         self.registered -= 1
+        self.polling = self.registered > self.own
         return key
+
+    def own_files(self) -> None:
+        """Count what is registered now as the loop's own (its wake-up pipe)."""
+        self.own = len(self.get_map())
+        self.polling = self.registered > self.own
 
     def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.modify(fileobj, events, data)
@@ -113,6 +123,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     # asyncio's own state (typeshed leaves it out). ``_scheduled`` is this loop's heap
     # of deadlines; asyncio's own turn, which reads timers there, never runs on it.
     _scheduled: list[_Deadline]  # type: ignore[assignment]
+    _ready: collections.deque[asyncio.Handle]
     _timer_cancelled_count: int
     _selector: selectors.BaseSelector
     _debug: bool
@@ -128,7 +139,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._fast_clocks: list[_VirtualClock] = []
         selector = _VirtualSelector(self)
         super().__init__(selector=selector)
-        selector.own = len(selector.get_map())
+        selector.own_files()
         # Handles whose deadline is within this of now run together; virtual time has
         # no jitter, so a tiny resolution keeps distinct events distinct.
         self._clock_resolution = 1e-9
@@ -236,7 +247,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         handle._cancelled = False
         handle._repr = None
         handle._source_traceback = None
-        self._ready.append(handle)  # type: ignore[attr-defined]
+        self._ready.append(handle)
         return handle
 
     def call_later(self, delay: float, callback: Callable[[Unpack[_Ts]], object],
@@ -294,12 +305,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         through its handle, which times it against the slow-callback limit as asyncio
         does (in virtual time).
         """
-        ready: collections.deque[asyncio.Handle] = self._ready  # type: ignore[attr-defined]
         selector = self._selector
         assert isinstance(selector, _VirtualSelector)
         resolution = self._clock_resolution
         heappop = heapq.heappop
+        # The turn's callbacks are taken as a batch: the ready queue is swapped for an
+        # empty one before they run, so what they schedule waits for the next turn, as
+        # asyncio's count of the callbacks ready at the start of the turn has it, and
+        # the batch is walked without a pop per callback.
+        spare: collections.deque[asyncio.Handle] = collections.deque()
         while True:
+            ready = self._ready
             scheduled = self._scheduled
             count = len(scheduled)
             if count > _MIN_SCHEDULED_TIMER_HANDLES and (
@@ -319,7 +335,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
                     self._timer_cancelled_count -= 1
                     heappop(scheduled).handle._scheduled = False  # type: ignore[attr-defined]
             if not ready and not self._stopping:  # type: ignore[attr-defined]
-                if scheduled and selector.registered <= selector.own:
+                if scheduled and not selector.polling:
                     # idle, nothing to poll: jump onto the earliest live deadline (what
                     # the selector's idle wait does, not now + timeout, which can fall
                     # a rounding error short of it and spin)
@@ -333,7 +349,10 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
                         timeout = min(max(0.0, scheduled[0] - self._virtual_now),
                                       _MAXIMUM_SELECT_TIMEOUT)
                     self._process_events(selector.select(timeout))  # type: ignore[attr-defined]
-            elif selector.registered > selector.own:
+                # Only an idle turn moves the clock: the clocks' readings move with it.
+                if self._virtual_now != self._read_at:
+                    self._retime()
+            elif selector.polling:
                 self._process_events(selector.select(0))  # type: ignore[attr-defined]
             end_time = self._virtual_now + resolution
             while scheduled:
@@ -342,24 +361,33 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
                 timer = heappop(scheduled).handle
                 timer._scheduled = False  # type: ignore[attr-defined]
                 ready.append(timer)
-            if self._virtual_now != self._read_at:  # the clocks' readings move with it
-                self._retime()
             if self._debug:
                 self._run_ready_debug(ready)
             else:
-                for _ in range(len(ready)):
-                    handle = ready.popleft()
+                self._ready = spare
+                for handle in ready:
                     if handle._cancelled:  # type: ignore[attr-defined]
                         continue
                     # Handle._run, inline: one frame fewer for each of the run's callbacks
                     try:
                         handle._context.run(handle._callback, *handle._args)  # type: ignore[attr-defined]
                     except (SystemExit, KeyboardInterrupt):
+                        self._put_back(ready, handle)
                         raise
                     except BaseException as exc:
                         self._callback_failed(handle, exc)
+                ready.clear()
+                spare = ready
             if self._stopping:  # type: ignore[attr-defined]
                 return
+
+    def _put_back(self, batch: collections.deque[asyncio.Handle], handle: asyncio.Handle) -> None:
+        """The callbacks of ``batch`` after ``handle``, whose callback raised out of the
+        turn, go back to the front of the ready queue, where asyncio's turn leaves them."""
+        rest = list(batch)
+        rest = rest[next(i for i, h in enumerate(rest) if h is handle) + 1:]
+        self._ready.extendleft(reversed(rest))
+        batch.clear()
 
     def _run_ready_debug(self, ready: collections.deque[asyncio.Handle]) -> None:
         for _ in range(len(ready)):

@@ -63,7 +63,7 @@ def _counted(tail: bytes) -> dict[str, int]:
     log._calls[("gpu", "unmatched", "200")] = (
         lambda _n: None, _Observer(), _Observer(), {k: _Adder(k).inc for k in _COUNTS})
     log._count({"type": "http", "path": "/api/chat", "method": "POST"}, 200,
-               {"provider": "gpu"}, 0.001, 0.002, tail)
+               {b"provider": b"gpu"}, 0.001, 0.002, tail)
     return seen
 
 

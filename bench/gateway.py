@@ -14,7 +14,8 @@
 * **Python calls per call** (``--count-calls N``, that alone): the gateway under
   cProfile, N calls in a row per route after a warm-up; the function calls it counts
   per call do not move with the machine's load (``pythonCallsPerCall``,
-  ``pythonCallsPerCallOpenAI``), the cycle collector's passes per 1,000 of those
+  ``pythonCallsPerCallOpenAI``; split by package and by part of the call in the lines
+  it prints), the cycle collector's passes per 1,000 of those
   calls, all generations (``collectionsPer1000Calls``, ``…OpenAI``), and the times per
   call something asked asyncio for the running loop (``loopAsksPerCall``, ``…OpenAI``;
   on Python 3.11 each is a getpid system call).
@@ -216,6 +217,8 @@ async def python_calls(calls: int, keep: Path | None = None) -> dict[str, float]
                       f"{figures[route]:.0f} Python calls per call in the gateway; by "
                       "package (a C function counted with its caller's): " + ", ".join(
                           f"{name} {count / calls:.0f}" for name, count in shares[:8]))
+                print(f"{route} route, Python calls per call by part of the call: " + ", ".join(
+                    f"{name} {count / calls:.0f}" for name, count in _by_part(stats)))
                 print(f"{route} route: the cycle collector's passes per 1,000 calls by "
                       "generation: " + " / ".join(f"{1000 * n / calls:.1f}" for n in passes))
                 print(f"{route} route: asyncio.get_running_loop (a getpid system call each "
@@ -241,6 +244,48 @@ def _by_package(stats: dict[tuple[str, int, str], tuple[Any, ...]]) -> list[tupl
                 counts[package(caller)] = counts.get(package(caller), 0) + by_caller[1]
         else:
             counts[package(filename)] = counts.get(package(filename), 0) + entry[1]
+    return sorted(counts.items(), key=lambda item: -item[1])
+
+
+#: The parts of a gateway call, by the files that do them (the first that matches).
+_PARTS = (
+    ("placement", ("runtime/planner", "runtime/view", "runtime/snapshot", "runtime/options",
+                   "runtime/filters", "runtime/cost", "runtime/placement", "runtime/conditions",
+                   "runtime/prefix", "runtime/capacity", "runtime/waiting", "runtime/occupancy",
+                   "runtime/eviction", "runtime/latency", "runtime/circuit", "runtime/budget",
+                   "runtime/held_plans", "runtime/watching")),
+    ("tickets", ("runtime/tickets", "runtime/ticket_", "runtime/claims", "runtime/lease",
+                 "runtime/demand", "/pydantic/")),
+    ("store", ("/kubemoot/store/",)),
+    ("call service and record", ("runtime/calls", "runtime/record", "runtime/tokens",
+                                 "runtime/refusals", "/kubemoot/dashboard/")),
+    ("HTTP server", ("/uvicorn/", "/kubemoot/serving", "/starlette/")),
+    ("handler", ("gateway/app", "gateway/requests", "gateway/openai", "gateway/catalogue",
+                 "gateway/errors")),
+    ("engine client", ("gateway/calls", "gateway/upstream", "gateway/jsoncodec")),
+    ("access log and guards", ("gateway/access", "gateway/guard", "gateway/health",
+                               "gateway/server", "gateway/keys", "/prometheus_client/")),
+)
+
+
+def _by_part(stats: dict[tuple[str, int, str], tuple[Any, ...]]) -> list[tuple[str, int]]:
+    """Calls per part of a gateway call (:data:`_PARTS`: placement; the ticket's claim,
+    lease, release and the model's recent use; the store; the call service with the
+    decision summary and the call log; the HTTP server; the route's handler; the engine
+    client with the answer's parsing; the access log, guards and metrics), most first;
+    a C function's calls go to the part that called it, the rest (asyncio, the clock)
+    to ``other``."""
+    def part(filename: str) -> str:
+        return next((name for name, marks in _PARTS if any(m in filename for m in marks)),
+                    "other")
+
+    counts: dict[str, int] = {}
+    for (filename, _line, _name), entry in stats.items():
+        if filename == "~":
+            for (caller, _l, _n), by_caller in entry[4].items():
+                counts[part(caller)] = counts.get(part(caller), 0) + by_caller[1]
+        else:
+            counts[part(filename)] = counts.get(part(filename), 0) + entry[1]
     return sorted(counts.items(), key=lambda item: -item[1])
 
 

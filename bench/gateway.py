@@ -11,10 +11,15 @@
   the calls it answered in the throughput run, and the engine's in the direct run. On a
   machine shared with other work the rates move with the neighbours' load; the CPU a
   call costs moves far less, so before/after comparisons read this one first.
+* **User and system CPU per call, apart** (``--cpu-only``, that alone): the gateway's
+  over ``--seconds`` per route with ``--clients`` clients, no direct or latency run
+  (``gatewayUserMsPerCall``, ``gatewaySystemMsPerCall``, ``…OpenAI``); system calls
+  saved show in the second, which neither cProfile nor callgrind counts.
 * **Python calls per call** (``--count-calls N``, that alone): the gateway under
   cProfile, N calls in a row per route after a warm-up; the function calls it counts
   per call do not move with the machine's load (``pythonCallsPerCall``,
-  ``pythonCallsPerCallOpenAI``), the cycle collector's passes per 1,000 of those
+  ``pythonCallsPerCallOpenAI``; split by package and by part of the call in the lines
+  it prints), the cycle collector's passes per 1,000 of those
   calls, all generations (``collectionsPer1000Calls``, ``…OpenAI``), and the times per
   call something asked asyncio for the running loop (``loopAsksPerCall``, ``…OpenAI``;
   on Python 3.11 each is a getpid system call).
@@ -216,6 +221,8 @@ async def python_calls(calls: int, keep: Path | None = None) -> dict[str, float]
                       f"{figures[route]:.0f} Python calls per call in the gateway; by "
                       "package (a C function counted with its caller's): " + ", ".join(
                           f"{name} {count / calls:.0f}" for name, count in shares[:8]))
+                print(f"{route} route, Python calls per call by part of the call: " + ", ".join(
+                    f"{name} {count / calls:.0f}" for name, count in _by_part(stats)))
                 print(f"{route} route: the cycle collector's passes per 1,000 calls by "
                       "generation: " + " / ".join(f"{1000 * n / calls:.1f}" for n in passes))
                 print(f"{route} route: asyncio.get_running_loop (a getpid system call each "
@@ -241,6 +248,48 @@ def _by_package(stats: dict[tuple[str, int, str], tuple[Any, ...]]) -> list[tupl
                 counts[package(caller)] = counts.get(package(caller), 0) + by_caller[1]
         else:
             counts[package(filename)] = counts.get(package(filename), 0) + entry[1]
+    return sorted(counts.items(), key=lambda item: -item[1])
+
+
+#: The parts of a gateway call, by the files that do them (the first that matches).
+_PARTS = (
+    ("placement", ("runtime/planner", "runtime/view", "runtime/snapshot", "runtime/options",
+                   "runtime/filters", "runtime/cost", "runtime/placement", "runtime/conditions",
+                   "runtime/prefix", "runtime/capacity", "runtime/waiting", "runtime/occupancy",
+                   "runtime/eviction", "runtime/latency", "runtime/circuit", "runtime/budget",
+                   "runtime/held_plans", "runtime/watching")),
+    ("tickets", ("runtime/tickets", "runtime/ticket_", "runtime/claims", "runtime/lease",
+                 "runtime/demand", "/pydantic/")),
+    ("store", ("/kubemoot/store/",)),
+    ("call service and record", ("runtime/calls", "runtime/record", "runtime/tokens",
+                                 "runtime/refusals", "/kubemoot/dashboard/")),
+    ("HTTP server", ("/uvicorn/", "/kubemoot/serving", "/starlette/")),
+    ("handler", ("gateway/app", "gateway/requests", "gateway/openai", "gateway/catalogue",
+                 "gateway/errors")),
+    ("engine client", ("gateway/calls", "gateway/upstream", "gateway/jsoncodec")),
+    ("access log and guards", ("gateway/access", "gateway/guard", "gateway/health",
+                               "gateway/server", "gateway/keys", "/prometheus_client/")),
+)
+
+
+def _by_part(stats: dict[tuple[str, int, str], tuple[Any, ...]]) -> list[tuple[str, int]]:
+    """Calls per part of a gateway call (:data:`_PARTS`: placement; the ticket's claim,
+    lease, release and the model's recent use; the store; the call service with the
+    decision summary and the call log; the HTTP server; the route's handler; the engine
+    client with the answer's parsing; the access log, guards and metrics), most first;
+    a C function's calls go to the part that called it, the rest (asyncio, the clock)
+    to ``other``."""
+    def part(filename: str) -> str:
+        return next((name for name, marks in _PARTS if any(m in filename for m in marks)),
+                    "other")
+
+    counts: dict[str, int] = {}
+    for (filename, _line, _name), entry in stats.items():
+        if filename == "~":
+            for (caller, _l, _n), by_caller in entry[4].items():
+                counts[part(caller)] = counts.get(part(caller), 0) + by_caller[1]
+        else:
+            counts[part(filename)] = counts.get(part(filename), 0) + entry[1]
     return sorted(counts.items(), key=lambda item: -item[1])
 
 
@@ -350,6 +399,41 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_split(pid: int) -> tuple[float, float]:
+    """A process's user and system CPU seconds so far, apart."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+async def cpu_apart(seconds: float, clients: int) -> dict[str, float]:
+    """The gateway's user and system CPU milliseconds per answered call, apart, with
+    ``clients`` clients posting for ``seconds`` per route (no direct run, no latency
+    run): the system part is where a change in system calls shows, which callgrind and
+    cProfile do not count. Probes are an hour apart, so none lands among the calls."""
+    emulator_port, gateway_port = free_port(), free_port()
+    card = "vramMiB=24576,numParallel=32,contextLength=4096"
+    fast = [sys.executable, "-c", _FAST_EMULATOR, "24576", "32", str(emulator_port)]
+    front = gateway([f"gpu=http://127.0.0.1:{emulator_port},{card}"], gateway_port,
+                    "--probe-interval", "1h")
+    figures: dict[str, float] = {}
+    with servers(fast, front) as (_direct, through):
+        pid = PIDS[through]
+        for route, (path, body) in ROUTES.items():
+            await Wires(through, path, body, clients).drive(1.0)  # warm
+            wires = Wires(through, path, body, clients)
+            user, system = cpu_split(pid)
+            await wires.drive(seconds)
+            user_after, system_after = cpu_split(pid)
+            answered = max(1, wires.answered)
+            figures[f"{route}User"] = 1000 * (user_after - user) / answered
+            figures[f"{route}System"] = 1000 * (system_after - system) / answered
+            print(f"{route} route, {clients} clients, {wires.answered} calls: gateway CPU "
+                  f"per call {figures[f'{route}User']:.3f} ms user, "
+                  f"{figures[f'{route}System']:.3f} ms system")
+    return figures
+
+
 async def throughput(url: str, seconds: float, clients: int, route: str = "ollama") -> float:
     return (await measured_throughput(url, seconds, clients, route))[0]
 
@@ -446,7 +530,19 @@ async def main() -> None:
     parser.add_argument("--profile-to", type=Path, default=None, metavar="PATH",
                         help="with --count-calls: keep each route's cProfile stats as "
                              "PATH.ollama and PATH.openai (read them with pstats)")
+    parser.add_argument("--cpu-only", action="store_true",
+                        help="only measure the gateway's user and system CPU per call, "
+                             "apart, over --seconds per route with --clients clients, "
+                             "and print those keys")
     args = parser.parse_args()
+    if args.cpu_only:
+        cpu = await cpu_apart(args.seconds, args.clients)
+        print(json.dumps({"gatewayUserMsPerCall": round(cpu["ollamaUser"], 3),
+                          "gatewaySystemMsPerCall": round(cpu["ollamaSystem"], 3),
+                          "gatewayUserMsPerCallOpenAI": round(cpu["openaiUser"], 3),
+                          "gatewaySystemMsPerCallOpenAI": round(cpu["openaiSystem"], 3),
+                          "clients": args.clients, "seconds": args.seconds}))
+        return
     if args.count_calls:
         counted = await python_calls(args.count_calls, args.profile_to)
         print(json.dumps({"pythonCallsPerCall": round(counted["ollama"], 1),

@@ -187,3 +187,96 @@ async def test_pipelined_requests_are_all_answered_under_the_deadline() -> None:
         writer.close()
     finally:
         await server.stop()
+
+
+class _Sends:
+    """Counts the transport writes (each a send system call) of the server's replies:
+    the server side of each connection, a ``writelines`` as one."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, port: int) -> None:
+        from asyncio import selector_events
+
+        self.calls = 0
+        kind = selector_events._SelectorSocketTransport
+        write, writelines = kind.write, kind.writelines
+        inside = False
+
+        def served(transport: asyncio.Transport) -> bool:
+            return bool(transport.get_extra_info("sockname")[1] == port)
+
+        def counted_write(transport: asyncio.Transport, data: bytes) -> None:
+            if served(transport) and not inside:
+                self.calls += 1
+            write(transport, data)
+
+        def counted_writelines(transport: asyncio.Transport, lines: list[bytes]) -> None:
+            nonlocal inside
+            if served(transport):
+                self.calls += 1
+            inside = True  # asyncio's writelines writes their join
+            try:
+                writelines(transport, lines)
+            finally:
+                inside = False
+
+        monkeypatch.setattr(kind, "write", counted_write)
+        monkeypatch.setattr(kind, "writelines", counted_writelines)
+
+
+async def test_a_whole_reply_leaves_in_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = HttpServer("127.0.0.1", 0, drain_seconds=1)
+    await server.start(_app(cleaned=asyncio.Event(), hold=asyncio.Event()))
+    try:
+        reader, writer = await _raw(server.url)
+        sends = _Sends(monkeypatch, int(server.url.rsplit(":", 1)[1]))
+        for _ in range(3):
+            writer.write(_GET)
+            reply = await reader.readuntil(b"hello")
+            assert reply.startswith(b"HTTP/1.1 200") and b"content-length: 5" in reply
+        assert sends.calls == 3  # on uvicorn's own cycle: six (a header, then a body)
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_a_header_whose_body_waits_is_not_held_back() -> None:
+    """A stream whose first chunk is still to come, and a HEAD reply with no body
+    write at all: the held header leaves at the end of the loop's turn."""
+    go = asyncio.Event()
+
+    async def later(request: Request) -> Response:
+        async def body() -> AsyncIterator[bytes]:
+            await go.wait()
+            yield b"at last\n"
+
+        return StreamWithCleanup(body(), cleanup=_nothing, media_type="text/plain")
+
+    app = Starlette(routes=[Route("/later", later),
+                            Route("/", lambda _r: PlainTextResponse("hello"),
+                                  methods=["GET", "HEAD"])])
+    server = HttpServer("127.0.0.1", 0, drain_seconds=1)
+    await server.start(app)
+    try:
+        reader, writer = await _raw(server.url)
+        writer.write(b"GET /later HTTP/1.1\r\nHost: x\r\n\r\n")
+        async with asyncio.timeout(5):
+            head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head
+        go.set()
+        async with asyncio.timeout(5):
+            assert b"at last" in await reader.readuntil(b"0\r\n\r\n")
+        writer.write(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
+        async with asyncio.timeout(5):
+            head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and b"content-length: 5" in head
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        async with asyncio.timeout(5):
+            rest = await reader.read()  # a reply that closes the connection: written first
+        assert rest.startswith(b"HTTP/1.1 200") and rest.endswith(b"hello")
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def _nothing() -> None:
+    return None

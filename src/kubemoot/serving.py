@@ -26,6 +26,7 @@ import contextlib
 import logging
 import math
 import socket
+import typing
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterator, Mapping
 
 import h11
@@ -180,6 +181,57 @@ class _HeaderDeadline(H11Protocol):
             self.transport.close()
 
 
+class _HeadWithBody:
+    """A connection's transport as one reply's cycle writes to it: the reply's first
+    write (uvicorn's status line and headers) is held until its next write, so a whole
+    reply leaves in one system call instead of two.
+
+    uvicorn writes the header when the app sends ``http.response.start`` and the body
+    with the next message, which for a whole answer comes in the same turn of the loop;
+    each write was a ``send`` of its own, the costliest system call a gateway call
+    makes (on loopback the kernel delivers the segment to the reader in the writer's
+    time). The held header leaves with the next write, at the end of the loop's turn
+    if no write came (a stream whose first chunk is still to come), or before the
+    transport closes: never later than that. Everything else is the transport's own.
+    """
+
+    __slots__ = ("_held", "_loop", "_started", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+        self._started = False
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.writelines((held, data))  # one writev
+        elif not self._started:
+            self._started = True  # only the reply's first write (its header) waits
+            self._held = data
+            self._loop.call_soon(self.flush)
+        else:
+            self._transport.write(data)
+
+    def flush(self) -> None:
+        """Write the held header now (nothing if it already left)."""
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._transport, name)
+
+
 if HttpToolsProtocol is not None:
 
     class _FastHeaderDeadline(HttpToolsProtocol):
@@ -205,6 +257,11 @@ if HttpToolsProtocol is not None:
             self._headers_in += 1
             self._timer.disarm()  # the header is in: the request's own handling takes over
             super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not None and cycle.transport is self.transport:
+                # the cycle writes through it as through the transport it stands for
+                cycle.transport = typing.cast(asyncio.Transport,
+                                              _HeadWithBody(self.transport, self.loop))
 
         def on_response_complete(self) -> None:
             self._replies_out += 1

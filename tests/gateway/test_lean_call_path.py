@@ -102,10 +102,10 @@ async def test_the_access_log_reads_decision_headers_in_any_case() -> None:
         await send({"type": "http.response.body", "body": b'{"eval_count": 7}'})
 
     log = AccessLog(app, on_outcome=seen.append)
-    decisions: list[dict[str, str]] = []
+    decisions: list[dict[bytes, bytes]] = []
     original = log._count
 
-    def count(scope: Any, status: int, decision: dict[str, str], *rest: Any) -> None:
+    def count(scope: Any, status: int, decision: dict[bytes, bytes], *rest: Any) -> None:
         decisions.append(dict(decision))
         original(scope, status, decision, *rest)
 
@@ -119,7 +119,52 @@ async def test_the_access_log_reads_decision_headers_in_any_case() -> None:
 
     scope = {"type": "http", "method": "POST", "path": "/api/chat", "headers": []}
     await log(scope, receive, send)
-    assert decisions == [{"provider": "gpu-z", "model": "m:1b"}]
+    assert decisions == [{b"provider": b"gpu-z", b"model": b"m:1b"}]
+
+
+async def test_the_access_log_decodes_the_provider_alone_unless_it_writes_a_line(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Every call's metrics need the provider's name; the model, the action and the
+    wait are read only for the INFO line, so only then are they decoded."""
+    import cProfile
+    import logging
+    import pstats
+
+    headers = [(b"content-length", b"17"), (b"content-type", b"application/json"),
+               (b"x-kubemoot-provider", b"gpu-q"), (b"x-kubemoot-model", b"m:1b"),
+               (b"x-kubemoot-action", b"warm"), (b"x-kubemoot-wait-seconds", b"0.004"),
+               (b"x-kubemoot-placement-seconds", b"0.001")]
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b'{"eval_count": 7}'})
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        return None
+
+    log = AccessLog(app)
+    scope = {"type": "http", "method": "POST", "path": "/api/chat", "headers": []}
+    await log(dict(scope), receive, send)  # the metric children are looked up once
+    profile = cProfile.Profile()
+    with caplog.at_level(logging.WARNING, logger="kubemoot.gateway.access"):
+        profile.enable()
+        try:
+            for _ in range(3):
+                await log(dict(scope), receive, send)
+        finally:
+            profile.disable()
+    decoded = sum(entry[4].get(caller, (0, 0))[1]
+                  for (_f, _l, fn), entry in pstats.Stats(profile).stats.items()  # type: ignore[attr-defined]
+                  if fn == "<method 'decode' of 'bytes' objects>"
+                  for caller in entry[4] if caller[0].endswith("gateway/access.py"))
+    assert decoded == 3  # the provider, once per call (main decoded every decision header)
+    with caplog.at_level(logging.INFO, logger="kubemoot.gateway.access"):
+        await log(dict(scope), receive, send)
+    line = caplog.records[-1].getMessage()
+    assert "provider=gpu-q model=m:1b action=warm wait=0.004s" in line and "tokens=?+7" in line
 
 
 def test_a_gateway_process_freezes_what_it_built_and_collects_less_often() -> None:

@@ -63,7 +63,7 @@ def _counted(tail: bytes) -> dict[str, int]:
     log._calls[("gpu", "unmatched", "200")] = (
         lambda _n: None, _Observer(), _Observer(), {k: _Adder(k).inc for k in _COUNTS})
     log._count({"type": "http", "path": "/api/chat", "method": "POST"}, 200,
-               {"provider": "gpu"}, 0.001, 0.002, tail)
+               {b"provider": b"gpu"}, 0.001, 0.002, tail)
     return seen
 
 
@@ -191,3 +191,31 @@ def test_a_body_is_parsed_without_a_regular_expression_search() -> None:
     searches = [name for (_file, _line, name) in pstats.Stats(profile).stats  # type: ignore[attr-defined]
                 if "re.Pattern" in name and "search" in name]
     assert searches == []
+
+
+def _compute_seconds_by_isinstance(reply: object) -> float:
+    """The engine's time on a reply as the gateway read it before (isinstance checks)."""
+    if not isinstance(reply, dict):
+        return 0.0
+    total, load = reply.get("total_duration"), reply.get("load_duration")
+    if not isinstance(total, int | float) or isinstance(total, bool):
+        return 0.0
+    load = load if isinstance(load, int | float) and not isinstance(load, bool) else 0
+    return max(0.0, (total - load) / 1e9)
+
+
+_DURATION = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**13),
+                      st.floats(-1e12, 1e13, allow_nan=False), st.text(max_size=3),
+                      st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.fixed_dictionaries({}, optional={"total_duration": _DURATION,
+                                                     "load_duration": _DURATION}),
+                 _DURATION))
+def test_an_answers_compute_time_is_read_as_before(reply: object) -> None:
+    """Read by exact type (a parsed answer holds exactly ints and floats), where
+    isinstance was asked five times per call: the same seconds for any parsed value."""
+    from kubemoot.gateway.calls import _compute_seconds
+
+    assert _compute_seconds(reply) == _compute_seconds_by_isinstance(reply)

@@ -87,7 +87,9 @@ class AccessLog:
             return
         began = self.clock()
         status = 0
-        decision: dict[str, str] = {}
+        # the decision headers by their names' ends in lower case, as bytes: the
+        # provider is decoded for every call's metrics, the rest only for a log line
+        decision: dict[bytes, bytes] = {}
         first: float | None = None
         tail = b""
 
@@ -96,11 +98,11 @@ class AccessLog:
             if message["type"] == "http.response.start":
                 status = int(message["status"])
                 for key, value in message.get("headers", ()):
-                    # judged as bytes: only the few decision headers are decoded
+                    # judged as bytes (a name in lower case, as the gateway writes
+                    # them, is compared as it is)
                     if key[:_PREFIX_LENGTH] == _PREFIX or (
                             not key.islower() and key[:_PREFIX_LENGTH].lower() == _PREFIX):
-                        decision[key[_PREFIX_LENGTH:].lower().decode("latin-1")] = (
-                            value.decode("latin-1"))
+                        decision[key[_PREFIX_LENGTH:].lower()] = value
             elif message["type"] == "http.response.body":
                 body = message.get("body", b"")
                 if body:
@@ -136,12 +138,13 @@ class AccessLog:
                  for kind in _COUNTS})
         return children
 
-    def _count(self, scope: Scope, status: int, decision: dict[str, str],
+    def _count(self, scope: Scope, status: int, decision: dict[bytes, bytes],
                first: float | None, total: float, tail: bytes) -> None:
         route = route_template(scope)
         code = str(status)
         self._adder(metrics.GATEWAY_REQUESTS, route, code)(1)
-        provider = decision.get("provider", "")
+        told = decision.get(b"provider")
+        provider = told.decode("latin-1") if told is not None else ""
         tokens: dict[str, int] = {}
         if provider:
             for kind, keys in _COUNTS.items():
@@ -167,9 +170,10 @@ class AccessLog:
         words = [f'{client[0] if client else "-"} {caller} {scope["method"]} '
                  f'{str(scope["path"])[:200]} {status} {total:.3f}s']
         if provider:
-            words.append(f'provider={provider} model={decision.get("model", "")} '
-                         f'action={decision.get("action", "")} '
-                         f'wait={decision.get("wait-seconds", "")}s')
+            said = {k.decode("latin-1"): v.decode("latin-1") for k, v in decision.items()}
+            words.append(f'provider={provider} model={said.get("model", "")} '
+                         f'action={said.get("action", "")} '
+                         f'wait={said.get("wait-seconds", "")}s')
             if first is not None:
                 words.append(f"first_byte={first:.3f}s")
             if tokens:

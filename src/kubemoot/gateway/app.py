@@ -15,6 +15,7 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from starlette.applications import Starlette
@@ -95,10 +96,17 @@ class GatewayApp:
             Route("/api/tags", o(self._tags), methods=["GET"]),
             Route("/api/ps", o(self._ps), methods=["GET"]),
             Route("/api/show", o(self._show), methods=["POST"]),
-            Route("/api/chat", o(self._chat), methods=["POST"]),
-            Route("/api/generate", o(self._generate), methods=["POST"]),
-            Route("/api/embed", o(self._embed), methods=["POST"]),
-            Route("/api/embeddings", o(self._embeddings), methods=["POST"]),
+            # the handler itself, its route's facts bound: a method that only passed
+            # them on was one more frame for each of the call's steps to pass through
+            Route("/api/chat", o(partial(self._ollama_call, kind="chat", path="/api/chat")),
+                  methods=["POST"]),
+            Route("/api/generate", o(partial(self._ollama_call, kind="generate",
+                                             path="/api/generate")), methods=["POST"]),
+            Route("/api/embed", o(partial(self._ollama_call, kind="embed",
+                                          path="/api/embed")), methods=["POST"]),
+            Route("/api/embeddings", o(partial(self._ollama_call, kind="embed",
+                                               path="/api/embeddings",
+                                               legacy_embeddings=True)), methods=["POST"]),
             Route("/v1/models", a(self._models), methods=["GET"]),
             Route("/v1/models/{model:path}", a(self._model), methods=["GET"]),
             Route("/v1/chat/completions", a(self._completions), methods=["POST"]),
@@ -369,19 +377,6 @@ class GatewayApp:
             return _call_stream(call, call.lines(), media_type="application/x-ndjson")
         _, raw = await call.answer()  # checked whole JSON: its bytes go to the client as they are
         return RawJsonReply(raw, call.raw_headers())
-
-    async def _chat(self, request: Request) -> Response:
-        return await self._ollama_call(request, "chat", "/api/chat")
-
-    async def _generate(self, request: Request) -> Response:
-        return await self._ollama_call(request, "generate", "/api/generate")
-
-    async def _embed(self, request: Request) -> Response:
-        return await self._ollama_call(request, "embed", "/api/embed")
-
-    async def _embeddings(self, request: Request) -> Response:
-        return await self._ollama_call(request, "embed", "/api/embeddings",
-                                       legacy_embeddings=True)
 
     async def _unload(self, req: InferenceRequest) -> Response:
         """``keep_alive: 0`` with no prompt: unload the model where no call uses it.

@@ -131,12 +131,13 @@ class CallDesk:
     def request(self, req: InferenceRequest, candidates: Sequence[CandidateModel], *,
                 caller: str, budget: float, left: asyncio.Event) -> CallRequest:
         """The runtime's view of one HTTP call (its prompt estimated, its own checks)."""
-        prompt_tokens = (self.calls.estimate(candidates[0].model, req.messages, req.tools)
+        calls = self.runtime.calls  # not through the property: every call passes here
+        prompt_tokens = (calls.estimate(candidates[0].model, req.messages, req.tools)
                          if req.messages else None)
         if (prompt_tokens is not None and req.num_ctx is not None
                 and prompt_tokens > req.num_ctx):
             raise prompt_too_large(prompt_tokens, req.num_ctx, "options.num_ctx")
-        thread = self.calls.thread_id(f"gateway:{caller}")  # names this replica
+        thread = calls.thread_id(f"gateway:{caller}")  # names this replica
         return CallRequest(
             tuple(candidates), agent=caller, thread_id=thread, phase=req.kind,
             prompt_tokens=prompt_tokens, budget=budget, done=left, abandon_when_done=True,
@@ -179,7 +180,7 @@ class CallDesk:
 
         self._waiting.add(ends)
         try:
-            _active, call = await self.calls.start(request, send)
+            _active, call = await self.runtime.calls.start(request, send)
         except CallAbandoned:
             if self.draining.is_set() and not ends.left:
                 raise shutting_down() from None
@@ -366,7 +367,7 @@ class PlacedCall:
             value = jsoncodec.loads(raw)
             ok = True
             # the answer came whole: inference began its own time before its arrival
-            self.active.first_byte(at=self.desk.calls.clock.now() - _compute_seconds(value))
+            self.active.first_byte(at=self.active.service.clock.now() - _compute_seconds(value))
             return value, raw
         except (UpstreamError, ValueError) as error:
             ok = False
@@ -425,12 +426,14 @@ def _whole(seconds: float) -> float | int:
 
 def _compute_seconds(reply: object) -> float:
     """The engine's time on a reply after its load (Ollama's nanosecond durations)."""
-    if not isinstance(reply, dict):
+    if type(reply) is not dict:  # a parsed answer: exactly a dict, an int or a float
         return 0.0
     total, load = reply.get("total_duration"), reply.get("load_duration")
-    if not isinstance(total, int | float) or isinstance(total, bool):
+    # compared by type, not isinstance: true and false are ints to isinstance
+    if type(total) is not int and type(total) is not float:
         return 0.0
-    load = load if isinstance(load, int | float) and not isinstance(load, bool) else 0
+    if type(load) is not int and type(load) is not float:
+        load = 0
     return max(0.0, (total - load) / 1e9)
 
 

@@ -507,6 +507,11 @@ async def overcommits(requests: int) -> int:
               f"engine evictions {evicted}, "
               f"cards over their memory {over}, loads "
               f"{sum(s['loads'] for s in stats)}")
+        for url, s in zip(engines, stats, strict=True):
+            if s["evictions"] or s["peakVramMiB"] > s["vramMiB"]:
+                # what a failing run needs to be understood later: which card, which models
+                print(f"  {url}: evicted {s['evictionsByModel']}, peak {s['peakVramMiB']} of "
+                      f"{s['vramMiB']} MiB, loads {s['loadsByModel']}")
         return evicted + over
     finally:
         await nats.close()

@@ -413,7 +413,11 @@ class OllamaEngine:
         idle = [c for c in self.copies.values() if c.state == CopyState.READY and c.refs == 0]
         if idle:
             victim = min(idle, key=lambda c: (c.expires_at, c.last_used, c.model))
-            self._start_unload(victim, UnloadReason.EVICTED)
+            # A copy whose keep-alive has run out goes now because it is due: only a
+            # loop running late has not unloaded it yet, and no scheduler overcommitted
+            # the card for it. Only a copy still kept alive is pushed out (evicted).
+            due = victim.expires_at <= self.clock.now()
+            self._start_unload(victim, UnloadReason.EXPIRED if due else UnloadReason.EVICTED)
         return False
 
     def _assign(self, request: _Request, copy: EngineCopy) -> None:

@@ -145,6 +145,13 @@ def _fleet(*states: ProviderState) -> tuple[FleetSnapshot, CostModel]:
         ((gpu("a", 32, residents={"small": 20}), gpu("b", None)), None, Reason.GPU_BUSY),
         # the only provider does not answer: down, never unknown
         ((gpu("a", 32, ready=False),), None, Reason.PROVIDER_DOWN),
+        # the one card big enough does not answer and the card that does is too small
+        # for the model: down (waiting for memory cannot help), not busy
+        ((gpu("a", 32, ready=False), gpu("b", 12)), None, Reason.PROVIDER_DOWN),
+        # every card, the one down included, is too small: too large, not down
+        ((gpu("a", 16, ready=False), gpu("b", 12)), None, Reason.MODEL_TOO_LARGE),
+        # a ready card that could hold it: busy, whatever the one down
+        ((gpu("a", 32, ready=False), gpu("b", 24)), None, Reason.GPU_BUSY),
         ((), None, Reason.GPU_BUSY),
         ((gpu("a", 32, context=4096),), 8000, Reason.PROMPT_TOO_LARGE),
         # an unknown context admits the prompt

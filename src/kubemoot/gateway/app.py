@@ -432,7 +432,7 @@ class GatewayApp:
         usage = oai.include_usage(body)
 
         async def events() -> AsyncIterator[bytes]:
-            first = True
+            first, done = True, False
             async for raw in call.lines():
                 try:
                     line = loads(raw)  # one whole line
@@ -447,8 +447,13 @@ class GatewayApp:
                     break
                 yield _sse(oai.chat_chunk(line, model=model, call_id=call_id, first=first))
                 first = False
-                if line.get("done") and usage:
-                    yield _sse(oai.usage_chunk(line, model=model, call_id=call_id))
+                if line.get("done"):
+                    done = True
+                    if usage:
+                        yield _sse(oai.usage_chunk(line, model=model, call_id=call_id))
+            else:
+                if not done:  # an Ollama stream ends with its done line: this one is cut
+                    yield _sse(oai.unfinished(call.placement.provider))
             yield b"data: [DONE]\n\n"
 
         return _call_stream(call, events(), media_type="text/event-stream")
@@ -461,7 +466,8 @@ class GatewayApp:
         if not req.stream:
             return JSONResponse(legacy.completion(await call.json(), body, model=model,
                                                   call_id=call_id), headers=call.headers())
-        events = legacy.completion_events(call.lines(), body, model=model, call_id=call_id)
+        events = legacy.completion_events(call.lines(), body, model=model, call_id=call_id,
+                                          provider=call.placement.provider)
         return _call_stream(call, events, media_type="text/event-stream")
 
     async def _v1_embeddings(self, request: Request) -> Response:

@@ -81,7 +81,8 @@ def completion(reply: object, body: Mapping[str, Any], *, model: str,
 
 
 async def completion_events(lines: AsyncIterator[bytes], body: Mapping[str, Any], *,
-                            model: str, call_id: str) -> AsyncIterator[bytes]:
+                            model: str, call_id: str,
+                            provider: str | None = None) -> AsyncIterator[bytes]:
     """An ``/api/generate`` NDJSON stream → ``text_completion`` SSE chunks, ``[DONE]``."""
     usage = oai.include_usage(body)
     echo = _echoed(body)
@@ -92,10 +93,11 @@ async def completion_events(lines: AsyncIterator[bytes], body: Mapping[str, Any]
 
     if echo:
         yield _sse(chunk(echo, None))
+    ended = False
     async for raw in lines:
         try:
             line = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # too deep a line is as broken as a torn one
             continue
         if not isinstance(line, dict):
             continue
@@ -104,10 +106,14 @@ async def completion_events(lines: AsyncIterator[bytes], body: Mapping[str, Any]
                                   "code": "provider_error"}})
             break
         done = bool(line.get("done"))
+        ended = ended or done
         yield _sse(chunk(str(line.get("response") or ""),
                          oai.finish_reason(line) if done else None))
         if done and usage:
             yield _sse({**chunk("", None), "choices": [], "usage": oai.usage(line)})
+    else:
+        if not ended:  # an Ollama stream ends with its done line: this one is cut
+            yield _sse(oai.unfinished(provider))
     yield b"data: [DONE]\n\n"
 
 

@@ -41,16 +41,26 @@ def has_long_digits(raw: bytes) -> bool:
 
 
 def loads(raw: bytes | str, *, parse_constant: Callable[[str], Any] | None = None) -> Any:
-    """``raw`` parsed as JSON; raises what ``json.loads`` raises for text it refuses."""
+    """``raw`` parsed as JSON; raises what ``json.loads`` raises for text it refuses,
+    and a ``ValueError`` for text nested too deeply (where ``json.loads`` raises
+    ``RecursionError``, which no caller that handles a bad answer expects)."""
     # has_long_digits, spelt out: two calls per gateway call
     if _LONG_DIGITS in (raw if isinstance(raw, bytes) else raw.encode()).translate(_DIGIT_ZERO):
         # maybe an integer past 64 bits, which orjson would turn into a float
-        return json.loads(raw, parse_constant=parse_constant)
+        return _stdlib_loads(raw, parse_constant)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
         # the standard library decides (and words) every refusal, as it always did
+        return _stdlib_loads(raw, parse_constant)
+
+
+def _stdlib_loads(raw: bytes | str, parse_constant: Callable[[str], Any] | None) -> Any:
+    try:
         return json.loads(raw, parse_constant=parse_constant)
+    except RecursionError:
+        # an engine's answer of 200,000 "[" made GET /api/ps a 500 with a traceback
+        raise ValueError("JSON nested too deeply") from None
 
 
 def dumps(value: Any) -> bytes:

@@ -30,6 +30,7 @@ __all__ = [
     "model_entry",
     "one_choice",
     "sampling_options",
+    "unfinished",
     "usage",
     "usage_chunk",
 ]
@@ -226,6 +227,14 @@ def chat_chunk(line: Mapping[str, Any], *, model: str, call_id: str,
                      "finish_reason": finish_reason(line, bool(calls)) if done else None,
                      "logprobs": None}],
     }
+
+
+def unfinished(provider: str | None) -> dict[str, Any]:
+    """The error event of a stream whose engine stopped without its ``done`` line, the
+    last line of every whole Ollama answer: what came is not the whole answer."""
+    return {"error": {"message": f"the answer from provider {provider} ended before it "
+                      "was complete (no final done line)", "type": "server_error",
+                      "code": "provider_error"}}
 
 
 def usage_chunk(line: Mapping[str, Any], *, model: str, call_id: str) -> dict[str, Any]:

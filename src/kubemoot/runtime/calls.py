@@ -14,8 +14,9 @@ a simulated call in virtual time (DESIGN §10):
    elsewhere** (that provider excluded) — nothing else is ever retried;
 5. **close** it: the after-load check (re-probe a provider whose memory the call
    changed), the verdict for the circuit and the latency average, the model's recent
-   use, the release (shielded from cancellation; a failed release is logged and left to
-   the TTL), and the **call record** with its decision.
+   use, the release (shielded from cancellation; a failed release is logged and tried
+   again in the background until the store answers or the TTL reclaims the ticket),
+   and the **call record** with its decision.
 
 A call that is not placed raises :class:`CallRefused` carrying a typed
 :mod:`~kubemoot.runtime.refusals` value; the edges turn it into HTTP or a sentence.
@@ -401,6 +402,10 @@ class CallService:
     _serial: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _drained: asyncio.Event = field(default_factory=asyncio.Event)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
+    #: Releases the store refused (an outage), by holder, with when the TTL ends them.
+    _unreleased: dict[str, tuple[CallPlacement, float]] = field(
+        default_factory=dict, init=False, repr=False)
+    _retrying: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The loop the calls run on, asked for once: on Python 3.11 each
@@ -424,6 +429,8 @@ class CallService:
             self._drained.clear()
             with contextlib.suppress(TimeoutError):
                 await self.clock.wait_for(self._drained.wait(), within)
+        if self._retrying is not None:  # the store closes next: the TTL takes those
+            self._retrying.cancel()
 
     def estimator(self, model: str) -> TokenEstimator:
         """The token estimator of one model (tokenizers differ between models)."""
@@ -606,8 +613,34 @@ class CallService:
         except (StoreError, OSError) as error:
             metrics.survived("runtime", "release", metrics.STORE,
                              f"releasing the ticket of {call.holder} ({p.model} on "
-                             f"{p.provider}) failed; its TTL will reclaim it", error,
-                             logger=log)
+                             f"{p.provider}) failed; tried again until the store answers "
+                             "or its TTL reclaims it", error, logger=log)
+            self._release_later(call.holder, p)
+
+    def _release_later(self, holder: str, placement: CallPlacement) -> None:
+        """Try a refused release again in the background. The TTL alone would keep the
+        slot and memory counted on the card for minutes after a short store outage;
+        this process is alive and knows the ticket is done."""
+        ttl = self.planner.tickets.ttl_seconds
+        self._unreleased[holder] = (placement, self.clock.now() + ttl)
+        if self._retrying is None or self._retrying.done():
+            self._retrying = self.loop().create_task(self._retry_releases())
+
+    async def _retry_releases(self) -> None:
+        pause = 0.5
+        while self._unreleased:
+            await self.clock.sleep(pause)
+            pause = min(pause * 2, 5.0)
+            for holder, (placement, ends) in list(self._unreleased.items()):
+                if self.clock.now() >= ends:  # the TTL has reclaimed it by now
+                    del self._unreleased[holder]
+                    continue
+                try:
+                    await self.planner.release(placement)  # idempotent
+                except (StoreError, OSError):
+                    continue  # the store is still away: next turn
+                del self._unreleased[holder]
+                log.info("released the ticket of %s once the store answered again", holder)
 
     def _record(self, call: ActiveCall) -> CallRecord:
         p, request, now = call.placement, call.request, self.clock.now()

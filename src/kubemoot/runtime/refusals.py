@@ -11,8 +11,9 @@ gateway into HTTP, the agent into a sentence — and never re-read the fleet to 
   declares it, no provider lists it on disk, runs it, loads it or has ever reported its
   footprint. That is a misspelt name. Every provider must be ready to say so: a
   provider that is down lists nothing.
-* :class:`ProviderDown` — no ready provider has an acceptable model, and some providers
-  are down: the model may well exist, its servers do not answer.
+* :class:`ProviderDown` — no ready provider has an acceptable model (or could hold one
+  it lists), and some providers that could are down: the model may well exist, its
+  servers do not answer.
 * :class:`MemoryUnknown` — no copy exists, and the only providers that might load one
   never published their VRAM total: nothing can be priced, so nothing will ever be
   loaded there until ``vramMiB`` is given.
@@ -139,7 +140,7 @@ def classify(
     """Classify a placement that came back empty, with the facts that prove it."""
     if all(model_unknown(fleet, cost, model) for model in acceptable):
         return ModelUnknown(preferred)
-    down = providers_down(fleet, acceptable)
+    down = providers_down(fleet, acceptable, cost)
     if down:
         return ProviderDown(down)
     unknown = memory_unknown(fleet, cost, acceptable)
@@ -169,13 +170,26 @@ def _might_have(p: ProviderSnapshot, models: Sequence[str]) -> bool:
             or any(p.has_copy(m) for m in models))
 
 
-def providers_down(fleet: FleetSnapshot, acceptable: Sequence[str]) -> tuple[str, ...]:
-    """The down providers, when no ready one has an acceptable model (else empty)."""
-    down = tuple(sorted(p.name for p in fleet.providers if not p.state.ready))
+def providers_down(
+    fleet: FleetSnapshot, acceptable: Sequence[str], cost: CostModel | None = None
+) -> tuple[str, ...]:
+    """The down providers, when no ready one has an acceptable model (else empty).
+
+    With ``cost``, a ready provider that lists a model on its disk but whose card could
+    never hold it does not count: an Ollama server lists every model it has pulled, so
+    a small card listing a large model would otherwise make the call wait out its whole
+    budget for a card that is down, and be told that the GPUs are busy."""
+    down = tuple(sorted(
+        p.name for p in fleet.providers if not p.state.ready
+        # a down card too small for every acceptable model could not run it either
+        and (cost is None or any(_could_hold(p, cost, m) for m in acceptable))))
     if not down:
         return ()
-    if any(_might_have(p, acceptable) for p in fleet.providers if p.state.ready):
-        return ()
+    for p in fleet.providers:
+        if not p.state.ready or not _might_have(p, acceptable):
+            continue
+        if cost is None or any(_could_hold(p, cost, m) for m in acceptable):
+            return ()
     return down
 
 

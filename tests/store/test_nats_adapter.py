@@ -29,7 +29,11 @@ from kubemoot.store.protocol import Change, RevisionMismatch, StoreError, StoreU
 from kubemoot.testing.nats_server import NatsServer
 from kubemoot.testing.waiting import wait_until
 
-_nats_py_parse = nats.aio.client.Client._parse_header_lines
+# nats-py parses header lines with this method from 2.15 on (before, with the email
+# package, and our override of it is then simply not called): compared where it exists.
+_nats_py_parse = getattr(nats.aio.client.Client, "_parse_header_lines", None)
+_same_parser = pytest.mark.skipif(
+    _nats_py_parse is None, reason="this nats-py has no _parse_header_lines to compare with")
 
 # Header names and values made of the characters that decide how a line parses:
 # whitespace of every kind nats-py checks (ASCII's and others), colons, non-ASCII.
@@ -42,6 +46,7 @@ _PIECES = st.text(
 )
 
 
+@_same_parser
 @given(st.lists(st.tuples(_PIECES, _PIECES, st.booleans()), max_size=6))
 def test_header_lines_parse_as_nats_py_parses_them(lines: list[tuple[str, str, bool]]) -> None:
     raw = b"\r\n".join(
@@ -51,6 +56,7 @@ def test_header_lines_parse_as_nats_py_parses_them(lines: list[tuple[str, str, b
     assert _parse_header_lines(raw) == _nats_py_parse(raw)
 
 
+@_same_parser
 @given(st.binary(max_size=200))
 def test_any_bytes_parse_as_nats_py_parses_them(raw: bytes) -> None:
     assert _parse_header_lines(raw) == _nats_py_parse(raw)
@@ -61,6 +67,7 @@ def test_a_compare_and_set_header_block_parses_to_its_one_header() -> None:
     assert _parse_header_lines(raw) == {"Nats-Expected-Last-Subject-Sequence": "41"}
 
 
+@_same_parser
 @pytest.mark.parametrize("raw", [
     b"Nats-Expected-Last-Subject-Sequence: 0\r\n\r\n",
     b"Nats-Expected-Last-Subject-Sequence: 18446744073709551615\r\n\r\n",

@@ -3,7 +3,10 @@
 This is the only module that imports ``nats``. Every NATS exception is mapped here to
 the errors of :mod:`kubemoot.store.protocol`, so nothing above the store sees one.
 
-Facts about nats-py 2.16 / nats-server 2.15 that shape this adapter:
+Facts about nats-py 2.16 / nats-server 2.15 that shape this adapter (the suite's NATS
+tests also pass on nats-py 2.14, the oldest the project allows: 2.13 and older lack
+``create(msg_ttl=)`` or fail to parse a cluster's JetStream info; before 2.15 nats-py
+parses headers its own way, so :class:`_Client`'s parser is not used there):
 
 * A failed compare-and-set and a create on an existing key raise the same
   ``KeyWrongLastSequenceError``; the operation tells which of ours it is.

@@ -18,6 +18,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _bench(script: str, *args: str) -> tuple[dict[str, Any], str]:
+    """Run ``bench/<script>``; its last line's figures and everything it printed."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures, done.stdout
+
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "args", "keys"),
@@ -71,17 +83,12 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_bench_prints_its_figures_as_the_last_line(
     script: str, args: list[str], keys: set[str]
 ) -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    figures, printed = _bench(script, *args)
     assert keys <= figures.keys()
     assert all(isinstance(figures[k], int | float) for k in keys)
     for key in ("overcommits", "overcommitsProcesses"):
         if key in figures:
-            assert figures[key] == 0, done.stdout[-3000:]
+            assert figures[key] == 0, printed[-3000:]
     if "sameBindings" in figures:  # the operator's batch binds as Agent by Agent did
         assert figures["sameBindings"] is True
     if "sameBindingsFiled" in figures:  # a pass over a kept roster binds as a fresh one
@@ -91,14 +98,9 @@ def test_bench_prints_its_figures_as_the_last_line(
 def test_simcpu_hashes_the_decisions_of_each_scenario() -> None:
     """The decisions digest is what a speed-only change is checked against: the same
     scenarios give the same digest run after run, and different scenarios differ."""
-    def digests() -> dict[str, object]:
-        done = subprocess.run(
-            [sys.executable, str(ROOT / "bench" / "simcpu.py"), "--scenario", "homelab",
-             "--duration", "300", "--decisions", "homelab,memory-tight"],
-            cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
-        assert done.returncode == 0, done.stderr[-2000:]
-        figures: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
-        return figures
+    def digests() -> dict[str, Any]:
+        return _bench("simcpu.py", "--scenario", "homelab", "--duration", "300",
+                      "--decisions", "homelab,memory-tight")[0]
 
     first, second = digests(), digests()
     assert first["decisions"] == second["decisions"]
@@ -109,13 +111,8 @@ def test_simcpu_hashes_the_decisions_of_each_scenario() -> None:
 
 def test_quality_bench_gives_kubemoot_s_wait_per_seed() -> None:
     """``--seeds``: a change that helps on the bench's seed alone is checked over several."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "quality.py"), "--scenarios", "homelab",
-         "--duration", "300", "--seeds", "1,2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    figures, _printed = _bench("quality.py", "--scenarios", "homelab", "--duration", "300",
+                               "--seeds", "1,2")
     homelab = figures["perScenario"]["homelab"]
     assert figures["seeds"] == [1, 2] and set(homelab["meanWaitSeconds"]) == {"1", "2"}
     waits = homelab["meanWaitSeconds"].values()
@@ -126,34 +123,25 @@ def test_quality_bench_gives_kubemoot_s_wait_per_seed() -> None:
 def test_quality_bench_lists_a_cut_call_by_call() -> None:
     """``--cut-calls``: kubemoot's schedule beside the selected optimum's, whose totals
     are the two mean waits the bench divides, times the cut's calls."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "quality.py"), "--scenarios", "homelab",
-         "--duration", "300", "--optimum-seconds", "0.5", "--cut-calls"],
-        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    header = next(line for line in done.stdout.splitlines() if "call by call" in line)
-    cut = json.loads(done.stdout.strip().splitlines()[-1])["perScenario"]["homelab"]["cut"]
+    figures, printed = _bench("quality.py", "--scenarios", "homelab", "--duration", "300",
+                              "--optimum-seconds", "0.5", "--cut-calls")
+    header = next(line for line in printed.splitlines() if "call by call" in line)
+    cut = figures["perScenario"]["homelab"]["cut"]
     calls = cut["cardsModelsCalls"][2]
     ours = float(header.split("total wait kubemoot ")[1].split(" s")[0])
     theirs = float(header.split("selected optimum ")[1].split(" s")[0])
     assert ours == pytest.approx(cut["kubemootMeanWaitSeconds"] * calls, abs=0.1)
     assert theirs == pytest.approx(cut["selectedOptimum"]["meanWaitSeconds"] * calls, abs=0.1)
-    assert "kubemoot's loads: " in done.stdout and "by band" in header
-    assert "the selected optimum's copies, by their first call's start: " in done.stdout
+    assert "kubemoot's loads: " in printed and "by band" in header
+    assert "the selected optimum's copies, by their first call's start: " in printed
 
 
 @pytest.mark.slow
 def test_simcpu_counts_the_runs_bytecode() -> None:
     """``--opcodes``: a count that repeats exactly, and where it went by function."""
     def counted() -> dict[str, Any]:
-        done = subprocess.run(
-            [sys.executable, str(ROOT / "bench" / "simcpu.py"), "--scenario", "homelab",
-             "--duration", "120", "--opcodes", "3"],
-            cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
-        assert done.returncode == 0, done.stderr[-2000:]
-        figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-        return figures
+        return _bench("simcpu.py", "--scenario", "homelab", "--duration", "120",
+                      "--opcodes", "3")[0]
 
     first, second = counted(), counted()
     assert first["pythonOpcodes"] == second["pythonOpcodes"] > 0

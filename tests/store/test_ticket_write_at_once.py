@@ -29,6 +29,10 @@ PROVIDER = "gpu-a"
 KEY = encode_token(PROVIDER)
 
 
+# Only a store that hands acknowledgements over (NATS) writes in the caller's turn, and
+# a stream deleted under the store is NATS's own: these run on NATS alone.
+_NATS_ONLY = pytest.mark.parametrize("store", ["nats"], indirect=True)
+
 async def _manager(store: StoreUnderTest, usable_mib: int = 16 * GIB,
                    ) -> tuple[TicketManager, Bucket, ProviderState]:
     """A manager holding the document it wrote (one claim and release made), and the
@@ -165,14 +169,13 @@ async def test_a_caller_cancelled_as_its_grant_is_heard_gives_it_back(
     await manager.aclose()
 
 
+@_NATS_ONLY
 async def test_closing_waits_for_such_a_write_and_the_release_it_leaves(
     store: StoreUnderTest, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A claim cancelled while its write waits for the acknowledgement, and the manager
     closed meanwhile: close returns only after the grant is heard and its release
     written (nobody else waits for that release)."""
-    if store.kind != "nats":
-        pytest.skip("only a store that hands acknowledgements over writes this way")
     manager, _tickets, state = await _manager(store)
     held: list[tuple[Any, ...]] = []
     heard = manager._heard
@@ -197,14 +200,13 @@ async def test_closing_waits_for_such_a_write_and_the_release_it_leaves(
     assert await _ticket_ids(manager) == []
 
 
+@_NATS_ONLY
 async def test_an_outage_met_by_such_a_write_goes_on_in_the_lane(
     store: StoreUnderTest,
 ) -> None:
     """The stream deleted under the lane's copy: the write fails as unavailable, the
     lane's task reads afresh and its caller hears the store's error, as from a write
     of the task's own, rather than waiting for ever."""
-    if store.kind != "nats":
-        pytest.skip("a stream deleted under the store is NATS's own")
     manager, tickets, state = await _manager(store)
     nats_kv: Any = store.kv
     await nats_kv.connection.jetstream().delete_stream(f"KV_{tickets.name}")
@@ -214,14 +216,13 @@ async def test_an_outage_met_by_such_a_write_goes_on_in_the_lane(
     await manager.aclose()
 
 
+@_NATS_ONLY
 async def test_a_bug_after_such_a_write_is_heard_still_answers_the_caller(
     store: StoreUnderTest, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The acknowledgement is handled in the store's read loop: a bug there must still
     answer the caller (with the error, as the lane's task answers a batch that met
     one), and the lane serves the next operation."""
-    if store.kind != "nats":
-        pytest.skip("only a store that hands acknowledgements over writes this way")
     manager, _tickets, state = await _manager(store)
     wrote = manager._wrote
 

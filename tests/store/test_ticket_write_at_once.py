@@ -33,6 +33,7 @@ KEY = encode_token(PROVIDER)
 # a stream deleted under the store is NATS's own: these run on NATS alone.
 _NATS_ONLY = pytest.mark.parametrize("store", ["nats"], indirect=True)
 
+
 async def _manager(store: StoreUnderTest, usable_mib: int = 16 * GIB,
                    ) -> tuple[TicketManager, Bucket, ProviderState]:
     """A manager holding the document it wrote (one claim and release made), and the

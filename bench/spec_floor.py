@@ -2,8 +2,8 @@
 
 ``bench/quality.py`` divides kubemoot's mean wait on each scenario's 40-call cut by the
 cut's offline optimum, which knows every call in advance and may load a model long
-before anyone wants it. The spec forbids that ("nothing is loaded without a selected
-agent behind it"). This bench solves each cut once more under the weakest reading of
+before anyone wants it. The spec forbids that: every load must have a selected agent
+behind it. This bench solves each cut once more under the weakest reading of
 that rule (:func:`kubemoot.sim.optimum.solve` with ``spec_floor``: a load of a model
 starts no earlier than the first selection of an agent of any call that could run on
 it) and prints, per scenario, the solver's proven lower bound under that rule divided

@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,7 @@ from kubemoot.sim import (  # noqa: E402
     simulate,
 )
 from kubemoot.sim.cut import Cut, cut_trace  # noqa: E402
-from kubemoot.sim.optimum import Optimum, hints_from, solve  # noqa: E402
+from kubemoot.sim.optimum import Hint, Optimum, hints_from, solve  # noqa: E402
 from kubemoot.sim.phases import WaitSource, compare_calls  # noqa: E402
 from kubemoot.sim.report import (  # noqa: E402
     comparison_table,
@@ -137,14 +138,24 @@ def _cut_calls(cut: Cut, ours: PolicyRun, selected: Optimum, console: Console) -
            if ours.unloads else ""), soft_wrap=True, highlight=False)
 
 
-def _optimum(
-    scenario: Scenario, result: SimulationResult, console: Console, seconds: float,
-    *, calls: bool = False,
-) -> dict[str, Any]:
-    """Every policy on the scenario's cut, over the cut's offline optimum."""
-    cut = cut_trace(scenario, build_trace(scenario, seed=result.seed), **CUT)
+@dataclass(frozen=True)
+class CutOptima:
+    """A scenario's cut, every policy's run on it and its three optima (see below)."""
+
+    cut: Cut
+    runs: dict[str, PolicyRun]
+    hint: dict[int, Hint]  # the best policy's schedule: where every search starts
+    reactive: Optimum
+    selected: Optimum
+    optimum: Optimum
+
+
+def cut_optima(scenario: Scenario, seed: int, seconds: float) -> CutOptima:
+    """The scenario's cut with every policy run on it and its optima, found as the bench
+    reports them (bench/spec_floor.py divides by the same figures)."""
+    cut = cut_trace(scenario, build_trace(scenario, seed=seed), **CUT)
     assert cut.scenario is not None and cut.trace is not None
-    runs = {p: run_policy(cut.scenario, cut.trace, p, seed=result.seed) for p in POLICY_NAMES}
+    runs = {p: run_policy(cut.scenario, cut.trace, p, seed=seed) for p in POLICY_NAMES}
 
     # The best policy's schedule is where each search starts: it only speeds the search.
     best = min(runs.values(), key=lambda r: r.report.wait["mean"])
@@ -161,6 +172,17 @@ def _optimum(
     # optimum ≤ selected ≤ reactive always holds.
     selected = selected.or_stricter(reactive)
     optimum = solve(cut, time_limit_seconds=seconds, hint=hint).or_stricter(selected)
+    return CutOptima(cut, runs, hint, reactive, selected, optimum)
+
+
+def _optimum(
+    scenario: Scenario, result: SimulationResult, console: Console, seconds: float,
+    *, calls: bool = False,
+) -> dict[str, Any]:
+    """Every policy on the scenario's cut, over the cut's offline optimum."""
+    found = cut_optima(scenario, result.seed, seconds)
+    cut, runs, reactive, selected, optimum = (
+        found.cut, found.runs, found.reactive, found.selected, found.optimum)
     if calls:
         _cut_calls(cut, runs["kubemoot"], selected, console)
     ours = runs["kubemoot"].report.wait["mean"]

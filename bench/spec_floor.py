@@ -32,31 +32,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from quality import CUT, DEFAULT_SCENARIOS, OPTIMUM_TIME_LIMIT, SCENARIOS  # noqa: E402
+from quality import DEFAULT_SCENARIOS, OPTIMUM_TIME_LIMIT, SCENARIOS, cut_optima  # noqa: E402
 
-from kubemoot.sim import build_trace, load_scenario  # noqa: E402
-from kubemoot.sim.cut import cut_trace  # noqa: E402
-from kubemoot.sim.optimum import hints_from, solve  # noqa: E402
-from kubemoot.sim.simulation import POLICY_NAMES, run_policy  # noqa: E402
+from kubemoot.sim import load_scenario  # noqa: E402
+from kubemoot.sim.optimum import solve  # noqa: E402
 
 
 def floor_of(name: str, seconds: float, loads_per_copy: int) -> dict[str, Any]:
     """One scenario's cut: the bench's optimum, the spec floor and kubemoot over both."""
     scenario = load_scenario(SCENARIOS / f"{name}.yaml")
-    seed = scenario.spec.seed
-    cut = cut_trace(scenario, build_trace(scenario, seed=seed), **CUT)
-    assert cut.scenario is not None and cut.trace is not None
-    runs = {p: run_policy(cut.scenario, cut.trace, p, seed=seed) for p in POLICY_NAMES}
-    best = min(runs.values(), key=lambda r: r.report.wait["mean"])
-    hint = hints_from({c: (s.card, s.model, s.started) for c, s in best.served.items()},
-                      best.loads)
-    # The optimum exactly as bench/quality.py finds it (same searches, same chain), so
-    # the ratio printed here divides by the same figure.
-    reactive = solve(cut, time_limit_seconds=seconds, hint=hint, reactive=True)
-    selected = solve(cut, time_limit_seconds=seconds, hint=hint, selected=True)
-    optimum = solve(cut, time_limit_seconds=seconds, hint=hint).or_stricter(
-        selected.or_stricter(reactive))
-    floor = solve(cut, time_limit_seconds=seconds, hint=hint, spec_floor=True,
+    # The cut and its optimum exactly as bench/quality.py finds them (same searches,
+    # same chain), so the ratio printed here divides by the same figure.
+    found = cut_optima(scenario, scenario.spec.seed, seconds)
+    optimum, runs = found.optimum, found.runs
+    floor = solve(found.cut, time_limit_seconds=seconds, hint=found.hint, spec_floor=True,
                   loads_per_copy=loads_per_copy)
     ours = runs["kubemoot"].report.wait["mean"]
     ratio = floor.bound_mean_wait / max(optimum.mean_wait, 1e-9)

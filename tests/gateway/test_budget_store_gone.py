@@ -7,7 +7,7 @@ within its budget, not after a store timeout per operation its waiter still trie
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -26,16 +26,6 @@ pytestmark = pytest.mark.nats
 BIG = EmulatedModel("big:5b", 4800, family="big")
 BUDGET = 3.0
 REQUEST_TIMEOUT = 10.0  # each store operation may block this long while it is gone
-
-
-@pytest.fixture
-async def nats() -> AsyncIterator[NatsServer]:
-    server = NatsServer()  # this test's own: it stops it
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.close()
 
 
 async def test_a_waiting_call_is_answered_within_its_budget_when_the_store_goes(

@@ -10,7 +10,7 @@ for the rest of its TTL (180 s, minutes of a slot and its memory held by nobody)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -40,16 +40,6 @@ async def tickets_on_gpu_a(gateway: GatewayServer) -> list[str]:
     now = gateway.clock.now()
     doc = ProviderTickets.from_json(entry.value)
     return [t.holder_id for t in doc.tickets if t.expires_at > now]
-
-
-@pytest.fixture
-async def nats() -> AsyncIterator[NatsServer]:
-    server = NatsServer()  # this test's own: it stops and starts it
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.close()
 
 
 async def test_a_release_the_outage_refused_is_made_once_the_store_is_back(

@@ -31,16 +31,6 @@ CHAT = {"model": "small:1b", "messages": HELLO, "stream": False}
 
 
 @pytest.fixture
-async def nats() -> AsyncIterator[NatsServer]:
-    server = NatsServer()  # this test's own: it stops and starts it
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.close()
-
-
-@pytest.fixture
 async def on_nats(nats: NatsServer, make_emulator: Callable[..., OllamaEmulator]
                   ) -> AsyncIterator[tuple[GatewayServer, NatsKV]]:
     # two reconnect rounds 0.1 s apart: the client gives up within a second or so

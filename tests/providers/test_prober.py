@@ -71,6 +71,7 @@ async def test_server_error(emulator: OllamaEmulator, status: int) -> None:
         ("not-json", ["malformed body"]),
         ("wrong-shape", ["malformed body"]),
         ("hostile-values", ["malformed body"]),
+        ("escaped-name", ["name is not a model name"]),
         ("nested", ["malformed body"]),
         ("huge", ["exceeds"]),
         ("truncated", ["broken HTTP answer"]),

@@ -21,8 +21,8 @@ from starlette.types import Receive, Scope, Send
 
 __all__ = ["Faults", "HostileKind"]
 
-HostileKind = Literal["malformed", "not-json", "wrong-shape", "hostile-values", "nested",
-                      "huge", "truncated", "dies-mid-stream"]
+HostileKind = Literal["malformed", "not-json", "wrong-shape", "hostile-values",
+                      "escaped-name", "nested", "huge", "truncated", "dies-mid-stream"]
 _MIB = 1024 * 1024
 
 
@@ -75,6 +75,14 @@ def _hostile_response(kind: str) -> Response | _RawTruncated | _DiesMidStream:
                                          "size_vram": -(2**60), "context_length": "lots",
                                          "expires_at": "yesterday"}],
                              "message": {"role": "assistant", "content": None}})
+    if kind == "escaped-name":
+        # well-typed, so a client that checks types lists it: only the name is garbage
+        # (terminal escapes); the first entry is a plain one, to tell entry from answer
+        good = {"name": "plain:1b", "model": "plain:1b", "size": _MIB, "size_vram": _MIB,
+                "digest": "0" * 64, "expires_at": "2030-01-01T00:00:00Z"}
+        bad = {**good, "name": "\x1b[2J\x1b[31mevil:1b\x1b[0m",
+               "model": "\x1b[2J\x1b[31mevil:1b\x1b[0m"}
+        return JSONResponse({"models": [good, bad]})
     if kind == "nested":
         return Response(b"[" * 200_000 + b"]" * 200_000, media_type="application/json")
     if kind == "huge":

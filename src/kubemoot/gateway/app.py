@@ -34,9 +34,10 @@ from kubemoot.gateway.catalogue import known_models, resolve_name
 from kubemoot.gateway.errors import GatewayError, error_response, refusal_error, unknown_model
 from kubemoot.gateway.jsoncodec import RawJsonReply, dumps, loads
 from kubemoot.gateway.keys import ANONYMOUS, ApiKeys
-from kubemoot.gateway.listings import created_epoch, merge_tags
+from kubemoot.gateway.listings import checked_entries, created_epoch, merge_tags
 from kubemoot.gateway.requests import InferenceRequest, header, model_name, read_json
 from kubemoot.gateway.upstream import UpstreamError
+from kubemoot.providers.ollama import ps_entry_problem
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime.placement import CandidateModel
 from kubemoot.runtime.refusals import ProviderDown, providers_down
@@ -229,11 +230,8 @@ class GatewayApp:
         return JSONResponse({"models": await self._tag_entries()})
 
     async def _ps(self, request: Request) -> Response:
-        models = []
-        for provider, reply in await self._gather("/api/ps"):
-            for entry in reply.get("models") or []:
-                if isinstance(entry, dict):
-                    models.append({**entry, "provider": provider})
+        models = [{**entry, "provider": provider} for provider, entry
+                  in checked_entries(await self._gather("/api/ps"), ps_entry_problem)]
         return JSONResponse({"models": models})
 
     async def _models(self, request: Request) -> Response:

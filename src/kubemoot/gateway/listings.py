@@ -7,11 +7,16 @@ operator can see where a call for it may land (Ollama clients ignore the extra f
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-__all__ = ["created_epoch", "merge_tags", "virtual_tag"]
+from kubemoot.providers.ollama import tags_entry_problem
+
+__all__ = ["checked_entries", "created_epoch", "merge_tags", "virtual_tag"]
+
+log = logging.getLogger(__name__)
 
 
 def merge_tags(replies: Sequence[tuple[str, dict[str, Any]]],
@@ -19,14 +24,33 @@ def merge_tags(replies: Sequence[tuple[str, dict[str, Any]]],
     """Each ``(provider, /api/tags reply)`` merged into one sorted list of entries."""
     merged: dict[str, dict[str, Any]] = {}
     holders: dict[str, set[str]] = {}
-    for provider, reply in replies:
-        for entry in reply.get("models") or []:
-            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
-                merged.setdefault(entry["name"], entry)
-                holders.setdefault(entry["name"], set()).add(provider)
+    for provider, entry in checked_entries(replies, tags_entry_problem):
+        if isinstance(entry.get("name"), str):
+            merged.setdefault(entry["name"], entry)
+            holders.setdefault(entry["name"], set()).add(provider)
     out = [{**entry, "providers": sorted(holders[name])} for name, entry in merged.items()]
     out += [virtual_tag(name) for name in virtual if name not in merged]
     return sorted(out, key=lambda e: str(e["name"]))
+
+
+def checked_entries(replies: Sequence[tuple[str, dict[str, Any]]],
+                    problem: Callable[[object], str | None],
+                    ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each ``(provider, entry)`` of the replies' ``models`` that the prober would accept
+    (``problem`` is its check for that listing); the rest are left out with a warning
+    naming the provider and the field, as the prober refuses them. Passed on unchecked,
+    one engine's garbage (a name full of terminal escapes, a size no card has) reached
+    every client listing the fleet, and a client that checks types (the official
+    ``ollama`` one) failed on the whole list."""
+    for provider, reply in replies:
+        models = reply.get("models") or []
+        for entry in models if isinstance(models, list) else []:
+            why = problem(entry)
+            if why is None:
+                yield provider, entry
+            else:
+                log.warning("gateway: an entry of %s left out of the listing: %s",
+                            provider, why)
 
 
 def virtual_tag(name: str) -> dict[str, Any]:

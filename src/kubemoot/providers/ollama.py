@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import ollama
+import pydantic
 
 from kubemoot import metrics
 from kubemoot.api.errors import InputError
@@ -51,7 +52,8 @@ from kubemoot.providers.protocol import (
 )
 from kubemoot.settings import DEFAULT_RESERVE_MIB, DEFAULTS
 
-__all__ = ["MAX_RESPONSE_BYTES", "OllamaProvider", "parse_endpoint"]
+__all__ = ["MAX_RESPONSE_BYTES", "OllamaProvider", "parse_endpoint", "ps_entry_problem",
+           "tags_entry_problem"]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -208,6 +210,81 @@ def _mib(size: object, what: str) -> int:
     if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size < _MAX_SANE_BYTES:
         raise ProviderBadResponse(f"{what} is not a plausible size in bytes: {_clip(size)}")
     return math.ceil(size / MIB)
+
+
+def _model_name(names: Mapping[str, object], where: str) -> str:
+    """The first model name given in ``names`` (field → value); every one given must be
+    a plain name. A name is printed in logs, on the dashboard and to every client that
+    lists models: one carrying terminal escapes or line breaks is garbage, not a model."""
+    name = ""
+    for field, value in names.items():
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str) or not value.isprintable() or any(
+                c.isspace() for c in value):
+            raise ProviderBadResponse(
+                f"{where} {field} is not a model name: {_clip(ascii(value), 80)}")
+        name = name or value
+    if not name:
+        raise ProviderBadResponse(f"{where} lists a model without a name")
+    return name
+
+
+def _on_disk(entry: Any, name: object = None) -> tuple[str, int | None, str | None]:
+    """One ``/api/tags`` entry → ``(name, size in MiB, digest)``; raises
+    :class:`ProviderBadResponse` when it is not a plausible model. The client's type
+    keeps ``model`` only; ``name`` is the raw entry's, where a caller has it."""
+    name = _model_name({"model": entry.model, "name": name}, "/api/tags")
+    size = _mib(entry.size, f"/api/tags size of {name}") if entry.size is not None else None
+    return name, size, entry.digest or None
+
+
+def _resident(entry: Any, disk_digests: Mapping[str, str]) -> ResidentModel:
+    """One ``/api/ps`` entry → the copy it reports; raises :class:`ProviderBadResponse`
+    when it is not a plausible one."""
+    name = _model_name({"name": entry.name, "model": entry.model}, "/api/ps")
+    vram = entry.size_vram if entry.size_vram is not None else entry.size
+    context = entry.context_length
+    if context is not None and context < 0:
+        raise ProviderBadResponse(f"/api/ps context_length of {name} is negative")
+    expires: datetime | None = entry.expires_at
+    return ResidentModel(
+        name=name,
+        size_mib=_mib(vram, f"/api/ps size_vram of {name}"),
+        context_length=context or None,
+        digest=entry.digest or disk_digests.get(name),
+        expires_at=expires.timestamp() if expires is not None else None,
+    )
+
+
+def _entry_problem(raw: object, shape: type[pydantic.BaseModel], where: str,
+                   check: Callable[[Any, object], object]) -> str | None:
+    if not isinstance(raw, dict):
+        return f"{where} lists a value of type {type(raw).__name__}, not a model"
+    try:
+        check(shape.model_validate(raw), raw.get("name"))
+    except pydantic.ValidationError as error:
+        wrong = error.errors()[0]
+        field = ".".join(str(part) for part in wrong["loc"])
+        return (f"{where} {field}: {_clip(wrong['msg'], 120)}, given "
+                f"{_clip(ascii(wrong['input']), 80)}")
+    except ProviderBadResponse as error:
+        return str(error)
+    return None
+
+
+def ps_entry_problem(raw: object) -> str | None:
+    """Why the prober would refuse one raw ``/api/ps`` entry, naming the field; None
+    when it would accept it. The prober's own checks (the official client's types, then
+    :func:`_resident`), so a listing that passes an engine's entries on (the gateway's
+    ``/api/ps``) shows exactly the copies the prober accepts."""
+    return _entry_problem(raw, ollama.ProcessResponse.Model, "/api/ps",
+                          lambda entry, _: _resident(entry, {}))
+
+
+def tags_entry_problem(raw: object) -> str | None:
+    """As :func:`ps_entry_problem`, for one ``/api/tags`` entry."""
+    return _entry_problem(raw, ollama.ListResponse.Model, "/api/tags", _on_disk)
 
 
 class OllamaProvider:
@@ -395,30 +472,12 @@ class OllamaProvider:
         disk_sizes: dict[str, int] = {}
         disk_digests: dict[str, str] = {}
         for entry in tags.models:
-            name = entry.model or getattr(entry, "name", None)
-            if not name:
-                raise ProviderBadResponse("/api/tags lists a model without a name")
-            if entry.size is not None:
-                disk_sizes[name] = _mib(entry.size, f"/api/tags size of {name}")
-            if entry.digest:
-                disk_digests[name] = entry.digest
-        loaded: list[ResidentModel] = []
-        for entry in ps.models:
-            name = entry.name or entry.model
-            if not name:
-                raise ProviderBadResponse("/api/ps lists a model without a name")
-            vram = entry.size_vram if entry.size_vram is not None else entry.size
-            context = entry.context_length
-            if context is not None and context < 0:
-                raise ProviderBadResponse(f"/api/ps context_length of {name} is negative")
-            expires: datetime | None = entry.expires_at
-            loaded.append(ResidentModel(
-                name=name,
-                size_mib=_mib(vram, f"/api/ps size_vram of {name}"),
-                context_length=context or None,
-                digest=entry.digest or disk_digests.get(name),
-                expires_at=expires.timestamp() if expires is not None else None,
-            ))
+            name, size, digest = _on_disk(entry)
+            if size is not None:
+                disk_sizes[name] = size
+            if digest:
+                disk_digests[name] = digest
+        loaded = [_resident(entry, disk_digests) for entry in ps.models]
         reading = await self._read_dcgm()
         resident = sum(m.size_mib for m in loaded)
         return ProviderState(

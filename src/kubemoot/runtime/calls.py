@@ -443,7 +443,14 @@ class CallService:
                  tools: Sequence[Mapping[str, Any]] | None = None) -> int:
         """The prompt's tokens as the model's estimator reckons them (never raises for
         a malformed message: it counts what text there is)."""
-        listed = [m if isinstance(m, Mapping) else {"content": m} for m in messages]
+        # a list of dicts (every gateway call's) is counted as it is: an ``isinstance``
+        # of the ``Mapping`` ABC per message runs Python, and the copy it made was one
+        # more list per call
+        listed = messages
+        for message in messages:
+            if type(message) is not dict:
+                listed = [m if isinstance(m, Mapping) else {"content": m} for m in messages]
+                break
         return self.estimator(model).estimate_prompt(listed, tools)
 
     def holder_id(self, agent: str, thread_id: str, phase: str) -> str:

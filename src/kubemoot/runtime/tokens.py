@@ -44,7 +44,14 @@ def message_chars(message: object) -> int:
     a call whose ``function`` is a string) counts what text it has instead of raising:
     the estimate sizes a placement, and the engine judges the request itself.
     """
-    if not isinstance(message, Mapping):
+    if type(message) is dict:
+        # the message every call brings (text, no tool calls), told by exact type: an
+        # ``isinstance`` of the ``Mapping`` ABC runs Python on each message of each call
+        content = message.get("content")
+        calls = message.get("tool_calls")
+        if calls is None and type(content) is str:
+            return len(content)
+    elif not isinstance(message, Mapping):
         return len(str(message)) if message is not None else 0
     total = len(str(message.get("content") or ""))
     calls = message.get("tool_calls")
@@ -111,18 +118,22 @@ class TokenEstimator:
         """Tokens for ``chars`` characters, rounded up (never under-count)."""
         return math.ceil(max(0, chars) / self._ratio)
 
-    def estimate_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
+    def estimate_messages(self, messages: Sequence[object]) -> int:
         """Tokens of some messages (text, tool-call arguments, template overhead)."""
-        chars = sum(message_chars(m) for m in messages)
-        return self.estimate(chars) + MESSAGE_OVERHEAD_TOKENS * len(messages)
+        chars = 0
+        for message in messages:  # a loop, not a generator's step per message
+            chars += message_chars(message)
+        return math.ceil(max(0, chars) / self._ratio) + MESSAGE_OVERHEAD_TOKENS * len(messages)
 
     def estimate_prompt(
         self,
-        messages: Sequence[Mapping[str, Any]],
+        messages: Sequence[object],
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> int:
         """Tokens of a whole prompt: its messages and the tool specifications."""
-        return self.estimate_messages(messages) + self.estimate(tool_spec_chars(tools))
+        tokens = self.estimate_messages(messages)
+        # no tools add no characters, and ``estimate(0)`` is 0
+        return tokens + self.estimate(tool_spec_chars(tools)) if tools else tokens
 
     def observe(
         self, *, chars: int, tokens: int, messages: int = 0, truncated: bool = False

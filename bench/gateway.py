@@ -22,7 +22,11 @@
   it prints), the cycle collector's passes per 1,000 of those
   calls, all generations (``collectionsPer1000Calls``, ``…OpenAI``), and the times per
   call something asked asyncio for the running loop (``loopAsksPerCall``, ``…OpenAI``;
-  on Python 3.11 each is a getpid system call).
+  on Python 3.11 each is a getpid system call). With ``--count-clients C`` (C > 1) the
+  counted calls are those ``C`` clients get answered in ``--seconds`` per route instead
+  (``calls`` is then their number): a call among 32 in flight costs more than one alone
+  (every snapshot and ticket document then holds the others' tickets), and this count
+  shows where.
 * **Against LiteLLM**: when LiteLLM's proxy is found (``--litellm PATH``, else beside
   this Python or on PATH; install it in a virtual environment of its own, ``python3 -m
   venv /tmp/litellm && /tmp/litellm/bin/pip install 'litellm[proxy]'``, since it pins
@@ -165,7 +169,8 @@ main()
 """
 
 
-async def python_calls(calls: int, keep: Path | None = None) -> dict[str, float]:
+async def python_calls(calls: int, keep: Path | None = None, *, clients: int = 1,
+                       seconds: float = 5.0) -> dict[str, float]:
     """Python function calls the gateway makes per call, one client, on each route.
 
     cProfile counts every Python function entered and every C function called from
@@ -192,11 +197,18 @@ async def python_calls(calls: int, keep: Path | None = None) -> dict[str, float]
                 try:
                     for _ in range(50):  # warm: model loaded, caches filled
                         _answered(through, await wire.call(request))
+                    if clients > 1:  # every client's connection open, tickets in flight
+                        await _drive(through, 1.0, clients, route)
                     out.unlink(missing_ok=True)
                     os.kill(pid, signal.SIGUSR1)
                     await asyncio.sleep(0.3)
-                    for _ in range(calls):
-                        _answered(through, await wire.call(request))
+                    if clients > 1:
+                        # each client's last call is answered before drive returns
+                        _rate, answered = await _drive(through, seconds, clients, route)
+                    else:
+                        for _ in range(calls):
+                            _answered(through, await wire.call(request))
+                        answered = calls
                     os.kill(pid, signal.SIGUSR2)
                     for _ in range(100):
                         await asyncio.sleep(0.1)
@@ -208,23 +220,25 @@ async def python_calls(calls: int, keep: Path | None = None) -> dict[str, float]
                 if keep is not None:  # for reading with pstats (--profile-to)
                     shutil.copy(out, keep.with_name(f"{keep.name}.{route}"))
                 stats = pstats.Stats(str(out)).stats  # type: ignore[attr-defined]
-                figures[route] = sum(entry[1] for entry in stats.values()) / calls
+                figures[f"{route}Calls"] = answered
+                figures[route] = sum(entry[1] for entry in stats.values()) / answered
                 # each asks for the running loop in C, which on Python 3.11 checks the
                 # process id: a getpid system call every time
                 figures[f"{route}LoopAsks"] = sum(
                     entry[1] for (_f, _l, name), entry in stats.items()
-                    if "get_running_loop" in name) / calls
+                    if "get_running_loop" in name) / answered
                 shares = _by_package(stats)
                 passes = json.loads(Path(f"{out}.gc").read_text())
-                figures[f"{route}Collections"] = 1000 * sum(passes) / calls
-                print(f"{route} route, one client, {calls} calls: "
+                figures[f"{route}Collections"] = 1000 * sum(passes) / answered
+                who = "one client" if clients == 1 else f"{clients} clients"
+                print(f"{route} route, {who}, {answered} calls: "
                       f"{figures[route]:.0f} Python calls per call in the gateway; by "
                       "package (a C function counted with its caller's): " + ", ".join(
-                          f"{name} {count / calls:.0f}" for name, count in shares[:8]))
+                          f"{name} {count / answered:.0f}" for name, count in shares[:8]))
                 print(f"{route} route, Python calls per call by part of the call: " + ", ".join(
-                    f"{name} {count / calls:.0f}" for name, count in _by_part(stats)))
+                    f"{name} {count / answered:.0f}" for name, count in _by_part(stats)))
                 print(f"{route} route: the cycle collector's passes per 1,000 calls by "
-                      "generation: " + " / ".join(f"{1000 * n / calls:.1f}" for n in passes))
+                      "generation: " + " / ".join(f"{1000 * n / answered:.1f}" for n in passes))
                 print(f"{route} route: asyncio.get_running_loop (a getpid system call each "
                       f"on Python 3.11) {figures[f'{route}LoopAsks']:.1f} times per call")
     return figures
@@ -532,6 +546,9 @@ async def main() -> None:
     parser.add_argument("--count-calls", type=int, default=0, metavar="N",
                         help="only count the gateway's Python calls per call over N calls "
                              "per route (cProfile; deterministic), and print those keys")
+    parser.add_argument("--count-clients", type=int, default=1, metavar="C",
+                        help="with --count-calls: C clients at once for --seconds per route "
+                             "instead of N calls in a row (the calls answered are counted)")
     parser.add_argument("--profile-to", type=Path, default=None, metavar="PATH",
                         help="with --count-calls: keep each route's cProfile stats as "
                              "PATH.ollama and PATH.openai (read them with pstats)")
@@ -549,7 +566,8 @@ async def main() -> None:
                           "clients": args.clients, "seconds": args.seconds}))
         return
     if args.count_calls:
-        counted = await python_calls(args.count_calls, args.profile_to)
+        counted = await python_calls(args.count_calls, args.profile_to,
+                                     clients=args.count_clients, seconds=args.seconds)
         print(json.dumps({"pythonCallsPerCall": round(counted["ollama"], 1),
                           "pythonCallsPerCallOpenAI": round(counted["openai"], 1),
                           "collectionsPer1000Calls": round(counted["ollamaCollections"], 1),
@@ -557,7 +575,8 @@ async def main() -> None:
                               round(counted["openaiCollections"], 1),
                           "loopAsksPerCall": round(counted["ollamaLoopAsks"], 1),
                           "loopAsksPerCallOpenAI": round(counted["openaiLoopAsks"], 1),
-                          "calls": args.count_calls}))
+                          "calls": counted["ollamaCalls"], "callsOpenAI": counted["openaiCalls"],
+                          "clients": args.count_clients}))
         return
     began = time.monotonic()
     emulator_port, gateway_port = free_port(), free_port()

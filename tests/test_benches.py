@@ -64,6 +64,8 @@ def _bench(script: str, *args: str) -> tuple[dict[str, Any], str]:
                      marks=pytest.mark.nats),
         ("gateway.py", ["--count-calls", "20"],
          {"pythonCallsPerCall", "pythonCallsPerCallOpenAI", "loopAsksPerCall"}),
+        ("gateway.py", ["--count-calls", "1", "--count-clients", "4", "--seconds", "0.5"],
+         {"pythonCallsPerCall", "pythonCallsPerCallOpenAI", "calls", "clients"}),
         ("gateway.py", ["--cpu-only", "--seconds", "0.5", "--clients", "4"],
          {"gatewayUserMsPerCall", "gatewaySystemMsPerCall", "gatewayUserMsPerCallOpenAI",
           "gatewaySystemMsPerCallOpenAI"}),

@@ -60,6 +60,17 @@ async def test_ps_leaves_out_a_mistyped_entry_and_the_client_reads_the_rest(
     assert len(warned) == 1 and where in warned[0]
 
 
+async def test_a_listing_whose_models_are_no_list_is_left_out_with_a_warning(
+        fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
+    where = await _loaded_on_both(fleet)
+    fleet.emulators[where].hostile_next("wrong-shape", path="/api/ps")
+    with caplog.at_level(logging.WARNING, logger="kubemoot.gateway"):
+        listed = await ollama.AsyncClient(host=fleet.url).ps()
+    assert [m.name for m in listed.models] == ["medium:7b"]
+    assert any(where in r.getMessage() and "not a list" in r.getMessage()
+               for r in caplog.records)
+
+
 async def test_tags_and_v1_models_leave_out_an_escaped_name(fleet: Fleet) -> None:
     where = next(iter(fleet.emulators))
     fleet.emulators[where].hostile_next("escaped-name", path="/api/tags")

@@ -44,7 +44,11 @@ def checked_entries(replies: Sequence[tuple[str, dict[str, Any]]],
     ``ollama`` one) failed on the whole list."""
     for provider, reply in replies:
         models = reply.get("models") or []
-        for entry in models if isinstance(models, list) else []:
+        if not isinstance(models, list):
+            log.warning("gateway: the listing of %s left out: its models field is a %s, "
+                        "not a list", provider, type(models).__name__)
+            continue
+        for entry in models:
             why = problem(entry)
             if why is None:
                 yield provider, entry

@@ -483,12 +483,26 @@ class CallPlanner:
         """Give the call's ticket back (idempotent)."""
         if placement.ticket is None or placement.provider is None:
             return
+        provider, ticket_id = placement.provider, placement.ticket.ticket_id
+        # On NATS an idle lane sends the release and returns: nothing of the call waits
+        # for the acknowledgement (TicketManager.release_sent); the view is told then.
+        if self.tickets.release_sent(provider, ticket_id,
+                                     lambda error: self._released(provider, ticket_id, error)):
+            return
         try:
-            await self.tickets.release(placement.provider, placement.ticket.ticket_id)
+            await self.tickets.release(provider, ticket_id)
         except BaseException:
-            self.view.invalidate(placement.provider)
+            self.view.invalidate(provider)
             raise
-        self.view.note_released(placement.provider, placement.ticket.ticket_id)
+        self.view.note_released(provider, ticket_id)
+
+    def _released(self, provider: str, ticket_id: str, error: BaseException | None) -> None:
+        """A sent release's outcome: the view drops the ticket, or reads the provider
+        again after a release that failed for good (the TTL reclaims its ticket)."""
+        if error is None:
+            self.view.note_released(provider, ticket_id)
+        else:
+            self.view.invalidate(provider)
 
 
 _REASON_TEXT = {

@@ -9,7 +9,15 @@
   call, …), so load from elsewhere on the machine weighs on both alike. A call writes
   the ticket document twice (the claim, the release) and reads nothing, so a second
   floor, two raw ``update`` round trips, is sampled in the same turns: the call's p99
-  over it (``natsP99RatioToTwoWrites``) is what the runtime adds to the writes it needs.
+  over it (``natsP99RatioToTwoWrites``). A call waits for the claim's acknowledgement
+  and not for the release's (the release returns once its write is sent,
+  ``TicketManager.release_sent``, as it does for every caller of the runtime): after
+  each call the loop waits outside the timed window until the lanes have heard it,
+  so the next sample is not charged with it, and prints how long after the call's
+  return that was (``natsReleaseHeardAfterReturnP99Ms``) and the NATS messages a call
+  received before it returned (``natsMessagesReceivedBeforeReturnPerCall``: the
+  claim's acknowledgement, and deliveries of the call's writes to this process's
+  watch that came before it).
 
 Wall-clock tails on a shared machine follow the load, so each run also counts the
 Python function calls (cProfile's total, which counts each resumption of a coroutine as a
@@ -25,7 +33,8 @@ Human-readable lines first; the last line is one JSON object:
 ``{"embeddedP99Ms": …, "embeddedP99MsAt1000Providers": …,
 "embeddedCpuP99MsAt1000Providers": …, "natsP99Ratio": …, "natsP99RatioToTwoWrites": …,
 "embeddedPythonCallsPerCall": …, "natsPythonCallsPerCall": …,
-"natsPythonCallsPerFloor": …, "natsLoopTurnsPerCall": …, "natsLoopTurnsPerFloor": …}``
+"natsPythonCallsPerFloor": …, "natsLoopTurnsPerCall": …, "natsLoopTurnsPerFloor": …,
+"natsMessagesReceivedBeforeReturnPerCall": …, "natsReleaseHeardAfterReturnP99Ms": …}``
 (the CPU figure is this thread's CPU time per call: on a shared machine it leaves other
 processes out).
 """
@@ -225,8 +234,8 @@ async def embedded(calls: int, providers: int = 64,
     return p99, pct(cpu, 0.99), counted
 
 
-async def nats(calls: int) -> tuple[float, float, tuple[float, float],
-                                   tuple[float, float]] | None:
+async def nats(calls: int) -> tuple[float, float, tuple[float, float], tuple[float, float],
+                                   tuple[float, float, float, float, float], float] | None:
     try:
         from kubemoot.settings import NatsSettings
         from kubemoot.store.nats import NatsKV
@@ -267,7 +276,7 @@ async def nats(calls: int) -> tuple[float, float, tuple[float, float],
     print(f"nats, messages per call: {waited[0]:.2f} sent, {waited[1]:.2f} received before "
           f"it returned, {waited[2]:.2f} after; per floor: {waited[3]:.2f} sent, "
           f"{waited[4]:.2f} received")
-    return ratio, p99 / w99, counted, floor_counted, waited
+    return ratio, p99 / w99, counted, floor_counted, waited, pct(settles, 0.99)
 
 
 async def message_counts(kv: Any, planner: CallPlanner, rng: random.Random,
@@ -326,6 +335,8 @@ async def main() -> None:
         "natsLoopTurnsPerFloor": None if ratios is None else round(ratios[3][1], 2),
         "natsMessagesReceivedBeforeReturnPerCall": None if ratios is None
         else round(ratios[4][1], 2),
+        "natsReleaseHeardAfterReturnP99Ms": None if ratios is None
+        else round(ratios[5], 4),
     }))
 
 

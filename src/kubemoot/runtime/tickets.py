@@ -628,6 +628,17 @@ class TicketManager:
             self._later.add(task)
             task.add_done_callback(self._later.discard)
             return
+        self._tell(provider, ticket_id, settled, error)
+
+    def _tell(self, provider: str, ticket_id: str,
+              settled: Callable[[BaseException | None], None],
+              error: BaseException | None) -> None:
+        """Hand a sent release's final outcome over; one that failed is logged and
+        counted here, since no caller hears it (the TTL reclaims the ticket)."""
+        if error is not None:
+            faults.noted("release", faults.STORE if isinstance(error, StoreError)
+                         else faults.BUG, f"the release of ticket {ticket_id} on {provider} "
+                         "failed; the TTL will reclaim it", error)
         try:
             settled(error)
         except Exception as failure:  # a loop callback: say so rather than lose it
@@ -651,16 +662,14 @@ class TicketManager:
             except StoreUnavailable as again:
                 outcome = again
                 continue
-            except BaseException as other:
+            except Exception as other:  # a cancellation (closing) ends it unreported
                 outcome = other
                 break
             outcome = None
+            log.info("released ticket %s on %s once the store answered again",
+                     ticket_id, provider)
             break
-        try:
-            settled(outcome)
-        except Exception as failure:
-            faults.noted("tickets", faults.BUG,
-                         f"after the release of ticket {ticket_id} on {provider}", failure)
+        self._tell(provider, ticket_id, settled, outcome)
 
     async def renew(
         self, provider: str, ticket_id: str, *, ttl_seconds: float | None = None

@@ -480,7 +480,9 @@ class CallPlanner:
         return self.tickets.lease(placement.provider, placement.ticket.ticket_id)
 
     async def release(self, placement: CallPlacement) -> None:
-        """Give the call's ticket back (idempotent)."""
+        """Give the call's ticket back (idempotent). On NATS this may return once the
+        release is sent: this process's next operation on the provider queues behind
+        it, and a release the store refuses then is retried by the ticket manager."""
         if placement.ticket is None or placement.provider is None:
             return
         provider, ticket_id = placement.provider, placement.ticket.ticket_id

@@ -40,8 +40,9 @@ ticket at once (use it in a ``finally``, or use :meth:`TicketManager.claimed`), 
 ticket carries ``expiresAt``: readers ignore expired tickets and writers prune them, so a
 holder that died returns its memory after the TTL without any reaper. Some releases
 have no caller waiting on them (a claim granted after its caller was cancelled, the
-withdrawal of an announced claim its caller heard "no" to), so
-:meth:`TicketManager.aclose` writes what is still queued before it returns.
+withdrawal of an announced claim its caller heard "no" to, and a finished call's
+release on NATS, which its caller does not wait for: :meth:`TicketManager.release_sent`),
+so :meth:`TicketManager.aclose` writes what is still queued before it returns.
 
 Applying a batch is idempotent (a claim already present is granted, not added twice; a
 release of an absent ticket is done), so a write whose outcome is unknown — the

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from kubemoot import metrics
 from kubemoot.clock import ManualClock
 from kubemoot.runtime.builder import build_runtime
 from kubemoot.runtime.placement import CandidateModel
@@ -289,4 +290,42 @@ async def test_a_sent_release_still_refused_at_its_ttl_is_given_up() -> None:
     assert len(outcomes) == 1 and isinstance(outcomes[0], StoreUnavailable)
     await asyncio.sleep(0)
     assert not manager._later  # nothing left trying
+    await manager.aclose()
+
+
+def _survived(operation: str, kind: str) -> float:
+    labels = {"component": "runtime", "operation": operation, "kind": kind}
+    value = metrics.REGISTRY.get_sample_value("kubemoot_errors_survived_total", labels)
+    return 0.0 if value is None else value
+
+
+async def test_a_release_given_up_is_counted_and_a_bug_after_it_is_survived() -> None:
+    """Nobody hears a sent release fail, so the manager says it; and what the outcome's
+    receiver raises (a loop callback) is counted, and the lane serves on."""
+    clock = ManualClock(1_700_000_000.0)
+    kv = MemoryKV(clock)
+    tickets = _Flaky(await kv.bucket("tickets"))
+    states = await kv.bucket("states")
+    state = provider_state(PROVIDER, usable_mib=8 * GIB)
+    await states.put(KEY, state.to_json())
+    manager = TicketManager(tickets, states, clock=clock, rng=random.Random(5),
+                            max_attempts=1, ttl_seconds=1.0)
+    ticket = await manager.claim(PROVIDER, "m", 2 * GIB, "h", provider_state=state)
+    tickets.down = True
+    failed, bugs = _survived("release", metrics.STORE), _survived("tickets", metrics.BUG)
+
+    def broken(_error: BaseException | None) -> None:
+        raise RuntimeError("a bug in the receiver")
+
+    assert manager.release_sent(PROVIDER, ticket.ticket_id, broken)
+    for _ in range(2000):
+        await asyncio.sleep(0)
+        clock.advance(0.1)
+        if _survived("tickets", metrics.BUG) > bugs:
+            break
+    assert _survived("release", metrics.STORE) == failed + 1
+    assert _survived("tickets", metrics.BUG) == bugs + 1
+    tickets.down = False
+    again = await manager.claim(PROVIDER, "m", 2 * GIB, "h2", provider_state=state)
+    assert again.ticket_id in await _stored_tickets(tickets.inner)  # type: ignore[arg-type]
     await manager.aclose()

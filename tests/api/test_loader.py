@@ -139,6 +139,8 @@ def test_same_name_in_other_namespace_is_no_duplicate(tmp_path: Path) -> None:
     [
         (lambda p: None, "no such file or folder"),
         (lambda p: p.write_bytes(b"\xff\xfe\x00bad"), "not UTF-8"),
+        # a folder with no YAML in it was an empty bundle: "no Agents", exit status 0
+        (lambda p: (p.mkdir(), (p / "notes.txt").write_text("x")), "holds no .yaml"),
     ],
 )
 def test_unreadable_inputs(tmp_path: Path, setup: object, message: str) -> None:

@@ -74,6 +74,9 @@ def _expand(paths: Iterable[str | Path]) -> Iterator[str]:
                 for item in path.rglob("*")
                 if item.suffix in _YAML_SUFFIXES and item.is_file()
             )
+            if not found:
+                # most likely a wrong path: say so rather than schedule an empty bundle
+                raise InputError("the folder holds no .yaml or .yml file", file=text)
             yield from (str(item) for item in found)
         elif path.exists():
             yield text

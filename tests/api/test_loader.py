@@ -158,6 +158,12 @@ class Request(BaseModel):
     spec: dict[str, int]
 
 
+def test_load_single_refuses_a_folder(tmp_path: Path) -> None:
+    write(tmp_path, HEAD + "kind: Request\nspec: {a: 1}\n")
+    with pytest.raises(InputError, match="is a folder; give one Request file"):
+        load_single(tmp_path, "Request", Request)
+
+
 def test_load_single(tmp_path: Path) -> None:
     request = HEAD + "kind: Request\nspec: {a: 1}\n"
     path = write(tmp_path, MODEL + "---\n" + request)

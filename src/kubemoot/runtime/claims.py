@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kubemoot import metrics
+from kubemoot.frozen import quick_init
 from kubemoot.providers.protocol import ProviderClient, ProviderError
 from kubemoot.runtime import faults
 from kubemoot.runtime.cost import Option, OptionKind
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 _RESIDENCY_ATTEMPTS = 5
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Claim:
     """A ticket held on a provider for an option.

@@ -55,7 +55,7 @@ def test_the_same_fields_as_the_dataclass_init(args: tuple, kwargs: dict) -> Non
     SEEN.clear()
     one, two = plain(*args, **kwargs), quick(*args, **kwargs)
     assert _fields(one) == _fields(two)
-    assert SEEN == [args[0], args[0]]  # __post_init__ ran for both
+    assert [args[0], args[0]] == SEEN  # __post_init__ ran for both
     assert repr(one).split("(", 1)[1] == repr(two).split("(", 1)[1]
 
 

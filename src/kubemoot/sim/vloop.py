@@ -368,9 +368,18 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
                 for handle in ready:
                     if handle._cancelled:  # type: ignore[attr-defined]
                         continue
-                    # Handle._run, inline: one frame fewer for each of the run's callbacks
+                    # Handle._run, inline: one frame fewer for each of the run's callbacks.
+                    # A call with ``*args`` builds a list and a tuple each time (about
+                    # 1,000 instructions under callgrind); most callbacks take one
+                    # argument (a task's wake-up, its future) or none (a task's step).
+                    args = handle._args  # type: ignore[attr-defined]
                     try:
-                        handle._context.run(handle._callback, *handle._args)  # type: ignore[attr-defined]
+                        if len(args) == 1:
+                            handle._context.run(handle._callback, args[0])  # type: ignore[attr-defined]
+                        elif args:
+                            handle._context.run(handle._callback, *args)  # type: ignore[attr-defined]
+                        else:
+                            handle._context.run(handle._callback)  # type: ignore[attr-defined]
                     except (SystemExit, KeyboardInterrupt):
                         self._put_back(ready, handle)
                         raise

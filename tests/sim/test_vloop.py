@@ -360,6 +360,25 @@ def test_a_callback_runs_in_the_context_it_was_given() -> None:
     assert run_virtual(program()) == ["given", "copied"]
 
 
+def test_call_soon_is_bound_once() -> None:
+    # futures and tasks look it up for each wake-up: no new method object each time
+    loop = VirtualTimeLoop()
+    try:
+        assert loop.call_soon is loop.call_soon
+        loop.set_debug(True)  # debug mode takes asyncio's way inside the same method
+        assert run_virtual_on(loop) == ["ran"]
+    finally:
+        loop.close()
+
+
+def run_virtual_on(loop: VirtualTimeLoop) -> list[str]:
+    seen: list[str] = []
+    loop.call_soon(seen.append, "ran")
+    loop.call_soon(loop.stop)
+    loop.run_forever()
+    return seen
+
+
 def test_callbacks_get_their_arguments_whatever_their_number() -> None:
     # the turn calls a callback of one argument, of none and of several each its own way
     async def program() -> list[tuple[object, ...]]:

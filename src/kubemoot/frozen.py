@@ -2,13 +2,14 @@
 
 A frozen dataclass sets each field in ``__init__`` through ``object.__setattr__``
 (its own ``__setattr__`` refuses every assignment), which CPython 3.11 runs as a
-wrapper call that packs and unpacks an argument tuple and checks the type hierarchy:
-about 1,300 instructions a field under callgrind, against about 50 for a plain slot
-assignment. The simulator makes some 40,000 such objects a fleet-16 run (store
-changes and entries, priced options, placements), most of them with four to eleven
-fields. :func:`quick_init` gives such a class an ``__init__`` with the same parameters
-and defaults that sets each slot through its member descriptor's ``__set__`` (about
-half the cost), so the class stays frozen, equal, hashable and printable as before.
+wrapper call that packs and unpacks an argument tuple and checks the type hierarchy.
+Under callgrind an eight-field frozen, slotted class took about 13,000 instructions to
+make, a mutable one about 2,800. The simulator makes some 36,000 frozen objects a
+fleet-16 run (store changes and entries, priced options, placements), most of them with
+four to eleven fields. :func:`quick_init` gives such a class an ``__init__`` with the
+same parameters and defaults that sets each slot through its member descriptor's
+``__set__`` (the eight-field class: about 7,600), so the class stays frozen, equal,
+hashable and printable as before.
 """
 
 from __future__ import annotations

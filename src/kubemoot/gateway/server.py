@@ -166,7 +166,8 @@ class GatewayServer:
         self._states = await self.kv.bucket(PROVIDER_STATE_BUCKET)
         self.prober = Prober(list(self.clients.values()), clock=self.clock,
                              publish=NewestStatePublisher(self._states,
-                                                          providers=self.pinned))
+                                                          providers=self.pinned),
+                             interval_seconds=self.settings.provider_probe_seconds)
         for state in await self.prober.probe_all():
             if not state.ready:
                 # said once here: otherwise a dead server shows only as "model not found"
@@ -297,6 +298,7 @@ class GatewayServer:
         self.keys = self.app.keys = keys
         if settings is not None and settings != self.settings:
             self.settings = self.desk.settings = settings
+            self.prober.interval_seconds = settings.provider_probe_seconds
             changes.append("limits")
         self._ensure_probe_loop()
         await asyncio.gather(*(self.prober.probe_one(c) for c in fresh))

@@ -158,6 +158,7 @@ class Reconciler:
         self.prober = Prober(
             [], clock=clock,
             publish=None if bucket is None else PinningPublisher(bucket, lambda: self.pins),
+            interval_seconds=probe_interval,
         )
         self.clients: dict[str, OllamaProvider] = {}
         self._client_specs: dict[str, Any] = {}

@@ -83,8 +83,12 @@ class Prober:
         clock: Clock,
         publish: Publish | None = None,
         previous: LoadPrevious | None = None,
+        interval_seconds: float | None = None,
     ) -> None:
         self.clients = list(clients)
+        #: How often this prober probes; published with each state, so that readers can
+        #: tell a state nobody refreshes any more from a current one (None: no promise).
+        self.interval_seconds = interval_seconds
         self._clock = clock
         self._publish = publish
         if previous is None and isinstance(publish, KVStatePublisher):
@@ -113,6 +117,7 @@ class Prober:
             state = self._not_ready(client, f"probe failed: {type(error).__name__}: {error}")
         state.provider = client.name
         state.last_probed_at = started
+        state.probe_interval_seconds = self.interval_seconds
         if not state.ready:
             metrics.PROBE_ERRORS.labels(provider=client.name).inc()
         state.loaded_model_footprints = await self._first_observed(client.name, state)
@@ -167,6 +172,7 @@ class Prober:
         ``probe_first=False`` waits one interval first: for a caller that has just
         probed every provider itself, so nothing it saw is overwritten at once.
         """
+        self.interval_seconds = interval
         if not probe_first:
             await self._clock.sleep(interval)
         done = 0

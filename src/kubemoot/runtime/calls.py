@@ -40,7 +40,7 @@ from kubemoot.runtime import options
 from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.record import call_decision
-from kubemoot.runtime.refusals import GpuBusy, Refusal
+from kubemoot.runtime.refusals import GpuBusy, Refusal, StateStale
 from kubemoot.runtime.tokens import TokenEstimator
 from kubemoot.runtime.waiting import CapacityWaiter, WaitSignals
 from kubemoot.store.documents import TicketState
@@ -510,6 +510,9 @@ class CallService:
         if isinstance(refusal, GpuBusy):
             refusal = GpuBusy(waited=self.clock.now() - arrived,
                               start_estimate=await self._start_estimate(request))
+        elif isinstance(refusal, StateStale):  # the ages as of the answer
+            now = self.clock.now()
+            refusal = replace(refusal, at=now, waited=now - arrived)
         elif placement.model is not None:
             model = placement.model
         return CallRefused(refusal, replace(placement, refusal=refusal), model=model)

@@ -361,6 +361,10 @@ class TicketManager:
         self._replying: set[asyncio.Task[None]] = set()
         self._combined = 0  # operations sent to a combiner, or taken as one
         self._closing = False  # aclose() is writing what is still queued
+        # Releases the store refused (an outage), tried again in the background until
+        # it answers or the ticket's TTL has reclaimed it: (provider, ticket) → when.
+        self._unreleased: dict[tuple[str, str], float] = {}
+        self._retrying: asyncio.Task[None] | None = None
 
     @property
     def combines(self) -> bool:
@@ -389,6 +393,8 @@ class TicketManager:
     async def aclose(self) -> None:
         """Write what is still queued, then stop following announced requests and
         ticket documents (if it did), and combining for any provider."""
+        if self._retrying is not None:  # the store closes next: the TTL takes those
+            self._retrying.cancel()
         for lane in self._lanes.values():
             await self._resign(lane)
             if lane.resigning is not None:
@@ -551,9 +557,43 @@ class TicketManager:
         return granted
 
     async def release(self, provider: str, ticket_id: str) -> None:
-        """Remove the ticket now; releasing an absent ticket is a no-op."""
+        """Remove the ticket now; releasing an absent ticket is a no-op.
+
+        A release the store refused (an outage) raises, and is tried again in the
+        background until the store answers or the TTL has reclaimed the ticket: the TTL
+        alone would keep the slot and memory counted on the card for minutes after a
+        short outage, while this process is alive and knows the ticket is done. Every
+        caller gets that — a call, a plan held from selection, a pinned load.
+        """
         op = self._op(OpKind.RELEASE, ticket_id, max_attempts=self._release_attempts)
-        await self._submit(provider, op)
+        try:
+            await self._submit(provider, op)
+        except (StoreError, OSError):
+            self._release_later(provider, ticket_id)
+            raise
+
+    def _release_later(self, provider: str, ticket_id: str) -> None:
+        self._unreleased[(provider, ticket_id)] = self._clock.now() + self.ttl_seconds
+        if self._retrying is None or self._retrying.done():
+            self._retrying = asyncio.get_running_loop().create_task(self._retry_releases())
+
+    async def _retry_releases(self) -> None:
+        pause = 0.5
+        while self._unreleased:
+            await self._clock.sleep(pause)
+            pause = min(pause * 2, 5.0)
+            for (provider, ticket_id), ends in list(self._unreleased.items()):
+                if self._clock.now() >= ends:  # the TTL has reclaimed it by now
+                    del self._unreleased[(provider, ticket_id)]
+                    continue
+                op = self._op(OpKind.RELEASE, ticket_id, max_attempts=self._release_attempts)
+                try:
+                    await self._submit(provider, op)  # idempotent
+                except (StoreError, OSError):
+                    continue  # the store is still away: next turn
+                del self._unreleased[(provider, ticket_id)]
+                log.info("released ticket %s on %s once the store answered again",
+                         ticket_id, provider)
 
     async def renew(
         self, provider: str, ticket_id: str, *, ttl_seconds: float | None = None
@@ -599,9 +639,10 @@ class TicketManager:
             try:
                 # Shielded: a cancelled holder still gives its memory back at once.
                 await asyncio.shield(self.release(provider, ticket.ticket_id))
-            except StoreError as error:  # the TTL layer reclaims it; don't mask the body
+            except StoreError as error:  # retried in the background; don't mask the body
                 faults.noted("release", faults.STORE, f"release of ticket {ticket.ticket_id} "
-                             "failed; the TTL will reclaim it", error)
+                             "failed; tried again until the store answers or the TTL "
+                             "reclaims it", error)
 
     # -- the per-provider combiner ---------------------------------------------------
 
@@ -656,7 +697,12 @@ class TicketManager:
     def _give_back(self, provider: str, ticket: Ticket) -> None:
         """Release a ticket granted to a caller that no longer waits for it."""
         orphan = self._op(OpKind.RELEASE, ticket.ticket_id, max_attempts=self._release_attempts)
-        orphan.future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+        def ended(done: asyncio.Future[Ticket | None]) -> None:
+            if not done.cancelled() and isinstance(done.exception(), StoreError):
+                self._release_later(provider, ticket.ticket_id)  # an outage: later
+
+        orphan.future.add_done_callback(ended)
         self._enqueue(provider, orphan)
 
     def _enqueue(self, provider: str, op: _Op) -> None:

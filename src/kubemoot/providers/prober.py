@@ -95,6 +95,7 @@ class Prober:
             previous = publish.previous
         self._previous = previous
         self._footprints: dict[str, dict[str, int]] = {}
+        self._intervals: dict[str, float | None] = {}  # the stored states' promises
         self.last_states: dict[str, ProviderState] = {}
 
     async def probe_all(self) -> list[ProviderState]:
@@ -117,10 +118,14 @@ class Prober:
             state = self._not_ready(client, f"probe failed: {type(error).__name__}: {error}")
         state.provider = client.name
         state.last_probed_at = started
-        state.probe_interval_seconds = self.interval_seconds
         if not state.ready:
             metrics.PROBE_ERRORS.labels(provider=client.name).inc()
         state.loaded_model_footprints = await self._first_observed(client.name, state)
+        # A prober that probes only now and then (an agent's after a load) keeps the
+        # promise of the one that probes the provider periodically.
+        state.probe_interval_seconds = (self.interval_seconds
+                                        if self.interval_seconds is not None
+                                        else self._intervals.get(client.name))
         self.last_states[client.name] = state
         if self._publish is not None:
             try:
@@ -158,6 +163,7 @@ class Prober:
                                  logger=log)
                 stored = None
             if stored is not None:
+                self._intervals[provider] = stored.probe_interval_seconds
                 for model, mib in stored.loaded_model_footprints.items():
                     known[model] = mib  # the stored value is the oldest observation
         for model, mib in state.loaded_model_footprints.items():

@@ -472,7 +472,9 @@ class ProviderView:
             shown = state.model_copy(
                 update={"ready": False, "reason": f"provider {shadowed} serves its endpoint"}
             )
-        stale = stale_at(state, self._settings)
+        # (a state that promises no probe interval is never stale: not even a call then)
+        stale = (None if state.probe_interval_seconds is None
+                 else stale_at(state, self._settings))
         if stale is not None and now >= stale:
             # Nobody refreshes it: what it says is no evidence (runtime.freshness).
             shown = stale_view(shown, now, self._settings)

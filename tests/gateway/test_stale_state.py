@@ -22,12 +22,11 @@ from kubemoot.emulation.server import OllamaEmulator
 from kubemoot.gateway import GatewayServer
 from kubemoot.runtime.freshness import MISSED_PROBES
 from kubemoot.settings import GatewaySettings, NatsSettings, RuntimeSettings
+from kubemoot.store.memory import MemoryKV
 from kubemoot.store.nats import NatsKV
 from kubemoot.testing.nats_server import NatsServer
 from kubemoot.testing.waiting import wait_until
 from tests.gateway.conftest import sources
-
-pytestmark = pytest.mark.nats
 
 CHAT = {"model": "small:1b", "messages": [{"role": "user", "content": "hi"}], "stream": False}
 PROBE_SECONDS = 0.5
@@ -45,6 +44,7 @@ async def _prober(nats: NatsServer, emulator: OllamaEmulator) -> tuple[GatewaySe
     return gateway, kv
 
 
+@pytest.mark.nats
 async def test_a_state_nobody_refreshes_is_stale_not_ready(
         nats: NatsServer, make_emulator: Callable[..., OllamaEmulator]) -> None:
     emulator = make_emulator()
@@ -104,3 +104,25 @@ async def test_a_state_nobody_refreshes_is_stale_not_ready(
         if not a_stopped:
             await a.stop()
             await a_kv.close()
+
+
+async def test_a_reload_that_changes_the_probe_interval_publishes_the_new_promise(
+        make_emulator: Callable[..., OllamaEmulator]) -> None:
+    # readers judge the state by the interval it carries: a longer interval published
+    # late would make them call a state stale that is only on its new schedule
+    emulator = make_emulator()
+    [source] = sources({"gpu-a": emulator})
+    gateway = GatewayServer(MemoryKV(SystemClock()), providers=[source], port=0,
+                            settings=GatewaySettings(provider_probe_seconds=3600.0))
+    await gateway.start()
+    try:
+        assert gateway.prober is not None
+        assert gateway.prober.last_states["gpu-a"].probe_interval_seconds == 3600.0
+        said = await gateway.reconfigure(
+            providers=[source], declared={},
+            settings=GatewaySettings(provider_probe_seconds=7200.0))
+        assert said == ["limits"]
+        [state] = await gateway.prober.probe_all()
+        assert state.probe_interval_seconds == 7200.0
+    finally:
+        await gateway.stop()

@@ -357,6 +357,12 @@ _PLACE_PARTS = (
     ("placement (CallPlanner.place, its claim included)", "runtime/planner.py", "place"),
     ("its claim (Claims.claim)", "runtime/claims.py", "claim"),
     ("release (CallPlanner.release)", "runtime/planner.py", "release"),
+    ("of which the release sent (TicketManager.release_sent)", "runtime/tickets.py",
+     "release_sent"),
+    ("the bench's wait for the lanes to settle (TicketManager.quiet)", "runtime/tickets.py",
+     "quiet"),
+    ("a sent release's outcome (TicketManager._sent_settled)", "runtime/tickets.py",
+     "_sent_settled"),
     ("ticket lane (TicketManager._serve, its writes included)", "runtime/tickets.py",
      "_serve"),
     ("the writes (NatsBucket.update)", "store/nats.py", "update"),
@@ -415,10 +421,11 @@ def place_calls(calls: int) -> dict[str, Any]:
                 rng = random.Random(11)
                 planner = await bench.build(kv, 8, rng)
                 floor = await bench.floor_bucket(kv)
-                await bench.loop(planner, 200, rng)  # warm-up: first-use costs stay out
+                # each call let settle as bench/place.py's NATS loop does
+                await bench.loop(planner, 200, rng, settles=[])  # warm-up
 
                 async def place() -> None:
-                    await bench.loop(planner, calls, rng)
+                    await bench.loop(planner, calls, rng, settles=[])
 
                 async def floors() -> None:
                     for _ in range(calls):
@@ -462,11 +469,11 @@ def _place_child(mode: str, count: int) -> None:
                 planner = await bench.build(kv, 8, rng,
                                             RuntimeSettings(demand_cache_seconds=3600.0))
                 floor = await bench.floor_bucket(kv)
-                await bench.loop(planner, 50, rng)  # warm-up: first-use costs stay out
+                await bench.loop(planner, 50, rng, settles=[])  # warm-up
                 for _ in range(50):
                     await bench.round_trip(floor)
                 if mode == "call":
-                    await bench.loop(planner, count, rng)
+                    await bench.loop(planner, count, rng, settles=[])
                 elif mode == "floor":
                     for _ in range(count):
                         await bench.round_trip(floor)

@@ -9,7 +9,15 @@
   call, …), so load from elsewhere on the machine weighs on both alike. A call writes
   the ticket document twice (the claim, the release) and reads nothing, so a second
   floor, two raw ``update`` round trips, is sampled in the same turns: the call's p99
-  over it (``natsP99RatioToTwoWrites``) is what the runtime adds to the writes it needs.
+  over it (``natsP99RatioToTwoWrites``). A call waits for the claim's acknowledgement
+  and not for the release's (the release returns once its write is sent,
+  ``TicketManager.release_sent``, as it does for every caller of the runtime): after
+  each call the loop waits outside the timed window until the lanes have heard it,
+  so the next sample is not charged with it, and prints how long after the call's
+  return that was (``natsReleaseHeardAfterReturnP99Ms``) and the NATS messages a call
+  received before it returned (``natsMessagesReceivedBeforeReturnPerCall``: the
+  claim's acknowledgement, and deliveries of the call's writes to this process's
+  watch that came before it).
 
 Wall-clock tails on a shared machine follow the load, so each run also counts the
 Python function calls (cProfile's total, which counts each resumption of a coroutine as a
@@ -25,7 +33,8 @@ Human-readable lines first; the last line is one JSON object:
 ``{"embeddedP99Ms": …, "embeddedP99MsAt1000Providers": …,
 "embeddedCpuP99MsAt1000Providers": …, "natsP99Ratio": …, "natsP99RatioToTwoWrites": …,
 "embeddedPythonCallsPerCall": …, "natsPythonCallsPerCall": …,
-"natsPythonCallsPerFloor": …, "natsLoopTurnsPerCall": …, "natsLoopTurnsPerFloor": …}``
+"natsPythonCallsPerFloor": …, "natsLoopTurnsPerCall": …, "natsLoopTurnsPerFloor": …,
+"natsMessagesReceivedBeforeReturnPerCall": …, "natsReleaseHeardAfterReturnP99Ms": …}``
 (the CPU figure is this thread's CPU time per call: on a shared machine it leaves other
 processes out).
 """
@@ -92,6 +101,7 @@ async def build(kv: KV, providers: int, rng: random.Random,
 async def loop(
     planner: CallPlanner, calls: int, rng: random.Random, *, floor: Bucket | None = None,
     cpu: list[float] | None = None, writes: list[float] | None = None,
+    settles: list[float] | None = None,
 ) -> tuple[list[float], int, list[float]]:
     """Place, claim and release ``calls`` times: samples in ms, placed, floor samples.
 
@@ -100,6 +110,12 @@ async def loop(
     With ``cpu``, each call's CPU time in this thread (ms) is appended to it: on a
     shared machine the wall-clock tail is mostly other processes' time slices, which
     the thread's CPU time leaves out. Its clock is read outside the wall-clock window.
+
+    With ``settles`` (NATS), after each call the loop waits, outside the timed window,
+    until the ticket lanes have heard every acknowledgement (a release returns once
+    its write is sent: ``TicketManager.release_sent``), so that neither the next call
+    nor the next floor sample is charged with hearing it; how long after the call
+    returned that was (ms) is appended to ``settles``.
     """
     samples: list[float] = []
     floor_samples: list[float] = []
@@ -115,11 +131,24 @@ async def loop(
         start = time.perf_counter()
         placement = await planner.place(candidates, holder_id=f"bench-{i}", prompt_tokens=2000)
         await planner.release(placement)
-        samples.append((time.perf_counter() - start) * 1000)
+        returned = time.perf_counter()
+        samples.append((returned - start) * 1000)
+        if settles is not None:
+            await settled(planner)
+            settles.append((time.perf_counter() - returned) * 1000)
         if cpu is not None:
             cpu.append((time.thread_time() - start_cpu) * 1000)
         placed += placement.ticket is not None
     return samples, placed, floor_samples
+
+
+async def settled(planner: CallPlanner) -> None:
+    """Wait until the ticket lanes heard every acknowledgement. A tree from before
+    ``TicketManager.quiet`` (run with this bench for a comparison) awaited its
+    release's acknowledgement in the call: nothing is left to wait for there."""
+    quiet = getattr(planner.tickets, "quiet", None)
+    if quiet is not None:
+        await quiet()
 
 
 PROFILED_CALLS = 300
@@ -130,16 +159,25 @@ async def python_calls(
 ) -> tuple[tuple[float, float], tuple[float, float] | None]:
     """Python calls and event-loop turns per place + claim + release, and with
     ``floor`` per raw ``get`` + ``update`` on it (cProfile's totals over
-    :data:`PROFILED_CALLS` of each)."""
+    :data:`PROFILED_CALLS` of each). On NATS (``floor``) each call is let settle as
+    in the timed loop, so the release's acknowledgement is counted with its call."""
 
     async def floor_calls() -> None:
         assert floor is not None
         for _ in range(PROFILED_CALLS):
             await round_trip(floor)
 
-    per_call = await _counted(loop(planner, PROFILED_CALLS, rng))
+    per_call = await _counted(loop(planner, PROFILED_CALLS, rng,
+                                   settles=None if floor is None else []))
     per_floor = None if floor is None else await _counted(floor_calls())
     return per_call, per_floor
+
+
+def messages(kv: Any) -> tuple[int, int]:
+    """The NATS messages this connection sent and received so far (nats-py's counts:
+    publishes, and deliveries to its subscriptions, acknowledgements included)."""
+    stats = kv.connection.stats
+    return stats["out_msgs"], stats["in_msgs"]
 
 
 async def _counted(work: Any) -> tuple[float, float]:
@@ -205,8 +243,8 @@ async def embedded(calls: int, providers: int = 64,
     return p99, pct(cpu, 0.99), counted
 
 
-async def nats(calls: int) -> tuple[float, float, tuple[float, float],
-                                   tuple[float, float]] | None:
+async def nats(calls: int) -> tuple[float, float, tuple[float, float], tuple[float, float],
+                                   tuple[float, float, float, float, float], float] | None:
     try:
         from kubemoot.settings import NatsSettings
         from kubemoot.store.nats import NatsKV
@@ -222,10 +260,12 @@ async def nats(calls: int) -> tuple[float, float, tuple[float, float],
             floor = await floor_bucket(kv)
             await loop(planner, 50, rng, floor=floor, writes=[])  # warm-up
             writes: list[float] = []
+            settles: list[float] = []
             samples, placed, floor_samples = await loop(planner, calls, rng, floor=floor,
-                                                        writes=writes)
+                                                        writes=writes, settles=settles)
             counted, floor_counted = await python_calls(planner, rng, floor)
             assert floor_counted is not None
+            waited = await message_counts(kv, planner, rng, floor)
         finally:
             await kv.close()
     p50, p99 = pct(samples, 0.5), pct(samples, 0.99)
@@ -237,10 +277,45 @@ async def nats(calls: int) -> tuple[float, float, tuple[float, float],
     print(f"nats, 8 providers, uncontended: {calls} calls ({placed} placed) "
           f"p50 {p50:.3f} ms  p99 {p99:.3f} ms  → p99 ratio {ratio:.2f}, "
           f"to two writes {p99 / w99:.2f}")
+    print(f"nats, release acknowledged after the call returned: p50 "
+          f"{pct(settles, 0.5):.3f} ms  p99 {pct(settles, 0.99):.3f} ms")
     print(f"nats, Python calls: {counted[0]:.0f} per call, {floor_counted[0]:.0f} per "
           f"floor get + update ({counted[0] / floor_counted[0]:.2f}x); loop turns: "
           f"{counted[1]:.1f} per call, {floor_counted[1]:.1f} per floor")
-    return ratio, p99 / w99, counted, floor_counted
+    print(f"nats, messages per call: {waited[0]:.2f} sent, {waited[1]:.2f} received before "
+          f"it returned, {waited[2]:.2f} after; per floor: {waited[3]:.2f} sent, "
+          f"{waited[4]:.2f} received")
+    return ratio, p99 / w99, counted, floor_counted, waited, pct(settles, 0.99)
+
+
+async def message_counts(kv: Any, planner: CallPlanner, rng: random.Random,
+                         floor: Bucket) -> tuple[float, float, float, float, float]:
+    """NATS messages per call (sent; received before it returned; received after,
+    until its lanes settled) and per floor ``get`` + ``update`` (sent, received),
+    averaged over :data:`PROFILED_CALLS` of each. A received message is an
+    acknowledgement, a reply, or a delivery of a write to a watch of this process."""
+    sent = before = after = 0
+    for i in range(PROFILED_CALLS):
+        model = rng.choice(MODELS)
+        candidates = [CandidateModel(model, 70), CandidateModel(rng.choice(MODELS), 65)]
+        out0, in0 = messages(kv)
+        placement = await planner.place(candidates, holder_id=f"count-{i}",
+                                        prompt_tokens=2000)
+        await planner.release(placement)
+        out1, in1 = messages(kv)
+        await settled(planner)
+        await asyncio.sleep(0.002)  # the last delivery of the call's writes, too
+        out2, in2 = messages(kv)
+        sent += out2 - out0
+        before += in1 - in0
+        after += in2 - in1
+    out0, in0 = messages(kv)
+    for _ in range(PROFILED_CALLS):
+        await round_trip(floor)
+    await asyncio.sleep(0.002)
+    out1, in1 = messages(kv)
+    n = PROFILED_CALLS
+    return sent / n, before / n, after / n, (out1 - out0) / n, (in1 - in0) / n
 
 
 async def main() -> None:
@@ -267,6 +342,10 @@ async def main() -> None:
         "natsPythonCallsPerFloor": None if ratios is None else round(ratios[3][0], 1),
         "natsLoopTurnsPerCall": None if ratios is None else round(ratios[2][1], 2),
         "natsLoopTurnsPerFloor": None if ratios is None else round(ratios[3][1], 2),
+        "natsMessagesReceivedBeforeReturnPerCall": None if ratios is None
+        else round(ratios[4][1], 2),
+        "natsReleaseHeardAfterReturnP99Ms": None if ratios is None
+        else round(ratios[5], 4),
     }))
 
 

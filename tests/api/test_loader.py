@@ -139,6 +139,8 @@ def test_same_name_in_other_namespace_is_no_duplicate(tmp_path: Path) -> None:
     [
         (lambda p: None, "no such file or folder"),
         (lambda p: p.write_bytes(b"\xff\xfe\x00bad"), "not UTF-8"),
+        # a folder with no YAML in it was an empty bundle: "no Agents", exit status 0
+        (lambda p: (p.mkdir(), (p / "notes.txt").write_text("x")), "holds no .yaml"),
     ],
 )
 def test_unreadable_inputs(tmp_path: Path, setup: object, message: str) -> None:
@@ -154,6 +156,12 @@ class Request(BaseModel):
     apiVersion: str
     kind: str
     spec: dict[str, int]
+
+
+def test_load_single_refuses_a_folder(tmp_path: Path) -> None:
+    write(tmp_path, HEAD + "kind: Request\nspec: {a: 1}\n")
+    with pytest.raises(InputError, match="is a folder; give one Request file"):
+        load_single(tmp_path, "Request", Request)
 
 
 def test_load_single(tmp_path: Path) -> None:

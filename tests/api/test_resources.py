@@ -146,6 +146,20 @@ def test_agent_spec_keeps_runtime_fields() -> None:
     assert agent.model_dump(by_alias=True, exclude_unset=True)["spec"]["temperature"] == 0.2
 
 
+@pytest.mark.parametrize(("typo", "meant"), [("capabilites", "capabilities"),
+                                             ("discusRole", "discussRole"),
+                                             ("enabledTool", "enabledTools")])
+def test_agent_spec_refuses_a_misspelt_field_of_ours(typo: str, meant: str) -> None:
+    """A misspelt ``capabilities`` was kept as a runtime field, and the Agent was
+    scheduled with no capabilities without a word."""
+    data = {"metadata": {"name": "a"}, "spec": {typo: ["x"]}}
+    with pytest.raises(ValidationError) as caught:
+        Agent.model_validate(data)
+    first = caught.value.errors()[0]
+    assert first["loc"] == ("spec",)
+    assert f'unknown field "{typo}"; did you mean "{meant}"?' in first["msg"]
+
+
 @pytest.mark.parametrize(("raw", "kept"), [("0.7", "0.7"), (0.7, "0.7"), (1, "1"), ("x", "x")])
 def test_quality_bias_values_stay_text(raw: Any, kept: str) -> None:
     policy = CrewSchedulingPolicy.model_validate(

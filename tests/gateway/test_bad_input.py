@@ -149,6 +149,8 @@ def test_cli_refuses_a_public_address_without_keys() -> None:
     (["--provider", "ftp://x"], "--provider"),
     (["--wait-limit", "soon"], "--wait-limit"),
     ([], "no provider"),
+    # the shipped homelab bundle once named the gateway's default port for a card
+    (["--provider", "gpu=http://localhost:11435"], "provider gpu has the gateway's own"),
 ])
 def test_cli_bad_flags_exit_2_with_a_message(args: list[str], words: str) -> None:
     done = subprocess.run([*KUBEMOOT, "gateway", *args], capture_output=True, text=True,
@@ -236,3 +238,21 @@ def test_a_duration_flag_reads_like_ollama(text: str, seconds: float) -> None:
     from kubemoot.cli.gateway import parse_duration
 
     assert parse_duration(text, "--wait-limit") == seconds
+
+
+@pytest.mark.parametrize(("endpoint", "listen", "itself"), [
+    ("http://127.0.0.1:11435", ("127.0.0.1", 11435), True),
+    ("http://localhost:11435/", ("127.0.0.1", 11435), True),
+    ("http://127.0.0.1:11435", ("0.0.0.0", 11435), True),
+    ("http://gw.lan:8080", ("gw.lan", 8080), True),
+    ("http://127.0.0.1:11434", ("127.0.0.1", 11435), False),
+    ("http://rig-b:11435", ("127.0.0.1", 11435), False),
+    ("http://127.0.0.1", ("127.0.0.1", 11435), False),
+])
+def test_a_provider_at_the_gateways_own_address_is_found(
+        endpoint: str, listen: tuple[str, int], itself: bool) -> None:
+    """A gateway that took itself for a provider called itself on every probe and took
+    its own fleet's copies for that provider's."""
+    from kubemoot.cli.gateway import points_at_itself
+
+    assert points_at_itself(endpoint, *listen) is itself

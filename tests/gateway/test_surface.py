@@ -133,3 +133,7 @@ async def test_tags_name_the_servers_and_models_their_modified_time(
     for name, stamp in modified.items():
         when = datetime.fromisoformat(stamp.replace("Z", "+00:00")).astimezone(UTC)
         assert models[name] == int(when.timestamp()) > 0
+    # one model, asked for by itself, carries the same date as its list entry
+    for name in ("small:1b", "plain"):
+        one = await oai.models.retrieve(name)
+        assert one.id == name and one.created == models[name if ":" in name else f"{name}:latest"]

@@ -72,6 +72,16 @@ def test_table_explains_the_choice() -> None:
     assert "queue" in done.stdout and "26.500" in done.stdout and "15.000" in done.stdout
 
 
+def test_a_refusal_shows_the_numbers_behind_it() -> None:
+    """The table said only "model is larger than the provider's usable VRAM"; how much
+    larger was in the JSON alone."""
+    done = run("-f", str(EXAMPLES / "model-too-large.yaml"), "--model", "llama3.3:70b")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())  # rich folds long lines
+    assert "(occupancyMiB 40960, usableMiB 31744)" in text
+    assert "(occupancyMiB 40960, usableMiB 23552)" in text
+
+
 @pytest.mark.parametrize(
     ("text", "field"),
     [

@@ -77,12 +77,15 @@ async def test_a_failed_intent_write_is_logged_and_counted_and_the_plan_goes_on(
     h = await make([gpu("a", 24)], declared={"m": 12})
     plans = HeldPlans(h.planner, clock=h.clock, board=_DownBoard())
     before = _count("intent", "store")
+    selections = _count("selection", "store")
     with caplog.at_level(logging.WARNING):
         placed = await plans.commit_to_thread("crew/a", "t1", candidates("m"))
         await plans.release("crew/a", "t1")
     assert placed.ticket is not None
     assert _count("intent", "store") == before + 2
     assert "intents of crew/a" in caplog.text
+    assert _count("selection", "store") == selections + 1  # its share, not written
+    assert "selection of crew/a" in caplog.text
 
 
 async def test_an_unreadable_ticket_document_fails_a_claim_loudly(

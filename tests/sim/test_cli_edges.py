@@ -59,6 +59,12 @@ def test_the_report_check_names_a_file_in_the_way(tmp_path: Path) -> None:
     assert caught.value.field == "--report"
 
 
+def test_a_folder_is_not_a_scenario(tmp_path: Path) -> None:
+    (tmp_path / "models.yaml").write_text("kind: Model\n")
+    assert_bad_input(simulate("-f", str(tmp_path)),
+                     f"{tmp_path}: is a folder; give one SimulationScenario file")
+
+
 def test_a_binary_scenario_file_is_not_utf8_text(tmp_path: Path) -> None:
     path = tmp_path / "binary.yaml"
     path.write_bytes(b"\xff\xfe\x00\x81 not text")

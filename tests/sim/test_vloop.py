@@ -360,6 +360,42 @@ def test_a_callback_runs_in_the_context_it_was_given() -> None:
     assert run_virtual(program()) == ["given", "copied"]
 
 
+def test_call_soon_is_bound_once() -> None:
+    # futures and tasks look it up for each wake-up: no new method object each time
+    loop = VirtualTimeLoop()
+    try:
+        assert loop.call_soon is loop.call_soon
+        loop.set_debug(True)  # debug mode takes asyncio's way inside the same method
+        assert run_virtual_on(loop) == ["ran"]
+    finally:
+        loop.close()
+
+
+def run_virtual_on(loop: VirtualTimeLoop) -> list[str]:
+    seen: list[str] = []
+    loop.call_soon(seen.append, "ran")
+    loop.call_soon(loop.stop)
+    loop.run_forever()
+    return seen
+
+
+def test_callbacks_get_their_arguments_whatever_their_number() -> None:
+    # the turn calls a callback of one argument, of none and of several each its own way
+    async def program() -> list[tuple[object, ...]]:
+        loop = asyncio.get_running_loop()
+        seen: list[tuple[object, ...]] = []
+        given = contextvars.copy_context()
+        loop.call_soon(lambda *a: seen.append(a))
+        loop.call_soon(lambda *a: seen.append(a), 1)
+        loop.call_soon(lambda *a: seen.append(a), 1, 2, 3, context=given)
+        loop.call_later(0.5, lambda *a: seen.append(a), (4,))
+        loop.call_at(loop.time() + 1, lambda *a: seen.append(a), 5, 6)
+        await asyncio.sleep(2)
+        return seen
+
+    assert run_virtual(program()) == [(), (1,), (1, 2, 3), ((4,),), (5, 6)]
+
+
 def test_a_failing_callback_reaches_the_exception_handler_as_under_asyncio() -> None:
     def boom() -> None:
         raise ValueError("boom")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from kubemoot.api.bounds import Score
 from kubemoot.api.meta import Condition, Resource, Strict
@@ -38,6 +39,20 @@ class AgentSpec(BaseModel):
     deployment_ref: str | None = Field(
         default=None, alias="deploymentRef", description="Deployment whose env the binding patches."
     )
+
+    @model_validator(mode="after")
+    def _no_misspelt_field(self) -> AgentSpec:
+        # Extra fields are the agent runtime's, so an unknown key is no error by itself;
+        # but one a letter or two from a field of ours is a typo that would otherwise
+        # schedule the Agent with, say, no capabilities at all, and say nothing.
+        if not self.model_extra:
+            return self
+        ours = [str(f.alias or name) for name, f in type(self).model_fields.items()]
+        for key in self.model_extra:
+            close = difflib.get_close_matches(key, ours, n=1, cutoff=0.8)
+            if close and key not in ours:
+                raise ValueError(f'unknown field "{key}"; did you mean "{close[0]}"?')
+        return self
 
 
 class PhaseCandidate(Strict):

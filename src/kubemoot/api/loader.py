@@ -74,6 +74,9 @@ def _expand(paths: Iterable[str | Path]) -> Iterator[str]:
                 for item in path.rglob("*")
                 if item.suffix in _YAML_SUFFIXES and item.is_file()
             )
+            if not found:
+                # most likely a wrong path: say so rather than schedule an empty bundle
+                raise InputError("the folder holds no .yaml or .yml file", file=text)
             yield from (str(item) for item in found)
         elif path.exists():
             yield text
@@ -554,6 +557,9 @@ def load_single(path: str | Path, kind: str, model_cls: type[T]) -> T:
     For documents that are not custom resources (``PlacementRequest``, ``PlacementState``);
     errors name file, document, kind/name and field like the resource loader's.
     """
+    if str(path) != STDIN and Path(path).is_dir():
+        # read as a bundle, the message blamed the folder's second file for being one
+        raise InputError(f"is a folder; give one {kind} file", file=str(path))
     found: list[SourceDocument] = []
     for doc in iter_documents([path]):
         if not isinstance(doc.data, Mapping):

@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import typer
 
@@ -62,6 +63,22 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def points_at_itself(endpoint: str, host: str, port: int) -> bool:
+    """Whether a provider's endpoint is the gateway's own address: it would then probe
+    itself, take its own fleet's copies for that provider's and forward calls to itself."""
+    try:
+        url = urlsplit(endpoint)
+        there = url.port or (443 if url.scheme == "https" else 80)
+    except ValueError:
+        return False
+    if there != port or url.hostname is None:
+        return False
+    here = host.lower()
+    # a wildcard listen answers on loopback too
+    mine = here in ("0.0.0.0", "::") or is_loopback(here)
+    return url.hostname.lower() == here or (mine and is_loopback(url.hostname))
 
 
 def parse_duration(text: str, flag: str) -> float:
@@ -184,6 +201,12 @@ def gateway_command(
             raise InputError(f"{host} is not a loopback address: give --api-keys FILE (or "
                              "keys: in the config), or --allow-anonymous to serve anyone "
                              "who can reach it", field="--listen")
+        for source in fleet.providers:
+            if points_at_itself(source.endpoint, host, port):
+                raise InputError(
+                    f"provider {source.name} has the gateway's own address "
+                    f"{source.endpoint}: the gateway would call itself; give that server's "
+                    "own address, or the gateway another --listen", field="--provider")
         if not fleet.providers and nats.url is None:
             raise InputError("no provider: give --provider URL, -f BUNDLE.yaml with a "
                              "ModelProvider, servers: in -c FILE, or --nats to use the "

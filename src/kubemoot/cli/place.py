@@ -8,7 +8,7 @@ refuse), where, which models it would evict, and what every option costs in seco
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -23,6 +23,8 @@ from kubemoot.cli._common import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from kubemoot.runtime.placement import CallPlacement, CandidateModel
     from kubemoot.runtime.what_if import PlacementState
 
@@ -145,7 +147,7 @@ def _print_table(placement: CallPlacement) -> None:
         console.print("no option: no provider can take the call now.")
     if placement.decision is not None:
         failed = [
-            f"{cid}: " + "; ".join(g.reason for g in cand.failures)
+            f"{cid}: " + "; ".join(_with_evidence(g.reason, g.evidence) for g in cand.failures)
             for cid, cand in placement.decision.candidates.items()
             if cand.failures
         ]
@@ -153,3 +155,12 @@ def _print_table(placement: CallPlacement) -> None:
             console.print("filtered out:", highlight=False)
             for line in failed:
                 console.print(f"  {line}", highlight=False)
+
+
+def _with_evidence(reason: str, evidence: Mapping[str, Any]) -> str:
+    """A gate's reason with the numbers it rests on ("40960 > 31744" is what tells a
+    reader how far off the model is), as the JSON output's ``evidence`` has them."""
+    shown = [f"{key} {value}" for key, value in evidence.items()
+             if isinstance(value, int | float | str) and not isinstance(value, bool)
+             and str(value) not in reason]  # a figure the reason already says
+    return f"{reason} ({', '.join(shown)})" if shown else reason

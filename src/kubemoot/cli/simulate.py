@@ -49,7 +49,7 @@ def simulate_command(
 
     from kubemoot.api.bounds import MAX_SEED
     from kubemoot.sim.report import comparison_table, write_plots, write_report
-    from kubemoot.sim.scenario import duration_problem, load_scenario
+    from kubemoot.sim.scenario import KIND, duration_problem, load_scenario
     from kubemoot.sim.simulation import POLICY_NAMES, simulate
 
     fmt = resolve_format(output)
@@ -76,6 +76,9 @@ def simulate_command(
         raise InputError(f"must be in [0, {MAX_SEED}], got {seed}", field="--seed")
     if report is not None:
         check_report_dir(report)
+    if Path(file).is_dir():
+        # read as a bundle it said "expected one scenario document, found 12"
+        raise InputError(f"is a folder; give one {KIND} file", file=str(file))
     scenario = load_scenario(file)
     if scale_down is not None:
         scenario = scenario.scaled(scale_down)

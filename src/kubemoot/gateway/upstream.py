@@ -161,7 +161,7 @@ class UpstreamResponse:
                 if self._error is not None:
                     raise self._error
                 return None
-            await _wait(self, "the next byte of the answer")
+            await _wait(self, "waiting for the rest of its answer")
         data = self._body.popleft()
         self._buffered -= len(data)
         if self._conn is not None and self._buffered <= _READ_HIGH_WATER:
@@ -380,7 +380,7 @@ class _Connection(asyncio.Protocol):
                 if response._error is not None:
                     raise response._error
                 raise ConnectionBroken("the engine ended its answer before its status")
-            await _wait(response, "the answer's status")
+            await _wait(response, "waiting for its status line")
         return response
 
 

@@ -36,6 +36,7 @@ from typing import Any, Protocol, TypeVar
 
 from kubemoot import metrics
 from kubemoot.clock import Clock
+from kubemoot.frozen import quick_init
 from kubemoot.runtime import options
 from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
 from kubemoot.runtime.planner import CallPlanner
@@ -79,6 +80,7 @@ class UseBoard(Protocol):
     async def record_use(self, model: str) -> None: ...
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class CallRequest:
     """What a caller asks for: candidates, who asks, the prompt, how long it may wait.

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from kubemoot.frozen import quick_init
 from kubemoot.runtime.occupancy import OccupancyBook
 from kubemoot.runtime.snapshot import (
     DemandSnapshot,
@@ -88,6 +89,7 @@ def unload_floor_seconds(occupancy: int, settings: RuntimeSettings) -> float:
     return load_seconds(occupancy, settings) + settings.unload_seconds
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Option:
     """One way to run a call of ``model`` on ``provider``, with its cost in seconds."""

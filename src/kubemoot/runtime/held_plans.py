@@ -44,7 +44,7 @@ from typing import Protocol
 
 from kubemoot.clock import Clock
 from kubemoot.providers.protocol import ProviderError
-from kubemoot.runtime import filters, options
+from kubemoot.runtime import faults, filters, options
 from kubemoot.runtime.cost import OptionKind
 from kubemoot.runtime.faults import tolerated
 from kubemoot.runtime.lease import Lease
@@ -52,6 +52,7 @@ from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.tickets import TicketGone
 from kubemoot.store.documents import TicketState
+from kubemoot.store.protocol import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -163,9 +164,14 @@ class HeldPlans:
                     moved, tolerated_move = share - written, SHARE_TOLERANCE * written
                     if -tolerated_move <= moved <= tolerated_move:
                         continue
-                with tolerated("selection", f"recording the selection of {who}"):
+                # tolerated(), spelt out: a context manager per write (fleet-16: about
+                # 1,900 a run) costs a generator and three frames
+                try:
                     await self._board.record_selection(who, self._models_of[who], share)
                     self._written[who] = share
+                except StoreError as error:
+                    faults.noted("selection", faults.STORE,
+                                 f"recording the selection of {who}", error)
         self._intents[(agent, thread)] = models
         assumed = prompt_tokens or self._planner.settings.assumed_prompt_tokens
         planned = self.planned()

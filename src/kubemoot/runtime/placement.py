@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from kubemoot.frozen import quick_init
 from kubemoot.gates.record import DecisionRecord
 from kubemoot.gates.results import GateResult, Outcome
 from kubemoot.runtime.cost import Option
@@ -78,6 +79,7 @@ class DeferredRecord:
         raise NotImplementedError
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class CallPlacement:
     """The result of one placement: where the call runs, or why it does not.

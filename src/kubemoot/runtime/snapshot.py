@@ -11,6 +11,7 @@ from bisect import bisect_left, insort
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from kubemoot.frozen import quick_init
 from kubemoot.settings import DEFAULTS
 from kubemoot.store.documents import ProviderState, ResidentModel, Ticket, TicketState
 
@@ -787,6 +788,7 @@ class ModelDemand:
         return waiters + self.intents + 0.5 * (self.recent_use + self.prediction)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DemandSnapshot:
     """Demand for every model named at one instant; a model not named is not wanted."""

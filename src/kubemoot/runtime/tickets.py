@@ -40,8 +40,9 @@ ticket at once (use it in a ``finally``, or use :meth:`TicketManager.claimed`), 
 ticket carries ``expiresAt``: readers ignore expired tickets and writers prune them, so a
 holder that died returns its memory after the TTL without any reaper. Some releases
 have no caller waiting on them (a claim granted after its caller was cancelled, the
-withdrawal of an announced claim its caller heard "no" to), so
-:meth:`TicketManager.aclose` writes what is still queued before it returns.
+withdrawal of an announced claim its caller heard "no" to, and a finished call's
+release on NATS, which its caller does not wait for: :meth:`TicketManager.release_sent`),
+so :meth:`TicketManager.aclose` writes what is still queued before it returns.
 
 Applying a batch is idempotent (a claim already present is granted, not added twice; a
 release of an absent ticket is done), so a write whose outcome is unknown — the
@@ -64,9 +65,10 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypedDict, Unpack
+from functools import partial
+from typing import Any, TypedDict, Unpack
 
 from kubemoot import metrics
 from kubemoot.clock import Clock
@@ -361,10 +363,13 @@ class TicketManager:
         self._replying: set[asyncio.Task[None]] = set()
         self._combined = 0  # operations sent to a combiner, or taken as one
         self._closing = False  # aclose() is writing what is still queued
-        # Releases the store refused (an outage), tried again in the background until
-        # it answers or the ticket's TTL has reclaimed it: (provider, ticket) → when.
+        # Releases the store refused (an outage) whose caller heard the error, tried
+        # again in the background until it answers or the ticket's TTL has reclaimed
+        # it (_retry_later): (provider, ticket) → when.
         self._unreleased: dict[tuple[str, str], float] = {}
         self._retrying: asyncio.Task[None] | None = None
+        # Sent releases the store refused, tried again later (_release_later).
+        self._later: set[asyncio.Task[None]] = set()
 
     @property
     def combines(self) -> bool:
@@ -400,6 +405,8 @@ class TicketManager:
             if lane.resigning is not None:
                 lane.resigning.cancel()
         await self._drain()
+        for task in list(self._later):  # closing: the TTL reclaims what they hold
+            task.cancel()
         if self._announcements is not None:
             await self._announcements.aclose()
         if self._documents is not None:
@@ -428,11 +435,29 @@ class TicketManager:
         for lane in self._lanes.values():
             for op in lane.pending:
                 op.max_attempts = min(op.max_attempts, op.attempts + self.max_attempts)
-        while busy := [lane.task for lane in self._lanes.values()
-                       if lane.task is not None and not lane.task.done()] + [
-                           self._written(lane) for lane in self._lanes.values()
-                           if lane.writing]:
-            await asyncio.wait(busy)
+        await self.quiet()
+
+    async def quiet(self) -> None:
+        """Wait until no lane has a write in flight or a task serving it: what a
+        release sent by :meth:`release_sent` leaves behind is then settled.
+
+        One lane at a time, on a future of the waiter's own (a waiter cancelled here
+        cancels only that; asyncio.wait would cost some thirty calls a wait)."""
+        while True:
+            busy: asyncio.Future[Any] | None = None
+            for lane in self._lanes.values():
+                if lane.writing:
+                    busy = self._written(lane)
+                    break
+                task = lane.task
+                if task is not None and not task.done():
+                    busy = task
+                    break
+            if busy is None:
+                return
+            ended: asyncio.Future[None] = busy.get_loop().create_future()
+            busy.add_done_callback(partial(_end, ended))
+            await ended
 
     @staticmethod
     def _written(lane: _Lane) -> asyncio.Future[None]:
@@ -565,14 +590,17 @@ class TicketManager:
         short outage, while this process is alive and knows the ticket is done. Every
         caller gets that — a call, a plan held from selection, a pinned load.
         """
-        op = self._op(OpKind.RELEASE, ticket_id, max_attempts=self._release_attempts)
         try:
-            await self._submit(provider, op)
+            await self._release_once(provider, ticket_id)
         except (StoreError, OSError):
-            self._release_later(provider, ticket_id)
+            self._retry_later(provider, ticket_id)
             raise
 
-    def _release_later(self, provider: str, ticket_id: str) -> None:
+    async def _release_once(self, provider: str, ticket_id: str) -> None:
+        op = self._op(OpKind.RELEASE, ticket_id, max_attempts=self._release_attempts)
+        await self._submit(provider, op)
+
+    def _retry_later(self, provider: str, ticket_id: str) -> None:
         self._unreleased[(provider, ticket_id)] = self._clock.now() + self.ttl_seconds
         if self._retrying is None or self._retrying.done():
             self._retrying = asyncio.get_running_loop().create_task(self._retry_releases())
@@ -586,14 +614,106 @@ class TicketManager:
                 if self._clock.now() >= ends:  # the TTL has reclaimed it by now
                     del self._unreleased[(provider, ticket_id)]
                     continue
-                op = self._op(OpKind.RELEASE, ticket_id, max_attempts=self._release_attempts)
                 try:
-                    await self._submit(provider, op)  # idempotent
+                    await self._release_once(provider, ticket_id)  # idempotent
                 except (StoreError, OSError):
                     continue  # the store is still away: next turn
                 del self._unreleased[(provider, ticket_id)]
                 log.info("released ticket %s on %s once the store answered again",
                          ticket_id, provider)
+
+    def release_sent(self, provider: str, ticket_id: str,
+                     settled: Callable[[BaseException | None], None]) -> bool:
+        """:meth:`release` that returns once the write is sent: True when it went out in
+        this turn (or needed none), its outcome then handed to ``settled`` (None, or
+        the error :meth:`release` would have raised); False, with nothing done, when
+        it cannot go out at once (the store does not hand acknowledgements over, the
+        lane is busy or in any but its plainest state): await :meth:`release` then.
+
+        A finished call's release has nothing left to wait for: its caller's answer
+        does not depend on the acknowledgement, this process's next operation on the
+        provider queues behind the write in the lane (and is decided on the document
+        it writes), and other processes see the release when the store has it,
+        whether anyone here waits or not. Waiting cost every call a round trip to
+        the store. A lost race is decided again in the lane's task as for any
+        operation; a release the store refused is tried again until the TTL would
+        have reclaimed the ticket (:meth:`_release_later`), and only its final
+        outcome reaches ``settled``.
+        """
+        if self._update_then is None:
+            return False
+        lane = self._lanes.get(provider)
+        if (lane is None or lane.writing or lane.pending
+                or (lane.task is not None and not lane.task.done())):
+            return False
+        if self._announcements is not None:
+            self._announcements.follow()
+        op = self._op(OpKind.RELEASE, ticket_id, max_attempts=self._release_attempts)
+        lane.pending.append(op)
+        if not self._write_at_once(provider, lane, op):
+            lane.pending.remove(op)
+            return False
+        lane.active_at = self._clock.now()
+        until = self._clock.now() + self.ttl_seconds  # its ticket expires by then
+        op.future.add_done_callback(
+            lambda done: self._sent_settled(provider, ticket_id, settled, until, done))
+        return True
+
+    def _sent_settled(self, provider: str, ticket_id: str,
+                      settled: Callable[[BaseException | None], None], until: float,
+                      done: asyncio.Future[Ticket | None]) -> None:
+        """The outcome of a release sent by :meth:`release_sent`, in a loop callback."""
+        error = (asyncio.CancelledError() if done.cancelled()
+                 else done.exception())  # retrieved: nobody else reads it
+        if (isinstance(error, StoreUnavailable) and not self._closing
+                and self._clock.now() < until):
+            task = asyncio.get_running_loop().create_task(
+                self._release_later(provider, ticket_id, settled, until, error))
+            self._later.add(task)
+            task.add_done_callback(self._later.discard)
+            return
+        self._tell(provider, ticket_id, settled, error)
+
+    def _tell(self, provider: str, ticket_id: str,
+              settled: Callable[[BaseException | None], None],
+              error: BaseException | None) -> None:
+        """Hand a sent release's final outcome over; one that failed is logged and
+        counted here, since no caller hears it (the TTL reclaims the ticket)."""
+        if error is not None:
+            faults.noted("release", faults.STORE if isinstance(error, StoreError)
+                         else faults.BUG, f"the release of ticket {ticket_id} on {provider} "
+                         "failed; the TTL will reclaim it", error)
+        try:
+            settled(error)
+        except Exception as failure:  # a loop callback: say so rather than lose it
+            faults.noted("tickets", faults.BUG,
+                         f"after the release of ticket {ticket_id} on {provider}", failure)
+
+    async def _release_later(self, provider: str, ticket_id: str,
+                             settled: Callable[[BaseException | None], None], until: float,
+                             error: BaseException) -> None:
+        """Try a sent release the store refused again, until its ticket's TTL would
+        have reclaimed it: the TTL alone would keep the slot and memory counted on the
+        card for minutes after a short outage (as :meth:`release` does for a release
+        its caller heard fail)."""
+        pause = 0.5
+        outcome: BaseException | None = error
+        while self._clock.now() < until and not self._closing:
+            await self._clock.sleep(pause)
+            pause = min(pause * 2, 5.0)
+            try:
+                await self._release_once(provider, ticket_id)  # this loop is its retry
+            except StoreUnavailable as again:
+                outcome = again
+                continue
+            except Exception as other:  # a cancellation (closing) ends it unreported
+                outcome = other
+                break
+            outcome = None
+            log.info("released ticket %s on %s once the store answered again",
+                     ticket_id, provider)
+            break
+        self._tell(provider, ticket_id, settled, outcome)
 
     async def renew(
         self, provider: str, ticket_id: str, *, ttl_seconds: float | None = None
@@ -700,7 +820,7 @@ class TicketManager:
 
         def ended(done: asyncio.Future[Ticket | None]) -> None:
             if not done.cancelled() and isinstance(done.exception(), StoreError):
-                self._release_later(provider, ticket.ticket_id)  # an outage: later
+                self._retry_later(provider, ticket.ticket_id)  # an outage: later
 
         orphan.future.add_done_callback(ended)
         self._enqueue(provider, orphan)
@@ -1719,6 +1839,12 @@ def _shielded(inner: asyncio.Future[Ticket | None]) -> asyncio.Future[Ticket | N
     inner.add_done_callback(inner_done)
     outer.add_done_callback(outer_done)
     return outer
+
+
+def _end(ended: asyncio.Future[None], _busy: object) -> None:
+    """Resolve ``ended`` unless its waiter was cancelled (:meth:`TicketManager.quiet`)."""
+    if not ended.done():
+        ended.set_result(None)
 
 
 def ticket_id_of(bits: int) -> str:

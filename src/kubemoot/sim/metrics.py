@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubemoot.frozen import quick_init
 from kubemoot.sim.gpu import GpuEvents
 from kubemoot.sim.phases import SOURCES, WaitPhases, WaitSource
 
@@ -25,6 +26,7 @@ REFUSED = "refused"
 FAILED = "failed"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class SimulatedOutcome:
     """How one call ended. ``started``/``finished`` are virtual seconds from the start."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kubemoot.api.errors import InputError
+from kubemoot.frozen import quick_init
 from kubemoot.sim.bound import LowerBound, lower_bound
 from kubemoot.sim.gpu import EmulatedGpu
 from kubemoot.sim.metrics import FAILED, FINISHED, PolicyReport, Recorder, SimulatedOutcome
@@ -72,6 +73,7 @@ class PolicyRun:
     served: dict[int, ServedCall] = field(default_factory=dict)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ServedCall:
     """Where a finished call ran, and when it was issued, started and ended."""

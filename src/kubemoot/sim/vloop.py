@@ -151,6 +151,10 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         # a task factory, debug mode or a closed loop take the methods below.
         if type(self).time is VirtualTimeLoop.time:
             self.time = functools.partial(_VIRTUAL_NOW, self)  # type: ignore[method-assign]
+        # Futures and tasks find call_soon on the loop from C for every wake-up (about
+        # 54,000 a fleet-16 run), each time binding a new method object; bound once and
+        # kept on the instance, the lookup finds it there.
+        self.call_soon = self.call_soon  # type: ignore[method-assign]
         self._plain_tasks()
 
     def _plain_tasks(self) -> None:
@@ -368,9 +372,18 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
                 for handle in ready:
                     if handle._cancelled:  # type: ignore[attr-defined]
                         continue
-                    # Handle._run, inline: one frame fewer for each of the run's callbacks
+                    # Handle._run, inline: one frame fewer for each of the run's callbacks.
+                    # A call with ``*args`` builds a list and a tuple each time (about
+                    # 1,000 instructions under callgrind); most callbacks take one
+                    # argument (a task's wake-up, its future) or none (a task's step).
+                    args = handle._args  # type: ignore[attr-defined]
                     try:
-                        handle._context.run(handle._callback, *handle._args)  # type: ignore[attr-defined]
+                        if len(args) == 1:
+                            handle._context.run(handle._callback, args[0])  # type: ignore[attr-defined]
+                        elif args:
+                            handle._context.run(handle._callback, *args)  # type: ignore[attr-defined]
+                        else:
+                            handle._context.run(handle._callback)  # type: ignore[attr-defined]
                     except (SystemExit, KeyboardInterrupt):
                         self._put_back(ready, handle)
                         raise

@@ -22,6 +22,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from kubemoot.frozen import quick_init
+
 
 class StoreError(Exception):
     """Base of all shared-state errors."""
@@ -48,6 +50,7 @@ class ChangesLost(StoreError):
     reader reads the bucket again (changes after the loss are still delivered)."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Entry:
     """A value and the revision it was written at."""
@@ -57,6 +60,7 @@ class Entry:
     revision: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Change:
     """One change seen by a watch: a new value, or a deletion (``value is None``)."""

@@ -1,0 +1,47 @@
+"""The per-call paths read enum members from module globals, not through their class.
+
+On Python 3.11 ``OptionKind.WARM`` runs ``EnumType``'s ``__getattr__`` hook (about 850
+instructions under callgrind, against about 150 for a global); these functions run once
+or more per simulated call, so a member read through its class here is a regression.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kubemoot.emulation.engine import OllamaEngine
+from kubemoot.gates import results
+from kubemoot.runtime import claims, options, planner
+from kubemoot.sim.phases import WaitPhases
+
+
+def _names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+def _code(function: Callable[..., Any]) -> types.CodeType:
+    return getattr(function, "fget", function).__code__  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("function, enum", [
+    (WaitPhases.split, "WaitSource"),
+    (claims.condition_for, "OptionKind"),
+    (claims.Claims.claim, "OptionKind"),
+    (options.or_a_copy_as_soon, "OptionKind"),
+    (options._free_copies, "OptionKind"),
+    (planner.CallPlanner._place, "TicketState"),
+    (planner.CallPlanner._place_round, "OptionKind"),
+    (results.standing, "Verdict"),
+    (results.GateResult.admits, "Verdict"),
+    (OllamaEngine.release, "CopyState"),
+])
+def test_no_member_read_through_its_class(function: Callable[..., Any], enum: str) -> None:
+    assert enum not in _names(_code(function))

@@ -590,8 +590,9 @@ class TicketManager:
         short outage, while this process is alive and knows the ticket is done. Every
         caller gets that — a call, a plan held from selection, a pinned load.
         """
+        op = self._op(OpKind.RELEASE, ticket_id, max_attempts=self._release_attempts)
         try:
-            await self._release_once(provider, ticket_id)
+            await self._submit(provider, op)  # not through _release_once: a call less
         except (StoreError, OSError):
             self._retry_later(provider, ticket_id)
             raise

@@ -10,6 +10,7 @@ import pytest
 
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.runtime.pinning import missing_pinned, pinned_by_provider
+from kubemoot.settings import DEFAULTS
 from kubemoot.store.documents import ProviderState, ProviderTickets, ResidentModel
 from kubemoot.testing import builders as b
 
@@ -83,6 +84,15 @@ async def test_pinned_models_are_published_loaded_and_loaded_again_when_lost(
         return (await state_of(cluster))[0] == []
 
     await eventually(unpinned, what="the pin withdrawn from gpu-a's state")
+
+    # Its copy was loaded to stay forever: now it has the keep-alive any copy has.
+    async def ordinary() -> bool:
+        return [c.keep_alive for _m, c in gpu.engine.copies()] == [
+            DEFAULTS.engine_keep_alive_seconds]
+
+    await eventually(ordinary, what="the unpinned copy given the ordinary keep-alive")
+    assert gpu.stats()["loadsByModel"] == {"qwen3:8b": 2}  # renewed, not loaded again
+    assert await tickets_left(cluster) == 0
     async with OllamaProvider("someone", gpu.url) as client:
         await client.unload("qwen3:8b")
     await probe_round(cluster)

@@ -228,3 +228,30 @@ async def test_a_caller_that_just_probed_starts_the_loop_an_interval_on(
     await Prober([client], clock=clock, publish=publish).run(15.0, rounds=2, probe_first=False)
     await client.close()
     assert seen == [15.0, 30.0]
+
+
+async def test_each_state_says_how_often_its_provider_is_probed(
+    emulator: OllamaEmulator,
+) -> None:
+    # readers judge a state's age by it (runtime/freshness.py)
+    kv = MemoryKV()
+    bucket = await kv.bucket(PROVIDER_STATE_BUCKET)
+    client = provider(emulator.url)
+    periodic = Prober([client], clock=ManualClock(), publish=publish_to_kv(bucket),
+                      interval_seconds=5.0)
+    [state] = await periodic.probe_all()
+    assert state.probe_interval_seconds == 5.0
+    # a prober that probes now and then (an agent's, after a load) keeps that promise
+    [state] = await Prober([client], clock=ManualClock(1.0),
+                           publish=publish_to_kv(bucket)).probe_all()
+    assert state.probe_interval_seconds == 5.0
+    # one that runs a loop promises its own interval
+    seen: list[float | None] = []
+
+    async def publish(state: ProviderState) -> None:
+        seen.append(state.probe_interval_seconds)
+
+    await Prober([client], clock=ManualClock(), publish=publish).run(7.0, rounds=1)
+    await client.close()
+    await kv.close()
+    assert seen == [7.0]

@@ -10,6 +10,8 @@ the limit, and what would help. The sentences are the spec's, since users read t
 * prompt-too-large — no provider's context holds the prompt; raise a provider's
   OLLAMA_CONTEXT_LENGTH or send less.
 * provider-down — the servers that have the model do not answer; try again when they do.
+* state-stale — the published state of the servers that have the model is too old
+  (nobody probes them any more); try again once their prober is back.
 * memory-unknown — only providers whose VRAM total nobody gave could load the model;
   give them ``vramMiB``.
 * unschedulable — not capacity but the operator's verdict: the phase has no binding, so
@@ -45,6 +47,12 @@ PROVIDER_DOWN_TEXT = (
     "The servers that have the model {models} do not answer now; the model is not "
     "missing. Ask again once they are back."
 )
+# Not the spec's words: the spec has no freshness limit on the runtime's states.
+STATE_STALE_TEXT = (
+    "Nobody has probed the servers that have the model {models} lately, so the "
+    "scheduler cannot tell whether they are up; it places nothing on them. Ask again "
+    "once their prober (the operator or gateway serving them) runs again."
+)
 MEMORY_UNKNOWN_TEXT = (
     "The model {models} could only be loaded on providers whose GPU memory nobody "
     "gave; set vramMiB on those ModelProviders so that loads can be placed."
@@ -70,6 +78,7 @@ class CapacityRecord:
     too_large_models: list[str] = field(default_factory=list)
     prompt_too_large: bool = False
     down_models: list[str] = field(default_factory=list)
+    stale_models: list[str] = field(default_factory=list)
     memory_unknown_models: list[str] = field(default_factory=list)
     unschedulable: list[str] = field(default_factory=list)  # "agent: FailedScheduling"
 
@@ -93,6 +102,8 @@ class CapacityRecord:
             self.prompt_too_large = True
         elif reason is Reason.PROVIDER_DOWN:
             _add(self.down_models, model)
+        elif reason is Reason.STATE_STALE:
+            _add(self.stale_models, model)
         elif reason is Reason.MEMORY_UNKNOWN:
             _add(self.memory_unknown_models, model)
         elif reason is Reason.UNSCHEDULABLE:
@@ -102,7 +113,8 @@ class CapacityRecord:
     def capacity(self) -> bool:
         """Whether a GPU, not the crew's scheduling, held an agent back."""
         return (self.gpu_busy or bool(self.too_large_models) or self.prompt_too_large
-                or bool(self.down_models) or bool(self.memory_unknown_models))
+                or bool(self.down_models) or bool(self.stale_models)
+                or bool(self.memory_unknown_models))
 
     @classmethod
     def from_signals(
@@ -129,6 +141,8 @@ def capacity_answer(record: CapacityRecord) -> str | None:
         parts.append(PROMPT_TOO_LARGE_TEXT)
     if record.down_models:
         parts.append(PROVIDER_DOWN_TEXT.format(models=", ".join(record.down_models)))
+    if record.stale_models:
+        parts.append(STATE_STALE_TEXT.format(models=", ".join(record.stale_models)))
     if record.memory_unknown_models:
         parts.append(MEMORY_UNKNOWN_TEXT.format(
             models=", ".join(record.memory_unknown_models)))

@@ -21,6 +21,7 @@ from kubemoot.runtime.refusals import (
     PromptTooLarge,
     ProviderDown,
     Refusal,
+    StateStale,
 )
 
 __all__ = ["GatewayError", "as_asked", "error_response", "refusal_error", "unknown_model"]
@@ -84,6 +85,16 @@ def refusal_error(refusal: Refusal, *, name: str, budget: float, retry_after: in
                 f"({', '.join(down)}); the model is not missing, its servers are down; "
                 f"retry in about {retry_after} s", code="provider_unavailable",
                 headers=retry)
+        case StateStale(providers=stale, max_age_seconds=limits, waited=waited):
+            said = ", ".join(f"{p} last probed {age:.0f} s ago (limit {limit:.0f} s)"
+                             for p, age, limit in zip(stale, refusal.ages(), limits,
+                                                      strict=True))
+            return GatewayError(
+                503, f"the providers that could run {name} have no fresh state: {said}; "
+                "whoever probes them (the gateway or operator serving them) has stopped "
+                f"publishing, so nothing is placed there; waited {waited:.1f} s for a "
+                f"fresh probe; retry in about {retry_after} s",
+                code="provider_state_stale", headers=retry)
         case MemoryUnknown(providers=unknown):
             return GatewayError(
                 400, f"{name} has no loaded copy, and the only providers that could load "

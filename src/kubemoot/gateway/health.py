@@ -4,6 +4,11 @@
 * ``GET /readyz`` — 200 when a call could succeed now, else 503 with the reasons: the
   shared store answers, at least one provider is ready, and the inference path works
   (not every ready provider's circuit is open, and the last calls did not all fail).
+  Both call checks end by themselves, as the circuit does: a load balancer that stops
+  sending calls to an unready replica would otherwise never send the one call that
+  could prove it well again. An open circuit half-opens after its cool-down (then it
+  admits a trial call, and the replica is ready); failed calls hold the replica unready
+  for one circuit cool-down after the last of them, no longer.
 * ``GET /api/kubemoot/providers`` — each server: its probed state, circuit, copies
   with their expiry, tickets, the last probe, and the queue per model (it needs an
   API key when the gateway has keys; the probes never do: load balancers send none).
@@ -56,6 +61,7 @@ class GatewayHealth:
         self.unready_after_failures = max(1, unready_after_failures)
         self.failures_in_a_row = 0
         self.last_status: int | None = None
+        self._failed_at = float("-inf")  # the last path failure, on the runtime's clock
         self._task: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------
@@ -85,6 +91,7 @@ class GatewayHealth:
         self.last_status = status
         if status in _PATH_FAILURES:
             self.failures_in_a_row += 1
+            self._failed_at = self.stack.clock.now()
         elif 200 <= status < 300:
             self.failures_in_a_row = 0
 
@@ -129,8 +136,13 @@ class GatewayHealth:
         if ready and len(open_circuits) == len(ready):
             inference.update(ok=False, reason="every ready provider's circuit is open")
         elif self.failures_in_a_row >= self.unready_after_failures:
-            inference.update(ok=False, reason=f"the last {self.failures_in_a_row} calls "
-                             "failed on their provider")
+            since = self.stack.clock.now() - self._failed_at
+            if since < self.stack.settings.circuit_cooldown_seconds:
+                inference.update(ok=False, reason=f"the last {self.failures_in_a_row} calls "
+                                 "failed on their provider")
+            else:  # as a circuit half-opens: let a call find out whether it is well again
+                inference["note"] = (f"the last {self.failures_in_a_row} calls failed, the "
+                                     f"last {since:.0f} s ago; calls may try again")
         checks["inference"] = inference
         return all(c["ok"] for c in checks.values()), checks
 

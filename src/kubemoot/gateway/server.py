@@ -16,6 +16,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -36,6 +37,7 @@ from kubemoot.providers.prober import KVStatePublisher, Prober
 from kubemoot.providers.protocol import ProviderState
 from kubemoot.runtime.builder import Runtime, build_runtime
 from kubemoot.runtime.calls import CallRecord
+from kubemoot.runtime.pinning import PINNED_CALLER, unpin, unpinned
 from kubemoot.serving import HttpServer
 from kubemoot.settings import GatewaySettings, ProcessSettings, RuntimeSettings
 from kubemoot.store.bus import Bus
@@ -166,7 +168,8 @@ class GatewayServer:
         self._states = await self.kv.bucket(PROVIDER_STATE_BUCKET)
         self.prober = Prober(list(self.clients.values()), clock=self.clock,
                              publish=NewestStatePublisher(self._states,
-                                                          providers=self.pinned))
+                                                          providers=self.pinned),
+                             interval_seconds=self.settings.provider_probe_seconds)
         for state in await self.prober.probe_all():
             if not state.ready:
                 # said once here: otherwise a dead server shows only as "model not found"
@@ -280,6 +283,7 @@ class GatewayServer:
             fresh.append(self.clients[name])
             changes.append(f"{'changed' if name in old else 'added'} server {name}")
         self.sources = list(providers)
+        dropped = unpinned(self.pinned, {s.name: s.pinned for s in self.sources})
         self.pinned.clear()
         self.pinned.update({s.name: s.pinned for s in self.sources})
         self.prober.clients = list(self.clients.values())
@@ -297,6 +301,7 @@ class GatewayServer:
         self.keys = self.app.keys = keys
         if settings is not None and settings != self.settings:
             self.settings = self.desk.settings = settings
+            self.prober.interval_seconds = settings.provider_probe_seconds
             changes.append("limits")
         self._ensure_probe_loop()
         await asyncio.gather(*(self.prober.probe_one(c) for c in fresh))
@@ -304,7 +309,21 @@ class GatewayServer:
         for name in old.keys() ^ new.keys() | {c.name for c in fresh}:
             self.stack.view.invalidate(name)
         await self.keep_pinned()
+        await self._unpin(dropped)
         return changes
+
+    async def _unpin(self, dropped: Sequence[tuple[str, str]]) -> None:
+        """The copies of pins withdrawn get the keep-alive any call gets (not forever)."""
+        assert self.stack is not None and self.desk is not None
+        keep_alive = self.desk.keep_alive(None)
+        for provider, model in dropped:
+            client = self.clients.get(provider)
+            if client is None:
+                continue
+            await unpin(self.stack.planner, provider=provider, model=model,
+                        holder=self.stack.calls.holder_id(PINNED_CALLER, "unpin", "unpin"),
+                        renew=partial(client.preload, model, keep_alive=keep_alive))
+            await self._reprobe(provider)  # its state shows the copy's new expiry
 
     async def _reprobe(self, provider: str) -> None:
         client = self.clients.get(provider)

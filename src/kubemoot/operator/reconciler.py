@@ -20,6 +20,7 @@ import contextlib
 import logging
 from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from kubemoot import metrics
@@ -66,7 +67,7 @@ from kubemoot.operator.watch import DeploymentWatch
 from kubemoot.providers.ollama import OllamaProvider
 from kubemoot.providers.prober import Prober
 from kubemoot.runtime.builder import Runtime
-from kubemoot.runtime.pinning import pinned_by_provider
+from kubemoot.runtime.pinning import PINNED_CALLER, pinned_by_provider, unpin, unpinned
 from kubemoot.scheduling.candidate import stale_age
 from kubemoot.scheduling.result import AgentResult
 from kubemoot.scheduling.roster import AgentRoster
@@ -158,6 +159,7 @@ class Reconciler:
         self.prober = Prober(
             [], clock=clock,
             publish=None if bucket is None else PinningPublisher(bucket, lambda: self.pins),
+            interval_seconds=probe_interval,
         )
         self.clients: dict[str, OllamaProvider] = {}
         self._client_specs: dict[str, Any] = {}
@@ -488,10 +490,30 @@ class Reconciler:
             return
         changed = {p for p in pins.keys() | self.pins.keys()
                    if pins.get(p) != self.pins.get(p)}
+        dropped = unpinned(self.pins, pins)
         self.pins = pins
         for provider in sorted(changed):
             await self.probe(provider)
         await self.keep_pinned(providers=changed)
+        await self._unpin(dropped)
+
+    async def _unpin(self, dropped: list[tuple[str, str]]) -> None:
+        """The copies of pins withdrawn get the runtime's keep-alive (not forever)."""
+        runtime = self.runtime
+        if runtime is None:
+            return
+        keep_alive = runtime.settings.engine_keep_alive_seconds
+        for provider, model in dropped:
+            client = self.clients.get(provider)
+            if client is None:
+                continue
+            async with self._pinning:
+                done = await unpin(
+                    runtime.planner, provider=provider, model=model,
+                    holder=runtime.calls.holder_id(PINNED_CALLER, "unpin", "unpin"),
+                    renew=partial(client.preload, model, keep_alive=keep_alive))
+            if done:
+                await self.probe(provider)  # the state shows the copy's new expiry
 
     async def keep_pinned(self, *, providers: Collection[str] | None = None) -> list[str]:
         """Load back the pinned models their ready providers lost (after a probe round);

@@ -83,14 +83,19 @@ class Prober:
         clock: Clock,
         publish: Publish | None = None,
         previous: LoadPrevious | None = None,
+        interval_seconds: float | None = None,
     ) -> None:
         self.clients = list(clients)
+        #: How often this prober probes; published with each state, so that readers can
+        #: tell a state nobody refreshes any more from a current one (None: no promise).
+        self.interval_seconds = interval_seconds
         self._clock = clock
         self._publish = publish
         if previous is None and isinstance(publish, KVStatePublisher):
             previous = publish.previous
         self._previous = previous
         self._footprints: dict[str, dict[str, int]] = {}
+        self._intervals: dict[str, float | None] = {}  # the stored states' promises
         self.last_states: dict[str, ProviderState] = {}
 
     async def probe_all(self) -> list[ProviderState]:
@@ -116,6 +121,11 @@ class Prober:
         if not state.ready:
             metrics.PROBE_ERRORS.labels(provider=client.name).inc()
         state.loaded_model_footprints = await self._first_observed(client.name, state)
+        # A prober that probes only now and then (an agent's after a load) keeps the
+        # promise of the one that probes the provider periodically.
+        state.probe_interval_seconds = (self.interval_seconds
+                                        if self.interval_seconds is not None
+                                        else self._intervals.get(client.name))
         self.last_states[client.name] = state
         if self._publish is not None:
             try:
@@ -153,6 +163,7 @@ class Prober:
                                  logger=log)
                 stored = None
             if stored is not None:
+                self._intervals[provider] = stored.probe_interval_seconds
                 for model, mib in stored.loaded_model_footprints.items():
                     known[model] = mib  # the stored value is the oldest observation
         for model, mib in state.loaded_model_footprints.items():
@@ -167,6 +178,7 @@ class Prober:
         ``probe_first=False`` waits one interval first: for a caller that has just
         probed every provider itself, so nothing it saw is overwritten at once.
         """
+        self.interval_seconds = interval
         if not probe_first:
             await self._clock.sleep(interval)
         done = 0

@@ -41,7 +41,7 @@ from kubemoot.runtime import options
 from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
 from kubemoot.runtime.planner import CallPlanner
 from kubemoot.runtime.record import call_decision
-from kubemoot.runtime.refusals import GpuBusy, Refusal
+from kubemoot.runtime.refusals import GpuBusy, Refusal, StateStale
 from kubemoot.runtime.tokens import TokenEstimator
 from kubemoot.runtime.waiting import CapacityWaiter, WaitSignals
 from kubemoot.store.documents import TicketState
@@ -404,10 +404,6 @@ class CallService:
     _serial: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _drained: asyncio.Event = field(default_factory=asyncio.Event)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
-    #: Releases the store refused (an outage), by holder, with when the TTL ends them.
-    _unreleased: dict[str, tuple[CallPlacement, float]] = field(
-        default_factory=dict, init=False, repr=False)
-    _retrying: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The loop the calls run on, asked for once: on Python 3.11 each
@@ -431,8 +427,6 @@ class CallService:
             self._drained.clear()
             with contextlib.suppress(TimeoutError):
                 await self.clock.wait_for(self._drained.wait(), within)
-        if self._retrying is not None:  # the store closes next: the TTL takes those
-            self._retrying.cancel()
 
     def estimator(self, model: str) -> TokenEstimator:
         """The token estimator of one model (tokenizers differ between models)."""
@@ -519,6 +513,9 @@ class CallService:
         if isinstance(refusal, GpuBusy):
             refusal = GpuBusy(waited=self.clock.now() - arrived,
                               start_estimate=await self._start_estimate(request))
+        elif isinstance(refusal, StateStale):  # the ages as of the answer
+            now = self.clock.now()
+            refusal = replace(refusal, at=now, waited=now - arrived)
         elif placement.model is not None:
             model = placement.model
         return CallRefused(refusal, replace(placement, refusal=refusal), model=model)
@@ -620,36 +617,11 @@ class CallService:
         try:
             await self.planner.finish(p, seconds=seconds, ok=call.ok)
         except (StoreError, OSError) as error:
+            # the ticket manager tries it again in the background (TicketManager.release)
             metrics.survived("runtime", "release", metrics.STORE,
                              f"releasing the ticket of {call.holder} ({p.model} on "
                              f"{p.provider}) failed; tried again until the store answers "
                              "or its TTL reclaims it", error, logger=log)
-            self._release_later(call.holder, p)
-
-    def _release_later(self, holder: str, placement: CallPlacement) -> None:
-        """Try a refused release again in the background. The TTL alone would keep the
-        slot and memory counted on the card for minutes after a short store outage;
-        this process is alive and knows the ticket is done."""
-        ttl = self.planner.tickets.ttl_seconds
-        self._unreleased[holder] = (placement, self.clock.now() + ttl)
-        if self._retrying is None or self._retrying.done():
-            self._retrying = self.loop().create_task(self._retry_releases())
-
-    async def _retry_releases(self) -> None:
-        pause = 0.5
-        while self._unreleased:
-            await self.clock.sleep(pause)
-            pause = min(pause * 2, 5.0)
-            for holder, (placement, ends) in list(self._unreleased.items()):
-                if self.clock.now() >= ends:  # the TTL has reclaimed it by now
-                    del self._unreleased[holder]
-                    continue
-                try:
-                    await self.planner.release(placement)  # idempotent
-                except (StoreError, OSError):
-                    continue  # the store is still away: next turn
-                del self._unreleased[holder]
-                log.info("released the ticket of %s once the store answered again", holder)
 
     def _record(self, call: ActiveCall) -> CallRecord:
         p, request, now = call.placement, call.request, self.clock.now()

@@ -9,6 +9,8 @@ Per (provider, model) pair:
   has the model on disk (when it publishes what it has at all), usable ≥ occupancy,
   occupancy + resident ≤ usable, and the context holds the prompt.
 
+The readiness gate says STALE for a provider whose state is older than its freshness
+limit (:mod:`kubemoot.runtime.freshness`): not known to be down, but no evidence either.
 The context gate says UNKNOWN when nobody published a context, and marks that result
 ``admits_unknown``: an unknown context admits the call (the spec: it never refuses
 one). Which standing a list of results gives is the gates package's one rule.
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kubemoot.gates.results import GateResult, Standing, standing
+from kubemoot.runtime.freshness import StaleState
 from kubemoot.runtime.snapshot import ProviderSnapshot
 
 READY = "ready"
@@ -38,6 +41,11 @@ def feasible(results: Sequence[GateResult]) -> bool:
 def ready_gate(p: ProviderSnapshot) -> GateResult:
     if p.state.ready:
         return GateResult.pass_(READY, "provider is ready")
+    state = p.state
+    if isinstance(state, StaleState):  # not known to be down: nobody has looked lately
+        return GateResult.stale(READY, state.reason or "provider state is stale",
+                                ageSeconds=round(state.stale_seconds, 3),
+                                maxAgeSeconds=round(state.max_age_seconds, 3))
     return GateResult.fail(READY, p.state.reason or "provider is not ready", ready=False)
 
 

@@ -8,6 +8,11 @@ provider — the operator in a cluster, a gateway for the servers of its config 
 it back. The load is placed like any call (a ticket, so no other load lands on that
 memory), confined to the pinned provider, and refused at once rather than queued when
 the card is busy: the next probe round tries again.
+
+A pin withdrawn ends the copy's forever: the pinned load asked the engine to keep it
+until told otherwise, so :func:`unpin` tells it — the copy gets the keep-alive any call
+gets, and the engine frees it after that much idle time as it would any copy. Nothing
+is loaded for that: the request is sent only while a ticket holds the copy loaded.
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 
 from kubemoot.api import Model
 from kubemoot.runtime.calls import CallRefused, CallRequest, CallService
-from kubemoot.runtime.placement import CandidateModel
+from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
+from kubemoot.runtime.planner import CallPlanner
 from kubemoot.store.documents import ProviderState
 
-__all__ = ["PINNED_CALLER", "load_pinned", "missing_pinned", "pinned_by_provider"]
+__all__ = ["PINNED_CALLER", "load_pinned", "missing_pinned", "pinned_by_provider", "unpin",
+           "unpinned"]
 
 log = logging.getLogger(__name__)
 
@@ -79,3 +86,37 @@ async def load_pinned(calls: CallService, *, provider: str, model: str,
     if ok:
         log.info("loaded pinned %s on %s", model, provider)
     return ok
+
+
+def unpinned(before: Mapping[str, Sequence[str]],
+             after: Mapping[str, Sequence[str]]) -> list[tuple[str, str]]:
+    """``(provider, model)`` for every pin in ``before`` that ``after`` no longer has."""
+    return [(provider, model) for provider, models in sorted(before.items())
+            for model in sorted(set(models) - set(after.get(provider, ())))]
+
+
+async def unpin(planner: CallPlanner, *, provider: str, model: str, holder: str,
+                renew: Load) -> bool:
+    """Give the copy of ``model`` on ``provider``, no longer pinned, the ordinary
+    keep-alive: ``renew`` sends the engine that request (a load request with the
+    keep-alive and no prompt, which only resets a loaded copy's timer). It is sent only
+    while a zero-footprint ticket holds the copy loaded (so no plan unloads it in
+    between, and the request can never load it again into memory no ticket holds);
+    whether it was sent. A copy not loaded there has no forever left to end."""
+    # The caller has just published the provider's state (the pin withdrawn): read it,
+    # not a cached one from before the copy was loaded.
+    planner.view.invalidate(provider)
+    ticket = await planner.hold_copy(provider, model, holder, prompt_tokens=None)
+    if ticket is None:
+        return False
+    try:
+        await renew()
+    except Exception as error:  # a probe round or reload must go on
+        log.warning("giving unpinned %s on %s its ordinary keep-alive failed: %s; it "
+                    "stays loaded until a call renews it", model, provider, error)
+        return False
+    finally:
+        await planner.release(CallPlacement(Action.WARM, provider=provider, model=model,
+                                            ticket=ticket))
+    log.info("unpinned %s on %s: it has the ordinary keep-alive again", model, provider)
+    return True

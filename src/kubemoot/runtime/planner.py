@@ -520,6 +520,8 @@ _REASON_TEXT = {
     Reason.MODEL_UNKNOWN: "no provider lists {model} and no Model resource declares it "
     "(is the name misspelt?)",
     Reason.PROVIDER_DOWN: "no ready provider has {model}, and some providers do not answer",
+    Reason.STATE_STALE: "the providers that might run {model} have states too old to "
+    "place on; the call waits for a fresh probe",
     Reason.MEMORY_UNKNOWN: "only providers whose VRAM total is unknown could load {model}; "
     "give their vramMiB",
 }

@@ -14,6 +14,11 @@ gateway into HTTP, the agent into a sentence — and never re-read the fleet to 
 * :class:`ProviderDown` — no ready provider has an acceptable model (or could hold one
   it lists), and some providers that could are down: the model may well exist, its
   servers do not answer.
+* :class:`StateStale` — as ProviderDown, but what stands in the way is providers whose
+  published state is older than its freshness limit (:mod:`kubemoot.runtime.freshness`):
+  nobody has looked at them lately, so they are not known to be down either. Waiting
+  helps (a fresh probe wakes the call); a call that gives up says which states are how
+  old.
 * :class:`MemoryUnknown` — no copy exists, and the only providers that might load one
   never published their VRAM total: nothing can be priced, so nothing will ever be
   loaded there until ``vramMiB`` is given.
@@ -36,6 +41,7 @@ from typing import ClassVar
 from kubemoot.gates.results import Verdict
 from kubemoot.runtime import filters
 from kubemoot.runtime.cost import CostModel
+from kubemoot.runtime.freshness import StaleState
 from kubemoot.runtime.snapshot import FleetSnapshot, ProviderSnapshot
 
 __all__ = [
@@ -47,6 +53,7 @@ __all__ = [
     "ProviderDown",
     "Reason",
     "Refusal",
+    "StateStale",
     "classify",
 ]
 
@@ -60,6 +67,7 @@ class Reason(StrEnum):
     MODEL_UNKNOWN = "model-unknown"
     MEMORY_UNKNOWN = "memory-unknown"
     PROVIDER_DOWN = "provider-down"
+    STATE_STALE = "state-stale"
     # Not the runtime's: the operator found no Model for the phase and removed its
     # binding, so the agent made no call (its signal's content is the FailedScheduling
     # message). It travels in the same metadata.reason, so it has its wire name here.
@@ -82,6 +90,24 @@ class ProviderDown:
     providers: tuple[str, ...]
     reason: ClassVar[Reason] = Reason.PROVIDER_DOWN
     final: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class StateStale:
+    """The providers that might run the model have states nobody refreshes: each one's
+    ``lastProbedAt`` and freshness limit, by name; ``at``: when this was said (the
+    ages are ``at − probed_at``)."""
+
+    providers: tuple[str, ...]
+    probed_at: tuple[float, ...]
+    max_age_seconds: tuple[float, ...]
+    at: float
+    waited: float = 0.0
+    reason: ClassVar[Reason] = Reason.STATE_STALE
+    final: ClassVar[bool] = False
+
+    def ages(self) -> tuple[float, ...]:
+        return tuple(self.at - probed for probed in self.probed_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +151,8 @@ class GpuBusy:
     final: ClassVar[bool] = False
 
 
-Refusal = ModelUnknown | ProviderDown | MemoryUnknown | ModelTooLarge | PromptTooLarge | GpuBusy
+Refusal = (ModelUnknown | ProviderDown | StateStale | MemoryUnknown | ModelTooLarge
+           | PromptTooLarge | GpuBusy)
 """Every reason a call was not placed; ``final`` says whether waiting cannot help."""
 
 
@@ -141,6 +168,12 @@ def classify(
     if all(model_unknown(fleet, cost, model) for model in acceptable):
         return ModelUnknown(preferred)
     down = providers_down(fleet, acceptable, cost)
+    stale = [p.state for p in fleet.providers
+             if p.name in down and isinstance(p.state, StaleState)]
+    if stale:  # not known to be down: what they say is too old to place on
+        return StateStale(
+            tuple(s.provider for s in stale), tuple(s.last_probed_at or 0.0 for s in stale),
+            tuple(s.max_age_seconds for s in stale), fleet.now)
     if down:
         return ProviderDown(down)
     unknown = memory_unknown(fleet, cost, acceptable)

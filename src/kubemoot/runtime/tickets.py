@@ -363,6 +363,11 @@ class TicketManager:
         self._replying: set[asyncio.Task[None]] = set()
         self._combined = 0  # operations sent to a combiner, or taken as one
         self._closing = False  # aclose() is writing what is still queued
+        # Releases the store refused (an outage) whose caller heard the error, tried
+        # again in the background until it answers or the ticket's TTL has reclaimed
+        # it (_retry_later): (provider, ticket) → when.
+        self._unreleased: dict[tuple[str, str], float] = {}
+        self._retrying: asyncio.Task[None] | None = None
         # Sent releases the store refused, tried again later (_release_later).
         self._later: set[asyncio.Task[None]] = set()
 
@@ -393,6 +398,8 @@ class TicketManager:
     async def aclose(self) -> None:
         """Write what is still queued, then stop following announced requests and
         ticket documents (if it did), and combining for any provider."""
+        if self._retrying is not None:  # the store closes next: the TTL takes those
+            self._retrying.cancel()
         for lane in self._lanes.values():
             await self._resign(lane)
             if lane.resigning is not None:
@@ -575,9 +582,46 @@ class TicketManager:
         return granted
 
     async def release(self, provider: str, ticket_id: str) -> None:
-        """Remove the ticket now; releasing an absent ticket is a no-op."""
+        """Remove the ticket now; releasing an absent ticket is a no-op.
+
+        A release the store refused (an outage) raises, and is tried again in the
+        background until the store answers or the TTL has reclaimed the ticket: the TTL
+        alone would keep the slot and memory counted on the card for minutes after a
+        short outage, while this process is alive and knows the ticket is done. Every
+        caller gets that — a call, a plan held from selection, a pinned load.
+        """
+        op = self._op(OpKind.RELEASE, ticket_id, max_attempts=self._release_attempts)
+        try:
+            await self._submit(provider, op)  # not through _release_once: a call less
+        except (StoreError, OSError):
+            self._retry_later(provider, ticket_id)
+            raise
+
+    async def _release_once(self, provider: str, ticket_id: str) -> None:
         op = self._op(OpKind.RELEASE, ticket_id, max_attempts=self._release_attempts)
         await self._submit(provider, op)
+
+    def _retry_later(self, provider: str, ticket_id: str) -> None:
+        self._unreleased[(provider, ticket_id)] = self._clock.now() + self.ttl_seconds
+        if self._retrying is None or self._retrying.done():
+            self._retrying = asyncio.get_running_loop().create_task(self._retry_releases())
+
+    async def _retry_releases(self) -> None:
+        pause = 0.5
+        while self._unreleased:
+            await self._clock.sleep(pause)
+            pause = min(pause * 2, 5.0)
+            for (provider, ticket_id), ends in list(self._unreleased.items()):
+                if self._clock.now() >= ends:  # the TTL has reclaimed it by now
+                    del self._unreleased[(provider, ticket_id)]
+                    continue
+                try:
+                    await self._release_once(provider, ticket_id)  # idempotent
+                except (StoreError, OSError):
+                    continue  # the store is still away: next turn
+                del self._unreleased[(provider, ticket_id)]
+                log.info("released ticket %s on %s once the store answered again",
+                         ticket_id, provider)
 
     def release_sent(self, provider: str, ticket_id: str,
                      settled: Callable[[BaseException | None], None]) -> bool:
@@ -651,7 +695,7 @@ class TicketManager:
                              error: BaseException) -> None:
         """Try a sent release the store refused again, until its ticket's TTL would
         have reclaimed it: the TTL alone would keep the slot and memory counted on the
-        card for minutes after a short outage (as the call service does for a release
+        card for minutes after a short outage (as :meth:`release` does for a release
         its caller heard fail)."""
         pause = 0.5
         outcome: BaseException | None = error
@@ -659,7 +703,7 @@ class TicketManager:
             await self._clock.sleep(pause)
             pause = min(pause * 2, 5.0)
             try:
-                await self.release(provider, ticket_id)
+                await self._release_once(provider, ticket_id)  # this loop is its retry
             except StoreUnavailable as again:
                 outcome = again
                 continue
@@ -716,9 +760,10 @@ class TicketManager:
             try:
                 # Shielded: a cancelled holder still gives its memory back at once.
                 await asyncio.shield(self.release(provider, ticket.ticket_id))
-            except StoreError as error:  # the TTL layer reclaims it; don't mask the body
+            except StoreError as error:  # retried in the background; don't mask the body
                 faults.noted("release", faults.STORE, f"release of ticket {ticket.ticket_id} "
-                             "failed; the TTL will reclaim it", error)
+                             "failed; tried again until the store answers or the TTL "
+                             "reclaims it", error)
 
     # -- the per-provider combiner ---------------------------------------------------
 
@@ -773,7 +818,12 @@ class TicketManager:
     def _give_back(self, provider: str, ticket: Ticket) -> None:
         """Release a ticket granted to a caller that no longer waits for it."""
         orphan = self._op(OpKind.RELEASE, ticket.ticket_id, max_attempts=self._release_attempts)
-        orphan.future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+        def ended(done: asyncio.Future[Ticket | None]) -> None:
+            if not done.cancelled() and isinstance(done.exception(), StoreError):
+                self._retry_later(provider, ticket.ticket_id)  # an outage: later
+
+        orphan.future.add_done_callback(ended)
         self._enqueue(provider, orphan)
 
     def _enqueue(self, provider: str, op: _Op) -> None:

@@ -32,6 +32,7 @@ from typing import Generic, TypeVar
 from kubemoot.clock import Clock
 from kubemoot.runtime import faults
 from kubemoot.runtime.circuit import CircuitBreakers
+from kubemoot.runtime.freshness import stale_at, stale_view
 from kubemoot.runtime.latency import LatencyTracker
 from kubemoot.runtime.snapshot import (
     FleetIndex,
@@ -471,6 +472,13 @@ class ProviderView:
             shown = state.model_copy(
                 update={"ready": False, "reason": f"provider {shadowed} serves its endpoint"}
             )
+        # (a state that promises no probe interval is never stale: not even a call then)
+        stale = (None if state.probe_interval_seconds is None
+                 else stale_at(state, self._settings))
+        if stale is not None and now >= stale:
+            # Nobody refreshes it: what it says is no evidence (runtime.freshness).
+            shown = stale_view(shown, now, self._settings)
+            stale = None
         snapshot = ProviderSnapshot(
             state=shown, tickets=active, latency_seconds=latency, circuit_open=circuit_open
         )
@@ -479,6 +487,8 @@ class ProviderView:
         valid_until = min((t.expires_at for t in active), default=float("inf"))
         if (expiry := next_expiry(shown)) is not None:  # rebuilt when a copy lapses
             valid_until = min(valid_until, expiry)
+        if stale is not None:  # and when its state turns stale
+            valid_until = min(valid_until, stale)
         if valid_until != float("inf"):
             heapq.heappush(self._lapses, (valid_until, name))
         self._built[name] = _Built(state, tickets, latency, circuit_open, unreadable,

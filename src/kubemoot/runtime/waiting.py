@@ -48,7 +48,7 @@ from kubemoot.runtime.faults import tolerated
 from kubemoot.runtime.options import could_help
 from kubemoot.runtime.placement import Action, CallPlacement, CandidateModel
 from kubemoot.runtime.planner import CallPlanner
-from kubemoot.runtime.refusals import GpuBusy, Reason
+from kubemoot.runtime.refusals import GpuBusy, Reason, Refusal, StateStale
 from kubemoot.runtime.snapshot import FleetSnapshot
 from kubemoot.store.documents import TicketState
 
@@ -355,8 +355,12 @@ def _waited(p: CallPlacement, seconds: float) -> CallPlacement:
 
 
 def _gave_up(placement: CallPlacement, elapsed: float) -> CallPlacement:
-    """Stand aside with gpu-busy (keeping the options for the explanation)."""
+    """Stand aside with gpu-busy (keeping the options for the explanation), or with the
+    stale states the call waited on to be refreshed: those are not busy GPUs."""
+    refusal = placement.refusal
+    given: Refusal = (replace(refusal, waited=elapsed) if isinstance(refusal, StateStale)
+                      else GpuBusy(waited=elapsed))
     return replace(
-        placement, action=Action.WAIT, refusal=GpuBusy(waited=elapsed), ticket=None,
+        placement, action=Action.WAIT, refusal=given, ticket=None,
         waited_seconds=elapsed,
     )

@@ -63,6 +63,10 @@ class ProviderState(_Doc):
     ready: bool
     reason: str | None = None  # why not ready, for people
     last_probed_at: float | None = None
+    # How often its publisher probes (seconds): readers judge ``lastProbedAt`` by it.
+    # None (written by hand, by a publisher that writes on every change, or by an older
+    # one): the state makes no promise of freshness and is taken as is.
+    probe_interval_seconds: float | None = None
     total_vram_mib: int | None = None  # None: unknown, which never proves "too large"
     used_vram_mib: int | None = None
     reserve_mib: int = DEFAULT_RESERVE_MIB

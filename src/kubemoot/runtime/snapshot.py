@@ -76,6 +76,10 @@ def next_expiry(state: ProviderState) -> float | None:
 
 
 _UNSET: object = object()
+# Enum members read through their class go through EnumType.__getattr__'s hook on
+# Python 3.11 (about 850 instructions a read, a module global about 150): these are
+# compared once per ticket of a snapshot.
+_LOADING, _HELD = TicketState.LOADING, TicketState.HELD
 
 
 class ProviderSnapshot:
@@ -359,7 +363,7 @@ def _loaders(tickets: Iterable[Ticket]) -> list[Ticket]:
     if sized:
         return sized
     return sorted(
-        (t for t in tickets if t.state is TicketState.LOADING), key=lambda t: t.started_at
+        (t for t in tickets if t.state is _LOADING), key=lambda t: t.started_at
     )
 
 
@@ -421,7 +425,7 @@ class _Budget:
                 continue
             loading_mib += t.model_footprint_mib
             # the same rule as _loaders: a sized ticket, or one in state loading
-            if t.model_footprint_mib > 0 or t.state is TicketState.LOADING:
+            if t.model_footprint_mib > 0 or t.state is _LOADING:
                 loading.add(t.model)
         return cls(loading_mib, frozenset(victims), frozenset(residents) | loading)
 
@@ -439,7 +443,7 @@ class _Calls:
         }
         in_flight = {
             m: calls for m, ts in by_model.items()
-            if (calls := tuple(t for t in ts if t.state is not TicketState.HELD))
+            if (calls := tuple(t for t in ts if t.state is not _HELD))
         }
         self.in_flight: dict[str, tuple[Ticket, ...]] = in_flight
         self.first_call: dict[str, float] = {

@@ -69,9 +69,13 @@ def live_state(state: ProviderState, now: float,
 def next_expiry(state: ProviderState) -> float | None:
     """When a copy in ``state`` (a :func:`live_state`) next changes what it counts as:
     a warm copy becomes lapsing, a lapsing copy's memory comes back (None: never)."""
-    ends = [m.expires_at + UNLOAD_GRACE_SECONDS if isinstance(m, LapsingCopy)
-            else m.expires_at - EXPIRY_MARGIN_SECONDS
-            for m in state.loaded_models if m.expires_at is not None]
+    # Each copy's expiry is read once, and its class by type(): a pydantic model's
+    # attribute reads (``__class__`` too, which isinstance() reads when the class
+    # differs) go through the slot hook its __getattr__ puts on the class.
+    # LapsingCopy has no subclass, so type() answers as isinstance() would.
+    ends = [at + UNLOAD_GRACE_SECONDS if type(m) is LapsingCopy
+            else at - EXPIRY_MARGIN_SECONDS
+            for m in state.loaded_models if (at := m.expires_at) is not None]
     return min(ends) if ends else None
 
 
@@ -387,12 +391,13 @@ class _Residency:
         contexts: dict[str, int] = {}
         lapsing: list[ResidentModel] = []
         for loaded in state.loaded_models:
-            if isinstance(loaded, LapsingCopy):
+            if type(loaded) is LapsingCopy:  # (as in next_expiry: no hooked __class__)
                 lapsing.append(loaded)
                 continue
-            footprints[loaded.name] = footprints.get(loaded.name, 0) + loaded.size_mib
-            if loaded.context_length is not None:
-                contexts.setdefault(loaded.name, loaded.context_length)
+            name = loaded.name  # each field read once (pydantic's hooked reads)
+            footprints[name] = footprints.get(name, 0) + loaded.size_mib
+            if (context := loaded.context_length) is not None:
+                contexts.setdefault(name, context)
         if not lapsing:
             return cls(footprints, contexts)
         held = dict(footprints)
@@ -419,14 +424,16 @@ class _Budget:
         loading: set[str] = set()
         victims: set[str] = set()
         for t in tickets:
-            if t.evicts:
-                victims.update(t.evicts)
-            if t.model in residents:
+            if evicts := t.evicts:  # (each field read once: pydantic's hooked reads)
+                victims.update(evicts)
+            model = t.model
+            if model in residents:
                 continue
-            loading_mib += t.model_footprint_mib
+            footprint = t.model_footprint_mib
+            loading_mib += footprint
             # the same rule as _loaders: a sized ticket, or one in state loading
-            if t.model_footprint_mib > 0 or t.state is _LOADING:
-                loading.add(t.model)
+            if footprint > 0 or t.state is _LOADING:
+                loading.add(model)
         return cls(loading_mib, frozenset(victims), frozenset(residents) | loading)
 
 

@@ -172,16 +172,19 @@ def decide(doc: ProviderTickets, state: ProviderState | None, now: float,
     """
     # (Every write decides: an empty line or served map is copied without a
     # comprehension, and the tickets are doc.active(now) without the call.)
-    tickets = [t for t in doc.tickets if t.expires_at > now]
-    line = [entry for entry in doc.line if entry.expires_at > now] if doc.line else []
-    served = ({tid: until for tid, until in doc.served.items() if until > now}
-              if doc.served else {})
+    # (The document's fields are read once: a pydantic model's every attribute read
+    # goes through the slot hook its __getattr__ puts on the class.)
+    doc_tickets, doc_line, doc_served = doc.tickets, doc.line, doc.served
+    tickets = [t for t in doc_tickets if t.expires_at > now]
+    line = [entry for entry in doc_line if entry.expires_at > now] if doc_line else []
+    served = ({tid: until for tid, until in doc_served.items() if until > now}
+              if doc_served else {})
     # Writers prune expired tickets, lapsed places in the line and lapsed marks. Marks
     # lapse all the time under contention (one per announced claim granted) and are
     # harmless once lapsed, so they are dropped whenever a write happens but never
     # make one: otherwise every decision would have to win a write to give any answer.
-    changed = len(tickets) != len(doc.tickets) or (
-        len(line) != len(doc.line) if doc.line else False)  # (no line: none lapsed)
+    changed = len(tickets) != len(doc_tickets) or (
+        len(line) != len(doc_line) if doc_line else False)  # (no line: none lapsed)
     settled: list[TicketRequest] = []
     found_settled: list[TicketRequest] = []
     for request in announced:

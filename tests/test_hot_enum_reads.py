@@ -15,7 +15,15 @@ import pytest
 
 from kubemoot.emulation.engine import OllamaEngine
 from kubemoot.gates import results
-from kubemoot.runtime import claims, options, planner, snapshot, ticket_decision, tickets
+from kubemoot.runtime import (
+    claims,
+    held_plans,
+    options,
+    planner,
+    snapshot,
+    ticket_decision,
+    tickets,
+)
 from kubemoot.runtime.circuit import CircuitBreakers
 from kubemoot.sim.phases import WaitPhases
 
@@ -42,6 +50,9 @@ def _code(function: Callable[..., Any]) -> types.CodeType:
     (planner.CallPlanner._place_round, "OptionKind"),
     (results.standing, "Verdict"),
     (results.GateResult.admits, "Verdict"),
+    (results.GateResult.pass_, "Verdict"),
+    (held_plans.HeldPlans._shares_a_copy, "OptionKind"),
+    (held_plans.HeldPlans._shares_a_copy, "Action"),
     (OllamaEngine.release, "CopyState"),
     (ticket_decision.decide, "OpKind"),
     (ticket_decision._apply_announced, "RequestKind"),

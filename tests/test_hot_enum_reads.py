@@ -15,7 +15,16 @@ import pytest
 
 from kubemoot.emulation.engine import OllamaEngine
 from kubemoot.gates import results
-from kubemoot.runtime import claims, options, planner
+from kubemoot.runtime import (
+    claims,
+    held_plans,
+    options,
+    planner,
+    snapshot,
+    ticket_decision,
+    tickets,
+)
+from kubemoot.runtime.circuit import CircuitBreakers
 from kubemoot.sim.phases import WaitPhases
 
 
@@ -41,7 +50,26 @@ def _code(function: Callable[..., Any]) -> types.CodeType:
     (planner.CallPlanner._place_round, "OptionKind"),
     (results.standing, "Verdict"),
     (results.GateResult.admits, "Verdict"),
+    (results.GateResult.pass_, "Verdict"),
+    (held_plans.HeldPlans._shares_a_copy, "OptionKind"),
+    (held_plans.HeldPlans._shares_a_copy, "Action"),
     (OllamaEngine.release, "CopyState"),
+    (ticket_decision.decide, "OpKind"),
+    (ticket_decision._apply_announced, "RequestKind"),
+    (tickets._Op.request, "OpKind"),
+    (tickets._Op.announceable, "OpKind"),
+    (tickets.TicketManager.claim, "OpKind"),
+    (tickets.TicketManager._serve, "OpKind"),
+    (tickets.TicketManager._answer, "OpKind"),
+    (tickets.TicketManager._read_for, "OpKind"),
+    (tickets._known_state, "OpKind"),
+    (CircuitBreakers.state, "CircuitState"),
+    (CircuitBreakers.allows, "CircuitState"),
+    (CircuitBreakers.admit, "CircuitState"),
+    (CircuitBreakers.record_failure, "CircuitState"),
+    (snapshot._loaders, "TicketState"),
+    (snapshot._Budget.of, "TicketState"),
+    (snapshot._Calls.__init__, "TicketState"),
 ])
 def test_no_member_read_through_its_class(function: Callable[..., Any], enum: str) -> None:
     assert enum not in _names(_code(function))

@@ -101,10 +101,10 @@ class GateResult:
     ) -> GateResult:
         """A PASS: the evidence shows the requirement is met."""
         if evidence or observed_at is not None or cls is not GateResult:
-            return cls(gate, Verdict.PASS, reason, evidence or _NO_EVIDENCE, observed_at)
+            return cls(gate, _PASS, reason, evidence or _NO_EVIDENCE, observed_at)
         cached = _PASS_CACHE.get((gate, reason))
         if cached is None:
-            cached = cls(gate, Verdict.PASS, reason, _NO_EVIDENCE, None)
+            cached = cls(gate, _PASS, reason, _NO_EVIDENCE, None)
             if len(_PASS_CACHE) < _PASS_CACHE_LIMIT:
                 _PASS_CACHE[(gate, reason)] = cached
         return cached

@@ -387,14 +387,19 @@ class DemandBoard:
         records = mirror.records
         window, exp = self.use_window_seconds, math.exp
         for key in sorted(mirror.uses):
-            folded = records[key].folded
+            record = records[key]
+            folded = record.folded
             assert folded is not None
-            # a DemandEntry: the copy holds no other document under ``uses`` (_set)
-            demand: DemandEntry = folded[3]  # type: ignore[assignment]
-            if demand.expires_at > now:
+            figures = record.figures
+            if figures is None:
+                # a DemandEntry: the copy holds no other document under ``uses`` (_set)
+                demand: DemandEntry = folded[3]  # type: ignore[assignment]
+                figures = record.figures = (demand.expires_at, demand.count,
+                                            demand.last_used_at)
+            if figures[0] > now:
                 # _decayed(), inline (the same arithmetic: max(0.0, x) is x when x > 0.0,
                 # else 0.0): every read at a new instant decays each model's use
-                count, since = demand.count, demand.last_used_at
+                count, since = figures[1], figures[2]
                 if since is not None and window > 0:
                     elapsed = now - since
                     count = count * exp(-(elapsed if elapsed > 0.0 else 0.0) / window)
@@ -411,16 +416,22 @@ class DemandBoard:
         elif refresh:
             expiry = float("inf")
             for key in sorted(mirror.selections):
-                folded = records[key].folded
+                record = records[key]
+                folded = record.folded
                 if folded is None:
                     continue
                 self._folded[key] = folded
-                parsed = folded[3]
-                if isinstance(parsed, SelectionEntry) and parsed.expires_at > now:
-                    if parsed.expires_at < expiry:  # min(), without a call per entry
-                        expiry = parsed.expires_at
-                    frequency = parsed.frequency
-                    for model in set(parsed.models):  # prediction.get(model, 0.0) + ...
+                figures = record.figures
+                if figures is None:  # (its fields copied out once: see _Record.figures)
+                    parsed = folded[3]
+                    figures = record.figures = (
+                        (parsed.expires_at, parsed.frequency, parsed.models)
+                        if isinstance(parsed, SelectionEntry) else ())
+                if figures and (ends := figures[0]) > now:
+                    if ends < expiry:  # min(), without a call per entry
+                        expiry = ends
+                    frequency = figures[1]
+                    for model in set(figures[2]):  # prediction.get(model, 0.0) + ...
                         if model in prediction:
                             prediction[model] += frequency
                         else:

@@ -54,6 +54,11 @@ from kubemoot.runtime.tickets import TicketGone
 from kubemoot.store.documents import TicketState
 from kubemoot.store.protocol import StoreError
 
+# Enum members read through their class go through EnumType.__getattr__'s hook on
+# Python 3.11 (about 850 instructions a read, a module global about 150): these are
+# read for each copy a selection's plan looks at.
+_WARM, _WARM_ACTION, _LOADING_ACTION = OptionKind.WARM, Action.WARM, Action.LOADING
+
 log = logging.getLogger(__name__)
 
 #: A new thread lowers every other known agent's share a little; an agent's entry is
@@ -234,7 +239,7 @@ class HeldPlans:
                 if found and options.or_a_copy_as_soon(rnd, found) is not found:
                     return None  # a copy of its own would be as soon: place() loads it
                 for option in found:
-                    action = Action.WARM if option.kind is OptionKind.WARM else Action.LOADING
+                    action = _WARM_ACTION if option.kind is _WARM else _LOADING_ACTION
                     return CallPlacement(action, provider=option.provider,
                                          model=option.model, options=(option,))
         return None

@@ -69,13 +69,21 @@ def live_state(state: ProviderState, now: float,
 def next_expiry(state: ProviderState) -> float | None:
     """When a copy in ``state`` (a :func:`live_state`) next changes what it counts as:
     a warm copy becomes lapsing, a lapsing copy's memory comes back (None: never)."""
-    ends = [m.expires_at + UNLOAD_GRACE_SECONDS if isinstance(m, LapsingCopy)
-            else m.expires_at - EXPIRY_MARGIN_SECONDS
-            for m in state.loaded_models if m.expires_at is not None]
+    # Each copy's expiry is read once, and its class by type(): a pydantic model's
+    # attribute reads (``__class__`` too, which isinstance() reads when the class
+    # differs) go through the slot hook its __getattr__ puts on the class.
+    # LapsingCopy has no subclass, so type() answers as isinstance() would.
+    ends = [at + UNLOAD_GRACE_SECONDS if type(m) is LapsingCopy
+            else at - EXPIRY_MARGIN_SECONDS
+            for m in state.loaded_models if (at := m.expires_at) is not None]
     return min(ends) if ends else None
 
 
 _UNSET: object = object()
+# Enum members read through their class go through EnumType.__getattr__'s hook on
+# Python 3.11 (about 850 instructions a read, a module global about 150): these are
+# compared once per ticket of a snapshot.
+_LOADING, _HELD = TicketState.LOADING, TicketState.HELD
 
 
 class ProviderSnapshot:
@@ -359,7 +367,7 @@ def _loaders(tickets: Iterable[Ticket]) -> list[Ticket]:
     if sized:
         return sized
     return sorted(
-        (t for t in tickets if t.state is TicketState.LOADING), key=lambda t: t.started_at
+        (t for t in tickets if t.state is _LOADING), key=lambda t: t.started_at
     )
 
 
@@ -383,12 +391,13 @@ class _Residency:
         contexts: dict[str, int] = {}
         lapsing: list[ResidentModel] = []
         for loaded in state.loaded_models:
-            if isinstance(loaded, LapsingCopy):
+            if type(loaded) is LapsingCopy:  # (as in next_expiry: no hooked __class__)
                 lapsing.append(loaded)
                 continue
-            footprints[loaded.name] = footprints.get(loaded.name, 0) + loaded.size_mib
-            if loaded.context_length is not None:
-                contexts.setdefault(loaded.name, loaded.context_length)
+            name = loaded.name  # each field read once (pydantic's hooked reads)
+            footprints[name] = footprints.get(name, 0) + loaded.size_mib
+            if (context := loaded.context_length) is not None:
+                contexts.setdefault(name, context)
         if not lapsing:
             return cls(footprints, contexts)
         held = dict(footprints)
@@ -415,14 +424,16 @@ class _Budget:
         loading: set[str] = set()
         victims: set[str] = set()
         for t in tickets:
-            if t.evicts:
-                victims.update(t.evicts)
-            if t.model in residents:
+            if evicts := t.evicts:  # (each field read once: pydantic's hooked reads)
+                victims.update(evicts)
+            model = t.model
+            if model in residents:
                 continue
-            loading_mib += t.model_footprint_mib
+            footprint = t.model_footprint_mib
+            loading_mib += footprint
             # the same rule as _loaders: a sized ticket, or one in state loading
-            if t.model_footprint_mib > 0 or t.state is TicketState.LOADING:
-                loading.add(t.model)
+            if footprint > 0 or t.state is _LOADING:
+                loading.add(model)
         return cls(loading_mib, frozenset(victims), frozenset(residents) | loading)
 
 
@@ -439,7 +450,7 @@ class _Calls:
         }
         in_flight = {
             m: calls for m, ts in by_model.items()
-            if (calls := tuple(t for t in ts if t.state is not TicketState.HELD))
+            if (calls := tuple(t for t in ts if t.state is not _HELD))
         }
         self.in_flight: dict[str, tuple[Ticket, ...]] = in_flight
         self.first_call: dict[str, float] = {

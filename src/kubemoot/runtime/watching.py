@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine, Iterable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from kubemoot.runtime import faults
 from kubemoot.store.protocol import Bucket, Watch
@@ -102,9 +102,12 @@ class ParsedDocuments(Generic[_D]):
                 found = error
             if held is None or held[0] < revision:
                 self._held[key] = (revision, found)
-        if isinstance(found, ValueError):
-            raise found.with_traceback(None)  # raised again: no trail of earlier raises
-        return found
+        # issubclass(type(...)): isinstance() reads a pydantic document's __class__
+        # through the slot hook its __getattr__ puts on the class (once per read here)
+        if issubclass(type(found), ValueError):
+            # raised again: no trail of earlier raises
+            raise cast(ValueError, found).with_traceback(None)
+        return cast(_D, found)
 
     def revision(self, key: str) -> int:
         """The newest revision of ``key`` held (parsed or primed) or heard of; 0 when

@@ -192,6 +192,44 @@ async def test_a_watch_takes_its_messages_as_they_are_read(nats_url: str) -> Non
         await kv.close()
 
 
+async def test_a_write_while_a_watch_is_set_up_reaches_the_watch(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another process writes after the watch read the stream's last revision and
+    before its consumer exists: the watch still delivers that write (it was lost, the
+    consumer starting at the "new" messages of the moment it was made). Each write has
+    a key of its own: a bucket keeps one revision a key, so a later write of the same
+    key may stand in for an earlier one the watch had not yet been sent."""
+    kv = await NatsKV.connect(NatsSettings(servers=[nats_url]))
+    other = await NatsKV.connect(NatsSettings(servers=[nats_url]))
+    try:
+        bucket = await kv.bucket("adapter_window")
+        theirs = await other.bucket("adapter_window")
+        before = await theirs.put("a", b"before")
+        js = bucket._js
+        read_info = js.stream_info
+        written: list[int] = []
+
+        async def info_then_their_write(*args: Any, **kwargs: Any) -> Any:
+            info = await read_info(*args, **kwargs)
+            written.append(await theirs.put("b", b"between"))
+            return info
+
+        monkeypatch.setattr(js, "stream_info", info_then_their_write)
+        watch = bucket.watch()
+        await watch.ready()
+        monkeypatch.undo()
+        after = await theirs.put("c", b"after")
+        changes = [await asyncio.wait_for(watch.__anext__(), 5) for _ in range(2)]
+        assert [(c.key, c.value, c.revision) for c in changes] == [
+            ("b", b"between", written[0]), ("c", b"after", after)]
+        assert before < written[0] < after
+        await watch.aclose()
+    finally:
+        await other.close()
+        await kv.close()
+
+
 async def test_a_watch_keeps_up_with_a_burst_past_flow_control(nats_url: str) -> None:
     """Enough bytes at once for the server to ask for flow control (the ordered
     consumer stalls until it is answered): every change still arrives, in order."""

@@ -641,7 +641,12 @@ class NatsBucket:
                     stream=self._stream,
                     cb=deliver,
                     ordered_consumer=True,
-                    deliver_policy=nats.js.api.DeliverPolicy.NEW,
+                    # From the revision after the one read above, not "new": a write
+                    # another process made between that read and the consumer's making
+                    # was never delivered (a key keeps one revision, so a watch that
+                    # starts late still sees only the last of those it missed).
+                    deliver_policy=nats.js.api.DeliverPolicy.BY_START_SEQUENCE,
+                    config=nats.js.api.ConsumerConfig(opt_start_seq=seen + 1),
                     # short heartbeats: a watch resumes soon after the server returns
                     idle_heartbeat=1.0,
                 )

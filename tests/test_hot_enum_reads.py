@@ -17,6 +17,8 @@ from kubemoot.emulation.engine import OllamaEngine
 from kubemoot.gates import results
 from kubemoot.runtime import (
     claims,
+    cost,
+    filters,
     held_plans,
     options,
     planner,
@@ -70,6 +72,18 @@ def _code(function: Callable[..., Any]) -> types.CodeType:
     (snapshot._loaders, "TicketState"),
     (snapshot._Budget.of, "TicketState"),
     (snapshot._Calls.__init__, "TicketState"),
+    (tickets.TicketManager.release, "OpKind"),
+    (tickets.TicketManager._release_once, "OpKind"),
+    (tickets.TicketManager.release_sent, "OpKind"),
+    (tickets.TicketManager._give_back, "OpKind"),
+    (tickets.TicketManager.renew, "OpKind"),
+    (tickets.TicketManager.update_state, "OpKind"),
+    (tickets.TicketManager.mark_running, "TicketState"),
+    (cost.CostModel.copy_option, "OptionKind"),
+    (cost.CostModel.priced_queue, "OptionKind"),
+    (cost.CostModel.cold_option, "OptionKind"),
+    (cost.CostModel.unload_option, "OptionKind"),
+    (filters.feasible, "Standing"),
 ])
 def test_no_member_read_through_its_class(function: Callable[..., Any], enum: str) -> None:
     assert enum not in _names(_code(function))

@@ -128,8 +128,9 @@ _GRANTED = metrics.CLAIMS.labels(result="granted")
 
 # Enum members read through their class go through EnumType.__getattr__'s hook on
 # Python 3.11 (about 850 instructions a read, a module global about 150): the ones
-# compared once or more per operation are kept at module level.
+# compared or made once or more per operation are kept at module level.
 _CLAIM, _RELEASE = OpKind.CLAIM, OpKind.RELEASE
+_RENEW, _STATE, _RUNNING = OpKind.RENEW, OpKind.STATE, TicketState.RUNNING
 _REQUEST_CLAIM, _REQUEST_RELEASE = RequestKind.CLAIM, RequestKind.RELEASE
 _RELEASE_PATIENCE = 16  # a release may lose this many times more races than a claim
 _CONTENDED_TURNS = 4  # a lane counts as contended for this many backoff caps after a loss
@@ -595,7 +596,7 @@ class TicketManager:
         short outage, while this process is alive and knows the ticket is done. Every
         caller gets that — a call, a plan held from selection, a pinned load.
         """
-        op = self._op(OpKind.RELEASE, ticket_id, max_attempts=self._release_attempts)
+        op = self._op(_RELEASE, ticket_id, max_attempts=self._release_attempts)
         try:
             await self._submit(provider, op)  # not through _release_once: a call less
         except (StoreError, OSError):
@@ -603,7 +604,7 @@ class TicketManager:
             raise
 
     async def _release_once(self, provider: str, ticket_id: str) -> None:
-        op = self._op(OpKind.RELEASE, ticket_id, max_attempts=self._release_attempts)
+        op = self._op(_RELEASE, ticket_id, max_attempts=self._release_attempts)
         await self._submit(provider, op)
 
     def _retry_later(self, provider: str, ticket_id: str) -> None:
@@ -654,7 +655,7 @@ class TicketManager:
             return False
         if self._announcements is not None:
             self._announcements.follow()
-        op = self._op(OpKind.RELEASE, ticket_id, max_attempts=self._release_attempts)
+        op = self._op(_RELEASE, ticket_id, max_attempts=self._release_attempts)
         lane.pending.append(op)
         if not self._write_at_once(provider, lane, op):
             lane.pending.remove(op)
@@ -725,7 +726,7 @@ class TicketManager:
         self, provider: str, ticket_id: str, *, ttl_seconds: float | None = None
     ) -> Ticket:
         """Push the ticket's expiry to now + TTL (for long calls); :class:`TicketGone`."""
-        op = self._op(OpKind.RENEW, ticket_id, ttl_seconds=ttl_seconds or self.ttl_seconds)
+        op = self._op(_RENEW, ticket_id, ttl_seconds=ttl_seconds or self.ttl_seconds)
         renewed = await self._submit(provider, op)
         assert renewed is not None
         return renewed
@@ -744,13 +745,13 @@ class TicketManager:
         The holder is alive, so the expiry moves to now + TTL as well: a held plan
         taken by its call starts the call with a whole TTL.
         """
-        changed = await self._submit(provider, self._op(OpKind.STATE, ticket_id, state=state))
+        changed = await self._submit(provider, self._op(_STATE, ticket_id, state=state))
         assert changed is not None
         return changed
 
     async def mark_running(self, provider: str, ticket_id: str) -> Ticket:
         """The call now runs on the ticket's copy."""
-        return await self.update_state(provider, ticket_id, TicketState.RUNNING)
+        return await self.update_state(provider, ticket_id, _RUNNING)
 
     @contextlib.asynccontextmanager
     async def claimed(
@@ -822,7 +823,7 @@ class TicketManager:
 
     def _give_back(self, provider: str, ticket: Ticket) -> None:
         """Release a ticket granted to a caller that no longer waits for it."""
-        orphan = self._op(OpKind.RELEASE, ticket.ticket_id, max_attempts=self._release_attempts)
+        orphan = self._op(_RELEASE, ticket.ticket_id, max_attempts=self._release_attempts)
 
         def ended(done: asyncio.Future[Ticket | None]) -> None:
             if not done.cancelled() and isinstance(done.exception(), StoreError):
@@ -1764,7 +1765,7 @@ class TicketManager:
                 # Its caller hears "no", yet a writer that saw the announcement could
                 # still grant it: a release that marks it served forbids that, and
                 # undoes a grant that already happened.
-                withdraw = self._op(OpKind.RELEASE, op.ticket_id,
+                withdraw = self._op(_RELEASE, op.ticket_id,
                                     max_attempts=self._release_attempts,
                                     withdraw_until=op.announced_until)
                 withdraw.future.add_done_callback(lambda f: f.cancelled() or f.exception())

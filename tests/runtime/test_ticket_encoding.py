@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import cProfile
-import pstats
 import random
 
 import pytest
@@ -61,19 +59,3 @@ def test_an_empty_document_and_a_ticket_listed_twice() -> None:
     assert encoder.encode(twice) == twice.to_json()
     assert encoder.encode(twice) == twice.to_json()  # every ticket known now
 
-
-def test_a_known_document_is_joined_without_a_call_per_ticket() -> None:
-    """Every claim and release on a busy card encodes its whole document: 32 tickets
-    known from the last write cost 03646d6 two calls each (an id and an append)."""
-    rng = random.Random(3)
-    encoder = TicketEncoder("gpu-a")
-    document = ProviderTickets(provider="gpu-a", tickets=[_ticket(rng, n) for n in range(32)])
-    encoder.encode(document)
-    profile = cProfile.Profile()
-    profile.enable()
-    encoded = encoder.encode(document)
-    profile.disable()
-    assert encoded == document.to_json()
-    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
-    calls = sum(entry[1] for entry in stats.values())
-    assert calls <= 10, calls  # 03646d6: 67, now 5

@@ -42,15 +42,14 @@ class TicketEncoder:
             self._fragments = {}
             return document.to_json()
         known = self._fragments
-        tickets = document.tickets
-        # Comprehensions, not a loop making two calls per ticket (its id and the
-        # part's append): every claim and release on a busy card encodes them all.
-        idents = list(map(id, tickets))
-        kept: dict[int, tuple[Ticket, bytes]] = {
-            ident: held if ident in known and (held := known[ident])[0] is ticket
-            else (ticket, ticket.model_dump_json(by_alias=True, exclude_none=True)
-                  .encode("utf-8"))
-            for ident, ticket in zip(idents, tickets, strict=True)
-        }
+        kept: dict[int, tuple[Ticket, bytes]] = {}
+        parts: list[bytes] = []
+        for ticket in document.tickets:
+            ident = id(ticket)  # once, and the look-up without a call
+            if ident not in known or (held := known[ident])[0] is not ticket:
+                held = (ticket, ticket.model_dump_json(by_alias=True, exclude_none=True)
+                        .encode("utf-8"))
+            kept[ident] = held
+            parts.append(held[1])
         self._fragments = kept
-        return self._head + b",".join([kept[ident][1] for ident in idents]) + self._tail
+        return self._head + b",".join(parts) + self._tail

@@ -47,3 +47,15 @@ def test_another_providers_document_is_encoded_whole() -> None:
     rng = random.Random(1)
     document = ProviderTickets(provider="gpu-b", tickets=[_ticket(rng, 0)])
     assert TicketEncoder("gpu-a").encode(document) == document.to_json()
+
+
+def test_an_empty_document_and_a_ticket_listed_twice() -> None:
+    rng = random.Random(2)
+    encoder = TicketEncoder("gpu-a")
+    empty = ProviderTickets(provider="gpu-a")
+    assert encoder.encode(empty) == empty.to_json()
+    one = _ticket(rng, 0)
+    twice = ProviderTickets(provider="gpu-a", tickets=[one, _ticket(rng, 1), one])
+    assert encoder.encode(twice) == twice.to_json()
+    assert encoder.encode(twice) == twice.to_json()  # every ticket known now
+

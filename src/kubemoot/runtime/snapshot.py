@@ -188,6 +188,27 @@ class ProviderSnapshot:
             object.__setattr__(self, "_residency", earlier._residency)
         return self
 
+    def with_latency(self, latency_seconds: float) -> ProviderSnapshot:
+        """This provider with another call latency, all else the same. Nothing derived
+        here depends on the latency (memory, slots, calls in flight, the index's
+        free-copy entries), so it is carried over instead of worked out again: every
+        finished call moves its endpoint's latency, and a provider rebuilt for that
+        alone cost a warm call most of its placement's snapshot work."""
+        new = object.__new__(ProviderSnapshot)
+        put = object.__setattr__
+        put(new, "state", self.state)
+        put(new, "tickets", self.tickets)
+        put(new, "latency_seconds", latency_seconds)
+        put(new, "circuit_open", self.circuit_open)
+        put(new, "usable_mib", self.usable_mib)
+        put(new, "slots", self.slots)
+        put(new, "name", self.name)
+        put(new, "_residency", self._residency)
+        put(new, "_budget", self._budget)
+        put(new, "_calls", self._calls)
+        put(new, "_free", self._free)
+        return new
+
     # Readers below write ``self._residency or self._resident()``: most questions find
     # the group derived already, and a method call per question is most of their cost.
     def _resident(self) -> _Residency:
@@ -448,13 +469,18 @@ class _Calls:
             m: found for m, ts in by_model.items()
             if m not in residents and (found := _loaders(ts))
         }
+        # Lists built by comprehension, not generators fed to tuple() and min(): a
+        # generator is resumed once per ticket, and a busy provider's snapshot is built
+        # again for every claim and release. (Grouping the tickets by model without the
+        # loop in :meth:`of` saved calls but cost more instructions where a card holds
+        # several models, as the simulator's do: kept.)
         in_flight = {
             m: calls for m, ts in by_model.items()
-            if (calls := tuple(t for t in ts if t.state is not _HELD))
+            if (calls := tuple([t for t in ts if t.state is not _HELD]))
         }
         self.in_flight: dict[str, tuple[Ticket, ...]] = in_flight
         self.first_call: dict[str, float] = {
-            m: min(t.started_at for t in calls) for m, calls in in_flight.items()
+            m: min([t.started_at for t in calls]) for m, calls in in_flight.items()
         }
         self.load_started: dict[str, float] = {m: ts[0].started_at for m, ts in loaders.items()}
         self.load_mib: dict[str, int] = {
@@ -597,6 +623,18 @@ class FleetIndex:
                     insort(room, (mib, p.name))
         return FleetIndex(by_name, copies, room, free, parent=self.generation,
                           changed=tuple(new))
+
+    def with_latencies(self, changed: Iterable[ProviderSnapshot]) -> FleetIndex:
+        """A new index with ``changed`` put in, each differing from the provider of its
+        name only in latency (:meth:`ProviderSnapshot.with_latency`). No list of the
+        index depends on the latency, so all are shared with this one: an index is
+        never changed once made (:meth:`replaced` copies what it changes)."""
+        by_name = dict(self._by_name)
+        new = tuple(changed)
+        for p in new:
+            by_name[p.name] = p
+        return FleetIndex(by_name, self._copies, self._room, self._free,
+                          parent=self.generation, changed=new)
 
     @property
     def providers(self) -> tuple[ProviderSnapshot, ...]:

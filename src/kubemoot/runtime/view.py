@@ -27,6 +27,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import is_
 from typing import Generic, TypeVar
 
 from kubemoot.clock import Clock
@@ -405,6 +406,7 @@ class ProviderView:
             return self._index
         changed: list[ProviderSnapshot] = []
         removed: list[str] = []
+        relatencied = True  # every change is of latency alone (ProviderSnapshot.with_latency)
         for name in sorted(dirty):
             docs = self._docs.get(name)
             if docs is None:
@@ -415,21 +417,26 @@ class ProviderView:
                 continue
             built = self._build(docs[0], docs[1], now)
             if built is not None:
-                changed.append(built)
+                changed.append(built[0])
+                relatencied = relatencied and built[1]
         if self._index is None:
             self._index = FleetIndex.build(b.snapshot for b in self._built.values())
             self._log.append((0, self._index.generation, None))
         elif changed or removed:
             parent = self._index.generation
-            self._index = self._index.replaced(changed, removed)
+            if relatencied and not removed:
+                self._index = self._index.with_latencies(changed)
+            else:
+                self._index = self._index.replaced(changed, removed)
             self._log.append((parent, self._index.generation,
                               frozenset([*(p.name for p in changed), *removed])))
         return self._index
 
     def _build(
         self, state: ProviderState, tickets: _Tickets | None, now: float
-    ) -> ProviderSnapshot | None:
-        """The provider's snapshot; ``None`` when the one in the index still holds."""
+    ) -> tuple[ProviderSnapshot, bool] | None:
+        """The provider's snapshot, and whether it differs from the one in the index in
+        latency alone; ``None`` when the one in the index still holds."""
         name = state.provider
         circuit_open = self.circuits is not None and not self.circuits.allows(name)
         latency = self.latency.latency(state.endpoint)
@@ -445,19 +452,35 @@ class ProviderView:
         if (
             cached is not None
             and cached.state is state
-            and (cached.latency, cached.circuit_open, cached.unreadable, cached.shadowed)
-            == (latency, circuit_open, unreadable, shadowed)
+            and (cached.circuit_open, cached.unreadable, cached.shadowed)
+            == (circuit_open, unreadable, shadowed)
             and now < cached.valid_until
         ):
             if cached.tickets is tickets:
-                return None  # same documents, no ticket lapsed since: same snapshot
-            active = tuple(tickets.active(now)) if tickets is not None else ()
-            if active == cached.snapshot.tickets:
-                # Another document with the same live tickets: a call claimed and
-                # released between two snapshots leaves its provider as it was, so the
-                # snapshot, its lapse time and the index stay as they are.
+                same = True
+            else:
+                active = tuple(tickets.active(now)) if tickets is not None else ()
+                before = cached.snapshot.tickets
+                if cached.latency == latency:
+                    same = active == before
+                else:
+                    # Only the very same tickets (no field compared): when the tickets
+                    # differ the provider is built anew, and comparing them field by
+                    # field first cost the simulator more than the patch saved it.
+                    same = len(active) == len(before) and all(map(is_, active, before))
+            if same:
+                # The same documents, or another ticket document with the same live
+                # tickets (a call claimed and released between two snapshots leaves its
+                # provider as it was), and no ticket lapsed since: the snapshot, its
+                # lapse time and the index stay as they are.
                 cached.tickets = tickets
-                return None
+                if cached.latency == latency:
+                    return None
+                # Only the latency moved, as it does after every finished call: what
+                # the snapshot and the index derived from the documents still holds.
+                cached.latency = latency
+                cached.snapshot = cached.snapshot.with_latency(latency)
+                return cached.snapshot, True
         if active is None:
             active = tuple(tickets.active(now)) if tickets is not None else ()
         # a copy at or past its keep-alive's end is not warm, unless a call runs on it
@@ -497,7 +520,7 @@ class ProviderView:
             self._open.add(name)
         else:
             self._open.discard(name)
-        return snapshot
+        return snapshot, False
 
     def _shadowing(self, state: ProviderState) -> str | None:
         """The provider with a state of its own (not provisional) at ``state``'s

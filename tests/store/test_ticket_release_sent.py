@@ -23,7 +23,7 @@ from kubemoot.clock import ManualClock
 from kubemoot.runtime.builder import build_runtime
 from kubemoot.runtime.placement import CandidateModel
 from kubemoot.runtime.tickets import TicketManager
-from kubemoot.store.documents import ProviderTickets
+from kubemoot.store.documents import ProviderState, ProviderTickets, Ticket
 from kubemoot.store.keys import encode_token
 from kubemoot.store.memory import MemoryKV
 from kubemoot.store.protocol import (
@@ -236,9 +236,11 @@ class _Flaky:
         return self.inner.watch()
 
 
-async def test_a_sent_release_the_store_refused_is_made_once_it_answers_again() -> None:
-    """The store goes away as the release is sent: the lane's tries fail, and the
-    release is tried again later (not left to the ticket's TTL) until it lands."""
+async def _claimed_then_store_down(
+    ttl_seconds: float,
+) -> tuple[ManualClock, _Flaky, TicketManager, Ticket, ProviderState]:
+    """A manager with one ticket claimed, its ticket bucket then refusing every write
+    (``tickets.down``), each operation tried once."""
     clock = ManualClock(1_700_000_000.0)
     kv = MemoryKV(clock)
     tickets = _Flaky(await kv.bucket("tickets"))
@@ -246,9 +248,16 @@ async def test_a_sent_release_the_store_refused_is_made_once_it_answers_again() 
     state = provider_state(PROVIDER, usable_mib=8 * GIB)
     await states.put(KEY, state.to_json())
     manager = TicketManager(tickets, states, clock=clock, rng=random.Random(5),
-                            max_attempts=1, ttl_seconds=60.0)
+                            max_attempts=1, ttl_seconds=ttl_seconds)
     ticket = await manager.claim(PROVIDER, "m", 2 * GIB, "h", provider_state=state)
     tickets.down = True
+    return clock, tickets, manager, ticket, state
+
+
+async def test_a_sent_release_the_store_refused_is_made_once_it_answers_again() -> None:
+    """The store goes away as the release is sent: the lane's tries fail, and the
+    release is tried again later (not left to the ticket's TTL) until it lands."""
+    clock, tickets, manager, ticket, _state = await _claimed_then_store_down(60.0)
     outcomes: list[BaseException | None] = []
     assert manager.release_sent(PROVIDER, ticket.ticket_id, outcomes.append)
     for _ in range(400):  # the lane's own tries, each after a short pause
@@ -270,16 +279,7 @@ async def test_a_sent_release_the_store_refused_is_made_once_it_answers_again() 
 
 
 async def test_a_sent_release_still_refused_at_its_ttl_is_given_up() -> None:
-    clock = ManualClock(1_700_000_000.0)
-    kv = MemoryKV(clock)
-    tickets = _Flaky(await kv.bucket("tickets"))
-    states = await kv.bucket("states")
-    state = provider_state(PROVIDER, usable_mib=8 * GIB)
-    await states.put(KEY, state.to_json())
-    manager = TicketManager(tickets, states, clock=clock, rng=random.Random(5),
-                            max_attempts=1, ttl_seconds=10.0)
-    ticket = await manager.claim(PROVIDER, "m", 2 * GIB, "h", provider_state=state)
-    tickets.down = True
+    clock, _tickets, manager, ticket, _state = await _claimed_then_store_down(10.0)
     outcomes: list[BaseException | None] = []
     assert manager.release_sent(PROVIDER, ticket.ticket_id, outcomes.append)
     for _ in range(2000):
@@ -302,16 +302,7 @@ def _survived(operation: str, kind: str) -> float:
 async def test_a_release_given_up_is_counted_and_a_bug_after_it_is_survived() -> None:
     """Nobody hears a sent release fail, so the manager says it; and what the outcome's
     receiver raises (a loop callback) is counted, and the lane serves on."""
-    clock = ManualClock(1_700_000_000.0)
-    kv = MemoryKV(clock)
-    tickets = _Flaky(await kv.bucket("tickets"))
-    states = await kv.bucket("states")
-    state = provider_state(PROVIDER, usable_mib=8 * GIB)
-    await states.put(KEY, state.to_json())
-    manager = TicketManager(tickets, states, clock=clock, rng=random.Random(5),
-                            max_attempts=1, ttl_seconds=1.0)
-    ticket = await manager.claim(PROVIDER, "m", 2 * GIB, "h", provider_state=state)
-    tickets.down = True
+    clock, tickets, manager, ticket, state = await _claimed_then_store_down(1.0)
     failed, bugs = _survived("release", metrics.STORE), _survived("tickets", metrics.BUG)
 
     def broken(_error: BaseException | None) -> None:

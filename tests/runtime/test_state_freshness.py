@@ -7,13 +7,19 @@ by hand, or by the simulator's publisher, which writes on every change) is taken
 
 from __future__ import annotations
 
+import asyncio
+
+from kubemoot import metrics
 from kubemoot.gates.results import Outcome, Verdict
 from kubemoot.runtime import filters
 from kubemoot.runtime.freshness import MISSED_PROBES
 from kubemoot.runtime.placement import Action
 from kubemoot.runtime.refusals import Reason, StateStale
+from kubemoot.runtime.waiting import CapacityWaiter
 from kubemoot.settings import RuntimeSettings
 from kubemoot.testing.state import NOW, gpu
+from tests.runtime.builders import candidates
+from tests.runtime.test_waiting import Signals
 
 SETTINGS = RuntimeSettings(probe_timeout_seconds=10.0)
 INTERVAL = 5.0
@@ -70,3 +76,32 @@ async def test_a_state_without_a_promised_interval_is_taken_as_is(make) -> None:
                    settings=SETTINGS)
     placed = await h.place("small")
     assert placed.action is Action.WARM, placed
+
+
+def _refusals(reason: str) -> float:
+    value = metrics.REGISTRY.get_sample_value("kubemoot_refusals_total", {"reason": reason})
+    return 0.0 if value is None else value
+
+
+async def test_a_call_waiting_on_stale_states_says_so_and_is_counted_so(make) -> None:
+    """The wait for a fresh probe is signalled, and its give-up counted, as state-stale:
+    no GPU was busy (both said gpu-busy)."""
+    h = await make([card(NOW)], declared={"small": 2}, settings=SETTINGS)
+    h.clock.advance(LIMIT + 1)
+    watch = await h.watch()
+    done = asyncio.Event()
+    signals = Signals()
+    waiter = CapacityWaiter(h.planner, clock=h.clock, watch=watch, board=h.board)
+    stale, busy = _refusals("state-stale"), _refusals("gpu-busy")
+    task = asyncio.create_task(
+        waiter.place(candidates("small"), agent="crew/a", signals=signals, done=done))
+    await asyncio.wait_for(signals.waits.wait(), 30)
+    assert signals.seen == [("waiting", "small", "state-stale")]
+    done.set()  # the discussion ends before any probe comes back
+    placement = await asyncio.wait_for(task, 30)
+    assert placement.reason == "state-stale"
+    assert (_refusals("state-stale"), _refusals("gpu-busy")) == (stale + 1, busy)
+    # with no watch the call gives up at once, counted the same way
+    alone = CapacityWaiter(h.planner, clock=h.clock, watch=None)
+    assert (await alone.place(candidates("small"), agent="crew/b")).reason == "state-stale"
+    assert (_refusals("state-stale"), _refusals("gpu-busy")) == (stale + 2, busy)

@@ -158,24 +158,31 @@ class CapacityWaiter:
         if placement.placed or placement.action is Action.REFUSE:
             return _waited(placement, self._clock.now() - started)
         if watch is None or (done is not None and done.is_set()):
-            metrics.REFUSALS.labels(reason=Reason.GPU_BUSY.value).inc()
-            return _gave_up(placement, self._clock.now() - started)
+            given = _gave_up(placement, self._clock.now() - started)
+            metrics.REFUSALS.labels(reason=given.reason or Reason.GPU_BUSY.value).inc()
+            return given
         metrics.WAITS.inc()
         waiter = self._join(key, holder, started + self._limit, placement)
         self._seen[key] = min(self._seen.get(key, generation), generation)
         outcome = "gave-up"
+        given_up = Reason.GPU_BUSY.value  # what a give-up is counted as
         try:
             if self._board is not None:
                 with tolerated("waiter", f"announcing {agent} waiting for {model}"):
                     await self._board.add_waiter(model, agent)
             if signals is not None:
-                await signals.waiting(model=model, reason=Reason.GPU_BUSY.value)
+                # waiting for a fresh probe of a stale provider is not waiting on a busy GPU
+                await signals.waiting(model=model, reason=(
+                    Reason.STATE_STALE.value if isinstance(placement.refusal, StateStale)
+                    else Reason.GPU_BUSY.value))
             if watch.counter != counter:
                 watch.notify()  # a change came while this call joined: look again
             result = await self._wait(waiter, done)
             elapsed = self._clock.now() - started
             if result is None:
-                return _gave_up(waiter.last, elapsed)
+                given = _gave_up(waiter.last, elapsed)
+                given_up = given.reason or given_up
+                return given
             if result.placed:
                 outcome = "placed"
                 if signals is not None and result.provider is not None:
@@ -188,7 +195,7 @@ class CapacityWaiter:
             self._leave(waiter)
             metrics.WAIT_SECONDS.labels(outcome=outcome).observe(self._clock.now() - started)
             if outcome == "gave-up":
-                metrics.REFUSALS.labels(reason=Reason.GPU_BUSY.value).inc()
+                metrics.REFUSALS.labels(reason=given_up).inc()
             if self._board is not None:
                 with tolerated("waiter", f"withdrawing {agent} waiting for {model}"):
                     await self._board.remove_waiter(model, agent)

@@ -263,9 +263,9 @@ async def test_a_sent_release_the_store_refused_is_made_once_it_answers_again() 
     for _ in range(400):  # the lane's own tries, each after a short pause
         await asyncio.sleep(0)
         clock.advance(0.1)
-        if manager._later:
+        if manager._unreleased:
             break
-    assert manager._later, "the refused release is to be tried again later"
+    assert manager._unreleased, "the refused release is to be tried again later"
     assert outcomes == []
     tickets.down = False
     for _ in range(400):
@@ -289,7 +289,7 @@ async def test_a_sent_release_still_refused_at_its_ttl_is_given_up() -> None:
             break
     assert len(outcomes) == 1 and isinstance(outcomes[0], StoreUnavailable)
     await asyncio.sleep(0)
-    assert not manager._later  # nothing left trying
+    assert not manager._unreleased  # nothing left trying
     await manager.aclose()
 
 

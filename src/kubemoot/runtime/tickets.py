@@ -132,6 +132,9 @@ _GRANTED = metrics.CLAIMS.labels(result="granted")
 _CLAIM, _RELEASE = OpKind.CLAIM, OpKind.RELEASE
 _RENEW, _STATE, _RUNNING = OpKind.RENEW, OpKind.STATE, TicketState.RUNNING
 _REQUEST_CLAIM, _REQUEST_RELEASE = RequestKind.CLAIM, RequestKind.RELEASE
+
+#: Who hears a sent release's final outcome: None, or the error it ended in.
+Settled = Callable[[BaseException | None], None]
 _RELEASE_PATIENCE = 16  # a release may lose this many times more races than a claim
 _CONTENDED_TURNS = 4  # a lane counts as contended for this many backoff caps after a loss
 # An operation is announced for other processes to apply once it lost this many races.
@@ -369,13 +372,13 @@ class TicketManager:
         self._replying: set[asyncio.Task[None]] = set()
         self._combined = 0  # operations sent to a combiner, or taken as one
         self._closing = False  # aclose() is writing what is still queued
-        # Releases the store refused (an outage) whose caller heard the error, tried
-        # again in the background until it answers or the ticket's TTL has reclaimed
-        # it (_retry_later): (provider, ticket) → when.
-        self._unreleased: dict[tuple[str, str], float] = {}
+        # Releases the store refused (an outage), tried again in the background until
+        # it answers or the ticket's TTL has reclaimed it (_retry_later):
+        # (provider, ticket) → when the TTL ends, who hears the outcome (a sent
+        # release's receiver; None where the caller heard the error), the last error.
+        self._unreleased: dict[tuple[str, str], tuple[float, Settled | None,
+                                                      BaseException | None]] = {}
         self._retrying: asyncio.Task[None] | None = None
-        # Sent releases the store refused, tried again later (_release_later).
-        self._later: set[asyncio.Task[None]] = set()
 
     @property
     def combines(self) -> bool:
@@ -411,8 +414,6 @@ class TicketManager:
             if lane.resigning is not None:
                 lane.resigning.cancel()
         await self._drain()
-        for task in list(self._later):  # closing: the TTL reclaims what they hold
-            task.cancel()
         if self._announcements is not None:
             await self._announcements.aclose()
         if self._documents is not None:
@@ -607,8 +608,15 @@ class TicketManager:
         op = self._op(_RELEASE, ticket_id, max_attempts=self._release_attempts)
         await self._submit(provider, op)
 
-    def _retry_later(self, provider: str, ticket_id: str) -> None:
-        self._unreleased[(provider, ticket_id)] = self._clock.now() + self.ttl_seconds
+    def _retry_later(self, provider: str, ticket_id: str, settled: Settled | None = None,
+                     until: float | None = None, error: BaseException | None = None) -> None:
+        """Try a release the store refused again in the background, every 0.5 s doubling
+        to 5 s, until it lands or ``until`` (the ticket's TTL from now, by default):
+        the TTL alone would keep the slot and memory counted on the card for minutes
+        after a short outage. ``settled`` hears the final outcome (a sent release's
+        receiver, :meth:`release_sent`)."""
+        ends = self._clock.now() + self.ttl_seconds if until is None else until
+        self._unreleased[(provider, ticket_id)] = (ends, settled, error)
         if self._retrying is None or self._retrying.done():
             self._retrying = asyncio.get_running_loop().create_task(self._retry_releases())
 
@@ -617,20 +625,24 @@ class TicketManager:
         while self._unreleased:
             await self._clock.sleep(pause)
             pause = min(pause * 2, 5.0)
-            for (provider, ticket_id), ends in list(self._unreleased.items()):
-                if self._clock.now() >= ends:  # the TTL has reclaimed it by now
-                    del self._unreleased[(provider, ticket_id)]
-                    continue
-                try:
-                    await self._release_once(provider, ticket_id)  # idempotent
-                except (StoreError, OSError):
-                    continue  # the store is still away: next turn
-                del self._unreleased[(provider, ticket_id)]
-                log.info("released ticket %s on %s once the store answered again",
-                         ticket_id, provider)
+            for key, (ends, settled, error) in list(self._unreleased.items()):
+                provider, ticket_id = key
+                outcome: BaseException | None = error
+                if self._clock.now() < ends:  # else the TTL has reclaimed it by now
+                    try:
+                        await self._release_once(provider, ticket_id)  # idempotent
+                    except (StoreError, OSError) as again:
+                        self._unreleased[key] = (ends, settled, again)
+                        continue  # the store is still away: next turn
+                    outcome = None
+                    log.info("released ticket %s on %s once the store answered again",
+                             ticket_id, provider)
+                del self._unreleased[key]
+                if settled is not None:
+                    self._tell(provider, ticket_id, settled, outcome)
 
     def release_sent(self, provider: str, ticket_id: str,
-                     settled: Callable[[BaseException | None], None]) -> bool:
+                     settled: Settled) -> bool:
         """:meth:`release` that returns once the write is sent: True when it went out in
         this turn (or needed none), its outcome then handed to ``settled`` (None, or
         the error :meth:`release` would have raised); False, with nothing done, when
@@ -644,7 +656,7 @@ class TicketManager:
         whether anyone here waits or not. Waiting cost every call a round trip to
         the store. A lost race is decided again in the lane's task as for any
         operation; a release the store refused is tried again until the TTL would
-        have reclaimed the ticket (:meth:`_release_later`), and only its final
+        have reclaimed the ticket (:meth:`_retry_later`), and only its final
         outcome reaches ``settled``.
         """
         if self._update_then is None:
@@ -667,23 +679,19 @@ class TicketManager:
         return True
 
     def _sent_settled(self, provider: str, ticket_id: str,
-                      settled: Callable[[BaseException | None], None], until: float,
+                      settled: Settled, until: float,
                       done: asyncio.Future[Ticket | None]) -> None:
         """The outcome of a release sent by :meth:`release_sent`, in a loop callback."""
         error = (asyncio.CancelledError() if done.cancelled()
                  else done.exception())  # retrieved: nobody else reads it
         if (isinstance(error, StoreUnavailable) and not self._closing
                 and self._clock.now() < until):
-            task = asyncio.get_running_loop().create_task(
-                self._release_later(provider, ticket_id, settled, until, error))
-            self._later.add(task)
-            task.add_done_callback(self._later.discard)
+            self._retry_later(provider, ticket_id, settled, until, error)
             return
         self._tell(provider, ticket_id, settled, error)
 
     def _tell(self, provider: str, ticket_id: str,
-              settled: Callable[[BaseException | None], None],
-              error: BaseException | None) -> None:
+              settled: Settled, error: BaseException | None) -> None:
         """Hand a sent release's final outcome over; one that failed is logged and
         counted here, since no caller hears it (the TTL reclaims the ticket)."""
         if error is not None:
@@ -695,32 +703,6 @@ class TicketManager:
         except Exception as failure:  # a loop callback: say so rather than lose it
             faults.noted("tickets", faults.BUG,
                          f"after the release of ticket {ticket_id} on {provider}", failure)
-
-    async def _release_later(self, provider: str, ticket_id: str,
-                             settled: Callable[[BaseException | None], None], until: float,
-                             error: BaseException) -> None:
-        """Try a sent release the store refused again, until its ticket's TTL would
-        have reclaimed it: the TTL alone would keep the slot and memory counted on the
-        card for minutes after a short outage (as :meth:`release` does for a release
-        its caller heard fail)."""
-        pause = 0.5
-        outcome: BaseException | None = error
-        while self._clock.now() < until and not self._closing:
-            await self._clock.sleep(pause)
-            pause = min(pause * 2, 5.0)
-            try:
-                await self._release_once(provider, ticket_id)  # this loop is its retry
-            except StoreUnavailable as again:
-                outcome = again
-                continue
-            except Exception as other:  # a cancellation (closing) ends it unreported
-                outcome = other
-                break
-            outcome = None
-            log.info("released ticket %s on %s once the store answered again",
-                     ticket_id, provider)
-            break
-        self._tell(provider, ticket_id, settled, outcome)
 
     async def renew(
         self, provider: str, ticket_id: str, *, ttl_seconds: float | None = None

@@ -35,12 +35,19 @@ async def _loaded_on_both(fleet: Fleet) -> str:
     return where
 
 
+async def _ps_after(fleet: Fleet, caplog: pytest.LogCaptureFixture,
+                    fault: str) -> tuple[str, ollama.ProcessResponse]:
+    """The gateway's /api/ps, read with the official client, after one engine (its
+    name returned) answers its next /api/ps with ``fault``; warnings captured."""
+    where = await _loaded_on_both(fleet)
+    fleet.emulators[where].hostile_next(fault, path="/api/ps")
+    with caplog.at_level(logging.WARNING, logger="kubemoot.gateway"):
+        return where, await ollama.AsyncClient(host=fleet.url).ps()
+
+
 async def test_ps_leaves_out_an_entry_with_an_escaped_name(
         fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
-    where = await _loaded_on_both(fleet)
-    fleet.emulators[where].hostile_next("escaped-name", path="/api/ps")
-    with caplog.at_level(logging.WARNING, logger="kubemoot.gateway"):
-        listed = await ollama.AsyncClient(host=fleet.url).ps()
+    where, listed = await _ps_after(fleet, caplog, "escaped-name")
     # the bad entry's neighbour in the same answer stays, as does the other engine's list
     assert sorted(m.name or "" for m in listed.models) == ["medium:7b", "plain:1b"]
     assert all("\x1b" not in (m.model or "") for m in listed.models)
@@ -51,10 +58,7 @@ async def test_ps_leaves_out_an_entry_with_an_escaped_name(
 
 async def test_ps_leaves_out_a_mistyped_entry_and_the_client_reads_the_rest(
         fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
-    where = await _loaded_on_both(fleet)
-    fleet.emulators[where].hostile_next("hostile-values", path="/api/ps")
-    with caplog.at_level(logging.WARNING, logger="kubemoot.gateway"):
-        listed = await ollama.AsyncClient(host=fleet.url).ps()
+    where, listed = await _ps_after(fleet, caplog, "hostile-values")
     assert [m.name for m in listed.models] == ["medium:7b"]
     warned = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
     assert len(warned) == 1 and where in warned[0]
@@ -62,10 +66,7 @@ async def test_ps_leaves_out_a_mistyped_entry_and_the_client_reads_the_rest(
 
 async def test_a_listing_whose_models_are_no_list_is_left_out_with_a_warning(
         fleet: Fleet, caplog: pytest.LogCaptureFixture) -> None:
-    where = await _loaded_on_both(fleet)
-    fleet.emulators[where].hostile_next("wrong-shape", path="/api/ps")
-    with caplog.at_level(logging.WARNING, logger="kubemoot.gateway"):
-        listed = await ollama.AsyncClient(host=fleet.url).ps()
+    where, listed = await _ps_after(fleet, caplog, "wrong-shape")
     assert [m.name for m in listed.models] == ["medium:7b"]
     assert any(where in r.getMessage() and "not a list" in r.getMessage()
                for r in caplog.records)

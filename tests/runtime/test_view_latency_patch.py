@@ -67,6 +67,14 @@ class _Counted:
         monkeypatch.setattr(FleetIndex, "replaced", counted_replaced)
 
 
+def _built_anew(fleet: FleetSnapshot) -> FleetSnapshot:
+    """The same fleet built from nothing: each provider from its documents."""
+    return FleetSnapshot.of(fleet.now, [
+        ProviderSnapshot(q.state, q.tickets, q.latency_seconds, q.circuit_open)
+        for q in fleet.providers
+    ])
+
+
 def _answers(fleet: FleetSnapshot) -> object:
     """What a placement asks of a fleet, as plain values."""
     index = fleet.index
@@ -104,12 +112,7 @@ async def test_a_call_and_its_latency_rebuild_nothing(monkeypatch: pytest.Monkey
     assert after.index.changed == (p,)
     assert view.changed_since(before.index.generation) == frozenset({A})
     assert after.provider(B) is before.provider(B)
-    # the same answers as a fleet built from nothing
-    fresh = FleetSnapshot.of(after.now, [
-        ProviderSnapshot(q.state, q.tickets, q.latency_seconds, q.circuit_open)
-        for q in after.providers
-    ])
-    assert _answers(after) == _answers(fresh)
+    assert _answers(after) == _answers(_built_anew(after))
     await view.close()
     await kv.close()
 
@@ -128,11 +131,7 @@ async def test_a_latency_beside_a_ticket_change_still_rebuilds() -> None:
     assert p is not None and p.latency_seconds == 3.0
     assert [t.ticket_id for t in p.tickets] == [ticket.ticket_id]
     assert after.index.free_copies("m") != before.index.free_copies("m")
-    fresh = FleetSnapshot.of(after.now, [
-        ProviderSnapshot(q.state, q.tickets, q.latency_seconds, q.circuit_open)
-        for q in after.providers
-    ])
-    assert _answers(after) == _answers(fresh)
+    assert _answers(after) == _answers(_built_anew(after))
     await view.close()
     await kv.close()
 

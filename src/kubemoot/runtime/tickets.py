@@ -379,6 +379,7 @@ class TicketManager:
         self._unreleased: dict[tuple[str, str], tuple[float, Settled | None,
                                                       BaseException | None]] = {}
         self._retrying: asyncio.Task[None] | None = None
+        self._retry_pause = 0.5
 
     @property
     def combines(self) -> bool:
@@ -617,14 +618,15 @@ class TicketManager:
         receiver, :meth:`release_sent`)."""
         ends = self._clock.now() + self.ttl_seconds if until is None else until
         self._unreleased[(provider, ticket_id)] = (ends, settled, error)
+        self._retry_pause = 0.5  # a newly refused release is tried again soon
         if self._retrying is None or self._retrying.done():
             self._retrying = asyncio.get_running_loop().create_task(self._retry_releases())
 
     async def _retry_releases(self) -> None:
-        pause = 0.5
         while self._unreleased:
+            pause = self._retry_pause
+            self._retry_pause = min(pause * 2, 5.0)
             await self._clock.sleep(pause)
-            pause = min(pause * 2, 5.0)
             for key, (ends, settled, error) in list(self._unreleased.items()):
                 provider, ticket_id = key
                 outcome: BaseException | None = error
